@@ -1,3 +1,61 @@
-"""accelpatch: quality-gated fast paths for diffusers video pipelines, applied in place and removable."""
+"""accelpatch: quality-gated fast paths for diffusers video pipelines, applied in place and removable.
+
+    import accelpatch
+    accelpatch.apply(pipe)                      # swap attention modules for quality-gated subclasses
+    with accelpatch.quality("high"):            # opt in to approximate fast paths for this call only
+        video = pipe(prompt).frames
+    print(accelpatch.report(pipe))              # which fast paths ran, which fell back and why
+    accelpatch.remove(pipe)                     # back to the untouched model, bit for bit
+
+Tiers nest ``exact`` ⊂ ``lossless`` (default) ⊂ ``high``; ``exact`` and ``lossless`` are bit-identical to the
+unpatched model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import AccelpatchError, FastPathUnavailableError
+from .tiers import Tier, current_quality, quality
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "apply", "remove", "report", "quality", "current_quality", "supported_models", "Tier",
+    "AccelpatchError", "FastPathUnavailableError", "__version__",
+]
+
+
+def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any) -> Any:
+    """Patch a diffusers pipeline (its ``transformer`` and ``transformer_2``) or a transformer module in place.
+
+    Each supported attention module becomes a gated subclass of its own class (same parameters, same path).
+    ``backend`` selects an attention backend (see ``supported_models()``); ``strict=True`` raises
+    :class:`FastPathUnavailableError` where a requested fast path cannot run instead of falling back. Applying
+    twice with the same arguments is the same as applying once. Returns ``target``.
+    """
+    from .patcher import apply as _apply
+
+    return _apply(target, backend=backend, strict=strict, **options)
+
+
+def remove(target: Any) -> Any:
+    """Restore the original classes and attributes; afterwards the model equals the never-patched one."""
+    from .patcher import remove as _remove
+
+    return _remove(target)
+
+
+def report(target: Any, *, reset: bool = False):
+    """Sites (path, kind, tier, mounted or rejected with reason) and per-site call counters of a patched
+    pipeline or transformer. ``reset=True`` zeroes the counters after reading them."""
+    from .patcher import transformers_of
+    from .reporting import build_report
+
+    return build_report(transformers_of(target), reset=reset)
+
+
+def supported_models() -> dict[str, tuple[str, ...]]:
+    """Supported transformer classes and the backends each accepts."""
+    from .models import ADAPTERS
+
+    return {name: adapter.backends for adapter in ADAPTERS for name in adapter.class_names}

@@ -1,0 +1,151 @@
+"""Quality-gated fusions: marking, mounting and the per-site state behind the tier contract.
+
+A :class:`QualityGatedFusion` describes one kind of fast path (its marker and enabled attribute names and the tier
+it needs). It keeps no per-site state: everything lives on the marked modules. Mounting is all-or-nothing per
+model: one rejected site keeps the whole model on the reference path, with the reason recorded.
+
+A mounted site is *enabled* only when the tier in force in the calling context admits the fusion's tier, so
+``is_enabled`` (and the enabled attribute as seen through a gated subclass) answers for the calling context.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from .tiers import DEFAULT_TIER, Tier, effective_tier
+
+logger = logging.getLogger("accelpatch")
+
+RejectReason = Callable[[torch.nn.Module], Optional[str]]
+
+
+class SiteCounters:
+    """Thread-safe tallies of one site: calls that took the fast path, calls that ran the reference by reason
+    (``fallbacks`` is the subset where the fast path was requested but could not run), and sums of per-call
+    statistics (for example the exact-block fraction of sparse attention)."""
+
+    __slots__ = ("_lock", "fast", "reference", "fallbacks", "stat_sums", "stat_counts")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.fast = 0
+        self.reference: collections.Counter[str] = collections.Counter()
+        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.stat_sums: dict[str, float] = {}
+        self.stat_counts: dict[str, int] = {}
+
+    def count_fast(self) -> None:
+        with self._lock:
+            self.fast += 1
+
+    def count_reference(self, reason: str, *, fallback: bool = False) -> None:
+        with self._lock:
+            self.reference[reason] += 1
+            if fallback:
+                self.fallbacks[reason] += 1
+
+    def add_stat(self, name: str, value: float) -> None:
+        with self._lock:
+            self.stat_sums[name] = self.stat_sums.get(name, 0.0) + float(value)
+            self.stat_counts[name] = self.stat_counts.get(name, 0) + 1
+
+    def mean_stat(self, name: str) -> Optional[float]:
+        n = self.stat_counts.get(name, 0)
+        return self.stat_sums[name] / n if n else None
+
+    def reset(self) -> None:
+        with self._lock:
+            self.fast = 0
+            self.reference.clear()
+            self.fallbacks.clear()
+            self.stat_sums.clear()
+            self.stat_counts.clear()
+
+
+class QualityGatedFusion:
+    """One kind of fast path: ``mark`` sites, ``mount``/``unmount`` them per model, ask ``is_enabled``.
+
+    ``marker_attr`` holds the site's metadata (accelpatch stores its :class:`~accelpatch.sites.base.Site` there);
+    ``enabled_attr`` reads True only for a mounted site whose tier the calling context admits.
+    """
+
+    __slots__ = ("name", "marker_attr", "enabled_attr", "tier")
+
+    def __init__(self, *, name: str, marker_attr: str, enabled_attr: str, tier: Tier = Tier.HIGH) -> None:
+        self.name = name
+        self.marker_attr = marker_attr
+        self.enabled_attr = enabled_attr
+        self.tier = tier
+
+    def __repr__(self) -> str:
+        return f"QualityGatedFusion(name={self.name!r}, tier={self.tier})"
+
+    @property
+    def mounted_attr(self) -> str:
+        """The plain per-instance attribute that stores the mount decision."""
+        return self.enabled_attr + "__mounted"
+
+    def mark(self, module: torch.nn.Module, metadata: object = True) -> None:
+        """Make ``module`` a site of this fusion; a freshly marked site starts unmounted."""
+        module.__dict__[self.marker_attr] = metadata
+        self._set_mounted(module, False)
+
+    def unmark(self, module: torch.nn.Module) -> None:
+        """Remove every attribute :meth:`mark` and :meth:`mount` put on ``module``."""
+        for attr in (self.marker_attr, self.enabled_attr, self.mounted_attr):
+            module.__dict__.pop(attr, None)
+
+    def metadata(self, module: torch.nn.Module, default: object = None) -> object:
+        return getattr(module, self.marker_attr, default)
+
+    def is_mounted(self, module: torch.nn.Module) -> bool:
+        """The mount decision alone, whatever tier is in force."""
+        return bool(module.__dict__.get(self.mounted_attr, False))
+
+    def is_enabled(self, module: torch.nn.Module) -> bool:
+        """True when ``module`` is a mounted site and the calling context's tier admits this fusion."""
+        if not self.is_mounted(module):
+            return False
+        site = module.__dict__.get(self.marker_attr)
+        default = getattr(getattr(site, "model", None), "default_tier", DEFAULT_TIER)
+        return effective_tier(default).admits(self.tier)
+
+    def iter_sites(self, root: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        for module in root.modules():
+            if self.marker_attr in module.__dict__:
+                yield module
+
+    def _set_mounted(self, module: torch.nn.Module, value: bool) -> None:
+        module.__dict__[self.mounted_attr] = bool(value)
+        if not isinstance(type(module).__dict__.get(self.enabled_attr), property):
+            module.__dict__[self.enabled_attr] = bool(value)
+
+    def mount(self, root: torch.nn.Module, *, reject_reason: Optional[RejectReason] = None,
+              logger: Optional[logging.Logger] = logger) -> bool:
+        """Enable every site under ``root``, or none: returns False (all disabled) when there are no sites or when
+        ``reject_reason`` returns a reason for any site."""
+        sites = list(self.iter_sites(root))
+        if not sites:
+            return False
+        if reject_reason is not None:
+            for site in sites:
+                reason = reject_reason(site)
+                if reason is not None:
+                    for s in sites:
+                        self._set_mounted(s, False)
+                    if logger is not None:
+                        path = getattr(self.metadata(site), "path", type(site).__name__)
+                        logger.info("%s: site %s rejected (%s); the whole model stays on the reference path",
+                                    self.name, path, reason)
+                    return False
+        for site in sites:
+            self._set_mounted(site, True)
+        return True
+
+    def unmount(self, root: torch.nn.Module) -> None:
+        for site in self.iter_sites(root):
+            self._set_mounted(site, False)

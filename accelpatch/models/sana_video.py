@@ -1,0 +1,25 @@
+"""SANA-Video (diffusers ``SanaVideoTransformer3DModel``): its sites are the self-attention modules
+``transformer_blocks.N.attn1`` (ReLU linear attention), each carrying the BF16-input GEMM fast path (``high``).
+The cross-attention ``attn2`` goes through diffusers' dispatcher and is left alone."""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+import torch
+
+from ..sites.sana_linear_attention import BF16_LINEAR_ATTENTION
+from .base import ModelAdapter
+
+_SELF_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn1")
+
+
+class SanaVideoAdapter(ModelAdapter):
+    family = "SANA-Video"
+    model_classes = (("diffusers", "SanaVideoTransformer3DModel"),)
+    backends = ()
+
+    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
+        for path, module in model.named_modules():
+            if _SELF_ATTENTION.fullmatch(path):
+                yield path, module, BF16_LINEAR_ATTENTION

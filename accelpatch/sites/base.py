@@ -1,0 +1,177 @@
+"""The machinery shared by every fast path: the per-site state, the gated subclass and the call routing.
+
+A patched module keeps its parameters, its module path and its processor; only its ``__class__`` changes to a
+gated subclass of its own class. The subclass's ``forward`` asks the site whether the fast path may run in the
+calling context; when it may not (tier, mount decision, guard, error) the original class's ``forward`` runs
+unchanged and the reason is counted.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from ..errors import FastPathUnavailableError
+from ..gate import QualityGatedFusion, SiteCounters
+from ..tiers import Tier, effective_tier
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..patcher import ModelPatch
+
+SITE_ATTR = "_accelpatch_site"
+
+
+class Decline:
+    """Returned by a fast path whose guards reject a call; carries the reason."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Decline({self.reason!r})"
+
+
+class FastPath:
+    """One kind of fast path. Subclasses set ``fusion`` and implement the guards and the math.
+
+    ``mount_reject_reason`` answers once per model (at ``apply`` time) whether the path can ever run there;
+    ``run`` answers per call with an output or a :class:`Decline`.
+    """
+
+    fusion: QualityGatedFusion
+    description: str = ""
+
+    @property
+    def tier(self) -> Tier:
+        return self.fusion.tier
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: "Site") -> Optional[str]:
+        return None
+
+    def run(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+
+# Errors that must never be swallowed by a fallback: they leave the device in an unknown state.
+_FATAL_MARKERS = ("out of memory", "illegal memory access", "device-side assert")
+
+
+def is_fatal(error: BaseException) -> bool:
+    if isinstance(error, (torch.cuda.OutOfMemoryError, KeyboardInterrupt, SystemExit)):
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in _FATAL_MARKERS)
+
+
+@dataclass(eq=False)
+class Site:
+    """The state of one patched module: where it is, which fast path it carries, whether it mounted, counters."""
+
+    path: str
+    fast_path: FastPath
+    model: "ModelPatch"
+    original_class: type
+    reject_reason: Optional[str] = None
+    counters: SiteCounters = field(default_factory=SiteCounters)
+    layer_index: Optional[int] = None
+    #: accelerate's ``_old_forward`` as it was before ``apply`` re-pointed it (restored by ``remove``)
+    saved_old_forward: Any = None
+
+    @property
+    def kind(self) -> str:
+        return self.fast_path.fusion.name
+
+    @property
+    def tier(self) -> Tier:
+        return self.fast_path.tier
+
+    def is_mounted(self, module: torch.nn.Module) -> bool:
+        return self.fast_path.fusion.is_mounted(module)
+
+    def reference(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str, *, fallback: bool = False):
+        """Run the original class's forward and count why."""
+        self.counters.count_reference(reason, fallback=fallback)
+        return self.original_class.forward(module, *args, **kwargs)
+
+    def fallback(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str,
+                 error: Optional[BaseException] = None):
+        """A requested fast path could not run: raise in strict mode, else warn once per model and reason and run
+        the reference."""
+        if self.model.strict:
+            raise FastPathUnavailableError(
+                f"{self.kind} at {self.path} could not run: {reason}. "
+                "Patch with strict=False to fall back to the reference path instead.") from error
+        self.model.warn_once(self.kind, reason)
+        return self.reference(module, args, kwargs, reason, fallback=True)
+
+    def call(self, module: torch.nn.Module, args: tuple, kwargs: dict):
+        tier = effective_tier(self.model.default_tier)
+        if not tier.admits(self.tier):
+            return self.reference(module, args, kwargs, _TIER_REASONS[tier, self.tier])
+        if not self.is_mounted(module):
+            return self.fallback(module, args, kwargs, f"not mounted: {self.reject_reason or 'unmounted'}")
+        try:
+            out = self.fast_path.run(module, self, args, kwargs)
+        except Exception as error:  # noqa: BLE001 - any kernel trouble falls back unless fatal or strict
+            if is_fatal(error):
+                raise
+            return self.fallback(module, args, kwargs, f"error: {type(error).__name__}: {error}", error)
+        if isinstance(out, Decline):
+            return self.fallback(module, args, kwargs, out.reason)
+        self.counters.count_fast()
+        return out
+
+
+_TIER_REASONS = {
+    (have, need): f"tier {have} does not admit {need}" for have in Tier for need in Tier
+}
+
+_GATED_CLASSES: dict[tuple[type, str], type] = {}
+_GATED_LOCK = threading.Lock()
+
+
+def _enabled_property(fusion: QualityGatedFusion) -> property:
+    def get(self) -> bool:
+        return fusion.is_enabled(self)
+
+    def set_(self, value: bool) -> None:
+        self.__dict__[fusion.mounted_attr] = bool(value)
+
+    def delete(self) -> None:
+        self.__dict__.pop(fusion.mounted_attr, None)
+
+    return property(get, set_, delete, f"True when {fusion.name} is mounted and the calling context's tier admits it.")
+
+
+def _gated_forward(self, *args, **kwargs):
+    site = self.__dict__.get(SITE_ATTR)
+    if site is None:  # defensive: a class swapped without a site behaves exactly like its parent
+        return type(self).__mro__[1].forward(self, *args, **kwargs)
+    return site.call(self, args, kwargs)
+
+
+def gated_class(original: type, fusion: QualityGatedFusion) -> type:
+    """The gated subclass of ``original`` for ``fusion`` (made once, then cached)."""
+    key = (original, fusion.name)
+    with _GATED_LOCK:
+        cls = _GATED_CLASSES.get(key)
+        if cls is None:
+            namespace = {
+                "__module__": original.__module__,
+                "__doc__": f"{original.__name__} gated by accelpatch's {fusion.name} ({fusion.tier} tier).",
+                "forward": _gated_forward,
+                "_accelpatch_original_class": original,
+                fusion.enabled_attr: _enabled_property(fusion),
+            }
+            cls = type(f"Gated{original.__name__}", (original,), namespace)
+            cls.__qualname__ = f"Gated{original.__qualname__}"
+            _GATED_CLASSES[key] = cls
+        return cls
+
+
+def is_gated(module: torch.nn.Module) -> bool:
+    return "_accelpatch_original_class" in type(module).__dict__

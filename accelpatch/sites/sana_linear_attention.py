@@ -1,0 +1,142 @@
+"""SANA-Video self-attention (``transformer_blocks.N.attn1``): the BF16-input linear-attention fast path.
+
+Reference: diffusers ``SanaLinearAttnProcessor3_0``, which upcasts the rotated ``q``/``k`` and ``v`` to FP32 for
+both GEMMs. The fast path changes only the first GEMM, ``S = v · k_rotᵀ``: it takes the BF16 operands with FP32
+accumulation and output (:func:`accelpatch.ops.gemm.bmm_bf16_fp32`). The second GEMM stays FP32 and everything
+else follows the reference. Operand precision of a GEMM drops, so the path is ``high`` tier (approximate), as in
+the prior art. Unlike the prior art it runs at any batch size: the math is independent per (batch, head), and
+diffusers runs classifier-free guidance as batch 2.
+
+When the site is off the original diffusers processor object runs unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..gate import QualityGatedFusion
+from ..ops.gemm import bmm_bf16_fp32, bmm_bf16_fp32_emulated, bmm_bf16_fp32_reject_reason
+from ..tiers import Tier
+from .base import Decline, FastPath, Site
+
+FUSION = QualityGatedFusion(
+    name="sana_video_linear_attention",
+    marker_attr="_sgl_sana_video_linear_attention_site",
+    enabled_attr="_sgl_sana_video_linear_attention_enabled",
+    tier=Tier.HIGH,
+)
+
+_emulate_on_cpu = False
+
+
+@contextlib.contextmanager
+def emulate_bf16_gemm_on_cpu() -> Iterator[None]:
+    """TEST-ONLY switch: bypass the CUDA guard and emulate the BF16×BF16→FP32 GEMM with an FP32 GEMM, so the
+    fast-path math runs on CPU. Process-global; never use it outside tests."""
+    global _emulate_on_cpu
+    previous, _emulate_on_cpu = _emulate_on_cpu, True
+    try:
+        yield
+    finally:
+        _emulate_on_cpu = previous
+
+
+def _reference_processor_class() -> type:
+    from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
+
+    return SanaLinearAttnProcessor3_0
+
+
+def _apply_rotary(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved real Wan RoPE, as the reference processor applies it (pairs 2i, 2i+1; cast back to x's dtype)."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def _split_call(args: tuple, kwargs: dict):
+    """``Attention.forward(hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs)``."""
+    names = ("hidden_states", "encoder_hidden_states", "attention_mask")
+    bound = dict(zip(names, args))
+    for name in names:
+        if name in kwargs:
+            bound[name] = kwargs[name]
+    extra = {k: v for k, v in kwargs.items() if k not in names}
+    return bound.get("hidden_states"), bound.get("encoder_hidden_states"), bound.get("attention_mask"), extra
+
+
+class SanaLinearAttentionBF16(FastPath):
+    fusion = FUSION
+    description = "first linear-attention GEMM (v·k_rotᵀ) on BF16 operands with FP32 accumulation"
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        processor = getattr(module, "processor", None)
+        if not isinstance(processor, _reference_processor_class()):
+            return f"processor is {type(processor).__name__}, expected SanaLinearAttnProcessor3_0"
+        if _emulate_on_cpu:
+            return None
+        return bmm_bf16_fp32_reject_reason()
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        hidden_states, encoder_hidden_states, attention_mask, extra = _split_call(args, kwargs)
+        if not isinstance(attn.processor, _reference_processor_class()):
+            return Decline(f"processor is {type(attn.processor).__name__}, expected SanaLinearAttnProcessor3_0")
+        if encoder_hidden_states is not None:
+            return Decline("encoder_hidden_states given: the fast path covers self-attention only")
+        rotary_emb = extra.get("rotary_emb")
+        if rotary_emb is None:
+            return Decline("no rotary_emb: the reference processor needs it")
+        if hidden_states.device.type != "cuda" and not _emulate_on_cpu:
+            return Decline(f"input on {hidden_states.device.type}: the BF16-input GEMM needs CUDA")
+        if hidden_states.dtype != torch.bfloat16 or attn.to_q.weight.dtype != torch.bfloat16:
+            return Decline(f"activations are {hidden_states.dtype} and weights {attn.to_q.weight.dtype}: "
+                           "the fast path needs bfloat16")
+        return self._forward(attn, hidden_states, rotary_emb)
+
+    @staticmethod
+    def _forward(attn: torch.nn.Module, hidden_states: torch.Tensor, rotary_emb) -> torch.Tensor:
+        original_dtype = hidden_states.dtype
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(hidden_states)
+        value = attn.to_v(hidden_states)
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+
+        query = F.relu(query.unflatten(2, (attn.heads, -1)))
+        key = F.relu(key.unflatten(2, (attn.heads, -1)))
+        value = value.unflatten(2, (attn.heads, -1))
+        query_rotate = _apply_rotary(query, *rotary_emb)
+        key_rotate = _apply_rotary(key, *rotary_emb)
+
+        # B, H, D, N
+        query = query.permute(0, 2, 3, 1)
+        key = key.permute(0, 2, 3, 1)
+        query_rotate = query_rotate.permute(0, 2, 3, 1)
+        key_rotate = key_rotate.permute(0, 2, 3, 1)
+        value = value.permute(0, 2, 3, 1)
+
+        z = 1 / (key.sum(dim=-1, keepdim=True).transpose(-2, -1) @ query + 1e-15)
+
+        batch, heads, dim, tokens = value.shape
+        gemm = bmm_bf16_fp32_emulated if _emulate_on_cpu and value.device.type != "cuda" else bmm_bf16_fp32
+        scores = gemm(value.reshape(batch * heads, dim, tokens),
+                      key_rotate.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim, dim)
+        hidden_states = torch.matmul(scores, query_rotate.float())
+        hidden_states = hidden_states * z
+
+        hidden_states = hidden_states.flatten(1, 2).transpose(1, 2).to(original_dtype)
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        return hidden_states
+
+
+BF16_LINEAR_ATTENTION = SanaLinearAttentionBF16()
