@@ -72,6 +72,18 @@ def _split_call(args: tuple, kwargs: dict):
     return bound.get("hidden_states"), bound.get("encoder_hidden_states"), bound.get("attention_mask"), extra
 
 
+def linear_attention_bf16_gemm(query_rotate: torch.Tensor, key_rotate: torch.Tensor, value: torch.Tensor,
+                               z: torch.Tensor) -> torch.Tensor:
+    """((v·k_rotᵀ)·q_rot)·z for ``[B, H, D, N]`` BF16 operands, FP32 result: the first GEMM on BF16 operands with
+    FP32 accumulation, the second in FP32, as the reference does."""
+    batch, heads, dim, tokens = value.shape
+    emulate = _emulate_on_cpu and value.device.type != "cuda"
+    gemm = bmm_bf16_fp32_emulated if emulate else bmm_bf16_fp32
+    scores = gemm(value.reshape(batch * heads, dim, tokens),
+                  key_rotate.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim, dim)
+    return torch.matmul(scores, query_rotate.float()) * z
+
+
 class SanaLinearAttentionBF16(FastPath):
     fusion = FUSION
     description = "first linear-attention GEMM (v·k_rotᵀ) on BF16 operands with FP32 accumulation"
@@ -125,13 +137,7 @@ class SanaLinearAttentionBF16(FastPath):
         value = value.permute(0, 2, 3, 1)
 
         z = 1 / (key.sum(dim=-1, keepdim=True).transpose(-2, -1) @ query + 1e-15)
-
-        batch, heads, dim, tokens = value.shape
-        gemm = bmm_bf16_fp32_emulated if _emulate_on_cpu and value.device.type != "cuda" else bmm_bf16_fp32
-        scores = gemm(value.reshape(batch * heads, dim, tokens),
-                      key_rotate.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim, dim)
-        hidden_states = torch.matmul(scores, query_rotate.float())
-        hidden_states = hidden_states * z
+        hidden_states = linear_attention_bf16_gemm(query_rotate, key_rotate, value, z)
 
         hidden_states = hidden_states.flatten(1, 2).transpose(1, 2).to(original_dtype)
         hidden_states = attn.to_out[0](hidden_states)

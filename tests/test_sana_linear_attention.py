@@ -1,0 +1,155 @@
+"""The SANA-Video BF16-input linear-attention fast path: its math against the FP32 chain and the diffusers
+processor, batch > 1 per item, every guard's reason, and unmounting back to the reference bit for bit.
+
+On CPU the BF16×BF16→FP32 GEMM is emulated through the test-only switch; on a CUDA machine the same tests also
+run the real kernel."""
+import pytest
+import torch
+from diffusers.models.attention_processor import AttnProcessor2_0
+from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
+
+import accelpatch
+from accelpatch.sites import sana_linear_attention as site_module
+from accelpatch.sites.sana_linear_attention import FUSION, emulate_bf16_gemm_on_cpu, linear_attention_bf16_gemm
+from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+RELEASE_LIKE = dict(num_attention_heads=2, attention_head_dim=112, cross_attention_dim=224,
+                    num_cross_attention_heads=2, cross_attention_head_dim=112)
+
+
+def _emulate(device):
+    return emulate_bf16_gemm_on_cpu() if device == "cpu" else torch.autograd.grad_mode.no_grad()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_chain_matches_the_fp32_reference_chain(device):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 128, 16, generator=g).relu().to(device, torch.bfloat16) for _ in range(3))
+    z = (1.0 / (torch.rand(1, 4, 1, 16, generator=g) * 10 + 1)).to(device, torch.bfloat16)
+    with _emulate(device):
+        out = linear_attention_bf16_gemm(q, k, v, z)
+    expected = ((v.double() @ k.double().transpose(-1, -2)) @ q.double()) * z.double()
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=1e-2)
+
+
+def _site_inputs(device, batch, seed=0):
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16, seed=seed, **RELEASE_LIKE).to(device)
+    attn = model.transformer_blocks[0].attn1
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(batch, 48, 224, generator=g).to(device, torch.bfloat16)
+    rope = model.rope(torch.zeros(batch, 16, 3, 8, 8, device=device))
+    return model, attn, hidden, rope
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_fast_path_matches_the_diffusers_processor(device, batch):
+    model, attn, hidden, rope = _site_inputs(device, batch)
+    with torch.no_grad():
+        expected = SanaLinearAttnProcessor3_0()(attn, hidden, rotary_emb=rope)
+        with _emulate(device):
+            accelpatch.apply(model)
+            with accelpatch.quality("high"):
+                out = attn(hidden, rotary_emb=rope)
+    assert accelpatch.report(model).sites[0].fast_calls == 1
+    assert out.dtype == expected.dtype == torch.bfloat16 and out.shape == expected.shape
+    torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_items_are_computed_independently(device):
+    model, attn, hidden, rope = _site_inputs(device, batch=3)
+    with torch.no_grad(), _emulate(device):
+        accelpatch.apply(model)
+        with accelpatch.quality("high"):
+            together = attn(hidden, rotary_emb=rope)
+            alone = [attn(hidden[i:i + 1], rotary_emb=rope) for i in range(3)]
+            changed = hidden.clone()
+            changed[1] = -changed[1]
+            perturbed = attn(changed, rotary_emb=rope)
+    for i in range(3):
+        torch.testing.assert_close(together[i:i + 1].float(), alone[i].float(), atol=1e-2, rtol=1e-2)
+    assert torch.equal(perturbed[0], together[0]) and torch.equal(perturbed[2], together[2])
+    assert not torch.equal(perturbed[1], together[1])
+    assert accelpatch.report(model).sites[0].fast_calls == 5
+
+
+def test_whole_transformer_under_high_is_close_to_exact_and_counts_fast_calls():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16, **RELEASE_LIKE)
+    inputs = sana_video_transformer_inputs(model, batch_size=2)
+    with torch.no_grad():
+        reference = model(**inputs).sample
+        with emulate_bf16_gemm_on_cpu():
+            accelpatch.apply(model)
+            with accelpatch.quality("high"):
+                fast = model(**inputs).sample
+            with accelpatch.quality("exact"):
+                exact = model(**inputs).sample
+    assert torch.equal(exact, reference)
+    torch.testing.assert_close(fast.float(), reference.float(), atol=2e-2, rtol=2e-2)
+    rep = accelpatch.report(model)
+    assert rep.fast_calls == 2 and all(s.mounted for s in rep.sites)
+    rep.assert_fast_path_ran()
+
+
+def _declines(attn, *args, **kwargs):
+    site = getattr(attn, FUSION.marker_attr)
+    return site.fast_path.run(attn, site, args, kwargs)
+
+
+def test_each_guard_reports_its_reason():
+    model, attn, hidden, rope = _site_inputs("cpu", batch=1)
+    with emulate_bf16_gemm_on_cpu():
+        accelpatch.apply(model)
+        assert "no rotary_emb" in _declines(attn, hidden).reason
+        assert "encoder_hidden_states given" in _declines(attn, hidden, hidden, rotary_emb=rope).reason
+        fp32 = model.float()
+        assert "activations are torch.float32" in _declines(fp32.transformer_blocks[0].attn1, hidden.float(),
+                                                            rotary_emb=rope).reason
+        model.to(torch.bfloat16)
+    # Mounted under the switch, called without it: the device guard fires, and the reference runs instead.
+    assert "input on cpu: the BF16-input GEMM needs CUDA" in _declines(attn, hidden, rotary_emb=rope).reason
+    with pytest.warns(RuntimeWarning, match="needs CUDA"), accelpatch.quality("high"), torch.no_grad():
+        out = attn(hidden, rotary_emb=rope)
+        expected = SanaLinearAttnProcessor3_0()(attn, hidden, rotary_emb=rope)
+    assert torch.equal(out, expected)
+    # A processor swapped in after apply() is never bypassed.
+    attn.set_processor(AttnProcessor2_0())
+    with emulate_bf16_gemm_on_cpu():
+        assert "processor is AttnProcessor2_0" in _declines(attn, hidden, rotary_emb=rope).reason
+    counts = accelpatch.report(model).sites[0].fallback_calls
+    assert counts == {"input on cpu: the BF16-input GEMM needs CUDA": 1}
+
+
+def test_mount_rejects_a_model_whose_processor_was_replaced():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    model.transformer_blocks[1].attn1.set_processor(AttnProcessor2_0())
+    with emulate_bf16_gemm_on_cpu():
+        accelpatch.apply(model)
+    rep = accelpatch.report(model)
+    assert not any(s.mounted for s in rep.sites)  # all or nothing
+    assert "processor is AttnProcessor2_0" in rep.sites[1].reason
+    assert "model rejected at transformer_blocks.1.attn1" in rep.sites[0].reason
+
+
+def test_unmount_restores_the_reference_bit_for_bit():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16, **RELEASE_LIKE)
+    inputs = sana_video_transformer_inputs(model, batch_size=2)
+    with torch.no_grad():
+        reference = model(**inputs).sample
+        with emulate_bf16_gemm_on_cpu():
+            accelpatch.apply(model)
+            FUSION.unmount(model)
+            with accelpatch.quality("high"), pytest.warns(RuntimeWarning, match="not mounted"):
+                out = model(**inputs).sample
+    assert torch.equal(out, reference)
+    assert accelpatch.report(model).fast_calls == 0
+
+
+def test_the_switch_is_off_outside_its_block():
+    assert site_module._emulate_on_cpu is False
+    with emulate_bf16_gemm_on_cpu():
+        assert site_module._emulate_on_cpu is True
+    assert site_module._emulate_on_cpu is False

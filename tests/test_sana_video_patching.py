@@ -1,0 +1,243 @@
+"""apply/remove/report on SANA-Video: the default tiers are bit-identical to untouched diffusers, the patch is
+reversible, idempotent and visible, and a requested fast path that cannot run is never silent."""
+import copy
+import hashlib
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch.errors import FastPathUnavailableError
+from accelpatch.sites.sana_linear_attention import FUSION, emulate_bf16_gemm_on_cpu
+from accelpatch.testing import (
+    sana_video_pipeline_call_kwargs,
+    sana_video_transformer_inputs,
+    tiny_sana_video_pipeline,
+    tiny_sana_video_transformer,
+)
+
+MARKER, ENABLED = "_sgl_sana_video_linear_attention_site", "_sgl_sana_video_linear_attention_enabled"
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _attn1(model):
+    return [m for name, m in model.named_modules() if name.endswith("attn1")]
+
+
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def dtype(request):
+    return request.param
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_default_lossless_and_exact_are_bit_identical_to_unpatched(dtype, batch):
+    model = tiny_sana_video_transformer(dtype=dtype)
+    inputs = sana_video_transformer_inputs(model, batch_size=batch, seed=batch)
+    reference = _forward(model, inputs)
+    accelpatch.apply(model)
+    assert torch.equal(_forward(model, inputs), reference)
+    for tier in ("lossless", "exact"):
+        with accelpatch.quality(tier):
+            assert torch.equal(_forward(model, inputs), reference)
+    site = accelpatch.report(model).sites[0]
+    assert site.fast_calls == 0 and site.reference_calls == {"tier lossless does not admit high": 2,
+                                                             "tier exact does not admit high": 1}
+
+
+def test_pipeline_call_is_bit_identical_to_an_unpatched_pipeline_call():
+    reference_pipe = tiny_sana_video_pipeline(seed=3)
+    expected = reference_pipe(**sana_video_pipeline_call_kwargs(seed=7)).frames
+    pipe = tiny_sana_video_pipeline(seed=3)
+    accelpatch.apply(pipe)
+    assert type(pipe.transformer.transformer_blocks[0].attn1).__name__ == "GatedAttention"
+    for tier in (None, "exact", "lossless"):
+        if tier is None:
+            frames = pipe(**sana_video_pipeline_call_kwargs(seed=7)).frames
+        else:
+            with accelpatch.quality(tier):
+                frames = pipe(**sana_video_pipeline_call_kwargs(seed=7)).frames
+        assert torch.equal(frames, expected), tier
+    # CFG is batched: every transformer forward saw batch 2, and nothing took the fast path.
+    assert accelpatch.report(pipe).fast_calls == 0
+
+
+def test_high_on_cpu_falls_back_loudly_and_stays_bit_identical():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = sana_video_transformer_inputs(model, batch_size=2)
+    reference = _forward(model, inputs)
+    accelpatch.apply(model)
+    rep = accelpatch.report(model)
+    assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in rep.sites)
+    with pytest.warns(RuntimeWarning, match="CUDA is unavailable") as record:
+        with accelpatch.quality("high"):
+            out = _forward(model, inputs)
+            out2 = _forward(model, inputs)
+    assert len([w for w in record if "accelpatch" in str(w.message)]) == 1  # once per model and reason
+    assert torch.equal(out, reference) and torch.equal(out2, reference)
+    rep = accelpatch.report(model)
+    assert rep.fast_calls == 0
+    (reason, count), = rep.fallback_calls.items()
+    assert "CUDA is unavailable" in reason and count == 2 * len(rep.sites)
+    assert "rejected" in str(rep) and "CUDA is unavailable" in str(rep)
+    with pytest.raises(AssertionError, match="no accelpatch fast path ran"):
+        rep.assert_fast_path_ran()
+
+
+def test_strict_raises_instead_and_leaves_the_model_intact():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = sana_video_transformer_inputs(model, batch_size=1)
+    reference = _forward(model, inputs)
+    state = copy.deepcopy(model.state_dict())
+    accelpatch.apply(model, strict=True)
+    with pytest.raises(FastPathUnavailableError, match="CUDA is unavailable.*strict=False"):
+        with accelpatch.quality("high"):
+            _forward(model, inputs)
+    assert accelpatch.current_quality() == "lossless"
+    assert torch.equal(_forward(model, inputs), reference)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
+def test_markers_idempotence_and_remove():
+    model = tiny_sana_video_transformer()
+    inputs = sana_video_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    original_types = {name: type(m) for name, m in model.named_modules()}
+    state = copy.deepcopy(model.state_dict())
+
+    accelpatch.apply(model)
+    sites = _attn1(model)
+    assert len(sites) == 2
+    for m in sites:
+        assert getattr(m, MARKER).path.endswith("attn1") and getattr(m, ENABLED) is False
+        assert isinstance(m, original_types["transformer_blocks.0.attn1"])
+        assert type(m.processor).__name__ == "SanaLinearAttnProcessor3_0"
+    first_sites = [getattr(m, MARKER) for m in sites]
+    accelpatch.apply(model)
+    assert [getattr(m, MARKER) for m in _attn1(model)] == first_sites  # the same patch, not a second layer
+    assert len(accelpatch.report(model).sites) == 2
+    assert list(model.state_dict()) == list(state)
+
+    accelpatch.remove(model)
+    accelpatch.remove(model)  # removing twice is harmless
+    assert {name: type(m) for name, m in model.named_modules()} == original_types
+    for m in _attn1(model):
+        assert not hasattr(m, MARKER) and not hasattr(m, ENABLED)
+        assert not [k for k in vars(m) if k.startswith("_accelpatch") or k.startswith("_sgl")]
+    assert not hasattr(model, "_accelpatch_state")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert torch.equal(_forward(model, inputs), reference)
+    assert accelpatch.report(model).models == ()
+
+
+def _saved_hashes(model, folder: Path) -> dict:
+    model.save_pretrained(folder)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_save_pretrained_output_never_changes(tmp_path):
+    model = tiny_sana_video_transformer()
+    before = _saved_hashes(model, tmp_path / "before")
+    accelpatch.apply(model)
+    patched = _saved_hashes(model, tmp_path / "patched")
+    accelpatch.remove(model)
+    after = _saved_hashes(model, tmp_path / "after")
+    assert before == patched == after
+    reloaded = type(model).from_pretrained(tmp_path / "patched")
+    inputs = sana_video_transformer_inputs(model)
+    assert torch.equal(_forward(reloaded.eval(), inputs), _forward(model, inputs))
+
+
+def test_unsupported_model_and_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match=r"does not support Linear; supported model classes: .*SanaVideoTransformer3DModel"):
+        accelpatch.apply(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="expects a diffusers pipeline"):
+        accelpatch.apply(object())
+    model = tiny_sana_video_transformer()
+    with pytest.raises(ValueError, match=r"unknown backend 'fastest'; available backends"):
+        accelpatch.apply(model, backend="fastest")
+    with pytest.raises(ValueError, match=r"unexpected options \['tau'\]"):
+        accelpatch.apply(model, tau=1.0)
+    with pytest.raises(ValueError, match="strict must be True or False"):
+        accelpatch.apply(model, strict="yes")
+    assert not hasattr(model, "_accelpatch_state")
+    assert all(type(m).__name__ == "Attention" for m in _attn1(model))
+
+
+def test_enabled_attribute_reflects_the_calling_context():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    with emulate_bf16_gemm_on_cpu():
+        accelpatch.apply(model)
+    site = _attn1(model)[0]
+    assert FUSION.is_mounted(site)
+    assert getattr(site, ENABLED) is False and not FUSION.is_enabled(site)
+    with accelpatch.quality("high"):
+        assert getattr(site, ENABLED) is True and FUSION.is_enabled(site)
+        with accelpatch.quality("exact"):
+            assert getattr(site, ENABLED) is False
+    seen = {}
+
+    def reader(tier):
+        with accelpatch.quality(tier):
+            seen[tier] = getattr(site, ENABLED)
+
+    threads = [threading.Thread(target=reader, args=(t,)) for t in ("high", "lossless")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"high": True, "lossless": False}
+
+
+def test_two_threads_with_different_tiers_share_one_model():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = sana_video_transformer_inputs(model, batch_size=2)
+    with emulate_bf16_gemm_on_cpu():
+        accelpatch.apply(model)
+        alone = {}
+        for tier in ("exact", "high"):
+            with accelpatch.quality(tier):
+                alone[tier] = _forward(model, inputs)
+        accelpatch.report(model, reset=True)
+
+        barrier = threading.Barrier(2)
+        together = {}
+
+        def worker(tier):
+            with accelpatch.quality(tier):
+                for _ in range(3):
+                    barrier.wait()
+                    together.setdefault(tier, []).append(_forward(model, inputs))
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in ("exact", "high")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for tier, outs in together.items():
+        assert len(outs) == 3 and all(torch.equal(o, alone[tier]) for o in outs)
+    rep = accelpatch.report(model)
+    # Only the high thread took the fast path: 3 forwards × 2 sites; the exact thread ran the reference.
+    assert rep.fast_calls == 6
+    assert rep.reference_calls == {"tier exact does not admit high": 6}
+
+
+def test_exception_inside_a_quality_block_leaves_everything_as_it_was():
+    model = tiny_sana_video_transformer()
+    inputs = sana_video_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    accelpatch.apply(model)
+    with pytest.raises(RuntimeError):
+        with accelpatch.quality("high"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                bad = dict(inputs, hidden_states=inputs["hidden_states"][:, :3])  # wrong channel count
+                _forward(model, bad)
+    assert accelpatch.current_quality() == "lossless"
+    assert torch.equal(_forward(model, inputs), reference)
