@@ -54,7 +54,9 @@ def test_identical_gives_inf_psnr_and_exact_unit_ssim():
 def test_ssim_symmetric():
     a = _video(2)
     b = (a + 0.05 * torch.randn(a.shape, generator=torch.Generator().manual_seed(3), dtype=a.dtype)).clamp(0, 1)
-    torch.testing.assert_close(ssim_per_frame(a, b, data_range=1.0), ssim_per_frame(b, a, data_range=1.0), rtol=0, atol=1e-14)
+    torch.testing.assert_close(
+        ssim_per_frame(a, b, data_range=1.0), ssim_per_frame(b, a, data_range=1.0), rtol=0, atol=1e-14
+    )
 
 
 def test_ssim_strictly_decreases_with_noise():
