@@ -111,7 +111,7 @@ class Site:
     def call(self, module: torch.nn.Module, args: tuple, kwargs: dict):
         tier = effective_tier(self.model.default_tier)
         if not tier.admits(self.tier):
-            return self.reference(module, args, kwargs, _TIER_REASONS[tier, self.tier])
+            return self.reference(module, args, kwargs, _TIER_REASONS[tier][self.tier])
         if not self.is_mounted(module):
             return self.fallback(module, args, kwargs, f"not mounted: {self.reject_reason or 'unmounted'}")
         try:
@@ -126,9 +126,7 @@ class Site:
         return out
 
 
-_TIER_REASONS = {
-    (have, need): f"tier {have} does not admit {need}" for have in Tier for need in Tier
-}
+_TIER_REASONS = [[f"tier {have} does not admit {need}" for need in Tier] for have in Tier]
 
 _GATED_CLASSES: dict[tuple[type, str], type] = {}
 _GATED_LOCK = threading.Lock()

@@ -1,0 +1,77 @@
+"""Cost of patching SANA-Video on CPU, measured side by side in one run.
+
+1. Per-forward time of a patched transformer at the default (``lossless``) tier against the same transformer
+   unpatched, on the tiny and a medium config. Patched and unpatched rounds alternate (apply/remove between
+   rounds), and the ratio of medians is reported. Target: overhead < 2 %.
+2. Time of ``accelpatch.apply()`` (and ``remove()``) on a release-sized 20-layer transformer built on the meta
+   device. Target: < 100 ms.
+
+    python benchmarks/bench_sana_video_patching.py [--rounds 15] [--forwards 10]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import accelpatch
+from accelpatch.testing import (SANA_VIDEO_MEDIUM_CONFIG, SANA_VIDEO_TINY_CONFIG, sana_video_transformer_inputs,
+                                sana_video_transformer_on_meta, tiny_sana_video_transformer)
+
+
+def forward_overhead(config, *, rounds: int, forwards: int, label: str, **input_kwargs) -> tuple[float, float, float]:
+    model = tiny_sana_video_transformer(config)
+    inputs = sana_video_transformer_inputs(model, batch_size=2, **input_kwargs)
+    times = {"unpatched": [], "patched": []}
+    with torch.no_grad():
+        for _ in range(3):
+            model(**inputs)
+        for r in range(rounds):
+            order = ("unpatched", "patched") if r % 2 == 0 else ("patched", "unpatched")
+            for state in order:
+                (accelpatch.apply if state == "patched" else accelpatch.remove)(model)
+                start = time.perf_counter()
+                for _ in range(forwards):
+                    model(**inputs)
+                times[state].append((time.perf_counter() - start) / forwards)
+    accelpatch.remove(model)
+    base, patched = statistics.median(times["unpatched"]), statistics.median(times["patched"])
+    print(f"{label:<8} unpatched {base * 1e3:8.3f} ms/forward   patched(lossless) {patched * 1e3:8.3f} ms/forward   "
+          f"overhead {100 * (patched / base - 1):+6.2f} %   ({rounds} alternating rounds × {forwards} forwards)")
+    return base, patched, patched / base - 1
+
+
+def apply_time(*, repeats: int) -> tuple[float, float]:
+    model = sana_video_transformer_on_meta(num_layers=20)
+    apply_s, remove_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        accelpatch.apply(model)
+        apply_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        accelpatch.remove(model)
+        remove_s.append(time.perf_counter() - start)
+    a, r = statistics.median(apply_s), statistics.median(remove_s)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"apply() on a 20-layer meta-device SANA-Video ({n_params / 1e9:.2f}B parameters): "
+          f"{a * 1e3:.2f} ms (median of {repeats}); remove(): {r * 1e3:.2f} ms")
+    return a, r
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--forwards", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    forward_overhead(SANA_VIDEO_TINY_CONFIG, rounds=args.rounds, forwards=args.forwards, label="tiny")
+    forward_overhead(SANA_VIDEO_MEDIUM_CONFIG, rounds=args.rounds, forwards=max(args.forwards // 3, 2),
+                     label="medium", height=16, width=16)
+    apply_time(repeats=7)
+
+
+if __name__ == "__main__":
+    main()
