@@ -1,0 +1,89 @@
+"""Choose and run one implementation for a (contiguous, validated) call; the varlen segment loop.
+
+impl: "torch" | "triton" | "upstream" (falls back, see upstream.py) | "auto" (Triton for CUDA tensors
+when triton imports, else PyTorch). Triton modules are imported here lazily, never at package import.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import upstream
+from .routing import num_blocks
+
+
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001  (any import failure means "not available")
+        return False
+    return True
+
+
+def resolve(impl: str, q: torch.Tensor, kv_splits: int) -> str:
+    """Concrete implementation name for this call ("torch", "triton" or "upstream")."""
+    if impl == "upstream":
+        reason = upstream.unsupported_reason(q, kv_splits)
+        if reason is None:
+            return "upstream"
+        upstream.record_fallback(reason)
+        impl = "auto"
+    if impl == "auto":
+        return "triton" if q.device.type == "cuda" and _triton_importable() else "torch"
+    if impl == "triton":
+        if not _triton_importable():
+            raise RuntimeError("sol_attn impl='triton' needs the triton package, which does not import")
+        if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "sol_attn impl='triton' got CPU tensors: use CUDA tensors, or set TRITON_INTERPRET=1 in the "
+                "environment before importing accelpatch to run the Triton interpreter (slow; tests only)"
+            )
+    return impl
+
+
+def run_dense_batch(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start, impl, want_stats):
+    """One call on [B, T, H, D]; returns (out, exact pairs per head [H] int64)."""
+    which = resolve(impl, q, kv_splits)
+    args = (scale, tau, thresh_type, sink_tokens, sink_start)
+    if which == "torch":
+        from .torch_impl import sol_attn_torch  # noqa: PLC0415
+
+        return sol_attn_torch(q, k, v, *args)
+    if which == "triton":
+        from .triton_impl import sol_attn_triton  # noqa: PLC0415
+
+        return sol_attn_triton(q, k, v, *args, kv_splits=kv_splits)
+    out = upstream.call(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start)
+    if want_stats:
+        from .torch_impl import route  # noqa: PLC0415
+
+        pairs = route(q, k, v, *args)[0].sum((0, 2, 3))
+    else:
+        pairs = torch.full((q.shape[2],), -1, dtype=torch.int64, device=q.device)
+    return out, pairs
+
+
+def run_varlen(q, k, v, cu_seqlens, max_seqlen, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start, impl,
+               want_stats):
+    """Packed [T, H, D] input: each segment [cu[i], cu[i+1]) is attended on its own, blocks and
+    sink_start counted from the segment start. Returns (out, exact pairs [H], total pairs per head [])."""
+    t = q.shape[0]
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != t or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens must be non-decreasing, start at 0 and end at T={t}, got {cu}")
+    longest = max(b - a for a, b in zip(cu, cu[1:]))
+    if max_seqlen < longest:
+        raise ValueError(f"max_seqlen must be >= the longest segment ({longest}), got {max_seqlen}")
+    out = torch.zeros_like(q)
+    pairs = torch.zeros(q.shape[1], dtype=torch.int64, device=q.device)
+    total = 0
+    for a, b in zip(cu, cu[1:]):
+        if b == a:
+            continue
+        o, p = run_dense_batch(q[None, a:b], k[None, a:b], v[None, a:b], scale, tau, thresh_type, kv_splits,
+                               sink_tokens, sink_start, impl, want_stats)
+        out[a:b] = o[0]
+        pairs += p
+        total += num_blocks(b - a) ** 2
+    return out, pairs, torch.tensor(total, dtype=torch.int64)

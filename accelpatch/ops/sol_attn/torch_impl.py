@@ -1,0 +1,151 @@
+"""PyTorch implementation of Sol-Attn: the reference and the CPU path.
+
+Cost is block-sparse: per head it builds the proxy logits S = c*Q*kc^T ([T, N]) and then, for each
+(head, query block) "item", gathers only that item's exact key blocks. Items are sorted by their
+exact-block count and processed in chunks of similar count (padding slots masked to -inf), so work
+falls with the exact fraction; items whose every block is exact skip the gather and, in fp32/fp64,
+use the fused SDPA kernel directly (same math, no approximate part).
+
+Per row, exact keys (logits c*q.k) and approximate blocks (logits s_j = S[row, j]) share one
+softmax: numerator sum_k p_k v_k + sum_j p_j vc_j, denominator sum_k p_k + sum_j p_j len_j. This is
+exactly the rank-1 correction of sol_attn.md (vc_j stays the stored SUM, len_j multiplies the
+denominator), evaluated with the row's final max instead of a running one. For bf16/fp16, p is
+rounded to the input dtype before both P.V products; matmuls run on fp32 upcasts (exact emulation of
+"half inputs, fp32 accumulation"), which is also the fast path on CPUs without half matmul units.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .options import BLOCK
+from .routing import LOG2E, acc_dtype, block_lengths, num_blocks, sink_block_range, summaries, thresholds
+
+# Target number of gathered key blocks per chunk (chunk size = TARGET // exact count, capped).
+_CHUNK_TARGET_BLOCKS = 64
+_MAX_ITEMS_PER_CHUNK = 64
+# Rows per dense chunk for all-exact items (bounds the [rows, T] score buffer of the half path).
+_DENSE_ROWS = 512
+
+
+def route(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start, qh=None):
+    """Routing for q, k, v [B, T, H, D]: returns (exact [B, H, N, N] bool, S [B, H, Tp, N], kc, vc).
+
+    S holds the per-row proxy logits c*q.kc_j (log2 domain, acc dtype; rows >= T are zero rows).
+    qh, if given, is q already as [B*H, Tp, D] in acc dtype, zero padded (saves a copy).
+    The route score r[i, j] is the mean of S over the valid rows of query block i."""
+    b, t, h, d = q.shape
+    n = num_blocks(t)
+    acc = acc_dtype(q.dtype)
+    c = scale * LOG2E
+    kc, vc, qbar = summaries(q, k, v)
+    if qh is not None:
+        qa = qh.view(b, h, n * BLOCK, d)
+    else:
+        qa = q.permute(0, 2, 1, 3).to(acc)
+        if n * BLOCK != t:
+            qa = F.pad(qa, (0, 0, 0, n * BLOCK - t))
+    s = torch.matmul(qa, kc.to(acc).transpose(-1, -2)).mul_(c)  # [B, H, Tp, N]
+    lens = block_lengths(t, q.device).to(acc)
+    r = s.view(b, h, n, BLOCK, n).sum(3) / lens[:, None]
+    thr = thresholds(qbar, kc, c, tau, thresh_type)
+    exact = r > thr[..., None]
+    ar = torch.arange(n, device=q.device)
+    exact |= ((ar[:, None] - ar[None, :]).abs() <= 1)
+    lo, hi = sink_block_range(t, sink_tokens, sink_start)
+    if hi >= lo:
+        exact[..., lo : hi + 1] = True
+    return exact, s, kc, vc
+
+
+def sol_attn_torch(q, k, v, scale: float, tau: float, thresh_type: str, sink_tokens: int, sink_start):
+    """Sol-Attn forward for contiguous q, k, v [B, T, H, D]. Returns (out [B, T, H, D] in the input
+    dtype, exact pair counts per head [H] int64)."""
+    b, t, h, d = q.shape
+    dt = q.dtype
+    acc = acc_dtype(dt)
+    half = acc != dt and dt != torch.float32
+    n = num_blocks(t)
+    tp = n * BLOCK
+    bh = b * h
+    c = scale * LOG2E
+    dev = q.device
+
+    def heads(x):  # [B, T, H, D] -> [BH, Tp, D] in acc dtype, zero padded
+        x = x.permute(0, 2, 1, 3).to(acc).reshape(bh, t, d)
+        return F.pad(x, (0, 0, 0, tp - t)) if tp != t else x.contiguous()
+
+    qh, kh, vh = heads(q), heads(k), heads(v)
+    exact, s, kc, vc = route(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start, qh=qh)
+    counts = exact.sum(-1)  # [B, H, N]
+    exact_pairs = counts.sum((0, 2))
+    out = torch.empty(bh * n, BLOCK, d, dtype=acc, device=dev)
+    rnd = (lambda x: x.to(dt).to(acc)) if half else (lambda x: x)
+    lens = block_lengths(t, dev).to(acc)
+    last_len = t - (n - 1) * BLOCK
+    tok_pad_last = torch.arange(BLOCK, device=dev) >= last_len  # invalid key tokens of block N-1
+
+    cnt = counts.reshape(bh * n)
+    order = torch.argsort(cnt, descending=True, stable=True)
+    cnt_sorted = cnt[order].tolist()
+    n_items = bh * n
+
+    # 1) items whose key blocks are all exact: plain attention over the T valid keys, no gather.
+    n_full = sum(1 for x in cnt_sorted if x == n)
+    if n_full:
+        full = order[:n_full]
+        for head in torch.unique(full // n).tolist():
+            blocks = full[full // n == head]
+            rows = qh.view(bh * n, BLOCK, d)[blocks].reshape(-1, d)
+            kk, vv = kh[head, :t], vh[head, :t]
+            if not half:
+                o = F.scaled_dot_product_attention(
+                    rows[None, None], kk[None, None], vv[None, None], scale=scale
+                )[0, 0]
+            else:
+                o = torch.empty_like(rows)
+                for r0 in range(0, rows.shape[0], _DENSE_ROWS):
+                    sc = (rows[r0 : r0 + _DENSE_ROWS] @ kk.T).mul_(c)
+                    p = torch.exp2(sc - sc.amax(-1, keepdim=True))
+                    o[r0 : r0 + _DENSE_ROWS] = (rnd(p) @ vv) / p.sum(-1, keepdim=True)
+            out[blocks] = o.view(-1, BLOCK, d)
+
+    # 2) the other items: gathered exact blocks + rank-1 corrections, chunked by exact count.
+    if n_full < n_items:
+        block_idx = torch.argsort((~exact).to(torch.int8), dim=-1, stable=True).reshape(bh * n, n)
+        sa_all = s.view(bh * n, BLOCK, n).masked_fill(exact.view(bh * n, 1, n), float("-inf"))
+        kflat = kh.view(bh * n, BLOCK * d)
+        vflat = vh.view(bh * n, BLOCK * d)
+        vcr = vc.to(acc).reshape(bh, n, d)
+        qblocks = qh.view(bh * n, BLOCK, d)
+        pos = n_full
+        while pos < n_items:
+            emax = cnt_sorted[pos]
+            p_items = max(1, min(_MAX_ITEMS_PER_CHUNK, _CHUNK_TARGET_BLOCKS // emax, n_items - pos))
+            items = order[pos : pos + p_items]
+            pos += p_items
+            head = items // n
+            bidx = block_idx[items, :emax]  # [P, E]
+            pad = torch.arange(emax, device=dev)[None] >= cnt[items][:, None]
+            rows = (head[:, None] * n + bidx).reshape(-1)
+            kg = kflat.index_select(0, rows).view(p_items, emax * BLOCK, d)
+            vg = vflat.index_select(0, rows).view(p_items, emax * BLOCK, d)
+            keymask = pad[:, :, None] | ((bidx == n - 1)[:, :, None] & tok_pad_last)  # [P, E, 64]
+            bias = None
+            if bool(keymask.any()):  # padding slots / keys past T: -inf bias
+                bias = torch.zeros(keymask.shape, dtype=acc, device=dev).masked_fill_(keymask, float("-inf"))
+                bias = bias.view(p_items, 1, emax * BLOCK)
+            if bias is not None:
+                se = torch.baddbmm(bias, qblocks[items], kg.transpose(1, 2), alpha=c)
+            else:
+                se = torch.bmm(qblocks[items], kg.transpose(1, 2)).mul_(c)  # [P, 64, E*64]
+            sa = sa_all[items]  # [P, 64, N]
+            m = torch.maximum(se.amax(-1, keepdim=True), sa.amax(-1, keepdim=True))
+            pe = torch.exp2(se.sub_(m))
+            pa = torch.exp2(sa.sub_(m))
+            den = pe.sum(-1, keepdim=True) + pa @ lens[:, None]
+            num = torch.bmm(rnd(pe), vg) + torch.bmm(rnd(pa), vcr[head])
+            out[items] = num.div_(den)
+
+    o = out.view(b, h, tp, d)[:, :, :t].permute(0, 2, 1, 3).to(dt)
+    return o.contiguous(), exact_pairs

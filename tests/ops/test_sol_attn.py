@@ -1,0 +1,249 @@
+"""Sol-Attn PyTorch implementation and public API against dense SDPA and an independent float64 reference."""
+import math
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accelpatch.ops import SolAttnStats, sol_attn, sol_attn_varlen
+
+from ._reference import always_exact_blocks, reference_sol_attn
+
+
+def rand(shape, dtype=torch.float32, seed=0, smooth=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    if smooth:  # slowly varying along T, so intermediate tau gives a mix of exact and approximate blocks
+        x = x.cumsum(1) / 4 + 0.5 * torch.randn(shape, generator=g)
+    return x.to(dtype)
+
+
+def qkv(b, t, h, d, dtype=torch.float32, seed=0, smooth=False):
+    return [rand((b, t, h, d), dtype, seed + i, smooth) for i in range(3)]
+
+
+def dense(q, k, v, scale=None):
+    o = F.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v)), scale=scale)
+    return o.transpose(1, 2)
+
+
+@pytest.mark.parametrize("t", [1, 37, 64, 65, 200])
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)])
+def test_all_exact_equals_dense(t, dtype, atol):
+    q, k, v = qkv(2, t, 2, 64, dtype)
+    out, stats = sol_attn(q, k, v, tau=-1e9, impl="torch", return_stats=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), dense(q, k, v), atol=atol, rtol=atol)
+    assert stats.exact_fraction == 1.0
+
+
+@pytest.mark.parametrize("t", [1, 100, 257])
+@pytest.mark.parametrize("thresh_type", ["diag", "exact"])
+@pytest.mark.parametrize("sink", [(0, None), (70, None), (10, 0), (40, 150)])
+def test_only_forced_blocks_matches_float64_reference(t, thresh_type, sink):
+    q, k, v = qkv(1, t, 2, 64, seed=3)
+    kw = dict(tau=1e9, thresh_type=thresh_type, sink_tokens=sink[0], sink_start=sink[1])
+    out, stats = sol_attn(q, k, v, impl="torch", return_stats=True, **kw)
+    ref, pairs = reference_sol_attn(q, k, v, **kw)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    forced = always_exact_blocks(t, sink[0], sink[1])
+    n = math.ceil(t / 64)
+    assert stats.exact_fraction == pytest.approx(sum(map(len, forced)) / n**2)
+    assert stats.exact_pairs.tolist() == pairs
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("thresh_type", ["diag", "exact"])
+def test_intermediate_tau_matches_float64_reference(tau, thresh_type):
+    q, k, v = qkv(1, 448, 2, 64, seed=7, smooth=True)
+    out, stats = sol_attn(q, k, v, tau=tau, thresh_type=thresh_type, impl="torch", return_stats=True)
+    ref, pairs = reference_sol_attn(q, k, v, tau=tau, thresh_type=thresh_type)
+    assert stats.exact_pairs.tolist() == pairs
+    n = 7
+    assert all(3 * n - 2 < p < n * n for p in pairs), "test data must route some blocks each way"
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out.float(), dense(q, k, v), atol=1e-3)
+
+
+def test_sinks_and_ragged_t_with_scale():
+    q, k, v = qkv(2, 300, 1, 64, seed=11, smooth=True)
+    for st, ss in [(50, None), (64, 0), (1, 299), (100, 30)]:
+        kw = dict(tau=0.7, sink_tokens=st, sink_start=ss, scale=0.1)
+        out = sol_attn(q, k, v, impl="torch", **kw)
+        ref, _ = reference_sol_attn(q, k, v, **kw)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_head_dims(d):
+    q, k, v = qkv(1, 130, 1, d, seed=d, smooth=True)
+    out = sol_attn(q, k, v, tau=0.5, impl="torch")
+    ref, _ = reference_sol_attn(q, k, v, tau=0.5)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_follow_reference_within_half_tolerance(dtype):
+    q, k, v = qkv(1, 200, 2, 64, dtype, seed=5)
+    out = sol_attn(q, k, v, tau=1e9, sink_tokens=20, impl="torch")
+    assert out.dtype == dtype
+    ref, _ = reference_sol_attn(q, k, v, tau=1e9, sink_tokens=20)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_batch_items_never_mix():
+    q, k, v = qkv(3, 150, 2, 64, seed=1, smooth=True)
+    kw = dict(tau=0.5, sink_tokens=30, sink_start=10, impl="torch")
+    base = sol_attn(q, k, v, **kw)
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[1] = torch.randn_like(x[1]) * 3
+    changed = sol_attn(q2, k2, v2, **kw)
+    assert torch.equal(base[0], changed[0]) and torch.equal(base[2], changed[2])
+    assert not torch.equal(base[1], changed[1])
+    alone = sol_attn(q[:1], k[:1], v[:1], **kw)
+    torch.testing.assert_close(alone[0], base[0], atol=1e-6, rtol=1e-6)
+
+
+def test_non_contiguous_inputs():
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in qkv(2, 100, 2, 64, seed=2))
+    assert not q.is_contiguous()
+    out = sol_attn(q, k, v, tau=0.3, impl="torch")
+    torch.testing.assert_close(out, sol_attn(q.contiguous(), k.contiguous(), v.contiguous(), tau=0.3, impl="torch"))
+
+
+def test_varlen_segments_are_independent():
+    lens = [70, 0, 129, 1, 64]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    t = int(cu[-1])
+    q, k, v = (x[0] for x in qkv(1, t, 2, 64, seed=4, smooth=True))
+    kw = dict(tau=0.5, sink_tokens=16, sink_start=8, impl="torch")
+    out, stats = sol_attn_varlen(q, k, v, cu, max(lens), return_stats=True, **kw)
+    total = 0
+    for a, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        if e == a:
+            continue
+        ref, _ = reference_sol_attn(q[None, a:e], k[None, a:e], v[None, a:e], tau=0.5, sink_tokens=16, sink_start=8)
+        torch.testing.assert_close(out[a:e].double(), ref[0], atol=1e-5, rtol=1e-5)
+        total += math.ceil((e - a) / 64) ** 2
+    assert int(stats.total_pairs) == total
+    # changing one segment leaves the others bitwise unchanged
+    q2 = q.clone()
+    q2[70:199] = torch.randn(129, 2, 64)
+    k2 = k.clone()
+    k2[70:199] = torch.randn(129, 2, 64)
+    out2 = sol_attn_varlen(q2, k2, v, cu, max(lens), **kw)
+    assert torch.equal(out2[:70], out[:70]) and torch.equal(out2[199:], out[199:])
+    assert not torch.equal(out2[70:199], out[70:199])
+
+
+def test_stats_per_head():
+    q, k, v = qkv(2, 256, 3, 64, seed=9, smooth=True)
+    _, s_dense = sol_attn(q, k, v, tau=-1e9, impl="torch", return_stats=True)
+    assert isinstance(s_dense, SolAttnStats)
+    assert s_dense.exact_fraction == 1.0 and torch.equal(s_dense.exact_fraction_per_head, torch.ones(3, dtype=torch.float64))
+    _, s = sol_attn(q, k, v, tau=1e9, sink_tokens=64, sink_start=0, impl="torch", return_stats=True)
+    forced = always_exact_blocks(256, 64, 0)
+    expected = sum(map(len, forced)) / 16
+    assert s.exact_fraction == pytest.approx(expected)
+    assert s.exact_fraction_per_head.tolist() == pytest.approx([expected] * 3)
+    _, s_mid = sol_attn(q, k, v, tau=0.5, impl="torch", return_stats=True)
+    assert expected - 0.1 < s_mid.exact_fraction < 1.0
+
+
+@pytest.mark.parametrize(
+    "kw,exc,match",
+    [
+        (dict(thresh_type="full"), ValueError, "thresh_type"),
+        (dict(tau=float("nan")), ValueError, "tau"),
+        (dict(tau=float("inf")), ValueError, "tau"),
+        (dict(kv_splits=3), ValueError, "kv_splits"),
+        (dict(sink_tokens=-1), ValueError, "sink_tokens"),
+        (dict(sink_start=-5), ValueError, "sink_start"),
+        (dict(scale=0.0), ValueError, "scale"),
+        (dict(impl="cuda"), ValueError, "impl.*auto.*torch.*triton.*upstream"),
+    ],
+)
+def test_bad_options(kw, exc, match):
+    q, k, v = qkv(1, 10, 1, 64)
+    with pytest.raises(exc, match=match):
+        sol_attn(q, k, v, **kw)
+
+
+def test_bad_tensors():
+    q, k, v = qkv(1, 10, 1, 64)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        sol_attn(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="same shape"):
+        sol_attn(q, k[:, :5], v)
+    with pytest.raises(TypeError, match="same dtype"):
+        sol_attn(q, k.half(), v)
+    with pytest.raises(TypeError, match="q dtype"):
+        sol_attn(q.int(), k.int(), v.int())
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        sol_attn(q, None, v)
+    with pytest.raises(ValueError, match="T must be >= 1"):
+        sol_attn(q[:, :0], k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match="q must be 3-D"):
+        sol_attn_varlen(q, k, v, torch.tensor([0, 10]), 10)
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        sol_attn_varlen(q[0], k[0], v[0], [0, 10], 10)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        sol_attn_varlen(q[0], k[0], v[0], torch.tensor([0, 4]), 10)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        sol_attn_varlen(q[0], k[0], v[0], torch.tensor([0, 10]), 4)
+
+
+def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = qkv(1, 10, 1, 64)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        sol_attn(q, k, v, impl="triton")
+
+
+def test_upstream_falls_back_with_recorded_reason():
+    from accelpatch.ops.sol_attn import upstream
+
+    q, k, v = qkv(1, 70, 1, 64)
+    before = sum(upstream.fallback_counts.values())
+    upstream._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = sol_attn(q, k, v, impl="upstream")
+        sol_attn(q, k, v, impl="upstream")
+    assert sum(upstream.fallback_counts.values()) == before + 2
+    assert upstream.last_fallback_reason  # e.g. "not importable" or "needs CUDA tensors"
+    assert len([w for w in caught if "falls back" in str(w.message)]) == 1
+    torch.testing.assert_close(out, sol_attn(q, k, v, impl="torch"))
+
+
+def test_auto_on_cpu_is_torch():
+    q, k, v = qkv(1, 70, 1, 64, seed=6)
+    assert torch.equal(sol_attn(q, k, v), sol_attn(q, k, v, impl="torch"))
+
+
+def test_compiles_without_graph_break():
+    q, k, v = qkv(1, 70, 2, 64, seed=8)
+
+    def f(q, k, v):
+        out, stats = sol_attn(q * 2, k, v, tau=0.5, sink_tokens=8, impl="torch", return_stats=True)
+        seg = sol_attn_varlen(q[0], k[0], v[0], torch.tensor([0, 30, 70]), 40, impl="torch")
+        return out + 1, stats.exact_pairs, seg
+
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(f)(q, k, v)
+    assert explain.graph_break_count == 0 and explain.graph_count == 1
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k, v)
+    want = f(q, k, v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_package_import_does_not_import_triton():
+    code = "import sys, accelpatch.ops; assert 'triton' not in sys.modules, 'triton imported'; print('ok')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
