@@ -5,6 +5,7 @@
     with accelpatch.quality("high"):            # opt in to approximate fast paths for this call only
         video = pipe(prompt).frames
     print(accelpatch.report(pipe))              # which fast paths ran, which fell back and why
+    accelpatch.apply(pipe, backend="sol_attn")  # MiniMax-H3: block-sparse Sol-Attn with dense guards
     accelpatch.remove(pipe)                     # back to the untouched model, bit for bit
 
 Tiers nest ``exact`` ⊂ ``lossless`` (default) ⊂ ``high``; ``exact`` and ``lossless`` are bit-identical to the
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .backends.sol_attn import SolAttnConfig
 from .errors import AccelpatchError, FastPathUnavailableError
+from .steps import current_denoising_step, denoising_step
 from .tiers import Tier, current_quality, quality
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "apply", "remove", "report", "quality", "current_quality", "supported_models", "Tier",
+    "apply", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
+    "supported_models", "SolAttnConfig", "Tier",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
 ]
 

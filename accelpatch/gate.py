@@ -48,14 +48,15 @@ class SiteCounters:
             if fallback:
                 self.fallbacks[reason] += 1
 
-    def add_stat(self, name: str, value: float) -> None:
+    def add_stat(self, name: str, value) -> None:
+        """Add one observation; a tensor stays a tensor (no host sync) until the mean is read."""
         with self._lock:
-            self.stat_sums[name] = self.stat_sums.get(name, 0.0) + float(value)
+            self.stat_sums[name] = self.stat_sums.get(name, 0.0) + value
             self.stat_counts[name] = self.stat_counts.get(name, 0) + 1
 
     def mean_stat(self, name: str) -> Optional[float]:
         n = self.stat_counts.get(name, 0)
-        return self.stat_sums[name] / n if n else None
+        return float(self.stat_sums[name]) / n if n else None
 
     def reset(self) -> None:
         with self._lock:

@@ -75,6 +75,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: 
     for adapter in adapters:
         adapter.validate_backend(backend_config)
     pipeline = None if isinstance(target, torch.nn.Module) else target
+    strict = strict or bool(getattr(backend_config, "strict", False))
     for model, adapter in zip(models, adapters):
         existing = model.__dict__.get(STATE_ATTR)
         if existing is not None:
@@ -91,16 +92,21 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, strict: bool, pipel
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}
-        for path, module, fast_path in adapter.iter_sites(model, backend_config):
+        for path, module, fast_path, layer_index in adapter.iter_sites(model, backend_config):
             if is_gated(module):
                 raise RuntimeError(f"{path} is already patched by accelpatch; call accelpatch.remove() first")
-            site = Site(path=path, fast_path=fast_path, model=patch, original_class=type(module))
+            site = Site(path=path, fast_path=fast_path, model=patch, original_class=type(module),
+                        layer_index=layer_index)
             module.__class__ = gated_class(site.original_class, fast_path.fusion)
             module.__dict__[SITE_ATTR] = site
             fast_path.fusion.mark(module, site)
             _follow_instance_forward(module, site)
             patch.sites.append(site)
             by_fusion.setdefault(fast_path.fusion.name, []).append(site)
+        if not patch.sites:
+            warnings.warn(f"accelpatch: {adapter.family} has no fast path without a backend "
+                          f"(available: {', '.join(adapter.backends)}); {patch.model_class} runs unchanged",
+                          RuntimeWarning, stacklevel=3)
         _mount(model, by_fusion)
         patch.detach.extend(adapter.attach_hooks(model, patch, pipeline))
     except BaseException:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: backend name → config class with ``from_options(**options)``; filled in by the backend modules below
-BACKENDS: dict[str, type] = {}
+from .sol_attn import SolAttnConfig
+
+#: backend name → config class with ``from_options(**options)``
+BACKENDS: dict[str, type] = {SolAttnConfig.name: SolAttnConfig}
 
 
 def available_backends() -> list[str]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 
 from .base import ModelAdapter
+from .minimax_h3 import MiniMaxH3Adapter
 from .sana_video import SanaVideoAdapter
 
-ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter()]
+ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), MiniMaxH3Adapter()]
 
 
 def find_adapter(model: torch.nn.Module) -> ModelAdapter:

@@ -53,7 +53,7 @@ class ModelAdapter:
         return DEFAULT_TIER
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple[str, torch.nn.Module, FastPath]]:
-        """Yield (module path, module, fast path) for every site of ``model``."""
+        """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
 
     def attach_hooks(self, model: torch.nn.Module, patch: "ModelPatch", pipeline: Optional[Any]) -> Iterable[Any]:

@@ -21,5 +21,6 @@ class SanaVideoAdapter(ModelAdapter):
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         for path, module in model.named_modules():
-            if _SELF_ATTENTION.fullmatch(path):
-                yield path, module, BF16_LINEAR_ATTENTION
+            match = _SELF_ATTENTION.fullmatch(path)
+            if match is not None:
+                yield path, module, BF16_LINEAR_ATTENTION, int(match.group(1))

@@ -35,6 +35,19 @@ class Decline:
         return f"Decline({self.reason!r})"
 
 
+class Dense:
+    """Returned by a fast path whose *policy* keeps a call on the reference path (a dense step or layer): counted
+    with its reason, never warned about, since nothing went wrong."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Dense({self.reason!r})"
+
+
 class FastPath:
     """One kind of fast path. Subclasses set ``fusion`` and implement the guards and the math.
 
@@ -122,6 +135,8 @@ class Site:
             return self.fallback(module, args, kwargs, f"error: {type(error).__name__}: {error}", error)
         if isinstance(out, Decline):
             return self.fallback(module, args, kwargs, out.reason)
+        if isinstance(out, Dense):
+            return self.reference(module, args, kwargs, out.reason)
         self.counters.count_fast()
         return out
 

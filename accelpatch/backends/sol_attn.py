@@ -1,0 +1,120 @@
+"""The ``sol_attn`` backend's configuration: typed, validated before any module is touched, hashable.
+
+Sparse attention is approximate, so a model patched with this backend runs it at the ``high`` tier (its default
+tier becomes ``high``); ``quality("exact")``/``("lossless")`` run the original dense attention. The dense guards
+follow the integration policy of the prior art: the first ``dense_steps`` denoising steps and every layer in
+``dense_layers`` run the original processor unchanged.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Optional, Union
+
+THRESH_TYPES = ("diag", "exact")
+KV_SPLITS = (1, 2, 4)
+IMPLS = ("auto", "torch", "triton", "upstream")
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_layers(value: Union[str, Iterable[int]]) -> frozenset[int]:
+    """``"0,1,3-5"`` → {0, 1, 3, 4, 5}; ``""`` → {}; an iterable of non-negative ints is taken as is."""
+    if isinstance(value, str):
+        layers: set[int] = set()
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            match = _RANGE.match(part)
+            if match is None:
+                raise ValueError(f"dense_layers: {part.strip()!r} in {value!r} is not a layer index or a range "
+                                 "like '3-5'; use a comma list such as '0,1,3-5', or '' for none")
+            lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
+            if hi < lo:
+                raise ValueError(f"dense_layers: range {part.strip()!r} in {value!r} runs backwards")
+            layers.update(range(lo, hi + 1))
+        return frozenset(layers)
+    try:
+        items = list(value)
+    except TypeError:
+        raise ValueError(f"dense_layers must be a comma list such as '0,1,3-5' or an iterable of ints, "
+                         f"got {value!r}") from None
+    for item in items:
+        if not isinstance(item, numbers.Integral) or isinstance(item, bool) or item < 0:
+            raise ValueError(f"dense_layers: {item!r} is not a non-negative layer index (in {value!r})")
+    return frozenset(int(i) for i in items)
+
+
+def _check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> Optional[int]:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        allowed = f"an int >= {minimum}" + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class SolAttnConfig:
+    """Options of ``apply(model, backend="sol_attn", ...)``; see the module docstring.
+
+    ``sink_tokens``/``sink_start`` default to None: the sink is derived per call from the packed layout (the
+    text/audio rows). ``kv_splits="auto"`` picks 4 on SM 9.0 for T ≥ 65,536, else 1.
+    """
+
+    tau: float = 1.0
+    thresh_type: str = "diag"
+    dense_steps: int = 10
+    dense_layers: frozenset = field(default=frozenset({0, 1}))
+    sink_tokens: Optional[int] = None
+    sink_start: Optional[int] = None
+    kv_splits: Union[str, int] = "auto"
+    impl: str = "auto"
+    strict: bool = False
+
+    name = "sol_attn"
+
+    def __post_init__(self) -> None:
+        set_ = lambda key, value: object.__setattr__(self, key, value)  # noqa: E731 - frozen dataclass
+        if isinstance(self.tau, bool) or not isinstance(self.tau, numbers.Real) or not math.isfinite(self.tau):
+            raise ValueError(f"tau must be a finite float (higher = sparser; -1e9 = dense), got {self.tau!r}")
+        set_("tau", float(self.tau))
+        if self.thresh_type not in THRESH_TYPES:
+            raise ValueError(f"thresh_type must be one of {', '.join(THRESH_TYPES)}, got {self.thresh_type!r}")
+        set_("dense_steps", _check_int("dense_steps", self.dense_steps, 0))
+        set_("dense_layers", parse_layers(self.dense_layers))
+        set_("sink_tokens", _check_int("sink_tokens", self.sink_tokens, 0, allow_none=True))
+        set_("sink_start", _check_int("sink_start", self.sink_start, 0, allow_none=True))
+        if self.sink_start is not None and self.sink_tokens is None:
+            raise ValueError(f"sink_start={self.sink_start} needs sink_tokens too (or leave both None to derive "
+                             "the sink from the packed layout)")
+        if self.kv_splits != "auto" and (isinstance(self.kv_splits, bool) or self.kv_splits not in KV_SPLITS):
+            raise ValueError(f"kv_splits must be 1, 2, 4 or 'auto', got {self.kv_splits!r}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+        if not isinstance(self.strict, bool):
+            raise ValueError(f"strict must be True or False, got {self.strict!r}")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "SolAttnConfig":
+        unknown = sorted(set(options) - set(cls.option_names()))
+        if unknown:
+            raise ValueError(f"unknown sol_attn option(s) {unknown}; valid options: {', '.join(cls.option_names())}")
+        return cls(**options)
+
+    def resolve_kv_splits(self, device, seq_len: int) -> int:
+        """'auto' → 4 on an SM 9.0 GPU for long sequences (≥ 65,536 rows), else 1."""
+        if self.kv_splits != "auto":
+            return int(self.kv_splits)
+        if getattr(device, "type", str(device)) == "cuda" and seq_len >= 65536:
+            import torch
+
+            if torch.cuda.get_device_capability(device) == (9, 0):
+                return 4
+        return 1
