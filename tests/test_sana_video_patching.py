@@ -241,3 +241,35 @@ def test_exception_inside_a_quality_block_leaves_everything_as_it_was():
                 _forward(model, bad)
     assert accelpatch.current_quality() == "lossless"
     assert torch.equal(_forward(model, inputs), reference)
+
+
+def test_a_module_hooked_by_accelerate_before_apply_still_routes_through_the_gate():
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = sana_video_transformer_inputs(model, batch_size=2)
+    reference = _forward(model, inputs)
+    attn = model.transformer_blocks[0].attn1
+    add_hook_to_module(attn, ModelHook())
+    with emulate_bf16_gemm_on_cpu():
+        accelpatch.apply(model)
+        with accelpatch.quality("high"):
+            fast = _forward(model, inputs)
+    assert accelpatch.report(model).sites[0].fast_calls == 1  # the hooked module took the gated forward
+    torch.testing.assert_close(fast.float(), reference.float(), atol=2e-2, rtol=2e-2)
+    accelpatch.remove(model)
+    assert type(attn).__name__ == "Attention"
+    assert torch.equal(_forward(model, inputs), reference)
+    remove_hook_from_module(attn)
+    assert torch.equal(_forward(model, inputs), reference)
+
+
+def test_a_module_with_another_instance_forward_is_rejected_with_a_reason():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    attn = model.transformer_blocks[1].attn1
+    attn.forward = attn.forward  # what a foreign hook does: a bound forward on the instance
+    with emulate_bf16_gemm_on_cpu():
+        accelpatch.apply(model)
+    rep = accelpatch.report(model)
+    assert not any(s.mounted for s in rep.sites)
+    assert "apply accelpatch before enabling offloading or other hooks" in rep.sites[1].reason
