@@ -27,7 +27,7 @@ class ModelPatch:
     backend: Any
     strict: bool
     default_tier: Tier
-    sites: list[Site] = field(default_factory=list)
+    sites: list[Site] = field(default_factory=list, repr=False)
     detach: list[Callable[[], None]] = field(default_factory=list)
     _warned: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -273,3 +273,17 @@ def test_a_module_with_another_instance_forward_is_rejected_with_a_reason():
     rep = accelpatch.report(model)
     assert not any(s.mounted for s in rep.sites)
     assert "apply accelpatch before enabling offloading or other hooks" in rep.sites[1].reason
+
+
+def test_torch_compile_of_a_patched_model_runs_and_stays_bit_identical():
+    model = tiny_sana_video_transformer()
+    inputs = sana_video_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    accelpatch.apply(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    assert torch.equal(_forward(compiled, inputs), reference)
+    with accelpatch.quality("exact"):
+        assert torch.equal(_forward(compiled, inputs), reference)
+    assert accelpatch.report(model).reference_calls == {"tier lossless does not admit high": 2,
+                                                        "tier exact does not admit high": 2}

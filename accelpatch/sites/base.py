@@ -86,8 +86,8 @@ class Site:
 
     path: str
     fast_path: FastPath
-    model: "ModelPatch"
-    original_class: type
+    model: "ModelPatch" = field(repr=False)  # back-reference: kept out of repr (its sites point back here)
+    original_class: type = field(default=object)
     reject_reason: Optional[str] = None
     counters: SiteCounters = field(default_factory=SiteCounters)
     layer_index: Optional[int] = None
@@ -124,7 +124,7 @@ class Site:
     def call(self, module: torch.nn.Module, args: tuple, kwargs: dict):
         tier = effective_tier(self.model.default_tier)
         if not tier.admits(self.tier):
-            return self.reference(module, args, kwargs, _TIER_REASONS[tier][self.tier])
+            return self.reference(module, args, kwargs, _TIER_REASONS[tier.value][self.tier.value])
         if not self.is_mounted(module):
             return self.fallback(module, args, kwargs, f"not mounted: {self.reject_reason or 'unmounted'}")
         try:
