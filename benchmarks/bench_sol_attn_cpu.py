@@ -69,10 +69,13 @@ def main(argv=None) -> None:
             ts, td = statistics.median(sol_times), statistics.median(dense_times)
             ratio = ts / td
             limit = min(frac + 0.15, 2.5) if frac <= 0.3 else 2.5
-            ok = ratio <= limit
-            all_ok &= ok
-            print(f"{t:>6} {tau:>6.3g} {frac:>7.3f} {ts:>8.3f} {td:>8.3f} {ratio:>6.2f}  "
-                  f"{'ok' if ok else 'MISS'} (<= {limit:.2f})")
+            if t >= 8192:  # the targets are stated for T = 8192 and 16384
+                ok = ratio <= limit
+                all_ok &= ok
+                verdict = f"{'ok' if ok else 'MISS'} (<= {limit:.2f})"
+            else:
+                verdict = "- (targets apply at T >= 8192)"
+            print(f"{t:>6} {tau:>6.3g} {frac:>7.3f} {ts:>8.3f} {td:>8.3f} {ratio:>6.2f}  {verdict}")
     print("all targets met" if all_ok else "some targets missed")
 
 

@@ -13,8 +13,6 @@ import torch.nn.functional as F
 
 from accelpatch.ops import SolAttnStats, sol_attn, sol_attn_varlen
 
-
-
 # ---- independent float64 reference ----
 
 BLOCK = 64
@@ -314,3 +312,14 @@ def test_package_import_does_not_import_triton():
     code = "import sys, accelpatch.ops; assert 'triton' not in sys.modules, 'triton imported'; print('ok')"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_head_chunking_matches_single_pass(monkeypatch):
+    from accelpatch.ops.sol_attn import torch_impl
+
+    q, k, v = qkv(1, 200, 5, 64, seed=12, smooth=True)
+    whole = sol_attn(q, k, v, tau=0.5, impl="torch", return_stats=True)
+    monkeypatch.setattr(torch_impl, "_MAX_ROUTE_ELEMS", 2 * 256 * 4)  # two heads per pass
+    chunked = sol_attn(q, k, v, tau=0.5, impl="torch", return_stats=True)
+    torch.testing.assert_close(chunked[0], whole[0], atol=1e-6, rtol=1e-6)
+    assert torch.equal(chunked[1].exact_pairs, whole[1].exact_pairs)

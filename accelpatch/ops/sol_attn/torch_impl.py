@@ -26,6 +26,8 @@ _CHUNK_TARGET_BLOCKS = 64
 _MAX_ITEMS_PER_CHUNK = 64
 # Rows per dense chunk for all-exact items (bounds the [rows, T] score buffer of the half path).
 _DENSE_ROWS = 512
+# Heads per pass are limited so that the proxy-logit buffers ([heads, T, N]) stay below this many elements.
+_MAX_ROUTE_ELEMS = 1 << 26
 
 
 def route(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start, qh=None):
@@ -59,8 +61,27 @@ def route(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start, qh=None):
 
 
 def sol_attn_torch(q, k, v, scale: float, tau: float, thresh_type: str, sink_tokens: int, sink_start):
-    """Sol-Attn forward for contiguous q, k, v [B, T, H, D]. Returns (out [B, T, H, D] in the input
-    dtype, exact pair counts per head [H] int64)."""
+    """Sol-Attn forward for q, k, v [B, T, H, D]. Returns (out [B, T, H, D] in the input dtype, exact
+    pair counts per head [H] int64).
+
+    Batch items run one at a time (so no item's chunking or padding can depend on another: outputs are
+    bitwise independent of the other items), and heads in chunks that bound the [heads, T, N] buffers."""
+    b, t, h, d = q.shape
+    per = max(1, _MAX_ROUTE_ELEMS // (num_blocks(t) * BLOCK * num_blocks(t)))
+    if b == 1 and h <= per:
+        return _sol_attn_torch(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start)
+    out = torch.empty_like(q)
+    pairs = torch.zeros(h, dtype=torch.int64, device=q.device)
+    for bi in range(b):
+        for h0 in range(0, h, per):
+            sl = (slice(bi, bi + 1), slice(None), slice(h0, h0 + per))
+            o, p = _sol_attn_torch(q[sl], k[sl], v[sl], scale, tau, thresh_type, sink_tokens, sink_start)
+            out[sl] = o
+            pairs[h0 : h0 + per] += p
+    return out, pairs
+
+
+def _sol_attn_torch(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
     b, t, h, d = q.shape
     dt = q.dtype
     acc = acc_dtype(dt)

@@ -44,9 +44,10 @@ def _sol_attn_fwd(
     in_ty = OUT.dtype.element_ty
 
     offs = tl.arange(0, BLOCK_M)
+    offs64 = offs.to(tl.int64)  # row/column offsets feed int64 pointer arithmetic
     dcol = tl.arange(0, BLOCK_D)
     d_ok = dcol < D
-    rows = i * BLOCK_M + offs
+    rows = i * BLOCK_M + offs64
     row_ok = rows < T
     base = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
     q = tl.load(Q + base + rows[:, None] * stride_t + dcol[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -58,7 +59,7 @@ def _sol_attn_fwd(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    cnt = 0
+    cnt = tl.full([], 0, tl.int32)
     garange = tl.arange(0, GROUP)
     g0 = split * GROUPS_PER_SPLIT
     g1 = tl.minimum(g0 + GROUPS_PER_SPLIT, NUM_GROUPS)
@@ -96,7 +97,7 @@ def _sol_attn_fwd(
         for jj in range(GROUP):
             is_ex = tl.sum(tl.where(garange == jj, ex_i, 0), 0)
             if is_ex > 0:
-                cols = (g * GROUP + jj) * BLOCK_M + offs
+                cols = (g * GROUP + jj) * BLOCK_M + offs64
                 c_ok = cols < T
                 kv_off = base + cols[:, None] * stride_t + dcol[None, :]
                 kv_mask = c_ok[:, None] & d_ok[None, :]
