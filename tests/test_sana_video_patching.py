@@ -51,21 +51,23 @@ def test_default_lossless_and_exact_are_bit_identical_to_unpatched(dtype, batch)
                                                              "tier exact does not admit high": 1}
 
 
-def test_pipeline_call_is_bit_identical_to_an_unpatched_pipeline_call():
+@pytest.mark.parametrize("guidance_scale", [1.0, 4.5], ids=["batch1", "cfg-batch2"])
+def test_pipeline_call_is_bit_identical_to_an_unpatched_pipeline_call(guidance_scale):
     reference_pipe = tiny_sana_video_pipeline(seed=3)
-    expected = reference_pipe(**sana_video_pipeline_call_kwargs(seed=7)).frames
+    call = lambda: sana_video_pipeline_call_kwargs(seed=7, guidance_scale=guidance_scale)  # noqa: E731
+    expected = reference_pipe(**call()).frames
     pipe = tiny_sana_video_pipeline(seed=3)
     accelpatch.apply(pipe)
     assert type(pipe.transformer.transformer_blocks[0].attn1).__name__ == "GatedAttention"
     for tier in (None, "exact", "lossless"):
         if tier is None:
-            frames = pipe(**sana_video_pipeline_call_kwargs(seed=7)).frames
+            frames = pipe(**call()).frames
         else:
             with accelpatch.quality(tier):
-                frames = pipe(**sana_video_pipeline_call_kwargs(seed=7)).frames
+                frames = pipe(**call()).frames
         assert torch.equal(frames, expected), tier
-    # CFG is batched: every transformer forward saw batch 2, and nothing took the fast path.
-    assert accelpatch.report(pipe).fast_calls == 0
+    rep = accelpatch.report(pipe)
+    assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 2 * 2  # 3 calls × 2 steps × 2 sites
 
 
 def test_high_on_cpu_falls_back_loudly_and_stays_bit_identical():
