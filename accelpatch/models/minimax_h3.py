@@ -23,7 +23,7 @@ import torch
 from .. import steps
 from ..backends.sol_attn import SolAttnConfig
 from ..gate import QualityGatedFusion
-from ..sites.base import Decline, Dense, FastPath, Site
+from ..sites.base import Decline, Dense, FastPath, Site, bind_call
 from ..tiers import DEFAULT_TIER, Tier
 from .base import ModelAdapter
 
@@ -132,14 +132,6 @@ def _project_qkv(attn, hidden_states, rotary_emb):
     return query, key, value
 
 
-def _split_call(args: tuple, kwargs: dict):
-    """``MiniMaxH3Attention.forward(hidden_states, rotary_emb=None, attention_mask=None)``."""
-    names = ("hidden_states", "rotary_emb", "attention_mask")
-    bound = dict(zip(names, args))
-    bound.update({k: v for k, v in kwargs.items() if k in names})
-    return bound.get("hidden_states"), bound.get("rotary_emb"), bound.get("attention_mask")
-
-
 class MiniMaxH3SolAttention(FastPath):
     """Sol-Attn over the packed sequence, with the dense policy of :class:`SolAttnConfig` in front."""
 
@@ -158,7 +150,8 @@ class MiniMaxH3SolAttention(FastPath):
             return Dense(DENSE_STEP)
         if site.layer_index in config.dense_layers:
             return Dense(DENSE_LAYER)
-        hidden_states, rotary_emb, attention_mask = _split_call(args, kwargs)
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
+        hidden_states, rotary_emb, attention_mask = call["hidden_states"], call["rotary_emb"], call["attention_mask"]
         processor = attn.processor
         if type(processor) is not _processor_class():
             return Decline(f"processor is {type(processor).__name__}, expected MiniMaxH3AttnProcessor")

@@ -23,29 +23,37 @@ if TYPE_CHECKING:  # pragma: no cover
 SITE_ATTR = "_accelpatch_site"
 
 
-class Decline:
-    """Returned by a fast path whose guards reject a call; carries the reason."""
-
+class _Outcome:
     __slots__ = ("reason",)
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
     def __repr__(self) -> str:
-        return f"Decline({self.reason!r})"
+        return f"{type(self).__name__}({self.reason!r})"
 
 
-class Dense:
+class Decline(_Outcome):
+    """Returned by a fast path whose guards reject a call: a fallback, warned about once and counted."""
+
+    __slots__ = ()
+
+
+class Dense(_Outcome):
     """Returned by a fast path whose *policy* keeps a call on the reference path (a dense step or layer): counted
     with its reason, never warned about, since nothing went wrong."""
 
-    __slots__ = ("reason",)
+    __slots__ = ()
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
 
-    def __repr__(self) -> str:
-        return f"Dense({self.reason!r})"
+def bind_call(args: tuple, kwargs: dict, names: tuple[str, ...]) -> dict:
+    """Map a module call's positional and keyword arguments onto ``names`` (absent ones are None); other keyword
+    arguments are kept under their own names."""
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    for name in names:
+        bound.setdefault(name, None)
+    return bound
 
 
 class FastPath:

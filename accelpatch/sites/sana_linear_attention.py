@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..gate import QualityGatedFusion
 from ..ops.gemm import bmm_bf16_fp32, bmm_bf16_fp32_emulated, bmm_bf16_fp32_reject_reason
 from ..tiers import Tier
-from .base import Decline, FastPath, Site
+from .base import Decline, FastPath, Site, bind_call
 
 FUSION = QualityGatedFusion(
     name="sana_video_linear_attention",
@@ -61,17 +61,6 @@ def _apply_rotary(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Ten
     return out.type_as(x)
 
 
-def _split_call(args: tuple, kwargs: dict):
-    """``Attention.forward(hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs)``."""
-    names = ("hidden_states", "encoder_hidden_states", "attention_mask")
-    bound = dict(zip(names, args))
-    for name in names:
-        if name in kwargs:
-            bound[name] = kwargs[name]
-    extra = {k: v for k, v in kwargs.items() if k not in names}
-    return bound.get("hidden_states"), bound.get("encoder_hidden_states"), bound.get("attention_mask"), extra
-
-
 def linear_attention_bf16_gemm(query_rotate: torch.Tensor, key_rotate: torch.Tensor, value: torch.Tensor,
                                z: torch.Tensor) -> torch.Tensor:
     """((v·k_rotᵀ)·q_rot)·z for ``[B, H, D, N]`` BF16 operands, FP32 result: the first GEMM on BF16 operands with
@@ -97,12 +86,13 @@ class SanaLinearAttentionBF16(FastPath):
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        hidden_states, encoder_hidden_states, attention_mask, extra = _split_call(args, kwargs)
+        call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask"))
+        hidden_states, encoder_hidden_states = call["hidden_states"], call["encoder_hidden_states"]
         if not isinstance(attn.processor, _reference_processor_class()):
             return Decline(f"processor is {type(attn.processor).__name__}, expected SanaLinearAttnProcessor3_0")
         if encoder_hidden_states is not None:
             return Decline("encoder_hidden_states given: the fast path covers self-attention only")
-        rotary_emb = extra.get("rotary_emb")
+        rotary_emb = call.get("rotary_emb")
         if rotary_emb is None:
             return Decline("no rotary_emb: the reference processor needs it")
         if hidden_states.device.type != "cuda" and not _emulate_on_cpu:
