@@ -5,6 +5,8 @@
    rounds), and the ratio of medians is reported. Target: overhead < 2 %.
 2. Time of ``accelpatch.apply()`` (and ``remove()``) on a release-sized 20-layer transformer built on the meta
    device. Target: < 100 ms.
+3. The per-call cost of the gate itself: one attention module called directly, patched against unpatched
+   (interleaved ``timeit`` rounds, best of each).
 
     python benchmarks/bench_sana_video_patching.py [--rounds 15] [--forwards 10]
 """
@@ -60,6 +62,27 @@ def apply_time(*, repeats: int) -> tuple[float, float]:
     return a, r
 
 
+def gate_cost_per_call(*, rounds: int = 7, number: int = 300) -> float:
+    import timeit
+
+    model = tiny_sana_video_transformer()
+    attn = model.transformer_blocks[0].attn1
+    hidden = torch.randn(2, 48, model.config.num_attention_heads * model.config.attention_head_dim)
+    rope = model.rope(torch.zeros(2, model.config.in_channels, 3, 8, 8))
+    best = {"unpatched": float("inf"), "patched": float("inf")}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for state in ("unpatched", "patched"):
+                (accelpatch.apply if state == "patched" else accelpatch.remove)(model)
+                t = min(timeit.repeat(lambda: attn(hidden, rotary_emb=rope), number=number, repeat=3)) / number
+                best[state] = min(best[state], t)
+    accelpatch.remove(model)
+    delta = best["patched"] - best["unpatched"]
+    print(f"gate cost per attention call: {delta * 1e6:+.2f} µs (unpatched {best['unpatched'] * 1e6:.1f} µs, "
+          f"patched {best['patched'] * 1e6:.1f} µs; best of {rounds}×3 rounds)")
+    return delta
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -71,6 +94,7 @@ def main() -> None:
     forward_overhead(SANA_VIDEO_MEDIUM_CONFIG, rounds=args.rounds, forwards=max(args.forwards // 3, 2),
                      label="medium", height=16, width=16)
     apply_time(repeats=7)
+    gate_cost_per_call()
 
 
 if __name__ == "__main__":
