@@ -133,40 +133,72 @@ def _sol_attn_torch(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
 
     # 2) the other items: gathered exact blocks + rank-1 corrections, chunked by exact count.
     if n_full < n_items:
-        block_idx = torch.argsort((~exact).to(torch.int8), dim=-1, stable=True).reshape(bh * n, n)
-        sa_all = s.view(bh * n, BLOCK, n).masked_fill(exact.view(bh * n, 1, n), float("-inf"))
-        kflat = kh.view(bh * n, BLOCK * d)
-        vflat = vh.view(bh * n, BLOCK * d)
-        vcr = vc.to(acc).reshape(bh, n, d)
-        qblocks = qh.view(bh * n, BLOCK, d)
-        pos = n_full
-        while pos < n_items:
-            emax = cnt_sorted[pos]
-            p_items = max(1, min(_MAX_ITEMS_PER_CHUNK, _CHUNK_TARGET_BLOCKS // emax, n_items - pos))
-            items = order[pos : pos + p_items]
-            pos += p_items
-            head = items // n
-            bidx = block_idx[items, :emax]  # [P, E]
-            pad = torch.arange(emax, device=dev)[None] >= cnt[items][:, None]
-            rows = (head[:, None] * n + bidx).reshape(-1)
-            kg = kflat.index_select(0, rows).view(p_items, emax * BLOCK, d)
-            vg = vflat.index_select(0, rows).view(p_items, emax * BLOCK, d)
-            keymask = pad[:, :, None] | ((bidx == n - 1)[:, :, None] & tok_pad_last)  # [P, E, 64]
-            bias = None
-            if bool(keymask.any()):  # padding slots / keys past T: -inf bias
-                bias = torch.zeros(keymask.shape, dtype=acc, device=dev).masked_fill_(keymask, float("-inf"))
-                bias = bias.view(p_items, 1, emax * BLOCK)
-            if bias is not None:
-                se = torch.baddbmm(bias, qblocks[items], kg.transpose(1, 2), alpha=c)
-            else:
-                se = torch.bmm(qblocks[items], kg.transpose(1, 2)).mul_(c)  # [P, 64, E*64]
-            sa = sa_all[items]  # [P, 64, N]
-            m = torch.maximum(se.amax(-1, keepdim=True), sa.amax(-1, keepdim=True))
-            pe = torch.exp2(se.sub_(m))
-            pa = torch.exp2(sa.sub_(m))
-            den = pe.sum(-1, keepdim=True) + pa @ lens[:, None]
-            num = torch.bmm(rnd(pe), vg) + torch.bmm(rnd(pa), vcr[head])
-            out[items] = num.div_(den)
+        _sparse_items(order[n_full:], cnt_sorted[n_full:], exact.reshape(bh * n, n), s.reshape(bh * n, BLOCK * n),
+                      qh.view(bh * n, BLOCK * d), kh.view(bh * n, BLOCK * d), vh.view(bh * n, BLOCK * d),
+                      vc.to(acc).reshape(bh, n, d), out.view(bh * n, BLOCK * d), n, c, rnd, lens,
+                      tok_pad_last if last_len != BLOCK else None)
 
     o = out.view(b, h, tp, d)[:, :, :t].permute(0, 2, 1, 3).to(dt)
     return o.contiguous(), exact_pairs
+
+
+def _sparse_items(items, cnts, exact, sflat, qflat, kflat, vflat, vc, outflat, n, c, rnd, lens, tok_pad_last):
+    """Items (flat head*N + query block ids, sorted by exact count `cnts`, descending) that have some
+    approximate blocks. Per chunk of similar count: gather the exact key/value blocks (padding slots take
+    non-exact blocks and are masked), one softmax per row over the real keys plus one entry per
+    approximate block. Every per-chunk tensor lives in a workspace allocated once per call: fresh
+    multi-MB allocations page-fault on every chunk (the gathers ran ~3x slower)."""
+    d = qflat.shape[1] // BLOCK
+    acc, dev = qflat.dtype, qflat.device
+    plan = []  # (start, items, key blocks)
+    pos, n_items = 0, len(cnts)
+    while pos < n_items:
+        e = cnts[pos]
+        p = max(1, min(_MAX_ITEMS_PER_CHUNK, _CHUNK_TARGET_BLOCKS // e, n_items - pos))
+        plan.append((pos, p, e))
+        pos += p
+    max_pe = max(p * e for _, p, e in plan)
+    max_p = max(p for _, p, _ in plan)
+    kbuf = torch.empty(max_pe * BLOCK * d, dtype=acc, device=dev)
+    vbuf = torch.empty_like(kbuf)
+    sebuf = torch.empty(max_pe * BLOCK * BLOCK, dtype=acc, device=dev)
+    qbuf = torch.empty(max_p * BLOCK * d, dtype=acc, device=dev)
+    nbuf = torch.empty_like(qbuf)
+    sabuf = torch.empty(max_p * BLOCK * n, dtype=acc, device=dev)
+    ex = exact[items]  # [I, N]
+    block_idx = torch.argsort((~ex).to(torch.int8), dim=-1, stable=True)  # exact blocks first, ascending
+    head = items // n
+    kv_base = head * n
+    for pos, p, e in plan:
+        sl = slice(pos, pos + p)
+        it = items[sl]
+        bidx = block_idx[sl, :e]  # [P, E]; slots past an item's count hold non-exact blocks (masked)
+        rows = (kv_base[sl, None] + bidx).reshape(-1)
+        kg = torch.index_select(kflat, 0, rows, out=kbuf[: p * e * BLOCK * d].view(p * e, BLOCK * d))
+        vg = torch.index_select(vflat, 0, rows, out=vbuf[: p * e * BLOCK * d].view(p * e, BLOCK * d))
+        qg = torch.index_select(qflat, 0, it, out=qbuf[: p * BLOCK * d].view(p, BLOCK * d))
+        se = sebuf[: p * e * BLOCK * BLOCK].view(p, BLOCK, e * BLOCK)
+        kT = kg.view(p, e * BLOCK, d).transpose(1, 2)
+        qg = qg.view(p, BLOCK, d)
+        keymask = None
+        if e * p != sum(cnts[pos : pos + p]):  # padding slots
+            keymask = (torch.arange(e, device=dev) >= torch.tensor(cnts[pos : pos + p], device=dev)[:, None])
+            keymask = keymask[:, :, None].expand(p, e, BLOCK)
+        if tok_pad_last is not None and bool((bidx == n - 1).any()):  # keys past T
+            km = (bidx == n - 1)[:, :, None] & tok_pad_last
+            keymask = km if keymask is None else keymask | km
+        if keymask is not None:  # -inf bias, added inside the GEMM (beta=1)
+            bias = torch.zeros((p, 1, e * BLOCK), dtype=acc, device=dev)
+            bias.view(p, e, BLOCK).masked_fill_(keymask, float("-inf"))
+            torch.baddbmm(bias, qg, kT, alpha=c, out=se)
+        else:
+            se.baddbmm_(qg, kT, beta=0, alpha=c)
+        sa = torch.index_select(sflat, 0, it, out=sabuf[: p * BLOCK * n].view(p, BLOCK * n)).view(p, BLOCK, n)
+        sa.masked_fill_(ex[sl, None, :], float("-inf"))  # exact blocks are computed exactly instead
+        m = torch.maximum(se.amax(-1, keepdim=True), sa.amax(-1, keepdim=True))
+        pe = se.sub_(m).exp2_()
+        pa = sa.sub_(m).exp2_()
+        den = pe.sum(-1, keepdim=True).add_(pa @ lens[:, None])
+        num = torch.bmm(rnd(pe), vg.view(p, e * BLOCK, d), out=nbuf[: p * BLOCK * d].view(p, BLOCK, d))
+        num.baddbmm_(rnd(pa), vc[head[sl]]).div_(den)
+        outflat.index_copy_(0, it, num.view(p, BLOCK * d))
