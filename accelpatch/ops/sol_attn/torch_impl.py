@@ -110,9 +110,20 @@ def _sol_attn_torch(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
     order = torch.argsort(cnt, descending=True, stable=True)
     cnt_sorted = cnt[order].tolist()
     n_items = bh * n
+    n_full = sum(1 for x in cnt_sorted if x == n)
+
+    # 0) fp32/fp64: the rank-1 terms of every row at once, as [BH, Tp, N] @ [BH, N, D] with the row's max over
+    # approximate blocks (ma); the chunk loop rescales them by exp2(ma - m) once the exact logits are known.
+    # Half inputs round p to the input dtype relative to the row's final max, so they stay in the loop.
+    approx = None
+    if n_full < n_items and not half:
+        sm = s.view(bh * n, BLOCK, n).masked_fill_(exact.view(bh * n, 1, n), float("-inf"))
+        ma = sm.amax(-1, keepdim=True)  # -inf (then NaN rows) only for all-exact items, which skip this
+        pa = sm.sub_(ma).exp2_()
+        torch.bmm(pa.view(bh, tp, n), vc.to(acc).reshape(bh, n, d), out=out.view(bh, tp, d))
+        approx = (ma.view(bh * n, BLOCK), (pa @ lens[:, None]).view(bh * n, BLOCK))
 
     # 1) items whose key blocks are all exact: plain attention over the T valid keys, no gather.
-    n_full = sum(1 for x in cnt_sorted if x == n)
     if n_full:
         full = order[:n_full]
         for head in torch.unique(full // n).tolist():
@@ -135,14 +146,15 @@ def _sol_attn_torch(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
     if n_full < n_items:
         _sparse_items(order[n_full:], cnt_sorted[n_full:], exact.reshape(bh * n, n), s.reshape(bh * n, BLOCK * n),
                       qh.view(bh * n, BLOCK * d), kh.view(bh * n, BLOCK * d), vh.view(bh * n, BLOCK * d),
-                      vc.to(acc).reshape(bh, n, d), out.view(bh * n, BLOCK * d), n, c, rnd, lens,
-                      tok_pad_last if last_len != BLOCK else None)
+                      vc.to(acc).reshape(bh, n * d), out.view(bh * n, BLOCK * d), n, c, rnd, lens,
+                      tok_pad_last if last_len != BLOCK else None, approx)
 
     o = out.view(b, h, tp, d)[:, :, :t].permute(0, 2, 1, 3).to(dt)
     return o.contiguous(), exact_pairs
 
 
-def _sparse_items(items, cnts, exact, sflat, qflat, kflat, vflat, vc, outflat, n, c, rnd, lens, tok_pad_last):
+def _sparse_items(items, cnts, exact, sflat, qflat, kflat, vflat, vc, outflat, n, c, rnd, lens, tok_pad_last,
+                  approx):
     """Items (flat head*N + query block ids, sorted by exact count `cnts`, descending) that have some
     approximate blocks. Per chunk of similar count: gather the exact key/value blocks (padding slots take
     non-exact blocks and are masked), one softmax per row over the real keys plus one entry per
@@ -164,7 +176,7 @@ def _sparse_items(items, cnts, exact, sflat, qflat, kflat, vflat, vc, outflat, n
     sebuf = torch.empty(max_pe * BLOCK * BLOCK, dtype=acc, device=dev)
     qbuf = torch.empty(max_p * BLOCK * d, dtype=acc, device=dev)
     nbuf = torch.empty_like(qbuf)
-    sabuf = torch.empty(max_p * BLOCK * n, dtype=acc, device=dev)
+    sabuf = torch.empty(max_p * BLOCK * n, dtype=acc, device=dev) if approx is None else None
     ex = exact[items]  # [I, N]
     block_idx = torch.argsort((~ex).to(torch.int8), dim=-1, stable=True)  # exact blocks first, ascending
     head = items // n
@@ -193,12 +205,23 @@ def _sparse_items(items, cnts, exact, sflat, qflat, kflat, vflat, vc, outflat, n
             torch.baddbmm(bias, qg, kT, alpha=c, out=se)
         else:
             se.baddbmm_(qg, kT, beta=0, alpha=c)
-        sa = torch.index_select(sflat, 0, it, out=sabuf[: p * BLOCK * n].view(p, BLOCK * n)).view(p, BLOCK, n)
-        sa.masked_fill_(ex[sl, None, :], float("-inf"))  # exact blocks are computed exactly instead
-        m = torch.maximum(se.amax(-1, keepdim=True), sa.amax(-1, keepdim=True))
-        pe = se.sub_(m).exp2_()
-        pa = sa.sub_(m).exp2_()
-        den = pe.sum(-1, keepdim=True).add_(pa @ lens[:, None])
-        num = torch.bmm(rnd(pe), vg.view(p, e * BLOCK, d), out=nbuf[: p * BLOCK * d].view(p, BLOCK, d))
-        num.baddbmm_(rnd(pa), vc[head[sl]]).div_(den)
+        nb = nbuf[: p * BLOCK * d].view(p, BLOCK, d)
+        if approx is not None:  # rank-1 terms precomputed in outflat with the row max ma over approximate blocks
+            ma = torch.index_select(approx[0], 0, it).view(p, BLOCK, 1)
+            da = torch.index_select(approx[1], 0, it).view(p, BLOCK, 1)
+            m = torch.maximum(se.amax(-1, keepdim=True), ma)
+            pe = se.sub_(m).exp2_()
+            w = ma.sub_(m).exp2_()
+            den = pe.sum(-1, keepdim=True).addcmul_(w, da)
+            num = torch.index_select(outflat, 0, it, out=nb.view(p, BLOCK * d)).view(p, BLOCK, d).mul_(w)
+            num.baddbmm_(pe, vg.view(p, e * BLOCK, d)).div_(den)
+        else:
+            sa = torch.index_select(sflat, 0, it, out=sabuf[: p * BLOCK * n].view(p, BLOCK * n)).view(p, BLOCK, n)
+            sa.masked_fill_(ex[sl, None, :], float("-inf"))  # exact blocks are computed exactly instead
+            m = torch.maximum(se.amax(-1, keepdim=True), sa.amax(-1, keepdim=True))
+            pe = se.sub_(m).exp2_()
+            pa = sa.sub_(m).exp2_()
+            den = pe.sum(-1, keepdim=True).add_(pa @ lens[:, None])
+            num = torch.bmm(rnd(pe), vg.view(p, e * BLOCK, d), out=nb)
+            num.baddbmm_(rnd(pa), torch.index_select(vc, 0, head[sl]).view(p, n, d)).div_(den)
         outflat.index_copy_(0, it, num.view(p, BLOCK * d))
