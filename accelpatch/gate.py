@@ -38,6 +38,15 @@ class SiteCounters:
         self.stat_sums: dict[str, float] = {}
         self.stat_counts: dict[str, int] = {}
 
+    def __getstate__(self) -> dict:
+        with self._lock:
+            return {name: getattr(self, name) for name in self.__slots__ if name != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self._lock = threading.Lock()
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def count_fast(self) -> None:
         with self._lock:
             self.fast += 1

@@ -32,6 +32,15 @@ class ModelPatch:
     _warned: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def warn_once(self, kind: str, reason: str) -> None:
         """One warning per model, fast-path kind and reason; the counters keep the full tally."""
         key = (kind, reason)

@@ -64,6 +64,11 @@ def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
     return PackedLayout(seq_len, start, end - start)
 
 
+#: the context tokens the pre-forward hook set, for the post-forward hook to reset
+_hook_tokens: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("accelpatch_h3_hook_tokens",
+                                                                               default=None)
+
+
 def current_layout() -> Optional[PackedLayout]:
     return _layout.get()
 
@@ -74,8 +79,6 @@ class _ForwardHooks:
     def __init__(self, model: torch.nn.Module, pipeline: Optional[Any]) -> None:
         self._signature = inspect.signature(type(model).forward)
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
-        self._tokens: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("accelpatch_h3_hook_tokens",
-                                                                                       default=None)
         self.handles = [model.register_forward_pre_hook(self.pre, with_kwargs=True),
                         model.register_forward_hook(self.post, always_call=True)]
 
@@ -88,14 +91,14 @@ class _ForwardHooks:
         scheduler = getattr(pipeline, "scheduler", None) if pipeline is not None else None
         if scheduler is not None:
             step_token = steps.enter_pipeline_step(steps.scheduler_step(scheduler))
-        self._tokens.set((layout_token, step_token))
+        _hook_tokens.set((layout_token, step_token))
         return None
 
     def post(self, module, args, output):
-        tokens = self._tokens.get()
+        tokens = _hook_tokens.get()
         if tokens is not None:
             layout_token, step_token = tokens
-            self._tokens.set(None)
+            _hook_tokens.set(None)
             if step_token is not None:
                 steps.exit_pipeline_step(step_token)
             try:
@@ -103,6 +106,11 @@ class _ForwardHooks:
             except ValueError:
                 pass
         return None
+
+    def __getstate__(self) -> dict:
+        # A weak reference cannot be copied or pickled: a copied model keeps its hooks but loses the pipeline's
+        # step clock (use accelpatch.denoising_step, or apply() the copy through its pipeline again).
+        return dict(self.__dict__, _pipeline=None)
 
     def remove(self) -> None:
         for handle in self.handles:

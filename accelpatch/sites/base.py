@@ -153,6 +153,8 @@ _TIER_REASONS = [[f"tier {have} does not admit {need}" for need in Tier] for hav
 
 _GATED_CLASSES: dict[tuple[type, str], type] = {}
 _GATED_LOCK = threading.Lock()
+#: every fusion a gated class was made for, by name, so a pickled or copied module can find its class again
+_FUSIONS: dict[str, QualityGatedFusion] = {}
 
 
 def _enabled_property(fusion: QualityGatedFusion) -> property:
@@ -175,6 +177,20 @@ def _gated_forward(self, *args, **kwargs):
     return site.call(self, args, kwargs)
 
 
+def _new_gated(original: type, fusion_name: str):
+    """Unpickling/deepcopy constructor of a gated module (its state is restored afterwards by the module)."""
+    if fusion_name not in _FUSIONS:
+        from .. import models  # noqa: F401 - importing the adapters defines every fusion
+
+    return object.__new__(gated_class(original, _FUSIONS[fusion_name]))
+
+
+def _gated_reduce_ex(self, protocol):
+    reduced = object.__reduce_ex__(self, protocol)
+    cls = type(self)
+    return (_new_gated, (cls._accelpatch_original_class, cls._accelpatch_fusion_name)) + tuple(reduced[2:])
+
+
 def gated_class(original: type, fusion: QualityGatedFusion) -> type:
     """The gated subclass of ``original`` for ``fusion`` (made once, then cached)."""
     key = (original, fusion.name)
@@ -186,11 +202,14 @@ def gated_class(original: type, fusion: QualityGatedFusion) -> type:
                 "__doc__": f"{original.__name__} gated by accelpatch's {fusion.name} ({fusion.tier} tier).",
                 "forward": _gated_forward,
                 "_accelpatch_original_class": original,
+                "_accelpatch_fusion_name": fusion.name,
+                "__reduce_ex__": _gated_reduce_ex,
                 fusion.enabled_attr: _enabled_property(fusion),
             }
             cls = type(f"Gated{original.__name__}", (original,), namespace)
             cls.__qualname__ = f"Gated{original.__qualname__}"
             _GATED_CLASSES[key] = cls
+            _FUSIONS[fusion.name] = fusion
         return cls
 
 
