@@ -121,7 +121,7 @@ def _sol_attn_torch(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
         ma = sm.amax(-1, keepdim=True)  # -inf (then NaN rows) only for all-exact items, which skip this
         pa = sm.sub_(ma).exp2_()
         torch.bmm(pa.view(bh, tp, n), vc.to(acc).reshape(bh, n, d), out=out.view(bh, tp, d))
-        approx = (ma.view(bh * n, BLOCK), (pa @ lens[:, None]).view(bh * n, BLOCK))
+        approx = torch.cat((ma.view(bh * n, BLOCK), (pa @ lens[:, None]).view(bh * n, BLOCK)), 1)  # ma | den
 
     # 1) items whose key blocks are all exact: plain attention over the T valid keys, no gather.
     if n_full:
@@ -180,35 +180,34 @@ def _sparse_items(items, cnts, exact, sflat, qflat, kflat, vflat, vc, outflat, n
     ex = exact[items]  # [I, N]
     block_idx = torch.argsort((~ex).to(torch.int8), dim=-1, stable=True)  # exact blocks first, ascending
     head = items // n
-    kv_base = head * n
+    rows_all = head[:, None] * n + block_idx  # flat key-block ids, exact ones first
+    has_last = ex[:, n - 1].tolist() if tok_pad_last is not None else None
     for pos, p, e in plan:
         sl = slice(pos, pos + p)
         it = items[sl]
-        bidx = block_idx[sl, :e]  # [P, E]; slots past an item's count hold non-exact blocks (masked)
-        rows = (kv_base[sl, None] + bidx).reshape(-1)
+        rows = rows_all[sl, :e].reshape(-1)  # slots past an item's count hold non-exact blocks (masked)
         kg = torch.index_select(kflat, 0, rows, out=kbuf[: p * e * BLOCK * d].view(p * e, BLOCK * d))
         vg = torch.index_select(vflat, 0, rows, out=vbuf[: p * e * BLOCK * d].view(p * e, BLOCK * d))
-        qg = torch.index_select(qflat, 0, it, out=qbuf[: p * BLOCK * d].view(p, BLOCK * d))
+        qg = torch.index_select(qflat, 0, it, out=qbuf[: p * BLOCK * d].view(p, BLOCK * d)).view(p, BLOCK, d)
         se = sebuf[: p * e * BLOCK * BLOCK].view(p, BLOCK, e * BLOCK)
         kT = kg.view(p, e * BLOCK, d).transpose(1, 2)
-        qg = qg.view(p, BLOCK, d)
-        keymask = None
-        if e * p != sum(cnts[pos : pos + p]):  # padding slots
-            keymask = (torch.arange(e, device=dev) >= torch.tensor(cnts[pos : pos + p], device=dev)[:, None])
-            keymask = keymask[:, :, None].expand(p, e, BLOCK)
-        if tok_pad_last is not None and bool((bidx == n - 1).any()):  # keys past T
-            km = (bidx == n - 1)[:, :, None] & tok_pad_last
-            keymask = km if keymask is None else keymask | km
-        if keymask is not None:  # -inf bias, added inside the GEMM (beta=1)
-            bias = torch.zeros((p, 1, e * BLOCK), dtype=acc, device=dev)
-            bias.view(p, e, BLOCK).masked_fill_(keymask, float("-inf"))
-            torch.baddbmm(bias, qg, kT, alpha=c, out=se)
+        pad = cnts[pos + p - 1] != e  # counts are sorted: the last item has the fewest exact blocks
+        tail = has_last is not None and any(has_last[sl])
+        if pad or tail:  # -inf bias for padding slots and keys past T, added inside the GEMM (beta=1)
+            bias = torch.zeros((p, e, BLOCK), dtype=acc, device=dev)
+            if pad:
+                slot = torch.arange(e, device=dev) >= torch.tensor(cnts[sl], device=dev)[:, None]
+                bias.masked_fill_(slot[:, :, None], float("-inf"))
+            if tail:
+                bias.masked_fill_((rows_all[sl, :e] == head[sl, None] * n + n - 1)[:, :, None] & tok_pad_last,
+                                  float("-inf"))
+            torch.baddbmm(bias.view(p, 1, e * BLOCK), qg, kT, alpha=c, out=se)
         else:
             se.baddbmm_(qg, kT, beta=0, alpha=c)
         nb = nbuf[: p * BLOCK * d].view(p, BLOCK, d)
         if approx is not None:  # rank-1 terms precomputed in outflat with the row max ma over approximate blocks
-            ma = torch.index_select(approx[0], 0, it).view(p, BLOCK, 1)
-            da = torch.index_select(approx[1], 0, it).view(p, BLOCK, 1)
+            md = torch.index_select(approx, 0, it).view(p, 2, BLOCK, 1)
+            ma, da = md[:, 0], md[:, 1]
             m = torch.maximum(se.amax(-1, keepdim=True), ma)
             pe = se.sub_(m).exp2_()
             w = ma.sub_(m).exp2_()
