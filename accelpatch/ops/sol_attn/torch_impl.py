@@ -4,14 +4,18 @@ Cost is block-sparse: per head it builds the proxy logits S = c*Q*kc^T ([T, N]) 
 (head, query block) "item", gathers only that item's exact key blocks. Items are sorted by their
 exact-block count and processed in chunks of similar count (padding slots masked to -inf), so work
 falls with the exact fraction; items whose every block is exact skip the gather and, in fp32/fp64,
-use the fused SDPA kernel directly (same math, no approximate part).
+use the fused SDPA kernel directly (same math, no approximate part). The chunk loop works in
+workspaces allocated once per call (gathers with index_select(out=), GEMMs with baddbmm into them).
 
 Per row, exact keys (logits c*q.k) and approximate blocks (logits s_j = S[row, j]) share one
 softmax: numerator sum_k p_k v_k + sum_j p_j vc_j, denominator sum_k p_k + sum_j p_j len_j. This is
 exactly the rank-1 correction of sol_attn.md (vc_j stays the stored SUM, len_j multiplies the
-denominator), evaluated with the row's final max instead of a running one. For bf16/fp16, p is
-rounded to the input dtype before both P.V products; matmuls run on fp32 upcasts (exact emulation of
-"half inputs, fp32 accumulation"), which is also the fast path on CPUs without half matmul units.
+denominator). In fp32/fp64 the approximate part of every row is one [BH, Tp, N] @ [BH, N, D] GEMM
+taken with the row's max over approximate blocks, merged with the exact part by the usual
+log-sum-exp rescaling; for bf16/fp16 it stays in the chunk loop, evaluated with the row's final max
+(not a running one), and p is rounded to the input dtype before both P.V products; matmuls run on
+fp32 upcasts (exact emulation of "half inputs, fp32 accumulation"), which is also the fast path on
+CPUs without half matmul units.
 """
 from __future__ import annotations
 
