@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tau", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dense-layers", default="0,1", help="sol_attn dense_layers (default '0,1'; '' for none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -58,7 +59,8 @@ def main() -> None:
     for r in range(args.repeats):
         for state in (("dense", "sol_attn") if r % 2 == 0 else ("sol_attn", "dense")):
             if state == "sol_attn":
-                accelpatch.apply(model, backend="sol_attn", tau=args.tau, dense_steps=0)
+                accelpatch.apply(model, backend="sol_attn", tau=args.tau, dense_steps=0,
+                                 dense_layers=args.dense_layers)
             else:
                 accelpatch.remove(model)
             runs[state].append(timed_forward(model, inputs, attention))
