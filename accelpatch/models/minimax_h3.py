@@ -146,11 +146,11 @@ class MiniMaxH3SolAttention(FastPath):
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink and dense queries"
 
+    def expected_processor(self) -> type:
+        return _processor_class()
+
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        processor = getattr(module, "processor", None)
-        if not isinstance(processor, _processor_class()):
-            return f"processor is {type(processor).__name__}, expected MiniMaxH3AttnProcessor"
-        return None
+        return self.processor_mismatch(module)
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         config: SolAttnConfig = site.model.backend
@@ -160,9 +160,10 @@ class MiniMaxH3SolAttention(FastPath):
             return Dense(DENSE_LAYER)
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
         hidden_states, rotary_emb, attention_mask = call["hidden_states"], call["rotary_emb"], call["attention_mask"]
+        mismatch = self.processor_mismatch(attn)
+        if mismatch is not None:
+            return Decline(mismatch)
         processor = attn.processor
-        if type(processor) is not _processor_class():
-            return Decline(f"processor is {type(processor).__name__}, expected MiniMaxH3AttnProcessor")
         if attention_mask is not None:
             return Decline("an attention_mask was given: the sparse path covers unmasked attention only")
         if getattr(processor, "_parallel_config", None) is not None:

@@ -70,6 +70,19 @@ class FastPath:
     def tier(self) -> Tier:
         return self.fusion.tier
 
+    def expected_processor(self) -> Optional[type]:
+        """The diffusers processor class whose math the fast path restates (None: any processor)."""
+        return None
+
+    def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
+        """Why ``module``'s processor is not the one the fast path restates (None when it is): a processor
+        swapped in by the user is never bypassed."""
+        expected = self.expected_processor()
+        processor = getattr(module, "processor", None)
+        if expected is None or type(processor) is expected:
+            return None
+        return f"processor is {type(processor).__name__}, expected {expected.__name__}"
+
     def mount_reject_reason(self, module: torch.nn.Module, site: "Site") -> Optional[str]:
         return None
 

@@ -77,19 +77,21 @@ class SanaLinearAttentionBF16(FastPath):
     fusion = FUSION
     description = "first linear-attention GEMM (v·k_rotᵀ) on BF16 operands with FP32 accumulation"
 
+    def expected_processor(self) -> type:
+        return _reference_processor_class()
+
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        processor = getattr(module, "processor", None)
-        if not isinstance(processor, _reference_processor_class()):
-            return f"processor is {type(processor).__name__}, expected SanaLinearAttnProcessor3_0"
-        if _emulate_on_cpu:
-            return None
+        mismatch = self.processor_mismatch(module)
+        if mismatch is not None or _emulate_on_cpu:
+            return mismatch
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask"))
         hidden_states, encoder_hidden_states = call["hidden_states"], call["encoder_hidden_states"]
-        if not isinstance(attn.processor, _reference_processor_class()):
-            return Decline(f"processor is {type(attn.processor).__name__}, expected SanaLinearAttnProcessor3_0")
+        mismatch = self.processor_mismatch(attn)
+        if mismatch is not None:
+            return Decline(mismatch)
         if encoder_hidden_states is not None:
             return Decline("encoder_hidden_states given: the fast path covers self-attention only")
         rotary_emb = call.get("rotary_emb")
