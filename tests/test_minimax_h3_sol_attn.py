@@ -1,6 +1,5 @@
 """MiniMax-H3 with backend="sol_attn": dense guards are bit-identical, the sparse path really runs, the step clock
 follows the pipeline, batch items and sink rows are respected, options are validated, and remove() restores."""
-import warnings
 
 import pytest
 import torch
