@@ -8,7 +8,7 @@
 3. The per-call cost of the gate itself: one attention module called directly, patched against unpatched
    (interleaved ``timeit`` rounds, best of each).
 
-    python benchmarks/bench_sana_video_patching.py [--rounds 15] [--forwards 10]
+    python benchmarks/bench_sana_video_patching.py [--rounds 11] [--forwards 60]
 """
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def gate_cost_per_call(*, rounds: int = 7, number: int = 300) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--forwards", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--forwards", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
