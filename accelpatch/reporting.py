@@ -24,13 +24,17 @@ class SiteReport:
         return "mounted" if self.mounted else "rejected"
 
 
-@dataclass(frozen=True)
-class ModelReport:
-    model_class: str
-    family: str
-    backend: Optional[str]
-    default_tier: str
-    strict: bool
+def _merge(dicts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for key, value in d.items():
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+class _Tally:
+    """Totals over ``self.sites``, shared by the per-model and the whole report."""
+
     sites: tuple[SiteReport, ...]
 
     @property
@@ -46,16 +50,18 @@ class ModelReport:
         return _merge(s.reference_calls for s in self.sites)
 
 
-def _merge(dicts) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for d in dicts:
-        for key, value in d.items():
-            out[key] = out.get(key, 0) + value
-    return out
+@dataclass(frozen=True)
+class ModelReport(_Tally):
+    model_class: str
+    family: str
+    backend: Optional[str]
+    default_tier: str
+    strict: bool
+    sites: tuple[SiteReport, ...]
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(_Tally):
     """Per model, per site: mount status with reason, fast-path calls, reference calls by reason. ``str()`` is a
     table; the fields are for programs (``report.models[0].sites[3].fallback_calls``)."""
 
@@ -64,18 +70,6 @@ class Report:
     @property
     def sites(self) -> tuple[SiteReport, ...]:
         return tuple(s for m in self.models for s in m.sites)
-
-    @property
-    def fast_calls(self) -> int:
-        return sum(m.fast_calls for m in self.models)
-
-    @property
-    def fallback_calls(self) -> dict[str, int]:
-        return _merge(m.fallback_calls for m in self.models)
-
-    @property
-    def reference_calls(self) -> dict[str, int]:
-        return _merge(m.reference_calls for m in self.models)
 
     def assert_fast_path_ran(self) -> None:
         """Raise AssertionError unless some fast path ran: a guard against silent no-ops in tests and scripts."""

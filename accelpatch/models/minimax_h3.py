@@ -199,10 +199,9 @@ class MiniMaxH3SolAttention(FastPath):
                                stats.exact_pairs.sum() / (stats.total_pairs * stats.exact_pairs.numel()))
         if dense_rows is not None:
             # The sink's query rows (text/audio) attend densely to every key, through diffusers' dispatcher and
-            # the processor's own backend choice.
+            # the processor's own backend choice; the op's output is a fresh tensor, so it is written in place.
             from diffusers.models.transformers import transformer_minimax_h3 as h3
 
-            out = out.clone()
             out[:, dense_rows] = h3.dispatch_attention_fn(
                 query[:, dense_rows], key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                 backend=processor._attention_backend, parallel_config=None).to(out.dtype)

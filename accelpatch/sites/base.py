@@ -107,8 +107,8 @@ class Site:
 
     path: str
     fast_path: FastPath
+    original_class: type
     model: "ModelPatch" = field(repr=False)  # back-reference: kept out of repr (its sites point back here)
-    original_class: type = field(default=object)
     reject_reason: Optional[str] = None
     counters: SiteCounters = field(default_factory=SiteCounters)
     layer_index: Optional[int] = None
