@@ -209,6 +209,16 @@ def _param_dtype(module) -> torch.dtype:
 # --------------------------------------------------------------------------------------------
 
 
+def _input_dtype_and_device(transformer_or_config: Any, dtype, device):
+    """Defaults for input builders: the model's majority dtype and its device (float32/CPU for a config)."""
+    is_model = hasattr(transformer_or_config, "parameters")
+    if dtype is None:
+        dtype = _param_dtype(transformer_or_config) if is_model else torch.float32
+    if device is None:
+        device = next(transformer_or_config.parameters()).device if is_model else "cpu"
+    return dtype, device
+
+
 def tiny_sana_video_transformer(
     config: Mapping[str, Any] | None = None,
     *,
@@ -253,11 +263,7 @@ def sana_video_transformer_inputs(
     Use as ``model(**inputs).sample``, which has the shape of ``hidden_states``.
     """
     config = _config_of(transformer_or_config)
-    is_model = hasattr(transformer_or_config, "parameters")
-    if dtype is None:
-        dtype = _param_dtype(transformer_or_config) if is_model else torch.float32
-    if device is None:
-        device = next(transformer_or_config.parameters()).device if is_model else "cpu"
+    dtype, device = _input_dtype_and_device(transformer_or_config, dtype, device)
     in_channels = int(config.get("in_channels", 16))
     caption_channels = int(config.get("caption_channels", 2304))
     patch = tuple(config.get("patch_size", (1, 2, 2)))
@@ -550,11 +556,7 @@ def minimax_h3_transformer_inputs(
     shaped like ``hidden_states`` and ``.audio_sample`` like ``audio_hidden_states``.
     """
     config = _config_of(transformer_or_config)
-    is_model = hasattr(transformer_or_config, "parameters")
-    if dtype is None:
-        dtype = _param_dtype(transformer_or_config) if is_model else torch.float32
-    if device is None:
-        device = next(transformer_or_config.parameters()).device if is_model else "cpu"
+    dtype, device = _input_dtype_and_device(transformer_or_config, dtype, device)
     if layout not in ("text_audio_video", "shuffled"):
         raise ValueError(f"layout must be 'text_audio_video' or 'shuffled', got {layout!r}")
     patch = tuple(int(p) for p in config.get("patch_size", (1, 2, 2)))
