@@ -1,7 +1,10 @@
 """Choose and run one implementation for a (contiguous, validated) call; the varlen segment loop.
 
-impl: "torch" | "triton" | "upstream" (falls back, see upstream.py) | "auto" (Triton for CUDA tensors
-when triton imports, else PyTorch). Triton modules are imported here lazily, never at package import.
+impl: "torch" | "triton" | "upstream" | "auto" (Triton for CUDA tensors when triton imports, else PyTorch).
+"upstream" runs the upstream package when `upstream.unsupported_reason` accepts the call, and "auto"
+otherwise; if the upstream call itself raises a non-fatal exception, that is recorded as a fallback too
+and "auto" runs instead (fatal errors, see `accelpatch.errors.is_fatal`, re-raise). Triton modules are
+imported here lazily, never at package import.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import os
 
 import torch
 
+from ...errors import is_fatal
 from . import upstream
 from .routing import num_blocks
 
@@ -21,10 +25,11 @@ def _triton_importable() -> bool:
     return True
 
 
-def resolve(impl: str, q: torch.Tensor, kv_splits: int) -> str:
-    """Concrete implementation name for this call ("torch", "triton" or "upstream")."""
+def resolve(impl: str, q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, sink_start: int | None = None) -> str:
+    """Concrete implementation name for this call ("torch", "triton" or "upstream"); an "upstream" call
+    that upstream cannot run is recorded as a fallback and resolved as "auto"."""
     if impl == "upstream":
-        reason = upstream.unsupported_reason(q, kv_splits)
+        reason = upstream.unsupported_reason(q, kv_splits, sink_tokens, sink_start)
         if reason is None:
             return "upstream"
         upstream.record_fallback(reason)
@@ -42,23 +47,35 @@ def resolve(impl: str, q: torch.Tensor, kv_splits: int) -> str:
     return impl
 
 
-def run_dense_batch(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start, impl, want_stats):
-    """One call on [B, T, H, D]; returns (out, exact pairs per head [H] int64)."""
-    which = resolve(impl, q, kv_splits)
+def _run_ours(which, q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start):
+    """Our PyTorch ("torch") or Triton ("triton") implementation; returns (out, exact pairs [H])."""
     args = (scale, tau, thresh_type, sink_tokens, sink_start)
     if which == "torch":
         from .torch_impl import sol_attn_torch  # noqa: PLC0415
 
         return sol_attn_torch(q, k, v, *args)
-    if which == "triton":
-        from .triton_impl import sol_attn_triton  # noqa: PLC0415
+    from .triton_impl import sol_attn_triton  # noqa: PLC0415
 
-        return sol_attn_triton(q, k, v, *args, kv_splits=kv_splits)
-    out = upstream.call(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start)
+    return sol_attn_triton(q, k, v, *args, kv_splits=kv_splits)
+
+
+def run_dense_batch(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start, impl, want_stats):
+    """One call on [B, T, H, D]; returns (out, exact pairs per head [H] int64)."""
+    which = resolve(impl, q, kv_splits, sink_tokens, sink_start)
+    if which != "upstream":
+        return _run_ours(which, q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start)
+    try:
+        out = upstream.call(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start)
+    except Exception as error:  # noqa: BLE001  (upstream rejects what our gate accepted: fall back unless fatal)
+        if is_fatal(error):
+            raise
+        upstream.record_fallback(f"upstream sol_attn raised {type(error).__name__}: {error}")
+        return _run_ours(resolve("auto", q, kv_splits), q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens,
+                         sink_start)
     if want_stats:
         from .torch_impl import route  # noqa: PLC0415
 
-        pairs = route(q, k, v, *args)[0].sum((0, 2, 3))
+        pairs = route(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start)[0].sum((0, 2, 3))
     else:
         pairs = torch.full((q.shape[2],), -1, dtype=torch.int64, device=q.device)
     return out, pairs
