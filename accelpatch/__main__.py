@@ -1,23 +1,47 @@
-"""The accelpatch command line: ``python -m accelpatch demo``."""
+"""The accelpatch command line: ``python -m accelpatch demo``.
+
+Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
+Usage errors, and a ValueError or AccelpatchError raised by a command, end in one ``error:`` line with exit code 2.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="accelpatch", description=__doc__)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from .tools import demo
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .tools import demo  # light at import: torch loads inside the functions that run
 
-    demo_parser = commands.add_parser("demo", help="run a tiny SANA-Video pipeline unpatched and under each tier")
+    parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
+                                     "pipelines: command-line tools.")
+    parser.add_argument("--version", action="version", version=f"accelpatch {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo_parser = commands.add_parser("demo", help="run a tiny SANA-Video pipeline unpatched and under each tier",
+                                      description="Run a tiny random SANA-Video pipeline unpatched and under each "
+                                      "tier; report speed, bit identity, PSNR/SSIM and the sites.")
     demo.add_arguments(demo_parser)
-    demo_parser.set_defaults(run=demo.main)
+    demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import AccelpatchError
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return args.run(args)
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(args)  # exits with a usage error (code 2) before anything is built
+    try:
+        return args.run(args)
+    except (ValueError, AccelpatchError) as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

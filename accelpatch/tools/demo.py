@@ -3,17 +3,27 @@
 Everything is built offline with random weights under a fixed seed. The table shows, per run: seconds per
 denoising step, whether the frames are bit-identical to the unpatched pipeline, PSNR/SSIM against the ``exact``
 run, and how many attention calls took a fast path. The sites (mounted or rejected, with reasons) follow.
+
+Importing this module is cheap (no torch, no diffusers): ``add_arguments`` declares the command line, so that
+``--help`` answers at once; torch is imported by the functions that run.
 """
 from __future__ import annotations
 
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_NAMES = ("bf16", "fp32")
+
+
+def _torch_dtypes() -> dict:
+    import torch  # noqa: PLC0415  (heavy: only when the demo runs)
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -42,6 +52,7 @@ def _timed_call(pipe, call_kwargs, steps) -> tuple[torch.Tensor, float]:
 def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: int = 0, repeats: int = 3,
              progress: bool = True) -> str:
     """Run the demo and return its report as text."""
+    import torch
     from tqdm.auto import tqdm
 
     import accelpatch
@@ -52,6 +63,7 @@ def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: 
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.set_verbosity_error()
+    DTYPES = _torch_dtypes()  # noqa: N806
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     plan = [("unpatched", None), ("patched, default", None), ("patched, exact", "exact"),
@@ -104,16 +116,87 @@ def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: 
     return "\n".join(lines)
 
 
+def _int_at_least(minimum: int):
+    """argparse type: an int >= minimum; anything else is a one-line usage error naming the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=4, help="denoising steps per call (default 4)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default bf16)")
+    """Declare the demo's options (no heavy import: ``--help`` stays fast)."""
+    parser.add_argument("--steps", type=positive_int, default=4, help="denoising steps per call, >= 1 (default 4)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bf16", help="model dtype (default bf16)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu; the high tier needs cuda)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="calls per run; the fastest is reported")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed, >= 0 (default 0)")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="calls per run, >= 1; the fastest is reported (default 3)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def device_error(text: str) -> Optional[str]:
+    """Why ``--device text`` cannot run the demo on this machine, or None if it can."""
+    import torch  # noqa: PLC0415
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        return f"not a torch device string (e.g. cpu, cuda, cuda:0); valid here: {', '.join(_usable_devices())}"
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            if torch.version.cuda is None:
+                why = f"CUDA is not available in this torch build ({torch.__version__})"
+            else:
+                why = f"CUDA is not available (torch {torch.__version__} sees no usable GPU)"
+            return f"{why}; valid here: {', '.join(_usable_devices())}"
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            return f"CUDA device index must be in [0, {count - 1}], got {device.index}"
+        return None
+    if device.type in _usable_devices():
+        return None
+    return f"device type {device.type!r} is not available here; valid here: {', '.join(_usable_devices())}"
+
+
+def _usable_devices() -> list[str]:
+    import torch  # noqa: PLC0415
+
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names.append("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        names.append("mps")
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        names.append("xpu")
+    return names
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Checks that need torch, run after parsing and before anything is built: ``parser.error`` (exit 2) if bad."""
+    reason = device_error(args.device)
+    if reason is not None:
+        parser.error(f"--device {args.device}: {reason}")
+
+
 def main(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
     torch.set_num_threads(1) if args.device == "cpu" else None
     print(run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
                    progress=not args.no_progress))
