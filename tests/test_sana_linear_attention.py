@@ -153,3 +153,22 @@ def test_the_switch_is_off_outside_its_block():
     with emulate_bf16_gemm_on_cpu():
         assert site_module._emulate_on_cpu is True
     assert site_module._emulate_on_cpu is False
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_bf16_gemm_has_the_gradients_of_its_fp32_emulation(device, monkeypatch):
+    """torch has no derivative for bmm(..., out_dtype=float32) ("derivative for aten::bmm is not implemented"):
+    the fast path's GEMM carries its own, equal to autograd through the exact FP32 emulation."""
+    from accelpatch.ops import gemm
+
+    if device == "cpu":  # no CPU kernel for out_dtype: the same autograd.Function around the emulation
+        monkeypatch.setattr(gemm, "_bmm_out_fp32", gemm.bmm_bf16_fp32_emulated)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(shape, generator=g).to(device, torch.bfloat16).requires_grad_()
+            for shape in ((3, 8, 16), (3, 16, 8)))
+    weight = torch.randn(3, 8, 8, generator=g).to(device)
+    (gemm.bmm_bf16_fp32(a, b) * weight).sum().backward()
+    a_ref, b_ref = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    (gemm.bmm_bf16_fp32_emulated(a_ref, b_ref) * weight).sum().backward()
+    assert a.grad.dtype == b.grad.dtype == torch.bfloat16
+    assert torch.equal(a.grad, a_ref.grad) and torch.equal(b.grad, b_ref.grad)

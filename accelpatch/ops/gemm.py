@@ -3,6 +3,10 @@
 On CUDA this is ``torch.bmm(a, b, out_dtype=torch.float32)``: tensor cores take the BF16 operands directly and
 the two large FP32 copies of the operands disappear. CPU torch has no such kernel; there the exact emulation is
 an FP32 GEMM of the upcast operands (a product of two BF16 values is exact in FP32).
+
+torch has no derivative for ``bmm`` with ``out_dtype`` ("derivative for aten::bmm is not implemented"), so the
+CUDA product carries its own: the gradients of the FP32 result, computed as FP32 GEMMs of the upcast operands and
+returned in the operands' dtype, exactly what autograd gives for the emulation.
 """
 from __future__ import annotations
 
@@ -12,9 +16,32 @@ from typing import Optional
 import torch
 
 
-def bmm_bf16_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for 3-D BF16 ``a``, ``b`` with FP32 accumulation and an FP32 result (CUDA kernel)."""
+def _bmm_out_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+class _BF16InputGemm(torch.autograd.Function):
+    """``_bmm_out_fp32`` with a backward (torch registers none for ``out_dtype``)."""
+
+    @staticmethod
+    def forward(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _bmm_out_fp32(a, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        grad_a = torch.bmm(grad, b.float().transpose(1, 2)).to(a.dtype) if ctx.needs_input_grad[0] else None
+        grad_b = torch.bmm(a.float().transpose(1, 2), grad).to(b.dtype) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+def bmm_bf16_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for 3-D BF16 ``a``, ``b`` with FP32 accumulation and an FP32 result (CUDA kernel), differentiable."""
+    return _BF16InputGemm.apply(a, b)
 
 
 def bmm_bf16_fp32_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
