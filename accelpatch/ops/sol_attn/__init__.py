@@ -3,7 +3,8 @@
 Public entry points `sol_attn` (BTHD) and `sol_attn_varlen` (packed THD + cu_seqlens), drop-in for the
 upstream `sol_attn` package plus `impl` and `return_stats`. Arguments are validated here (errors name
 the argument); inputs are made contiguous at this boundary; the work runs in the custom ops of
-custom_op.py, which pick the PyTorch, Triton or upstream implementation (dispatch.py).
+custom_op.py, which pick the PyTorch, Triton or upstream implementation (dispatch.py). Both ops
+have an autograd formula (backward.py: gradients with the routing held fixed, recomputed in PyTorch).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def sol_attn(q, k, v, *, scale=None, tau=1.0, thresh_type="diag", kv_splits=1, s
     sink_tokens / sink_start: key range made always exact; sink_start None = suffix of sink_tokens tokens.
     The same sink applies to every batch item. impl: "auto", "torch", "triton" or "upstream".
     Returns the output [B, T, H, D] in the input dtype, or (out, SolAttnStats) with return_stats=True.
-    Batch items never mix. Forward only.
+    Batch items never mix. Differentiable w.r.t. q, k, v: the backward (backward.py) gives the
+    gradient of this output with the routing held fixed (it is piecewise constant); no double backward.
     """
     validate_qkv(q, k, v, 4, "[B, T, H, D]")
     scale = validate_options(scale=scale, tau=tau, thresh_type=thresh_type, kv_splits=kv_splits,
@@ -51,7 +53,8 @@ def sol_attn_varlen(q, k, v, cu_seqlens, max_seqlen, *, scale=None, tau=1.0, thr
     segment start, and sink_start / sink_tokens are applied per segment, relative to the segment start
     (sink_start None = the last sink_tokens tokens of each segment). Empty segments are allowed.
     max_seqlen must be >= the longest segment. Other options as in `sol_attn`. Stats count pairs over
-    all segments (total_pairs = sum over segments of N_s**2 per head).
+    all segments (total_pairs = sum over segments of N_s**2 per head). Differentiable like `sol_attn`,
+    segment by segment (empty segments get zero grads).
     """
     validate_qkv(q, k, v, 3, "[T, H, D]")
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (
