@@ -29,24 +29,26 @@ __all__ = [
 ]
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any) -> Any:
+def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any):
     """Patch a diffusers pipeline (its ``transformer`` and ``transformer_2``) or a transformer module in place.
 
     Each supported attention module becomes a gated subclass of its own class (same parameters, same path).
     ``backend`` selects an attention backend (see ``supported_models()``); ``strict=True`` raises
-    :class:`FastPathUnavailableError` where a requested fast path cannot run instead of falling back. Applying
-    twice with the same arguments is the same as applying once. Returns ``target``.
+    :class:`FastPathUnavailableError` where a requested fast path cannot run instead of falling back. A fast path
+    that cannot run on this model at all warns once here, with the reason. Applying twice with the same arguments
+    is the same as applying once. Returns the :func:`report` of the patched models (a table in a notebook).
     """
     from .patcher import apply as _apply
 
     return _apply(target, backend=backend, strict=strict, **options)
 
 
-def remove(target: Any) -> Any:
-    """Restore the original classes and attributes; afterwards the model equals the never-patched one."""
+def remove(target: Any) -> None:
+    """Restore the original classes and attributes; afterwards the model equals the never-patched one, also where a
+    hook added after :func:`apply` still holds the patched forward."""
     from .patcher import remove as _remove
 
-    return _remove(target)
+    _remove(target)
 
 
 def report(target: Any, *, reset: bool = False):
@@ -55,7 +57,7 @@ def report(target: Any, *, reset: bool = False):
     from .patcher import transformers_of
     from .reporting import build_report
 
-    return build_report(transformers_of(target), reset=reset)
+    return build_report(transformers_of(target, verb="report"), reset=reset)
 
 
 def supported_models() -> dict[str, tuple[str, ...]]:

@@ -22,19 +22,37 @@ logger = logging.getLogger("accelpatch")
 
 RejectReason = Callable[[torch.nn.Module], Optional[str]]
 
+#: every fusion ever defined, by name: a pickled gated module names its fusion, and the loading process finds it here
+_FUSIONS: dict[str, "QualityGatedFusion"] = {}
+_FUSIONS_LOCK = threading.Lock()
+
+
+def fusion_by_name(name: str) -> "QualityGatedFusion":
+    """The fusion called ``name``. Fusions are defined when their site modules are imported, so a process that
+    unpickles a patched model before importing accelpatch's adapters imports them here first."""
+    if name not in _FUSIONS:
+        from . import models  # noqa: F401 - importing the adapters defines every fusion they use
+    try:
+        return _FUSIONS[name]
+    except KeyError:
+        raise KeyError(f"no accelpatch fusion is called {name!r}; known fusions: {', '.join(sorted(_FUSIONS))}. "
+                       "Was the model pickled by a newer accelpatch?") from None
+
 
 class SiteCounters:
     """Thread-safe tallies of one site: calls that took the fast path, calls that ran the reference by reason
-    (``fallbacks`` is the subset where the fast path was requested but could not run), and sums of per-call
-    statistics (for example the exact-block fraction of sparse attention)."""
+    (``fallbacks`` is the subset where the fast path was requested but could not run), notes on fast calls that
+    ran differently than asked (``notes``: for example ``impl="upstream"`` running our own kernel), and sums of
+    per-call statistics (for example the exact-block fraction of sparse attention)."""
 
-    __slots__ = ("_lock", "fast", "reference", "fallbacks", "stat_sums", "stat_counts")
+    __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.fast = 0
         self.reference: collections.Counter[str] = collections.Counter()
         self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.notes: collections.Counter[str] = collections.Counter()
         self.stat_sums: dict[str, float] = {}
         self.stat_counts: dict[str, int] = {}
 
@@ -43,7 +61,7 @@ class SiteCounters:
             return {name: getattr(self, name) for name in self.__slots__ if name != "_lock"}
 
     def __setstate__(self, state: dict) -> None:
-        self._lock = threading.Lock()
+        self.__init__()  # fields a pickle from an older accelpatch lacks start empty
         for name, value in state.items():
             setattr(self, name, value)
 
@@ -56,6 +74,10 @@ class SiteCounters:
             self.reference[reason] += 1
             if fallback:
                 self.fallbacks[reason] += 1
+
+    def count_note(self, note: str) -> None:
+        with self._lock:
+            self.notes[note] += 1
 
     def add_stat(self, name: str, value) -> None:
         """Add one observation; a tensor stays a tensor (no host sync) until the mean is read."""
@@ -72,6 +94,7 @@ class SiteCounters:
             self.fast = 0
             self.reference.clear()
             self.fallbacks.clear()
+            self.notes.clear()
             self.stat_sums.clear()
             self.stat_counts.clear()
 
@@ -90,6 +113,15 @@ class QualityGatedFusion:
         self.marker_attr = marker_attr
         self.enabled_attr = enabled_attr
         self.tier = tier
+        with _FUSIONS_LOCK:
+            known = _FUSIONS.get(name)
+            if known is not None and (known.marker_attr, known.enabled_attr) != (marker_attr, enabled_attr):
+                raise ValueError(f"a different fusion is already called {name!r}")
+            _FUSIONS.setdefault(name, self)
+
+    def __reduce__(self):
+        # Pickled by name, so a loaded model shares the process's fusion objects instead of carrying copies.
+        return fusion_by_name, (self.name,)
 
     def __repr__(self) -> str:
         return f"QualityGatedFusion(name={self.name!r}, tier={self.tier})"

@@ -8,8 +8,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from . import captured_forwards
 from .backends import resolve_backend
 from .gate import logger
+from .model_hooks import ModelForwardHooks, StepSources
 from .models import ADAPTERS, find_adapter
 from .models.base import ModelAdapter
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
@@ -29,6 +31,9 @@ class ModelPatch:
     default_tier: Tier
     sites: list[Site] = field(default_factory=list, repr=False)
     detach: list[Callable[[], None]] = field(default_factory=list)
+    #: fusion name -> why its sites did not mount (the first rejected site's reason)
+    rejections: dict[str, str] = field(default_factory=dict)
+    step_sources: StepSources = field(default_factory=StepSources, repr=False)
     _warned: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -41,25 +46,35 @@ class ModelPatch:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def warn_once(self, kind: str, reason: str) -> None:
-        """One warning per model, fast-path kind and reason; the counters keep the full tally."""
+    def warn_once(self, kind: str, reason: str, *, at_apply: bool = False) -> None:
+        """One warning per model, fast-path kind and reason (at ``apply`` or at a call, whichever comes first);
+        the counters keep the full tally."""
         key = (kind, reason)
         with self._lock:
             if key in self._warned:
                 return
             self._warned.add(key)
-        message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}. "
-                   "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        if at_apply:
+            message = (f"accelpatch: the {kind} fast path was not mounted on {self.model_class}: "
+                       f"{reason.removeprefix('not mounted: ')}. Calls that request it will run the reference path "
+                       "(see accelpatch.report(model); strict=True raises).")
+        else:
+            message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}. "
+                       "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
+        warnings.warn(message, RuntimeWarning, stacklevel=5 if at_apply else 2)  # apply: the user's line
         logger.debug(message)
+
+    def unmounted_reason(self, kind: str) -> str:
+        """The fallback reason of a call to an unmounted site of ``kind`` (the same for all of the model's sites)."""
+        return f"not mounted: {self.rejections.get(kind, 'unmounted')}"
 
     def key(self) -> tuple:
         return (self.backend, self.strict)
 
 
-def transformers_of(target: Any) -> list[torch.nn.Module]:
+def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module]:
     """The transformer modules behind ``target``: a transformer itself, or a pipeline's ``transformer`` and
-    ``transformer_2``."""
+    ``transformer_2``. ``verb`` names the public function in the error message."""
     if isinstance(target, torch.nn.Module):
         return [target]
     found = []
@@ -69,20 +84,22 @@ def transformers_of(target: Any) -> list[torch.nn.Module]:
             found.append(module)
     if not found:
         raise TypeError(
-            f"apply() expects a diffusers pipeline with a `transformer` (and optionally `transformer_2`) or a "
+            f"{verb}() expects a diffusers pipeline with a `transformer` (and optionally `transformer_2`) or a "
             f"transformer module; got {type(target).__name__}")
     return found
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any) -> Any:
-    """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns ``target``."""
+def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any):
+    """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns the report of what was patched."""
+    from .reporting import build_report
+
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
     backend_config = resolve_backend(backend, options)
     models = transformers_of(target)
     adapters = [find_adapter(model) for model in models]  # raises before anything is touched
-    for adapter in adapters:
-        adapter.validate_backend(backend_config)
+    for model, adapter in zip(models, adapters):
+        adapter.validate_backend(backend_config, model)
     pipeline = None if isinstance(target, torch.nn.Module) else target
     strict = strict or bool(getattr(backend_config, "strict", False))
     for model, adapter in zip(models, adapters):
@@ -92,7 +109,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: 
                 continue  # applying twice is the same as applying once
             _remove_one(model)
         _apply_one(model, adapter, backend_config, strict, pipeline)
-    return target
+    return build_report(models)
 
 
 def _apply_one(model, adapter: ModelAdapter, backend_config, strict: bool, pipeline) -> None:
@@ -109,41 +126,33 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, strict: bool, pipel
             module.__class__ = gated_class(site.original_class, fast_path.fusion)
             module.__dict__[SITE_ATTR] = site
             fast_path.fusion.mark(module, site)
-            _follow_instance_forward(module, site)
+            site.captured_forwards, site.reject_reason = captured_forwards.follow(module)
             patch.sites.append(site)
             by_fusion.setdefault(fast_path.fusion.name, []).append(site)
         if not patch.sites:
             warnings.warn(f"accelpatch: {adapter.family} has no fast path without a backend "
                           f"(available: {', '.join(adapter.backends)}); {patch.model_class} runs unchanged",
                           RuntimeWarning, stacklevel=3)
-        _mount(model, by_fusion)
-        patch.detach.extend(adapter.attach_hooks(model, patch, pipeline))
+        _mount(model, patch, by_fusion)
+        hooks = ModelForwardHooks(model, patch, pipeline)
+        patch.detach.append(hooks.remove)
     except BaseException:
         _remove_one(model)
         raise
+    for kind in patch.rejections:
+        patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
 
 
-def _follow_instance_forward(module: torch.nn.Module, site: Site) -> None:
-    """A hook installed before ``apply`` stores a bound forward on the instance and would bypass the gated class.
-    accelerate's hook is re-pointed at the gated forward; any other instance forward rejects the site."""
-    if "forward" not in module.__dict__:
-        return
-    if hasattr(module, "_hf_hook") and "_old_forward" in module.__dict__:
-        site.saved_old_forward = module.__dict__["_old_forward"]
-        module._old_forward = type(module).forward.__get__(module)
-        return
-    site.reject_reason = ("a hook replaced this module's forward before accelpatch.apply(); apply accelpatch "
-                          "before enabling offloading or other hooks")
-
-
-def _mount(model: torch.nn.Module, by_fusion: dict[str, list[Site]]) -> None:
-    for sites in by_fusion.values():
+def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[Site]]) -> None:
+    """Mount each fusion's sites all together, or none of them; record the first rejection's reason."""
+    for name, sites in by_fusion.items():
         fusion = sites[0].fast_path.fusion
         for site in sites:
             if site.reject_reason is None:
                 site.reject_reason = site.fast_path.mount_reject_reason(model.get_submodule(site.path), site)
         rejected = next((s for s in sites if s.reject_reason is not None), None)
         if rejected is not None:
+            patch.rejections[name] = f"{rejected.reject_reason} (at {rejected.path})"
             for site in sites:
                 if site.reject_reason is None:
                     site.reject_reason = f"model rejected at {rejected.path}: {rejected.reject_reason}"
@@ -151,11 +160,10 @@ def _mount(model: torch.nn.Module, by_fusion: dict[str, list[Site]]) -> None:
         fusion.mount(model, reject_reason=lambda m: by_module[id(m)].reject_reason)
 
 
-def remove(target: Any) -> Any:
-    """Undo :func:`apply` on ``target`` (a no-op on a model that was never patched). Returns ``target``."""
-    for model in transformers_of(target):
+def remove(target: Any) -> None:
+    """Undo :func:`apply` on ``target`` (a no-op on a model that was never patched)."""
+    for model in transformers_of(target, verb="remove"):
         _remove_one(model)
-    return target
 
 
 def _remove_one(model: torch.nn.Module) -> None:
@@ -169,9 +177,7 @@ def _remove_one(model: torch.nn.Module) -> None:
         site.fast_path.fusion.unmark(module)
         module.__dict__.pop(SITE_ATTR, None)
         module.__class__ = site.original_class
-        saved = getattr(site, "saved_old_forward", None)
-        if saved is not None:
-            module._old_forward = saved
+        captured_forwards.restore(module, site.captured_forwards)
 
 
 def patch_of(model: torch.nn.Module) -> Optional[ModelPatch]:

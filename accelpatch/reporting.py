@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from html import escape
 from typing import Any, Optional
+
+from .steps import UNKNOWN as UNKNOWN_STEP
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,8 @@ class SiteReport:
     reference_calls: dict[str, int]
     fallback_calls: dict[str, int]
     stats: dict[str, float] = field(default_factory=dict)
+    #: fast calls that ran differently than asked, by note (e.g. impl="upstream" running our own kernel)
+    notes: dict[str, int] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -58,12 +63,55 @@ class ModelReport(_Tally):
     default_tier: str
     strict: bool
     sites: tuple[SiteReport, ...]
+    #: where each call's denoising step came from (see accelpatch.steps), for models with a step-based policy
+    step_sources: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tier_statement(self) -> str:
+        """The model's default tier, said plainly."""
+        if self.default_tier == "high":
+            why = f" (backend {self.backend} is approximate)" if self.backend else ""
+            return (f"runs at tier high by default{why}; quality('lossless') or quality('exact') runs the original "
+                    "diffusers path bit for bit")
+        return (f"runs at tier {self.default_tier} by default (bit-identical to diffusers); quality('high') opts in "
+                "to the approximate fast paths")
+
+    def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
+        """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]."""
+        header = ("site", "kind", "tier", "status", "fast", "reference (by reason)")
+        rows, notes = [], []
+
+        def note(text: str) -> str:
+            if text not in notes:
+                notes.append(text)
+            return f"[{notes.index(text) + 1}]"
+
+        for s in self.sites:
+            ref = " ".join(f"{n}×{note(r)}" for r, n in sorted(s.reference_calls.items(), key=lambda x: -x[1]))
+            status = s.status if s.mounted else f"rejected {note(s.reason or 'unknown')}"
+            extra = "".join(f" {k}={v:.3f}" for k, v in s.stats.items())
+            extra += "".join(f" {n}×{note(text)}" for text, n in sorted(s.notes.items(), key=lambda x: -x[1]))
+            rows.append((s.path, s.kind, s.tier, status, f"{s.fast_calls}{extra}", ref or "-"))
+        return header, rows, notes
+
+    def headline(self) -> str:
+        return (f"{self.model_class} ({self.family}) backend={self.backend or 'none'}{' strict' if self.strict else ''}"
+                f": {len(self.sites)} sites, {self.fast_calls} fast calls; {self.tier_statement}")
+
+    def step_line(self) -> Optional[str]:
+        if not self.step_sources:
+            return None
+        counts = ", ".join(f"{source} ×{n}" for source, n in sorted(self.step_sources.items(), key=lambda x: -x[1]))
+        unknown = self.step_sources.get(UNKNOWN_STEP, 0)
+        warning = (f" — {unknown} call(s) had no known step, so the step-based policy (dense_steps) could not apply"
+                   if unknown else "")
+        return f"step clock: {counts}{warning}"
 
 
 @dataclass(frozen=True)
 class Report(_Tally):
     """Per model, per site: mount status with reason, fast-path calls, reference calls by reason. ``str()`` is a
-    table; the fields are for programs (``report.models[0].sites[3].fallback_calls``)."""
+    table (and a notebook shows it as one); the fields are for programs (``report.models[0].sites[3]``)."""
 
     models: tuple[ModelReport, ...]
 
@@ -86,27 +134,36 @@ class Report(_Tally):
             return "accelpatch: nothing is patched"
         lines = []
         for m in self.models:
-            lines.append(f"{m.model_class} ({m.family}) backend={m.backend or 'none'} default tier={m.default_tier}"
-                         f"{' strict' if m.strict else ''}: {len(m.sites)} sites, {m.fast_calls} fast calls")
-            header = ("site", "kind", "tier", "status", "fast", "reference (by reason)")
-            rows = []
-            reasons: list[str] = []
-
-            def note(text: str) -> str:
-                if text not in reasons:
-                    reasons.append(text)
-                return f"[{reasons.index(text) + 1}]"
-
-            for s in m.sites:
-                ref = " ".join(f"{n}×{note(r)}" for r, n in sorted(s.reference_calls.items(), key=lambda x: -x[1]))
-                status = s.status if s.mounted else f"rejected {note(s.reason or 'unknown')}"
-                extra = "".join(f" {k}={v:.3f}" for k, v in s.stats.items())
-                rows.append((s.path, s.kind, s.tier, status, f"{s.fast_calls}{extra}", ref or "-"))
+            lines.append(m.headline())
+            step_line = m.step_line()
+            if step_line:
+                lines.append("  " + step_line)
+            header, rows, notes = m.table()
             widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]
             for row in [header] + rows:
                 lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
-            lines.extend(f"  [{i}] {text}" for i, text in enumerate(reasons, 1))
+            lines.extend(f"  [{i}] {text}" for i, text in enumerate(notes, 1))
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        if not self.models:
+            return "<p>accelpatch: nothing is patched</p>"
+        parts = []
+        for m in self.models:
+            parts.append(f"<p><b>{escape(m.headline())}</b></p>")
+            step_line = m.step_line()
+            if step_line:
+                parts.append(f"<p>{escape(step_line)}</p>")
+            header, rows, notes = m.table()
+            cells = lambda row, tag: "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in row)  # noqa: E731
+            parts.append("<table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"
+                         + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in rows) + "</tbody></table>")
+            if notes:
+                parts.append("<ol>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ol>")
+        return "\n".join(parts)
 
 
 def build_report(models, *, reset: bool = False) -> Report:
@@ -125,10 +182,15 @@ def build_report(models, *, reset: bool = False) -> Report:
             sites.append(SiteReport(
                 path=site.path, kind=site.kind, tier=str(site.tier), mounted=site.is_mounted(module),
                 reason=site.reject_reason, fast_calls=c.fast, reference_calls=dict(c.reference),
-                fallback_calls=dict(c.fallbacks), stats={k: v for k, v in stats.items() if v is not None}))
+                fallback_calls=dict(c.fallbacks), stats={k: v for k, v in stats.items() if v is not None},
+                notes=dict(c.notes)))
             if reset:
                 c.reset()
+        step_sources = dict(patch.step_sources.counts)
+        if reset:
+            patch.step_sources.reset()
         backend = getattr(patch.backend, "name", None)
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
-                               default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites)))
+                               default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
+                               step_sources=step_sources))
     return Report(models=tuple(out))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
+
+from . import call_context
 
 
 class Tier(enum.IntEnum):
@@ -31,7 +33,8 @@ class Tier(enum.IntEnum):
 DEFAULT_TIER = Tier.LOSSLESS
 TIER_NAMES = tuple(str(t) for t in Tier)
 
-_requested: contextvars.ContextVar[Optional[Tier]] = contextvars.ContextVar("accelpatch_quality", default=None)
+_requested: contextvars.ContextVar[Optional[Tier]] = call_context.register(
+    contextvars.ContextVar("accelpatch_quality", default=None))
 
 TierLike = Union[str, Tier]
 
@@ -67,10 +70,23 @@ def requested_tier() -> Optional[Tier]:
     return _requested.get()
 
 
-def current_quality() -> str:
-    """The tier in force in the calling context, as its name (``"lossless"`` outside any block)."""
-    tier = _requested.get()
-    return str(DEFAULT_TIER if tier is None else tier)
+def current_quality(target: Any = None) -> str:
+    """The tier in force in the calling context, as its name.
+
+    Without ``target``: the tier set by the enclosing :func:`quality` block, or ``"lossless"`` (the default) outside
+    any block. With a pipeline or transformer: the tier *that model* runs under here, which differs where a
+    model's default is not lossless (MiniMax-H3 patched with ``backend="sol_attn"`` runs at ``"high"`` unless a
+    :func:`quality` block says otherwise). A model accelpatch has not patched runs untouched diffusers: ``"exact"``.
+    For a pipeline with several transformers, the least exact of their tiers.
+    """
+    if target is None:
+        tier = _requested.get()
+        return str(DEFAULT_TIER if tier is None else tier)
+    from .patcher import patch_of, transformers_of
+
+    tiers = [effective_tier(patch.default_tier) if patch is not None else Tier.EXACT
+             for patch in map(patch_of, transformers_of(target, verb="current_quality"))]
+    return str(max(tiers))
 
 
 def effective_tier(model_default: Tier = DEFAULT_TIER) -> Tier:

@@ -74,14 +74,17 @@ def test_high_on_cpu_falls_back_loudly_and_stays_bit_identical():
     model = tiny_sana_video_transformer(dtype=torch.bfloat16)
     inputs = sana_video_transformer_inputs(model, batch_size=2)
     reference = _forward(model, inputs)
-    accelpatch.apply(model)
+    with pytest.warns(RuntimeWarning, match="was not mounted.*CUDA is unavailable") as record:
+        accelpatch.apply(model)  # the rejection is announced where it is decided
+    assert len([w for w in record if "accelpatch" in str(w.message)]) == 1  # once per model and reason
+    assert record[0].filename == __file__  # pointing at the user's apply() line
     rep = accelpatch.report(model)
     assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in rep.sites)
-    with pytest.warns(RuntimeWarning, match="CUDA is unavailable") as record:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once already: the calls do not warn again
         with accelpatch.quality("high"):
             out = _forward(model, inputs)
             out2 = _forward(model, inputs)
-    assert len([w for w in record if "accelpatch" in str(w.message)]) == 1  # once per model and reason
     assert torch.equal(out, reference) and torch.equal(out2, reference)
     rep = accelpatch.report(model)
     assert rep.fast_calls == 0
@@ -266,15 +269,35 @@ def test_a_module_hooked_by_accelerate_before_apply_still_routes_through_the_gat
     assert torch.equal(_forward(model, inputs), reference)
 
 
-def test_a_module_with_another_instance_forward_is_rejected_with_a_reason():
+def test_a_bound_forward_on_the_instance_before_apply_is_followed():
     model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = sana_video_transformer_inputs(model)
+    reference = _forward(model, inputs)
     attn = model.transformer_blocks[1].attn1
     attn.forward = attn.forward  # what a foreign hook does: a bound forward on the instance
     with emulate_bf16_gemm_on_cpu():
         accelpatch.apply(model)
+        with accelpatch.quality("high"):
+            _forward(model, inputs)
+    rep = accelpatch.report(model)
+    assert all(s.mounted for s in rep.sites) and rep.sites[1].fast_calls == 1
+    accelpatch.remove(model)
+    assert attn.forward.__func__ is type(attn).forward  # the instance slot holds the original forward again
+    assert torch.equal(_forward(model, inputs), reference)
+
+
+def test_an_instance_forward_that_cannot_be_followed_rejects_the_model_with_a_warning():
+    model = tiny_sana_video_transformer(dtype=torch.bfloat16)
+    attn = model.transformer_blocks[1].attn1
+    own = attn.forward
+    attn.forward = lambda *args, **kwargs: own(*args, **kwargs)  # a wrapper hiding the bound forward
+    with emulate_bf16_gemm_on_cpu():
+        with pytest.warns(RuntimeWarning, match="was not mounted.*cannot follow.*apply accelpatch before"):
+            accelpatch.apply(model)
     rep = accelpatch.report(model)
     assert not any(s.mounted for s in rep.sites)
-    assert "apply accelpatch before enabling offloading or other hooks" in rep.sites[1].reason
+    assert "apply accelpatch before adding that hook" in rep.sites[1].reason
+    assert "model rejected at transformer_blocks.1.attn1" in rep.sites[0].reason
 
 
 def test_torch_compile_of_a_patched_model_runs_and_stays_bit_identical():

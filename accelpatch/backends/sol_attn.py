@@ -7,6 +7,8 @@ follow the integration policy of the prior art: the first ``dense_steps`` denois
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 import numbers
 import re
@@ -102,10 +104,18 @@ class SolAttnConfig:
         return [f.name for f in fields(cls)]
 
     @classmethod
+    def unknown_options_message(cls, unknown: Iterable[str]) -> str:
+        unknown = sorted(unknown)
+        hints = [f"{name!r} → {close[0]!r}?" for name in unknown
+                 for close in [difflib.get_close_matches(name, cls.option_names(), n=1)] if close]
+        return (f"unknown sol_attn option(s) {unknown}; valid options: {', '.join(cls.option_names())}"
+                + (f" (did you mean {', '.join(hints)})" if hints else ""))
+
+    @classmethod
     def from_options(cls, **options: Any) -> "SolAttnConfig":
-        unknown = sorted(set(options) - set(cls.option_names()))
+        unknown = set(options) - set(cls.option_names())
         if unknown:
-            raise ValueError(f"unknown sol_attn option(s) {unknown}; valid options: {', '.join(cls.option_names())}")
+            raise ValueError(cls.unknown_options_message(unknown))
         return cls(**options)
 
     def resolve_kv_splits(self, device, seq_len: int) -> int:
@@ -118,3 +128,23 @@ class SolAttnConfig:
             if torch.cuda.get_device_capability(device) == (9, 0):
                 return 4
         return 1
+
+
+def _checked_init(init):
+    """The dataclass ``__init__``, with unknown keyword options named alongside the valid ones (a bare TypeError
+    from the generated ``__init__`` names neither)."""
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        unknown = set(kwargs) - set(type(self).option_names())
+        if unknown:
+            raise TypeError(type(self).unknown_options_message(unknown))
+        if len(args) > len(type(self).option_names()):
+            raise TypeError(f"SolAttnConfig takes at most {len(type(self).option_names())} options, got {len(args)} "
+                            f"positional arguments; pass options by name: {', '.join(type(self).option_names())}")
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+SolAttnConfig.__init__ = _checked_init(SolAttnConfig.__init__)

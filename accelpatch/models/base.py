@@ -1,15 +1,13 @@
 """What a model adapter provides: which modules are sites, which backends apply, which hooks to attach."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+import contextvars
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
 from ..sites.base import FastPath
 from ..tiers import DEFAULT_TIER, Tier
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..patcher import ModelPatch
 
 
 class ModelAdapter:
@@ -39,8 +37,11 @@ class ModelAdapter:
                 return True
         return False
 
-    def validate_backend(self, backend_config: Any) -> None:
-        """Raise ValueError when ``backend_config`` does not apply to this family."""
+    #: the forward argument the step clock reads (see accelpatch.steps)
+    timestep_argument: str = "timestep"
+
+    def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
+        """Raise ValueError when ``backend_config`` does not apply to this family or to this model's shape."""
         if backend_config is None:
             return
         if backend_config.name not in self.backends:
@@ -56,6 +57,19 @@ class ModelAdapter:
         """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
 
-    def attach_hooks(self, model: torch.nn.Module, patch: "ModelPatch", pipeline: Optional[Any]) -> Iterable[Any]:
-        """Attach model-level hooks; return callables that detach them."""
+    def uses_steps(self, backend_config: Any) -> bool:
+        """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""
+        return False
+
+    def noise_level(self, timestep_values: tuple[float, ...]) -> float:
+        """How noisy a call's input is, from its timestep values (larger = noisier): diffusers' 0-1000 scale."""
+        return max(timestep_values)
+
+    def captures(self, backend_config: Any) -> bool:
+        """Whether :meth:`capture` has anything to set for calls under ``backend_config``."""
+        return False
+
+    def capture(self, arguments: Mapping[str, Any], backend_config: Any) -> Iterable[tuple[contextvars.ContextVar, Any]]:
+        """Context variables to set for the duration of one forward, from its bound arguments (registered with
+        accelpatch.call_context so that recomputation sees them too)."""
         return ()

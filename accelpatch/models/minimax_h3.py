@@ -4,23 +4,22 @@ Sites: ``transformer_blocks.N.attn`` (full self-attention over the packed text/a
 Sol-Attn sparse path (``high``); ``token_refiner.refiner_blocks.N.attn`` (text only) are sites that always stay
 dense, so the report counts them too. Without a backend MiniMax-H3 has no fast path.
 
-Per call, a pre-forward hook on the transformer captures the packed layout (the text/audio rows become the
-always-exact key sink, and their query rows are recomputed densely, as in the prior art for such models) and,
-when the model came through a pipeline, the scheduler's step. Dense steps and dense layers, and every call that
-does not fit the sparse path, run the original processor unchanged.
+Per call, the model's pre-forward hook (accelpatch.model_hooks) captures the packed layout (the text/audio rows
+become the always-exact key sink, and their query rows are recomputed densely, as in the prior art for such
+models) and the step (accelpatch.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means
+clean). Dense steps and dense layers, and every call that does not fit the sparse path, run the original processor
+unchanged. The op has a backward, so training through the sparse path works (gradients of the sparse function).
 """
 from __future__ import annotations
 
 import contextvars
-import inspect
 import re
-import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
-from .. import steps
+from .. import call_context, steps
 from ..backends.sol_attn import SolAttnConfig
 from ..gate import QualityGatedFusion
 from ..sites.base import Decline, Dense, FastPath, Site, bind_call
@@ -36,6 +35,8 @@ _MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
 _REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 DENSE_STEP = "dense step (step < dense_steps)"
+STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
+                "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0")
 DENSE_LAYER = "dense layer (in dense_layers)"
 REFINER_DENSE = "text-only token refiner stays dense"
 
@@ -49,8 +50,8 @@ class PackedLayout:
     sink_tokens: int
 
 
-_layout: contextvars.ContextVar[Optional[PackedLayout]] = contextvars.ContextVar("accelpatch_h3_layout",
-                                                                                 default=None)
+_layout: contextvars.ContextVar[Optional[PackedLayout]] = call_context.register(
+    contextvars.ContextVar("accelpatch_h3_layout", default=None))
 
 
 def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
@@ -64,57 +65,8 @@ def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
     return PackedLayout(seq_len, start, end - start)
 
 
-#: the context tokens the pre-forward hook set, for the post-forward hook to reset
-_hook_tokens: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("accelpatch_h3_hook_tokens",
-                                                                               default=None)
-
-
 def current_layout() -> Optional[PackedLayout]:
     return _layout.get()
-
-
-class _ForwardHooks:
-    """Pre/post forward hooks on the transformer: capture the layout and the pipeline's step for this call."""
-
-    def __init__(self, model: torch.nn.Module, pipeline: Optional[Any]) -> None:
-        self._signature = inspect.signature(type(model).forward)
-        self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
-        self.handles = [model.register_forward_pre_hook(self.pre, with_kwargs=True),
-                        model.register_forward_hook(self.post, always_call=True)]
-
-    def pre(self, module, args, kwargs):
-        bound = self._signature.bind_partial(module, *args, **kwargs).arguments
-        tags = bound.get("token_tags")
-        layout_token = _layout.set(layout_from_token_tags(tags) if isinstance(tags, torch.Tensor) else None)
-        step_token = None
-        pipeline = self._pipeline() if self._pipeline is not None else None
-        scheduler = getattr(pipeline, "scheduler", None) if pipeline is not None else None
-        if scheduler is not None:
-            step_token = steps.enter_pipeline_step(steps.scheduler_step(scheduler))
-        _hook_tokens.set((layout_token, step_token))
-        return None
-
-    def post(self, module, args, output):
-        tokens = _hook_tokens.get()
-        if tokens is not None:
-            layout_token, step_token = tokens
-            _hook_tokens.set(None)
-            if step_token is not None:
-                steps.exit_pipeline_step(step_token)
-            try:
-                _layout.reset(layout_token)
-            except ValueError:
-                pass
-        return None
-
-    def __getstate__(self) -> dict:
-        # A weak reference cannot be copied or pickled: a copied model keeps its hooks but loses the pipeline's
-        # step clock (use accelpatch.denoising_step, or apply() the copy through its pipeline again).
-        return dict(self.__dict__, _pipeline=None)
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def _processor_class() -> type:
@@ -154,8 +106,12 @@ class MiniMaxH3SolAttention(FastPath):
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         config: SolAttnConfig = site.model.backend
-        if steps.current_denoising_step() < config.dense_steps:
-            return Dense(DENSE_STEP)
+        if config.dense_steps > 0:
+            step = steps.current_step().step
+            if step is None:
+                return Decline(STEP_UNKNOWN)
+            if step < config.dense_steps:
+                return Dense(DENSE_STEP)
         if site.layer_index in config.dense_layers:
             return Dense(DENSE_LAYER)
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
@@ -170,6 +126,14 @@ class MiniMaxH3SolAttention(FastPath):
             return Decline("context parallelism is configured: the sparse path does not shard the sequence")
         if hidden_states.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return Decline(f"activations are {hidden_states.dtype}: the sparse path takes fp32, bf16 or fp16")
+
+        seq_len = hidden_states.shape[1]
+        if config.sink_tokens is not None:
+            start = seq_len - config.sink_tokens if config.sink_start is None else config.sink_start
+            if config.sink_tokens > seq_len or start + config.sink_tokens > seq_len:
+                return Decline(f"the sink (sink_start={config.sink_start}, sink_tokens={config.sink_tokens}) reaches "
+                               f"past the packed sequence of {seq_len} rows; valid: sink_tokens <= {seq_len} and "
+                               f"sink_start + sink_tokens <= {seq_len}")
 
         query, key, value = _project_qkv(attn, hidden_states, rotary_emb)
         if not (query.dtype == key.dtype == value.dtype):
@@ -192,11 +156,18 @@ class MiniMaxH3SolAttention(FastPath):
             dense_rows = slice(layout.sink_start, layout.sink_start + layout.sink_tokens)
         else:
             sink_tokens, sink_start, dense_rows = 0, None, None
-        out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type,
-                              kv_splits=config.resolve_kv_splits(query.device, seq_len), sink_tokens=sink_tokens,
-                              sink_start=sink_start, impl=config.impl, return_stats=True)
-        site.counters.add_stat("exact_fraction",
-                               stats.exact_pairs.sum() / (stats.total_pairs * stats.exact_pairs.numel()))
+        kv_splits = config.resolve_kv_splits(query.device, seq_len)
+        if config.impl == "upstream" and not call_context.recomputing():
+            from ..ops.sol_attn import upstream
+
+            reason = upstream.unsupported_reason(query, kv_splits, sink_tokens, sink_start, contiguous=True)
+            if reason is not None:  # the op runs our own kernel instead (and warns once)
+                site.counters.count_note(f"impl='upstream' ran our own kernel: {reason}")
+        out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,
+                              sink_tokens=sink_tokens, sink_start=sink_start, impl=config.impl, return_stats=True)
+        if not call_context.recomputing():
+            site.counters.add_stat("exact_fraction",
+                                   stats.exact_pairs.detach().sum() / (stats.total_pairs * stats.exact_pairs.numel()))
         if dense_rows is not None:
             # The sink's query rows (text/audio) attend densely to every key, through diffusers' dispatcher and
             # the processor's own backend choice; the op's output is a fresh tensor, so it is written in place.
@@ -240,8 +211,25 @@ class MiniMaxH3Adapter(ModelAdapter):
             elif _REFINER_ATTENTION.fullmatch(path):
                 yield path, module, REFINER_DENSE_PATH, None
 
-    def attach_hooks(self, model, patch, pipeline):
-        if patch.backend is None:
-            return ()
-        hooks = _ForwardHooks(model, pipeline)
-        return (hooks.remove,)
+    def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
+        super().validate_backend(backend_config, model)
+        if backend_config is None:
+            return
+        layers = len(model.transformer_blocks)
+        missing = sorted(i for i in backend_config.dense_layers if i >= layers)
+        if missing:
+            raise ValueError(f"dense_layers names layer(s) {missing} that {type(model).__name__} does not have: it "
+                             f"has {layers} transformer blocks, valid layer indices are 0-{layers - 1}")
+
+    def uses_steps(self, backend_config: Any) -> bool:
+        return backend_config is not None and backend_config.dense_steps > 0
+
+    def noise_level(self, timestep_values: tuple[float, ...]) -> float:
+        return 1.0 - min(timestep_values)  # H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count
+
+    def captures(self, backend_config: Any) -> bool:
+        return backend_config is not None
+
+    def capture(self, arguments: Mapping[str, Any], backend_config: Any):
+        tags = arguments.get("token_tags")
+        return ((_layout, layout_from_token_tags(tags) if isinstance(tags, torch.Tensor) else None),)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from ..errors import FastPathUnavailableError
-from ..gate import QualityGatedFusion, SiteCounters
+from .. import call_context
+from ..errors import FastPathUnavailableError, is_fatal
+from ..gate import QualityGatedFusion, SiteCounters, fusion_by_name
 from ..tiers import Tier, effective_tier
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,17 +91,6 @@ class FastPath:
         raise NotImplementedError
 
 
-# Errors that must never be swallowed by a fallback: they leave the device in an unknown state.
-_FATAL_MARKERS = ("out of memory", "illegal memory access", "device-side assert")
-
-
-def is_fatal(error: BaseException) -> bool:
-    if isinstance(error, (torch.cuda.OutOfMemoryError, KeyboardInterrupt, SystemExit)):
-        return True
-    text = str(error).lower()
-    return any(marker in text for marker in _FATAL_MARKERS)
-
-
 @dataclass(eq=False)
 class Site:
     """The state of one patched module: where it is, which fast path it carries, whether it mounted, counters."""
@@ -112,8 +102,8 @@ class Site:
     reject_reason: Optional[str] = None
     counters: SiteCounters = field(default_factory=SiteCounters)
     layer_index: Optional[int] = None
-    #: accelerate's ``_old_forward`` as it was before ``apply`` re-pointed it (restored by ``remove``)
-    saved_old_forward: Any = None
+    #: instance slots (hooks' captured forwards) re-pointed at the gated forward, with their previous values
+    captured_forwards: list = field(default_factory=list, repr=False)
 
     @property
     def kind(self) -> str:
@@ -127,8 +117,9 @@ class Site:
         return self.fast_path.fusion.is_mounted(module)
 
     def reference(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str, *, fallback: bool = False):
-        """Run the original class's forward and count why."""
-        self.counters.count_reference(reason, fallback=fallback)
+        """Run the original class's forward and count why (not again while recomputing for backward)."""
+        if not call_context.recomputing():
+            self.counters.count_reference(reason, fallback=fallback)
         return self.original_class.forward(module, *args, **kwargs)
 
     def fallback(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str,
@@ -147,7 +138,7 @@ class Site:
         if not tier.admits(self.tier):
             return self.reference(module, args, kwargs, _TIER_REASONS[tier.value][self.tier.value])
         if not self.is_mounted(module):
-            return self.fallback(module, args, kwargs, f"not mounted: {self.reject_reason or 'unmounted'}")
+            return self.fallback(module, args, kwargs, self.model.unmounted_reason(self.kind))
         try:
             out = self.fast_path.run(module, self, args, kwargs)
         except Exception as error:  # noqa: BLE001 - any kernel trouble falls back unless fatal or strict
@@ -158,7 +149,8 @@ class Site:
             return self.fallback(module, args, kwargs, out.reason)
         if isinstance(out, Dense):
             return self.reference(module, args, kwargs, out.reason)
-        self.counters.count_fast()
+        if not call_context.recomputing():
+            self.counters.count_fast()
         return out
 
 
@@ -166,8 +158,6 @@ _TIER_REASONS = [[f"tier {have} does not admit {need}" for need in Tier] for hav
 
 _GATED_CLASSES: dict[tuple[type, str], type] = {}
 _GATED_LOCK = threading.Lock()
-#: every fusion a gated class was made for, by name, so a pickled or copied module can find its class again
-_FUSIONS: dict[str, QualityGatedFusion] = {}
 
 
 def _enabled_property(fusion: QualityGatedFusion) -> property:
@@ -183,19 +173,36 @@ def _enabled_property(fusion: QualityGatedFusion) -> property:
     return property(get, set_, delete, f"True when {fusion.name} is mounted and the calling context's tier admits it.")
 
 
+def ungated_forward(module: torch.nn.Module) -> Callable:
+    """The forward the module's original class defines, bound to ``module``."""
+    cls = type(module)
+    original = cls.__dict__.get("_accelpatch_original_class", cls)
+    return original.forward.__get__(module)
+
+
 def _gated_forward(self, *args, **kwargs):
+    """The gated subclasses' forward. A foreign hook may hold this bound method long after ``remove()`` restored
+    the module's class (accelerate's ``_old_forward``, a diffusers hook, ``m.forward = m.forward``): without a
+    site it runs the original class's forward, so such a hook keeps working on the unpatched module."""
     site = self.__dict__.get(SITE_ATTR)
-    if site is None:  # defensive: a class swapped without a site behaves exactly like its parent
-        return type(self).__mro__[1].forward(self, *args, **kwargs)
+    if site is None or not is_gated(self):
+        return ungated_forward(self)(*args, **kwargs)
     return site.call(self, args, kwargs)
 
 
-def _new_gated(original: type, fusion_name: str):
-    """Unpickling/deepcopy constructor of a gated module (its state is restored afterwards by the module)."""
-    if fusion_name not in _FUSIONS:
-        from .. import models  # noqa: F401 - importing the adapters defines every fusion
+# A bound method pickles as getattr(module, __name__): name it after the attribute it lives under.
+_gated_forward.__name__ = "forward"
 
-    return object.__new__(gated_class(original, _FUSIONS[fusion_name]))
+
+def is_gated_forward(function: Any, module: torch.nn.Module) -> bool:
+    """True when ``function`` is the gated forward bound to ``module`` (as a hook that captured it holds it)."""
+    return getattr(function, "__func__", None) is _gated_forward and getattr(function, "__self__", None) is module
+
+
+def _new_gated(original: type, fusion_name: str):
+    """Unpickling/deepcopy constructor of a gated module (its state is restored afterwards by the module). Works
+    in a fresh process: the fusion is found by name, importing accelpatch's adapters if need be."""
+    return object.__new__(gated_class(original, fusion_by_name(fusion_name)))
 
 
 def _gated_reduce_ex(self, protocol):
@@ -222,7 +229,6 @@ def gated_class(original: type, fusion: QualityGatedFusion) -> type:
             cls = type(f"Gated{original.__name__}", (original,), namespace)
             cls.__qualname__ = f"Gated{original.__qualname__}"
             _GATED_CLASSES[key] = cls
-            _FUSIONS[fusion.name] = fusion
         return cls
 
 

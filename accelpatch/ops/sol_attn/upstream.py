@@ -71,12 +71,13 @@ def route_groups(t: int) -> int:
     return -(-blocks // _ROUTE_GROUP)
 
 
-def unsupported_reason(q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, sink_start: int | None = None
-                       ) -> str | None:
+def unsupported_reason(q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, sink_start: int | None = None,
+                       *, contiguous: bool | None = None) -> str | None:
     """Why upstream cannot run this call, or None if it can. Pure: records nothing.
 
     q stands for q, k and v: the public wrappers have already checked that they share shape, dtype and
-    device, and made them contiguous."""
+    device, and made them contiguous. ``contiguous=True`` says q will be made contiguous before the call (a
+    caller asking ahead of the public wrapper)."""
     if not importable():
         return "upstream sol_attn package is not importable"
     cap = device_capability(q.device)
@@ -94,7 +95,7 @@ def unsupported_reason(q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, si
     t = q.shape[1]
     if t < 1:
         return f"upstream needs sequence length T >= 1, got {t}"
-    if not q.is_contiguous():
+    if not (q.is_contiguous() if contiguous is None else contiguous):
         return "upstream needs contiguous inputs"
     if not 0 <= sink_tokens <= t:
         return f"upstream needs sink_tokens in [0, T={t}], got {sink_tokens}"
