@@ -62,6 +62,6 @@ def report(target: Any, *, reset: bool = False):
 
 def supported_models() -> dict[str, tuple[str, ...]]:
     """Supported transformer classes and the backends each accepts."""
-    from .models import ADAPTERS
+    from .adapters import ADAPTERS
 
     return {name: adapter.backends for adapter in ADAPTERS for name in adapter.class_names}

@@ -31,7 +31,7 @@ def fusion_by_name(name: str) -> "QualityGatedFusion":
     """The fusion called ``name``. Fusions are defined when their site modules are imported, so a process that
     unpickles a patched model before importing accelpatch's adapters imports them here first."""
     if name not in _FUSIONS:
-        from . import models  # noqa: F401 - importing the adapters defines every fusion they use
+        from . import adapters  # noqa: F401 - importing the adapters defines every fusion they use
     try:
         return _FUSIONS[name]
     except KeyError:

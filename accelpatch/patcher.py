@@ -12,8 +12,8 @@ from . import captured_forwards
 from .backends import resolve_backend
 from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
-from .models import ADAPTERS, find_adapter
-from .models.base import ModelAdapter
+from .adapters import ADAPTERS, find_adapter
+from .adapters.base import ModelAdapter
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier
 

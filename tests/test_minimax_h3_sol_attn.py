@@ -6,7 +6,7 @@ import torch
 
 import accelpatch
 from accelpatch.errors import FastPathUnavailableError
-from accelpatch.models import minimax_h3 as h3_adapter
+from accelpatch.adapters import minimax_h3 as h3_adapter
 from accelpatch.testing import (minimax_h3_layout, minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer)
 

@@ -1,4 +1,5 @@
-"""Model adapters, one per supported model family."""
+"""Model adapters, one per supported model family: how accelpatch patches each (the models themselves are diffusers',
+or ours under accelpatch.modeling)."""
 from __future__ import annotations
 
 import torch
