@@ -1,0 +1,70 @@
+"""Tiny, randomly initialised diffusers models and pipelines, built offline from config dicts.
+
+Tests, the demo, notebooks and benchmarks all need real diffusers modules (so that patching
+hits the real attention code paths) without downloading weights. Everything here is built
+under a fixed seed, so two calls with the same arguments give bit-identical models.
+
+Nothing here touches the network. ``import accelpatch`` does not import this package; diffusers
+and transformers are imported lazily inside the functions (``import diffusers`` takes seconds).
+
+Layout: one file per model, all re-exported here (import from ``accelpatch.testing``)
+-------------------------------------------------------------------------------------
+* ``sana_video``: config dicts ``SANA_VIDEO_*_CONFIG``, :func:`tiny_sana_video_transformer`,
+  :func:`sana_video_transformer_inputs`, :func:`sana_video_transformer_on_meta`,
+  :func:`tiny_sana_video_pipeline`, :func:`sana_video_pipeline_call_kwargs`.
+* ``minimax_h3``: config dicts ``MINIMAX_H3_*_CONFIG``, :func:`tiny_minimax_h3_transformer`,
+  :func:`minimax_h3_transformer_inputs`, :class:`MiniMaxH3Layout`, :func:`minimax_h3_layout`,
+  :func:`tiny_minimax_h3_pipeline`, :func:`minimax_h3_pipeline_call_kwargs`.
+* ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
+  input dtype/device defaults).
+
+A new model family gets its own file next to these, and its public names are added here.
+
+Run tiny models on one thread (``torch.set_num_threads(1)``): with more threads, timings of
+such small models get slower and much noisier.
+"""
+from __future__ import annotations
+
+from .minimax_h3 import (
+    MINIMAX_H3_MEDIUM_CONFIG,
+    MINIMAX_H3_SOL_CONFIG,
+    MINIMAX_H3_TINY_CONFIG,
+    MiniMaxH3Layout,
+    minimax_h3_layout,
+    minimax_h3_pipeline_call_kwargs,
+    minimax_h3_transformer_inputs,
+    tiny_minimax_h3_pipeline,
+    tiny_minimax_h3_transformer,
+)
+from .sana_video import (
+    SANA_VIDEO_MEDIUM_CONFIG,
+    SANA_VIDEO_RELEASE_CONFIG,
+    SANA_VIDEO_RELEASE_LIKE_CONFIG,
+    SANA_VIDEO_TINY_CONFIG,
+    sana_video_pipeline_call_kwargs,
+    sana_video_transformer_inputs,
+    sana_video_transformer_on_meta,
+    tiny_sana_video_pipeline,
+    tiny_sana_video_transformer,
+)
+
+__all__ = [
+    "SANA_VIDEO_TINY_CONFIG",
+    "SANA_VIDEO_RELEASE_LIKE_CONFIG",
+    "SANA_VIDEO_MEDIUM_CONFIG",
+    "SANA_VIDEO_RELEASE_CONFIG",
+    "MINIMAX_H3_TINY_CONFIG",
+    "MINIMAX_H3_SOL_CONFIG",
+    "MINIMAX_H3_MEDIUM_CONFIG",
+    "MiniMaxH3Layout",
+    "tiny_sana_video_transformer",
+    "sana_video_transformer_inputs",
+    "sana_video_transformer_on_meta",
+    "tiny_sana_video_pipeline",
+    "sana_video_pipeline_call_kwargs",
+    "tiny_minimax_h3_transformer",
+    "minimax_h3_transformer_inputs",
+    "minimax_h3_layout",
+    "tiny_minimax_h3_pipeline",
+    "minimax_h3_pipeline_call_kwargs",
+]
