@@ -15,6 +15,8 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
 * ``minimax_h3``: config dicts ``MINIMAX_H3_*_CONFIG``, :func:`tiny_minimax_h3_transformer`,
   :func:`minimax_h3_transformer_inputs`, :class:`MiniMaxH3Layout`, :func:`minimax_h3_layout`,
   :func:`tiny_minimax_h3_pipeline`, :func:`minimax_h3_pipeline_call_kwargs`.
+* ``sana_video2``: config dicts ``SANA_VIDEO2_*_CONFIG``, :func:`tiny_sana_video2_transformer`,
+  :func:`sana_video2_transformer_inputs`, :func:`sana_video2_transformer_on_meta`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -47,6 +49,15 @@ from .sana_video import (
     tiny_sana_video_pipeline,
     tiny_sana_video_transformer,
 )
+from .sana_video2 import (
+    SANA_VIDEO2_5B_CONFIG,
+    SANA_VIDEO2_14B_CONFIG,
+    SANA_VIDEO2_MEDIUM_CONFIG,
+    SANA_VIDEO2_TINY_CONFIG,
+    sana_video2_transformer_inputs,
+    sana_video2_transformer_on_meta,
+    tiny_sana_video2_transformer,
+)
 
 __all__ = [
     "SANA_VIDEO_TINY_CONFIG",
@@ -67,4 +78,11 @@ __all__ = [
     "minimax_h3_layout",
     "tiny_minimax_h3_pipeline",
     "minimax_h3_pipeline_call_kwargs",
+    "SANA_VIDEO2_TINY_CONFIG",
+    "SANA_VIDEO2_MEDIUM_CONFIG",
+    "SANA_VIDEO2_5B_CONFIG",
+    "SANA_VIDEO2_14B_CONFIG",
+    "tiny_sana_video2_transformer",
+    "sana_video2_transformer_inputs",
+    "sana_video2_transformer_on_meta",
 ]

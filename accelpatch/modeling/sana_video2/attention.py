@@ -1,0 +1,187 @@
+"""SANA-Video 2.0 attention: the softmax "anchor" attention, the gated linear attention and the text cross-attention.
+
+Each self-attention kind is its own module class holding the weights (names mirror the original checkpoint:
+``qkv``, ``q_norm``, ``k_norm``, ``output_gate``, ``proj``; the linear kind adds ``beta_proj`` and ``o_norm``) and
+delegating its math to a processor object, as diffusers' attention modules do, so that patchers and readers find
+them by class and can swap the processor. The math follows the release (NVlabs/Sana ``sana_video2_blocks.py``;
+see ``shared/reference/sana_video2.md`` §4-5): q/k RMSNorm over the full width, Wan 3-D RoPE applied in float64,
+the FP32 upcast when ``fp32_attention`` is set (every release config sets it), and a sigmoid output gate.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention import AttentionModuleMixin
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable weight, computed in FP32 and cast back (the release's ``RMSNorm``): ``(weight ·
+    x·rsqrt(mean(x²) + eps))``. ``dim`` is the normalised axis (-1; -2 for the linear attention's channel-first
+    output)."""
+
+    def __init__(self, width: int, *, eps: float, scale_factor: float = 1.0, dim: int = -1) -> None:
+        super().__init__()
+        self.eps = eps
+        self.dim = dim
+        self.weight = nn.Parameter(torch.ones(width) * scale_factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = [1] * x.dim()
+        shape[self.dim] = -1
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(self.dim, keepdim=True) + self.eps)
+        return (self.weight.view(shape) * normed).type_as(x)
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent channel pairs of ``x`` [B, N, H, D] by the complex ``freqs`` [N, D/2] in float64; the result
+    has ``x``'s dtype."""
+    rotated = torch.view_as_complex(x.to(torch.float64).unflatten(-1, (-1, 2))) * freqs[None, :, None, :]
+    return torch.view_as_real(rotated).flatten(-2).type_as(x)
+
+
+def _qkv(attn: nn.Module, hidden_states: torch.Tensor):
+    """q, k, v [B, N, C] with q/k RMSNorm over the full width (shared by both self-attention kinds)."""
+    query, key, value = attn.qkv(hidden_states).chunk(3, dim=-1)
+    return attn.q_norm(query), attn.k_norm(key), value
+
+
+class SanaVideo2SoftmaxAttnProcessor:
+    """The anchor attention's reference math: softmax attention over all tokens with RoPE, in FP32 when the module's
+    ``fp32_attention`` is set, then the sigmoid output gate and the projection."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __call__(self, attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
+                 rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        query, key, value = _qkv(attn, hidden_states)
+        query, key, value = (x.unflatten(-1, (attn.heads, attn.head_dim)) for x in (query, key, value))
+        if rotary_emb is not None:
+            query, key = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+        if attn.fp32_attention:
+            query, key, value = query.float(), key.float(), value.float()
+        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = out.flatten(2, 3).to(dtype)
+        out = out * torch.sigmoid(attn.output_gate(hidden_states))
+        return attn.proj(out)
+
+
+class SanaVideo2LinearAttnProcessor:
+    """The gated linear attention's reference math: out = (v·k̃ᵀ)·RoPE(q) per head with k̃ = RoPE(k)·sigmoid(β),
+    times the ReLU-kernel normaliser 1/(Σ ReLU(k)ᵀReLU(q) + 1e-8) of the release (computed in the input dtype
+    from the un-rotated q and k; the RMSNorm that follows cancels it except for its epsilon, and later upstream
+    code drops it), then the head-dim RMSNorm ``o_norm`` in FP32, the sigmoid output gate and the projection."""
+
+    def __call__(self, attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
+                 rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        batch, tokens, width = hidden_states.shape
+        query, key, value = _qkv(attn, hidden_states)
+        query, key, value = (x.unflatten(-1, (attn.heads, attn.head_dim)) for x in (query, key, value))
+        if rotary_emb is not None:
+            query_rot, key_rot = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+        else:
+            query_rot, key_rot = query, key
+        beta = torch.sigmoid(attn.beta_proj(hidden_states))  # [B, N, H]
+        key_gated = key_rot * beta[..., None]
+        # channel-first per head: [B, H, D, N]
+        query_rot, key_gated, value = (x.permute(0, 2, 3, 1) for x in (query_rot, key_gated, value))
+        if attn.fp32_attention:
+            query_rot, key_gated, value = query_rot.float(), key_gated.float(), value.float()
+        out = torch.matmul(torch.matmul(value, key_gated.transpose(-1, -2)), query_rot)  # [B, H, D, N]
+
+        relu_q = F.relu(query).permute(0, 2, 3, 1)  # un-rotated, un-gated, input dtype
+        relu_k = F.relu(key).permute(0, 2, 3, 1)
+        normaliser = 1.0 / (relu_k.sum(-1, keepdim=True).transpose(-1, -2) @ relu_q + attn.eps)  # [B, H, 1, N]
+        out = attn.o_norm(out * normaliser)
+        out = out.to(dtype).reshape(batch, width, tokens).transpose(1, 2)
+        out = out * torch.sigmoid(attn.output_gate(hidden_states))
+        return attn.proj(out)
+
+
+class _GatedSelfAttention(nn.Module, AttentionModuleMixin):
+    """Weights shared by both self-attention kinds; the subclass picks the head dim and the processor."""
+
+    _supports_qkv_fusion = False
+
+    def __init__(self, hidden_size: int, head_dim: int, *, qk_norm: bool, norm_eps: float,
+                 fp32_attention: bool, processor) -> None:
+        super().__init__()
+        if hidden_size % head_dim:
+            raise ValueError(f"hidden_size={hidden_size} must be divisible by the head dim {head_dim}")
+        self.heads = hidden_size // head_dim
+        self.head_dim = head_dim
+        #: run the attention core in FP32 (every release config sets it; False runs it in the activations' dtype)
+        self.fp32_attention = fp32_attention
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.q_norm = RMSNorm(hidden_size, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(hidden_size, eps=norm_eps) if qk_norm else nn.Identity()
+        self.output_gate = nn.Linear(hidden_size, hidden_size, bias=True)
+        self.proj = nn.Linear(hidden_size, hidden_size, bias=True)
+        self.set_processor(processor)
+
+    def forward(self, hidden_states: torch.Tensor, rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.processor(self, hidden_states, rotary_emb)
+
+
+class SanaVideo2SoftmaxAttention(_GatedSelfAttention):
+    """Softmax "anchor" self-attention (head dim ``softmax_head_dim``, 256 in the release)."""
+
+    _default_processor_cls = SanaVideo2SoftmaxAttnProcessor
+    _available_processors = [SanaVideo2SoftmaxAttnProcessor]
+
+    def __init__(self, hidden_size: int, head_dim: int, *, qk_norm: bool = True, norm_eps: float = 1e-5,
+                 fp32_attention: bool = True) -> None:
+        super().__init__(hidden_size, head_dim, qk_norm=qk_norm, norm_eps=norm_eps, fp32_attention=fp32_attention,
+                         processor=SanaVideo2SoftmaxAttnProcessor())
+
+
+class SanaVideo2LinearAttention(_GatedSelfAttention):
+    """Gated linear self-attention (head dim ``linear_head_dim``, 128 in the release)."""
+
+    _default_processor_cls = SanaVideo2LinearAttnProcessor
+    _available_processors = [SanaVideo2LinearAttnProcessor]
+
+    def __init__(self, hidden_size: int, head_dim: int, *, qk_norm: bool = True, norm_eps: float = 1e-5,
+                 fp32_attention: bool = True) -> None:
+        super().__init__(hidden_size, head_dim, qk_norm=qk_norm, norm_eps=norm_eps, fp32_attention=fp32_attention,
+                         processor=SanaVideo2LinearAttnProcessor())
+        #: the normaliser's epsilon (release value)
+        self.eps = 1e-8
+        self.beta_proj = nn.Linear(hidden_size, self.heads, bias=True)
+        self.o_norm = RMSNorm(head_dim, eps=norm_eps, dim=-2)
+
+
+class SanaVideo2CrossAttention(nn.Module):
+    """Text cross-attention (no modulation, no RoPE): q from the video tokens, k/v from the caption, q/k RMSNorm
+    (eps 1e-6) over the full width, an additive (1 - mask)·(-10000) text mask, as the release."""
+
+    def __init__(self, hidden_size: int, num_heads: int, *, qk_norm: bool = True) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+        self.heads = num_heads
+        self.q_linear = nn.Linear(hidden_size, hidden_size)
+        self.kv_linear = nn.Linear(hidden_size, 2 * hidden_size)
+        self.proj = nn.Linear(hidden_size, hidden_size)
+        self.q_norm = RMSNorm(hidden_size, eps=1e-6) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(hidden_size, eps=1e-6) if qk_norm else nn.Identity()
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                encoder_attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        query = self.q_norm(self.q_linear(hidden_states)).unflatten(-1, (self.heads, -1))
+        key, value = self.kv_linear(encoder_hidden_states).chunk(2, dim=-1)
+        key = self.k_norm(key).unflatten(-1, (self.heads, -1))
+        value = value.unflatten(-1, (self.heads, -1))
+        mask = None
+        if encoder_attention_mask is not None:
+            mask = ((1 - encoder_attention_mask.to(query.dtype)) * -10000.0)[:, None, None, :]
+        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False)
+        return self.proj(out.flatten(2, 3))

@@ -1,0 +1,87 @@
+"""Tiny SANA-Video 2.0 models, built offline from config dicts.
+
+Config dicts (``SANA_VIDEO2_*_CONFIG``; the release sizes are the model's defaults), a seeded
+``SanaVideo2Transformer3DModel`` with non-trivial Attention Residual weights (the release initialises them to
+zero, which makes every mix a plain mean and would hide mixing bugs), its forward inputs, and the release-sized
+models on the meta device. diffusers is imported inside the functions.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from ._common import _build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device
+
+#: Every structural feature of the release at 404,612 parameters (``sana_video2_checkpoint.md`` §5): 4 layers with
+#: the anchor at 3, linear head dim 16 / softmax head dim 32 (all three RoPE axes non-empty), Attention Residual
+#: groups {0, 1, 2} and {3}, a caption of 8 tokens × 32 channels.
+SANA_VIDEO2_TINY_CONFIG: dict[str, Any] = dict(
+    in_channels=8, hidden_size=64, depth=4, num_heads=4, linear_head_dim=16, softmax_head_dim=32,
+    softmax_ratio=0.25, mlp_ratio=4.0, caption_channels=32, model_max_length=8, attn_res_block_size=3,
+    input_size=2,
+)
+
+#: The release's head dims (128 linear / 256 softmax) at a CPU-friendly width: 2 anchors in 8 layers, groups of 4
+#: (11.7M parameters; one float32 forward at latents [2, 16, 2, 8, 8] takes ~0.1 s on one thread), for benchmarks and head-dim-sensitive fast paths.
+SANA_VIDEO2_MEDIUM_CONFIG: dict[str, Any] = dict(
+    in_channels=16, hidden_size=256, depth=8, num_heads=2, linear_head_dim=128, softmax_head_dim=256,
+    softmax_ratio=0.25, mlp_ratio=4.0, caption_channels=64, model_max_length=16, attn_res_block_size=4,
+    input_size=2,
+)
+
+#: The released 5B model (the class defaults) and the 14B one.
+SANA_VIDEO2_5B_CONFIG: dict[str, Any] = {}
+SANA_VIDEO2_14B_CONFIG: dict[str, Any] = dict(hidden_size=4096, depth=40, num_heads=32)
+
+
+def tiny_sana_video2_transformer(config: Mapping[str, Any] | None = None, *, dtype: torch.dtype = torch.float32,
+                                 seed: int = 0, device: str | torch.device = "cpu", **overrides: Any):
+    """A randomly initialised ``SanaVideo2Transformer3DModel`` in eval mode (``config`` defaults to
+    :data:`SANA_VIDEO2_TINY_CONFIG`; ``overrides`` replace single entries). The Attention Residual projections are
+    drawn too (N(0, 1)), so that mixing depends on them."""
+    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
+
+    cfg = {**(SANA_VIDEO2_TINY_CONFIG if config is None else config), **overrides}
+    model = _build_seeded(SanaVideo2Transformer3DModel, cfg, seed=seed, dtype=torch.float32, device="cpu")
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for proj in (model.attn_res.attn_proj, model.attn_res.mlp_proj, model.attn_res.final_proj):
+            proj.weight.copy_(torch.randn(proj.weight.shape, generator=generator))
+    if dtype != torch.float32:
+        _cast_like_from_pretrained(model, dtype)
+    return model.to(device).eval()
+
+
+def sana_video2_transformer_inputs(transformer_or_config: Any, *, batch_size: int = 2, frames: int = 3,
+                                   height: int = 4, width: int = 6, text_len: int | None = None,
+                                   per_frame_timesteps: bool = False, seed: int = 0, dtype: torch.dtype | None = None,
+                                   device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Keyword arguments for one forward: latents [B, C, F, H, W], a caption [B, L, caption_channels] with the last
+    tokens of the second item masked out, and timesteps on the 0-1000 scale with a fractional part (the model
+    truncates them). ``per_frame_timesteps``: [B, 1, F, 1, 1] with frame 0 clean (image-to-video)."""
+    config = _config_of(transformer_or_config)
+    dtype, device = _input_dtype_and_device(transformer_or_config, dtype, device)
+    text_len = int(config.get("model_max_length", 300)) if text_len is None else text_len
+    g = torch.Generator().manual_seed(seed)
+    latents = torch.randn(batch_size, config.get("in_channels", 128), frames, height, width, generator=g)
+    caption = torch.randn(batch_size, text_len, config.get("caption_channels", 2304), generator=g)
+    mask = torch.ones(batch_size, text_len, dtype=torch.long)
+    if batch_size > 1:
+        mask[1, max(1, text_len * 5 // 8):] = 0
+    if per_frame_timesteps:
+        timestep = (torch.rand(batch_size, 1, frames, 1, 1, generator=g) * 1000.0)
+        timestep[:, :, 0] = 0.0
+    else:
+        timestep = torch.tensor([999.0, 500.7] + [250.3] * max(0, batch_size - 2))[:batch_size]
+    return dict(hidden_states=latents.to(device, dtype), encoder_hidden_states=caption.to(device, dtype),
+                timestep=timestep.to(device), encoder_attention_mask=mask.to(device))
+
+
+def sana_video2_transformer_on_meta(config: Mapping[str, Any] | None = None, **overrides: Any):
+    """A release-sized model (``config`` defaults to the 5B release) with every tensor on the meta device: shapes
+    and parameter counts without memory."""
+    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
+
+    with torch.device("meta"):
+        return SanaVideo2Transformer3DModel(**{**(SANA_VIDEO2_5B_CONFIG if config is None else config), **overrides})
