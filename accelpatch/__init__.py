@@ -26,7 +26,29 @@ __all__ = [
     "apply", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
     "supported_models", "SolAttnConfig", "Tier",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
+    "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
 ]
+
+#: Models accelpatch ships (diffusers has no class for them), imported on first access: importing them imports
+#: diffusers, which ``import accelpatch`` must not. diffusers' loaders find them here by library name.
+_LAZY = {
+    "SanaVideo2Transformer3DModel": "accelpatch.modeling.sana_video2",
+    "SanaVideo2Pipeline": "accelpatch.modeling.sana_video2",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'accelpatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any):

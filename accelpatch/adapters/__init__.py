@@ -7,8 +7,9 @@ import torch
 from .base import ModelAdapter
 from .minimax_h3 import MiniMaxH3Adapter
 from .sana_video import SanaVideoAdapter
+from .sana_video2 import SanaVideo2Adapter
 
-ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), MiniMaxH3Adapter()]
+ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter()]
 
 
 def find_adapter(model: torch.nn.Module) -> ModelAdapter:

@@ -18,6 +18,11 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from torch import nn
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in FP32, or as it is when already wider (the release's ``.float()``; a float64 model stays float64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with a learnable weight, computed in FP32 and cast back (the release's ``RMSNorm``): ``(weight ·
     x·rsqrt(mean(x²) + eps))``. ``dim`` is the normalised axis (-1; -2 for the linear attention's channel-first
@@ -32,7 +37,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = [1] * x.dim()
         shape[self.dim] = -1
-        xf = x.float()
+        xf = at_least_fp32(x)
         normed = xf * torch.rsqrt(xf.pow(2).mean(self.dim, keepdim=True) + self.eps)
         return (self.weight.view(shape) * normed).type_as(x)
 
@@ -65,7 +70,7 @@ class SanaVideo2SoftmaxAttnProcessor:
         if rotary_emb is not None:
             query, key = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
         if attn.fp32_attention:
-            query, key, value = query.float(), key.float(), value.float()
+            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
         out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
         out = out.flatten(2, 3).to(dtype)
@@ -94,7 +99,7 @@ class SanaVideo2LinearAttnProcessor:
         # channel-first per head: [B, H, D, N]
         query_rot, key_gated, value = (x.permute(0, 2, 3, 1) for x in (query_rot, key_gated, value))
         if attn.fp32_attention:
-            query_rot, key_gated, value = query_rot.float(), key_gated.float(), value.float()
+            query_rot, key_gated, value = at_least_fp32(query_rot), at_least_fp32(key_gated), at_least_fp32(value)
         out = torch.matmul(torch.matmul(value, key_gated.transpose(-1, -2)), query_rot)  # [B, H, D, N]
 
         relu_q = F.relu(query).permute(0, 2, 3, 1)  # un-rotated, un-gated, input dtype

@@ -1,0 +1,132 @@
+"""accelpatch.apply on SANA-Video 2.0: anchor and linear attention become sites with their own marker pairs, they
+say honestly that no fast path exists yet, and the tier contract holds: default/lossless/exact are the unpatched
+model bit for bit, remove() restores it, training and checkpointing are untouched."""
+import copy
+import hashlib
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch.modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
+from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
+
+SOFTMAX_MARKERS = ("_sgl_sana_video2_softmax_attention_site", "_sgl_sana_video2_softmax_attention_enabled")
+LINEAR_MARKERS = ("_sgl_sana_video2_linear_attention_site", "_sgl_sana_video2_linear_attention_enabled")
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _apply(model, **kwargs):
+    with pytest.warns(RuntimeWarning, match="no fast path yet"):
+        return accelpatch.apply(model, **kwargs)
+
+
+def test_anchor_and_linear_attention_are_sites_with_their_own_markers():
+    model = tiny_sana_video2_transformer()
+    report = _apply(model)
+    kinds = {s.path: s.kind for s in report.sites}
+    assert kinds == {"blocks.0.attn": "sana_video2_linear_attention", "blocks.1.attn": "sana_video2_linear_attention",
+                     "blocks.2.attn": "sana_video2_linear_attention", "blocks.3.attn": "sana_video2_softmax_attention"}
+    anchor, linear = model.blocks[3].attn, model.blocks[0].attn
+    assert isinstance(anchor, SanaVideo2SoftmaxAttention) and type(anchor).__name__ == "GatedSanaVideo2SoftmaxAttention"
+    assert isinstance(linear, SanaVideo2LinearAttention)
+    assert getattr(anchor, SOFTMAX_MARKERS[0]).path == "blocks.3.attn" and getattr(anchor, SOFTMAX_MARKERS[1]) is False
+    assert getattr(linear, LINEAR_MARKERS[0]).path == "blocks.0.attn" and getattr(linear, LINEAR_MARKERS[1]) is False
+    assert not hasattr(anchor, LINEAR_MARKERS[0]) and not hasattr(linear, SOFTMAX_MARKERS[0])
+    assert all(not s.mounted and s.reason.startswith("no fast path yet") for s in report.sites)
+    assert "no fast path yet (anchor attention on BF16 operands is planned)" in str(report)
+    assert accelpatch.supported_models()["SanaVideo2Transformer3DModel"] == ()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("per_frame", [False, True], ids=["t-per-item", "t-per-frame"])
+def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
+    model = tiny_sana_video2_transformer(dtype=dtype)
+    inputs = sana_video2_transformer_inputs(model, per_frame_timesteps=per_frame)
+    reference = _forward(model, inputs)
+    _apply(model)
+    assert torch.equal(_forward(model, inputs), reference)
+    for tier in ("exact", "lossless"):
+        with accelpatch.quality(tier):
+            assert torch.equal(_forward(model, inputs), reference)
+    rep = accelpatch.report(model)
+    assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 4
+
+
+def test_high_has_no_fast_path_yet_counts_it_and_strict_raises():
+    model = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    _apply(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said at apply(): the call does not warn again
+        with accelpatch.quality("high"):
+            assert torch.equal(_forward(model, inputs), reference)
+    rep = accelpatch.report(model)
+    assert rep.fast_calls == 0 and sum(rep.fallback_calls.values()) == 4
+    assert all(reason.startswith("not mounted: no fast path yet") for reason in rep.fallback_calls)
+    with pytest.warns(RuntimeWarning):
+        accelpatch.apply(model, strict=True)
+    with pytest.raises(accelpatch.FastPathUnavailableError, match="no fast path yet"):
+        with accelpatch.quality("high"):
+            _forward(model, inputs)
+
+
+def _hashes(model, folder):
+    model.save_pretrained(folder)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_remove_restores_the_model_and_saved_files_never_change(tmp_path):
+    model = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    types = {name: type(m) for name, m in model.named_modules()}
+    before = _hashes(model, tmp_path / "before")
+    _apply(model)
+    patched = _hashes(model, tmp_path / "patched")
+    accelpatch.remove(model)
+    assert before == patched == _hashes(model, tmp_path / "after")
+    assert {name: type(m) for name, m in model.named_modules()} == types
+    for m in model.modules():
+        assert not [k for k in vars(m) if k.startswith(("_accelpatch", "_sgl"))]
+    assert torch.equal(_forward(model, inputs), reference)
+    reloaded = type(model).from_pretrained(tmp_path / "patched")
+    assert torch.equal(_forward(reloaded, inputs), reference)
+
+
+def test_training_and_gradient_checkpointing_are_untouched():
+    model = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(model, batch_size=1)
+
+    def grads(checkpointing):
+        model.train()
+        model.y_embedder.class_dropout_prob = 0.0  # caption dropout is random in training mode
+        model.zero_grad(set_to_none=True)
+        (model.enable_gradient_checkpointing if checkpointing else model.disable_gradient_checkpointing)()
+        model(**inputs).sample.pow(2).sum().backward()
+        model.eval()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    reference, reference_ckpt = grads(False), grads(True)
+    _apply(model)
+    for checkpointing, expected in ((False, reference), (True, reference_ckpt)):
+        got = grads(checkpointing)
+        assert got.keys() == expected.keys() and all(torch.equal(got[n], expected[n]) for n in got)
+
+
+def test_copy_and_compile_of_a_patched_model():
+    model = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    _apply(model)
+    twin = copy.deepcopy(model)
+    assert torch.equal(_forward(twin, inputs), reference)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    assert torch.equal(_forward(compiled, inputs), reference)
