@@ -19,6 +19,7 @@ import time
 import torch
 
 import accelpatch
+from _overhead import patched_vs_unpatched
 from accelpatch.testing import (SANA_VIDEO_MEDIUM_CONFIG, SANA_VIDEO_TINY_CONFIG, sana_video_transformer_inputs,
                                 sana_video_transformer_on_meta, tiny_sana_video_transformer)
 
@@ -26,23 +27,7 @@ from accelpatch.testing import (SANA_VIDEO_MEDIUM_CONFIG, SANA_VIDEO_TINY_CONFIG
 def forward_overhead(config, *, rounds: int, forwards: int, label: str, **input_kwargs) -> tuple[float, float, float]:
     model = tiny_sana_video_transformer(config)
     inputs = sana_video_transformer_inputs(model, batch_size=2, **input_kwargs)
-    times = {"unpatched": [], "patched": []}
-    with torch.no_grad():
-        for _ in range(3):
-            model(**inputs)
-        for r in range(rounds):
-            order = ("unpatched", "patched") if r % 2 == 0 else ("patched", "unpatched")
-            for state in order:
-                (accelpatch.apply if state == "patched" else accelpatch.remove)(model)
-                start = time.perf_counter()
-                for _ in range(forwards):
-                    model(**inputs)
-                times[state].append((time.perf_counter() - start) / forwards)
-    accelpatch.remove(model)
-    base, patched = statistics.median(times["unpatched"]), statistics.median(times["patched"])
-    print(f"{label:<8} unpatched {base * 1e3:8.3f} ms/forward   patched(lossless) {patched * 1e3:8.3f} ms/forward   "
-          f"overhead {100 * (patched / base - 1):+6.2f} %   ({rounds} alternating rounds × {forwards} forwards)")
-    return base, patched, patched / base - 1
+    return patched_vs_unpatched(model, inputs, rounds=rounds, forwards=forwards, label=label)
 
 
 def apply_time(*, repeats: int) -> tuple[float, float]:
