@@ -1,4 +1,5 @@
-"""The accelpatch command line: ``python -m accelpatch demo``.
+"""The accelpatch command line: ``python -m accelpatch demo`` and ``python -m accelpatch convert sana-video2 CKPT
+--out DIR``.
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors, and a ValueError or AccelpatchError raised by a command, end in one ``error:`` line with exit code 2.
@@ -11,7 +12,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .tools import demo  # light at import: torch loads inside the functions that run
+    from .tools import convert, demo  # light at import: torch loads inside the functions that run
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
                                      "pipelines: command-line tools.")
@@ -22,6 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
                                       "tier; report speed, bit identity, PSNR/SSIM and the sites.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)
+
+    convert_parser = commands.add_parser("convert", help="convert released weights into a diffusers folder",
+                                         description="Convert a model's released weights (original format) into a "
+                                         "diffusers folder.")
+    models = convert_parser.add_subparsers(dest="convert_model", metavar="MODEL", required=True)
+    sana2_parser = models.add_parser("sana-video2", help="SANA-Video 2.0 (NVlabs/Sana .pth) to "
+                                     "SanaVideo2Transformer3DModel",
+                                     description="Convert a SANA-Video 2.0 checkpoint in the original NVlabs/Sana "
+                                     "format into a diffusers folder that SanaVideo2Transformer3DModel.from_pretrained "
+                                     "loads. Every key and shape is checked before anything is written.")
+    convert.add_arguments(sana2_parser)
+    sana2_parser.set_defaults(check=lambda args: convert.check_args(args, sana2_parser), run=convert.main)
     return parser
 
 

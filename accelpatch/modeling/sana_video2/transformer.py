@@ -368,6 +368,28 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         self.rope_softmax = WanRope3D(softmax_head_dim, rope_max_seq_len)
         self.gradient_checkpointing = False
 
+    @classmethod
+    def from_original_checkpoint(cls, path_or_state_dict, config=None, torch_dtype=None):
+        """Load a released SANA-Video 2.0 checkpoint in the original NVlabs/Sana format.
+
+        ``path_or_state_dict``: a ``.pth`` / ``.pt`` / ``.bin`` torch pickle (opened only with
+        ``weights_only=True`` and memory-mapped), a ``.safetensors`` file, or a state dict. The weights may be under
+        ``generator``, ``state_dict`` or ``state_dict_ema``, and keys may carry a ``module.`` or ``model.`` prefix.
+        ``config``: None (inferred from the shapes; the cross-attention heads are taken as ``hidden_size // 128``),
+        a dict of constructor kwargs, or the release ``config.yaml``. ``torch_dtype`` casts the weights (default:
+        the checkpoint's dtype).
+
+        Every key and shape is validated before anything is assigned. A mismatch raises a ``ValueError`` that
+        names the keys. The only exceptions are the two unused buffers: ``pos_embed`` (may be absent or of any
+        ``[1, S², C]`` shape; the model keeps zeros) and ``y_embedder.y_embedding`` (may be absent). Returns the
+        model in eval mode. See
+        :mod:`accelpatch.modeling.sana_video2.convert`, which also writes diffusers folders
+        (``convert_sana_video2``).
+        """
+        from .convert import load_sana_video2_checkpoint
+
+        return load_sana_video2_checkpoint(path_or_state_dict, config=config, torch_dtype=torch_dtype, model_cls=cls)
+
     # -- inputs -------------------------------------------------------------------------------------------------
 
     def _timesteps(self, timestep: Any, batch: int, frames: int, device) -> torch.Tensor:
