@@ -30,7 +30,8 @@ __all__ = [
 ]
 
 #: Models accelpatch ships (diffusers has no class for them), imported on first access: importing them imports
-#: diffusers, which ``import accelpatch`` must not. diffusers' loaders find them here by library name.
+#: diffusers, which ``import accelpatch`` must not. (diffusers' loaders find a saved component by its module path,
+#: among the modules the process has imported: touching one of these names imports it.)
 _LAZY = {
     "SanaVideo2Transformer3DModel": "accelpatch.modeling.sana_video2",
     "SanaVideo2Pipeline": "accelpatch.modeling.sana_video2",

@@ -18,9 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "pipelines: command-line tools.")
     parser.add_argument("--version", action="version", version=f"accelpatch {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo_parser = commands.add_parser("demo", help="run a tiny SANA-Video pipeline unpatched and under each tier",
-                                      description="Run a tiny random SANA-Video pipeline unpatched and under each "
-                                      "tier; report speed, bit identity, PSNR/SSIM and the sites.")
+    demo_parser = commands.add_parser(
+        "demo", help="run a tiny SANA-Video (or --model sana-video2) pipeline unpatched and under each tier",
+        description="Run a tiny random SANA-Video (or SANA-Video 2.0) pipeline unpatched and under each tier; report "
+                    "speed, bit identity, PSNR/SSIM and the sites.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)
 

@@ -73,8 +73,8 @@ class ModelReport(_Tally):
             why = f" (backend {self.backend} is approximate)" if self.backend else ""
             return (f"runs at tier high by default{why}; quality('lossless') or quality('exact') runs the original "
                     "diffusers path bit for bit")
-        return (f"runs at tier {self.default_tier} by default (bit-identical to the unpatched model); quality('high') opts in "
-                "to the approximate fast paths")
+        return (f"runs at tier {self.default_tier} by default (bit-identical to the unpatched model); "
+                "quality('high') opts in to the approximate fast paths")
 
     def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
         """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]."""

@@ -53,7 +53,8 @@ class ModelAdapter:
     def default_tier(self, backend_config: Any) -> Tier:
         return DEFAULT_TIER
 
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple[str, torch.nn.Module, FastPath]]:
+    def iter_sites(self, model: torch.nn.Module,
+                   backend_config: Any) -> Iterator[tuple[str, torch.nn.Module, FastPath, Any]]:
         """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
 
@@ -69,7 +70,8 @@ class ModelAdapter:
         """Whether :meth:`capture` has anything to set for calls under ``backend_config``."""
         return False
 
-    def capture(self, arguments: Mapping[str, Any], backend_config: Any) -> Iterable[tuple[contextvars.ContextVar, Any]]:
+    def capture(self, arguments: Mapping[str, Any],
+                backend_config: Any) -> Iterable[tuple[contextvars.ContextVar, Any]]:
         """Context variables to set for the duration of one forward, from its bound arguments (registered with
         accelpatch.call_context so that recomputation sees them too)."""
         return ()

@@ -15,8 +15,10 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
 * ``minimax_h3``: config dicts ``MINIMAX_H3_*_CONFIG``, :func:`tiny_minimax_h3_transformer`,
   :func:`minimax_h3_transformer_inputs`, :class:`MiniMaxH3Layout`, :func:`minimax_h3_layout`,
   :func:`tiny_minimax_h3_pipeline`, :func:`minimax_h3_pipeline_call_kwargs`.
-* ``sana_video2``: config dicts ``SANA_VIDEO2_*_CONFIG``, :func:`tiny_sana_video2_transformer`,
-  :func:`sana_video2_transformer_inputs`, :func:`sana_video2_transformer_on_meta`.
+* ``sana_video2``: config dicts ``SANA_VIDEO2_*_CONFIG`` (``SANA_VIDEO2_TINY_VAE_CONFIG``: the tiny LTX-2
+  VAE), :func:`tiny_sana_video2_transformer`, :func:`sana_video2_transformer_inputs`,
+  :func:`sana_video2_transformer_on_meta`, :func:`tiny_sana_video2_pipeline`,
+  :func:`sana_video2_pipeline_call_kwargs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -54,8 +56,11 @@ from .sana_video2 import (
     SANA_VIDEO2_14B_CONFIG,
     SANA_VIDEO2_MEDIUM_CONFIG,
     SANA_VIDEO2_TINY_CONFIG,
+    SANA_VIDEO2_TINY_VAE_CONFIG,
+    sana_video2_pipeline_call_kwargs,
     sana_video2_transformer_inputs,
     sana_video2_transformer_on_meta,
+    tiny_sana_video2_pipeline,
     tiny_sana_video2_transformer,
 )
 
@@ -85,4 +90,7 @@ __all__ = [
     "tiny_sana_video2_transformer",
     "sana_video2_transformer_inputs",
     "sana_video2_transformer_on_meta",
+    "SANA_VIDEO2_TINY_VAE_CONFIG",
+    "tiny_sana_video2_pipeline",
+    "sana_video2_pipeline_call_kwargs",
 ]

@@ -23,7 +23,8 @@ SANA_VIDEO2_TINY_CONFIG: dict[str, Any] = dict(
 )
 
 #: The release's head dims (128 linear / 256 softmax) at a CPU-friendly width: 2 anchors in 8 layers, groups of 4
-#: (11.7M parameters; one float32 forward at latents [2, 16, 2, 8, 8] takes ~0.1 s on one thread), for benchmarks and head-dim-sensitive fast paths.
+#: (11.7M parameters; one float32 forward at latents [2, 16, 2, 8, 8] takes ~0.1 s on one thread), for benchmarks
+#: and head-dim-sensitive fast paths.
 SANA_VIDEO2_MEDIUM_CONFIG: dict[str, Any] = dict(
     in_channels=16, hidden_size=256, depth=8, num_heads=2, linear_head_dim=128, softmax_head_dim=256,
     softmax_ratio=0.25, mlp_ratio=4.0, caption_channels=64, model_max_length=16, attn_res_block_size=4,
@@ -85,3 +86,81 @@ def sana_video2_transformer_on_meta(config: Mapping[str, Any] | None = None, **o
 
     with torch.device("meta"):
         return SanaVideo2Transformer3DModel(**{**(SANA_VIDEO2_5B_CONFIG if config is None else config), **overrides})
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline
+# --------------------------------------------------------------------------------------------
+
+#: A tiny ``AutoencoderKLLTX2Video`` with the release's stride (8, 32, 32): patch 4 and three spatial and three
+#: temporal 2x stages, 8 channels wide (decoding a 2 x 2 x 2 latent to 9 x 64 x 64 takes ~10 ms on one thread).
+#: ``latent_channels`` is set to the transformer's ``in_channels`` by :func:`tiny_sana_video2_pipeline`.
+SANA_VIDEO2_TINY_VAE_CONFIG: dict[str, Any] = dict(
+    in_channels=3, out_channels=3, latent_channels=8,
+    block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 16, 32),
+    layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+    spatio_temporal_scaling=(True, True, True, True), decoder_spatio_temporal_scaling=(True, True, True),
+    decoder_inject_noise=(False, False, False, False),
+    downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+    upsample_type=("spatiotemporal", "spatiotemporal", "spatiotemporal"),
+    upsample_residual=(True, True, True), upsample_factor=(2, 2, 2),
+    patch_size=4, patch_size_t=1, spatial_compression_ratio=32, temporal_compression_ratio=8,
+)
+
+
+def tiny_sana_video2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
+                              device: str | torch.device = "cpu", transformer_config: Mapping[str, Any] | None = None):
+    """A complete offline ``SanaVideo2Pipeline`` with tiny random components, progress bar off.
+
+    Components: :func:`tiny_sana_video2_transformer` (``transformer_config``, default
+    :data:`SANA_VIDEO2_TINY_CONFIG`), a tiny ``AutoencoderKLLTX2Video`` with the release stride (8, 32, 32)
+    (:data:`SANA_VIDEO2_TINY_VAE_CONFIG`, latent channels = the transformer's ``in_channels``), a one-layer
+    ``Gemma2Model`` whose width is the transformer's ``caption_channels``, the argument-free ``GemmaTokenizer()``
+    (5 tokens, built offline: every text is one ``<unk>``, so prompts do not change the output; build a pipeline
+    with a real vocabulary to test prompt handling) and the release scheduler (flow DPM-Solver++, shift 12). The
+    same arguments give bit-identical pipelines. Call it with :func:`sana_video2_pipeline_call_kwargs`.
+    """
+    from transformers import Gemma2Config, Gemma2Model, GemmaTokenizer
+
+    from accelpatch.modeling.sana_video2 import SanaVideo2Pipeline
+
+    transformer = tiny_sana_video2_transformer(transformer_config, seed=seed, dtype=dtype)
+    vae = _build_seeded(_ltx2_vae_class(), {**SANA_VIDEO2_TINY_VAE_CONFIG,
+                                            "latent_channels": int(transformer.config.in_channels)},
+                        seed=seed, dtype=dtype, device="cpu")
+    torch.manual_seed(seed)
+    text_encoder = Gemma2Model(Gemma2Config(
+        head_dim=16, hidden_size=int(transformer.config.caption_channels), intermediate_size=64,
+        num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=2, vocab_size=8,
+        attn_implementation="eager"))
+    if dtype != torch.float32:
+        text_encoder.to(dtype)
+    pipe = SanaVideo2Pipeline(tokenizer=GemmaTokenizer(), text_encoder=text_encoder.eval(), vae=vae,
+                              transformer=transformer, scheduler=SanaVideo2Pipeline.release_scheduler())
+    if torch.device(device) != torch.device("cpu"):
+        pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _ltx2_vae_class():
+    from diffusers import AutoencoderKLLTX2Video
+
+    return AutoencoderKLLTX2Video
+
+
+def sana_video2_pipeline_call_kwargs(num_inference_steps: int = 2, *, prompt: str = "a tiny test video",
+                                     negative_prompt: str | None = None, height: int = 64, width: int = 96,
+                                     frames: int = 9, guidance_scale: float = 8.0, seed: int = 0,
+                                     output_type: str = "pt") -> dict[str, Any]:
+    """Keyword arguments for a quick tiny ``SanaVideo2Pipeline`` call.
+
+    64 x 96 pixels and 9 frames (latents 2 x 2 x 3 at the release stride), the release's guidance scale 8 (so CFG
+    runs: one transformer call per step with batch 2), the release's prompt handling (complex human instruction,
+    motion score 20, negative prompt when ``negative_prompt`` is None) and text length (the transformer's
+    ``model_max_length``). A fresh generator seeded with ``seed`` makes repeated calls bit-identical. With
+    ``output_type="pt"``, ``.frames`` is (1, frames, 3, height, width) in [0, 1].
+    """
+    return dict(prompt=prompt, negative_prompt=negative_prompt, height=height, width=width, frames=frames,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, output_type=output_type,
+                generator=torch.Generator().manual_seed(seed))

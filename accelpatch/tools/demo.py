@@ -1,4 +1,5 @@
-"""``python -m accelpatch demo``: a tiny SANA-Video pipeline, unpatched and under every tier, side by side.
+"""``python -m accelpatch demo``: a tiny SANA-Video (default) or SANA-Video 2.0 (``--model sana-video2``) pipeline,
+unpatched and under every tier, side by side.
 
 Everything is built offline with random weights under a fixed seed. The table shows, per run: seconds per
 denoising step, whether the frames are bit-identical to the unpatched pipeline, PSNR/SSIM against the ``exact``
@@ -18,6 +19,27 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 DTYPE_NAMES = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """One model the demo can run: its title and the names (in :mod:`accelpatch.testing`) of its tiny pipeline
+    builder, call-kwargs builder and transformer config (None: the builder's default)."""
+
+    title: str
+    pipeline: str
+    call_kwargs: str
+    transformer_config: Optional[str]
+
+
+#: ``--model`` choices. The transformer configs keep the released head dims, so head-dim-gated fast paths apply.
+MODELS: dict[str, DemoModel] = {
+    "sana-video": DemoModel("SANA-Video", "tiny_sana_video_pipeline", "sana_video_pipeline_call_kwargs",
+                            "SANA_VIDEO_RELEASE_LIKE_CONFIG"),
+    "sana-video2": DemoModel("SANA-Video 2.0", "tiny_sana_video2_pipeline", "sana_video2_pipeline_call_kwargs",
+                             "SANA_VIDEO2_MEDIUM_CONFIG"),
+}
+DEFAULT_MODEL = "sana-video"
 
 
 def _torch_dtypes() -> dict:
@@ -50,14 +72,13 @@ def _timed_call(pipe, call_kwargs, steps) -> tuple[torch.Tensor, float]:
 
 
 def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: int = 0, repeats: int = 3,
-             progress: bool = True) -> str:
-    """Run the demo and return its report as text."""
+             progress: bool = True, model: str = DEFAULT_MODEL) -> str:
+    """Run the demo on ``model`` (a key of :data:`MODELS`) and return its report as text."""
     import torch
     from tqdm.auto import tqdm
 
     import accelpatch
-    from accelpatch.testing import (SANA_VIDEO_RELEASE_LIKE_CONFIG, sana_video_pipeline_call_kwargs,
-                                    tiny_sana_video_pipeline)
+    import accelpatch.testing as testing
     from accelpatch.tools.metrics import compare_videos
 
     from diffusers.utils import logging as diffusers_logging
@@ -66,13 +87,17 @@ def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: 
     DTYPES = _torch_dtypes()  # noqa: N806
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    spec = MODELS[model]
+    build_pipeline, call_kwargs = getattr(testing, spec.pipeline), getattr(testing, spec.call_kwargs)
+    config = None if spec.transformer_config is None else getattr(testing, spec.transformer_config)
     plan = [("unpatched", None), ("patched, default", None), ("patched, exact", "exact"),
             ("patched, lossless", "lossless"), ("patched, high", "high")]
     bar = tqdm(total=len(plan) * repeats + 1, desc="accelpatch demo", disable=not progress, unit="call")
     bar.set_postfix_str("building the tiny pipeline")
-    pipe = tiny_sana_video_pipeline(dtype=DTYPES[dtype], seed=seed, device=device,
-                                    transformer_config=SANA_VIDEO_RELEASE_LIKE_CONFIG)
-    kwargs = lambda: sana_video_pipeline_call_kwargs(num_inference_steps=steps, seed=seed)  # noqa: E731
+    pipe = build_pipeline(dtype=DTYPES[dtype], seed=seed, device=device, transformer_config=config)
+    kwargs = lambda: call_kwargs(num_inference_steps=steps, seed=seed)  # noqa: E731
     pipe(**kwargs())  # warm-up, not timed
     bar.update(1)
 
@@ -97,7 +122,7 @@ def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: 
 
     reference = runs[0].frames
     exact = next(r for r in runs if r.tier == "exact").frames
-    lines = [f"SANA-Video demo: tiny random pipeline, {dtype}, {device}, {steps} steps, CFG (batch 2), "
+    lines = [f"{spec.title} demo: tiny random pipeline, {dtype}, {device}, {steps} steps, CFG (batch 2), "
              f"frames {tuple(reference.shape)}; fastest of {repeats} calls",
              f"{'run':<20}{'s/step':>9}{'vs unpatched':>14}{'bit-identical':>15}{'PSNR vs exact':>15}"
              f"{'SSIM vs exact':>15}{'fast calls':>12}{'fallbacks':>11}"]
@@ -137,6 +162,8 @@ non_negative_int = _int_at_least(0)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the demo's options (no heavy import: ``--help`` stays fast)."""
+    parser.add_argument("--model", choices=tuple(MODELS), default=DEFAULT_MODEL,
+                        help=f"which tiny pipeline to run (default {DEFAULT_MODEL})")
     parser.add_argument("--steps", type=positive_int, default=4, help="denoising steps per call, >= 1 (default 4)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bf16", help="model dtype (default bf16)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu; the high tier needs cuda)")
@@ -199,5 +226,5 @@ def main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1) if args.device == "cpu" else None
     print(run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
-                   progress=not args.no_progress))
+                   progress=not args.no_progress, model=args.model))
     return 0
