@@ -130,3 +130,20 @@ def test_copy_and_compile_of_a_patched_model():
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager")
     assert torch.equal(_forward(compiled, inputs), reference)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 8.0], ids=["batch1", "cfg-batch2"])
+def test_the_tiny_pipeline_is_bit_identical_at_the_default_tiers_and_after_remove(guidance_scale):
+    from accelpatch.testing import sana_video2_pipeline_call_kwargs, tiny_sana_video2_pipeline
+
+    call = lambda: sana_video2_pipeline_call_kwargs(guidance_scale=guidance_scale, seed=3)  # noqa: E731
+    expected = tiny_sana_video2_pipeline(seed=1)(**call()).frames
+    pipe = tiny_sana_video2_pipeline(seed=1)
+    _apply(pipe)
+    for tier in (None, "exact", "lossless"):
+        with (accelpatch.quality(tier) if tier else warnings.catch_warnings()):
+            assert torch.equal(pipe(**call()).frames, expected), tier
+    rep = accelpatch.report(pipe)
+    assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 2 * 4  # 3 calls × 2 steps × 4 sites
+    accelpatch.remove(pipe)
+    assert torch.equal(pipe(**call()).frames, expected)
