@@ -55,7 +55,7 @@ def test_a_sink_beyond_the_sequence_falls_back_with_the_valid_range(sink):
     seq = inputs["position_ids"].shape[0]
     reference = _forward(model, inputs)
     accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", **sink)
-    with pytest.warns(RuntimeWarning, match=rf"reaches past the packed sequence of {seq} rows; valid: "
+    with pytest.warns(RuntimeWarning, match=rf"reaches past the sequence of {seq} rows; valid: "
                                             rf"sink_tokens <= {seq} and sink_start \+ sink_tokens <= {seq}"):
         assert torch.equal(_forward(model, inputs), reference)
     (reason, count), = accelpatch.report(model).fallback_calls.items()

@@ -19,10 +19,10 @@ from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
-from .. import call_context, steps
-from ..backends.sol_attn import SolAttnConfig
+from .. import call_context
 from ..gate import QualityGatedFusion
 from ..sites.base import Decline, Dense, FastPath, Site, bind_call
+from ..sites.sol_attention import DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, SolAttnFastPath, SparseCall  # noqa: F401
 from ..tiers import DEFAULT_TIER, Tier
 from .base import ModelAdapter
 
@@ -34,10 +34,6 @@ REFINER_FUSION = QualityGatedFusion(name="sol_attn_refiner", marker_attr="_accel
 _MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
 _REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
-DENSE_STEP = "dense step (step < dense_steps)"
-STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
-                "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0")
-DENSE_LAYER = "dense layer (in dense_layers)"
 REFINER_DENSE = "text-only token refiner stays dense"
 
 
@@ -92,8 +88,9 @@ def _project_qkv(attn, hidden_states, rotary_emb):
     return query, key, value
 
 
-class MiniMaxH3SolAttention(FastPath):
-    """Sol-Attn over the packed sequence, with the dense policy of :class:`SolAttnConfig` in front."""
+class MiniMaxH3SolAttention(SolAttnFastPath):
+    """Sol-Attn over the packed sequence; the text/audio hull of the layout is the always-exact key sink, and its
+    query rows are recomputed densely through diffusers' dispatcher."""
 
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink and dense queries"
@@ -101,82 +98,27 @@ class MiniMaxH3SolAttention(FastPath):
     def expected_processor(self) -> type:
         return _processor_class()
 
-    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        return self.processor_mismatch(module)
-
-    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        config: SolAttnConfig = site.model.backend
-        if config.dense_steps > 0:
-            step = steps.current_step().step
-            if step is None:
-                return Decline(STEP_UNKNOWN)
-            if step < config.dense_steps:
-                return Dense(DENSE_STEP)
-        if site.layer_index in config.dense_layers:
-            return Dense(DENSE_LAYER)
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
-        hidden_states, rotary_emb, attention_mask = call["hidden_states"], call["rotary_emb"], call["attention_mask"]
-        mismatch = self.processor_mismatch(attn)
-        if mismatch is not None:
-            return Decline(mismatch)
-        processor = attn.processor
-        if attention_mask is not None:
+        if call["attention_mask"] is not None:
             return Decline("an attention_mask was given: the sparse path covers unmasked attention only")
-        if getattr(processor, "_parallel_config", None) is not None:
-            return Decline("context parallelism is configured: the sparse path does not shard the sequence")
-        if hidden_states.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            return Decline(f"activations are {hidden_states.dtype}: the sparse path takes fp32, bf16 or fp16")
+        query, key, value = _project_qkv(attn, call["hidden_states"], call["rotary_emb"])
 
-        seq_len = hidden_states.shape[1]
-        if config.sink_tokens is not None:
-            start = seq_len - config.sink_tokens if config.sink_start is None else config.sink_start
-            if config.sink_tokens > seq_len or start + config.sink_tokens > seq_len:
-                return Decline(f"the sink (sink_start={config.sink_start}, sink_tokens={config.sink_tokens}) reaches "
-                               f"past the packed sequence of {seq_len} rows; valid: sink_tokens <= {seq_len} and "
-                               f"sink_start + sink_tokens <= {seq_len}")
+        def finish(out: torch.Tensor) -> torch.Tensor:
+            out = out.flatten(2, 3).type_as(query)
+            return attn.to_out[1](attn.to_out[0](out))
 
-        query, key, value = _project_qkv(attn, hidden_states, rotary_emb)
-        if not (query.dtype == key.dtype == value.dtype):
-            return Decline(f"q/k/v dtypes differ ({query.dtype}, {key.dtype}, {value.dtype})")
-        out = self._attention(config, site, processor, query, key, value)
-        out = out.flatten(2, 3).type_as(query)
-        out = attn.to_out[0](out)
-        return attn.to_out[1](out)
-
-    @staticmethod
-    def _attention(config: SolAttnConfig, site: Site, processor, query, key, value) -> torch.Tensor:
-        from ..ops import sol_attn
-
-        seq_len = query.shape[1]
+        sparse = SparseCall(query, key, value, finish)
         layout = current_layout()
-        if config.sink_tokens is not None:
-            sink_tokens, sink_start, dense_rows = config.sink_tokens, config.sink_start, None
-        elif layout is not None and layout.seq_len == seq_len and layout.sink_tokens > 0:
-            sink_tokens, sink_start = layout.sink_tokens, layout.sink_start
-            dense_rows = slice(layout.sink_start, layout.sink_start + layout.sink_tokens)
-        else:
-            sink_tokens, sink_start, dense_rows = 0, None, None
-        kv_splits = config.resolve_kv_splits(query.device, seq_len)
-        if config.impl == "upstream" and not call_context.recomputing():
-            from ..ops.sol_attn import upstream
-
-            reason = upstream.unsupported_reason(query, kv_splits, sink_tokens, sink_start, contiguous=True)
-            if reason is not None:  # the op runs our own kernel instead (and warns once)
-                site.counters.count_note(f"impl='upstream' ran our own kernel: {reason}")
-        out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,
-                              sink_tokens=sink_tokens, sink_start=sink_start, impl=config.impl, return_stats=True)
-        if not call_context.recomputing():
-            site.counters.add_stat("exact_fraction",
-                                   stats.exact_pairs.detach().sum() / (stats.total_pairs * stats.exact_pairs.numel()))
-        if dense_rows is not None:
-            # The sink's query rows (text/audio) attend densely to every key, through diffusers' dispatcher and
-            # the processor's own backend choice; the op's output is a fresh tensor, so it is written in place.
+        if layout is not None and layout.seq_len == query.shape[1] and layout.sink_tokens > 0:
             from diffusers.models.transformers import transformer_minimax_h3 as h3
 
-            out[:, dense_rows] = h3.dispatch_attention_fn(
-                query[:, dense_rows], key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                backend=processor._attention_backend, parallel_config=None).to(out.dtype)
-        return out
+            backend = attn.processor._attention_backend
+            sparse.sink_tokens, sparse.sink_start = layout.sink_tokens, layout.sink_start
+            sparse.dense_rows = slice(layout.sink_start, layout.sink_start + layout.sink_tokens)
+            sparse.dense_attention = lambda q, k, v: h3.dispatch_attention_fn(
+                q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, backend=backend, parallel_config=None)
+        return sparse
 
 
 class MiniMaxH3RefinerDense(FastPath):

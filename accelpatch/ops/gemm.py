@@ -49,6 +49,12 @@ def bmm_bf16_fp32_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.float(), b.float())
 
 
+def bmm_bf16_operands(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` on BF16 operands with an FP32 result wherever the tensors are: the CUDA kernel on CUDA, the exact
+    FP32 emulation elsewhere (the fast paths' guards decide whether running off CUDA is worth it)."""
+    return bmm_bf16_fp32(a, b) if a.device.type == "cuda" else bmm_bf16_fp32_emulated(a, b)
+
+
 @functools.lru_cache(maxsize=None)
 def bmm_bf16_fp32_reject_reason() -> Optional[str]:
     """Why :func:`bmm_bf16_fp32` cannot run in this process (None when it can). Probed once on a tiny tensor."""

@@ -7,9 +7,10 @@ unchanged and the reason is counted.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
@@ -22,6 +23,33 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..patcher import ModelPatch
 
 SITE_ATTR = "_accelpatch_site"
+
+_cpu_fast_paths = False
+
+
+@contextlib.contextmanager
+def run_fast_paths_on_cpu() -> Iterator[None]:
+    """TEST-ONLY switch: let fast paths whose guards require CUDA run on CPU (their kernels run the exact CPU
+    emulations), so their math can be tested where no GPU is. Process-global; never use it outside tests."""
+    global _cpu_fast_paths
+    previous, _cpu_fast_paths = _cpu_fast_paths, True
+    try:
+        yield
+    finally:
+        _cpu_fast_paths = previous
+
+
+def fast_paths_run_on_cpu() -> bool:
+    """Whether :func:`run_fast_paths_on_cpu` is in force."""
+    return _cpu_fast_paths
+
+
+def device_reject_reason(device: torch.device, what: str = "the fast path") -> Optional[str]:
+    """Why a CUDA-only fast path (``what``) cannot run on ``device`` (None on CUDA, or on CPU under the test
+    switch)."""
+    if device.type == "cuda" or (_cpu_fast_paths and device.type == "cpu"):
+        return None
+    return f"input on {device.type}: {what} needs CUDA"
 
 
 class _Outcome:

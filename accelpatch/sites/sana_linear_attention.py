@@ -11,16 +11,16 @@ When the site is off the original diffusers processor object runs unchanged.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..gate import QualityGatedFusion
-from ..ops.gemm import bmm_bf16_fp32, bmm_bf16_fp32_emulated, bmm_bf16_fp32_reject_reason
+from ..ops.gemm import bmm_bf16_fp32_reject_reason, bmm_bf16_operands
 from ..tiers import Tier
-from .base import Decline, FastPath, Site, bind_call
+from .base import (Decline, FastPath, Site, bind_call, device_reject_reason, fast_paths_run_on_cpu,
+                   run_fast_paths_on_cpu)
 
 FUSION = QualityGatedFusion(
     name="sana_video_linear_attention",
@@ -29,19 +29,8 @@ FUSION = QualityGatedFusion(
     tier=Tier.HIGH,
 )
 
-_emulate_on_cpu = False
-
-
-@contextlib.contextmanager
-def emulate_bf16_gemm_on_cpu() -> Iterator[None]:
-    """TEST-ONLY switch: bypass the CUDA guard and emulate the BF16×BF16→FP32 GEMM with an FP32 GEMM, so the
-    fast-path math runs on CPU. Process-global; never use it outside tests."""
-    global _emulate_on_cpu
-    previous, _emulate_on_cpu = _emulate_on_cpu, True
-    try:
-        yield
-    finally:
-        _emulate_on_cpu = previous
+#: TEST-ONLY: the GEMM's CUDA guard is bypassed and the exact FP32 emulation runs on CPU (see sites.base).
+emulate_bf16_gemm_on_cpu = run_fast_paths_on_cpu
 
 
 def _reference_processor_class() -> type:
@@ -66,9 +55,7 @@ def linear_attention_bf16_gemm(query_rotate: torch.Tensor, key_rotate: torch.Ten
     """((v·k_rotᵀ)·q_rot)·z for ``[B, H, D, N]`` BF16 operands, FP32 result: the first GEMM on BF16 operands with
     FP32 accumulation, the second in FP32, as the reference does."""
     batch, heads, dim, tokens = value.shape
-    emulate = _emulate_on_cpu and value.device.type != "cuda"
-    gemm = bmm_bf16_fp32_emulated if emulate else bmm_bf16_fp32
-    scores = gemm(value.reshape(batch * heads, dim, tokens),
+    scores = bmm_bf16_operands(value.reshape(batch * heads, dim, tokens),
                   key_rotate.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim, dim)
     return torch.matmul(scores, query_rotate.float()) * z
 
@@ -82,7 +69,7 @@ class SanaLinearAttentionBF16(FastPath):
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         mismatch = self.processor_mismatch(module)
-        if mismatch is not None or _emulate_on_cpu:
+        if mismatch is not None or fast_paths_run_on_cpu():
             return mismatch
         return bmm_bf16_fp32_reject_reason()
 
@@ -97,8 +84,9 @@ class SanaLinearAttentionBF16(FastPath):
         rotary_emb = call.get("rotary_emb")
         if rotary_emb is None:
             return Decline("no rotary_emb: the reference processor needs it")
-        if hidden_states.device.type != "cuda" and not _emulate_on_cpu:
-            return Decline(f"input on {hidden_states.device.type}: the BF16-input GEMM needs CUDA")
+        device_reason = device_reject_reason(hidden_states.device, "the BF16-input GEMM")
+        if device_reason is not None:
+            return Decline(device_reason)
         if hidden_states.dtype != torch.bfloat16 or attn.to_q.weight.dtype != torch.bfloat16:
             return Decline(f"activations are {hidden_states.dtype} and weights {attn.to_q.weight.dtype}: "
                            "the fast path needs bfloat16")

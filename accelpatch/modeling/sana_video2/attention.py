@@ -9,7 +9,7 @@ the FP32 upcast when ``fp32_attention`` is set (every release config sets it), a
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +50,31 @@ def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 
 def _qkv(attn: nn.Module, hidden_states: torch.Tensor):
-    """q, k, v [B, N, C] with q/k RMSNorm over the full width (shared by both self-attention kinds)."""
+    """q, k, v [B, N, H, D] with q/k RMSNorm over the full width (shared by both self-attention kinds)."""
     query, key, value = attn.qkv(hidden_states).chunk(3, dim=-1)
-    return attn.q_norm(query), attn.k_norm(key), value
+    query, key = attn.q_norm(query), attn.k_norm(key)
+    return tuple(x.unflatten(-1, (attn.heads, attn.head_dim)) for x in (query, key, value))
+
+
+def _gated_output(attn: nn.Module, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    """[B, N, C] attention output in the input dtype, times sigmoid(output_gate(x)), through ``proj``."""
+    out = out.to(hidden_states.dtype) * torch.sigmoid(attn.output_gate(hidden_states))
+    return attn.proj(out)
+
+
+def anchor_qkv(attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
+               rotary_emb: Optional[torch.Tensor]):
+    """The anchor attention's q, k, v [B, N, H, D] in the activations' dtype, RoPE applied: everything before the
+    FP32 upcast. Shared by the reference processor and the fast paths that replace what follows."""
+    query, key, value = _qkv(attn, hidden_states)
+    if rotary_emb is not None:
+        query, key = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+    return query, key, value
+
+
+def anchor_output(attn: "SanaVideo2SoftmaxAttention", out: torch.Tensor, hidden_states: torch.Tensor):
+    """The anchor attention's tail, from the attention result ``out`` [B, N, H, D]: cast back, gate, project."""
+    return _gated_output(attn, out.flatten(2, 3), hidden_states)
 
 
 class SanaVideo2SoftmaxAttnProcessor:
@@ -64,51 +86,57 @@ class SanaVideo2SoftmaxAttnProcessor:
 
     def __call__(self, attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
                  rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        dtype = hidden_states.dtype
-        query, key, value = _qkv(attn, hidden_states)
-        query, key, value = (x.unflatten(-1, (attn.heads, attn.head_dim)) for x in (query, key, value))
-        if rotary_emb is not None:
-            query, key = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+        query, key, value = anchor_qkv(attn, hidden_states, rotary_emb)
         if attn.fp32_attention:
             query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
         out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
-        out = out.flatten(2, 3).to(dtype)
-        out = out * torch.sigmoid(attn.output_gate(hidden_states))
-        return attn.proj(out)
+        return anchor_output(attn, out, hidden_states)
+
+
+def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
+                           rotary_emb: Optional[torch.Tensor], first_gemm: Optional[Callable] = None) -> torch.Tensor:
+    """The gated linear attention: out = (v·k̃ᵀ)·RoPE(q) per head with k̃ = RoPE(k)·sigmoid(β), times the
+    ReLU-kernel normaliser 1/(Σ ReLU(k)ᵀReLU(q) + 1e-8) of the release (computed in the input dtype from the
+    un-rotated q and k; the RMSNorm that follows cancels it except for its epsilon, and later upstream code drops
+    it), then the head-dim RMSNorm ``o_norm`` in FP32, the sigmoid output gate and the projection.
+
+    Both GEMMs run on FP32 operands when ``fp32_attention`` is set (the release). ``first_gemm(v, k̃)``, given by a
+    fast path, replaces the first one ([B, H, D, N] operands in the activations' dtype → [B, H, D, D] FP32); the
+    second then runs on FP32 operands."""
+    batch, tokens, width = hidden_states.shape
+    query, key, value = _qkv(attn, hidden_states)
+    if rotary_emb is not None:
+        query_rot, key_rot = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+    else:
+        query_rot, key_rot = query, key
+    beta = torch.sigmoid(attn.beta_proj(hidden_states))  # [B, N, H]
+    key_gated = key_rot * beta[..., None]
+    # channel-first per head: [B, H, D, N]
+    query_rot, key_gated, value = (x.permute(0, 2, 3, 1) for x in (query_rot, key_gated, value))
+    if first_gemm is not None:
+        scores = first_gemm(value, key_gated)
+        query_rot = at_least_fp32(query_rot)
+    else:
+        if attn.fp32_attention:
+            query_rot, key_gated, value = at_least_fp32(query_rot), at_least_fp32(key_gated), at_least_fp32(value)
+        scores = torch.matmul(value, key_gated.transpose(-1, -2))
+    out = torch.matmul(scores, query_rot)  # [B, H, D, N]
+
+    relu_q = F.relu(query).permute(0, 2, 3, 1)  # un-rotated, un-gated, input dtype
+    relu_k = F.relu(key).permute(0, 2, 3, 1)
+    normaliser = 1.0 / (relu_k.sum(-1, keepdim=True).transpose(-1, -2) @ relu_q + attn.eps)  # [B, H, 1, N]
+    out = attn.o_norm(out * normaliser)
+    out = out.to(hidden_states.dtype).reshape(batch, width, tokens).transpose(1, 2)
+    return _gated_output(attn, out, hidden_states)
 
 
 class SanaVideo2LinearAttnProcessor:
-    """The gated linear attention's reference math: out = (v·k̃ᵀ)·RoPE(q) per head with k̃ = RoPE(k)·sigmoid(β),
-    times the ReLU-kernel normaliser 1/(Σ ReLU(k)ᵀReLU(q) + 1e-8) of the release (computed in the input dtype
-    from the un-rotated q and k; the RMSNorm that follows cancels it except for its epsilon, and later upstream
-    code drops it), then the head-dim RMSNorm ``o_norm`` in FP32, the sigmoid output gate and the projection."""
+    """The gated linear attention's reference math (:func:`gated_linear_attention`)."""
 
     def __call__(self, attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
                  rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        dtype = hidden_states.dtype
-        batch, tokens, width = hidden_states.shape
-        query, key, value = _qkv(attn, hidden_states)
-        query, key, value = (x.unflatten(-1, (attn.heads, attn.head_dim)) for x in (query, key, value))
-        if rotary_emb is not None:
-            query_rot, key_rot = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
-        else:
-            query_rot, key_rot = query, key
-        beta = torch.sigmoid(attn.beta_proj(hidden_states))  # [B, N, H]
-        key_gated = key_rot * beta[..., None]
-        # channel-first per head: [B, H, D, N]
-        query_rot, key_gated, value = (x.permute(0, 2, 3, 1) for x in (query_rot, key_gated, value))
-        if attn.fp32_attention:
-            query_rot, key_gated, value = at_least_fp32(query_rot), at_least_fp32(key_gated), at_least_fp32(value)
-        out = torch.matmul(torch.matmul(value, key_gated.transpose(-1, -2)), query_rot)  # [B, H, D, N]
-
-        relu_q = F.relu(query).permute(0, 2, 3, 1)  # un-rotated, un-gated, input dtype
-        relu_k = F.relu(key).permute(0, 2, 3, 1)
-        normaliser = 1.0 / (relu_k.sum(-1, keepdim=True).transpose(-1, -2) @ relu_q + attn.eps)  # [B, H, 1, N]
-        out = attn.o_norm(out * normaliser)
-        out = out.to(dtype).reshape(batch, width, tokens).transpose(1, 2)
-        out = out * torch.sigmoid(attn.output_gate(hidden_states))
-        return attn.proj(out)
+        return gated_linear_attention(attn, hidden_states, rotary_emb)
 
 
 class _GatedSelfAttention(nn.Module, AttentionModuleMixin):
