@@ -56,7 +56,8 @@ class ModelForwardHooks:
         self._adapter = adapter
         self._backend = backend
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
-        self._clock = steps.TimestepClock(adapter.noise_level) if adapter.uses_steps(backend) else None
+        uses_steps = adapter.uses_steps(backend, patch.options)
+        self._clock = steps.TimestepClock(adapter.noise_level) if uses_steps else None
         self._step_sources = patch.step_sources
         self._bind = self._clock is not None or adapter.captures(backend)
         self._checkpointing = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]

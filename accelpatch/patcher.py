@@ -29,6 +29,10 @@ class ModelPatch:
     backend: Any
     strict: bool
     default_tier: Tier
+    #: the family's own options (adapter.options_class), or None
+    options: Any = None
+    #: what apply() was asked for (backend config before defaults, strict, options): applying it again is a no-op
+    requested: tuple = ()
     sites: list[Site] = field(default_factory=list, repr=False)
     detach: list[Callable[[], None]] = field(default_factory=list)
     #: fusion name -> why its sites did not mount (the first rejected site's reason)
@@ -69,7 +73,7 @@ class ModelPatch:
         return f"not mounted: {self.rejections.get(kind, 'unmounted')}"
 
     def key(self) -> tuple:
-        return (self.backend, self.strict)
+        return self.requested
 
 
 def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module]:
@@ -95,26 +99,34 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: 
 
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
-    backend_config = resolve_backend(backend, options)
     models = transformers_of(target)
     adapters = [find_adapter(model) for model in models]  # raises before anything is touched
-    for model, adapter in zip(models, adapters):
+    model_option_names = {name for adapter in adapters for name in adapter.option_names()}
+    requested_backend, model_options = resolve_backend(backend, options, model_option_names)
+    strict = strict or bool(getattr(requested_backend, "strict", False))
+    plans = []
+    for model, adapter in zip(models, adapters):  # validate everything before touching any model
+        backend_config = adapter.complete_backend(requested_backend, model)
         adapter.validate_backend(backend_config, model)
+        family_options = adapter.resolve_options(model_options)
+        adapter.validate_options(family_options, model)
+        requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])))
+        plans.append((model, adapter, backend_config, family_options, requested))
     pipeline = None if isinstance(target, torch.nn.Module) else target
-    strict = strict or bool(getattr(backend_config, "strict", False))
-    for model, adapter in zip(models, adapters):
+    for model, adapter, backend_config, family_options, requested in plans:
         existing = model.__dict__.get(STATE_ATTR)
         if existing is not None:
-            if existing.key() == (backend_config, strict):
+            if existing.key() == requested:
                 continue  # applying twice is the same as applying once
             _remove_one(model)
-        _apply_one(model, adapter, backend_config, strict, pipeline)
+        _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline)
     return build_report(models)
 
 
-def _apply_one(model, adapter: ModelAdapter, backend_config, strict: bool, pipeline) -> None:
+def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bool, requested: tuple,
+               pipeline) -> None:
     patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
-                       default_tier=adapter.default_tier(backend_config))
+                       default_tier=adapter.default_tier(backend_config), options=options, requested=requested)
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}

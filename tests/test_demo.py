@@ -29,7 +29,7 @@ def test_cli_rejects_a_bad_dtype_and_prints_help(capsys):
 
 
 def test_demo_runs_sana_video2_from_the_command_line(capsys):
-    # --model sana-video2 reaches the demo; SANA-Video 2.0 has no fast path yet, so high falls back (counted)
+    # --model sana-video2 reaches the demo; its fast paths need CUDA, so on CPU high falls back (counted)
     assert main(["demo", "--model", "sana-video2", "--steps", "1", "--repeats", "1", "--dtype", "fp32",
                  "--no-progress"]) == 0
     text = capsys.readouterr().out
@@ -40,7 +40,7 @@ def test_demo_runs_sana_video2_from_the_command_line(capsys):
     for label in ("unpatched", "patched, default", "patched, exact", "patched, lossless"):
         assert re.search(r"\byes\s+inf\s+1\.0000\s+0\s+0$", rows[label]), rows[label]
     assert re.search(r"\byes\s+inf\s+1\.0000\s+0\s+[1-9]\d*$", rows["patched, high"]), rows["patched, high"]
-    assert "SanaVideo2Transformer3DModel" in text and "no fast path yet" in text
+    assert "SanaVideo2Transformer3DModel" in text and "CUDA is unavailable" in text
     assert text.rstrip().endswith("bit-identical to unpatched: yes")
 
 

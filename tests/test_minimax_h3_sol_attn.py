@@ -190,7 +190,18 @@ def test_config_object_parses_layer_ranges():
     cfg = accelpatch.SolAttnConfig(dense_layers="0-2,5, 7")
     assert cfg.dense_layers == frozenset({0, 1, 2, 5, 7})
     assert accelpatch.SolAttnConfig(dense_layers="").dense_layers == frozenset()
-    assert accelpatch.SolAttnConfig() == accelpatch.SolAttnConfig(dense_layers=[1, 0])
+    assert accelpatch.SolAttnConfig(dense_layers=[1, 0]) == accelpatch.SolAttnConfig(dense_layers="0,1")
+    assert accelpatch.SolAttnConfig().dense_layers is None  # left to the model: MiniMax-H3 fills in {0, 1}
+
+
+def test_default_dense_layers_are_the_prior_arts_for_minimax_h3(model):
+    from accelpatch.patcher import patch_of
+
+    m, inputs, reference = model
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
+    assert patch_of(m).backend.dense_layers == frozenset({0, 1})
+    assert torch.equal(_forward(m, inputs), reference)  # the tiny model has 2 layers: both dense
+    assert accelpatch.report(m).reference_calls == {h3_adapter.DENSE_LAYER: 2, h3_adapter.REFINER_DENSE: 2}
 
 
 def test_backend_errors_list_what_is_available(model):

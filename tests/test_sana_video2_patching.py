@@ -1,6 +1,6 @@
-"""accelpatch.apply on SANA-Video 2.0: anchor and linear attention become sites with their own marker pairs, they
-say honestly that no fast path exists yet, and the tier contract holds: default/lossless/exact are the unpatched
-model bit for bit, remove() restores it, training and checkpointing are untouched."""
+"""accelpatch.apply on SANA-Video 2.0: anchor and linear attention become sites with their own marker pairs; on CPU
+their fast paths (CUDA-only) are rejected and said so; the tier contract holds: default/lossless/exact are the
+unpatched model bit for bit, remove() restores it, training and checkpointing are untouched."""
 import copy
 import hashlib
 import warnings
@@ -22,7 +22,7 @@ def _forward(model, inputs):
 
 
 def _apply(model, **kwargs):
-    with pytest.warns(RuntimeWarning, match="no fast path yet"):
+    with pytest.warns(RuntimeWarning, match="CUDA is unavailable"):
         return accelpatch.apply(model, **kwargs)
 
 
@@ -38,9 +38,8 @@ def test_anchor_and_linear_attention_are_sites_with_their_own_markers():
     assert getattr(anchor, SOFTMAX_MARKERS[0]).path == "blocks.3.attn" and getattr(anchor, SOFTMAX_MARKERS[1]) is False
     assert getattr(linear, LINEAR_MARKERS[0]).path == "blocks.0.attn" and getattr(linear, LINEAR_MARKERS[1]) is False
     assert not hasattr(anchor, LINEAR_MARKERS[0]) and not hasattr(linear, SOFTMAX_MARKERS[0])
-    assert all(not s.mounted and s.reason.startswith("no fast path yet") for s in report.sites)
-    assert "no fast path yet (anchor attention on BF16 operands is planned)" in str(report)
-    assert accelpatch.supported_models()["SanaVideo2Transformer3DModel"] == ()
+    assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in report.sites)
+    assert accelpatch.supported_models()["SanaVideo2Transformer3DModel"] == ("sol_attn",)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -58,7 +57,7 @@ def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
     assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 4
 
 
-def test_high_has_no_fast_path_yet_counts_it_and_strict_raises():
+def test_high_on_cpu_falls_back_counts_it_and_strict_raises():
     model = tiny_sana_video2_transformer()
     inputs = sana_video2_transformer_inputs(model)
     reference = _forward(model, inputs)
@@ -69,10 +68,10 @@ def test_high_has_no_fast_path_yet_counts_it_and_strict_raises():
             assert torch.equal(_forward(model, inputs), reference)
     rep = accelpatch.report(model)
     assert rep.fast_calls == 0 and sum(rep.fallback_calls.values()) == 4
-    assert all(reason.startswith("not mounted: no fast path yet") for reason in rep.fallback_calls)
+    assert all(reason.startswith("not mounted: CUDA is unavailable") for reason in rep.fallback_calls)
     with pytest.warns(RuntimeWarning):
         accelpatch.apply(model, strict=True)
-    with pytest.raises(accelpatch.FastPathUnavailableError, match="no fast path yet"):
+    with pytest.raises(accelpatch.FastPathUnavailableError, match="CUDA is unavailable"):
         with accelpatch.quality("high"):
             _forward(model, inputs)
 

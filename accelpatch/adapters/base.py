@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import torch
 
@@ -39,6 +39,25 @@ class ModelAdapter:
 
     #: the forward argument the step clock reads (see accelpatch.steps)
     timestep_argument: str = "timestep"
+    #: the typed options of this family's own fast paths (``apply(model, **options)``), or None; a frozen dataclass
+    #: with ``option_names()`` and ``from_options(**options)``, like the backends' configs
+    options_class: Optional[type] = None
+
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(self.options_class.option_names()) if self.options_class is not None else ()
+
+    def resolve_options(self, options: Mapping[str, Any]) -> Any:
+        """This family's options from ``apply``'s keyword arguments (its defaults when there are none)."""
+        if self.options_class is None:
+            return None
+        return self.options_class.from_options(**{k: v for k, v in options.items() if k in self.option_names()})
+
+    def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
+        """``backend_config`` with the options left to the model (None) filled in with this family's defaults."""
+        return backend_config
+
+    def validate_options(self, options: Any, model: torch.nn.Module) -> None:
+        """Raise ValueError when ``options`` do not fit this model (e.g. layers it does not have)."""
 
     def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
         """Raise ValueError when ``backend_config`` does not apply to this family or to this model's shape."""
@@ -58,7 +77,7 @@ class ModelAdapter:
         """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
 
-    def uses_steps(self, backend_config: Any) -> bool:
+    def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""
         return False
 

@@ -13,6 +13,7 @@ unchanged. The op has a backward, so training through the sparse path works (gra
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
@@ -35,6 +36,8 @@ _MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
 _REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 REFINER_DENSE = "text-only token refiner stays dense"
+#: the prior art's dense layers for MiniMax-H3 (sol_attn.md §3): ``SolAttnConfig(dense_layers=None)`` means these
+DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,11 @@ class MiniMaxH3Adapter(ModelAdapter):
             elif _REFINER_ATTENTION.fullmatch(path):
                 yield path, module, REFINER_DENSE_PATH, None
 
+    def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
+        if backend_config is not None and backend_config.dense_layers is None:
+            return dataclasses.replace(backend_config, dense_layers=DEFAULT_DENSE_LAYERS)
+        return backend_config
+
     def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
         super().validate_backend(backend_config, model)
         if backend_config is None:
@@ -163,7 +171,7 @@ class MiniMaxH3Adapter(ModelAdapter):
             raise ValueError(f"dense_layers names layer(s) {missing} that {type(model).__name__} does not have: it "
                              f"has {layers} transformer blocks, valid layer indices are 0-{layers - 1}")
 
-    def uses_steps(self, backend_config: Any) -> bool:
+    def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         return backend_config is not None and backend_config.dense_steps > 0
 
     def noise_level(self, timestep_values: tuple[float, ...]) -> float:

@@ -1,22 +1,38 @@
 """SANA-Video 2.0 (accelpatch's ``SanaVideo2Transformer3DModel``): its sites are the self-attention modules
-``blocks.N.attn`` — the softmax "anchor" layers (``SanaVideo2SoftmaxAttention``) and the gated linear-attention
-layers (``SanaVideo2LinearAttention``), each kind with its own marker pair.
+``blocks.N.attn``, the softmax "anchor" layers (``SanaVideo2SoftmaxAttention``) and the gated linear-attention
+layers (``SanaVideo2LinearAttention``), each kind with its own marker pair. All fast paths are ``high`` tier.
 
-No fast path ships for them yet (planned: anchor attention on BF16 operands instead of the FP32 upcast, and the
-linear attention's first GEMM on BF16 operands with FP32 accumulation). Until then every site is rejected at
-``apply()`` with "no fast path yet" — said once there, and counted as a fallback when a call asks for ``high`` —
-and every call runs the original processor: ``exact``/``lossless``/default are the unpatched model bit for bit.
+- **Anchors on BF16 operands**: SDPA on the BF16 q, k, v instead of the release's FP32 upcast, so a flash-class
+  kernel runs (the prior art measured one 720p anchor layer 7.1× faster on an H200). The options
+  ``anchor_fp32_steps`` (the first N denoising steps keep FP32 anchors; default 10) and ``anchor_fp32_layers``
+  (anchors that always keep FP32) are the middle ground between that speed and the release's numerics.
+- **Linear attention, first GEMM on BF16 operands with FP32 accumulation** (``ops.gemm.bmm_bf16_operands``, as
+  SANA-Video's site), the second GEMM in FP32 as the release.
+- **``backend="sol_attn"``**: the anchors run Sol-Attn at head dim 256 under the backend's policy
+  (:mod:`accelpatch.sites.sol_attention`, shared with MiniMax-H3); no sink (text enters through cross-attention);
+  ``dense_layers`` name anchor layers and default to the first one. The linear layers keep their BF16-GEMM path.
+
+Each path restates only what it changes: the processors' own parts (``anchor_qkv``, ``anchor_output``,
+``gated_linear_attention``) do the rest. Guards (CUDA, bf16 activations, ``fp32_attention`` set, the processor
+being ours) send anything else to the original processor, counted with the reason.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
+from ..backends.sol_attn import SolAttnConfig, _check_int, parse_layers
 from ..gate import QualityGatedFusion
-from ..sites.base import FastPath, Site
-from ..tiers import Tier
+from ..ops.gemm import bmm_bf16_fp32_reject_reason, bmm_bf16_operands
+from ..sites.base import (Decline, Dense, FastPath, Site, bind_call, device_reject_reason, fast_paths_run_on_cpu,
+                          step_layer_policy)
+from ..sites.sol_attention import SolAttnFastPath, SparseCall
+from ..tiers import DEFAULT_TIER, Tier
 from .base import ModelAdapter
 
 SOFTMAX_FUSION = QualityGatedFusion(
@@ -31,51 +47,228 @@ LINEAR_FUSION = QualityGatedFusion(
     enabled_attr="_sgl_sana_video2_linear_attention_enabled",
     tier=Tier.HIGH,
 )
+SOL_FUSION = QualityGatedFusion(
+    name="sana_video2_sol_attn",
+    marker_attr="_accelpatch_sana_video2_sol_attn_site",
+    enabled_attr="_accelpatch_sana_video2_sol_attn_enabled",
+    tier=Tier.HIGH,
+)
+
+FP32_ANCHOR_STEP = "FP32 anchor step (step < anchor_fp32_steps)"
+FP32_ANCHOR_LAYER = "FP32 anchor layer (in anchor_fp32_layers)"
+ANCHOR_STEP_UNKNOWN = ("no denoising step is known, so anchor_fp32_steps cannot apply and the anchor keeps FP32; run "
+                       "it through a diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or "
+                       "set anchor_fp32_steps=0")
+FP32_ATTENTION_OFF = "fp32_attention is off: the reference already runs this attention in the activations' dtype"
 
 _SELF_ATTENTION = re.compile(r"blocks\.(\d+)\.attn")
 
 
-class _NoFastPathYet(FastPath):
-    """A site whose fast path is not implemented yet: rejected at mount with that reason."""
+@dataclass(frozen=True)
+class SanaVideo2Options:
+    """Options of ``apply(model, ...)`` for SANA-Video 2.0: where the BF16 anchor path keeps the release's FP32.
 
-    planned: str = ""
+    ``anchor_fp32_steps``: denoising steps with index < N keep FP32 anchors (the step clock of accelpatch.steps);
+    default 10 of the release's 50, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
+    released weights: see the README). ``anchor_fp32_layers``: anchor layers (``"3,7"``, ``"3-11"``, an iterable)
+    that always keep FP32. ``anchor_fp32_steps=0, anchor_fp32_layers=""`` is the prior art's full-speed setting.
+    """
+
+    anchor_fp32_steps: int = 10
+    anchor_fp32_layers: frozenset = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "anchor_fp32_steps", _check_int("anchor_fp32_steps", self.anchor_fp32_steps, 0))
+        object.__setattr__(self, "anchor_fp32_layers", parse_layers(self.anchor_fp32_layers, "anchor_fp32_layers"))
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "SanaVideo2Options":
+        return cls(**options)
+
+
+def _anchor_processor_class() -> type:
+    from ..modeling.sana_video2.attention import SanaVideo2SoftmaxAttnProcessor
+
+    return SanaVideo2SoftmaxAttnProcessor
+
+
+def _linear_processor_class() -> type:
+    from ..modeling.sana_video2.attention import SanaVideo2LinearAttnProcessor
+
+    return SanaVideo2LinearAttnProcessor
+
+
+def _cuda_reject_reason() -> Optional[str]:
+    if fast_paths_run_on_cpu():
+        return None
+    if not torch.cuda.is_available():
+        return ("CUDA is unavailable: this torch build has no CUDA" if torch.version.cuda is None
+                else "CUDA is unavailable: no CUDA device is visible")
+    return None
+
+
+def _bf16_guards(attn: torch.nn.Module, hidden_states: torch.Tensor, what: str) -> Optional[Union[Decline, Dense]]:
+    """The guards both BF16 paths share: CUDA, bf16 activations, and something to gain (``fp32_attention`` set)."""
+    device_reason = device_reject_reason(hidden_states.device, what)
+    if device_reason is not None:
+        return Decline(device_reason)
+    if hidden_states.dtype != torch.bfloat16:
+        return Decline(f"activations are {hidden_states.dtype}: {what} needs bfloat16")
+    if not attn.fp32_attention:
+        return Dense(FP32_ATTENTION_OFF)
+    return None
+
+
+class AnchorAttentionBF16(FastPath):
+    """SDPA on the anchors' BF16 q, k, v instead of the FP32 upcast."""
+
+    fusion = SOFTMAX_FUSION
+    description = "anchor attention on BF16 operands (SDPA without the FP32 upcast)"
+
+    def expected_processor(self) -> type:
+        return _anchor_processor_class()
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        return f"no fast path yet ({self.planned} is planned)"
+        return self.processor_mismatch(module) or _cuda_reject_reason()
 
-    def run(self, module, site, args, kwargs):  # never reached: the site is never mounted
-        raise RuntimeError("no fast path yet")
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        from ..modeling.sana_video2.attention import anchor_output, anchor_qkv
+
+        options: SanaVideo2Options = site.model.options
+        verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, layers=options.anchor_fp32_layers,
+                                    step_reason=FP32_ANCHOR_STEP, layer_reason=FP32_ANCHOR_LAYER,
+                                    unknown_reason=ANCHOR_STEP_UNKNOWN)
+        if verdict is not None:
+            return verdict
+        mismatch = self.processor_mismatch(attn)
+        if mismatch is not None:
+            return Decline(mismatch)
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
+        hidden_states = call["hidden_states"]
+        verdict = _bf16_guards(attn, hidden_states, "the BF16 anchor path")
+        if verdict is not None:
+            return verdict
+        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"])
+        if not (query.dim() == 4 and query.shape == key.shape == value.shape):
+            return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
+                           "anchor path takes 4-D q/k/v of equal shape")
+        processor = attn.processor
+        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                    backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        return anchor_output(attn, out, hidden_states)
 
 
-class AnchorAttentionSite(_NoFastPathYet):
-    fusion = SOFTMAX_FUSION
-    description = "softmax anchor attention (head dim 256, FP32 upcast in the release)"
-    planned = "anchor attention on BF16 operands"
+def _first_gemm_bf16(value: torch.Tensor, key_gated: torch.Tensor) -> torch.Tensor:
+    """v·k̃ᵀ for [B, H, D, N] BF16 operands, FP32 accumulation and result [B, H, D, D]."""
+    batch, heads, dim, tokens = value.shape
+    return bmm_bf16_operands(value.reshape(batch * heads, dim, tokens),
+                             key_gated.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim,
+                                                                                                  dim)
 
 
-class LinearAttentionSite(_NoFastPathYet):
+class LinearAttentionBF16GEMM(FastPath):
+    """The gated linear attention with its first GEMM on BF16 operands and FP32 accumulation."""
+
     fusion = LINEAR_FUSION
-    description = "gated linear attention (head dim 128)"
-    planned = "the first linear-attention GEMM on BF16 operands with FP32 accumulation"
+    description = "gated linear attention, first GEMM (v·k̃ᵀ) on BF16 operands with FP32 accumulation"
+
+    def expected_processor(self) -> type:
+        return _linear_processor_class()
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        mismatch = self.processor_mismatch(module)
+        if mismatch is not None or fast_paths_run_on_cpu():
+            return mismatch
+        return bmm_bf16_fp32_reject_reason()
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        from ..modeling.sana_video2.attention import gated_linear_attention
+
+        mismatch = self.processor_mismatch(attn)
+        if mismatch is not None:
+            return Decline(mismatch)
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
+        hidden_states = call["hidden_states"]
+        verdict = _bf16_guards(attn, hidden_states, "the BF16-input GEMM")
+        if verdict is not None:
+            return verdict
+        return gated_linear_attention(attn, hidden_states, call["rotary_emb"], first_gemm=_first_gemm_bf16)
 
 
-ANCHOR_SITE = AnchorAttentionSite()
-LINEAR_SITE = LinearAttentionSite()
+class AnchorSolAttention(SolAttnFastPath):
+    """Sol-Attn on the anchors (head dim 256), on the q, k, v in the activations' dtype; no sink."""
+
+    fusion = SOL_FUSION
+    description = "block-sparse Sol-Attn on the anchors (head dim 256, no sink)"
+
+    def expected_processor(self) -> type:
+        return _anchor_processor_class()
+
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        from ..modeling.sana_video2.attention import anchor_output, anchor_qkv
+
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
+        hidden_states = call["hidden_states"]
+        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"])
+        return SparseCall(query, key, value, functools.partial(anchor_output, attn, hidden_states=hidden_states))
+
+
+ANCHOR_BF16 = AnchorAttentionBF16()
+LINEAR_BF16_GEMM = LinearAttentionBF16GEMM()
+ANCHOR_SOL_ATTN = AnchorSolAttention()
 
 
 class SanaVideo2Adapter(ModelAdapter):
     family = "SANA-Video 2.0"
     model_classes = (("accelpatch.modeling.sana_video2", "SanaVideo2Transformer3DModel"),)
-    backends = ()
+    backends = ("sol_attn",)
+    options_class = SanaVideo2Options
+
+    def default_tier(self, backend_config: Any) -> Tier:
+        return Tier.HIGH if backend_config is not None else DEFAULT_TIER
+
+    def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
+        if backend_config is not None and backend_config.dense_layers is None:
+            return dataclasses.replace(backend_config, dense_layers=frozenset(model.softmax_layer_indices[:1]))
+        return backend_config
+
+    @staticmethod
+    def _check_anchor_layers(name: str, layers: frozenset, model: torch.nn.Module) -> None:
+        anchors = list(model.softmax_layer_indices)
+        stray = sorted(set(layers) - set(anchors))
+        if stray:
+            raise ValueError(f"{name} names layer(s) {stray} that are not anchor layers of {type(model).__name__}: "
+                             f"its softmax anchors are {', '.join(map(str, anchors))} (the other layers use linear "
+                             "attention)")
+
+    def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
+        super().validate_backend(backend_config, model)
+        if backend_config is not None:
+            self._check_anchor_layers("dense_layers", backend_config.dense_layers, model)
+
+    def validate_options(self, options: Any, model: torch.nn.Module) -> None:
+        self._check_anchor_layers("anchor_fp32_layers", options.anchor_fp32_layers, model)
+
+    def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
+        if backend_config is not None:
+            return backend_config.dense_steps > 0
+        return options is not None and options.anchor_fp32_steps > 0
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         from ..modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 
+        anchor_path = ANCHOR_SOL_ATTN if isinstance(backend_config, SolAttnConfig) else ANCHOR_BF16
         for path, module in model.named_modules():
             match = _SELF_ATTENTION.fullmatch(path)
             if match is None:
                 continue
             if isinstance(module, SanaVideo2SoftmaxAttention):
-                yield path, module, ANCHOR_SITE, int(match.group(1))
+                yield path, module, anchor_path, int(match.group(1))
             elif isinstance(module, SanaVideo2LinearAttention):
-                yield path, module, LINEAR_SITE, int(match.group(1))
+                yield path, module, LINEAR_BF16_GEMM, int(match.group(1))

@@ -12,7 +12,7 @@ import functools
 import math
 import numbers
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Optional, Union
 
 THRESH_TYPES = ("diag", "exact")
@@ -22,8 +22,9 @@ IMPLS = ("auto", "torch", "triton", "upstream")
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
-def parse_layers(value: Union[str, Iterable[int]]) -> frozenset[int]:
-    """``"0,1,3-5"`` → {0, 1, 3, 4, 5}; ``""`` → {}; an iterable of non-negative ints is taken as is."""
+def parse_layers(value: Union[str, Iterable[int]], name: str = "dense_layers") -> frozenset[int]:
+    """``"0,1,3-5"`` → {0, 1, 3, 4, 5}; ``""`` → {}; an iterable of non-negative ints is taken as is. ``name`` is
+    the option's name in error messages."""
     if isinstance(value, str):
         layers: set[int] = set()
         for part in value.split(","):
@@ -31,21 +32,21 @@ def parse_layers(value: Union[str, Iterable[int]]) -> frozenset[int]:
                 continue
             match = _RANGE.match(part)
             if match is None:
-                raise ValueError(f"dense_layers: {part.strip()!r} in {value!r} is not a layer index or a range "
+                raise ValueError(f"{name}: {part.strip()!r} in {value!r} is not a layer index or a range "
                                  "like '3-5'; use a comma list such as '0,1,3-5', or '' for none")
             lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
             if hi < lo:
-                raise ValueError(f"dense_layers: range {part.strip()!r} in {value!r} runs backwards")
+                raise ValueError(f"{name}: range {part.strip()!r} in {value!r} runs backwards")
             layers.update(range(lo, hi + 1))
         return frozenset(layers)
     try:
         items = list(value)
     except TypeError:
-        raise ValueError(f"dense_layers must be a comma list such as '0,1,3-5' or an iterable of ints, "
+        raise ValueError(f"{name} must be a comma list such as '0,1,3-5' or an iterable of ints, "
                          f"got {value!r}") from None
     for item in items:
         if not isinstance(item, numbers.Integral) or isinstance(item, bool) or item < 0:
-            raise ValueError(f"dense_layers: {item!r} is not a non-negative layer index (in {value!r})")
+            raise ValueError(f"{name}: {item!r} is not a non-negative layer index (in {value!r})")
     return frozenset(int(i) for i in items)
 
 
@@ -62,14 +63,16 @@ def _check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False)
 class SolAttnConfig:
     """Options of ``apply(model, backend="sol_attn", ...)``; see the module docstring.
 
-    ``sink_tokens``/``sink_start`` default to None: the sink is derived per call from the packed layout (the
-    text/audio rows). ``kv_splits="auto"`` picks 4 on SM 9.0 for T ≥ 65,536, else 1.
+    ``dense_layers`` None is the model's default (MiniMax-H3: layers 0 and 1, as the prior art; SANA-Video 2.0: its
+    first anchor layer). ``sink_tokens``/``sink_start`` default to None: the model derives the sink per call
+    (MiniMax-H3: the text/audio rows of the packed layout; SANA-Video 2.0: none, text enters by cross-attention).
+    ``kv_splits="auto"`` picks 4 on SM 9.0 for T ≥ 65,536, else 1.
     """
 
     tau: float = 1.0
     thresh_type: str = "diag"
     dense_steps: int = 10
-    dense_layers: frozenset = field(default=frozenset({0, 1}))
+    dense_layers: Optional[frozenset] = None
     sink_tokens: Optional[int] = None
     sink_start: Optional[int] = None
     kv_splits: Union[str, int] = "auto"
@@ -86,7 +89,8 @@ class SolAttnConfig:
         if self.thresh_type not in THRESH_TYPES:
             raise ValueError(f"thresh_type must be one of {', '.join(THRESH_TYPES)}, got {self.thresh_type!r}")
         set_("dense_steps", _check_int("dense_steps", self.dense_steps, 0))
-        set_("dense_layers", parse_layers(self.dense_layers))
+        if self.dense_layers is not None:
+            set_("dense_layers", parse_layers(self.dense_layers))
         set_("sink_tokens", _check_int("sink_tokens", self.sink_tokens, 0, allow_none=True))
         set_("sink_start", _check_int("sink_start", self.sink_start, 0, allow_none=True))
         if self.sink_start is not None and self.sink_tokens is None:

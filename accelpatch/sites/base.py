@@ -75,6 +75,23 @@ class Dense(_Outcome):
     __slots__ = ()
 
 
+def step_layer_policy(site: "Site", *, first_steps: int, layers: frozenset, step_reason: str, layer_reason: str,
+                      unknown_reason: str) -> Optional[_Outcome]:
+    """A policy keeping the reference for the first ``first_steps`` denoising steps (by the step clock; an unknown
+    step declines, since the policy cannot apply) and for the layers in ``layers``; None when the fast path may run."""
+    if first_steps > 0:
+        from .. import steps
+
+        step = steps.current_step().step
+        if step is None:
+            return Decline(unknown_reason)
+        if step < first_steps:
+            return Dense(step_reason)
+    if site.layer_index in layers:
+        return Dense(layer_reason)
+    return None
+
+
 def bind_call(args: tuple, kwargs: dict, names: tuple[str, ...]) -> dict:
     """Map a module call's positional and keyword arguments onto ``names`` (absent ones are None); other keyword
     arguments are kept under their own names."""

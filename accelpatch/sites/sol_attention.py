@@ -15,9 +15,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import call_context, steps
+from .. import call_context
 from ..backends.sol_attn import SolAttnConfig
-from .base import Decline, Dense, FastPath, Site
+from .base import Decline, Dense, FastPath, Site, step_layer_policy
 
 DENSE_STEP = "dense step (step < dense_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"
@@ -45,15 +45,8 @@ class SparseCall:
 
 def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[Dense, Decline]]:
     """The policy's verdict for this call, or None when it may run sparse."""
-    if config.dense_steps > 0:
-        step = steps.current_step().step
-        if step is None:
-            return Decline(STEP_UNKNOWN)
-        if step < config.dense_steps:
-            return Dense(DENSE_STEP)
-    if site.layer_index in config.dense_layers:
-        return Dense(DENSE_LAYER)
-    return None
+    return step_layer_policy(site, first_steps=config.dense_steps, layers=config.dense_layers,
+                             step_reason=DENSE_STEP, layer_reason=DENSE_LAYER, unknown_reason=STEP_UNKNOWN)
 
 
 def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]:

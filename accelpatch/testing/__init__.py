@@ -56,6 +56,7 @@ from .sana_video2 import (
     SANA_VIDEO2_14B_CONFIG,
     SANA_VIDEO2_MEDIUM_CONFIG,
     SANA_VIDEO2_TINY_CONFIG,
+    SANA_VIDEO2_TINY_VAE_8X_CONFIG,
     SANA_VIDEO2_TINY_VAE_CONFIG,
     sana_video2_pipeline_call_kwargs,
     sana_video2_transformer_inputs,
@@ -91,6 +92,7 @@ __all__ = [
     "sana_video2_transformer_inputs",
     "sana_video2_transformer_on_meta",
     "SANA_VIDEO2_TINY_VAE_CONFIG",
+    "SANA_VIDEO2_TINY_VAE_8X_CONFIG",
     "tiny_sana_video2_pipeline",
     "sana_video2_pipeline_call_kwargs",
 ]

@@ -107,14 +107,21 @@ SANA_VIDEO2_TINY_VAE_CONFIG: dict[str, Any] = dict(
     patch_size=4, patch_size_t=1, spatial_compression_ratio=32, temporal_compression_ratio=8,
 )
 
+#: The same tiny VAE with 8x spatial compression (patch size 1): many latent tokens at small frame sizes, so quality
+#: checks over decoded frames stay cheap (16 x 16 x 3 latents = 768 tokens decode to 17 x 128 x 128 frames).
+SANA_VIDEO2_TINY_VAE_8X_CONFIG: dict[str, Any] = {**SANA_VIDEO2_TINY_VAE_CONFIG, "patch_size": 1,
+                                                  "spatial_compression_ratio": 8}
+
 
 def tiny_sana_video2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
-                              device: str | torch.device = "cpu", transformer_config: Mapping[str, Any] | None = None):
+                              device: str | torch.device = "cpu", transformer_config: Mapping[str, Any] | None = None,
+                              vae_config: Mapping[str, Any] | None = None):
     """A complete offline ``SanaVideo2Pipeline`` with tiny random components, progress bar off.
 
     Components: :func:`tiny_sana_video2_transformer` (``transformer_config``, default
     :data:`SANA_VIDEO2_TINY_CONFIG`), a tiny ``AutoencoderKLLTX2Video`` with the release stride (8, 32, 32)
-    (:data:`SANA_VIDEO2_TINY_VAE_CONFIG`, latent channels = the transformer's ``in_channels``), a one-layer
+    (``vae_config``, default :data:`SANA_VIDEO2_TINY_VAE_CONFIG`; latent channels = the transformer's
+    ``in_channels``), a one-layer
     ``Gemma2Model`` whose width is the transformer's ``caption_channels``, the argument-free ``GemmaTokenizer()``
     (5 tokens, built offline: every text is one ``<unk>``, so prompts do not change the output; build a pipeline
     with a real vocabulary to test prompt handling) and the release scheduler (flow DPM-Solver++, shift 12). The
@@ -125,7 +132,7 @@ def tiny_sana_video2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int =
     from accelpatch.modeling.sana_video2 import SanaVideo2Pipeline
 
     transformer = tiny_sana_video2_transformer(transformer_config, seed=seed, dtype=dtype)
-    vae = _build_seeded(_ltx2_vae_class(), {**SANA_VIDEO2_TINY_VAE_CONFIG,
+    vae = _build_seeded(_ltx2_vae_class(), {**(SANA_VIDEO2_TINY_VAE_CONFIG if vae_config is None else vae_config),
                                             "latent_channels": int(transformer.config.in_channels)},
                         seed=seed, dtype=dtype, device="cpu")
     torch.manual_seed(seed)
