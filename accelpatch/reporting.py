@@ -1,6 +1,7 @@
 """``report(target)``: what accelpatch did to a model and what ran since, as data and as a readable table."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any, Optional
@@ -65,6 +66,8 @@ class ModelReport(_Tally):
     sites: tuple[SiteReport, ...]
     #: where each call's denoising step came from (see accelpatch.steps), for models with a step-based policy
     step_sources: dict[str, int] = field(default_factory=dict)
+    #: the family's own options in force (e.g. SANA-Video 2.0's anchor_fp32_steps)
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tier_statement(self) -> str:
@@ -95,8 +98,10 @@ class ModelReport(_Tally):
         return header, rows, notes
 
     def headline(self) -> str:
-        return (f"{self.model_class} ({self.family}) backend={self.backend or 'none'}{' strict' if self.strict else ''}"
-                f": {len(self.sites)} sites, {self.fast_calls} fast calls; {self.tier_statement}")
+        options = "".join(f" {k}={_shown(v)}" for k, v in self.options.items())
+        return (f"{self.model_class} ({self.family}) backend={self.backend or 'none'}{options}"
+                f"{' strict' if self.strict else ''}: {len(self.sites)} sites, {self.fast_calls} fast calls; "
+                f"{self.tier_statement}")
 
     def step_line(self) -> Optional[str]:
         if not self.step_sources:
@@ -106,6 +111,12 @@ class ModelReport(_Tally):
         warning = (f" — {unknown} call(s) had no known step, so the step-based policy (dense_steps) could not apply"
                    if unknown else "")
         return f"step clock: {counts}{warning}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (set, frozenset)):
+        return "{" + ",".join(map(str, sorted(value))) + "}"
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,8 @@ def build_report(models, *, reset: bool = False) -> Report:
         if reset:
             patch.step_sources.reset()
         backend = getattr(patch.backend, "name", None)
+        options = dataclasses.asdict(patch.options) if dataclasses.is_dataclass(patch.options) else {}
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
-                               step_sources=step_sources))
+                               step_sources=step_sources, options=options))
     return Report(models=tuple(out))

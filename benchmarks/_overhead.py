@@ -3,6 +3,7 @@ same model alternate (apply/remove between rounds, the order flipping every roun
 is the overhead. Shared by the per-model patching benchmarks."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import warnings
@@ -12,9 +13,12 @@ import torch
 import accelpatch
 
 
-def patched_vs_unpatched(model, inputs: dict, *, rounds: int, forwards: int, label: str) -> tuple[float, float, float]:
-    """(unpatched s/forward, patched s/forward, overhead fraction); prints one line."""
+def patched_vs_unpatched(model, inputs: dict, *, rounds: int, forwards: int, label: str,
+                         tier: str | None = None) -> tuple[float, float, float]:
+    """(unpatched s/forward, patched s/forward, overhead fraction); prints one line. ``tier``: the patched
+    forwards run inside ``quality(tier)`` (default: the model's default tier)."""
     times = {"unpatched": [], "patched": []}
+    context = (lambda: accelpatch.quality(tier)) if tier else contextlib.nullcontext
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # apply() warns about rejected sites every time it re-applies
         for _ in range(3):
@@ -23,12 +27,14 @@ def patched_vs_unpatched(model, inputs: dict, *, rounds: int, forwards: int, lab
             order = ("unpatched", "patched") if r % 2 == 0 else ("patched", "unpatched")
             for state in order:
                 (accelpatch.apply if state == "patched" else accelpatch.remove)(model)
-                start = time.perf_counter()
-                for _ in range(forwards):
-                    model(**inputs)
-                times[state].append((time.perf_counter() - start) / forwards)
+                with context() if state == "patched" else contextlib.nullcontext():
+                    start = time.perf_counter()
+                    for _ in range(forwards):
+                        model(**inputs)
+                    times[state].append((time.perf_counter() - start) / forwards)
     accelpatch.remove(model)
     base, patched = statistics.median(times["unpatched"]), statistics.median(times["patched"])
-    print(f"{label:<8} unpatched {base * 1e3:8.3f} ms/forward   patched(lossless) {patched * 1e3:8.3f} ms/forward   "
+    print(f"{label:<8} unpatched {base * 1e3:8.3f} ms/forward   patched({tier or 'default'}) {patched * 1e3:8.3f} "
+          f"ms/forward   "
           f"overhead {100 * (patched / base - 1):+6.2f} %   ({rounds} alternating rounds × {forwards} forwards)")
     return base, patched, patched / base - 1
