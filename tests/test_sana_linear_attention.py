@@ -149,10 +149,12 @@ def test_unmount_restores_the_reference_bit_for_bit():
 
 
 def test_the_switch_is_off_outside_its_block():
-    assert site_module.fast_paths_run_on_cpu() is False
+    from accelpatch.sites.base import fast_paths_run_on_cpu
+
+    assert fast_paths_run_on_cpu() is False
     with emulate_bf16_gemm_on_cpu():
-        assert site_module.fast_paths_run_on_cpu() is True
-    assert site_module.fast_paths_run_on_cpu() is False
+        assert fast_paths_run_on_cpu() is True
+    assert fast_paths_run_on_cpu() is False
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -58,14 +58,16 @@ def test_the_bf16_anchor_path_is_the_processor_without_the_fp32_upcast(on_cpu):
 def test_the_linear_path_runs_its_first_gemm_on_bf16_operands(on_cpu, monkeypatch):
     model = _bf16_model()
     attn, x, rope = _attn_inputs(model, 0)
+    from accelpatch.ops import gemm
+
     seen = []
-    real = sv2.bmm_bf16_operands
+    real = gemm.bmm_bf16_operands
 
     def spy(a, b):
         seen.append((a.dtype, b.dtype, tuple(a.shape), tuple(b.shape)))
         return real(a, b)
 
-    monkeypatch.setattr(sv2, "bmm_bf16_operands", spy)
+    monkeypatch.setattr(gemm, "bmm_bf16_operands", spy)
     with torch.no_grad():
         reference = attn(x, rope)
         accelpatch.apply(model, anchor_fp32_steps=0)

@@ -6,7 +6,7 @@ layers (``SanaVideo2LinearAttention``), each kind with its own marker pair. All 
   kernel runs (the prior art measured one 720p anchor layer 7.1× faster on an H200). The options
   ``anchor_fp32_steps`` (the first N denoising steps keep FP32 anchors; default 10) and ``anchor_fp32_layers``
   (anchors that always keep FP32) are the middle ground between that speed and the release's numerics.
-- **Linear attention, first GEMM on BF16 operands with FP32 accumulation** (``ops.gemm.bmm_bf16_operands``, as
+- **Linear attention, first GEMM on BF16 operands with FP32 accumulation** (``ops.gemm.key_value_state_bf16``, as
   SANA-Video's site), the second GEMM in FP32 as the release.
 - **``backend="sol_attn"``**: the anchors run Sol-Attn at head dim 256 under the backend's policy
   (:mod:`accelpatch.sites.sol_attention`, shared with MiniMax-H3); no sink (text enters through cross-attention);
@@ -28,8 +28,8 @@ import torch
 
 from ..backends.sol_attn import SolAttnConfig, _check_int, parse_layers
 from ..gate import QualityGatedFusion
-from ..ops.gemm import bmm_bf16_fp32_reject_reason, bmm_bf16_operands
-from ..sites.base import (Decline, Dense, FastPath, Site, bind_call, device_reject_reason, fast_paths_run_on_cpu,
+from ..ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
+from ..sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
                           step_layer_policy)
 from ..sites.sol_attention import SolAttnFastPath, SparseCall
 from ..tiers import DEFAULT_TIER, Tier
@@ -102,15 +102,6 @@ def _linear_processor_class() -> type:
     return SanaVideo2LinearAttnProcessor
 
 
-def _cuda_reject_reason() -> Optional[str]:
-    if fast_paths_run_on_cpu():
-        return None
-    if not torch.cuda.is_available():
-        return ("CUDA is unavailable: this torch build has no CUDA" if torch.version.cuda is None
-                else "CUDA is unavailable: no CUDA device is visible")
-    return None
-
-
 def _bf16_guards(attn: torch.nn.Module, hidden_states: torch.Tensor, what: str) -> Optional[Union[Decline, Dense]]:
     """The guards both BF16 paths share: CUDA, bf16 activations, and something to gain (``fp32_attention`` set)."""
     device_reason = device_reject_reason(hidden_states.device, what)
@@ -132,8 +123,8 @@ class AnchorAttentionBF16(FastPath):
     def expected_processor(self) -> type:
         return _anchor_processor_class()
 
-    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        return self.processor_mismatch(module) or _cuda_reject_reason()
+    def kernel_reject_reason(self) -> Optional[str]:
+        return cuda_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -164,14 +155,6 @@ class AnchorAttentionBF16(FastPath):
         return anchor_output(attn, out, hidden_states)
 
 
-def _first_gemm_bf16(value: torch.Tensor, key_gated: torch.Tensor) -> torch.Tensor:
-    """v·k̃ᵀ for [B, H, D, N] BF16 operands, FP32 accumulation and result [B, H, D, D]."""
-    batch, heads, dim, tokens = value.shape
-    return bmm_bf16_operands(value.reshape(batch * heads, dim, tokens),
-                             key_gated.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim,
-                                                                                                  dim)
-
-
 class LinearAttentionBF16GEMM(FastPath):
     """The gated linear attention with its first GEMM on BF16 operands and FP32 accumulation."""
 
@@ -181,10 +164,7 @@ class LinearAttentionBF16GEMM(FastPath):
     def expected_processor(self) -> type:
         return _linear_processor_class()
 
-    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        mismatch = self.processor_mismatch(module)
-        if mismatch is not None or fast_paths_run_on_cpu():
-            return mismatch
+    def kernel_reject_reason(self) -> Optional[str]:
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
@@ -198,7 +178,7 @@ class LinearAttentionBF16GEMM(FastPath):
         verdict = _bf16_guards(attn, hidden_states, "the BF16-input GEMM")
         if verdict is not None:
             return verdict
-        return gated_linear_attention(attn, hidden_states, call["rotary_emb"], first_gemm=_first_gemm_bf16)
+        return gated_linear_attention(attn, hidden_states, call["rotary_emb"], first_gemm=key_value_state_bf16)
 
 
 class AnchorSolAttention(SolAttnFastPath):

@@ -49,6 +49,15 @@ def bmm_bf16_fp32_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.float(), b.float())
 
 
+def key_value_state_bf16(value: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """The linear-attention state v·kᵀ (summed over tokens) per (batch, head) for [B, H, D, N] operands: BF16
+    operands, FP32 accumulation, an FP32 [B, H, D, D] result (through :func:`bmm_bf16_operands`)."""
+    batch, heads, dim, tokens = value.shape
+    state = bmm_bf16_operands(value.reshape(batch * heads, dim, tokens),
+                              key.transpose(-1, -2).reshape(batch * heads, tokens, key.shape[2]))
+    return state.view(batch, heads, dim, key.shape[2])
+
+
 def bmm_bf16_operands(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` on BF16 operands with an FP32 result wherever the tensors are: the CUDA kernel on CUDA, the exact
     FP32 emulation elsewhere (the fast paths' guards decide whether running off CUDA is worth it)."""

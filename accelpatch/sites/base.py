@@ -44,6 +44,15 @@ def fast_paths_run_on_cpu() -> bool:
     return _cpu_fast_paths
 
 
+def cuda_reject_reason() -> Optional[str]:
+    """Why CUDA cannot run here (None when a CUDA device is visible)."""
+    if torch.version.cuda is None:
+        return "CUDA is unavailable: this torch build has no CUDA"
+    if not torch.cuda.is_available():
+        return "CUDA is unavailable: no CUDA device is visible"
+    return None
+
+
 def device_reject_reason(device: torch.device, what: str = "the fast path") -> Optional[str]:
     """Why a CUDA-only fast path (``what``) cannot run on ``device`` (None on CUDA, or on CPU under the test
     switch)."""
@@ -129,8 +138,17 @@ class FastPath:
             return None
         return f"processor is {type(processor).__name__}, expected {expected.__name__}"
 
-    def mount_reject_reason(self, module: torch.nn.Module, site: "Site") -> Optional[str]:
+    def kernel_reject_reason(self) -> Optional[str]:
+        """Why this path's kernels cannot run in this process at all (None when they can). Not asked under the
+        test-only CPU switch."""
         return None
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: "Site") -> Optional[str]:
+        """Asked once per model at ``apply``: the processor being the one restated, then the kernels."""
+        mismatch = self.processor_mismatch(module)
+        if mismatch is not None or _cpu_fast_paths:
+            return mismatch
+        return self.kernel_reject_reason()
 
     def run(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError

@@ -17,10 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from ..gate import QualityGatedFusion
-from ..ops.gemm import bmm_bf16_fp32_reject_reason, bmm_bf16_operands
+from ..ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from ..tiers import Tier
-from .base import (Decline, FastPath, Site, bind_call, device_reject_reason, fast_paths_run_on_cpu,
-                   run_fast_paths_on_cpu)
+from .base import Decline, FastPath, Site, bind_call, device_reject_reason, run_fast_paths_on_cpu
 
 FUSION = QualityGatedFusion(
     name="sana_video_linear_attention",
@@ -54,10 +53,7 @@ def linear_attention_bf16_gemm(query_rotate: torch.Tensor, key_rotate: torch.Ten
                                z: torch.Tensor) -> torch.Tensor:
     """((v·k_rotᵀ)·q_rot)·z for ``[B, H, D, N]`` BF16 operands, FP32 result: the first GEMM on BF16 operands with
     FP32 accumulation, the second in FP32, as the reference does."""
-    batch, heads, dim, tokens = value.shape
-    scores = bmm_bf16_operands(value.reshape(batch * heads, dim, tokens),
-                  key_rotate.transpose(-1, -2).reshape(batch * heads, tokens, dim)).view(batch, heads, dim, dim)
-    return torch.matmul(scores, query_rotate.float()) * z
+    return torch.matmul(key_value_state_bf16(value, key_rotate), query_rotate.float()) * z
 
 
 class SanaLinearAttentionBF16(FastPath):
@@ -67,10 +63,7 @@ class SanaLinearAttentionBF16(FastPath):
     def expected_processor(self) -> type:
         return _reference_processor_class()
 
-    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        mismatch = self.processor_mismatch(module)
-        if mismatch is not None or fast_paths_run_on_cpu():
-            return mismatch
+    def kernel_reject_reason(self) -> Optional[str]:
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):

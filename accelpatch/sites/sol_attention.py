@@ -65,9 +65,6 @@ def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]
 class SolAttnFastPath(FastPath):
     """Sol-Attn with the ``sol_attn`` backend's policy in front; subclasses implement :meth:`prepare`."""
 
-    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        return self.processor_mismatch(module)
-
     def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
         raise NotImplementedError
 
