@@ -1,6 +1,6 @@
-"""Per-forward cost of patching at the default tier, measured side by side: patched and unpatched rounds of the
-same model alternate (apply/remove between rounds, the order flipping every round) and the ratio of the medians
-is the overhead. Shared by the per-model patching benchmarks."""
+"""Cost of patching, shared by the per-model patching benchmarks: per-forward time measured side by side (patched and
+unpatched rounds of the same model alternate, apply/remove between rounds, the order flipping every round; the
+ratio of the medians is the overhead), and the time of apply()/remove() themselves."""
 from __future__ import annotations
 
 import contextlib
@@ -38,3 +38,18 @@ def patched_vs_unpatched(model, inputs: dict, *, rounds: int, forwards: int, lab
           f"ms/forward   "
           f"overhead {100 * (patched / base - 1):+6.2f} %   ({rounds} alternating rounds × {forwards} forwards)")
     return base, patched, patched / base - 1
+
+
+def apply_remove_time(model, *, repeats: int) -> tuple[float, float]:
+    """Median seconds of ``accelpatch.apply(model)`` and of ``remove(model)`` (warnings about rejected sites off)."""
+    apply_s, remove_s = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            accelpatch.apply(model)
+            apply_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            accelpatch.remove(model)
+            remove_s.append(time.perf_counter() - start)
+    return statistics.median(apply_s), statistics.median(remove_s)

@@ -11,14 +11,10 @@
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-import warnings
 
 import torch
 
-import accelpatch
-from _overhead import patched_vs_unpatched
+from _overhead import apply_remove_time, patched_vs_unpatched
 from accelpatch.testing import (SANA_VIDEO2_MEDIUM_CONFIG, SANA_VIDEO2_TINY_CONFIG, sana_video2_transformer_inputs,
                                 sana_video2_transformer_on_meta, tiny_sana_video2_transformer)
 
@@ -26,17 +22,7 @@ from accelpatch.testing import (SANA_VIDEO2_MEDIUM_CONFIG, SANA_VIDEO2_TINY_CONF
 def apply_time(*, repeats: int) -> tuple[float, float]:
     model = sana_video2_transformer_on_meta()
     n_params = sum(p.numel() for p in model.parameters())
-    apply_s, remove_s = [], []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            accelpatch.apply(model)
-            apply_s.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            accelpatch.remove(model)
-            remove_s.append(time.perf_counter() - start)
-    a, r = statistics.median(apply_s), statistics.median(remove_s)
+    a, r = apply_remove_time(model, repeats=repeats)
     print(f"apply() on the 5B SANA-Video 2.0 on the meta device ({n_params / 1e9:.2f}B parameters, 32 sites): "
           f"{a * 1e3:.2f} ms (median of {repeats}); remove(): {r * 1e3:.2f} ms")
     return a, r

@@ -13,13 +13,12 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
 import accelpatch
-from _overhead import patched_vs_unpatched
+from _overhead import apply_remove_time, patched_vs_unpatched
 from accelpatch.testing import (SANA_VIDEO_MEDIUM_CONFIG, SANA_VIDEO_TINY_CONFIG, sana_video_transformer_inputs,
                                 sana_video_transformer_on_meta, tiny_sana_video_transformer)
 
@@ -32,15 +31,7 @@ def forward_overhead(config, *, rounds: int, forwards: int, label: str, **input_
 
 def apply_time(*, repeats: int) -> tuple[float, float]:
     model = sana_video_transformer_on_meta(num_layers=20)
-    apply_s, remove_s = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        accelpatch.apply(model)
-        apply_s.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        accelpatch.remove(model)
-        remove_s.append(time.perf_counter() - start)
-    a, r = statistics.median(apply_s), statistics.median(remove_s)
+    a, r = apply_remove_time(model, repeats=repeats)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"apply() on a 20-layer meta-device SANA-Video ({n_params / 1e9:.2f}B parameters): "
           f"{a * 1e3:.2f} ms (median of {repeats}); remove(): {r * 1e3:.2f} ms")

@@ -12,12 +12,11 @@ the PSNR of the sparse output against dense. Target from the issue: ≥ 1.3× at
 from __future__ import annotations
 
 import argparse
-import math
-import time
 
 import torch
 
 import accelpatch
+from _gpu import psnr, timed
 from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 RELEASE_LAYER = dict(num_attention_heads=56, attention_head_dim=128, hidden_size=5376, ffn_dim=14336,
@@ -26,29 +25,9 @@ DRY_RUN_LAYER = dict(num_attention_heads=2, attention_head_dim=128, hidden_size=
                      num_refiner_layers=1, in_channels=4, audio_in_channels=8, text_dim=8, rope_freq_dim=16)
 
 
-def timed(model, inputs, repeats: int, device: str) -> tuple[float, torch.Tensor]:
+def _step(model, inputs) -> torch.Tensor:
     with torch.no_grad():
-        out = model(**inputs).sample  # warm-up (and Triton compilation)
-        if device == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                out = model(**inputs).sample
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1e3 / repeats, out
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            out = model(**inputs).sample
-        return (time.perf_counter() - t0) / repeats, out
-
-
-def psnr(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    ref, cand = reference.double(), candidate.double()
-    mse = torch.mean((ref - cand) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
+        return model(**inputs).sample
 
 
 def main() -> None:
@@ -74,12 +53,12 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
     print(f"MiniMax-H3-shaped layers on {name}: {args.layers} layers, {layer['num_attention_heads']} heads × 128, "
           f"{seq} packed rows, {dtype}")
-    dense_s, dense_out = timed(model, inputs, args.repeats, device)
+    dense_s, dense_out = timed(lambda: _step(model, inputs), args.repeats, device)
     print(f"dense: {dense_s * 1e3:.1f} ms per step")
     print(f"{'tau':>6}{'sol ms/step':>14}{'speed-up':>10}{'exact frac':>12}{'PSNR dB':>10}")
     for tau in args.tau:
         accelpatch.apply(model, backend="sol_attn", tau=tau, dense_steps=0)
-        sol_s, sol_out = timed(model, inputs, args.repeats, device)
+        sol_s, sol_out = timed(lambda: _step(model, inputs), args.repeats, device)
         fractions = [s.stats["exact_fraction"] for s in accelpatch.report(model).sites if "exact_fraction" in s.stats]
         fallbacks = accelpatch.report(model).fallback_calls
         accelpatch.remove(model)

@@ -16,38 +16,13 @@ run, random weights, no downloads, under 5 minutes on one H200).
 from __future__ import annotations
 
 import argparse
-import math
-import time
 import warnings
 
 import torch
 
 import accelpatch
+from _gpu import psnr, timed
 from accelpatch.testing import SANA_VIDEO2_MEDIUM_CONFIG, tiny_sana_video2_transformer
-
-
-def timed(fn, repeats: int, device: str):
-    out = fn()  # warm-up (kernel selection, Triton compilation)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            out = fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeats, out
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        out = fn()
-    return (time.perf_counter() - t0) / repeats, out
-
-
-def psnr(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    ref, cand = reference.double(), candidate.double()
-    mse = torch.mean((ref - cand) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
 
 
 def build(dry_run: bool, device: str):
