@@ -323,3 +323,108 @@ def test_head_chunking_matches_single_pass(monkeypatch):
     chunked = sol_attn(q, k, v, tau=0.5, impl="torch", return_stats=True)
     torch.testing.assert_close(chunked[0], whole[0], atol=1e-6, rtol=1e-6)
     assert torch.equal(chunked[1].exact_pairs, whole[1].exact_pairs)
+
+
+# ---- block-clustered ("scattered") inputs, D = 256, and every chunking path of the fp32/fp64 implementation ----
+
+def scattered_qkv(t, h, d, dtype=torch.float32, seed=0, spread=2.0):
+    """Keys clustered per 64-block around a random centroid per block, queries and values i.i.d.: a query
+    block's exact key blocks are then scattered over the sequence instead of sitting near the diagonal."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.ceil(t / BLOCK)
+    cent = spread * torch.randn(1, n, 1, h, d, generator=g)
+    k = cent.expand(1, n, BLOCK, h, d).reshape(1, n * BLOCK, h, d)[:, :t] + torch.randn(1, t, h, d, generator=g)
+    q, v = torch.randn(1, t, h, d, generator=g), torch.randn(1, t, h, d, generator=g)
+    return [x.to(dtype) for x in (q, k.contiguous(), v)]
+
+
+_REF_CACHE = {}
+
+
+def cached_reference(key, q, k, v, **kw):
+    if key not in _REF_CACHE:
+        _REF_CACHE[key] = reference_sol_attn(q, k, v, **kw)
+    return _REF_CACHE[key]
+
+
+def test_scattered_inputs_route_off_the_diagonal():
+    """The scattered family really has exact blocks far from the diagonal (not only neighbours)."""
+    from accelpatch.ops.sol_attn.torch_impl import route
+
+    q, k, v = scattered_qkv(1024, 2, 64, seed=1)
+    exact = route(q, k, v, 64**-0.5, 1.0, "diag", 0, None)[0][0]  # [H, N, N]
+    ar = torch.arange(exact.shape[-1])
+    far = exact & ((ar[:, None] - ar[None, :]).abs() > 2)
+    assert far.sum() > 0.5 * (exact.sum() - 3 * exact.shape[-1] * exact.shape[0])
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("piece_blocks,batch_blocks", [(None, None), (1, 1), (2, 5)])
+def test_chunking_paths_match_float64_reference(monkeypatch, d, dtype, tol, piece_blocks, batch_blocks):
+    """Ragged T (last block of 9 tokens), two heads, scattered exact blocks, a sink, some items with every block
+    exact: with the default workspaces, with one-item chunks gathered one key block per piece, and with small
+    batched chunks (padding slots and the short last block masked), the output matches the float64 reference."""
+    from accelpatch.ops.sol_attn import torch_impl
+
+    esz = torch.tensor([], dtype=dtype).element_size()
+    if piece_blocks:
+        monkeypatch.setattr(torch_impl, "_PIECE_BYTES", piece_blocks * BLOCK * d * esz)
+    if batch_blocks:
+        monkeypatch.setattr(torch_impl, "_BATCH_BYTES", batch_blocks * BLOCK * d * esz)
+    t = 457
+    q, k, v = scattered_qkv(t, 2, d, torch.float64, seed=d)
+    for tau, kw in [(0.5, {}), (-0.3, dict(sink_tokens=70, sink_start=130)), (1.5, dict(thresh_type="exact"))]:
+        out, stats = sol_attn(q.to(dtype), k.to(dtype), v.to(dtype), tau=tau, impl="torch", return_stats=True, **kw)
+        ref, pairs = cached_reference((d, tau), q, k, v, tau=tau, **kw)
+        assert out.dtype == dtype
+        assert stats.exact_pairs.tolist() == pairs
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_chunking_covers_full_and_sparse_items(d):
+    """The data of test_chunking_paths_match_float64_reference has items of every kind: all blocks exact, many
+    exact blocks, few exact blocks, and the short last key block exact for some."""
+    from accelpatch.ops.sol_attn.torch_impl import route
+
+    q, k, v = scattered_qkv(457, 2, d, torch.float64, seed=d)
+    n = math.ceil(457 / BLOCK)
+    exact = route(q, k, v, d**-0.5, -0.3, "diag", 70, 130)[0]
+    counts = exact.sum(-1).flatten().tolist()
+    assert n in counts and any(c < n for c in counts) and exact[..., n - 1].any()
+    counts = route(q, k, v, d**-0.5, 1.5, "exact", 0, None)[0].sum(-1).flatten().tolist()
+    assert min(counts) <= 3 and max(counts) < n and len(set(counts)) > 2
+
+
+def test_head_dim_256_matches_float64_reference():
+    q, k, v = qkv(2, 200, 2, 256, seed=21, smooth=True)
+    for tau, kw in [(0.0, dict(sink_tokens=30)), (0.8, dict(thresh_type="exact", scale=0.05))]:
+        out, stats = sol_attn(q, k, v, tau=tau, impl="torch", return_stats=True, **kw)
+        ref, pairs = reference_sol_attn(q, k, v, tau=tau, **kw)
+        assert stats.exact_pairs.tolist() == pairs
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    full = sol_attn(q, k, v, tau=-1e9, impl="torch")
+    torch.testing.assert_close(full, dense(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 5e-3)])
+def test_head_dim_256_half_follows_reference(dtype, atol):
+    q, k, v = scattered_qkv(150, 1, 256, dtype, seed=5)
+    out = sol_attn(q, k, v, tau=0.7, sink_tokens=20, impl="torch")
+    ref, _ = reference_sol_attn(q, k, v, tau=0.7, sink_tokens=20)
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=atol)
+
+
+def test_triton_interpreter_head_dim_256():
+    """The Triton kernel (BLOCK_D = next power of two = 256) in the interpreter, tiny shape, against the
+    PyTorch implementation and the float64 reference."""
+    pytest.importorskip("triton")
+    q, k, v = scattered_qkv(130, 1, 256, seed=3)
+    kw = dict(tau=0.5, sink_tokens=10)
+    out, stats = sol_attn(q, k, v, impl="triton", return_stats=True, **kw)
+    want, want_stats = sol_attn(q, k, v, impl="torch", return_stats=True, **kw)
+    assert stats.exact_pairs.tolist() == want_stats.exact_pairs.tolist()
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)
+    ref, _ = reference_sol_attn(q, k, v, **kw)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
