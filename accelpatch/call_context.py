@@ -16,6 +16,30 @@ from typing import Any, Callable, Iterator, TypeVar
 _VARS: list[contextvars.ContextVar] = []
 _recomputing: contextvars.ContextVar[bool] = contextvars.ContextVar("accelpatch_recomputing", default=False)
 
+
+class ContextReader:
+    """``var.get()`` in a form ``torch.compile`` traces without a graph break (Dynamo cannot call ``ContextVar.get``).
+
+    The reader holds a slot-less probe object whose ``value`` is a property with the ContextVar's own (C) ``get``
+    as its getter: Dynamo treats such a property as a C descriptor, reads it while tracing and guards on the object
+    it got, and every entry into the compiled code reads it again in the caller's thread or task, so each context
+    runs the graph traced for its own value. ``get`` receives the probe as its default argument, so the probe itself
+    means "not set": the reader then returns ``default``."""
+
+    __slots__ = ("_probe", "_default")
+
+    def __init__(self, var: contextvars.ContextVar, default: Any = None) -> None:
+        probe_class = type(f"_{var.name}_probe", (), {"__slots__": (), "value": property(var.get)})
+        self._probe = probe_class()
+        self._default = default
+
+    def __call__(self) -> Any:
+        value = self._probe.value
+        return self._default if value is self._probe else value
+
+
+_read_recomputing = ContextReader(_recomputing, False)
+
 V = TypeVar("V", bound=contextvars.ContextVar)
 
 
@@ -48,7 +72,7 @@ def replay(saved: Snapshot, *, recomputing: bool = False) -> Iterator[None]:
 
 def recomputing() -> bool:
     """True while a checkpointed block is being recomputed for ``backward()`` (counters skip those calls)."""
-    return _recomputing.get()
+    return _read_recomputing()
 
 
 class _ReplayingBlock:

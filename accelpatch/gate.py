@@ -45,7 +45,7 @@ class SiteCounters:
     ran differently than asked (``notes``: for example ``impl="upstream"`` running our own kernel), and sums of
     per-call statistics (for example the exact-block fraction of sparse attention)."""
 
-    __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts")
+    __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts", "_compiled")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,6 +55,9 @@ class SiteCounters:
         self.notes: collections.Counter[str] = collections.Counter()
         self.stat_sums: dict[str, float] = {}
         self.stat_counts: dict[str, int] = {}
+        #: tallies made inside torch.compile'd code: 0-dim tensors bumped in place (a Python int there would be a
+        #: guarded constant, recompiling at every count; a lock would break the graph), keyed by (field, name)
+        self._compiled: dict[tuple[str, str], torch.Tensor] = {}
 
     def __getstate__(self) -> dict:
         with self._lock:
@@ -65,29 +68,77 @@ class SiteCounters:
         for name, value in state.items():
             setattr(self, name, value)
 
+    def prepare(self, fields_and_names) -> None:
+        """Create the compiled-code tallies of the reasons a site can count, ahead of time: a tally created inside
+        compiled code changes what the code guarded on, and costs a recompile."""
+        for field, name in fields_and_names:
+            if (field, name) not in self._compiled:
+                dtype = torch.float64 if field == "stat_sums" else torch.int64
+                self._compiled[(field, name)] = torch.zeros((), dtype=dtype)
+
+    def _bump(self, field: str, name: str, value=1) -> None:
+        """Count inside compiled code (see ``_compiled``)."""
+        key = (field, name)
+        tally = self._compiled.get(key)
+        if tally is None:
+            tally = torch.zeros((), dtype=torch.float64 if field == "stat_sums" else torch.int64)
+            self._compiled[key] = tally
+        tally.add_(value)
+
     def count_fast(self) -> None:
+        if torch.compiler.is_compiling():
+            return self._bump("fast", "")
         with self._lock:
             self.fast += 1
 
     def count_reference(self, reason: str, *, fallback: bool = False) -> None:
+        if torch.compiler.is_compiling():
+            self._bump("reference", reason)
+            if fallback:
+                self._bump("fallbacks", reason)
+            return
         with self._lock:
             self.reference[reason] += 1
             if fallback:
                 self.fallbacks[reason] += 1
 
     def count_note(self, note: str) -> None:
+        if torch.compiler.is_compiling():
+            return self._bump("notes", note)
         with self._lock:
             self.notes[note] += 1
 
     def add_stat(self, name: str, value) -> None:
         """Add one observation; a tensor stays a tensor (no host sync) until the mean is read."""
+        if torch.compiler.is_compiling():
+            self._bump("stat_sums", name, value.detach().to(torch.float64).cpu())
+            return self._bump("stat_counts", name)
         with self._lock:
             self.stat_sums[name] = self.stat_sums.get(name, 0.0) + value
             self.stat_counts[name] = self.stat_counts.get(name, 0) + 1
 
+    def totals(self) -> dict:
+        """Everything counted, eager and compiled calls together: fast, reference, fallbacks, notes (ints) and
+        stat means."""
+        with self._lock:
+            out = {"fast": self.fast, "reference": collections.Counter(self.reference),
+                   "fallbacks": collections.Counter(self.fallbacks), "notes": collections.Counter(self.notes)}
+            sums, counts = dict(self.stat_sums), dict(self.stat_counts)
+            compiled = dict(self._compiled)
+        for (field, name), tally in compiled.items():
+            if field == "fast":
+                out["fast"] += int(tally)
+            elif field in ("reference", "fallbacks", "notes"):
+                out[field][name] += int(tally)
+            elif field == "stat_sums":
+                sums[name] = sums.get(name, 0.0) + tally
+            else:
+                counts[name] = counts.get(name, 0) + int(tally)
+        out["stats"] = {name: float(sums[name]) / n for name, n in counts.items() if n}
+        return out
+
     def mean_stat(self, name: str) -> Optional[float]:
-        n = self.stat_counts.get(name, 0)
-        return float(self.stat_sums[name]) / n if n else None
+        return self.totals()["stats"].get(name)
 
     def reset(self) -> None:
         with self._lock:
@@ -97,6 +148,8 @@ class SiteCounters:
             self.notes.clear()
             self.stat_sums.clear()
             self.stat_counts.clear()
+            for tally in self._compiled.values():
+                tally.zero_()
 
 
 class QualityGatedFusion:

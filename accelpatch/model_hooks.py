@@ -58,6 +58,7 @@ class ModelForwardHooks:
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
         uses_steps = adapter.uses_steps(backend, patch.options)
         self._clock = steps.TimestepClock(adapter.noise_level) if uses_steps else None
+        steps.register_thresholds(*adapter.step_thresholds(backend, patch.options))
         self._step_sources = patch.step_sources
         self._bind = self._clock is not None or adapter.captures(backend)
         self._checkpointing = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
@@ -79,13 +80,16 @@ class ModelForwardHooks:
     def pre(self, module, args, kwargs):
         for m in self._checkpointing:
             call_context.preserve_context_in_checkpointing(m)
-        if not self._bind:
+        if not self._bind or torch.compiler.is_compiling():
+            # Inside a compiled region the step and the layout cannot be read (host values, ContextVar writes):
+            # the sites see no step (only an explicit denoising_step()) and no layout, and say so when it matters.
             return None
         bound = self._signature.bind_partial(module, *args, **kwargs).arguments
         tokens = []
         if self._clock is not None:
             reading = self._step(bound)
             tokens.append((steps.MODEL_STEP, steps.MODEL_STEP.set(reading)))
+            tokens.append((steps.MODEL_PHASE, steps.MODEL_PHASE.set(steps.phase_of(reading.step))))
             self._step_sources.add(steps.current_step().source)
         for var, value in self._adapter.capture(bound, self._backend):
             tokens.append((var, var.set(value)))
@@ -93,8 +97,10 @@ class ModelForwardHooks:
         return None
 
     def post(self, module, args, output):
+        if not self._bind or torch.compiler.is_compiling():
+            return None
         frames = _frames.get()
-        if not self._bind or not frames:
+        if not frames:
             return None
         _frames.set(frames[:-1])
         for var, token in reversed(frames[-1]):

@@ -53,6 +53,8 @@ class ModelPatch:
     def warn_once(self, kind: str, reason: str, *, at_apply: bool = False) -> None:
         """One warning per model, fast-path kind and reason (at ``apply`` or at a call, whichever comes first);
         the counters keep the full tally."""
+        if torch.compiler.is_compiling():
+            return  # inside compiled code the counters record it (a warning would break the graph)
         key = (kind, reason)
         with self._lock:
             if key in self._warned:
@@ -139,6 +141,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
             module.__dict__[SITE_ATTR] = site
             fast_path.fusion.mark(module, site)
             site.captured_forwards, site.reject_reason = captured_forwards.follow(module)
+            site.keeps_reference_layer = fast_path.keeps_reference_layer(site)
             patch.sites.append(site)
             by_fusion.setdefault(fast_path.fusion.name, []).append(site)
         if not patch.sites:
@@ -146,6 +149,8 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
                           f"(available: {', '.join(adapter.backends)}); {patch.model_class} runs unchanged",
                           RuntimeWarning, stacklevel=3)
         _mount(model, patch, by_fusion)
+        for site in patch.sites:
+            site.prepare_counters()
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
     except BaseException:

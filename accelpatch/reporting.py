@@ -189,12 +189,13 @@ def build_report(models, *, reset: bool = False) -> Report:
         for site in patch.sites:
             module = model.get_submodule(site.path)
             c = site.counters
-            stats = {name: c.mean_stat(name) for name in c.stat_counts}
+            totals = c.totals()
             sites.append(SiteReport(
                 path=site.path, kind=site.kind, tier=str(site.tier), mounted=site.is_mounted(module),
-                reason=site.reject_reason, fast_calls=c.fast, reference_calls=dict(c.reference),
-                fallback_calls=dict(c.fallbacks), stats={k: v for k, v in stats.items() if v is not None},
-                notes=dict(c.notes)))
+                reason=site.reject_reason, fast_calls=totals["fast"],
+                reference_calls={k: v for k, v in totals["reference"].items() if v},
+                fallback_calls={k: v for k, v in totals["fallbacks"].items() if v}, stats=totals["stats"],
+                notes={k: v for k, v in totals["notes"].items() if v}))
             if reset:
                 c.reset()
         step_sources = dict(patch.step_sources.counts)

@@ -11,6 +11,10 @@ A patched model's forward pre-hook reads the step for each call, from the first 
 
 When none of them knows, the step is *unknown*: :func:`current_step` says so, step-based policies cannot apply
 (they warn once and say so in ``report()``), and :func:`current_denoising_step` reports 0.
+
+Policies ask :func:`step_before` ("is this call before step N?"), which reads an interned :class:`StepPhase`
+rather than the step itself: code compiled with ``torch.compile`` guards on what it reads, and a step read as an
+int would recompile at every denoising step; a phase has as many values as there are thresholds, plus one.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import contextlib
 import contextvars
 import itertools
 import numbers
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -39,11 +44,48 @@ class StepReading:
 
 _UNKNOWN = StepReading(None, UNKNOWN)
 
+@dataclass(frozen=True, eq=False)
+class StepPhase:
+    """Where a step stands against ``domain``, the step thresholds of the policies in this process: ``below`` holds
+    those it is below. Interned (:func:`phase_of`): one object per distinct answer."""
+
+    known: bool
+    below: frozenset
+    domain: frozenset
+
+
+_THRESHOLDS: set[int] = set()
+_PHASES: dict[tuple, StepPhase] = {}
+_PHASES_LOCK = threading.Lock()
+
+
+def register_thresholds(*thresholds: int) -> None:
+    """Make policies' step thresholds part of every phase computed from now on."""
+    with _PHASES_LOCK:
+        _THRESHOLDS.update(int(t) for t in thresholds if t > 0)
+
+
+def phase_of(step: Optional[int]) -> StepPhase:
+    """The interned phase of ``step`` (None: unknown) against the registered thresholds."""
+    domain = frozenset(_THRESHOLDS)
+    below = frozenset() if step is None else frozenset(t for t in domain if step < t)
+    key = (step is not None, below, domain)
+    phase = _PHASES.get(key)
+    if phase is None:
+        with _PHASES_LOCK:
+            phase = _PHASES.setdefault(key, StepPhase(step is not None, below, domain))
+    return phase
+
+
 _explicit: contextvars.ContextVar[Optional[int]] = call_context.register(
     contextvars.ContextVar("accelpatch_explicit_step", default=None))
+_explicit_phase: contextvars.ContextVar[Optional[StepPhase]] = call_context.register(
+    contextvars.ContextVar("accelpatch_explicit_step_phase", default=None))
 #: set by a patched model's pre-forward hook for the duration of each call (see accelpatch.model_hooks)
 MODEL_STEP: contextvars.ContextVar[StepReading] = call_context.register(
     contextvars.ContextVar("accelpatch_model_step", default=_UNKNOWN))
+MODEL_PHASE: contextvars.ContextVar[Optional[StepPhase]] = call_context.register(
+    contextvars.ContextVar("accelpatch_model_step_phase", default=None))
 
 
 @contextlib.contextmanager
@@ -52,18 +94,40 @@ def denoising_step(step: int) -> Iterator[int]:
     if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 0:
         raise ValueError(f"denoising_step expects an int >= 0, got {step!r}")
     token = _explicit.set(int(step))
+    phase_token = _explicit_phase.set(phase_of(int(step)))
     try:
         yield int(step)
     finally:
+        _explicit_phase.reset(phase_token)
         _explicit.reset(token)
+
+
+_read_explicit = call_context.ContextReader(_explicit)
+_read_explicit_phase = call_context.ContextReader(_explicit_phase)
+_read_model_step = call_context.ContextReader(MODEL_STEP, _UNKNOWN)
+_read_model_phase = call_context.ContextReader(MODEL_PHASE)
+
+
+def step_before(threshold: int) -> Optional[bool]:
+    """Whether the calling context's step is < ``threshold`` (None when no step is known). Compile-friendly: reads
+    the interned phase; only a threshold registered after the phase was made falls back to the step itself."""
+    phase = _read_explicit_phase()
+    if phase is None:
+        phase = _read_model_phase()
+    if phase is None or threshold not in phase.domain:
+        step = current_step().step
+        return None if step is None else step < threshold
+    if not phase.known:
+        return None
+    return threshold in phase.below
 
 
 def current_step() -> StepReading:
     """The step in force for the calling context and its source (step None: unknown)."""
-    step = _explicit.get()
+    step = _read_explicit()
     if step is not None:
         return StepReading(step, EXPLICIT)
-    return MODEL_STEP.get()
+    return _read_model_step()
 
 
 def current_denoising_step() -> int:

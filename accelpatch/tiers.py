@@ -89,7 +89,11 @@ def current_quality(target: Any = None) -> str:
     return str(max(tiers))
 
 
+#: the tier read without a graph break under torch.compile: one graph per tier used, each thread/task its own
+_read_requested = call_context.ContextReader(_requested)
+
+
 def effective_tier(model_default: Tier = DEFAULT_TIER) -> Tier:
     """The tier a patched model runs under: the caller's :func:`quality` block, else the model's own default."""
-    tier = _requested.get()
+    tier = _read_requested()
     return model_default if tier is None else tier

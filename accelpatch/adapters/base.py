@@ -81,6 +81,10 @@ class ModelAdapter:
         """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""
         return False
 
+    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
+        """The N of every "the first N steps" in this family's policies under these settings."""
+        return ()
+
     def noise_level(self, timestep_values: tuple[float, ...]) -> float:
         """How noisy a call's input is, from its timestep values (larger = noisier): diffusers' 0-1000 scale."""
         return max(timestep_values)

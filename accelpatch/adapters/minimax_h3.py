@@ -36,6 +36,9 @@ _MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
 _REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 REFINER_DENSE = "text-only token refiner stays dense"
+LAYOUT_IN_COMPILED_REGION = ("the packed layout (the text/audio sink) cannot be read inside a compiled region: the "
+                             "call runs dense; compile the transformer blocks instead of the whole model, or pass "
+                             "sink_tokens/sink_start")
 #: the prior art's dense layers for MiniMax-H3 (sol_attn.md §3): ``SolAttnConfig(dense_layers=None)`` means these
 DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
@@ -53,19 +56,28 @@ _layout: contextvars.ContextVar[Optional[PackedLayout]] = call_context.register(
     contextvars.ContextVar("accelpatch_h3_layout", default=None))
 
 
+_LAYOUTS: dict[tuple[int, int, int], PackedLayout] = {}
+
+
 def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
     """The hull of the rows tagged text (1) or audio (2); video rows inside the hull only make the sink larger,
-    which keeps more keys exact and never fewer."""
+    which keeps more keys exact and never fewer. Interned: compiled code guards on the object it reads, and the
+    layout of a generation does not change from step to step."""
     seq_len = int(token_tags.shape[0])
     rows = torch.nonzero(token_tags != 0).flatten()
     if rows.numel() == 0:
-        return PackedLayout(seq_len, 0, 0)
-    start, end = int(rows.min()), int(rows.max()) + 1
-    return PackedLayout(seq_len, start, end - start)
+        key = (seq_len, 0, 0)
+    else:
+        start, end = int(rows.min()), int(rows.max()) + 1
+        key = (seq_len, start, end - start)
+    return _LAYOUTS.setdefault(key, PackedLayout(*key))
+
+
+_read_layout = call_context.ContextReader(_layout)
 
 
 def current_layout() -> Optional[PackedLayout]:
-    return _layout.get()
+    return _read_layout()
 
 
 def _processor_class() -> type:
@@ -97,6 +109,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
 
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink and dense queries"
+    policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
 
     def expected_processor(self) -> type:
         return _processor_class()
@@ -105,6 +118,9 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
         if call["attention_mask"] is not None:
             return Decline("an attention_mask was given: the sparse path covers unmasked attention only")
+        layout = current_layout()
+        if layout is None and torch.compiler.is_compiling() and site.model.backend.sink_tokens is None:
+            return Decline(LAYOUT_IN_COMPILED_REGION)
         query, key, value = _project_qkv(attn, call["hidden_states"], call["rotary_emb"])
 
         def finish(out: torch.Tensor) -> torch.Tensor:
@@ -112,7 +128,6 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
             return attn.to_out[1](attn.to_out[0](out))
 
         sparse = SparseCall(query, key, value, finish)
-        layout = current_layout()
         if layout is not None and layout.seq_len == query.shape[1] and layout.sink_tokens > 0:
             from diffusers.models.transformers import transformer_minimax_h3 as h3
 
@@ -129,6 +144,7 @@ class MiniMaxH3RefinerDense(FastPath):
 
     fusion = REFINER_FUSION
     description = "text-only token refiner attention (always dense)"
+    policy_reasons = (REFINER_DENSE,)
 
     def run(self, attn, site, args, kwargs):
         return Dense(REFINER_DENSE)
@@ -173,6 +189,9 @@ class MiniMaxH3Adapter(ModelAdapter):
 
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         return backend_config is not None and backend_config.dense_steps > 0
+
+    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
+        return (backend_config.dense_steps,) if backend_config is not None else ()
 
     def noise_level(self, timestep_values: tuple[float, ...]) -> float:
         return 1.0 - min(timestep_values)  # H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count

@@ -119,6 +119,7 @@ class AnchorAttentionBF16(FastPath):
 
     fusion = SOFTMAX_FUSION
     description = "anchor attention on BF16 operands (SDPA without the FP32 upcast)"
+    policy_reasons = (FP32_ANCHOR_STEP, FP32_ANCHOR_LAYER, ANCHOR_STEP_UNKNOWN, FP32_ATTENTION_OFF)
 
     def expected_processor(self) -> type:
         return _anchor_processor_class()
@@ -126,15 +127,17 @@ class AnchorAttentionBF16(FastPath):
     def kernel_reject_reason(self) -> Optional[str]:
         return cuda_reject_reason()
 
+    def keeps_reference_layer(self, site: Site) -> bool:
+        return site.layer_index in site.model.options.anchor_fp32_layers
+
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         from ..modeling.sana_video2.attention import anchor_output, anchor_qkv
 
         options: SanaVideo2Options = site.model.options
-        verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, layers=options.anchor_fp32_layers,
-                                    step_reason=FP32_ANCHOR_STEP, layer_reason=FP32_ANCHOR_LAYER,
-                                    unknown_reason=ANCHOR_STEP_UNKNOWN)
+        verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, step_reason=FP32_ANCHOR_STEP,
+                                    layer_reason=FP32_ANCHOR_LAYER, unknown_reason=ANCHOR_STEP_UNKNOWN)
         if verdict is not None:
             return verdict
         mismatch = self.processor_mismatch(attn)
@@ -160,6 +163,7 @@ class LinearAttentionBF16GEMM(FastPath):
 
     fusion = LINEAR_FUSION
     description = "gated linear attention, first GEMM (v·k̃ᵀ) on BF16 operands with FP32 accumulation"
+    policy_reasons = (FP32_ATTENTION_OFF,)
 
     def expected_processor(self) -> type:
         return _linear_processor_class()
@@ -239,6 +243,11 @@ class SanaVideo2Adapter(ModelAdapter):
         if backend_config is not None:
             return backend_config.dense_steps > 0
         return options is not None and options.anchor_fp32_steps > 0
+
+    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
+        if backend_config is not None:
+            return (backend_config.dense_steps,)
+        return (options.anchor_fp32_steps,) if options is not None else ()
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         from ..modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention

@@ -84,19 +84,20 @@ class Dense(_Outcome):
     __slots__ = ()
 
 
-def step_layer_policy(site: "Site", *, first_steps: int, layers: frozenset, step_reason: str, layer_reason: str,
+def step_layer_policy(site: "Site", *, first_steps: int, step_reason: str, layer_reason: str,
                       unknown_reason: str) -> Optional[_Outcome]:
     """A policy keeping the reference for the first ``first_steps`` denoising steps (by the step clock; an unknown
-    step declines, since the policy cannot apply) and for the layers in ``layers``; None when the fast path may run."""
+    step declines, since the policy cannot apply) and for the site's layer when the fast path's
+    :meth:`FastPath.keeps_reference_layer` said so at ``apply``; None when the fast path may run."""
     if first_steps > 0:
         from .. import steps
 
-        step = steps.current_step().step
-        if step is None:
+        before = steps.step_before(first_steps)
+        if before is None:
             return Decline(unknown_reason)
-        if step < first_steps:
+        if before:
             return Dense(step_reason)
-    if site.layer_index in layers:
+    if site.keeps_reference_layer:
         return Dense(layer_reason)
     return None
 
@@ -120,6 +121,10 @@ class FastPath:
 
     fusion: QualityGatedFusion
     description: str = ""
+    #: the fixed reasons this path counts (policy outcomes) and the statistics it adds, so that their tallies exist
+    #: before compiled code counts them
+    policy_reasons: tuple[str, ...] = ()
+    stat_names: tuple[str, ...] = ()
 
     @property
     def tier(self) -> Tier:
@@ -137,6 +142,11 @@ class FastPath:
         if expected is None or type(processor) is expected:
             return None
         return f"processor is {type(processor).__name__}, expected {expected.__name__}"
+
+    def keeps_reference_layer(self, site: "Site") -> bool:
+        """Whether this site's layer always runs the reference under the model's settings (decided once, at
+        ``apply``: compiled code reading a per-layer int would compile once per layer)."""
+        return False
 
     def kernel_reject_reason(self) -> Optional[str]:
         """Why this path's kernels cannot run in this process at all (None when they can). Not asked under the
@@ -167,6 +177,22 @@ class Site:
     layer_index: Optional[int] = None
     #: instance slots (hooks' captured forwards) re-pointed at the gated forward, with their previous values
     captured_forwards: list = field(default_factory=list, repr=False)
+    #: the fast path's layer policy for this site, decided at apply (FastPath.keeps_reference_layer)
+    keeps_reference_layer: bool = False
+
+    def __post_init__(self) -> None:
+        # The original forward as a plain function: torch.compile treats diffusers' Attention class as an in-graph
+        # callable and cannot trace ``original_class.forward`` through it (a graph break per call).
+        self.original_forward = self.original_class.forward
+
+    def prepare_counters(self) -> None:
+        """Create the tallies compiled code will bump (see SiteCounters.prepare)."""
+        reasons = [reason for row in _TIER_REASONS for reason in row] + list(self.fast_path.policy_reasons)
+        keys = [("fast", "")] + [("reference", r) for r in reasons]
+        keys += [(field, r) for r in (self.model.unmounted_reason(self.kind),) + self.fast_path.policy_reasons
+                 for field in ("reference", "fallbacks")]
+        keys += [(field, name) for name in self.fast_path.stat_names for field in ("stat_sums", "stat_counts")]
+        self.counters.prepare(keys)
 
     @property
     def kind(self) -> str:
@@ -183,7 +209,7 @@ class Site:
         """Run the original class's forward and count why (not again while recomputing for backward)."""
         if not call_context.recomputing():
             self.counters.count_reference(reason, fallback=fallback)
-        return self.original_class.forward(module, *args, **kwargs)
+        return self.original_forward(module, *args, **kwargs)
 
     def fallback(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str,
                  error: Optional[BaseException] = None):

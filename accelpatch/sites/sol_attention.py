@@ -45,8 +45,8 @@ class SparseCall:
 
 def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[Dense, Decline]]:
     """The policy's verdict for this call, or None when it may run sparse."""
-    return step_layer_policy(site, first_steps=config.dense_steps, layers=config.dense_layers,
-                             step_reason=DENSE_STEP, layer_reason=DENSE_LAYER, unknown_reason=STEP_UNKNOWN)
+    return step_layer_policy(site, first_steps=config.dense_steps, step_reason=DENSE_STEP, layer_reason=DENSE_LAYER,
+                             unknown_reason=STEP_UNKNOWN)
 
 
 def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]:
@@ -64,6 +64,12 @@ def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]
 
 class SolAttnFastPath(FastPath):
     """Sol-Attn with the ``sol_attn`` backend's policy in front; subclasses implement :meth:`prepare`."""
+
+    policy_reasons = (DENSE_STEP, DENSE_LAYER, STEP_UNKNOWN)
+    stat_names = ("exact_fraction",)
+
+    def keeps_reference_layer(self, site: Site) -> bool:
+        return site.layer_index in site.model.backend.dense_layers
 
     def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
         raise NotImplementedError
