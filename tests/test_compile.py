@@ -185,3 +185,16 @@ def test_export_at_exact_and_lossless_equals_the_unpatched_model(name):
         with _tier(tier):
             program = torch.export.export(model, (), kwargs=inputs)
         assert torch.equal(program.module()(**inputs).sample, reference), tier
+
+
+def test_whole_model_compile_of_minimax_h3_does_not_recompile_per_call():
+    """The step clock and the layout are host values: inside a whole-model graph the hook leaves them alone (once,
+    the hook's data-dependent work recompiled at every call), and the sites say why they run dense."""
+    model, _, _, _ = _h3_sol_attn()
+    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="")
+    compiled = torch.compile(model, backend="eager")
+    for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+        _forward(compiled, minimax_h3_transformer_inputs(model, num_video=300, video_timestep=t, audio_timestep=t))
+    assert counters["stats"]["unique_graphs"] == 1
+    fallbacks = accelpatch.report(model).fallback_calls
+    assert sum(fallbacks.values()) == 20 and all("compile the blocks instead" in r for r in fallbacks)

@@ -22,7 +22,8 @@ from .base import Decline, Dense, FastPath, Site, step_layer_policy
 DENSE_STEP = "dense step (step < dense_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"
 STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
-                "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0")
+                "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0 "
+                "(inside a whole-model torch.compile graph only denoising_step() is seen: compile the blocks instead)")
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
