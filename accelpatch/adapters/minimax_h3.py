@@ -127,16 +127,22 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
             out = out.flatten(2, 3).type_as(query)
             return attn.to_out[1](attn.to_out[0](out))
 
-        sparse = SparseCall(query, key, value, finish)
-        if layout is not None and layout.seq_len == query.shape[1] and layout.sink_tokens > 0:
-            from diffusers.models.transformers import transformer_minimax_h3 as h3
+        return self.localize(SparseCall(query, key, value, finish, dense_backend=attn.processor._attention_backend))
 
-            backend = attn.processor._attention_backend
-            sparse.sink_tokens, sparse.sink_start = layout.sink_tokens, layout.sink_start
-            sparse.dense_rows = slice(layout.sink_start, layout.sink_start + layout.sink_tokens)
-            sparse.dense_attention = lambda q, k, v: h3.dispatch_attention_fn(
-                q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, backend=backend, parallel_config=None)
-        return sparse
+    def localize(self, call: SparseCall) -> SparseCall:
+        """The layout's text/audio hull as the sink and its query rows recomputed densely, once q/k/v cover the
+        whole packed sequence (at once, or after Ulysses' exchange)."""
+        layout = current_layout()
+        if layout is None or layout.seq_len != call.query.shape[1] or layout.sink_tokens == 0:
+            return call
+        from diffusers.models.transformers import transformer_minimax_h3 as h3
+
+        backend = call.dense_backend
+        call.sink_tokens, call.sink_start = layout.sink_tokens, layout.sink_start
+        call.dense_rows = slice(layout.sink_start, layout.sink_start + layout.sink_tokens)
+        call.dense_attention = lambda q, k, v: h3.dispatch_attention_fn(
+            q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, backend=backend, parallel_config=None)
+        return call
 
 
 class MiniMaxH3RefinerDense(FastPath):

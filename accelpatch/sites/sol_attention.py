@@ -25,6 +25,8 @@ STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the
                 "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0 "
                 "(inside a whole-model torch.compile graph only denoising_step() is seen: compile the blocks instead)")
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ULYSSES_ONLY = ("context parallelism with ring attention (ring_degree > 1) splits the sequence across ranks inside "
+                "attention: the sparse path needs whole sequences; use ulysses_degree instead")
 
 
 @dataclass
@@ -42,6 +44,7 @@ class SparseCall:
     sink_start: Optional[int] = None
     dense_rows: Optional[slice] = None
     dense_attention: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    dense_backend: object = None
 
 
 def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[Dense, Decline]]:
@@ -66,7 +69,7 @@ def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]
 class SolAttnFastPath(FastPath):
     """Sol-Attn with the ``sol_attn`` backend's policy in front; subclasses implement :meth:`prepare`."""
 
-    policy_reasons = (DENSE_STEP, DENSE_LAYER, STEP_UNKNOWN)
+    policy_reasons = (DENSE_STEP, DENSE_LAYER, STEP_UNKNOWN, ULYSSES_ONLY)
     stat_names = ("exact_fraction",)
 
     def keeps_reference_layer(self, site: Site) -> bool:
@@ -83,20 +86,71 @@ class SolAttnFastPath(FastPath):
         mismatch = self.processor_mismatch(attn)
         if mismatch is not None:
             return Decline(mismatch)
-        if getattr(attn.processor, "_parallel_config", None) is not None:
-            return Decline("context parallelism is configured: the sparse path does not shard the sequence")
+        ulysses = None
+        parallel = getattr(attn.processor, "_parallel_config", None)
+        if parallel is not None:
+            ulysses = ulysses_group(parallel)
+            if isinstance(ulysses, Decline):
+                return ulysses
         call = self.prepare(attn, site, args, kwargs)
         if isinstance(call, Decline):
             return call
         q, k, v = call.query, call.key, call.value
         if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOAT_DTYPES:
             return Decline(f"q/k/v are {q.dtype}, {k.dtype}, {v.dtype}: the sparse path takes one of fp32, bf16, fp16")
-        sink_reason = configured_sink_reason(config, q.shape[1])
+        if ulysses is not None:
+            group, world = ulysses
+            if q.shape[2] % world:
+                return Decline(f"{q.shape[2]} heads do not split over ulysses_degree={world}")
+            # Each rank trades its sequence shard of all heads for the whole sequence of its share of the heads:
+            # Sol-Attn then runs per rank unchanged, over whole sequences.
+            call.query, call.key, call.value = (heads_to_ranks(x, group, world) for x in (q, k, v))
+            call = self.localize(call)  # the model's own sink rows refer to the whole sequence
+            finish = call.finish
+            call.finish = lambda out: finish(ranks_to_heads(out, group, world))
+        sink_reason = configured_sink_reason(config, call.query.shape[1])
         if sink_reason is not None:
             return Decline(sink_reason)
         if config.sink_tokens is not None:
             call.sink_tokens, call.sink_start, call.dense_rows = config.sink_tokens, config.sink_start, None
         return call.finish(sparse_attention(config, site, call))
+
+    def localize(self, call: SparseCall) -> SparseCall:
+        """Adjust a call whose q/k/v now hold whole sequences (under Ulysses) before it runs; by default as is."""
+        return call
+
+
+def ulysses_group(parallel_config) -> Union[tuple, Decline]:
+    """(process group, degree) of a pure Ulysses context-parallel config, or why the sparse path cannot run under it."""
+    cp = getattr(parallel_config, "context_parallel_config", None)
+    if cp is None:
+        return Decline(f"a parallel config without context parallelism ({type(parallel_config).__name__}): the "
+                       "sparse path covers Ulysses context parallelism only")
+    if (cp.ring_degree or 1) > 1:
+        return Decline(ULYSSES_ONLY)
+    if cp.ulysses_anything:
+        return Decline("ulysses_anything (uneven shards) is configured: the sparse path takes even Ulysses shards")
+    return cp._ulysses_mesh.get_group(), int(cp.ulysses_degree)
+
+
+def heads_to_ranks(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """[B, S/W, H, D] sequence shards → [B, S, H/W, D] head shards (an all-to-all; differentiable)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    b, s_local, h, d = x.shape
+    x = x.reshape(b, s_local, world, h // world, d).permute(2, 1, 0, 3, 4).contiguous()
+    x = all_to_all_single(torch.empty_like(x), x, group=group)
+    return x.flatten(0, 1).permute(1, 0, 2, 3).contiguous()
+
+
+def ranks_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """The inverse of :func:`heads_to_ranks`: [B, S, H/W, D] → [B, S/W, H, D]."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    b, s, h_local, d = x.shape
+    x = x.reshape(b, world, s // world, h_local, d).permute(1, 3, 0, 2, 4).contiguous()
+    x = all_to_all_single(torch.empty_like(x), x, group=group)
+    return x.flatten(0, 1).permute(1, 2, 0, 3).contiguous()
 
 
 def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> torch.Tensor:

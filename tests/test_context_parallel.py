@@ -1,0 +1,117 @@
+"""diffusers' context parallelism with the fast paths: under Ulysses each rank attends over the whole sequence for a
+share of the heads, so Sol-Attn runs per rank unchanged (once, every call declined with "context parallelism is
+configured"). Two real processes with the gloo backend on CPU."""
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from accelpatch.sites import sol_attention
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, warnings
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def worker(rank, world, port, folder):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.accelerator.device_count = lambda: 1  # diffusers computes rank % device_count (0 on CPU)
+        import accelpatch
+        from diffusers import ContextParallelConfig
+        from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
+        model = tiny_minimax_h3_transformer()
+        inputs = minimax_h3_transformer_inputs(model, num_video=1100)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        out = {}
+        with torch.no_grad():
+            out["unpatched"] = model(**inputs).sample
+            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+            for tier in ("exact", "lossless"):
+                with accelpatch.quality(tier):
+                    out[tier] = model(**inputs).sample
+            out["high"] = model(**inputs).sample
+        report = accelpatch.report(model)
+        out["fast_calls"] = report.fast_calls
+        out["fallbacks"] = report.fallback_calls
+        out["exact_fraction"] = [s.stats.get("exact_fraction") for s in report.sites if s.kind == "sol_attn"]
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+""")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
+    script = tmp_path / "cp.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port())], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+    import accelpatch
+    from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
+
+    model = tiny_minimax_h3_transformer()
+    inputs = minimax_h3_transformer_inputs(model, num_video=1100)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    with torch.no_grad():
+        one_process = model(**inputs).sample
+    for out in ranks:
+        assert torch.equal(out["exact"], out["unpatched"]) and torch.equal(out["lossless"], out["unpatched"])
+        torch.testing.assert_close(out["high"], one_process, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out["high"], out["unpatched"], atol=1e-4, rtol=1e-4)  # really sparse
+        assert out["fast_calls"] == 2 and out["fallbacks"] == {}  # both layers, on this rank
+        assert all(0 < f < 0.7 for f in out["exact_fraction"])
+
+
+def _config(ring=1, ulysses=2, anything=False):
+    cp = types.SimpleNamespace(ring_degree=ring, ulysses_degree=ulysses, ulysses_anything=anything,
+                               _ulysses_mesh=types.SimpleNamespace(get_group=lambda: "group"))
+    return types.SimpleNamespace(context_parallel_config=cp)
+
+
+def test_only_pure_ulysses_keeps_the_sparse_path():
+    assert sol_attention.ulysses_group(_config()) == ("group", 2)
+    assert sol_attention.ulysses_group(_config(ring=2, ulysses=1)).reason == sol_attention.ULYSSES_ONLY
+    assert "ulysses_anything" in sol_attention.ulysses_group(_config(anything=True)).reason
+    assert "without context parallelism" in sol_attention.ulysses_group(types.SimpleNamespace()).reason
+
+
+def _exchange(monkeypatch, fn, per_rank, world):
+    """Run ``fn`` on every rank's tensor with a simulated all-to-all: chunk j (dim 0) of rank i's send buffer
+    arrives as chunk i of rank j's receive buffer."""
+    import torch.distributed.nn.functional as dfn
+
+    sends = []
+    monkeypatch.setattr(dfn, "all_to_all_single", lambda out, tensor, group=None: sends.append(tensor) or tensor)
+    for x in per_rank:
+        fn(x, None, world)
+    received = [torch.cat([sends[src].chunk(world)[dst] for src in range(world)]) for dst in range(world)]
+    monkeypatch.setattr(dfn, "all_to_all_single", lambda out, tensor, group=None: received.pop(0))
+    return [fn(x, None, world) for x in per_rank]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_head_exchange_is_the_all_to_all_it_claims(monkeypatch, world):
+    full = torch.randn(1, 8 * world, 2 * world, 4, generator=torch.Generator().manual_seed(0))  # [B, S, H, D]
+    shards = list(full.chunk(world, dim=1))  # rank r holds sequence shard r of every head
+    by_heads = _exchange(monkeypatch, sol_attention.heads_to_ranks, shards, world)
+    for rank, got in enumerate(by_heads):  # rank r: the whole sequence of its share of the heads
+        assert torch.equal(got, full[:, :, rank * 2:(rank + 1) * 2])
+    back = _exchange(monkeypatch, sol_attention.ranks_to_heads, by_heads, world)
+    assert all(torch.equal(a, b) for a, b in zip(back, shards))
