@@ -198,3 +198,33 @@ def test_whole_model_compile_of_minimax_h3_does_not_recompile_per_call():
     assert counters["stats"]["unique_graphs"] == 1
     fallbacks = accelpatch.report(model).fallback_calls
     assert sum(fallbacks.values()) == 20 and all("compile the blocks instead" in r for r in fallbacks)
+
+
+def test_a_pipeline_run_with_compile_repeated_blocks_stays_within_a_few_graphs():
+    """diffusers' regional compilation (compile_repeated_blocks, fullgraph) through MiniMax-H3's modular pipeline:
+    12 denoising steps, the dense-step policy switching on the way, a handful of graphs and no recompile error."""
+    from accelpatch.testing import minimax_h3_pipeline_call_kwargs, tiny_minimax_h3_pipeline
+
+    pipe = tiny_minimax_h3_pipeline()
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps=3, dense_layers="", tau=1.0)
+    pipe.transformer.compile_repeated_blocks(backend="eager", fullgraph=True)
+    call = lambda: minimax_h3_pipeline_call_kwargs(num_inference_steps=13, height=128, width=128)  # noqa: E731
+    first = pipe(**call(), output="videos")
+    second = pipe(**call(), output="videos")
+    assert torch.equal(first, second)
+    assert counters["stats"]["unique_graphs"] <= 8
+    main = [s for s in accelpatch.report(pipe).sites if s.kind == "sol_attn"]
+    assert all(s.fast_calls == 2 * 9 and s.reference_calls == {"dense step (step < dense_steps)": 2 * 3}
+               for s in main), main
+
+
+def test_in_place_module_compile_at_every_tier():
+    model, inputs, _, _ = _sana_video2()
+    accelpatch.apply(model, anchor_fp32_steps=0)
+    eager = {tier: _forward(model, inputs) for tier in ("exact",)}
+    with _tier("high"):
+        eager["high"] = _forward(model, inputs)
+    model.compile(backend="eager", fullgraph=True)
+    for tier, expected in eager.items():
+        with _tier(tier):
+            assert torch.equal(_forward(model, inputs), expected), tier
