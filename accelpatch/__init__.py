@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "apply", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
-    "supported_models", "SolAttnConfig", "Tier",
+    "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "Recipe", "Candidate",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
 ]
@@ -35,6 +35,12 @@ __all__ = [
 _LAZY = {
     "SanaVideo2Transformer3DModel": "accelpatch.modeling.sana_video2",
     "SanaVideo2Pipeline": "accelpatch.modeling.sana_video2",
+    # the instruments import torch-heavy modules only when used
+    "validate": "accelpatch.tools.validate",
+    "bench": "accelpatch.tools.bench",
+    "load_recipe": "accelpatch.recipes",
+    "Recipe": "accelpatch.recipes",
+    "Candidate": "accelpatch.tools.candidates",
 }
 
 
@@ -52,18 +58,30 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any):
+def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, recipe: Any = None,
+          **options: Any):
     """Patch a diffusers pipeline (its ``transformer`` and ``transformer_2``) or a transformer module in place.
 
     Each supported attention module becomes a gated subclass of its own class (same parameters, same path).
     ``backend`` selects an attention backend (see ``supported_models()``); ``strict=True`` raises
-    :class:`FastPathUnavailableError` where a requested fast path cannot run instead of falling back. A fast path
-    that cannot run on this model at all warns once here, with the reason. Applying twice with the same arguments
-    is the same as applying once. Returns the :func:`report` of the patched models (a table in a notebook).
+    :class:`FastPathUnavailableError` where a requested fast path cannot run instead of falling back. ``tier``
+    sets the model's default tier for calls outside any :func:`quality` block (None: ``lossless``, or ``high``
+    with an approximate backend). ``recipe`` (a recipe name, a YAML path or a :class:`Recipe`) supplies tier,
+    backend and options; keyword arguments given here override the recipe's. A fast path that cannot run on this
+    model at all warns once here, with the reason. Applying twice with the same arguments is the same as applying
+    once. Returns the :func:`report` of the patched models (a table in a notebook).
     """
     from .patcher import apply as _apply
 
-    return _apply(target, backend=backend, strict=strict, **options)
+    if recipe is not None:
+        from .recipes import load_recipe
+
+        spec = load_recipe(recipe).apply_arguments()
+        recipe_backend, recipe_tier = spec.pop("backend"), spec.pop("tier")
+        backend = recipe_backend if backend is None else backend
+        tier = recipe_tier if tier is None else tier
+        options = {**spec, **options}
+    return _apply(target, backend=backend, strict=strict, tier=tier, **options)
 
 
 def remove(target: Any) -> None:

@@ -1,5 +1,5 @@
-"""The accelpatch command line: ``python -m accelpatch demo`` and ``python -m accelpatch convert sana-video2 CKPT
---out DIR``.
+"""The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``recipes`` and
+``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors, and a ValueError or AccelpatchError raised by a command, end in one ``error:`` line with exit code 2.
@@ -12,7 +12,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .tools import convert, demo  # light at import: torch loads inside the functions that run
+    from .tools import convert, demo, recipe_cli  # light at import: torch loads inside the functions that run
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
                                      "pipelines: command-line tools.")
@@ -24,6 +24,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "speed, bit identity, PSNR/SSIM and the sites.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)
+
+    validate_parser = commands.add_parser(
+        "validate", help="run a recipe's candidates against its reference and check the quality gates",
+        description="Run the same call (same seeds) under the reference tier (twice: its noise floor) and each of "
+                    "the recipe's candidates; report per-frame PSNR/SSIM, bit identity, which fast paths ran and the "
+                    "speed ratio. Exit code 1 when a gate fails.")
+    recipe_cli.add_validate_arguments(validate_parser)
+    validate_parser.set_defaults(run=recipe_cli.run_validate)
+    bench_parser = commands.add_parser(
+        "bench", help="time a recipe's candidates per denoising step, interleaved, with a noise-aware verdict",
+        description="Time each candidate (the reference first) per denoising step in interleaved rounds after a "
+                    "warm-up; report median, spread and a speed-up with a bootstrap interval, or 'not "
+                    "distinguishable from noise'.")
+    recipe_cli.add_bench_arguments(bench_parser)
+    bench_parser.set_defaults(run=recipe_cli.run_bench)
+    recipes_parser = commands.add_parser("recipes", help="list the known recipes",
+                                         description="List the recipes found in ./recipes and the repository.")
+    recipes_parser.set_defaults(run=recipe_cli.run_recipes)
 
     convert_parser = commands.add_parser("convert", help="convert released weights into a diffusers folder",
                                          description="Convert a model's released weights (original format) into a "

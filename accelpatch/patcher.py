@@ -15,7 +15,7 @@ from .model_hooks import ModelForwardHooks, StepSources
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
-from .tiers import Tier
+from .tiers import Tier, parse_tier
 
 STATE_ATTR = "_accelpatch_state"
 
@@ -77,6 +77,11 @@ class ModelPatch:
     def key(self) -> tuple:
         return self.requested
 
+    def reapply_arguments(self) -> dict:
+        """Keyword arguments of :func:`apply` that patch a model again exactly as this patch was asked for."""
+        backend, strict, options, tier = self.requested
+        return {"backend": backend, "strict": strict, "tier": tier, **dict(options)}
+
 
 def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module]:
     """The transformer modules behind ``target``: a transformer itself, or a pipeline's ``transformer`` and
@@ -95,12 +100,13 @@ def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module
     return found
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: Any):
+def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, **options: Any):
     """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns the report of what was patched."""
     from .reporting import build_report
 
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
+    default_tier = None if tier is None else parse_tier(tier)
     models = transformers_of(target)
     adapters = [find_adapter(model) for model in models]  # raises before anything is touched
     model_option_names = {name for adapter in adapters for name in adapter.option_names()}
@@ -112,7 +118,8 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: 
         adapter.validate_backend(backend_config, model)
         family_options = adapter.resolve_options(model_options)
         adapter.validate_options(family_options, model)
-        requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])))
+        requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
+                     default_tier)
         plans.append((model, adapter, backend_config, family_options, requested))
     pipeline = None if isinstance(target, torch.nn.Module) else target
     for model, adapter, backend_config, family_options, requested in plans:
@@ -121,14 +128,16 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, **options: 
             if existing.key() == requested:
                 continue  # applying twice is the same as applying once
             _remove_one(model)
-        _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline)
+        _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier)
     return build_report(models)
 
 
 def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bool, requested: tuple,
-               pipeline) -> None:
+               pipeline, default_tier: Optional[Tier] = None) -> None:
+    if default_tier is None:
+        default_tier = adapter.default_tier(backend_config)
     patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
-                       default_tier=adapter.default_tier(backend_config), options=options, requested=requested)
+                       default_tier=default_tier, options=options, requested=requested)
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}

@@ -73,7 +73,7 @@ class ModelReport(_Tally):
     def tier_statement(self) -> str:
         """The model's default tier, said plainly."""
         if self.default_tier == "high":
-            why = f" (backend {self.backend} is approximate)" if self.backend else ""
+            why = f" (backend {self.backend} is approximate)" if self.backend else " (apply(..., tier='high'))"
             return (f"runs at tier high by default{why}; quality('lossless') or quality('exact') runs the original "
                     "diffusers path bit for bit")
         return (f"runs at tier {self.default_tier} by default (bit-identical to the unpatched model); "

@@ -149,3 +149,22 @@ def test_data_range_inference():
     )
     with pytest.raises(ValueError):
         psnr_per_frame(ref, cand, data_range=0.0)
+
+
+def test_ssim_and_psnr_equal_scikit_image_to_1e_6():
+    """Our SSIM/PSNR are the standard ones: per frame they equal scikit-image's (Gaussian window, sigma 1.5,
+    population covariance, channels averaged) to 1e-6."""
+    from skimage import metrics as skimage_metrics  # the dev extra installs scikit-image: no skip
+
+    gen = torch.Generator().manual_seed(7)
+    reference = torch.rand(2, 3, 3, 24, 20, generator=gen, dtype=torch.float64)
+    candidate = (reference + 0.08 * torch.randn(reference.shape, generator=gen, dtype=torch.float64)).clamp(0, 1)
+    ours_ssim = ssim_per_frame(reference, candidate, data_range=1.0)
+    ours_psnr = psnr_per_frame(reference, candidate, data_range=1.0)
+    for b in range(2):
+        for f in range(3):
+            ref, cand = reference[b, f].numpy(), candidate[b, f].numpy()
+            theirs = skimage_metrics.structural_similarity(ref, cand, data_range=1.0, gaussian_weights=True,
+                                                           sigma=1.5, use_sample_covariance=False, channel_axis=0)
+            assert abs(float(ours_ssim[b, f]) - theirs) < 1e-6
+            assert abs(float(ours_psnr[b, f]) - skimage_metrics.peak_signal_noise_ratio(ref, cand, data_range=1.0)) < 1e-6

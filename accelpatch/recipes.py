@@ -1,0 +1,247 @@
+"""Recipes: a named, checked set of settings for one model, read from YAML.
+
+A recipe names the model (a hub id, a local folder, or ``tiny:<model>`` for the offline test models), the call
+arguments, the tier, backend and options that :func:`accelpatch.apply` takes, the candidates that ``validate`` and
+``bench`` compare against the reference, and the quality gates. The schema is a pydantic model, so a bad field is
+reported with its dotted location, the value given and what is allowed; unknown fields are errors, not ignored.
+
+Recipes live in the repository's ``recipes/`` folder; :func:`load_recipe` takes a path, a bare name found there
+(``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .tiers import parse_tier
+
+__all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
+           "available_recipes", "TINY_MODELS"]
+
+#: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
+TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3")
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+def _known_backend(value: Optional[str]) -> Optional[str]:
+    from .backends import available_backends
+
+    if value is not None and value.strip().lower().replace("-", "_") not in available_backends():
+        raise ValueError(f"unknown backend {value!r}; backends: {', '.join(available_backends())} (or null)")
+    return value
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be read or does not fit the schema; the message names the field and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Gates(_Strict):
+    """Pass/fail floors for approximate candidates, applied to the worst frame of every seed."""
+
+    ssim_floor: float = Field(0.92, ge=0.0, le=1.0, description="every frame's SSIM against the reference")
+    psnr_floor: float = Field(24.0, ge=0.0, description="every frame's PSNR (dB) against the reference")
+    require_fast_path: bool = Field(False, description="fail an approximate candidate when no fast path ran")
+
+
+class CandidateSpec(_Strict):
+    """One setting to compare with the reference: a tier, optionally with a backend and options (``apply()``
+    arguments). ``unpatched: true`` runs the model with accelpatch removed."""
+
+    name: Optional[str] = None
+    tier: str = "high"
+    backend: Optional[str] = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    unpatched: bool = False
+
+    @field_validator("tier")
+    @classmethod
+    def _known_tier(cls, value: str) -> str:
+        return str(parse_tier(value))
+
+    _backend = field_validator("backend")(classmethod(lambda cls, value: _known_backend(value)))
+
+    @model_validator(mode="after")
+    def _unpatched_takes_nothing(self) -> "CandidateSpec":
+        if self.unpatched and (self.backend is not None or self.options):
+            raise ValueError("an unpatched candidate takes no backend or options")
+        return self
+
+    @property
+    def label(self) -> str:
+        """The name given, else one made from the settings (``high``, ``high+sol_attn(tau=1.5)``, ``unpatched``)."""
+        if self.name:
+            return self.name
+        if self.unpatched:
+            return "unpatched"
+        label = self.tier + (f"+{self.backend}" if self.backend else "")
+        if self.options:
+            label += "(" + ",".join(f"{k}={v}" for k, v in sorted(self.options.items())) + ")"
+        return label
+
+
+class BenchSettings(_Strict):
+    """How ``bench`` times candidates: untimed warm-up calls per candidate, then interleaved timed rounds."""
+
+    warmup: int = Field(1, ge=0)
+    rounds: int = Field(5, ge=2, description="timed calls per candidate, interleaved across candidates")
+
+
+class Recipe(_Strict):
+    """Settings for one model: what to load, how to call it, how to patch it, and what must hold."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    model: str = Field(min_length=1, description="hub id, local folder, or tiny:<model>")
+    pipeline: Literal["auto", "diffusion", "modular"] = "auto"
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    device: str = "auto"
+    call: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    tier: str = "high"
+    backend: Optional[str] = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    reference: str = "exact"
+    candidates: Optional[list[CandidateSpec]] = None
+    gates: Gates = Field(default_factory=Gates)
+    bench: BenchSettings = Field(default_factory=BenchSettings)
+
+    @field_validator("tier", "reference")
+    @classmethod
+    def _known_tier(cls, value: str) -> str:
+        return str(parse_tier(value))
+
+    _backend = field_validator("backend")(classmethod(lambda cls, value: _known_backend(value)))
+
+    @field_validator("model")
+    @classmethod
+    def _known_tiny_model(cls, value: str) -> str:
+        if value.startswith("tiny:") and value[5:] not in TINY_MODELS:
+            close = difflib.get_close_matches(value[5:], TINY_MODELS, n=1)
+            hint = f" (did you mean tiny:{close[0]}?)" if close else ""
+            raise ValueError(f"unknown tiny model {value!r}{hint}; tiny models: "
+                             + ", ".join(f"tiny:{m}" for m in TINY_MODELS))
+        return value
+
+    @field_validator("call")
+    @classmethod
+    def _no_generator(cls, value: dict) -> dict:
+        if "generator" in value:
+            raise ValueError("give seeds (the 'seeds' field), not a generator: each run builds its own")
+        return value
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model.startswith("tiny:")
+
+    def setting(self) -> CandidateSpec:
+        """The recipe's own setting (tier, backend, options) as a candidate."""
+        return CandidateSpec(name=self.name, tier=self.tier, backend=self.backend, options=self.options)
+
+    def reference_spec(self) -> CandidateSpec:
+        """The reference as a candidate (what ``bench`` measures speed-ups against)."""
+        return CandidateSpec(name=self.reference, tier=self.reference)
+
+    def candidate_specs(self) -> list[CandidateSpec]:
+        """The candidates to compare with the reference: the listed ones, else the recipe's own setting."""
+        return list(self.candidates) if self.candidates else [self.setting()]
+
+    def apply_arguments(self) -> dict[str, Any]:
+        """The keyword arguments :func:`accelpatch.apply` takes for this recipe's own setting."""
+        return {"backend": self.backend, "tier": self.tier, **self.options}
+
+
+def recipe_dirs() -> list[Path]:
+    """Where bare recipe names are looked up: ``$ACCELPATCH_RECIPES`` (``os.pathsep``-separated), ``./recipes``,
+    then the ``recipes/`` folder of the repository this package was installed from."""
+    dirs = [Path(p) for p in os.environ.get("ACCELPATCH_RECIPES", "").split(os.pathsep) if p]
+    dirs += [Path.cwd() / "recipes", Path(__file__).resolve().parents[1] / "recipes"]
+    seen, unique = set(), []
+    for d in dirs:
+        key = d.resolve() if d.exists() else d
+        if key not in seen and d.is_dir():
+            seen.add(key)
+            unique.append(d)
+    return unique
+
+
+def available_recipes() -> dict[str, Path]:
+    """Recipe name → file, over :func:`recipe_dirs` (earlier folders win)."""
+    found: dict[str, Path] = {}
+    for folder in recipe_dirs():
+        for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def _format_errors(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            allowed = _allowed_fields(item["loc"])
+            close = difflib.get_close_matches(str(item["loc"][-1]), allowed, n=1)
+            message = (f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed here: "
+                       + ", ".join(allowed))
+        given = item.get("input")
+        shown = "" if item["type"] in ("missing", "extra_forbidden") else f" (got {given!r})"
+        lines.append(f"  {where}: {message}{shown}")
+    return f"recipe {source} does not fit the schema:\n" + "\n".join(lines)
+
+
+def _allowed_fields(location: tuple) -> list[str]:
+    """The field names allowed where ``location`` points (for the unknown-field message)."""
+    nested = {"gates": Gates, "bench": BenchSettings, "candidates": CandidateSpec}
+    model = nested.get(str(location[0]), Recipe) if len(location) > 1 else Recipe
+    return sorted(model.model_fields)
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise RecipeError(f"recipe {path} is not valid YAML: {error}") from None
+
+
+def load_recipe(recipe: Union[str, os.PathLike, dict, Recipe]) -> Recipe:
+    """A :class:`Recipe` from a recipe, a mapping, a YAML path, or a bare name in :func:`recipe_dirs`.
+
+    Raises :class:`RecipeError` naming each bad field and what it allows, or the known recipes when a name is not
+    found.
+    """
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, dict):
+        data, source = recipe, "(mapping)"
+    elif isinstance(recipe, (str, os.PathLike)):
+        path = Path(recipe)
+        if not path.is_file():
+            known = available_recipes()
+            if str(recipe) not in known:
+                close = difflib.get_close_matches(str(recipe), list(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise RecipeError(f"no recipe file or known recipe named {str(recipe)!r}{hint}; known recipes: "
+                                  f"{', '.join(known) or 'none'} (looked in {', '.join(map(str, recipe_dirs()))})")
+            path = known[str(recipe)]
+        data, source = _read_yaml(path), str(path)
+        if isinstance(data, dict):
+            data = {"name": path.stem, **data}
+    else:
+        raise RecipeError(f"a recipe is a name, a path, a mapping or a Recipe, got {type(recipe).__name__}")
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {source} must be a mapping of fields, got {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as error:
+        raise RecipeError(_format_errors(error, source)) from None
+

@@ -1,0 +1,281 @@
+"""What ``validate`` and ``bench`` share: candidates, switching a pipeline between them, and one timed, seeded call.
+
+A candidate is a tier, optionally with a backend and options (``apply()`` arguments), or ``"unpatched"``.
+:class:`PatchSwitcher` puts a pipeline into each candidate's patch state and, at the end, back into exactly the one
+it had (also after an exception). :func:`run_call` makes one call with a fresh seeded generator under the
+candidate's tier and returns the frames, timings (transformer time per denoising step and the whole call) and what
+the counters say ran.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Union
+
+import torch
+
+from ..recipes import CandidateSpec
+
+__all__ = ["Candidate", "parse_candidate", "parse_candidates", "PatchSwitcher", "CallResult", "run_call",
+           "frames_of", "CallTimer"]
+
+#: the public name of a candidate (a pydantic model: ``Candidate(tier="high", backend="sol_attn")``)
+Candidate = CandidateSpec
+CandidateLike = Union[str, Mapping[str, Any], CandidateSpec]
+
+
+def parse_candidate(value: CandidateLike) -> CandidateSpec:
+    """``"high"``/``"lossless"``/``"exact"``, ``"unpatched"``, a mapping of :class:`Candidate` fields, or a
+    :class:`Candidate`. Bad values raise ValueError naming the valid forms."""
+    if isinstance(value, CandidateSpec):
+        return value
+    if isinstance(value, str):
+        if value.strip().lower() == "unpatched":
+            return CandidateSpec(unpatched=True, tier="exact")
+        return CandidateSpec(tier=value)
+    if isinstance(value, Mapping):
+        return CandidateSpec(**value)
+    raise ValueError(f"a candidate is a tier name, 'unpatched', a mapping of Candidate fields or a Candidate; got "
+                     f"{value!r}")
+
+
+def parse_candidates(values: Iterable[CandidateLike]) -> list[CandidateSpec]:
+    if isinstance(values, (str, Mapping, CandidateSpec)):
+        values = [values]
+    specs = [parse_candidate(v) for v in values]
+    if not specs:
+        raise ValueError("give at least one candidate")
+    labels = [s.label for s in specs]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise ValueError(f"candidate labels must be unique, got {duplicates} more than once; give each a name")
+    return specs
+
+
+class PatchSwitcher:
+    """Moves a pipeline between candidates' patch states; :meth:`restore` puts back the state it started in."""
+
+    def __init__(self, pipe: Any) -> None:
+        from ..patcher import patch_of, transformers_of
+
+        self.pipe = pipe
+        self.models = transformers_of(pipe, verb="validate")
+        self._original = [(m, None if patch_of(m) is None else patch_of(m).reapply_arguments()) for m in self.models]
+        self._pipeline_args = self._original[0][1] if len({repr(a) for _, a in self._original}) == 1 else None
+        self._warned: set = set()
+
+    def enter(self, spec: CandidateSpec) -> None:
+        """Patch (or unpatch) as :meth:`_enter` does; an apply-time warning is shown once per switcher, not again
+        each time a candidate's patch is put back on."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._enter(spec)
+        for warning in caught:
+            key = (warning.category, str(warning.message))
+            if key not in self._warned:
+                self._warned.add(key)
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+    def _enter(self, spec: CandidateSpec) -> None:
+        """Patch (or unpatch) the pipeline as ``spec`` asks; a tier-only candidate keeps the patch the pipeline
+        came with (``apply()`` defaults when it came unpatched, except ``exact``, which then runs it unpatched)."""
+        import accelpatch
+
+        if spec.unpatched:
+            accelpatch.remove(self.pipe)
+        elif spec.backend is not None or spec.options:
+            accelpatch.apply(self.pipe, backend=spec.backend, **spec.options)
+        elif self._pipeline_args is not None:
+            accelpatch.apply(self.pipe, **self._pipeline_args)  # a no-op when already so
+        elif all(args is None for _, args in self._original):
+            if spec.tier == "exact":
+                accelpatch.remove(self.pipe)  # exact on a pipeline that came unpatched: run it as it came
+            else:
+                accelpatch.apply(self.pipe)
+        else:
+            self.restore()
+
+    def restore(self) -> None:
+        """Back to the patch state the pipeline had when this switcher was made."""
+        import accelpatch
+
+        if self._pipeline_args is not None:
+            accelpatch.apply(self.pipe, **self._pipeline_args)
+            return
+        for model, args in self._original:
+            accelpatch.remove(model)
+            if args is not None:
+                accelpatch.apply(model, **args)
+
+
+def frames_of(result: Any) -> torch.Tensor:
+    """A pipeline call's video as a float32 CPU tensor (B, F, C, H, W): from ``.frames`` (``output_type="pt"`` or
+    "np"), a modular pipeline's state (``videos``), or a tensor."""
+    video = result
+    if hasattr(video, "frames"):
+        video = video.frames
+    elif hasattr(video, "get") and not isinstance(video, torch.Tensor):
+        video = video.get("videos")
+    if isinstance(video, (list, tuple)) and video and not isinstance(video[0], torch.Tensor):
+        try:
+            import numpy as np
+
+            video = np.stack([np.asarray(v) for v in video])
+        except (TypeError, ValueError):
+            raise ValueError("cannot read frames from a list of images: call the pipeline with output_type='pt'")
+    if not isinstance(video, torch.Tensor):
+        try:
+            video = torch.from_numpy(video)
+            if video.dim() == 5 and video.shape[-1] in (1, 3, 4):
+                video = video.permute(0, 1, 4, 2, 3)
+        except TypeError:
+            raise ValueError(f"cannot read frames from a pipeline result of type {type(result).__name__}; use "
+                             "output_type='pt' (or output='videos' for a modular pipeline)") from None
+    if video.dim() == 4:
+        video = video.unsqueeze(0)
+    if video.dim() != 5:
+        raise ValueError(f"expected a video shaped (B, F, C, H, W), got shape {tuple(video.shape)}")
+    return video.detach().float().cpu()
+
+
+class CallTimer:
+    """Times the transformer forwards of one pipeline call and counts its denoising steps.
+
+    Pre/post forward hooks on each transformer record CUDA events on a GPU (read after the call, so timing adds no
+    synchronisation inside it) and ``perf_counter`` on a CPU. A denoising step is a run of consecutive forwards
+    with the same ``timestep`` (classifier-free guidance as two calls is one step); a forward whose timestep cannot
+    be read counts as a step of its own.
+    """
+
+    def __init__(self, models: list[torch.nn.Module], device: torch.device) -> None:
+        self.models = models
+        self.cuda = device.type == "cuda"
+        self._signatures = {id(m): inspect.signature(type(m).forward) for m in models}
+        self._handles: list = []
+        self.reset()
+
+    def reset(self) -> None:
+        self._spans: list = []
+        self._open: dict[int, Any] = {}
+        self._last_timestep: Any = object()
+        self.steps = 0
+        self.forwards = 0
+
+    def __enter__(self) -> "CallTimer":
+        for m in self.models:
+            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self._handles.append(m.register_forward_hook(self._post, always_call=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _stamp(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _pre(self, module, args, kwargs):
+        from ..steps import timestep_values
+
+        bound = self._signatures[id(module)].bind_partial(module, *args, **kwargs).arguments
+        values = timestep_values(bound.get("timestep"))
+        if values is None or values != self._last_timestep:
+            self.steps += 1
+        self._last_timestep = values if values is not None else object()
+        self.forwards += 1
+        self._open[id(module)] = self._stamp()
+
+    def _post(self, module, args, output):
+        start = self._open.pop(id(module), None)
+        if start is not None:
+            self._spans.append((start, self._stamp()))
+
+    def transformer_seconds(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return sum(a.elapsed_time(b) for a, b in self._spans) / 1e3
+        return sum(b - a for a, b in self._spans)
+
+
+@dataclass
+class CallResult:
+    """One timed, seeded call under one candidate."""
+
+    frames: torch.Tensor
+    call_seconds: float
+    transformer_seconds: float
+    steps: int
+    forwards: int
+    fast_calls: int = 0
+    fast_by_kind: dict[str, int] = field(default_factory=dict)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds_per_step(self) -> float:
+        """Transformer seconds per denoising step (what accelpatch changes), or the whole call if no step was seen."""
+        if self.steps == 0:
+            return self.call_seconds
+        return self.transformer_seconds / self.steps
+
+
+def _device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
+    device = getattr(pipe, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    parameter = next(models[0].parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict]:
+    """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic) since the reset."""
+    from ..reporting import build_report
+
+    report = build_report(models, reset=True)
+    by_kind: dict[str, int] = {}
+    sums: dict[str, list[float]] = {}
+    for site in report.sites:
+        if site.fast_calls:
+            by_kind[site.kind] = by_kind.get(site.kind, 0) + site.fast_calls
+            for name, value in site.stats.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    sums.setdefault(name, []).append(float(value))
+    stats = {name: sum(values) / len(values) for name, values in sums.items()}
+    return report.fast_calls, by_kind, dict(report.fallback_calls), stats
+
+
+def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, seed: int,
+             timer: Optional[CallTimer] = None) -> CallResult:
+    """One call of ``pipe`` with a generator seeded by ``seed``, under ``spec``'s tier (the pipeline must already
+    be in ``spec``'s patch state), timed, with the counters read and reset."""
+    import accelpatch
+
+    from ..patcher import transformers_of
+
+    models = transformers_of(pipe, verb="validate")
+    device = _device_of(pipe, models)
+    timer = timer or CallTimer(models, device)
+    timer.reset()
+    kwargs = dict(call_kwargs)
+    kwargs["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
+    _counters(models)  # zero what ran before this call
+    with timer, accelpatch.quality(spec.tier):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        output = pipe(**kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        call_seconds = time.perf_counter() - start
+    fast, by_kind, fallbacks, stats = _counters(models)
+    return CallResult(frames=frames_of(output), call_seconds=call_seconds,
+                      transformer_seconds=timer.transformer_seconds(), steps=timer.steps, forwards=timer.forwards,
+                      fast_calls=fast, fast_by_kind=by_kind, fallbacks=fallbacks, stats=stats)

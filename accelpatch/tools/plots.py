@@ -1,0 +1,102 @@
+"""Pictures of a validation: PSNR/SSIM per frame per candidate (matplotlib), and the worst frames side by side.
+
+matplotlib is optional (``pip install matplotlib``, in the ``plots`` and ``dev`` extras); the frame strip needs only
+Pillow. Identical frames have infinite PSNR and are drawn at the top of the PSNR axis.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .validate import ValidationReport
+
+__all__ = ["plot_validation", "worst_frame_strip"]
+
+#: where frames with infinite PSNR (bit-identical) are drawn
+PSNR_CEILING = 100.0
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install matplotlib (or accelpatch[plots])") from None
+    return plt
+
+
+def plot_validation(report: "ValidationReport", path: Optional[str] = None):
+    """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed."""
+    plt = _pyplot()
+    figure, (psnr_axis, ssim_axis) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    for candidate in report.candidates:
+        for scores in candidate.scores:
+            label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
+            frames = range(len(scores.ssim))
+            psnr = [min(p, PSNR_CEILING) if not math.isnan(p) else PSNR_CEILING for p in scores.psnr]
+            psnr_axis.plot(frames, psnr, marker="o", markersize=3, label=label)
+            ssim_axis.plot(frames, scores.ssim, marker="o", markersize=3, label=label)
+    psnr_axis.axhline(report.gates.psnr_floor, color="red", linestyle="--", label=f"floor {report.gates.psnr_floor} dB")
+    ssim_axis.axhline(report.gates.ssim_floor, color="red", linestyle="--", label=f"floor {report.gates.ssim_floor}")
+    psnr_axis.set(title=f"PSNR vs {report.reference} (identical frames at {PSNR_CEILING:.0f} dB)", xlabel="frame",
+                  ylabel="dB")
+    ssim_axis.set(title=f"SSIM vs {report.reference}", xlabel="frame", ylabel="SSIM")
+    for axis in (psnr_axis, ssim_axis):
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="small")
+    if path is not None:
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+    return figure
+
+
+def _to_image(frame: torch.Tensor, size: int):
+    """(C, H, W) in [0, 1] → a PIL RGB image at least ``size`` pixels high (nearest-neighbour upscaling)."""
+    from PIL import Image
+
+    frame = frame.float().clamp(0, 1)
+    if frame.shape[0] == 1:
+        frame = frame.expand(3, -1, -1)
+    array = (frame[:3].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    image = Image.fromarray(array, "RGB")
+    scale = max(1, math.ceil(size / image.height))
+    return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+
+
+def worst_frame_strip(report: "ValidationReport", path: str, *, min_height: int = 128) -> None:
+    """One row per candidate: reference | candidate | |difference| (scaled so the largest difference is white)."""
+    from PIL import Image, ImageDraw
+
+    rows = []
+    for candidate in report.candidates:
+        if candidate.worst is None:
+            continue
+        reference, frame, index, seed, ssim = candidate.worst
+        difference = (frame.float() - reference.float()).abs()
+        peak = float(difference.max())
+        scaled = difference / peak if peak > 0 else difference
+        tiles = [_to_image(reference, min_height), _to_image(frame, min_height), _to_image(scaled, min_height)]
+        caption = (f"{candidate.label}: seed {seed} frame {index}, SSIM {ssim:.4f}; "
+                   f"reference | candidate | difference x{(1 / peak) if peak > 0 else 1:.0f}")
+        rows.append((tiles, caption))
+    if not rows:
+        raise ValueError("the report has no candidate frames to show")
+    caption_height, gap = 16, 4
+    width = max(sum(t.width for t in tiles) + gap * (len(tiles) - 1) for tiles, _ in rows)
+    height = sum(tiles[0].height + caption_height + gap for tiles, _ in rows)
+    strip = Image.new("RGB", (max(width, 480), height), "white")
+    draw = ImageDraw.Draw(strip)
+    y = 0
+    for tiles, caption in rows:
+        draw.text((2, y + 2), caption, fill="black")
+        x = 0
+        for tile in tiles:
+            strip.paste(tile, (x, y + caption_height))
+            x += tile.width + gap
+        y += tiles[0].height + caption_height + gap
+    strip.save(path)

@@ -1,0 +1,93 @@
+"""``python -m accelpatch validate|bench|recipes``: the instruments on the command line, driven by a recipe.
+
+``validate`` exits 0 when every candidate passes its gate, 1 when one fails, 2 on a usage or recipe error.
+``bench`` exits 0 after printing its table. Importing this module is cheap (no torch): the work is imported when a
+command runs, so ``--help`` answers at once.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def _recipe_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", required=True, metavar="R",
+                        help="a recipe name (see `accelpatch recipes`) or a path to a recipe YAML file")
+    parser.add_argument("--device", default=None, help="override the recipe's device (auto, cpu, cuda, cuda:N)")
+    parser.add_argument("--json", metavar="OUT", default=None, help="also write the result as JSON to OUT")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    _recipe_argument(parser)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the recipe's seeds")
+    parser.add_argument("--plot", metavar="OUT.png", default=None, help="PSNR/SSIM per frame per candidate (PNG)")
+    parser.add_argument("--frames", metavar="OUT.png", default=None,
+                        help="worst frame of each candidate: reference | candidate | difference (PNG)")
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    _recipe_argument(parser)
+    parser.add_argument("--rounds", type=int, default=None, help="timed interleaved rounds (default: the recipe's)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default: the recipe's)")
+
+
+def _load(args: argparse.Namespace):
+    """(recipe, loaded pipeline, candidates) for a command, with ``--device`` applied."""
+    import torch
+
+    from ..recipes import load_recipe
+    from .pipelines import load_pipeline
+
+    recipe = load_recipe(args.recipe)
+    if args.device is not None:
+        recipe = recipe.model_copy(update={"device": args.device})
+    if recipe.is_tiny:
+        torch.set_num_threads(1)  # tiny models: one thread is faster and far less noisy
+    loaded = load_pipeline(recipe)
+    return recipe, loaded
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from .validate import validate
+
+    recipe, loaded = _load(args)
+    report = validate(loaded.pipe, loaded.call_kwargs, recipe.candidate_specs(), reference=recipe.reference,
+                      seeds=args.seeds or recipe.seeds, gates=recipe.gates, progress=not args.no_progress,
+                      description=f"recipe {recipe.name}: {loaded.description}")
+    print(report)
+    if args.json:
+        report.to_json(args.json)
+    if args.plot:
+        report.plot(args.plot)
+    if args.frames:
+        report.save_worst_frames(args.frames)
+    return 0 if report.passed else 1
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import bench
+
+    recipe, loaded = _load(args)
+    candidates = [recipe.reference_spec(), *recipe.candidate_specs()]
+    report = bench(loaded.pipe, loaded.call_kwargs, candidates,
+                   rounds=args.rounds if args.rounds is not None else recipe.bench.rounds,
+                   warmup=args.warmup if args.warmup is not None else recipe.bench.warmup,
+                   seed=recipe.seeds[0], progress=not args.no_progress,
+                   description=f"recipe {recipe.name}: {loaded.description}")
+    print(report)
+    if args.json:
+        report.to_json(args.json)
+    return 0
+
+
+def run_recipes(args: argparse.Namespace) -> int:
+    from ..recipes import available_recipes, load_recipe
+
+    known = available_recipes()
+    if not known:
+        print("no recipes found (looked in ./recipes and the repository's recipes/)")
+        return 0
+    for name, path in known.items():
+        recipe = load_recipe(path)
+        print(f"{name:<34} {recipe.model:<48} {recipe.description}")
+    return 0

@@ -1,0 +1,122 @@
+"""Timing statistics that say when a speed difference is noise.
+
+A shared 2-core machine swings by ±10 % between identical runs, so a single ratio of two timings reads like a
+result when it is not. :func:`compare_timings` takes per-round samples of a baseline and a candidate measured in
+*interleaved* rounds (round i of both ran back to back, so slow drift of the machine cancels in their ratio) and
+returns the median speed-up with a bootstrap confidence interval; the difference is called distinguishable only
+when that interval excludes 1.0. Pure Python: no torch, cheap enough for the demo.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+__all__ = ["TimingSummary", "TimingComparison", "summarize", "compare_timings"]
+
+
+@dataclass(frozen=True)
+class TimingSummary:
+    """Median and spread (25th–75th percentile, min, max) of timing samples in seconds."""
+
+    n: int
+    median: float
+    p25: float
+    p75: float
+    minimum: float
+    maximum: float
+
+    @property
+    def relative_spread(self) -> float:
+        """Interquartile range over the median: 0.05 means the middle half of the samples lie within 5 %."""
+        return (self.p75 - self.p25) / self.median if self.median > 0 else math.inf
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"relative_spread": self.relative_spread}
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return float(sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low))
+
+
+def summarize(samples: Sequence[float]) -> TimingSummary:
+    """Summarise timing samples; raises ValueError for an empty sequence or a non-finite or negative value."""
+    values = [float(v) for v in samples]
+    if not values:
+        raise ValueError("no timing samples to summarise")
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise ValueError(f"timing samples must be finite and non-negative, got {values}")
+    ordered = sorted(values)
+    return TimingSummary(n=len(ordered), median=statistics.median(ordered), p25=_quantile(ordered, 0.25),
+                         p75=_quantile(ordered, 0.75), minimum=ordered[0], maximum=ordered[-1])
+
+
+@dataclass(frozen=True)
+class TimingComparison:
+    """A candidate's speed against a baseline: ``speedup`` = baseline time / candidate time (above 1 is faster),
+    with a ``confidence`` bootstrap interval ``[low, high]``. ``distinguishable`` is False when the interval
+    contains 1.0: the difference is inside the noise of this measurement."""
+
+    speedup: float
+    low: float
+    high: float
+    confidence: float
+    paired: bool
+    baseline: TimingSummary
+    candidate: TimingSummary
+
+    @property
+    def distinguishable(self) -> bool:
+        return not (self.low <= 1.0 <= self.high)
+
+    def describe(self) -> str:
+        """``"1.49x faster (95% CI 1.41-1.57x)"``, or ``"not distinguishable from noise (0.93-1.08x)"``."""
+        interval = f"{self.low:.2f}-{self.high:.2f}x"
+        if not self.distinguishable:
+            return f"not distinguishable from noise ({interval})"
+        word = "faster" if self.speedup > 1.0 else "slower"
+        return f"{self.speedup:.2f}x {word} ({self.confidence:.0%} CI {interval})"
+
+    def to_dict(self) -> dict:
+        return {"speedup": self.speedup, "ci_low": self.low, "ci_high": self.high, "confidence": self.confidence,
+                "paired": self.paired, "distinguishable": self.distinguishable, "verdict": self.describe(),
+                "baseline": self.baseline.to_dict(), "candidate": self.candidate.to_dict()}
+
+
+def compare_timings(baseline: Sequence[float], candidate: Sequence[float], *, confidence: float = 0.95,
+                    resamples: int = 2000, seed: int = 0) -> TimingComparison:
+    """Median speed-up of ``candidate`` over ``baseline`` with a percentile-bootstrap interval.
+
+    When both have the same number of samples they are taken as interleaved rounds and paired: the statistic is the
+    median of the per-round ratios ``baseline[i] / candidate[i]``. Otherwise it is the ratio of the two medians,
+    resampled independently. ``seed`` makes the interval reproducible.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+    if resamples < 100:
+        raise ValueError(f"resamples must be at least 100 for a stable interval, got {resamples}")
+    base, cand = summarize(baseline), summarize(candidate)
+    if base.minimum <= 0 or cand.minimum <= 0:
+        raise ValueError("timing samples must be positive to form a ratio")
+    rng = random.Random(seed)
+    base_values, cand_values = [float(v) for v in baseline], [float(v) for v in candidate]
+    paired = len(base_values) == len(cand_values)
+    if paired:
+        ratios = [b / c for b, c in zip(base_values, cand_values)]
+        point = statistics.median(ratios)
+        stats = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    else:
+        point = base.median / cand.median
+        stats = sorted(statistics.median(rng.choices(base_values, k=len(base_values)))
+                       / statistics.median(rng.choices(cand_values, k=len(cand_values))) for _ in range(resamples))
+    tail = (1.0 - confidence) / 2.0
+    return TimingComparison(speedup=point, low=_quantile(stats, tail), high=_quantile(stats, 1.0 - tail),
+                            confidence=confidence, paired=paired, baseline=base, candidate=cand)

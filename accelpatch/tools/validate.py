@@ -1,0 +1,322 @@
+"""``accelpatch.validate``: is a faster setting still good enough, and did it actually run?
+
+The same call (same seeds) runs under the reference tier and under each candidate. For every candidate the report
+gives per-frame PSNR/SSIM against the reference, SHA-256 equality of the frames, which fast paths ran and which
+fell back (from the counters), the speed ratio and a pass/fail verdict: ``exact``/``lossless`` candidates must be
+bit-identical; approximate ones must keep every frame at or above the SSIM and PSNR floors. The reference runs
+twice, so the report also shows its own noise floor (GPU kernels are not always deterministic): when the reference
+does not reproduce itself, bit identity cannot be asked of anyone, and the floors apply to every candidate.
+The pipeline is left in the patch state it came in, also when a call fails.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import torch
+
+from ..recipes import CandidateSpec, Gates
+from ..tiers import Tier, parse_tier
+from .candidates import CandidateLike, CallResult, PatchSwitcher, parse_candidates, run_call
+from .metrics import compare_videos
+from .stats import TimingComparison, compare_timings
+
+#: runs (seeds) per side below which validate gives the speed as a bare point estimate and defers to bench
+MIN_SAMPLES_FOR_INTERVAL = 3
+
+__all__ = ["validate", "ValidationReport", "CandidateResult", "SeedScores", "video_sha256"]
+
+
+def video_sha256(frames: torch.Tensor) -> str:
+    """SHA-256 of a video's values (float32, contiguous, on the CPU): equal digests mean bit-identical frames."""
+    return hashlib.sha256(frames.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _finite_or_none(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None
+
+
+@dataclass
+class SeedScores:
+    """Per-frame scores of one seed's video against the reference's (frame lists run over batch then frames)."""
+
+    seed: int
+    ssim: list[float]
+    psnr: list[float]
+    sha256: str
+    reference_sha256: str
+
+    @property
+    def identical(self) -> bool:
+        return self.sha256 == self.reference_sha256
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "identical": self.identical, "sha256": self.sha256,
+                "reference_sha256": self.reference_sha256, "ssim": self.ssim,
+                "psnr": [_finite_or_none(p) for p in self.psnr]}  # JSON has no inf: identical frames are null
+
+
+def _score(seed: int, reference: torch.Tensor, candidate: torch.Tensor) -> SeedScores:
+    quality = compare_videos(reference, candidate)
+    return SeedScores(seed=seed, ssim=quality.ssim, psnr=quality.psnr, sha256=video_sha256(candidate),
+                      reference_sha256=video_sha256(reference))
+
+
+@dataclass
+class CandidateResult:
+    """How one candidate did: scores per seed, what ran, its speed against the reference, and the verdict."""
+
+    label: str
+    spec: CandidateSpec
+    scores: list[SeedScores]
+    seconds_per_step: list[float]
+    fast_calls: int
+    fast_by_kind: dict[str, int]
+    fallbacks: dict[str, int]
+    stats: dict[str, float]
+    gate: str = ""
+    passed: bool = False
+    reasons: list[str] = field(default_factory=list)
+    #: speed-up over the reference with an interval, when there were enough runs (seeds) to form one
+    speed: Optional[TimingComparison] = None
+    #: reference time per step over this candidate's (medians), a point estimate
+    speed_ratio: float = math.nan
+    #: (reference frame, candidate frame, frame index, seed, SSIM) of the lowest-SSIM frame, for the frame strip
+    worst: Optional[tuple[torch.Tensor, torch.Tensor, int, int, float]] = field(default=None, repr=False)
+
+    @property
+    def identical(self) -> bool:
+        return all(s.identical for s in self.scores)
+
+    @property
+    def min_ssim(self) -> float:
+        return min(min(s.ssim) for s in self.scores)
+
+    @property
+    def min_psnr(self) -> float:
+        return min(min(s.psnr) for s in self.scores)
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "spec": self.spec.model_dump(), "gate": self.gate, "passed": self.passed,
+                "reasons": self.reasons, "identical": self.identical, "min_ssim": self.min_ssim,
+                "min_psnr": _finite_or_none(self.min_psnr), "fast_calls": self.fast_calls,
+                "fast_by_kind": self.fast_by_kind, "fallbacks": self.fallbacks, "stats": self.stats,
+                "seconds_per_step": self.seconds_per_step,
+                "speed_ratio": _finite_or_none(self.speed_ratio),
+                "speed": None if self.speed is None else self.speed.to_dict(),
+                "seeds": [s.to_dict() for s in self.scores]}
+
+
+@dataclass
+class NoiseFloor:
+    """The reference against its own second run: how far apart two identical runs are on this device."""
+
+    identical: bool
+    min_ssim: float
+    min_psnr: float
+
+    def describe(self) -> str:
+        if self.identical:
+            return "reference reproduces itself bit for bit (noise floor: none)"
+        return (f"reference does NOT reproduce itself: min SSIM {self.min_ssim:.4f}, min PSNR {self.min_psnr:.2f} dB "
+                "between two identical runs; bit identity is not checked, the floors apply to every candidate")
+
+    def to_dict(self) -> dict:
+        return {"identical": self.identical, "min_ssim": self.min_ssim, "min_psnr": _finite_or_none(self.min_psnr)}
+
+
+def _speed_text(result: "CandidateResult") -> str:
+    if result.speed is not None:
+        return result.speed.describe()
+    return f"{result.speed_ratio:.2f}x (one run per seed: use bench to tell speed from noise)"
+
+
+def _psnr_text(value: float) -> str:
+    return "inf" if value == math.inf else f"{value:.2f}"
+
+
+@dataclass
+class ValidationReport:
+    """The result of :func:`validate`: ``passed``, a table (``str()``), ``to_dict()``/``to_json()``, ``plot()``
+    (PSNR/SSIM per frame per candidate) and ``save_worst_frames()`` (reference | candidate | difference)."""
+
+    reference: str
+    seeds: list[int]
+    gates: Gates
+    noise_floor: NoiseFloor
+    reference_seconds_per_step: list[float]
+    candidates: list[CandidateResult]
+    description: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.candidates)
+
+    def to_dict(self) -> dict:
+        return {"kind": "accelpatch.validate", "version": 1, "description": self.description,
+                "reference": self.reference, "seeds": self.seeds, "gates": self.gates.model_dump(),
+                "noise_floor": self.noise_floor.to_dict(),
+                "reference_seconds_per_step": self.reference_seconds_per_step, "passed": self.passed,
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+    def to_json(self, path: Optional[str] = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
+        if path is not None:
+            with open(path, "w") as handle:
+                handle.write(text + "\n")
+        return text
+
+    def __str__(self) -> str:
+        head = (f"accelpatch validate: {self.description or 'pipeline'}; reference {self.reference}, "
+                f"seeds {self.seeds}; gates: lossless/exact bit-identical, high every frame SSIM >= "
+                f"{self.gates.ssim_floor} and PSNR >= {self.gates.psnr_floor} dB")
+        rows = [("candidate", "verdict", "gate", "identical", "min SSIM", "min PSNR", "fast calls", "fallbacks",
+                 "speed vs reference")]
+        for c in self.candidates:
+            fallbacks = sum(c.fallbacks.values())
+            rows.append((c.label, "PASS" if c.passed else "FAIL", c.gate, "yes" if c.identical else "no",
+                         f"{c.min_ssim:.4f}", _psnr_text(c.min_psnr), str(c.fast_calls), str(fallbacks),
+                         _speed_text(c)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [head, "  " + self.noise_floor.describe()]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        for c in self.candidates:
+            ran = ", ".join(f"{kind} x{n}" for kind, n in sorted(c.fast_by_kind.items())) or "no fast path ran"
+            stats = "".join(f"; {k} {v:.3f}" for k, v in sorted(c.stats.items()))
+            lines.append(f"  {c.label}: {ran}{stats}")
+            lines += [f"    fell back x{n}: {reason}" for reason, n in sorted(c.fallbacks.items())]
+            lines += [f"    {reason}" for reason in c.reasons]
+        lines.append(f"overall: {'PASS' if self.passed else 'FAIL'}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        return f"<pre>{escape(str(self))}</pre>"
+
+    def plot(self, path: Optional[str] = None):
+        """PSNR and SSIM per frame per candidate with the floors (matplotlib figure; saved as PNG when ``path``)."""
+        from .plots import plot_validation
+
+        return plot_validation(self, path)
+
+    def save_worst_frames(self, path: str) -> None:
+        """A PNG strip, one row per candidate: its lowest-SSIM frame as reference | candidate | |difference|."""
+        from .plots import worst_frame_strip
+
+        worst_frame_strip(self, path)
+
+
+def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> None:
+    """Fill in the gate, verdict and reasons of ``result``."""
+    tier = parse_tier(result.spec.tier)
+    if tier <= Tier.LOSSLESS and noise_floor.identical:  # an unpatched candidate runs at exact
+        result.gate = "bit-identical"
+        result.passed = result.identical
+        if not result.passed:
+            bad = [s.seed for s in result.scores if not s.identical]
+            result.reasons.append(f"frames differ from the reference for seeds {bad} (a {tier} candidate must be "
+                                  "bit-identical)")
+        return
+    result.gate = "floors"
+    failing = [(s.seed, i, s.ssim[i], s.psnr[i]) for s in result.scores for i in range(len(s.ssim))
+               if s.ssim[i] < gates.ssim_floor or s.psnr[i] < gates.psnr_floor]
+    result.reasons += [f"seed {seed} frame {i}: SSIM {ssim:.4f}, PSNR {_psnr_text(psnr)} dB below the floors"
+                       for seed, i, ssim, psnr in failing[:5]]
+    if len(failing) > 5:
+        result.reasons.append(f"... and {len(failing) - 5} more frames below the floors")
+    result.passed = not failing
+    if tier is Tier.HIGH and result.fast_calls == 0:
+        message = "no fast path ran (every call took the reference path)"
+        if gates.require_fast_path:
+            result.passed = False
+            result.reasons.append(message + "; gates.require_fast_path is set")
+        else:
+            result.reasons.append(message + ": the verdict says nothing about the fast path")
+
+
+def _worst(reference: torch.Tensor, candidate: torch.Tensor, scores: SeedScores, previous):
+    index = min(range(len(scores.ssim)), key=scores.ssim.__getitem__)
+    if previous is not None and previous[4] <= scores.ssim[index]:
+        return previous
+    flat_ref = reference.reshape(-1, *reference.shape[-3:])
+    flat_cand = candidate.reshape(-1, *candidate.shape[-3:])
+    return (flat_ref[index].clone(), flat_cand[index].clone(), index, scores.seed, scores.ssim[index])
+
+
+def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[CandidateLike] = ("high",), *,
+             reference: str = "exact", seeds: Sequence[int] = (0,), gates: Optional[Gates | Mapping] = None,
+             progress: bool = True, description: str = "") -> ValidationReport:
+    """Run ``pipe(**call_kwargs)`` under ``reference`` (twice) and each candidate, for each seed, and judge them.
+
+    ``candidates``: tier names (``"high"``), ``"unpatched"``, mappings or :class:`accelpatch.Candidate` objects
+    (tier plus ``backend``/``options``). ``gates``: :class:`accelpatch.recipes.Gates` or a mapping of its fields
+    (default: every frame SSIM >= 0.92 and PSNR >= 24 dB). ``call_kwargs`` must not hold a generator (each run gets
+    one seeded from ``seeds``); the output must be readable as frames (``output_type="pt"``). The pipeline ends in
+    the patch state it started in.
+    """
+    from tqdm.auto import tqdm
+
+    specs = parse_candidates(candidates)
+    reference_spec = CandidateSpec(name=f"reference ({reference})", tier=str(parse_tier(reference)))
+    gates = gates if isinstance(gates, Gates) else Gates(**(gates or {}))
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("give at least one seed")
+    if "generator" in call_kwargs:
+        raise ValueError("call_kwargs must not hold a generator: validate seeds each run itself (seeds=...)")
+    switcher = PatchSwitcher(pipe)
+    bar = tqdm(total=len(seeds) * (2 + len(specs)), desc="accelpatch validate", unit="call", disable=not progress)
+    try:
+        references: dict[int, torch.Tensor] = {}
+        reference_times: list[float] = []
+        floor_scores = []
+        switcher.enter(reference_spec)
+        for seed in seeds:
+            first = run_call(pipe, call_kwargs, reference_spec, seed)
+            bar.update(1)
+            second = run_call(pipe, call_kwargs, reference_spec, seed)
+            bar.update(1)
+            references[seed] = first.frames
+            reference_times.append(second.seconds_per_step)  # the first run of the first seed includes warm-up
+            floor_scores.append(_score(seed, first.frames, second.frames))
+        noise = NoiseFloor(identical=all(s.identical for s in floor_scores),
+                           min_ssim=min(min(s.ssim) for s in floor_scores),
+                           min_psnr=min(min(s.psnr) for s in floor_scores))
+        results = []
+        for spec in specs:
+            bar.set_postfix_str(spec.label)
+            switcher.enter(spec)
+            runs: list[CallResult] = []
+            scores, worst = [], None
+            for seed in seeds:
+                run = run_call(pipe, call_kwargs, spec, seed)
+                runs.append(run)
+                scores.append(_score(seed, references[seed], run.frames))
+                worst = _worst(references[seed], run.frames, scores[-1], worst)
+                bar.update(1)
+            result = CandidateResult(
+                label=spec.label, spec=spec, scores=scores, seconds_per_step=[r.seconds_per_step for r in runs],
+                fast_calls=sum(r.fast_calls for r in runs),
+                fast_by_kind={k: sum(r.fast_by_kind.get(k, 0) for r in runs) for r in runs for k in r.fast_by_kind},
+                fallbacks={k: sum(r.fallbacks.get(k, 0) for r in runs) for r in runs for k in r.fallbacks},
+                stats={k: sum(r.stats[k] for r in runs if k in r.stats) / sum(k in r.stats for r in runs)
+                       for r in runs for k in r.stats},
+                worst=worst)
+            result.speed_ratio = statistics.median(reference_times) / statistics.median(result.seconds_per_step)
+            if min(len(reference_times), len(seeds)) >= MIN_SAMPLES_FOR_INTERVAL:
+                result.speed = compare_timings(reference_times, result.seconds_per_step, resamples=500)
+            _judge(result, gates, noise)
+            results.append(result)
+    finally:
+        bar.close()
+        switcher.restore()
+    return ValidationReport(reference=str(parse_tier(reference)), seeds=seeds, gates=gates, noise_floor=noise,
+                            reference_seconds_per_step=reference_times, candidates=results, description=description)

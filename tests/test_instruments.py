@@ -1,0 +1,239 @@
+"""validate, bench and the timing statistics: gates that pass and fail when they should, honest speed verdicts,
+JSON that programs can read, and a pipeline left exactly as it came."""
+import json
+import math
+import random
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch import testing
+from accelpatch.tools.bench import bench
+from accelpatch.tools.stats import compare_timings, summarize
+from accelpatch.tools.validate import validate, video_sha256
+
+
+@pytest.fixture(scope="module")
+def sana():
+    """A tiny SANA-Video pipeline (release head dims) and the kwargs of a 2-step call, without a generator."""
+    torch.set_num_threads(1)
+    pipe = testing.tiny_sana_video_pipeline(transformer_config=testing.SANA_VIDEO_RELEASE_LIKE_CONFIG)
+    kwargs = testing.sana_video_pipeline_call_kwargs(num_inference_steps=2)
+    kwargs.pop("generator")
+    yield pipe, kwargs
+    accelpatch.remove(pipe)
+
+
+def perturb_under(pipe, tier: str, scale: float):
+    """A forward hook that adds ``scale`` * noise to the transformer's output when the call runs under ``tier``:
+    a candidate built to differ from the reference by a known amount."""
+    def hook(module, args, output):
+        if accelpatch.current_quality() != tier:
+            return output
+        sample = output[0]
+        noise = torch.randn(sample.shape, generator=torch.Generator().manual_seed(1), dtype=sample.dtype)
+        return (sample + scale * noise,) + tuple(output[1:])
+    return pipe.transformer.register_forward_hook(hook)
+
+
+# --- statistics -----------------------------------------------------------------------------------------------
+
+def test_identical_timing_distributions_are_called_noise():
+    rng = random.Random(0)
+    base = [1.0 + rng.gauss(0, 0.05) for _ in range(9)]
+    cand = [1.0 + rng.gauss(0, 0.05) for _ in range(9)]
+    comparison = compare_timings(base, cand)
+    assert not comparison.distinguishable
+    assert comparison.describe().startswith("not distinguishable from noise")
+
+
+def test_a_real_twofold_speedup_is_distinguishable_with_an_interval_around_it():
+    rng = random.Random(1)
+    base = [2.0 + rng.gauss(0, 0.05) for _ in range(9)]
+    cand = [1.0 + rng.gauss(0, 0.03) for _ in range(9)]
+    comparison = compare_timings(base, cand)
+    assert comparison.distinguishable and comparison.paired
+    assert comparison.low < comparison.speedup < comparison.high
+    assert 1.8 < comparison.low and comparison.high < 2.2
+    assert comparison.describe().startswith(f"{comparison.speedup:.2f}x faster")
+    slower = compare_timings(cand, base)
+    assert slower.distinguishable and "slower" in slower.describe()
+
+
+def test_statistics_reject_bad_samples():
+    with pytest.raises(ValueError, match="no timing samples"):
+        summarize([])
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        summarize([1.0, math.nan])
+    with pytest.raises(ValueError, match="confidence"):
+        compare_timings([1.0, 1.0], [1.0, 1.0], confidence=1.5)
+    assert summarize([3.0, 1.0, 2.0, 4.0]).median == 2.5
+
+
+# --- validate ---------------------------------------------------------------------------------------------------
+
+def test_validate_passes_bit_identical_tiers_and_reports_the_cpu_fallback(sana, tmp_path):
+    pipe, kwargs = sana
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = validate(pipe, kwargs, ["lossless", "high", "unpatched"], seeds=(0, 1), progress=False)
+    assert report.passed and report.noise_floor.identical
+    lossless, high, unpatched = report.candidates
+    assert lossless.gate == "bit-identical" and lossless.identical
+    assert unpatched.gate == "bit-identical" and unpatched.identical
+    # On a CPU-only torch the BF16 GEMM never mounts: the verdict says so instead of claiming the fast path passed.
+    assert high.fast_calls == 0 and sum(high.fallbacks.values()) > 0
+    assert any("no fast path ran" in reason for reason in high.reasons)
+    assert "CUDA is unavailable" in str(report)
+    # The digests really are of the frames: a fresh exact call hashes to the reference's digest.
+    fresh = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).frames
+    assert high.scores[0].reference_sha256 == video_sha256(fresh)
+    data = json.loads(report.to_json(str(tmp_path / "v.json")))
+    assert data["kind"] == "accelpatch.validate" and data["passed"] is True
+    assert [c["label"] for c in data["candidates"]] == ["lossless", "high", "unpatched"]
+    assert data["candidates"][0]["seeds"][0]["psnr"][0] is None  # identical frames: inf, written as null
+    assert json.loads((tmp_path / "v.json").read_text()) == data
+
+
+def test_validate_fails_a_candidate_below_the_floors_and_names_the_frames(sana, tmp_path):
+    pipe, kwargs = sana
+    handle = perturb_under(pipe, "high", 0.5)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = validate(pipe, kwargs, ["lossless", "high"], progress=False, gates={"psnr_floor": 60.0})
+    finally:
+        handle.remove()
+    lossless, high = report.candidates
+    assert lossless.passed and not high.passed and not report.passed
+    assert high.min_psnr < 60.0 and not high.identical
+    assert any("below the floors" in reason for reason in high.reasons)
+    assert "overall: FAIL" in str(report)
+    report.plot(str(tmp_path / "plot.png"))
+    report.save_worst_frames(str(tmp_path / "frames.png"))
+    from PIL import Image
+
+    with Image.open(tmp_path / "plot.png") as image:
+        assert image.width > 400
+    with Image.open(tmp_path / "frames.png") as image:
+        assert image.height >= 128 and image.width >= 3 * 128
+
+
+def test_a_lossless_candidate_that_differs_fails_even_when_it_is_close(sana):
+    pipe, kwargs = sana
+    handle = perturb_under(pipe, "lossless", 1e-6)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = validate(pipe, kwargs, ["lossless"], progress=False)
+    finally:
+        handle.remove()
+    (lossless,) = report.candidates
+    assert lossless.gate == "bit-identical" and not lossless.passed
+    assert "must be bit-identical" in lossless.reasons[0]
+
+
+def test_require_fast_path_fails_a_high_candidate_that_only_fell_back(sana):
+    pipe, kwargs = sana
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = validate(pipe, kwargs, ["high"], progress=False, gates={"require_fast_path": True})
+    assert not report.passed
+    assert "require_fast_path" in report.candidates[0].reasons[-1]
+
+
+def test_a_reference_that_does_not_reproduce_itself_is_reported_and_floors_apply(sana):
+    pipe, kwargs = sana
+    calls = []
+
+    def jitter(module, args, output):  # a different perturbation on every call, as a nondeterministic kernel
+        calls.append(1)
+        return (output[0] + 1e-4 * len(calls),) + tuple(output[1:])
+
+    handle = pipe.transformer.register_forward_hook(jitter)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = validate(pipe, kwargs, ["lossless"], progress=False)
+    finally:
+        handle.remove()
+    assert not report.noise_floor.identical and report.noise_floor.min_psnr < math.inf
+    assert report.candidates[0].gate == "floors" and report.candidates[0].passed
+    assert "does NOT reproduce itself" in str(report)
+
+
+def test_validate_leaves_the_pipeline_in_the_state_it_came_in_also_after_an_error(sana):
+    pipe, kwargs = sana
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelpatch.apply(pipe, tier="high")
+        before = accelpatch.report(pipe)
+        validate(pipe, kwargs, ["lossless", "unpatched"], progress=False)
+        assert str(accelpatch.report(pipe)).splitlines()[0] == str(before).splitlines()[0]
+        assert accelpatch.current_quality(pipe) == "high"
+        # fails after the reference ran, while patching the second candidate: SANA-Video has no such option
+        with pytest.raises(ValueError, match="anchor_fp32_steps"):
+            validate(pipe, kwargs, ["lossless", {"tier": "high", "options": {"anchor_fp32_steps": 3}}],
+                     progress=False)
+        assert accelpatch.current_quality(pipe) == "high"
+        accelpatch.remove(pipe)
+        validate(pipe, kwargs, ["lossless"], progress=False)
+    assert accelpatch.current_quality(pipe) == "exact"  # came unpatched, left unpatched
+
+
+def test_validate_rejects_bad_arguments(sana):
+    pipe, kwargs = sana
+    with pytest.raises(ValueError, match="generator"):
+        validate(pipe, {**kwargs, "generator": torch.Generator()}, ["high"], progress=False)
+    with pytest.raises(ValueError, match="unknown quality tier 'fast'"):
+        validate(pipe, kwargs, ["fast"], progress=False)
+    with pytest.raises(ValueError, match="unique"):
+        validate(pipe, kwargs, ["high", "high"], progress=False)
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        validate(pipe, kwargs, ["high"], gates={"ssim_floor": 2}, progress=False)
+
+
+# --- bench ------------------------------------------------------------------------------------------------------
+
+def test_bench_json_schema_and_interleaved_rounds(sana, tmp_path):
+    pipe, kwargs = sana
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = bench(pipe, kwargs, ["exact", "lossless", "unpatched"], rounds=3, warmup=1, progress=False)
+    data = json.loads(report.to_json(str(tmp_path / "b.json")))
+    assert data["kind"] == "accelpatch.bench" and data["version"] == 1 and data["baseline"] == "exact"
+    assert data["rounds"] == 3 and data["warmup"] == 1
+    assert [c["label"] for c in data["candidates"]] == ["exact", "lossless", "unpatched"]
+    for entry in data["candidates"]:
+        assert len(entry["seconds_per_step"]) == 3 and len(entry["call_seconds"]) == 3
+        assert all(0 < s <= c for s, c in zip(entry["seconds_per_step"], entry["call_seconds"]))
+        assert entry["steps_per_call"] == 2  # 2 denoising steps, CFG batched: 2 transformer forwards
+        assert set(entry["summary"]) >= {"n", "median", "p25", "p75", "relative_spread"}
+    assert data["candidates"][0]["vs_baseline"] is None
+    verdict = data["candidates"][1]["vs_baseline"]
+    assert set(verdict) >= {"speedup", "ci_low", "ci_high", "distinguishable", "verdict"}
+    assert verdict["ci_low"] <= verdict["speedup"] <= verdict["ci_high"]
+    assert "exact" in str(report) and "baseline" in str(report)
+
+
+def test_bench_rejects_bad_arguments(sana):
+    pipe, kwargs = sana
+    with pytest.raises(ValueError, match="rounds must be an integer >= 2"):
+        bench(pipe, kwargs, ["exact"], rounds=1, progress=False)
+    with pytest.raises(ValueError, match="baseline 'fast' is not a candidate; candidates: exact, high"):
+        bench(pipe, kwargs, ["exact", "high"], baseline="fast", progress=False)
+
+
+def test_per_step_timing_counts_cfg_as_two_calls_as_one_step():
+    from accelpatch.tools.candidates import CallTimer
+
+    model = testing.tiny_sana_video_transformer()
+    inputs = testing.sana_video_transformer_inputs(model)
+    timer = CallTimer([model], torch.device("cpu"))
+    with timer:
+        for t in (900.0, 900.0, 800.0):  # step 1 as two calls (cond, uncond), then step 2
+            model(**{**inputs, "timestep": torch.full_like(inputs["timestep"], t)})
+    assert (timer.steps, timer.forwards) == (2, 3)
+    assert timer.transformer_seconds() > 0

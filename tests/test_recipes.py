@@ -1,0 +1,149 @@
+"""Recipes (schema, lookup, apply(recipe=...)) and the validate/bench/recipes command-line verbs."""
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import accelpatch
+from accelpatch import testing
+from accelpatch.__main__ import main
+from accelpatch.recipes import Recipe, RecipeError, available_recipes, load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def test_the_promised_recipes_ship_and_load():
+    names = {p.stem for p in SHIPPED}
+    assert {"sana-video-480p-high", "sana-video2-720p-high", "sana-video2-720p-middle", "minimax-h3-sol-attn",
+            "tiny-sana-video", "tiny-sana-video2", "tiny-minimax-h3-sol-attn"} <= names
+    for path in SHIPPED:
+        recipe = load_recipe(path)
+        assert recipe.name == path.stem and recipe.description
+        if not recipe.is_tiny:  # real-weight recipes must not pass by falling back
+            assert recipe.gates.require_fast_path, path.name
+    assert set(available_recipes()) >= names
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"model": "tiny:sana-vidoe"}, "model: unknown tiny model 'tiny:sana-vidoe' (did you mean tiny:sana-video?)"),
+    ({"model": "m", "gates": {"ssim_flor": 0.9}}, "gates.ssim_flor: unknown field (did you mean 'ssim_floor'?); "
+                                                   "allowed here: psnr_floor, require_fast_path, ssim_floor"),
+    ({"model": "m", "tier": "fast"}, "tier: unknown quality tier 'fast'; valid tiers are exact, lossless, high"),
+    ({"model": "m", "dtype": "int8"}, "dtype: Input should be 'bf16', 'fp16' or 'fp32' (got 'int8')"),
+    ({"model": "m", "backend": "sol"}, "backend: unknown backend 'sol'; backends: sol_attn"),
+    ({"model": "m", "candidates": [{"tier": "high", "bakend": "sol_attn"}]},
+     "candidates.0.bakend: unknown field (did you mean 'backend'?)"),
+    ({"model": "m", "call": {"generator": 1}}, "call: give seeds (the 'seeds' field), not a generator"),
+    ({"model": "m", "bench": {"rounds": 1}}, "bench.rounds: Input should be greater than or equal to 2"),
+    ({"name": "x"}, "model: Field required"),
+])
+def test_schema_errors_name_the_field_and_what_is_allowed(data, message):
+    with pytest.raises(RecipeError) as error:
+        load_recipe({"name": "x", **data})
+    assert message in str(error.value)
+
+
+def test_unknown_recipe_names_list_the_known_ones_and_bad_yaml_is_named(tmp_path):
+    with pytest.raises(RecipeError, match=r"did you mean 'tiny-sana-video'\?.*known recipes: .*tiny-minimax-h3"):
+        load_recipe("tiny-sana-vide")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(RecipeError, match="bad.yaml is not valid YAML"):
+        load_recipe(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string\n")
+    with pytest.raises(RecipeError, match="must be a mapping of fields, got str"):
+        load_recipe(scalar)
+
+
+def test_apply_with_a_recipe_patches_with_its_backend_options_and_tier():
+    model = testing.tiny_minimax_h3_transformer()
+    accelpatch.apply(model, recipe="tiny-minimax-h3-sol-attn")
+    report = accelpatch.report(model)
+    assert report.models[0].backend == "sol_attn"
+    assert accelpatch.current_quality(model) == "high"
+    assert all(site.mounted for site in report.sites)
+    # keyword arguments override the recipe's
+    accelpatch.apply(model, recipe="tiny-minimax-h3-sol-attn", tier="lossless")
+    assert accelpatch.current_quality(model) == "lossless"
+    accelpatch.remove(model)
+    assert accelpatch.current_quality(model) == "exact"
+
+
+def test_apply_tier_sets_the_default_tier_and_is_validated():
+    model = testing.tiny_sana_video_transformer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelpatch.apply(model, tier="high")
+    assert accelpatch.current_quality(model) == "high"
+    assert "runs at tier high by default (apply(..., tier='high'))" in str(accelpatch.report(model))
+    with accelpatch.quality("exact"):
+        assert accelpatch.current_quality(model) == "exact"
+    with pytest.raises(ValueError, match="unknown quality tier 'best'"):
+        accelpatch.apply(model, tier="best")
+    accelpatch.remove(model)
+
+
+def _write(tmp_path, **fields) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"model": "tiny:sana-video", "dtype": "fp32", "device": "cpu",
+                                    "call": {"num_inference_steps": 2}, **fields}))
+    return path
+
+
+def test_cli_validate_exit_codes_json_plot_and_frames(tmp_path, capsys):
+    passing = _write(tmp_path, candidates=[{"tier": "lossless"}])
+    out = tmp_path / "v.json"
+    code = main(["validate", "--recipe", str(passing), "--json", str(out), "--plot", str(tmp_path / "p.png"),
+                 "--frames", str(tmp_path / "f.png"), "--no-progress"])
+    assert code == 0
+    assert "overall: PASS" in capsys.readouterr().out
+    assert json.loads(out.read_text())["passed"] is True
+    assert (tmp_path / "p.png").stat().st_size > 0 and (tmp_path / "f.png").stat().st_size > 0
+    # a gate built to fail: the high candidate must run a fast path, and on a CPU-only torch none can
+    failing = _write(tmp_path, candidates=[{"tier": "high"}], gates={"require_fast_path": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["validate", "--recipe", str(failing), "--no-progress"]) == 1
+    assert "overall: FAIL" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    assert main(["validate", "--recipe", "no-such-recipe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accelpatch: error: no recipe file or known recipe named 'no-such-recipe'")
+    assert len(err.strip().splitlines()) == 1
+    assert main(["bench", "--recipe", str(_write(tmp_path, tier="fast"))]) == 2
+    assert "tier: unknown quality tier 'fast'" in capsys.readouterr().err
+    assert main(["bench", "--recipe", str(_write(tmp_path)), "--rounds", "1", "--no-progress"]) == 2
+    assert "rounds must be an integer >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["validate"])
+    assert "--recipe" in capsys.readouterr().err
+
+
+def test_cli_bench_writes_its_json_schema(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--recipe", str(_write(tmp_path, candidates=[{"tier": "lossless"}])), "--rounds", "2",
+                 "--warmup", "0", "--json", str(out), "--no-progress"]) == 0
+    data = json.loads(out.read_text())
+    assert data["kind"] == "accelpatch.bench" and data["baseline"] == "exact"
+    assert [c["label"] for c in data["candidates"]] == ["exact", "lossless"]
+    assert "vs exact" in capsys.readouterr().out
+
+
+def test_cli_lists_recipes_and_help_does_not_import_torch():
+    listing = subprocess.run([sys.executable, "-m", "accelpatch", "recipes"], capture_output=True, text=True,
+                             cwd=REPO, check=True).stdout
+    assert "tiny-minimax-h3-sol-attn" in listing and "MiniMaxAI/MiniMax-H3" in listing
+    probe = ("import sys; from accelpatch.__main__ import main\n"
+             "try:\n    main(['validate', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip().endswith("False")
