@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "apply", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
-    "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "Recipe", "Candidate",
+    "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "load_pipeline", "Recipe",
+    "Candidate",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
 ]
@@ -39,6 +40,7 @@ _LAZY = {
     "validate": "accelpatch.tools.validate",
     "bench": "accelpatch.tools.bench",
     "load_recipe": "accelpatch.recipes",
+    "load_pipeline": "accelpatch.tools.pipelines",
     "Recipe": "accelpatch.recipes",
     "Candidate": "accelpatch.tools.candidates",
 }

@@ -109,7 +109,7 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
     """Time ``pipe(**call_kwargs)`` under each candidate (see :func:`accelpatch.validate` for the forms) in
     ``rounds`` interleaved rounds after ``warmup`` untimed calls each; ``baseline`` is a candidate label (default:
     the first). Every call uses the same ``seed``. The pipeline ends in the patch state it started in."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets in a notebook
 
     specs = parse_candidates(candidates)
     if not isinstance(rounds, int) or rounds < 2:

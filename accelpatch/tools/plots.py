@@ -20,10 +20,8 @@ PSNR_CEILING = 100.0
 
 
 def _pyplot():
+    """pyplot, leaving the backend to matplotlib (Agg without a display, inline in Jupyter)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("plotting needs matplotlib: pip install matplotlib (or accelpatch[plots])") from None

@@ -262,7 +262,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
     one seeded from ``seeds``); the output must be readable as frames (``output_type="pt"``). The pipeline ends in
     the patch state it started in.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets in a notebook
 
     specs = parse_candidates(candidates)
     reference_spec = CandidateSpec(name=f"reference ({reference})", tier=str(parse_tier(reference)))
