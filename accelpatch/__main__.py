@@ -19,9 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"accelpatch {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo_parser = commands.add_parser(
-        "demo", help="run a tiny SANA-Video (or --model sana-video2) pipeline unpatched and under each tier",
-        description="Run a tiny random SANA-Video (or SANA-Video 2.0) pipeline unpatched and under each tier; report "
-                    "speed, bit identity, PSNR/SSIM and the sites.")
+        "demo", help="tiny pipelines: SANA-Video tiers and MiniMax-H3 sol_attn (--model picks)",
+        description="Run tiny random pipelines offline: SANA-Video unpatched and under each tier, and MiniMax-H3 "
+                    "with backend sol_attn (--model picks: sana-video, sana-video2, minimax-h3, or a comma list); "
+                    "report speed with its noise, bit identity, PSNR/SSIM, what ran and what fell back.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)
 

@@ -91,7 +91,7 @@ class BenchSettings(_Strict):
     """How ``bench`` times candidates: untimed warm-up calls per candidate, then interleaved timed rounds."""
 
     warmup: int = Field(1, ge=0)
-    rounds: int = Field(5, ge=2, description="timed calls per candidate, interleaved across candidates")
+    rounds: int = Field(7, ge=2, description="timed calls per candidate, interleaved (6 or more for a verdict)")
 
 
 class Recipe(_Strict):

@@ -121,5 +121,6 @@ def test_arguments_reach_the_demo(monkeypatch, capsys):
     monkeypatch.setattr(demo, "run_demo", fake_run_demo)
     monkeypatch.setattr("torch.set_num_threads", lambda n: None)
     assert main(["demo", "--steps", "2", "--repeats", "1", "--seed", "0", "--dtype", "fp32", "--no-progress"]) == 0
-    assert seen == dict(steps=2, dtype="fp32", device="cpu", seed=0, repeats=1, progress=False, model="sana-video")
+    assert seen == dict(steps=2, dtype="fp32", device="cpu", seed=0, repeats=1, progress=False,
+                        model=("sana-video", "minimax-h3"))
     assert capsys.readouterr().out == "report\n"

@@ -1,23 +1,140 @@
-"""The demo runs end to end offline and reports the contract it demonstrates."""
+"""The demo runs end to end offline and tells the truth: fallbacks are labelled with their reason, timing differences
+inside the noise read as noise, and the MiniMax-H3 sol_attn section shows a fast path that runs on CPU."""
 import re
 
 import pytest
+import torch
 
-from accelpatch.__main__ import main
-from accelpatch.tools.demo import run_demo
+from accelpatch.__main__ import build_parser, main
+from accelpatch.reporting import ModelReport, Report, SiteReport
+from accelpatch.tools import demo
+from accelpatch.tools.demo import fast_path_text, format_timing, parse_models, run_demo
+from accelpatch.tools.stats import compare_timings
+
+ROW = re.compile(r"^(?P<label>\S.*?)\s{2,}(?P<seconds>\d+\.\d{4})\s{2}(?P<timing>\S.*?)\s{2,}(?P<identical>yes|no)"
+                 r"\s+(?P<psnr>inf|\d+\.\d dB)\s+(?P<ssim>\d\.\d{4})\s{2}(?P<fast>.+)$")
+NOISE = re.compile(r"^noise \((?P<low>\d+\.\d\d)–(?P<high>\d+\.\d\d)×\)$")
+RATIO = re.compile(r"^(?P<ratio>\d+\.\d\d)× (?P<word>faster|slower) \((?P<low>\d+\.\d\d)–(?P<high>\d+\.\d\d)×\)$")
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the demo says where CUDA is missing")
 
 
-def test_demo_table_reports_bit_identity_and_the_cpu_rejection():
-    text = run_demo(steps=2, dtype="fp32", repeats=1, progress=False)
-    rows = {line.split("  ")[0].strip(): line for line in text.splitlines()
-            if re.match(r"(unpatched|patched, \w+)\s", line)}
-    assert set(rows) == {"unpatched", "patched, default", "patched, exact", "patched, lossless", "patched, high"}
-    for label in ("unpatched", "patched, default", "patched, exact", "patched, lossless"):
-        assert re.search(r"\byes\s+inf\s+1\.0000\s+0\s+0$", rows[label]), rows[label]
-    # On CPU the high tier's fast path cannot mount: it falls back (counted) and stays bit-identical.
-    assert re.search(r"\byes\s+inf\s+1\.0000\s+0\s+[1-9]\d*$", rows["patched, high"]), rows["patched, high"]
-    assert "CUDA is unavailable" in text
-    assert text.rstrip().endswith("bit-identical to unpatched: yes")
+def section(text, title):
+    """The lines of one section (from its '== title:' header to the next header)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"== {title}:"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("== ")), len(lines))
+    return lines[start:end]
+
+
+def table(lines):
+    """{label: row match} of a section's table."""
+    rows = {}
+    for line in lines:
+        match = ROW.match(line)
+        if match:
+            rows[match["label"]] = match
+    return rows
+
+
+def assert_timing_is_honest(cell):
+    """A ratio only with an interval that excludes 1; otherwise 'noise (lo–hi×)' with 1 inside, or no verdict."""
+    if cell in ("baseline", "not timed (1 call)") or cell.startswith("no verdict ("):
+        return
+    noise, ratio = NOISE.match(cell), RATIO.match(cell)
+    assert noise or ratio, cell
+    low, high = float((noise or ratio)["low"]), float((noise or ratio)["high"])
+    if noise:
+        assert low <= 1.0 <= high, cell
+    else:
+        assert not low <= 1.0 <= high, cell
+        assert (float(ratio["ratio"]) > 1.0) == (ratio["word"] == "faster"), cell
+
+
+@CPU_ONLY
+def test_sana_video_tiers_on_cpu_label_the_fallback_and_time_in_rounds():
+    text = run_demo(model="sana-video", steps=1, dtype="fp32", repeats=5, progress=False)
+    lines = section(text, "SANA-Video")
+    assert "5 interleaved rounds" in lines[0]
+    rows = table(lines)
+    assert list(rows) == ["unpatched", "patched, default", "patched, exact", "patched, lossless", "patched, high"]
+    for label, row in rows.items():
+        assert (row["identical"], row["psnr"], row["ssim"]) == ("yes", "inf", "1.0000"), row.group(0)
+        assert_timing_is_honest(row["timing"])
+    assert rows["unpatched"]["timing"] == "baseline"
+    assert rows["patched, exact"]["fast"] == "0, by design: tier exact does not admit high"
+    assert rows["patched, lossless"]["fast"] == "0, by design: tier lossless does not admit high"
+    # On CPU the high tier's fast path cannot mount: its row says it fell back, and why.
+    assert re.fullmatch(r"0, fell back: CUDA is unavailable.*", rows["patched, high"]["fast"]), rows["patched, high"][0]
+    assert "fell back" not in rows["patched, lossless"]["fast"]
+    assert lines[-1].startswith("after accelpatch.remove(pipe): bit-identical to unpatched: yes (")
+
+
+def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_it_must(monkeypatch):
+    # 128x128 keeps the test short; its 592 video rows still leave blocks beyond the sink to skip.
+    monkeypatch.setattr(demo, "H3_CALL_SIZE", {"height": 128, "width": 128, "num_frames": 124})
+    text = run_demo(model="minimax-h3", steps=1, repeats=2, progress=False)
+    lines = section(text, "MiniMax-H3")
+    assert "packed sequence 1,011 rows: 5 text + 414 audio (the always-exact sink) + 592 video" in text
+    assert 'accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers=\'\')' in text
+    rows = table(lines)
+    assert list(rows) == ["unpatched", "sol_attn (high)", "sol_attn, lossless"]
+    sol, lossless = rows["sol_attn (high)"], rows["sol_attn, lossless"]
+    fast = re.fullmatch(r"(\d+) fast calls, mean exact-block fraction (0\.\d\d)", sol["fast"])
+    assert fast and int(fast[1]) == 4 and 0.0 < float(fast[2]) < 1.0, sol.group(0)  # 4 sparse layers x 1 step
+    assert sol["identical"] == "no" and sol["psnr"] != "inf"
+    assert (lossless["identical"], lossless["psnr"]) == ("yes", "inf")
+    assert lossless["fast"] == "0, by design: tier lossless does not admit high"
+    assert lossless["timing"] == "not timed (1 call)"
+    # Two rounds cannot give a 95% interval: no speed verdict at all, rather than a bare ratio.
+    assert sol["timing"] == f"no verdict (2 < {demo.MIN_ROUNDS} rounds)"
+    assert f"Sol-Attn speed: no verdict from 2 round(s)" in text
+    assert 'quality("lossless") under sol_attn: bit-identical to unpatched: yes' in text
+    assert lines[-1] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
+
+
+def test_timing_inside_the_noise_never_prints_a_bare_ratio():
+    same = compare_timings([1.00, 1.04, 0.97, 1.02, 0.99, 1.01], [1.01, 0.98, 1.03, 0.99, 1.02, 1.00])
+    assert not same.distinguishable
+    cell = format_timing(same, rounds=6)
+    assert NOISE.match(cell) and "faster" not in cell and "slower" not in cell, cell
+    assert_timing_is_honest(cell)
+
+    faster = compare_timings([2.0, 2.1, 1.9, 2.05, 1.95, 2.0], [1.0, 1.02, 0.98, 1.01, 0.99, 1.0])
+    cell = format_timing(faster, rounds=6)
+    assert RATIO.match(cell) and cell.startswith("2.00× faster (") and faster.distinguishable, cell
+    slower = compare_timings([1.0, 1.02, 0.98, 1.01, 0.99, 1.0], [2.0, 2.1, 1.9, 2.05, 1.95, 2.0])
+    assert format_timing(slower, rounds=6).startswith("0.50× slower (")
+    # Too few rounds for an interval: no verdict, even for a large difference.
+    assert format_timing(faster, rounds=demo.MIN_ROUNDS - 1) == f"no verdict ({demo.MIN_ROUNDS - 1} < {demo.MIN_ROUNDS} rounds)"
+    assert format_timing(None, rounds=6) == "baseline"
+
+
+def _report(**site):
+    defaults = dict(path="blocks.0.attn", kind="k", tier="high", mounted=True, reason=None, fast_calls=0,
+                    reference_calls={}, fallback_calls={})
+    site = SiteReport(**{**defaults, **site})
+    return Report(models=(ModelReport(model_class="M", family="F", backend=None, default_tier="lossless",
+                                      strict=False, sites=(site,)),))
+
+
+def test_fast_path_cell_explains_zero_fast_calls():
+    assert fast_path_text(None) == "- (original diffusers code)"
+    fell_back = _report(mounted=False, reason="CUDA is unavailable: no GPU",
+                        reference_calls={"not mounted: CUDA is unavailable: no GPU (at blocks.0.attn)": 3},
+                        fallback_calls={"not mounted: CUDA is unavailable: no GPU (at blocks.0.attn)": 3})
+    assert fast_path_text(fell_back) == "0, fell back: CUDA is unavailable: no GPU"
+    by_design = _report(mounted=False, reason="CUDA is unavailable: no GPU",
+                        reference_calls={"tier lossless does not admit high": 2})
+    assert fast_path_text(by_design) == "0, by design: tier lossless does not admit high"
+    sparse = _report(fast_calls=6, stats={"exact_fraction": 0.25})
+    assert fast_path_text(sparse) == "6 fast calls, mean exact-block fraction 0.25"
+
+
+def test_model_option_takes_a_comma_list_and_defaults_to_sana_video_and_minimax_h3():
+    assert build_parser().parse_args(["demo"]).model == ("sana-video", "minimax-h3")
+    assert parse_models("minimax-h3, sana-video2,minimax-h3") == ("minimax-h3", "sana-video2")
+    args = build_parser().parse_args(["demo", "--model", "sana-video2"])
+    assert args.model == ("sana-video2",) and args.steps is None and args.repeats is None and args.dtype == "auto"
 
 
 def test_cli_rejects_a_bad_dtype_and_prints_help(capsys):
@@ -28,23 +145,29 @@ def test_cli_rejects_a_bad_dtype_and_prints_help(capsys):
     assert "demo" in capsys.readouterr().out
 
 
+@CPU_ONLY
 def test_demo_runs_sana_video2_from_the_command_line(capsys):
-    # --model sana-video2 reaches the demo; its fast paths need CUDA, so on CPU high falls back (counted)
+    # --model sana-video2 reaches the demo; its fast paths need CUDA, so on CPU the high row falls back, labelled
     assert main(["demo", "--model", "sana-video2", "--steps", "1", "--repeats", "1", "--dtype", "fp32",
                  "--no-progress"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("SANA-Video 2.0 demo: tiny random pipeline, fp32, cpu, 1 steps")
-    rows = {line.split("  ")[0].strip(): line for line in text.splitlines()
-            if re.match(r"(unpatched|patched, \w+)\s", line)}
-    assert set(rows) == {"unpatched", "patched, default", "patched, exact", "patched, lossless", "patched, high"}
-    for label in ("unpatched", "patched, default", "patched, exact", "patched, lossless"):
-        assert re.search(r"\byes\s+inf\s+1\.0000\s+0\s+0$", rows[label]), rows[label]
-    assert re.search(r"\byes\s+inf\s+1\.0000\s+0\s+[1-9]\d*$", rows["patched, high"]), rows["patched, high"]
-    assert "SanaVideo2Transformer3DModel" in text and "CUDA is unavailable" in text
-    assert text.rstrip().endswith("bit-identical to unpatched: yes")
+    assert text.startswith("accelpatch demo: tiny random-weight pipelines built offline; cpu, fp32, 1 thread(s)")
+    lines = section(text, "SANA-Video 2.0")
+    assert lines[0].startswith("== SANA-Video 2.0: tiny random pipeline, 1 steps")
+    rows = table(lines)
+    assert list(rows) == ["unpatched", "patched, default", "patched, exact", "patched, lossless", "patched, high"]
+    for row in rows.values():
+        assert (row["identical"], row["psnr"]) == ("yes", "inf"), row.group(0)
+        assert row["timing"] in ("baseline", f"no verdict (1 < {demo.MIN_ROUNDS} rounds)"), row.group(0)
+    assert rows["patched, high"]["fast"].startswith("0, fell back: CUDA is unavailable")
+    assert "SanaVideo2Transformer3DModel" in text and "== MiniMax-H3" not in text
+    assert text.rstrip().endswith("bit-identical to unpatched: yes (1 call after remove())")
 
 
 def test_cli_rejects_an_unknown_model(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--model", "sana-video3"])
     assert "invalid choice: 'sana-video3'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--model", "sana-video,nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

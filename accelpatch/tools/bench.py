@@ -4,8 +4,8 @@ Each candidate first gets untimed warm-up calls (kernel selection, compilation, 
 interleaved: every round runs each candidate once, the starting candidate rotating from round to round, so slow
 drift of a shared machine hits all candidates alike. The time per step is the time spent inside the transformer
 divided by the denoising steps (CUDA events on a GPU); the whole call is timed too. Each candidate's speed-up over
-the baseline is the median of the per-round ratios with a bootstrap interval, and is called noise when the interval
-contains 1.
+the baseline is the median of the per-round ratios with a distribution-free 95 % interval (6 rounds at least), and is
+called noise when the interval contains 1.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class BenchReport:
 
 
 def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[CandidateLike] = ("exact", "high"), *,
-          baseline: Optional[str] = None, rounds: int = 5, warmup: int = 1, seed: int = 0, progress: bool = True,
+          baseline: Optional[str] = None, rounds: int = 7, warmup: int = 1, seed: int = 0, progress: bool = True,
           description: str = "") -> BenchReport:
     """Time ``pipe(**call_kwargs)`` under each candidate (see :func:`accelpatch.validate` for the forms) in
     ``rounds`` interleaved rounds after ``warmup`` untimed calls each; ``baseline`` is a candidate label (default:

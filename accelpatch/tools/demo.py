@@ -1,9 +1,14 @@
-"""``python -m accelpatch demo``: a tiny SANA-Video (default) or SANA-Video 2.0 (``--model sana-video2``) pipeline,
-unpatched and under every tier, side by side.
+"""``python -m accelpatch demo``: tiny random pipelines, unpatched next to patched, measured so that it tells the truth.
 
-Everything is built offline with random weights under a fixed seed. The table shows, per run: seconds per
-denoising step, whether the frames are bit-identical to the unpatched pipeline, PSNR/SSIM against the ``exact``
-run, and how many attention calls took a fast path. The sites (mounted or rejected, with reasons) follow.
+By default two sections: SANA-Video under every tier (its fast path needs CUDA, so on a CPU its ``high`` row falls
+back, and the row says so and why), then MiniMax-H3 with ``backend="sol_attn"`` (block-sparse attention, the fast
+path that does run on a CPU). ``--model`` picks the sections (one name or a comma list).
+
+Everything is built offline with random weights under a fixed seed. Rows are timed in interleaved rounds (every row
+once per round, each round starting one row later, so that drift of a shared machine hits all rows alike). The
+"vs unpatched" column is :func:`accelpatch.tools.stats.compare_timings` of the per-round samples: a ratio appears
+only when its 95% interval excludes 1; otherwise the row reads "noise (low–high×)". A row that asked for a fast
+path that could not mount reads "fell back: <reason>" (the reason comes from ``accelpatch.report``).
 
 Importing this module is cheap (no torch, no diffusers): ``add_arguments`` declares the command line, so that
 ``--help`` answers at once; torch is imported by the functions that run.
@@ -11,135 +16,446 @@ Importing this module is cheap (no torch, no diffusers): ``add_arguments`` decla
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
+    from accelpatch.reporting import Report
+    from accelpatch.tools.stats import TimingComparison
 
-DTYPE_NAMES = ("bf16", "fp32")
+DTYPE_NAMES = ("auto", "bf16", "fp32")
+
+#: Fewer paired rounds than this give no 95% interval for the median ratio (accelpatch.tools.stats.median_interval:
+#: order statistics with binomial coverage need n >= 6); below it the demo shows no verdict rather than a false one.
+#: The default rounds are 6 (MiniMax-H3) and 12 (SANA-Video).
+MIN_ROUNDS = 6
+#: PSNR/SSIM are scored on at most this many evenly spaced frames: SSIM (float64 convolutions) costs ~0.14 s per
+#: 256x256 frame on one CPU thread, 17 s for all 124 frames of the MiniMax-H3 clip.
+QUALITY_FRAMES = 16
 
 
 @dataclass(frozen=True)
 class DemoModel:
-    """One model the demo can run: its title and the names (in :mod:`accelpatch.testing`) of its tiny pipeline
-    builder, call-kwargs builder and transformer config (None: the builder's default)."""
+    """One section of the demo: its title, how its tiny pipeline is built and called (names in
+    :mod:`accelpatch.testing`; ``transformer_config`` None is the builder's default), the family (``"sana"``: a
+    diffusers pipeline run through every tier; ``"minimax-h3"``: the modular pipeline with the ``sol_attn``
+    backend), and its defaults: denoising steps per call and interleaved timing rounds (cheap calls get more)."""
 
     title: str
+    family: str
     pipeline: str
     call_kwargs: str
     transformer_config: Optional[str]
+    default_steps: int
+    default_rounds: int
 
 
 #: ``--model`` choices. The transformer configs keep the released head dims, so head-dim-gated fast paths apply.
 MODELS: dict[str, DemoModel] = {
-    "sana-video": DemoModel("SANA-Video", "tiny_sana_video_pipeline", "sana_video_pipeline_call_kwargs",
-                            "SANA_VIDEO_RELEASE_LIKE_CONFIG"),
-    "sana-video2": DemoModel("SANA-Video 2.0", "tiny_sana_video2_pipeline", "sana_video2_pipeline_call_kwargs",
-                             "SANA_VIDEO2_MEDIUM_CONFIG"),
+    "sana-video": DemoModel("SANA-Video", "sana", "tiny_sana_video_pipeline", "sana_video_pipeline_call_kwargs",
+                            "SANA_VIDEO_RELEASE_LIKE_CONFIG", 4, 12),
+    "sana-video2": DemoModel("SANA-Video 2.0", "sana", "tiny_sana_video2_pipeline", "sana_video2_pipeline_call_kwargs",
+                             "SANA_VIDEO2_MEDIUM_CONFIG", 4, 12),
+    "minimax-h3": DemoModel("MiniMax-H3", "minimax-h3", "tiny_minimax_h3_pipeline", "minimax_h3_pipeline_call_kwargs",
+                            "MINIMAX_H3_MEDIUM_CONFIG", 2, 6),
 }
-DEFAULT_MODEL = "sana-video"
+#: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path.
+DEFAULT_MODELS = ("sana-video", "minimax-h3")
+
+#: The MiniMax-H3 section's transformer: MINIMAX_H3_MEDIUM_CONFIG (4 layers, head dim 128, hidden 128) with 2 heads,
+#: which halves the cost of a forward and leaves room for a longer sequence.
+H3_CONFIG_OVERRIDES: dict[str, Any] = {"num_attention_heads": 2}
+#: 256x384, 124 frames (the shortest clip the pipeline takes): 3,552 video rows after 5 text and 414 audio rows. At
+#: this length block sparsity pays on one CPU thread (Sol-Attn computes ~25% of the key blocks exactly) while a
+#: call stays near 2.5 s; the sparse attention's advantage grows with the sequence (about 1.4x per layer at 2.8k
+#: rows, 1.7x at 4k, 2.2x at 5.7k, one thread).
+H3_CALL_SIZE: dict[str, int] = {"height": 256, "width": 384, "num_frames": 124}
+#: Options of ``apply(pipe, backend="sol_attn", ...)``; tau (1.0) and the thresholds stay at their defaults. The
+#: default dense_steps=10 is meant for ~50-step runs: it would keep every step of a few-step demo dense (0 fast
+#: calls). The default dense layers (0 and 1) are 2 of the released model's 50 layers but half of this 4-layer toy,
+#: so the toy runs every layer sparse, which is closer to the release's 96% sparse layers.
+H3_SOL_OPTIONS: dict[str, Any] = {"dense_steps": 0, "dense_layers": ""}
+#: Why each of :data:`H3_SOL_OPTIONS` differs from its default, for the section header.
+H3_SOL_OPTION_REASONS = ("dense_steps=0: the default 10 would keep every step of a few-step run dense; "
+                         "dense_layers='': the default 0,1 is 2 of the release's 50 layers but half of this toy")
 
 
-def _torch_dtypes() -> dict:
+def parse_models(text: str) -> tuple[str, ...]:
+    """argparse type for ``--model``: one name of :data:`MODELS` or a comma list of them, in the order given."""
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"invalid choice: {', '.join(map(repr, unknown)) or repr(text)} "
+                                         f"(choose from {', '.join(MODELS)}, or a comma list of them)")
+    return names
+
+
+def _torch_dtype(name: str, device: str):
     import torch  # noqa: PLC0415  (heavy: only when the demo runs)
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16}
+    if name == "auto":  # a CPU without bf16 matrix units runs bf16 far slower than fp32; GPUs run bf16
+        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    if name not in dtypes:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_NAMES)}")
+    return dtypes[name]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timing and formatting
+# ----------------------------------------------------------------------------------------------------------------
+
+def format_timing(comparison: Optional["TimingComparison"], rounds: int) -> str:
+    """The "vs unpatched" cell: a speed ratio with its 95% interval only when the interval excludes 1, otherwise
+    "noise (low–high×)"; with fewer than :data:`MIN_ROUNDS` rounds no verdict at all. None: the baseline row."""
+    if comparison is None:
+        return "baseline"
+    if rounds < MIN_ROUNDS:
+        return f"no verdict ({rounds} < {MIN_ROUNDS} rounds)"
+    interval = f"{comparison.low:.2f}–{comparison.high:.2f}×"
+    if not comparison.distinguishable:
+        return f"noise ({interval})"
+    word = "faster" if comparison.speedup > 1.0 else "slower"
+    return f"{comparison.speedup:.2f}× {word} ({interval})"
+
+
+def fast_path_text(report: Optional["Report"]) -> str:
+    """The "fast path" cell for one call's report (None: the unpatched pipeline): the fast calls (with Sol-Attn's
+    mean exact-block fraction), or why there were none: "fell back: <reason>" when a fast path the tier asked for
+    could not run (the site's mount reason from the report), else the reason the reference path ran by design."""
+    if report is None:
+        return "- (original diffusers code)"
+    fractions = [s.stats["exact_fraction"] for s in report.sites if "exact_fraction" in s.stats]
+    if report.fast_calls:
+        text = f"{report.fast_calls} fast calls"
+        if fractions:
+            text += f", mean exact-block fraction {sum(fractions) / len(fractions):.2f}"
+        return text
+    fell_back = [s for s in report.sites if s.fallback_calls]
+    if fell_back:
+        reasons = dict.fromkeys(s.reason if not s.mounted and s.reason else key
+                                for s in fell_back for key in s.fallback_calls)
+        return f"0, fell back: {'; '.join(reasons)}"
+    reasons = dict.fromkeys(report.reference_calls)
+    return f"0, by design: {'; '.join(reasons)}" if reasons else "0"
 
 
 @dataclass
-class Run:
+class Row:
+    """One row of a section: its label, whether the pipeline is patched, the ``quality()`` tier around the call
+    (None: the patched model's default tier), whether it is timed in every round (False: one call, in the first
+    round, for its bit identity), and what the calls measured."""
+
     label: str
-    tier: Optional[str]
-    seconds_per_step: float
-    frames: torch.Tensor
-    fast_calls: int
-    fallback_calls: int
+    patched: bool
+    tier: Optional[str] = None
+    timed: bool = True
+    seconds: list[float] = field(default_factory=list)  # per call: transformer seconds per denoising step
+    identical: bool = True  # every call's frames equal the never-patched reference
+    frames: Any = None  # the last call's frames
+    report: Any = None  # accelpatch.report of the last call
+    quality: Any = None  # VideoQuality of the last frames against the reference, once scored
 
 
-def _timed_call(pipe, call_kwargs, steps) -> tuple[torch.Tensor, float]:
-    stamps: list[float] = []
+class _ForwardTimer:
+    """Times a pipeline's transformer forwards: a pre-hook that runs first and a hook that runs last, registered
+    only around one call (so that ``apply``/``remove`` never see them). Seconds per forward, patching included."""
 
-    def on_step_end(pipeline, step, timestep, callback_kwargs):
-        stamps.append(time.perf_counter())
-        return callback_kwargs
+    def __init__(self, transformer) -> None:
+        self.transformer = transformer
 
-    start = time.perf_counter()
-    frames = pipe(**call_kwargs, callback_on_step_end=on_step_end).frames
-    intervals = [b - a for a, b in zip([start] + stamps[:-1], stamps)]
-    return frames, sum(intervals) / max(len(intervals), 1)
+    def __call__(self, run: Callable[[], Any]) -> tuple[Any, float]:
+        stamps: list[float] = []
+        mark = lambda *_: stamps.append(time.perf_counter())  # noqa: E731
+        handles = (self.transformer.register_forward_pre_hook(mark, prepend=True),
+                   self.transformer.register_forward_hook(mark, always_call=True))
+        try:
+            out = run()
+        finally:
+            for handle in handles:
+                handle.remove()
+        forwards = len(stamps) // 2
+        if forwards == 0:
+            raise RuntimeError("the pipeline call ran no transformer forward; nothing to time")
+        return out, sum(stamps[i + 1] - stamps[i] for i in range(0, 2 * forwards, 2)) / forwards
 
 
-def run_demo(*, steps: int = 4, dtype: str = "bf16", device: str = "cpu", seed: int = 0, repeats: int = 3,
-             progress: bool = True, model: str = DEFAULT_MODEL) -> str:
-    """Run the demo on ``model`` (a key of :data:`MODELS`) and return its report as text."""
-    import torch
-    from tqdm.auto import tqdm
+def _quiet_apply(pipe, **options) -> None:
+    """``accelpatch.apply`` without its not-mounted warnings: the demo applies once per round, and its table says
+    what did not mount, and why."""
+    import accelpatch  # noqa: PLC0415
 
-    import accelpatch
-    import accelpatch.testing as testing
-    from accelpatch.tools.metrics import compare_videos
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="accelpatch: ", category=RuntimeWarning)
+        accelpatch.apply(pipe, **options)
 
-    from diffusers.utils import logging as diffusers_logging
 
-    diffusers_logging.set_verbosity_error()
-    DTYPES = _torch_dtypes()  # noqa: N806
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    spec = MODELS[model]
+@dataclass
+class _Rounds:
+    """What :func:`_run_rounds` saw besides the rows: unpatched calls made after a ``remove()`` and whether all of
+    them were bit-identical to the reference, and ``accelpatch.report`` after a call at the default tier."""
+
+    after_remove: int
+    after_remove_identical: bool
+    site_report: Optional[str]
+
+
+def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, rounds: int, apply_options: dict,
+                bar) -> _Rounds:
+    """Run every timed row once per round (untimed rows in the first round only), applying and removing
+    accelpatch as the rows need. Each round starts one row later (a cyclic shift): every row takes every place in
+    the round equally often, and no row runs twice in a row across a round boundary, where one burst of load from
+    another process would slow two of its samples at once."""
+    import torch  # noqa: PLC0415
+
+    import accelpatch  # noqa: PLC0415
+
+    timer = _ForwardTimer(pipe.transformer)
+    patched, removed = False, False
+    seen = _Rounds(0, True, None)
+    for index in range(rounds):
+        order = [r for r in rows if r.timed or index == 0]
+        shift = index % len(order)
+        for row in order[shift:] + order[:shift]:
+            bar.set_postfix_str(f"round {index + 1}/{rounds}: {row.label}")
+            if row.patched and not patched:
+                _quiet_apply(pipe, **apply_options)
+            elif not row.patched and patched:
+                accelpatch.remove(pipe)
+                removed = True
+            patched = row.patched
+            with accelpatch.quality(row.tier) if row.tier else contextlib.nullcontext():
+                frames, seconds = timer(call)
+            row.seconds.append(seconds)
+            row.identical &= torch.equal(frames, reference)
+            row.frames = frames
+            if patched:
+                row.report = accelpatch.report(pipe, reset=True)
+                if row.tier is None:
+                    seen.site_report = str(row.report)
+            elif removed:
+                seen.after_remove += 1
+                seen.after_remove_identical &= torch.equal(frames, reference)
+            bar.update(1)
+    if patched:
+        accelpatch.remove(pipe)
+    if not seen.after_remove:  # a single round never reaches an unpatched call after remove(): make one
+        bar.set_postfix_str("after remove()")
+        seen.after_remove, seen.after_remove_identical = 1, torch.equal(call(), reference)
+    return seen
+
+
+def _calls(rows: list[Row], rounds: int) -> int:
+    return sum(rounds if r.timed else 1 for r in rows)
+
+
+def _frame_subset(video):
+    """At most :data:`QUALITY_FRAMES` evenly spaced frames of a (B, F, C, H, W) video."""
+    import torch  # noqa: PLC0415
+
+    frames = video.shape[1]
+    if frames <= QUALITY_FRAMES:
+        return video
+    index = torch.linspace(0, frames - 1, QUALITY_FRAMES).round().long().unique().to(video.device)
+    return video.index_select(1, index)
+
+
+def _quality(row: Row, reference):
+    """compare_videos of the row's last frames against the reference, on the same evenly spaced frames of both
+    (see :data:`QUALITY_FRAMES`); computed once per row."""
+    from accelpatch.tools.metrics import compare_videos  # noqa: PLC0415
+
+    if row.quality is None:
+        row.quality = compare_videos(_frame_subset(reference), _frame_subset(row.frames))
+    return row.quality
+
+
+def _table(rows: list[Row], reference, rounds: int) -> list[str]:
+    """The section's table: s/step (median of the calls), vs unpatched, bit identity, worst-frame PSNR/SSIM
+    against the unpatched frames, and the fast-path cell."""
+    from accelpatch.tools.stats import compare_timings  # noqa: PLC0415
+
+    width = max(len(r.label) for r in rows) + 2
+    lines = [f"{'run':<{width}}{'s/step':>8}  {'vs unpatched':<28}{'bit-identical':>13}{'PSNR':>10}{'SSIM':>8}  "
+             "fast path (per call)"]
+    for r in rows:
+        if r is rows[0]:
+            timing = format_timing(None, rounds)
+        elif r.timed:
+            timing = format_timing(compare_timings(rows[0].seconds, r.seconds), rounds)
+        else:
+            timing = "not timed (1 call)"
+        if r.identical:
+            psnr, ssim = "inf", 1.0
+        else:
+            quality = _quality(r, reference)
+            psnr, ssim = f"{quality.min_psnr:.1f} dB", quality.min_ssim
+        lines.append(f"{r.label:<{width}}{_median(r.seconds):>8.4f}  {timing:<28}"
+                     f"{'yes' if r.identical else 'no':>13}{psnr:>10}{ssim:>8.4f}  "
+                     f"{fast_path_text(r.report if r.patched else None)}")
+    return lines
+
+
+def _median(values: Sequence[float]) -> float:
+    import statistics  # noqa: PLC0415
+
+    return statistics.median(values)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _removal_line(calls: int, ok: bool) -> str:
+    return (f"after accelpatch.remove(pipe): bit-identical to unpatched: {'yes' if ok else 'NO'} "
+            f"({_plural(calls, 'call')} after remove())")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------------------------------------------
+
+def _sana_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, rounds: int, progress: bool
+                  ) -> list[str]:
+    """A diffusers SANA pipeline unpatched and under every tier (default, exact, lossless, high)."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    import accelpatch.testing as testing  # noqa: PLC0415
+
     build_pipeline, call_kwargs = getattr(testing, spec.pipeline), getattr(testing, spec.call_kwargs)
     config = None if spec.transformer_config is None else getattr(testing, spec.transformer_config)
-    plan = [("unpatched", None), ("patched, default", None), ("patched, exact", "exact"),
-            ("patched, lossless", "lossless"), ("patched, high", "high")]
-    bar = tqdm(total=len(plan) * repeats + 1, desc="accelpatch demo", disable=not progress, unit="call")
+    rows = [Row("unpatched", False), Row("patched, default", True), Row("patched, exact", True, "exact"),
+            Row("patched, lossless", True, "lossless"), Row("patched, high", True, "high")]
+    bar = tqdm(total=2 + _calls(rows, rounds), desc=spec.title, disable=not progress, unit="call")
     bar.set_postfix_str("building the tiny pipeline")
-    pipe = build_pipeline(dtype=DTYPES[dtype], seed=seed, device=device, transformer_config=config)
-    kwargs = lambda: call_kwargs(num_inference_steps=steps, seed=seed)  # noqa: E731
-    pipe(**kwargs())  # warm-up, not timed
+    pipe = build_pipeline(dtype=dtype, seed=seed, device=device, transformer_config=config)
+    bar.update(1)
+    call = lambda: pipe(**call_kwargs(num_inference_steps=steps, seed=seed)).frames  # noqa: E731
+    bar.set_postfix_str("warm-up (the reference frames)")
+    reference = call()
+    bar.update(1)
+    seen = _run_rounds(pipe, rows, call, reference, rounds=rounds, apply_options={}, bar=bar)
+    bar.close()
+    lines = [f"== {spec.title}: tiny random pipeline, {steps} steps, CFG (batch 2), frames {tuple(reference.shape)}, "
+             f"{_plural(rounds, 'interleaved round')}",
+             "   accelpatch.apply(pipe), then each tier by `with accelpatch.quality(tier)`", ""]
+    lines += _table(rows, reference, rounds)
+    lines += ["", "accelpatch.report(pipe) after one call at the default tier:", seen.site_report or "-", "",
+              _removal_line(seen.after_remove, seen.after_remove_identical)]
+    return lines
+
+
+def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, rounds: int, progress: bool
+                ) -> list[str]:
+    """The MiniMax-H3 modular pipeline unpatched and with ``backend="sol_attn"`` (tier high, its default), timed,
+    plus one ``quality("lossless")`` call; closes with the Sol-Attn verdict: speed-up with its interval, or noise."""
+    import torch  # noqa: PLC0415
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    import accelpatch.testing as testing  # noqa: PLC0415
+    from accelpatch.tools.stats import compare_timings  # noqa: PLC0415
+
+    config = {**getattr(testing, spec.transformer_config), **H3_CONFIG_OVERRIDES}
+    rows = [Row("unpatched", False), Row("sol_attn (high)", True), Row("sol_attn, lossless", True, "lossless", False)]
+    bar = tqdm(total=2 + _calls(rows, rounds), desc=spec.title, disable=not progress, unit="call")
+    bar.set_postfix_str("building the tiny pipeline")
+    transformer = testing.tiny_minimax_h3_transformer(config, dtype=dtype, seed=seed, device=device)
+    pipe = getattr(testing, spec.pipeline)(transformer=transformer, seed=seed)
+    if torch.device(device).type != "cpu":
+        pipe.to(device)
     bar.update(1)
 
-    runs: list[Run] = []
-    for label, tier in plan:
-        bar.set_postfix_str(label)
-        if label == "patched, default":
-            accelpatch.apply(pipe)
-        best = float("inf")
-        for _ in range(repeats):
-            accelpatch.report(pipe, reset=True)
-            if tier is None:
-                frames, per_step = _timed_call(pipe, kwargs(), steps)
-            else:
-                with accelpatch.quality(tier):
-                    frames, per_step = _timed_call(pipe, kwargs(), steps)
-            best = min(best, per_step)
-            bar.update(1)
-        rep = accelpatch.report(pipe)
-        runs.append(Run(label, tier, best, frames, rep.fast_calls, sum(rep.fallback_calls.values())))
+    def call():
+        kwargs = getattr(testing, spec.call_kwargs)(num_inference_steps=steps + 1, pipeline=pipe, seed=seed,
+                                                    **H3_CALL_SIZE)
+        kwargs["prompt_embeds"] = kwargs["prompt_embeds"].to(device)
+        return pipe(**kwargs, output="videos")
+
+    captured: dict = {}
+    hook = pipe.transformer.register_forward_pre_hook(lambda m, a, kw: captured.update(kw), with_kwargs=True)
+    bar.set_postfix_str("warm-up (the reference frames)")
+    try:
+        reference = call()
+    finally:
+        hook.remove()
+    layout = testing.minimax_h3_layout(captured)
+    bar.update(1)
+    seen = _run_rounds(pipe, rows, call, reference, rounds=rounds,
+                       apply_options={"backend": "sol_attn", **H3_SOL_OPTIONS}, bar=bar)
     bar.close()
 
-    reference = runs[0].frames
-    exact = next(r for r in runs if r.tier == "exact").frames
-    lines = [f"{spec.title} demo: tiny random pipeline, {dtype}, {device}, {steps} steps, CFG (batch 2), "
-             f"frames {tuple(reference.shape)}; fastest of {repeats} calls",
-             f"{'run':<20}{'s/step':>9}{'vs unpatched':>14}{'bit-identical':>15}{'PSNR vs exact':>15}"
-             f"{'SSIM vs exact':>15}{'fast calls':>12}{'fallbacks':>11}"]
-    for r in runs:
-        q = compare_videos(exact, r.frames)
-        psnr = "inf" if q.min_psnr == float("inf") else f"{q.min_psnr:.2f} dB"
-        lines.append(f"{r.label:<20}{r.seconds_per_step:>9.4f}{r.seconds_per_step / runs[0].seconds_per_step:>13.3f}×"
-                     f"{'yes' if torch.equal(r.frames, reference) else 'no':>15}{psnr:>15}{q.min_ssim:>15.4f}"
-                     f"{r.fast_calls:>12}{r.fallback_calls:>11}")
-    lines.append("")
-    lines.append(str(accelpatch.report(pipe)))
-    accelpatch.remove(pipe)
-    lines.append("")
-    lines.append("after accelpatch.remove(pipe): bit-identical to unpatched: "
-                 + ("yes" if torch.equal(pipe(**kwargs()).frames, reference) else "NO"))
+    cfg = pipe.transformer.config
+    unpatched, sol, lossless = rows
+    options = ", ".join(f"{k}={v!r}" for k, v in H3_SOL_OPTIONS.items())
+    lines = [f"== {spec.title}: tiny random t2va pipeline ({cfg.num_layers} layers, {cfg.num_attention_heads} heads × "
+             f"{cfg.attention_head_dim}), {H3_CALL_SIZE['height']}×{H3_CALL_SIZE['width']}, "
+             f"{H3_CALL_SIZE['num_frames']} frames, {steps} denoising steps (num_inference_steps={steps + 1}: the "
+             f"distilled pipeline runs one forward per step), {_plural(rounds, 'interleaved round')}",
+             f"   packed sequence {layout.sequence_length:,} rows: {layout.num_text} text + {layout.num_audio} audio "
+             f"(the always-exact sink) + {layout.num_video:,} video",
+             f"   accelpatch.apply(pipe, backend=\"sol_attn\", {options}); tau=1.0 (default)",
+             f"   ({H3_SOL_OPTION_REASONS})", ""]
+    lines += _table(rows, reference, rounds)
+    lines += ["", "accelpatch.report(pipe) after one sol_attn call:", seen.site_report or "-", ""]
+    verdict = compare_timings(unpatched.seconds, sol.seconds)
+    if rounds < MIN_ROUNDS:
+        lines.append(f"Sol-Attn speed: no verdict from {rounds} round(s); it takes --repeats {MIN_ROUNDS} or more")
+    elif verdict.distinguishable and verdict.speedup > 1.0:
+        lines.append(f"Sol-Attn speed: {verdict.describe()} per transformer forward, "
+                     f"{_median(unpatched.seconds):.3f} s → {_median(sol.seconds):.3f} s per step on {device}")
+    else:
+        lines.append(f"Sol-Attn speed: {verdict.describe()}: no speed-up that this run can tell apart from the "
+                     "machine's noise (a busy machine widens the interval; benchmarks/bench_minimax_h3_sol_attn.py "
+                     "measures longer sequences)")
+    if not sol.identical:
+        quality = _quality(sol, reference)
+        lines.append(f"Sol-Attn quality (approximate, tier high): worst-frame PSNR {quality.min_psnr:.1f} dB, "
+                     f"SSIM {quality.min_ssim:.4f} against unpatched (random weights: an illustration, not a gate)")
+    lines.append(f"quality(\"lossless\") under sol_attn: bit-identical to unpatched: "
+                 f"{'yes' if lossless.identical else 'NO'}")
+    lines.append(_removal_line(seen.after_remove, seen.after_remove_identical))
+    return lines
+
+
+def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
+             repeats: Optional[int] = None, progress: bool = True,
+             model: Union[str, Sequence[str]] = DEFAULT_MODELS) -> str:
+    """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, or a sequence of keys) and return
+    the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default."""
+    import torch  # noqa: PLC0415
+
+    from diffusers.utils import logging as diffusers_logging  # noqa: PLC0415
+
+    names = parse_models(model) if isinstance(model, str) else tuple(model)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown or not names:
+        raise ValueError(f"unknown model {', '.join(map(repr, unknown)) or repr(model)}; choose one of "
+                         f"{', '.join(MODELS)}")
+    torch_dtype = _torch_dtype(dtype, device)
+    diffusers_logging.set_verbosity_error()
+    dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16"}[torch_dtype]
+    lines = [f"accelpatch demo: tiny random-weight pipelines built offline; {device}, {dtype_name}"
+             f"{' (auto)' if dtype == 'auto' else ''}, {torch.get_num_threads()} thread(s), seed {seed}",
+             "Rounds run every row once, each starting one row later. s/step: median of the transformer's seconds per "
+             "denoising step (VAE decode not included). vs unpatched: median of the per-round ratios with its 95% "
+             "interval (order statistics); \"noise\" when the interval contains 1 (a difference this machine cannot tell "
+             f"apart). PSNR/SSIM: worst frame against the unpatched frames (at most {QUALITY_FRAMES}, evenly "
+             "spaced)."]
+    for name in names:
+        spec = MODELS[name]
+        section = _h3_section if spec.family == "minimax-h3" else _sana_section
+        lines.append("")
+        lines += section(spec, steps=steps or spec.default_steps, dtype=torch_dtype, device=device, seed=seed,
+                         rounds=repeats or spec.default_rounds, progress=progress)
     return "\n".join(lines)
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
 
 def _int_at_least(minimum: int):
     """argparse type: an int >= minimum; anything else is a one-line usage error naming the value."""
@@ -162,14 +478,22 @@ non_negative_int = _int_at_least(0)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the demo's options (no heavy import: ``--help`` stays fast)."""
-    parser.add_argument("--model", choices=tuple(MODELS), default=DEFAULT_MODEL,
-                        help=f"which tiny pipeline to run (default {DEFAULT_MODEL})")
-    parser.add_argument("--steps", type=positive_int, default=4, help="denoising steps per call, >= 1 (default 4)")
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bf16", help="model dtype (default bf16)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu; the high tier needs cuda)")
+    parser.add_argument("--model", type=parse_models, default=DEFAULT_MODELS, metavar="MODEL[,MODEL]",
+                        help=f"which tiny pipelines to run, in order: {', '.join(MODELS)}, or a comma list "
+                             f"(default {','.join(DEFAULT_MODELS)}: the SANA-Video tiers and the MiniMax-H3 sol_attn "
+                             "path, which runs on CPU)")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="denoising steps (transformer forwards) per call, >= 1 (default: "
+                             + ", ".join(f"{n} {m.default_steps}" for n, m in MODELS.items()) + ")")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                        help="model dtype (default auto: fp32 on cpu, where bf16 matmuls are slow without bf16 units; "
+                             "bf16 on a GPU)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu; SANA's high tier needs cuda)")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed, >= 0 (default 0)")
-    parser.add_argument("--repeats", type=positive_int, default=3,
-                        help="calls per run, >= 1; the fastest is reported (default 3)")
+    parser.add_argument("--repeats", type=positive_int, default=None,
+                        help=f"interleaved timing rounds (every row once per round), >= 1; a speed verdict needs "
+                             f">= {MIN_ROUNDS} (default: " + ", ".join(f"{n} {m.default_rounds}" for n, m in
+                                                                       MODELS.items()) + ")")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
