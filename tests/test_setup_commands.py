@@ -1,0 +1,87 @@
+"""The README's two commands: `make demo` installs only what the demo needs, `make test` adds the dev extra, a
+second run installs nothing, an edited setup.cfg installs again, and CI runs the README's test command.
+
+Everything here is `make -n` (print, don't run) against a venv path in a temporary folder: nothing is installed,
+and the repository's own .venv and files are left alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+def dry_run(target: str, venv: Path, *args: str) -> str:
+    """What `make -n TARGET` would run, with the venv at ``venv``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "PYTEST_ARGS", "USE_UV")}
+    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO), target, f"VENV={venv}", *args], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def stamp(venv: Path, *names: str) -> None:
+    """Make the stamp files, newer than every input (Makefile, setup.cfg, setup.py)."""
+    venv.mkdir(parents=True, exist_ok=True)
+    inputs = max((REPO / name).stat().st_mtime for name in ("Makefile", "setup.cfg", "setup.py"))
+    for name in names:
+        path = venv / name
+        path.touch()
+        when = max(inputs, path.stat().st_mtime) + 1
+        os.utime(path, (when, when))
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
+    head = "\n".join((REPO / "README.md").read_text().splitlines()[:12])
+    assert re.search(r"^make demo\s+#", head, re.M) and re.search(r"^make test\s+#", head, re.M)
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(r"^make test\s*$", ci, re.M)
+
+
+@needs_make
+def test_demo_installs_accelpatch_without_the_dev_extra(tmp_path):
+    plan = dry_run("demo", tmp_path / "venv")
+    assert "uv pip install" in plan and "pip install" in plan  # uv, with pip as the fallback
+    assert '-e "."' in plan and ".[dev]" not in plan
+    assert plan.rstrip().splitlines()[-1].endswith("-m accelpatch demo")
+
+
+@needs_make
+def test_test_installs_the_dev_extra_and_takes_pytest_args(tmp_path):
+    plan = dry_run("test", tmp_path / "venv", "PYTEST_ARGS=tests/test_tiers.py")
+    assert '-e ".[dev]"' in plan
+    assert plan.rstrip().splitlines()[-1].endswith("-m pytest -q tests/test_tiers.py")
+
+
+@needs_make
+def test_a_second_run_installs_nothing(tmp_path):
+    venv = tmp_path / "venv"
+    stamp(venv, ".tools", ".installed-demo", ".installed")
+    for target, last in (("demo", "-m accelpatch demo"), ("test", "-m pytest -q tests")):
+        plan = dry_run(target, venv).strip().splitlines()
+        assert len(plan) == 1 and plan[0].endswith(last), plan
+
+
+@needs_make
+def test_after_make_test_the_demo_needs_nothing_more_but_after_the_demo_make_test_installs(tmp_path):
+    venv = tmp_path / "venv"
+    stamp(venv, ".tools", ".installed-demo")
+    assert len(dry_run("demo", venv).strip().splitlines()) == 1
+    assert '-e ".[dev]"' in dry_run("test", venv)
+
+
+@needs_make
+def test_an_edited_setup_cfg_installs_again(tmp_path):
+    venv = tmp_path / "venv"
+    stamp(venv, ".tools", ".installed-demo", ".installed")
+    # -W: as if setup.cfg had just been edited (its mtime is left alone)
+    assert '-e "."' in dry_run("demo", venv, "-W", "setup.cfg")
+    assert '-e ".[dev]"' in dry_run("test", venv, "-W", "setup.cfg")
