@@ -26,6 +26,17 @@ def sana():
     accelpatch.remove(pipe)
 
 
+def quiet_validate(*args, hooks=(), **kwargs):
+    """validate() with the apply-time CPU warnings silenced, and forward ``hooks`` removed afterwards."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return validate(*args, progress=False, **kwargs)
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
 def perturb_under(pipe, tier: str, scale: float):
     """A forward hook that adds ``scale`` * noise to the transformer's output when the call runs under ``tier``:
     a candidate built to differ from the reference by a known amount."""
@@ -113,13 +124,8 @@ def test_validate_passes_bit_identical_tiers_and_reports_the_cpu_fallback(sana, 
 
 def test_validate_fails_a_candidate_below_the_floors_and_names_the_frames(sana, tmp_path):
     pipe, kwargs = sana
-    handle = perturb_under(pipe, "high", 0.5)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            report = validate(pipe, kwargs, ["lossless", "high"], progress=False, gates={"psnr_floor": 60.0})
-    finally:
-        handle.remove()
+    report = quiet_validate(pipe, kwargs, ["lossless", "high"], gates={"psnr_floor": 60.0},
+                            hooks=[perturb_under(pipe, "high", 0.5)])
     lossless, high = report.candidates
     assert lossless.passed and not high.passed and not report.passed
     assert high.min_psnr < 60.0 and not high.identical
@@ -137,13 +143,7 @@ def test_validate_fails_a_candidate_below_the_floors_and_names_the_frames(sana, 
 
 def test_a_lossless_candidate_that_differs_fails_even_when_it_is_close(sana):
     pipe, kwargs = sana
-    handle = perturb_under(pipe, "lossless", 1e-6)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            report = validate(pipe, kwargs, ["lossless"], progress=False)
-    finally:
-        handle.remove()
+    report = quiet_validate(pipe, kwargs, ["lossless"], hooks=[perturb_under(pipe, "lossless", 1e-6)])
     (lossless,) = report.candidates
     assert lossless.gate == "bit-identical" and not lossless.passed
     assert "must be bit-identical" in lossless.reasons[0]
@@ -151,9 +151,7 @@ def test_a_lossless_candidate_that_differs_fails_even_when_it_is_close(sana):
 
 def test_require_fast_path_fails_a_high_candidate_that_only_fell_back(sana):
     pipe, kwargs = sana
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        report = validate(pipe, kwargs, ["high"], progress=False, gates={"require_fast_path": True})
+    report = quiet_validate(pipe, kwargs, ["high"], gates={"require_fast_path": True})
     assert not report.passed
     assert "require_fast_path" in report.candidates[0].reasons[-1]
 
@@ -166,13 +164,7 @@ def test_a_reference_that_does_not_reproduce_itself_is_reported_and_floors_apply
         calls.append(1)
         return (output[0] + 1e-4 * len(calls),) + tuple(output[1:])
 
-    handle = pipe.transformer.register_forward_hook(jitter)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            report = validate(pipe, kwargs, ["lossless"], progress=False)
-    finally:
-        handle.remove()
+    report = quiet_validate(pipe, kwargs, ["lossless"], hooks=[pipe.transformer.register_forward_hook(jitter)])
     assert not report.noise_floor.identical and report.noise_floor.min_psnr < math.inf
     assert report.candidates[0].gate == "floors" and report.candidates[0].passed
     assert "does NOT reproduce itself" in str(report)

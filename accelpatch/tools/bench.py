@@ -9,7 +9,6 @@ called noise when the interval contains 1.
 """
 from __future__ import annotations
 
-import json
 import platform
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
@@ -18,6 +17,7 @@ import torch
 
 from ..recipes import CandidateSpec
 from .candidates import CandidateLike, PatchSwitcher, parse_candidates, run_call
+from ._report_text import TextReport, format_table
 from .stats import TimingComparison, TimingSummary, compare_timings, summarize
 
 __all__ = ["bench", "BenchReport", "BenchCandidate"]
@@ -48,7 +48,7 @@ class BenchCandidate:
 
 
 @dataclass
-class BenchReport:
+class BenchReport(TextReport):
     """The result of :func:`bench`: a table (``str()``), ``to_dict()``/``to_json()`` (schema ``accelpatch.bench``
     version 1)."""
 
@@ -71,13 +71,6 @@ class BenchReport:
                 "rounds": self.rounds, "warmup": self.warmup, "timing": "transformer seconds per denoising step",
                 "candidates": [c.to_dict() for c in self.candidates]}
 
-    def to_json(self, path: Optional[str] = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
-        if path is not None:
-            with open(path, "w") as handle:
-                handle.write(text + "\n")
-        return text
-
     def __str__(self) -> str:
         head = (f"accelpatch bench: {self.description or 'pipeline'} on {self.device}; {self.rounds} interleaved "
                 f"rounds after {self.warmup} warm-up call(s) per candidate; time inside the transformer per "
@@ -88,19 +81,10 @@ class BenchReport:
             verdict = "baseline" if c.vs_baseline is None else c.vs_baseline.describe()
             rows.append((c.label, f"{s.median:.4g}", f"{s.p25:.4g}-{s.p75:.4g} (±{s.relative_spread / 2:.1%})",
                          str(c.fast_calls), verdict))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [head] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines = [head] + format_table(rows)
         for c in self.candidates:
             lines += [f"  {c.label}: fell back x{n}: {reason}" for reason, n in sorted(c.fallbacks.items())]
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return str(self)
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        return f"<pre>{escape(str(self))}</pre>"
 
 
 def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[CandidateLike] = ("exact", "high"), *,

@@ -115,11 +115,7 @@ def format_timing(comparison: Optional["TimingComparison"], rounds: int) -> str:
         return "baseline"
     if rounds < MIN_ROUNDS:
         return f"no verdict ({rounds} < {MIN_ROUNDS} rounds)"
-    interval = f"{comparison.low:.2f}–{comparison.high:.2f}×"
-    if not comparison.distinguishable:
-        return f"noise ({interval})"
-    word = "faster" if comparison.speedup > 1.0 else "slower"
-    return f"{comparison.speedup:.2f}× {word} ({interval})"
+    return comparison.brief()
 
 
 def fast_path_text(report: Optional["Report"]) -> str:

@@ -90,6 +90,16 @@ class TimingComparison:
         word = "faster" if self.speedup > 1.0 else "slower"
         return f"{self.speedup:.2f}x {word} ({self.confidence:.0%} CI {interval})"
 
+    def brief(self) -> str:
+        """The table-cell form: ``"1.73× faster (1.66–1.83×)"``, ``"noise (0.95–1.04×)"`` or ``"noise (too few
+        rounds)"``."""
+        if not math.isfinite(self.low) or not math.isfinite(self.high):
+            return "noise (too few rounds)"
+        interval = f"{self.low:.2f}–{self.high:.2f}×"
+        if not self.distinguishable:
+            return f"noise ({interval})"
+        return f"{self.speedup:.2f}× {'faster' if self.speedup > 1.0 else 'slower'} ({interval})"
+
     def to_dict(self) -> dict:
         finite = lambda v: v if math.isfinite(v) else None  # noqa: E731  (JSON has no infinity)
         return {"speedup": self.speedup, "ci_low": finite(self.low), "ci_high": finite(self.high), "confidence": self.confidence,

@@ -11,7 +11,6 @@ The pipeline is left in the patch state it came in, also when a call fails.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from ..recipes import CandidateSpec, Gates
 from ..tiers import Tier, parse_tier
 from .candidates import CandidateLike, CallResult, PatchSwitcher, parse_candidates, run_call
 from .metrics import compare_videos
+from ._report_text import TextReport, format_table
 from .stats import TimingComparison, compare_timings
 
 #: runs (seeds) per side below which validate gives the speed as a bare point estimate and defers to bench
@@ -140,7 +140,7 @@ def _psnr_text(value: float) -> str:
 
 
 @dataclass
-class ValidationReport:
+class ValidationReport(TextReport):
     """The result of :func:`validate`: ``passed``, a table (``str()``), ``to_dict()``/``to_json()``, ``plot()``
     (PSNR/SSIM per frame per candidate) and ``save_worst_frames()`` (reference | candidate | difference)."""
 
@@ -163,13 +163,6 @@ class ValidationReport:
                 "reference_seconds_per_step": self.reference_seconds_per_step, "passed": self.passed,
                 "candidates": [c.to_dict() for c in self.candidates]}
 
-    def to_json(self, path: Optional[str] = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
-        if path is not None:
-            with open(path, "w") as handle:
-                handle.write(text + "\n")
-        return text
-
     def __str__(self) -> str:
         head = (f"accelpatch validate: {self.description or 'pipeline'}; reference {self.reference}, "
                 f"seeds {self.seeds}; gates: lossless/exact bit-identical, high every frame SSIM >= "
@@ -181,9 +174,8 @@ class ValidationReport:
             rows.append((c.label, "PASS" if c.passed else "FAIL", c.gate, "yes" if c.identical else "no",
                          f"{c.min_ssim:.4f}", _psnr_text(c.min_psnr), str(c.fast_calls), str(fallbacks),
                          _speed_text(c)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [head, "  " + self.noise_floor.describe()]
-        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines += format_table(rows)
         for c in self.candidates:
             ran = ", ".join(f"{kind} x{n}" for kind, n in sorted(c.fast_by_kind.items())) or "no fast path ran"
             stats = "".join(f"; {k} {v:.3f}" for k, v in sorted(c.stats.items()))
@@ -192,14 +184,6 @@ class ValidationReport:
             lines += [f"    {reason}" for reason in c.reasons]
         lines.append(f"overall: {'PASS' if self.passed else 'FAIL'}")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return str(self)
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        return f"<pre>{escape(str(self))}</pre>"
 
     def plot(self, path: Optional[str] = None):
         """PSNR and SSIM per frame per candidate with the floors (matplotlib figure; saved as PNG when ``path``)."""
