@@ -60,15 +60,16 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, recipe: Any = None,
-          **options: Any):
+def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
+          recipe: Any = None, **options: Any):
     """Patch a diffusers pipeline (its ``transformer`` and ``transformer_2``) or a transformer module in place.
 
     Each supported attention module becomes a gated subclass of its own class (same parameters, same path).
     ``backend`` selects an attention backend (see ``supported_models()``); ``strict=True`` raises
     :class:`FastPathUnavailableError` where a requested fast path cannot run instead of falling back. ``tier``
     sets the model's default tier for calls outside any :func:`quality` block (None: ``lossless``, or ``high``
-    with an approximate backend). ``recipe`` (a recipe name, a YAML path or a :class:`Recipe`) supplies tier,
+    with an approximate backend). ``cache`` adds a ``high``-tier step cache (``"first_block"`` or a diffusers
+    ``FirstBlockCacheConfig``; guards ``cache_warmup_steps``, ``cache_max_reuse``, ``cache_final_steps``). ``recipe`` (a recipe name, a YAML path or a :class:`Recipe`) supplies tier,
     backend and options; keyword arguments given here override the recipe's. A fast path that cannot run on this
     model at all warns once here, with the reason. Applying twice with the same arguments is the same as applying
     once. Returns the :func:`report` of the patched models (a table in a notebook).
@@ -83,7 +84,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         backend = recipe_backend if backend is None else backend
         tier = recipe_tier if tier is None else tier
         options = {**spec, **options}
-    return _apply(target, backend=backend, strict=strict, tier=tier, **options)
+    return _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, **options)
 
 
 def remove(target: Any) -> None:

@@ -56,7 +56,7 @@ class ModelForwardHooks:
         self._adapter = adapter
         self._backend = backend
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
-        uses_steps = adapter.uses_steps(backend, patch.options)
+        uses_steps = adapter.uses_steps(backend, patch.options) or patch.cache is not None
         self._clock = steps.TimestepClock(adapter.noise_level) if uses_steps else None
         steps.register_thresholds(*adapter.step_thresholds(backend, patch.options))
         self._step_sources = patch.step_sources

@@ -14,6 +14,7 @@ from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
+from .step_cache import StepCache, resolve_cache
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
@@ -35,6 +36,9 @@ class ModelPatch:
     requested: tuple = ()
     sites: list[Site] = field(default_factory=list, repr=False)
     detach: list[Callable[[], None]] = field(default_factory=list)
+    #: the step cache asked for (accelpatch.step_cache), and the one attached
+    cache: Any = None
+    step_cache: Any = field(default=None, repr=False)
     #: fusion name -> why its sites did not mount (the first rejected site's reason)
     rejections: dict[str, str] = field(default_factory=dict)
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
@@ -79,8 +83,8 @@ class ModelPatch:
 
     def reapply_arguments(self) -> dict:
         """Keyword arguments of :func:`apply` that patch a model again exactly as this patch was asked for."""
-        backend, strict, options, tier = self.requested
-        return {"backend": backend, "strict": strict, "tier": tier, **dict(options)}
+        backend, strict, options, tier, cache = self.requested
+        return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, **dict(options)}
 
 
 def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module]:
@@ -100,13 +104,15 @@ def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module
     return found
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, **options: Any):
+def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
+          **options: Any):
     """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns the report of what was patched."""
     from .reporting import build_report
 
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
     default_tier = None if tier is None else parse_tier(tier)
+    cache_config, options = resolve_cache(cache, options)
     models = transformers_of(target)
     adapters = [find_adapter(model) for model in models]  # raises before anything is touched
     model_option_names = {name for adapter in adapters for name in adapter.option_names()}
@@ -118,8 +124,11 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         adapter.validate_backend(backend_config, model)
         family_options = adapter.resolve_options(model_options)
         adapter.validate_options(family_options, model)
+        if cache_config is not None and adapter.cache_blocks is None:
+            raise ValueError(f"cache={cache!r}: {adapter.family} has no step cache yet ({adapter.cache_unsupported}); "
+                             "step caches run on: " + ", ".join(a.family for a in ADAPTERS if a.cache_blocks))
         requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
-                     default_tier)
+                     default_tier, cache_config)
         plans.append((model, adapter, backend_config, family_options, requested))
     pipeline = None if isinstance(target, torch.nn.Module) else target
     for model, adapter, backend_config, family_options, requested in plans:
@@ -128,16 +137,17 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
             if existing.key() == requested:
                 continue  # applying twice is the same as applying once
             _remove_one(model)
-        _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier)
+        _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier,
+                   cache_config)
     return build_report(models)
 
 
 def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bool, requested: tuple,
-               pipeline, default_tier: Optional[Tier] = None) -> None:
+               pipeline, default_tier: Optional[Tier] = None, cache_config=None) -> None:
     if default_tier is None:
         default_tier = adapter.default_tier(backend_config)
     patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
-                       default_tier=default_tier, options=options, requested=requested)
+                       default_tier=default_tier, options=options, requested=requested, cache=cache_config)
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}
@@ -162,6 +172,9 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
             site.prepare_counters()
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
+        if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
+            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks)
+            patch.detach.append(patch.step_cache.remove)
     except BaseException:
         _remove_one(model)
         raise

@@ -68,6 +68,9 @@ class ModelReport(_Tally):
     step_sources: dict[str, int] = field(default_factory=dict)
     #: the family's own options in force (e.g. SANA-Video 2.0's anchor_fp32_steps)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the step cache: its settings ("method") and, since the last reset, transformer calls whose remaining blocks
+    #: were "computed" or "reused", with the "reasons" reuse was not allowed; None without a cache
+    cache: Optional[dict[str, Any]] = None
 
     @property
     def tier_statement(self) -> str:
@@ -102,6 +105,16 @@ class ModelReport(_Tally):
         return (f"{self.model_class} ({self.family}) backend={self.backend or 'none'}{options}"
                 f"{' strict' if self.strict else ''}: {len(self.sites)} sites, {self.fast_calls} fast calls; "
                 f"{self.tier_statement}")
+
+    def cache_line(self) -> Optional[str]:
+        if self.cache is None:
+            return None
+        computed, reused = self.cache["computed"], self.cache["reused"]
+        line = f"step cache {self.cache['method']}: {computed} calls computed every block, {reused} reused the cache"
+        if computed and not reused:
+            reasons = ", ".join(f"{r} ×{n}" for r, n in sorted(self.cache["reasons"].items(), key=lambda x: -x[1]))
+            line += f" — it never reused anything ({reasons})"
+        return line
 
     def step_line(self) -> Optional[str]:
         if not self.step_sources:
@@ -146,9 +159,9 @@ class Report(_Tally):
         lines = []
         for m in self.models:
             lines.append(m.headline())
-            step_line = m.step_line()
-            if step_line:
-                lines.append("  " + step_line)
+            for extra in (m.step_line(), m.cache_line()):
+                if extra:
+                    lines.append("  " + extra)
             header, rows, notes = m.table()
             widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]
             for row in [header] + rows:
@@ -203,7 +216,10 @@ def build_report(models, *, reset: bool = False) -> Report:
             patch.step_sources.reset()
         backend = getattr(patch.backend, "name", None)
         options = dataclasses.asdict(patch.options) if dataclasses.is_dataclass(patch.options) else {}
+        cache = None
+        if patch.step_cache is not None:
+            cache = {"method": patch.cache.describe(), **patch.step_cache.counters.totals(reset=reset)}
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
-                               step_sources=step_sources, options=options))
+                               step_sources=step_sources, options=options, cache=cache))
     return Report(models=tuple(out))

@@ -77,6 +77,11 @@ class ModelAdapter:
         """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
 
+    #: the ModuleList of residual blocks a step cache (accelpatch.step_cache) hooks, or None when it cannot run
+    cache_blocks: Optional[str] = None
+    #: why there is no step cache for this family (with cache_blocks None)
+    cache_unsupported: str = "not implemented"
+
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""
         return False

@@ -210,6 +210,8 @@ ANCHOR_SOL_ATTN = AnchorSolAttention()
 
 class SanaVideo2Adapter(ModelAdapter):
     family = "SANA-Video 2.0"
+    cache_unsupported = ("its blocks return a delta into Block Attention Residuals rather than the next hidden "
+                         "states, which FirstBlockCache's residual reuse needs")
     model_classes = (("accelpatch.modeling.sana_video2", "SanaVideo2Transformer3DModel"),)
     backends = ("sol_attn",)
     options_class = SanaVideo2Options

@@ -1,0 +1,300 @@
+"""A ``high``-tier step cache on diffusers' own FirstBlockCache hooks, per call and per thread, with guards.
+
+diffusers' FirstBlockCache runs the first transformer block at every step and, when its residual moved less than a
+threshold since the last fully computed step, reuses the remaining blocks' cached residual instead of running them.
+As shipped it does not run on SANA-Video or MiniMax-H3 (their block classes are not registered, their pipelines open
+no cache context), keeps one state per process, and knows nothing of tiers. Here:
+
+* the block classes are registered with diffusers' ``TransformerBlockRegistry`` and diffusers' own
+  ``apply_first_block_cache`` puts its hooks on the blocks;
+* the hooks' state lives in a :class:`ContextLocalStateManager`: keyed by the generation and the classifier-free
+  guidance branch of the calling thread or asyncio task, so every pipeline call starts clean (also after an
+  exception or an interrupted call: a call at step 0 starts a new generation) and threads never share a state;
+* the reuse decision is gated: it can only reuse under the ``high`` tier, and never in the first
+  ``cache_warmup_steps`` steps, the last ``cache_final_steps`` steps (when the pipeline's scheduler tells how many
+  there are) or after ``cache_max_reuse`` consecutive reuses; each decision is counted for ``report()``.
+
+At ``exact``/``lossless`` every block runs, and the output is bit-identical to the unpatched model (the hooks only
+read). The data-dependent decision is a graph break under ``torch.compile`` (diffusers wraps it in
+``torch.compiler.disable``): with a cache, ``fullgraph=True`` does not hold.
+"""
+from __future__ import annotations
+
+import contextvars
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from . import steps
+from .tiers import Tier, effective_tier
+
+__all__ = ["StepCacheConfig", "resolve_cache", "StepCache", "CACHE_METHODS"]
+
+#: short names accepted by ``apply(..., cache=...)``
+CACHE_METHODS = ("first_block",)
+
+
+@dataclass(frozen=True)
+class StepCacheConfig:
+    """What ``apply(..., cache=...)`` resolved to: the method and its threshold, and the guards."""
+
+    method: str = "first_block"
+    threshold: float = 0.05
+    warmup_steps: int = 2
+    max_reuse: int = 2
+    final_steps: int = 1
+
+    def describe(self) -> str:
+        return (f"{self.method}(threshold={self.threshold}, warmup_steps={self.warmup_steps}, "
+                f"max_reuse={self.max_reuse}, final_steps={self.final_steps})")
+
+
+#: cache options of apply() → StepCacheConfig field (the threshold, and the guards)
+GUARD_OPTIONS = {"cache_threshold": "threshold", "cache_warmup_steps": "warmup_steps",
+                 "cache_max_reuse": "max_reuse", "cache_final_steps": "final_steps"}
+
+
+def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig], dict]:
+    """``cache`` (None, a short name, or a diffusers ``FirstBlockCacheConfig``) and the ``cache_*`` guard options
+    of ``options`` → (config or None, the options left). Raises ValueError naming the bad value and the choices."""
+    guards = {GUARD_OPTIONS[k]: options[k] for k in GUARD_OPTIONS if k in options}
+    rest = {k: v for k, v in options.items() if k not in GUARD_OPTIONS}
+    if cache is None:
+        if guards:
+            raise ValueError(f"{sorted(k for k in options if k in GUARD_OPTIONS)} need a cache: "
+                             f"apply(..., cache={CACHE_METHODS[0]!r}, ...)")
+        return None, rest
+    from diffusers import FirstBlockCacheConfig
+
+    if isinstance(cache, StepCacheConfig):
+        config = cache
+    elif isinstance(cache, FirstBlockCacheConfig):
+        config = StepCacheConfig(method="first_block", threshold=float(cache.threshold))
+    elif isinstance(cache, str) and cache.strip().lower().replace("-", "_") in CACHE_METHODS:
+        config = StepCacheConfig(method=cache.strip().lower().replace("-", "_"))
+    else:
+        raise ValueError(f"unknown cache {cache!r}; give one of {', '.join(map(repr, CACHE_METHODS))} or a "
+                         "diffusers FirstBlockCacheConfig(threshold=...)")
+    for name, value in guards.items():
+        if name == "threshold":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"cache_threshold must be a number >= 0, got {value!r}")
+            guards[name] = float(value)
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"cache_{name} must be an integer >= 0, got {value!r}")
+    if guards:
+        config = StepCacheConfig(**{**config.__dict__, **guards})
+    if not config.threshold >= 0:
+        raise ValueError(f"the cache threshold must be >= 0, got {config.threshold!r}")
+    return config, rest
+
+
+# --- per-context state -----------------------------------------------------------------------------------------
+
+_generations = itertools.count(1)
+
+
+@dataclass
+class _CallKey:
+    """Which cache state the calling context uses: its generation, the step of its last call and the CFG branch."""
+
+    generation: int
+    step: Optional[int]
+    branch: int
+
+
+class ContextLocalStateManager:
+    """diffusers' ``StateManager`` interface (``get_state``, ``set_context``, ``reset``) with the state chosen by
+    the calling thread's or task's current generation and CFG branch instead of one process-wide context."""
+
+    def __init__(self, state_cls: type, key: contextvars.ContextVar) -> None:
+        self._state_cls = state_cls
+        self._key = key
+        self._states: dict[tuple[int, int], Any] = {}
+        self._lock = threading.Lock()
+
+    def get_state(self):
+        key = self._key.get()
+        if key is None:
+            raise RuntimeError("accelpatch step cache: no generation is set for this call (the model's pre-forward "
+                               "hook did not run)")
+        with self._lock:
+            state = self._states.get((key.generation, key.branch))
+            if state is None:
+                state = self._states[(key.generation, key.branch)] = self._state_cls()
+                state.reused_in_a_row = 0
+            return state
+
+    def set_context(self, context) -> None:  # diffusers' cache_context: our states follow the call instead
+        return None
+
+    def drop(self, generation: int) -> None:
+        """Forget every state of ``generation`` (its call is over or was abandoned)."""
+        with self._lock:
+            for key in [k for k in self._states if k[0] == generation]:
+                del self._states[key]
+
+    def reset(self, *args, **kwargs) -> None:
+        with self._lock:
+            self._states.clear()
+
+    def __getstate__(self) -> dict:
+        return {"_state_cls": self._state_cls, "_key": None, "_states": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+@dataclass
+class CacheCounters:
+    """Per model: steps whose remaining blocks were computed or reused, and why a reuse was not allowed."""
+
+    computed: int = 0
+    reused: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, reused: bool, reason: Optional[str] = None) -> None:
+        with self._lock:
+            if reused:
+                self.reused += 1
+            else:
+                self.computed += 1
+            if reason is not None:
+                self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def totals(self, reset: bool = False) -> dict:
+        with self._lock:
+            out = {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons)}
+            if reset:
+                self.computed, self.reused, self.reasons = 0, 0, {}
+            return out
+
+    def __getstate__(self) -> dict:
+        return {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+# --- attaching ------------------------------------------------------------------------------------------------
+
+def _register_block(block_class: type) -> None:
+    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+
+    TransformerBlockRegistry._register()
+    if block_class not in TransformerBlockRegistry._registry:
+        TransformerBlockRegistry.register(block_class, TransformerBlockMetadata(return_hidden_states_index=0,
+                                                                                return_encoder_hidden_states_index=None))
+
+
+class StepCache:
+    """diffusers' FirstBlockCache on one transformer's blocks, made per-call, per-thread and tier-gated."""
+
+    def __init__(self, model: torch.nn.Module, config: StepCacheConfig, default_tier: Tier,
+                 pipeline: Optional[Any], blocks_attribute: str) -> None:
+        from diffusers.hooks.first_block_cache import (FBCHeadBlockHook, FBCSharedBlockState, FirstBlockCacheConfig,
+                                                       apply_first_block_cache)
+
+        self.config = config
+        self.counters = CacheCounters()
+        self._default_tier = default_tier
+        self._pipeline = pipeline
+        self._key: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
+        self._blocks = list(getattr(model, blocks_attribute))
+        _register_block(type(self._blocks[0]))
+        apply_first_block_cache(model, FirstBlockCacheConfig(threshold=config.threshold))
+        self.states = ContextLocalStateManager(FBCSharedBlockState, self._key)
+        for block in self._blocks:
+            for hook in block._diffusers_hook.hooks.values():
+                if hasattr(hook, "state_manager"):
+                    hook.state_manager = self.states
+                if isinstance(hook, FBCHeadBlockHook):
+                    hook._should_compute_remaining_blocks = self._decide_for(hook)
+        self._handle = model.register_forward_pre_hook(self._enter_call, with_kwargs=True)
+
+    # the generation and branch of each call ------------------------------------------------------------------
+
+    def _enter_call(self, module, args, kwargs):
+        """Before each transformer call: a call at step 0 (or with no step known after a step > 0) after any other
+        step starts a new generation with clean state; calls at the same step are CFG branches 0, 1, ..."""
+        step = steps.current_step().step
+        key = self._key.get()
+        if key is None or step is None or step == 0 and key.step != 0 or (key.step is not None and step < key.step):
+            if key is not None:
+                self.states.drop(key.generation)
+            key = _CallKey(generation=next(_generations), step=step, branch=0)
+        elif step == key.step:
+            key = _CallKey(key.generation, step, key.branch + 1)
+        else:
+            key = _CallKey(key.generation, step, 0)
+        self._key.set(key)
+        return None
+
+    def _final_step_index(self) -> Optional[int]:
+        scheduler = getattr(self._pipeline, "scheduler", None)
+        timesteps = getattr(scheduler, "timesteps", None)
+        try:
+            return len(timesteps) - 1 if timesteps is not None else None
+        except TypeError:
+            return None
+
+    def _decide_for(self, hook):
+        threshold_says = hook._should_compute_remaining_blocks  # diffusers' own test (compiler-disabled)
+
+        def should_compute(residual: torch.Tensor) -> bool:
+            state = self.states.get_state()
+            reason = self._blocked(state)
+            if reason is None:
+                if threshold_says(residual):
+                    reason = "residual changed more than the threshold"
+                else:
+                    state.reused_in_a_row += 1
+                    self.counters.count(reused=True)
+                    return False
+            state.reused_in_a_row = 0
+            self.counters.count(reused=False, reason=reason)
+            return True
+
+        return should_compute
+
+    def _blocked(self, state) -> Optional[str]:
+        """Why this call may not reuse (None: the threshold decides)."""
+        if not effective_tier(self._default_tier).admits(Tier.HIGH):
+            return "tier does not admit high"
+        if state.head_block_residual is None:
+            return "first step of the call"
+        step = steps.current_step().step
+        if step is None:
+            return "no known step (warm-up and final-step guards cannot apply)"
+        if step < self.config.warmup_steps:
+            return f"warm-up step (step < cache_warmup_steps={self.config.warmup_steps})"
+        final = self._final_step_index()
+        if final is not None and step > final - self.config.final_steps:
+            return f"final step (last cache_final_steps={self.config.final_steps})"
+        if state.reused_in_a_row >= self.config.max_reuse:
+            return f"reuse limit (cache_max_reuse={self.config.max_reuse} in a row)"
+        return None
+
+    def remove(self) -> None:
+        """Take diffusers' hooks off the blocks and leave them as they were (no registry, class forward)."""
+        from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
+
+        self._handle.remove()
+        for block in self._blocks:
+            registry = getattr(block, "_diffusers_hook", None)
+            if registry is None:
+                continue
+            for name in (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK):
+                registry.remove_hook(name, recurse=False)
+            if not registry.hooks:
+                del block._diffusers_hook
+                forward = block.__dict__.get("forward")
+                if getattr(forward, "__func__", None) is type(block).forward:
+                    del block.forward
+        self.states.reset()

@@ -1,0 +1,210 @@
+"""The high-tier step cache on diffusers' FirstBlockCache hooks: bit identity below high, real reuse above it,
+guards step by step, clean state per call and per thread, report() counts, remove()."""
+import threading
+import warnings
+
+import pytest
+import torch
+from diffusers import FirstBlockCacheConfig
+
+import accelpatch
+from accelpatch import testing
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def sana():
+    torch.set_num_threads(1)
+    pipe = testing.tiny_sana_video_pipeline()
+    reference = pipe(**call()).frames
+    yield pipe, reference
+    accelpatch.remove(pipe)
+
+
+def call(seed=0, steps=STEPS):
+    return testing.sana_video_pipeline_call_kwargs(num_inference_steps=steps, seed=seed)
+
+
+class Executions:
+    """Counts real executions of each transformer block (a hook on a module inside the block: a reused block's
+    __call__ still happens, its body does not)."""
+
+    def __init__(self, blocks, inner: str):
+        self.per_call: list[list[int]] = []
+        self.handles = [getattr(block, inner).register_forward_hook(self._hit(i)) for i, block in enumerate(blocks)]
+        self.current = [0] * len(blocks)
+
+    def _hit(self, index):
+        def hook(module, args, output):
+            self.current[index] += 1
+        return hook
+
+    def take(self) -> list[int]:
+        out, self.current = self.current, [0] * len(self.current)
+        return out
+
+    def close(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def quiet_apply(pipe, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU rejection of SANA-Video's BF16 GEMM, asserted elsewhere
+        return accelpatch.apply(pipe, **kwargs)
+
+
+def test_exact_and_lossless_with_a_cache_are_bit_identical_and_reuse_nothing(sana):
+    pipe, reference = sana
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9))
+    try:
+        assert torch.equal(pipe(**call()).frames, reference)  # default tier: lossless
+        with accelpatch.quality("exact"):
+            assert torch.equal(pipe(**call()).frames, reference)
+        cache = accelpatch.report(pipe).models[0].cache
+        assert cache["reused"] == 0 and cache["computed"] == 2 * STEPS
+        assert cache["reasons"] == {"tier does not admit high": 2 * STEPS}
+        assert "it never reused anything (tier does not admit high" in str(accelpatch.report(pipe))
+    finally:
+        accelpatch.remove(pipe)
+
+
+def test_an_always_reuse_threshold_skips_blocks_and_follows_the_guards_step_by_step(sana):
+    pipe, reference = sana
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=2, cache_max_reuse=2,
+                cache_final_steps=1)
+    head, tail = pipe.transformer.transformer_blocks
+    runs = Executions([head, tail], "attn1")
+    per_step = []
+    step_hook = pipe.transformer.register_forward_hook(lambda m, a, o: per_step.append(runs.take()))
+    try:
+        with accelpatch.quality("high"):
+            frames = pipe(**call()).frames
+    finally:
+        step_hook.remove()
+        runs.close()
+    # steps 0-1 warm-up, 2-3 reused, 4 computed (2 in a row), 5-6 reused, 7 the final step
+    assert [tail_runs for _, tail_runs in per_step] == [1, 1, 0, 0, 1, 0, 0, 1]
+    assert all(head_runs == 1 for head_runs, _ in per_step)  # the first block always runs
+    assert not torch.equal(frames, reference)
+    cache = accelpatch.report(pipe).models[0].cache
+    assert (cache["computed"], cache["reused"]) == (4, 4)
+    assert cache["reasons"] == {"first step of the call": 1, "warm-up step (step < cache_warmup_steps=2)": 1,
+                                "reuse limit (cache_max_reuse=2 in a row)": 1,
+                                "final step (last cache_final_steps=1)": 1}
+    accelpatch.remove(pipe)
+
+
+def test_threshold_zero_reuses_nothing_and_is_bit_identical_under_high(sana):
+    pipe, reference = sana
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=0.0), cache_warmup_steps=0)
+    try:
+        with accelpatch.quality("high"):
+            assert torch.equal(pipe(**call()).frames, reference)
+        cache = accelpatch.report(pipe).models[0].cache
+        assert cache["reused"] == 0 and "residual changed more than the threshold" in cache["reasons"]
+    finally:
+        accelpatch.remove(pipe)
+
+
+def test_every_call_starts_clean_also_after_an_interrupted_one(sana):
+    pipe, _ = sana
+    # no warm-up guard: only a clean state keeps step 0 from reusing the previous call's residuals
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=0)
+    try:
+        with accelpatch.quality("high"):
+            first = pipe(**call()).frames
+            second = pipe(**call()).frames
+            assert torch.equal(first, second)
+
+            def stop_at_step_3(pipeline, step, timestep, callback_kwargs):
+                if step == 3:
+                    raise KeyboardInterrupt  # a user interrupting a generation
+                return callback_kwargs
+
+            with pytest.raises(KeyboardInterrupt):
+                pipe(**call(), callback_on_step_end=stop_at_step_3)
+            assert torch.equal(pipe(**call()).frames, first)
+    finally:
+        accelpatch.remove(pipe)
+
+
+def test_two_threads_sharing_one_transformer_keep_their_own_cache_state():
+    # A diffusers pipeline is not thread-safe (its scheduler steps in place), so each thread has its own pipeline
+    # around the one shared transformer, patched alone: its step clock then counts per thread from the timesteps.
+    transformer = testing.tiny_sana_video_transformer()
+    pipes = [testing.tiny_sana_video_pipeline(transformer=transformer) for _ in range(2)]
+    quiet_apply(transformer, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1)
+    try:
+        with accelpatch.quality("high"):
+            alone = {seed: pipes[0](**call(seed)).frames for seed in (0, 1)}
+        assert accelpatch.report(transformer).models[0].cache["reused"] > 0
+        results, barrier, errors = {}, threading.Barrier(2), []
+
+        def worker(seed):
+            try:
+                barrier.wait()
+                with accelpatch.quality("high"):
+                    for _ in range(3):
+                        results[seed] = pipes[seed](**call(seed)).frames
+            except BaseException as error:  # surfaced below: a thread's failure must fail the test
+                errors.append(error)
+
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert all(torch.equal(results[seed], alone[seed]) for seed in (0, 1))
+    finally:
+        accelpatch.remove(transformer)
+
+
+def test_remove_restores_the_blocks_and_the_output(sana):
+    pipe, reference = sana
+    blocks = list(pipe.transformer.transformer_blocks)
+    quiet_apply(pipe, cache="first_block")
+    assert all(hasattr(b, "_diffusers_hook") for b in blocks)
+    accelpatch.remove(pipe)
+    assert not any(hasattr(b, "_diffusers_hook") or "forward" in b.__dict__ for b in blocks)
+    assert torch.equal(pipe(**call()).frames, reference)
+
+
+def test_minimax_h3_caches_through_its_pipeline_and_composes_with_sol_attn():
+    pipe = testing.tiny_minimax_h3_pipeline()
+    kwargs = lambda: testing.minimax_h3_pipeline_call_kwargs(num_inference_steps=7, output_type="pt")  # noqa: E731
+    reference = pipe(**kwargs(), output="videos")
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", cache="first_block",
+                     cache_warmup_steps=1, cache_final_steps=1)
+    try:
+        with accelpatch.quality("lossless"):
+            assert torch.equal(pipe(**kwargs(), output="videos"), reference)
+        accelpatch.report(pipe, reset=True)
+        block = pipe.transformer.transformer_blocks[-1]
+        runs = Executions([block], "attn")
+        accelpatch.remove(pipe)
+        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="",
+                         cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1, cache_final_steps=1)
+        pipe(**kwargs(), output="videos")  # default tier high (sol_attn)
+        runs.close()
+        report = accelpatch.report(pipe)
+        # 7 steps = 6 forwards: step 0 computes (first), then reuse, limit, reuse, limit... the last is final
+        assert report.models[0].cache["reused"] > 0 and runs.take()[0] < 6
+        assert report.fast_calls > 0  # Sol-Attn ran in the blocks that were computed
+    finally:
+        accelpatch.remove(pipe)
+
+
+def test_bad_cache_arguments_name_the_choices():
+    model = testing.tiny_sana_video_transformer()
+    with pytest.raises(ValueError, match="unknown cache 'teacache'; give one of 'first_block'"):
+        accelpatch.apply(model, cache="teacache")
+    with pytest.raises(ValueError, match="need a cache"):
+        accelpatch.apply(model, cache_max_reuse=3)
+    with pytest.raises(ValueError, match="cache_max_reuse must be an integer >= 0, got -1"):
+        accelpatch.apply(model, cache="first_block", cache_max_reuse=-1)
+    with pytest.raises(ValueError, match="SANA-Video 2.0 has no step cache yet .*Block Attention Residuals"):
+        accelpatch.apply(testing.tiny_sana_video2_transformer(), cache="first_block")
+    assert not hasattr(model.transformer_blocks[0], "_diffusers_hook")
