@@ -80,9 +80,10 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         from .recipes import load_recipe
 
         spec = load_recipe(recipe).apply_arguments()
-        recipe_backend, recipe_tier = spec.pop("backend"), spec.pop("tier")
+        recipe_backend, recipe_tier, recipe_cache = spec.pop("backend"), spec.pop("tier"), spec.pop("cache", None)
         backend = recipe_backend if backend is None else backend
         tier = recipe_tier if tier is None else tier
+        cache = recipe_cache if cache is None else cache
         options = {**spec, **options}
     return _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, **options)
 

@@ -208,3 +208,84 @@ def test_bad_cache_arguments_name_the_choices():
     with pytest.raises(ValueError, match="SANA-Video 2.0 has no step cache yet .*Block Attention Residuals"):
         accelpatch.apply(testing.tiny_sana_video2_transformer(), cache="first_block")
     assert not hasattr(model.transformer_blocks[0], "_diffusers_hook")
+
+
+def test_cfg_as_two_calls_per_step_keeps_one_cache_state_per_branch():
+    """A transformer patched alone inside a loop that runs guidance as two calls per step (cond, then uncond at the
+    same timestep): each branch reuses against its own history, exactly as if it ran alone."""
+    model = testing.tiny_sana_video_transformer()
+    inputs = testing.sana_video_transformer_inputs(model)
+    branches = {"cond": inputs["encoder_hidden_states"], "uncond": torch.zeros_like(inputs["encoder_hidden_states"])}
+    quiet_apply(model, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1, cache_max_reuse=3)
+
+    def run(names):
+        out = {name: [] for name in names}
+        with torch.no_grad(), accelpatch.quality("high"):
+            for step in range(6):
+                timestep = torch.full_like(inputs["timestep"], 900.0 - 150.0 * step)
+                latents = inputs["hidden_states"] * (1.0 - 0.1 * step)
+                for name in names:
+                    sample = model(hidden_states=latents, encoder_hidden_states=branches[name],
+                                   timestep=timestep).sample
+                    out[name].append(sample)
+        return out
+
+    try:
+        together = run(["cond", "uncond"])
+        assert accelpatch.report(model, reset=True).models[0].cache["reused"] > 0
+        for name in ("cond", "uncond"):
+            alone = run([name])[name]
+            assert all(torch.equal(a, b) for a, b in zip(together[name], alone)), name
+    finally:
+        accelpatch.remove(model)
+
+
+def test_a_recipe_and_a_validate_candidate_can_carry_the_cache():
+    model = testing.tiny_minimax_h3_transformer()
+    recipe = {"name": "cached", "model": "tiny:minimax-h3", "dtype": "fp32", "device": "cpu", "backend": "sol_attn",
+              "options": {"cache": "first_block", "cache_threshold": 0.2, "cache_max_reuse": 1}}
+    accelpatch.apply(model, recipe=recipe)
+    try:
+        cache = accelpatch.report(model).models[0].cache
+        assert cache["method"] == "first_block(threshold=0.2, warmup_steps=2, max_reuse=1, final_steps=1)"
+    finally:
+        accelpatch.remove(model)
+    pipe = testing.tiny_sana_video_pipeline()
+    kwargs = call(steps=6)
+    kwargs.pop("generator")
+    cached = {"name": "fbc", "tier": "high", "options": {"cache": "first_block", "cache_threshold": 1e9,
+                                                          "cache_warmup_steps": 1}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = accelpatch.validate(pipe, kwargs, ["lossless", cached], progress=False)
+    lossless, fbc = report.candidates
+    assert lossless.identical and not fbc.identical  # the cache really ran under high, and only there
+    assert fbc.fast_by_kind["step_cache (calls reused)"] > 0 and lossless.fast_calls == 0
+
+
+def test_under_torch_compile_the_cache_stays_correct_and_says_it_did_not_reuse():
+    """Compiled (not fullgraph), the transformer's hooks cannot read the step inside the compiled region, so every
+    call is a new generation: nothing is reused, the output is the model's own, and report() says why."""
+    model = testing.tiny_sana_video_transformer()
+    inputs = testing.sana_video_transformer_inputs(model)
+
+    def loop(module):
+        with torch.no_grad():
+            return [module(hidden_states=inputs["hidden_states"] * (1 - 0.1 * step),
+                           encoder_hidden_states=inputs["encoder_hidden_states"],
+                           timestep=torch.full_like(inputs["timestep"], 900.0 - 150.0 * step)).sample
+                    for step in range(4)]
+
+    reference = loop(model)
+    quiet_apply(model, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=0)
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager")
+        with accelpatch.quality("high"):
+            outputs = loop(compiled)
+        assert all(torch.equal(a, b) for a, b in zip(outputs, reference))
+        cache = accelpatch.report(model).models[0].cache
+        assert cache["reused"] == 0 and cache["reasons"] == {"first step of the call": 4}
+    finally:
+        accelpatch.remove(model)
+        torch._dynamo.reset()

@@ -236,7 +236,8 @@ def _device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
 
 
 def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict]:
-    """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic) since the reset."""
+    """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic) since the reset;
+    transformer calls a step cache reused count as fast calls of kind ``step_cache (calls reused)``."""
     from ..reporting import build_report
 
     report = build_report(models, reset=True)
@@ -249,7 +250,13 @@ def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict]:
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     sums.setdefault(name, []).append(float(value))
     stats = {name: sum(values) / len(values) for name, values in sums.items()}
-    return report.fast_calls, by_kind, dict(report.fallback_calls), stats
+    fast = report.fast_calls
+    for model in report.models:  # a step cache that reused is a fast path that ran
+        reused = (model.cache or {}).get("reused", 0)
+        if reused:
+            by_kind["step_cache (calls reused)"] = by_kind.get("step_cache (calls reused)", 0) + reused
+            fast += reused
+    return fast, by_kind, dict(report.fallback_calls), stats
 
 
 def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, seed: int,
