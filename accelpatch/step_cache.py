@@ -1,4 +1,4 @@
-"""A ``high``-tier step cache on diffusers' own FirstBlockCache hooks, per call and per thread, with guards.
+"""A ``high``-tier step cache on diffusers' own FirstBlockCache and MagCache hooks, per call and per thread, gated.
 
 diffusers' FirstBlockCache runs the first transformer block at every step and, when its residual moved less than a
 threshold since the last fully computed step, reuses the remaining blocks' cached residual instead of running them.
@@ -34,18 +34,22 @@ from .tiers import Tier, effective_tier
 __all__ = ["StepCacheConfig", "resolve_cache", "StepCache", "CACHE_METHODS"]
 
 #: short names accepted by ``apply(..., cache=...)``
-CACHE_METHODS = ("first_block",)
+CACHE_METHODS = ("first_block", "mag")
 
 
 @dataclass(frozen=True)
 class StepCacheConfig:
-    """What ``apply(..., cache=...)`` resolved to: the method and its threshold, and the guards."""
+    """What ``apply(..., cache=...)`` resolved to: the method and its threshold, and the guards. ``mag`` keeps
+    diffusers' ``MagCacheConfig`` (its calibrated ratios, retention and skip limits apply too)."""
 
     method: str = "first_block"
     threshold: float = 0.05
     warmup_steps: int = 2
     max_reuse: int = 2
     final_steps: int = 1
+    #: MagCache only: diffusers' config (compared through ``ratios``, as tensors do not compare to a bool)
+    diffusers_config: Any = field(default=None, compare=False, repr=False)
+    ratios: tuple = ()
 
     def describe(self) -> str:
         return (f"{self.method}(threshold={self.threshold}, warmup_steps={self.warmup_steps}, "
@@ -67,17 +71,26 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
             raise ValueError(f"{sorted(k for k in options if k in GUARD_OPTIONS)} need a cache: "
                              f"apply(..., cache={CACHE_METHODS[0]!r}, ...)")
         return None, rest
-    from diffusers import FirstBlockCacheConfig
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig
 
+    name = cache.strip().lower().replace("-", "_") if isinstance(cache, str) else None
     if isinstance(cache, StepCacheConfig):
         config = cache
     elif isinstance(cache, FirstBlockCacheConfig):
         config = StepCacheConfig(method="first_block", threshold=float(cache.threshold))
-    elif isinstance(cache, str) and cache.strip().lower().replace("-", "_") in CACHE_METHODS:
-        config = StepCacheConfig(method=cache.strip().lower().replace("-", "_"))
+    elif isinstance(cache, MagCacheConfig):
+        ratios = () if cache.mag_ratios is None else tuple(float(r) for r in torch.as_tensor(cache.mag_ratios))
+        config = StepCacheConfig(method="mag", threshold=float(cache.threshold), max_reuse=int(cache.max_skip_steps),
+                                 diffusers_config=cache, ratios=ratios + (cache.calibrate,))
+    elif name == "first_block":
+        config = StepCacheConfig(method=name)
+    elif name == "mag":
+        raise ValueError("cache='mag' needs magnitude ratios calibrated for your checkpoint and scheduler: run once "
+                         "with cache=diffusers.MagCacheConfig(calibrate=True, num_inference_steps=N) (diffusers prints "
+                         "the ratios), then pass MagCacheConfig(mag_ratios=[...], num_inference_steps=N)")
     else:
-        raise ValueError(f"unknown cache {cache!r}; give one of {', '.join(map(repr, CACHE_METHODS))} or a "
-                         "diffusers FirstBlockCacheConfig(threshold=...)")
+        raise ValueError(f"unknown cache {cache!r}; give one of {', '.join(map(repr, CACHE_METHODS))}, a diffusers "
+                         "FirstBlockCacheConfig(threshold=...) or MagCacheConfig(mag_ratios=..., ...)")
     for name, value in guards.items():
         if name == "threshold":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
@@ -86,6 +99,11 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
         elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"cache_{name} must be an integer >= 0, got {value!r}")
     if guards:
+        if config.diffusers_config is not None and "threshold" in guards:
+            import dataclasses
+
+            mag = dataclasses.replace(config.diffusers_config, threshold=guards["threshold"])
+            guards["diffusers_config"] = mag
         config = StepCacheConfig(**{**config.__dict__, **guards})
     if not config.threshold >= 0:
         raise ValueError(f"the cache threshold must be >= 0, got {config.threshold!r}")
@@ -115,6 +133,8 @@ class ContextLocalStateManager:
         self._key = key
         self._states: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
+        #: diffusers' hooks set a context of their own when this is None: ours is the calling context
+        self._context = "accelpatch: the calling thread's or task's generation"
 
     def get_state(self):
         key = self._key.get()
@@ -193,30 +213,77 @@ def _register_block(block_class: type) -> None:
                                                                                 return_encoder_hidden_states_index=None))
 
 
+def _gated_mag_head_class():
+    """diffusers' MagCache head hook whose ``config`` is, per calling context, the real one or a never-skip copy."""
+    from diffusers.hooks.mag_cache import MagCacheHeadHook
+
+    class GatedMagCacheHeadHook(MagCacheHeadHook):
+        @property
+        def config(self):
+            return self._never_skip if self._blocked.get() is not None else self._config
+
+        @config.setter
+        def config(self, value):
+            self._config = value
+
+    return GatedMagCacheHeadHook
+
+
 class StepCache:
-    """diffusers' FirstBlockCache on one transformer's blocks, made per-call, per-thread and tier-gated."""
+    """diffusers' FirstBlockCache or MagCache on one transformer's blocks, made per-call, per-thread, tier-gated."""
 
     def __init__(self, model: torch.nn.Module, config: StepCacheConfig, default_tier: Tier,
                  pipeline: Optional[Any], blocks_attribute: str) -> None:
-        from diffusers.hooks.first_block_cache import (FBCHeadBlockHook, FBCSharedBlockState, FirstBlockCacheConfig,
-                                                       apply_first_block_cache)
-
         self.config = config
         self.counters = CacheCounters()
         self._default_tier = default_tier
         self._pipeline = pipeline
         self._key: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
+        #: MagCache: why this call may not reuse (None: MagCache decides), set before the blocks run
+        self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
         self._blocks = list(getattr(model, blocks_attribute))
         _register_block(type(self._blocks[0]))
-        apply_first_block_cache(model, FirstBlockCacheConfig(threshold=config.threshold))
+        if config.method == "mag":
+            self._attach_mag(model)
+        else:
+            self._attach_first_block(model)
+        self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True)]
+        if config.method == "mag":
+            self._handles.append(model.register_forward_hook(self._count_mag_call))
+
+    def _attach_first_block(self, model: torch.nn.Module) -> None:
+        from diffusers.hooks.first_block_cache import (FBCHeadBlockHook, FBCSharedBlockState, FirstBlockCacheConfig,
+                                                       apply_first_block_cache)
+
+        apply_first_block_cache(model, FirstBlockCacheConfig(threshold=self.config.threshold))
         self.states = ContextLocalStateManager(FBCSharedBlockState, self._key)
+        for hook in self._hooks():
+            if isinstance(hook, FBCHeadBlockHook):
+                hook._should_compute_remaining_blocks = self._decide_for(hook)
+
+    def _attach_mag(self, model: torch.nn.Module) -> None:
+        import dataclasses
+
+        from diffusers.hooks.mag_cache import MagCacheHeadHook, MagCacheState, apply_mag_cache
+
+        apply_mag_cache(model, self.config.diffusers_config)
+        self.states = ContextLocalStateManager(MagCacheState, self._key)
+        gated = _gated_mag_head_class()
+        for hook in self._hooks():
+            if isinstance(hook, MagCacheHeadHook):
+                real = hook.__dict__.pop("config")
+                hook.__class__ = gated
+                hook._config = real
+                hook._never_skip = dataclasses.replace(real, threshold=-1.0)  # accumulated error >= 0: computes
+                hook._blocked = self._blocked
+
+    def _hooks(self):
+        """diffusers' cache hooks on the blocks, each now reading this cache's context-local states."""
         for block in self._blocks:
             for hook in block._diffusers_hook.hooks.values():
                 if hasattr(hook, "state_manager"):
                     hook.state_manager = self.states
-                if isinstance(hook, FBCHeadBlockHook):
-                    hook._should_compute_remaining_blocks = self._decide_for(hook)
-        self._handle = model.register_forward_pre_hook(self._enter_call, with_kwargs=True)
+                yield hook
 
     # the generation and branch of each call ------------------------------------------------------------------
 
@@ -234,6 +301,21 @@ class StepCache:
         else:
             key = _CallKey(key.generation, step, 0)
         self._key.set(key)
+        if self.config.method == "mag":
+            self._blocked.set(self._blocked_reason(self.states.get_state(), "previous_residual"))
+        return None
+
+    def _count_mag_call(self, module, args, output):
+        """After each MagCache call: count whether it reused, and why it computed."""
+        state = self.states.get_state()
+        if state.should_compute:
+            state.reused_in_a_row = 0
+            reason = self._blocked.get() or "MagCache computed (accumulated error above its threshold, retention steps " \
+                                             "or its max_skip_steps)"
+            self.counters.count(reused=False, reason=reason)
+        else:
+            state.reused_in_a_row += 1
+            self.counters.count(reused=True)
         return None
 
     def _final_step_index(self) -> Optional[int]:
@@ -249,7 +331,7 @@ class StepCache:
 
         def should_compute(residual: torch.Tensor) -> bool:
             state = self.states.get_state()
-            reason = self._blocked(state)
+            reason = self._blocked_reason(state, "head_block_residual")
             if reason is None:
                 if threshold_says(residual):
                     reason = "residual changed more than the threshold"
@@ -263,11 +345,12 @@ class StepCache:
 
         return should_compute
 
-    def _blocked(self, state) -> Optional[str]:
-        """Why this call may not reuse (None: the threshold decides)."""
+    def _blocked_reason(self, state, history: str) -> Optional[str]:
+        """Why this call may not reuse (None: the cache's own test decides); ``history`` names the state field that
+        is None until a step of this call has been computed."""
         if not effective_tier(self._default_tier).admits(Tier.HIGH):
             return "tier does not admit high"
-        if state.head_block_residual is None:
+        if getattr(state, history) is None:
             return "first step of the call"
         step = steps.current_step().step
         if step is None:
@@ -284,13 +367,15 @@ class StepCache:
     def remove(self) -> None:
         """Take diffusers' hooks off the blocks and leave them as they were (no registry, class forward)."""
         from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
+        from diffusers.hooks.mag_cache import _MAG_CACHE_BLOCK_HOOK, _MAG_CACHE_LEADER_BLOCK_HOOK
 
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
         for block in self._blocks:
             registry = getattr(block, "_diffusers_hook", None)
             if registry is None:
                 continue
-            for name in (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK):
+            for name in (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK, _MAG_CACHE_LEADER_BLOCK_HOOK, _MAG_CACHE_BLOCK_HOOK):
                 registry.remove_hook(name, recurse=False)
             if not registry.hooks:
                 del block._diffusers_hook

@@ -289,3 +289,43 @@ def test_under_torch_compile_the_cache_stays_correct_and_says_it_did_not_reuse()
     finally:
         accelpatch.remove(model)
         torch._dynamo.reset()
+
+
+def mag_config(**overrides):
+    from diffusers import MagCacheConfig
+
+    # ratios of 1: MagCache's accumulated error stays 0, so it skips whenever it and the guards allow
+    return MagCacheConfig(**{"mag_ratios": [1.0] * STEPS, "num_inference_steps": STEPS, "retention_ratio": 0.0,
+                             "max_skip_steps": 2, **overrides})
+
+
+def test_mag_cache_is_gated_the_same_way(sana):
+    pipe, reference = sana
+    quiet_apply(pipe, cache=mag_config(), cache_warmup_steps=2, cache_final_steps=1)
+    head, tail = pipe.transformer.transformer_blocks
+    runs = Executions([tail], "attn1")
+    per_step = []
+    step_hook = pipe.transformer.register_forward_hook(lambda m, a, o: per_step.append(runs.take()[0]))
+    try:
+        assert torch.equal(pipe(**call()).frames, reference)  # lossless: MagCache never skips
+        assert per_step == [1] * STEPS
+        per_step.clear()
+        accelpatch.report(pipe, reset=True)
+        with accelpatch.quality("high"):
+            first = pipe(**call()).frames
+            assert per_step == [1, 1, 0, 0, 1, 0, 0, 1]  # warm-up 2, reuse 2 in a row, final step computes
+            assert torch.equal(pipe(**call()).frames, first)  # the next call starts clean
+        cache = accelpatch.report(pipe).models[0].cache
+        assert cache["method"].startswith("mag(") and (cache["computed"], cache["reused"]) == (8, 8)
+        assert not torch.equal(first, reference)
+    finally:
+        step_hook.remove()
+        runs.close()
+        accelpatch.remove(pipe)
+    assert not any(hasattr(b, "_diffusers_hook") for b in (head, tail))
+    assert torch.equal(pipe(**call()).frames, reference)
+
+
+def test_mag_cache_needs_calibrated_ratios():
+    with pytest.raises(ValueError, match="cache='mag' needs magnitude ratios calibrated .*MagCacheConfig\\(calibrate=True"):
+        accelpatch.apply(testing.tiny_sana_video_transformer(), cache="mag")
