@@ -124,9 +124,8 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         adapter.validate_backend(backend_config, model)
         family_options = adapter.resolve_options(model_options)
         adapter.validate_options(family_options, model)
-        if cache_config is not None and adapter.cache_blocks is None:
-            raise ValueError(f"cache={cache!r}: {adapter.family} has no step cache yet ({adapter.cache_unsupported}); "
-                             "step caches run on: " + ", ".join(a.family for a in ADAPTERS if a.cache_blocks))
+        if cache_config is not None:
+            adapter.validate_cache(cache_config)
         requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
                      default_tier, cache_config)
         plans.append((model, adapter, backend_config, family_options, requested))

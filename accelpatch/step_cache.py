@@ -21,6 +21,7 @@ read). The data-dependent decision is a graph break under ``torch.compile`` (dif
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -162,7 +163,7 @@ class ContextLocalStateManager:
             self._states.clear()
 
     def __getstate__(self) -> dict:
-        return {"_state_cls": self._state_cls, "_key": None, "_states": {}}
+        return {"_state_cls": self._state_cls, "_key": None, "_states": {}, "_context": self._context}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -213,27 +214,72 @@ def _register_block(block_class: type) -> None:
                                                                                 return_encoder_hidden_states_index=None))
 
 
+class _RemainingBlocksState:
+    """The model-level cache state of one generation and branch (a model that exposes its own hook point)."""
+
+    def __init__(self) -> None:
+        self.head_block_residual: Optional[torch.Tensor] = None
+        self.tail_residual: Optional[torch.Tensor] = None
+
+    def reset(self) -> None:
+        self.head_block_residual = self.tail_residual = None
+
+
+def relative_change(residual: torch.Tensor, previous: torch.Tensor) -> float:
+    """FirstBlockCache's measure: mean |residual - previous| over mean |previous|."""
+    return float((residual - previous).abs().mean() / previous.abs().mean())
+
+
+def _run_hooked(function_reference, module, *args, **kwargs):
+    """A module forward through one diffusers hook (what diffusers' registry builds, without its closure)."""
+    args, kwargs = function_reference.pre_forward(module, *args, **kwargs)
+    output = function_reference.forward(*args, **kwargs)
+    return function_reference.post_forward(module, output)
+
+
+class _GatedDecision:
+    """Stands in for FirstBlockCache's ``_should_compute_remaining_blocks`` on the head hook (picklable)."""
+
+    def __init__(self, cache: "StepCache", hook) -> None:
+        self.cache, self.hook = cache, hook
+
+    def __call__(self, residual: torch.Tensor) -> bool:
+        return self.cache.decide(self.hook, residual)
+
+
+@functools.lru_cache(maxsize=None)
 def _gated_mag_head_class():
-    """diffusers' MagCache head hook whose ``config`` is, per calling context, the real one or a never-skip copy."""
+    """diffusers' MagCache head hook whose ``config`` is, per calling context, the real one or a never-skip copy.
+    Made on first use (diffusers loads lazily); pickles by name through the module's ``__getattr__``."""
     from diffusers.hooks.mag_cache import MagCacheHeadHook
 
     class GatedMagCacheHeadHook(MagCacheHeadHook):
         @property
         def config(self):
-            return self._never_skip if self._blocked.get() is not None else self._config
+            return self._never_skip if self._cache._blocked.get() is not None else self._config
 
         @config.setter
         def config(self, value):
             self._config = value
 
+    GatedMagCacheHeadHook.__module__ = __name__
+    GatedMagCacheHeadHook.__qualname__ = "GatedMagCacheHeadHook"
     return GatedMagCacheHeadHook
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GatedMagCacheHeadHook":
+        return _gated_mag_head_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StepCache:
     """diffusers' FirstBlockCache or MagCache on one transformer's blocks, made per-call, per-thread, tier-gated."""
 
     def __init__(self, model: torch.nn.Module, config: StepCacheConfig, default_tier: Tier,
-                 pipeline: Optional[Any], blocks_attribute: str) -> None:
+                 pipeline: Optional[Any], blocks_attribute: Optional[str]) -> None:
+        """``blocks_attribute`` names the ModuleList of residual blocks diffusers' hooks go on; None: the model
+        offers its own hook point (``_remaining_blocks_cache``: ``reuse(first_block_delta)``, ``store(tail)``)."""
         self.config = config
         self.counters = CacheCounters()
         self._default_tier = default_tier
@@ -241,11 +287,19 @@ class StepCache:
         self._key: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
         #: MagCache: why this call may not reuse (None: MagCache decides), set before the blocks run
         self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
-        self._blocks = list(getattr(model, blocks_attribute))
-        _register_block(type(self._blocks[0]))
-        if config.method == "mag":
+        self._model = model
+        self._blocks = list(getattr(model, blocks_attribute)) if blocks_attribute else []
+        if not self._blocks:
+            if config.method != "first_block":
+                raise ValueError(f"cache method {config.method!r} needs residual blocks; {type(model).__name__} "
+                                 "supports cache='first_block' only")
+            self.states = ContextLocalStateManager(_RemainingBlocksState, self._key)
+            model.__dict__["_remaining_blocks_cache"] = self
+        elif config.method == "mag":
+            _register_block(type(self._blocks[0]))
             self._attach_mag(model)
         else:
+            _register_block(type(self._blocks[0]))
             self._attach_first_block(model)
         self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True)]
         if config.method == "mag":
@@ -259,7 +313,7 @@ class StepCache:
         self.states = ContextLocalStateManager(FBCSharedBlockState, self._key)
         for hook in self._hooks():
             if isinstance(hook, FBCHeadBlockHook):
-                hook._should_compute_remaining_blocks = self._decide_for(hook)
+                hook._should_compute_remaining_blocks = _GatedDecision(self, hook)
 
     def _attach_mag(self, model: torch.nn.Module) -> None:
         import dataclasses
@@ -275,7 +329,29 @@ class StepCache:
                 hook.__class__ = gated
                 hook._config = real
                 hook._never_skip = dataclasses.replace(real, threshold=-1.0)  # accumulated error >= 0: computes
-                hook._blocked = self._blocked
+                hook._cache = self
+
+    # the model-level hook point (a model whose blocks are not residual blocks) ----------------------------------
+
+    def reuse(self, first_block_delta: torch.Tensor) -> Optional[torch.Tensor]:
+        """Called by the model after its first block: the cached contribution of the remaining blocks when this
+        step may reuse it, else None (and the model runs them, then calls :meth:`store`)."""
+        state = self.states.get_state()
+        reason = self._blocked_reason(state, "head_block_residual")
+        if reason is None:
+            if relative_change(first_block_delta, state.head_block_residual) > self.config.threshold:
+                reason = "residual changed more than the threshold"
+            else:
+                state.reused_in_a_row += 1
+                self.counters.count(reused=True)
+                return state.tail_residual
+        state.reused_in_a_row = 0
+        state.head_block_residual = first_block_delta
+        self.counters.count(reused=False, reason=reason)
+        return None
+
+    def store(self, tail_residual: torch.Tensor) -> None:
+        self.states.get_state().tail_residual = tail_residual
 
     def _hooks(self):
         """diffusers' cache hooks on the blocks, each now reading this cache's context-local states."""
@@ -290,6 +366,8 @@ class StepCache:
     def _enter_call(self, module, args, kwargs):
         """Before each transformer call: a call at step 0 (or with no step known after a step > 0) after any other
         step starts a new generation with clean state; calls at the same step are CFG branches 0, 1, ..."""
+        if self.__dict__.pop("_rewire", False):
+            self._rewire_copied_blocks()
         step = steps.current_step().step
         key = self._key.get()
         if key is None or step is None or step == 0 and key.step != 0 or (key.step is not None and step < key.step):
@@ -326,24 +404,20 @@ class StepCache:
         except TypeError:
             return None
 
-    def _decide_for(self, hook):
-        threshold_says = hook._should_compute_remaining_blocks  # diffusers' own test (compiler-disabled)
-
-        def should_compute(residual: torch.Tensor) -> bool:
-            state = self.states.get_state()
-            reason = self._blocked_reason(state, "head_block_residual")
-            if reason is None:
-                if threshold_says(residual):
-                    reason = "residual changed more than the threshold"
-                else:
-                    state.reused_in_a_row += 1
-                    self.counters.count(reused=True)
-                    return False
-            state.reused_in_a_row = 0
-            self.counters.count(reused=False, reason=reason)
-            return True
-
-        return should_compute
+    def decide(self, hook, residual: torch.Tensor) -> bool:
+        """FirstBlockCache's head-block decision, gated: True runs the remaining blocks."""
+        state = self.states.get_state()
+        reason = self._blocked_reason(state, "head_block_residual")
+        if reason is None:
+            if type(hook)._should_compute_remaining_blocks(hook, residual):  # diffusers' own test
+                reason = "residual changed more than the threshold"
+            else:
+                state.reused_in_a_row += 1
+                self.counters.count(reused=True)
+                return False
+        state.reused_in_a_row = 0
+        self.counters.count(reused=False, reason=reason)
+        return True
 
     def _blocked_reason(self, state, history: str) -> Optional[str]:
         """Why this call may not reuse (None: the cache's own test decides); ``history`` names the state field that
@@ -371,6 +445,7 @@ class StepCache:
 
         for handle in self._handles:
             handle.remove()
+        self._model.__dict__.pop("_remaining_blocks_cache", None)
         for block in self._blocks:
             registry = getattr(block, "_diffusers_hook", None)
             if registry is None:
@@ -383,3 +458,27 @@ class StepCache:
                 if getattr(forward, "__func__", None) is type(block).forward:
                     del block.forward
         self.states.reset()
+
+    def _rewire_copied_blocks(self) -> None:
+        """In a deep copy, point each block's forward at its own (copied) hook: diffusers' registry keeps the hooked
+        forward in a closure over the original hook, which a copy shares (so the copy would run the original's
+        hooks and state)."""
+        for block in self._blocks:
+            registry = block._diffusers_hook
+            if len(registry._fn_refs) != 1:
+                raise RuntimeError(f"a copied block carries {len(registry._fn_refs)} diffusers hooks; accelpatch can "
+                                   "rewire only its own: apply the step cache again on the copy")
+            block.forward = functools.update_wrapper(functools.partial(_run_hooked, registry._fn_refs[0], block),
+                                                     type(block).forward)
+
+    # pickling and copies: context variables cannot be pickled; a copy gets fresh ones (and no states) -----------
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_key", "_blocked")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._rewire = True  # the copied blocks' forwards still call the original's hooks: fixed on first call
+        self._key = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
+        self._blocked = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
+        self.states._key = self._key

@@ -205,8 +205,9 @@ def test_bad_cache_arguments_name_the_choices():
         accelpatch.apply(model, cache_max_reuse=3)
     with pytest.raises(ValueError, match="cache_max_reuse must be an integer >= 0, got -1"):
         accelpatch.apply(model, cache="first_block", cache_max_reuse=-1)
-    with pytest.raises(ValueError, match="SANA-Video 2.0 has no step cache yet .*Block Attention Residuals"):
-        accelpatch.apply(testing.tiny_sana_video2_transformer(), cache="first_block")
+    with pytest.raises(ValueError, match="cache method 'mag' is not available for SANA-Video 2.0 .*Block Attention "
+                                         "Residuals.*it runs 'first_block'"):
+        accelpatch.apply(testing.tiny_sana_video2_transformer(), cache=mag_config())
     assert not hasattr(model.transformer_blocks[0], "_diffusers_hook")
 
 
@@ -329,3 +330,57 @@ def test_mag_cache_is_gated_the_same_way(sana):
 def test_mag_cache_needs_calibrated_ratios():
     with pytest.raises(ValueError, match="cache='mag' needs magnitude ratios calibrated .*MagCacheConfig\\(calibrate=True"):
         accelpatch.apply(testing.tiny_sana_video_transformer(), cache="mag")
+
+
+def test_sana_video2_caches_at_the_model_level_through_its_pipeline():
+    """SANA-Video 2.0's blocks feed Block Attention Residuals, so its cache is the model's own hook point: after the
+    first block, reuse the remaining blocks' cached contribution. Same gate, guards and counts."""
+    pipe = testing.tiny_sana_video2_pipeline()
+    kwargs = lambda: testing.sana_video2_pipeline_call_kwargs(num_inference_steps=6)  # noqa: E731
+    reference = pipe(**kwargs()).frames
+    runs = Executions(list(pipe.transformer.blocks), "cross_attn")
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1, cache_final_steps=1)
+    try:
+        runs.take()
+        assert torch.equal(pipe(**kwargs()).frames, reference)  # lossless: every block runs
+        assert runs.take() == [6, 6, 6, 6]
+        with accelpatch.quality("high"):
+            first = pipe(**kwargs()).frames
+            executed = runs.take()
+            assert torch.equal(pipe(**kwargs()).frames, first)  # each call starts clean
+        # step 0 computes (warm-up, first), 1-2 reuse, 3 computes (limit 2), 4 reuses, 5 is the final step
+        assert executed == [6, 3, 3, 3]  # the first block always runs
+        assert not torch.equal(first, reference)
+        cache = accelpatch.report(pipe).models[0].cache
+        assert (cache["computed"], cache["reused"]) == (6 + 2 * 3, 2 * 3)
+    finally:
+        runs.close()
+        accelpatch.remove(pipe)
+    assert "_remaining_blocks_cache" not in pipe.transformer.__dict__
+    assert torch.equal(pipe(**kwargs()).frames, reference)
+
+
+def test_a_cached_model_survives_deepcopy_and_pickles_once_the_cache_is_removed():
+    """deepcopy works with the cache on (FirstBlockCache and MagCache). diffusers' hook registry holds local
+    functions, so a model carrying any diffusers hook cannot be pickled: this pins that (README says it), and that
+    pickling works again after remove()."""
+    import copy
+    import pickle
+
+    for cache in ("first_block", mag_config()):
+        model = testing.tiny_sana_video_transformer()
+        inputs = testing.sana_video_transformer_inputs(model)
+        quiet_apply(model, cache=cache)
+        clone = copy.deepcopy(model)
+        with torch.no_grad():
+            assert torch.equal(clone(**inputs).sample, model(**inputs).sample)
+        # the copy counts on its own hooks, not the original's
+        assert accelpatch.report(clone).models[0].cache["computed"] == 1
+        assert accelpatch.report(model).models[0].cache["computed"] == 1
+        accelpatch.remove(clone)
+        assert not any(hasattr(b, "_diffusers_hook") for b in clone.transformer_blocks)
+        with pytest.raises((AttributeError, pickle.PicklingError), match="[Cc]an't pickle"):
+            pickle.dumps(model)  # diffusers' hooks: local closures, compiler-disabled methods
+        accelpatch.remove(model)
+        with torch.no_grad():
+            assert torch.equal(pickle.loads(pickle.dumps(model))(**inputs).sample, model(**inputs).sample)

@@ -77,10 +77,19 @@ class ModelAdapter:
         """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
 
-    #: the ModuleList of residual blocks a step cache (accelpatch.step_cache) hooks, or None when it cannot run
+    #: step caches (accelpatch.step_cache) this family runs: "first_block", "mag"
+    cache_methods: tuple[str, ...] = ()
+    #: the ModuleList of residual blocks diffusers' cache hooks go on; None: the model's own hook point
     cache_blocks: Optional[str] = None
-    #: why there is no step cache for this family (with cache_blocks None)
+    #: why a cache method is missing, for the error message
     cache_unsupported: str = "not implemented"
+
+    def validate_cache(self, config: Any) -> None:
+        """Raise ValueError when this family cannot run the step cache ``config`` asks for."""
+        if config.method not in self.cache_methods:
+            runs = f"it runs {', '.join(map(repr, self.cache_methods))}" if self.cache_methods else "it runs none"
+            raise ValueError(f"cache method {config.method!r} is not available for {self.family} "
+                             f"({self.cache_unsupported}); {runs}")
 
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""

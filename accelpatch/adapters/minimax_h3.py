@@ -163,6 +163,7 @@ REFINER_DENSE_PATH = MiniMaxH3RefinerDense()
 class MiniMaxH3Adapter(ModelAdapter):
     family = "MiniMax-H3"
     cache_blocks = "transformer_blocks"
+    cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "MiniMaxH3Transformer3DModel"),)
     backends = ("sol_attn",)
 

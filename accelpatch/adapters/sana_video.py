@@ -17,6 +17,7 @@ _SELF_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn1")
 class SanaVideoAdapter(ModelAdapter):
     family = "SANA-Video"
     cache_blocks = "transformer_blocks"
+    cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "SanaVideoTransformer3DModel"),)
     backends = ()
 

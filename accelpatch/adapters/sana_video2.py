@@ -210,8 +210,10 @@ ANCHOR_SOL_ATTN = AnchorSolAttention()
 
 class SanaVideo2Adapter(ModelAdapter):
     family = "SANA-Video 2.0"
-    cache_unsupported = ("its blocks return a delta into Block Attention Residuals rather than the next hidden "
-                         "states, which FirstBlockCache's residual reuse needs")
+    # the model's own hook point (its blocks feed Block Attention Residuals, not a chain of hidden states)
+    cache_methods = ("first_block",)
+    cache_unsupported = ("MagCache needs residual blocks that return the next hidden states; SANA-Video 2.0's blocks "
+                         "return deltas into Block Attention Residuals")
     model_classes = (("accelpatch.modeling.sana_video2", "SanaVideo2Transformer3DModel"),)
     backends = ("sol_attn",)
     options_class = SanaVideo2Options

@@ -302,6 +302,10 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
     compatibility; ``class_dropout_prob`` is the caption dropout applied in training mode.
     """
 
+    #: a step cache's hook point (accelpatch.step_cache): after the first block, ``reuse(delta)`` may return the
+    #: remaining blocks' cached contribution, skipping them; ``store(tail)`` keeps it. None: every block runs.
+    _remaining_blocks_cache = None
+
     _supports_gradient_checkpointing = True
     _no_split_modules = ["SanaVideo2Block"]
     _repeated_blocks = ["SanaVideo2Block"]
@@ -459,16 +463,28 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         block_size = self.config.attn_res_block_size
         sources = _Sources(x, capacity=math.ceil(len(self.blocks) / block_size) + 2)
         partial = None
+        skip = self._remaining_blocks_cache
+        head = reused = None
         for index, block in enumerate(self.blocks):
             h = sources.mix(self.attn_res.attn_proj, partial)
             delta = self._sublayer(block, h, y, t0, mask, ropes[block.attention_type], "attention")
             partial = delta if partial is None else partial + delta
             h = sources.mix(self.attn_res.mlp_proj, partial)
             partial = partial + self._sublayer(block, h, y, t0, mask, None, "mlp")
+            if index == 0 and skip is not None:  # the first block's output: x plus its two deltas
+                head = x + partial
+                reused = skip.reuse(partial)
+                if reused is not None:
+                    break
             if (index + 1) % block_size == 0 or index + 1 == len(self.blocks):
                 sources.append(partial)
                 partial = None
-        x = sources.mix(self.attn_res.final_proj, None)
+        if reused is not None:
+            x = head + reused  # the remaining blocks' contribution as of the last computed step
+        else:
+            x = sources.mix(self.attn_res.final_proj, None)
+            if skip is not None:
+                skip.store(x - head)
 
         out = self.final_layer(x, t)  # [B, N, P·Cout]
         out = out.reshape(batch, *grid, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
