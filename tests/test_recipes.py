@@ -6,13 +6,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 import accelpatch
 from accelpatch import testing
 from accelpatch.__main__ import main
-from accelpatch.recipes import Recipe, RecipeError, available_recipes, load_recipe
+from accelpatch.recipes import RecipeError, available_recipes, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))

@@ -166,7 +166,8 @@ class CallTimer:
 
     def __enter__(self) -> "CallTimer":
         for m in self.models:
-            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            # first before and last after every other hook: accelpatch's own hooks count as transformer time
+            self._handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True))
             self._handles.append(m.register_forward_hook(self._post, always_call=True))
         return self
 

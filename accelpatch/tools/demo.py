@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
@@ -156,27 +155,15 @@ class Row:
     quality: Any = None  # VideoQuality of the last frames against the reference, once scored
 
 
-class _ForwardTimer:
-    """Times a pipeline's transformer forwards: a pre-hook that runs first and a hook that runs last, registered
-    only around one call (so that ``apply``/``remove`` never see them). Seconds per forward, patching included."""
-
-    def __init__(self, transformer) -> None:
-        self.transformer = transformer
-
-    def __call__(self, run: Callable[[], Any]) -> tuple[Any, float]:
-        stamps: list[float] = []
-        mark = lambda *_: stamps.append(time.perf_counter())  # noqa: E731
-        handles = (self.transformer.register_forward_pre_hook(mark, prepend=True),
-                   self.transformer.register_forward_hook(mark, always_call=True))
-        try:
-            out = run()
-        finally:
-            for handle in handles:
-                handle.remove()
-        forwards = len(stamps) // 2
-        if forwards == 0:
-            raise RuntimeError("the pipeline call ran no transformer forward; nothing to time")
-        return out, sum(stamps[i + 1] - stamps[i] for i in range(0, 2 * forwards, 2)) / forwards
+def _timed(timer, run: Callable[[], Any]) -> tuple[Any, float]:
+    """``run()`` under ``timer`` (:class:`accelpatch.tools.candidates.CallTimer`, hooks only around this call, so
+    that ``apply``/``remove`` never see them): its output and the transformer's seconds per denoising step."""
+    timer.reset()
+    with timer:
+        out = run()
+    if timer.forwards == 0:
+        raise RuntimeError("the pipeline call ran no transformer forward; nothing to time")
+    return out, timer.transformer_seconds() / timer.steps
 
 
 def _quiet_apply(pipe, **options) -> None:
@@ -209,7 +196,9 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
 
     import accelpatch  # noqa: PLC0415
 
-    timer = _ForwardTimer(pipe.transformer)
+    from accelpatch.tools.candidates import CallTimer  # noqa: PLC0415
+
+    timer = CallTimer([pipe.transformer], next(pipe.transformer.parameters()).device)
     patched, removed = False, False
     seen = _Rounds(0, True, None)
     for index in range(rounds):
@@ -224,7 +213,7 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
                 removed = True
             patched = row.patched
             with accelpatch.quality(row.tier) if row.tier else contextlib.nullcontext():
-                frames, seconds = timer(call)
+                frames, seconds = _timed(timer, call)
             row.seconds.append(seconds)
             row.identical &= torch.equal(frames, reference)
             row.frames = frames
