@@ -114,6 +114,8 @@ class ModelReport(_Tally):
         if computed and not reused:
             reasons = ", ".join(f"{r} ×{n}" for r, n in sorted(self.cache["reasons"].items(), key=lambda x: -x[1]))
             line += f" — it never reused anything ({reasons})"
+        for note, count in self.cache.get("notes", {}).items():
+            line += f"; {note} ×{count}"
         return line
 
     def step_line(self) -> Optional[str]:

@@ -114,6 +114,8 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
 # --- per-context state -----------------------------------------------------------------------------------------
 
 _generations = itertools.count(1)
+#: at most this many calls' cache states are held at once (per model); older ones are freed
+MAX_LIVE_GENERATIONS = 8
 
 
 @dataclass
@@ -158,6 +160,19 @@ class ContextLocalStateManager:
             for key in [k for k in self._states if k[0] == generation]:
                 del self._states[key]
 
+    def keep_newest(self, generations: int) -> None:
+        """Forget the states of all but the ``generations`` most recent generations (a bound on what calls that
+        ended without a known final step, or threads that never came back, can hold)."""
+        with self._lock:
+            live = sorted({k[0] for k in self._states})
+            for key in [k for k in self._states if k[0] in live[:-generations]]:
+                del self._states[key]
+
+    @property
+    def live_generations(self) -> int:
+        with self._lock:
+            return len({k[0] for k in self._states})
+
     def reset(self, *args, **kwargs) -> None:
         with self._lock:
             self._states.clear()
@@ -177,7 +192,13 @@ class CacheCounters:
     computed: int = 0
     reused: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    #: calls that ran with a guard unable to apply, by note
+    notes: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            self.notes[text] = self.notes.get(text, 0) + 1
 
     def count(self, reused: bool, reason: Optional[str] = None) -> None:
         with self._lock:
@@ -190,13 +211,15 @@ class CacheCounters:
 
     def totals(self, reset: bool = False) -> dict:
         with self._lock:
-            out = {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons)}
+            out = {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons),
+                   "notes": dict(self.notes)}
             if reset:
-                self.computed, self.reused, self.reasons = 0, 0, {}
+                self.computed, self.reused, self.reasons, self.notes = 0, 0, {}, {}
             return out
 
     def __getstate__(self) -> dict:
-        return {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons)}
+        return {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons),
+                "notes": dict(self.notes)}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -301,9 +324,8 @@ class StepCache:
         else:
             _register_block(type(self._blocks[0]))
             self._attach_first_block(model)
-        self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True)]
-        if config.method == "mag":
-            self._handles.append(model.register_forward_hook(self._count_mag_call))
+        self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True),
+                         model.register_forward_hook(self._exit_call)]
 
     def _attach_first_block(self, model: torch.nn.Module) -> None:
         from diffusers.hooks.first_block_cache import (FBCHeadBlockHook, FBCSharedBlockState, FirstBlockCacheConfig,
@@ -373,18 +395,30 @@ class StepCache:
         if key is None or step is None or step == 0 and key.step != 0 or (key.step is not None and step < key.step):
             if key is not None:
                 self.states.drop(key.generation)
+            self.states.keep_newest(MAX_LIVE_GENERATIONS - 1)
             key = _CallKey(generation=next(_generations), step=step, branch=0)
         elif step == key.step:
             key = _CallKey(key.generation, step, key.branch + 1)
         else:
             key = _CallKey(key.generation, step, 0)
         self._key.set(key)
+        if self.config.final_steps and self._final_step_index() is None:
+            self.counters.note("final-step guard off: no pipeline scheduler (apply() the pipeline to enable it)")
         if self.config.method == "mag":
             self._blocked.set(self._blocked_reason(self.states.get_state(), "previous_residual"))
         return None
 
-    def _count_mag_call(self, module, args, output):
-        """After each MagCache call: count whether it reused, and why it computed."""
+    def _exit_call(self, module, args, output):
+        """After each transformer call: count a MagCache call; after the final step, free the call's states."""
+        if self.config.method == "mag":
+            self._count_mag_call()
+        key, final = self._key.get(), self._final_step_index()
+        if key is not None and key.step is not None and final is not None and key.step >= final:
+            self.states.drop(key.generation)  # a later CFG branch of this step starts a fresh state: it computes
+        return None
+
+    def _count_mag_call(self) -> None:
+        """Whether this MagCache call reused, and why it computed."""
         state = self.states.get_state()
         if state.should_compute:
             state.reused_in_a_row = 0
@@ -394,7 +428,6 @@ class StepCache:
         else:
             state.reused_in_a_row += 1
             self.counters.count(reused=True)
-        return None
 
     def _final_step_index(self) -> Optional[int]:
         scheduler = getattr(self._pipeline, "scheduler", None)

@@ -384,3 +384,35 @@ def test_a_cached_model_survives_deepcopy_and_pickles_once_the_cache_is_removed(
         accelpatch.remove(model)
         with torch.no_grad():
             assert torch.equal(pickle.loads(pickle.dumps(model))(**inputs).sample, model(**inputs).sample)
+
+
+def test_states_are_freed_after_the_final_step_and_bounded_without_a_pipeline(sana):
+    pipe, _ = sana
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1)
+    try:
+        with accelpatch.quality("high"):
+            pipe(**call())
+        assert pipe.transformer._accelpatch_state.step_cache.states.live_generations == 0  # freed at step 7
+    finally:
+        accelpatch.remove(pipe)
+    # a transformer patched alone has no scheduler: no final step is known, so finished calls' states stay until
+    # the same thread's next call, bounded for threads that never come back; the report says the guard is off
+    from accelpatch.step_cache import MAX_LIVE_GENERATIONS
+
+    model = testing.tiny_sana_video_transformer()
+    inputs = testing.sana_video_transformer_inputs(model)
+    quiet_apply(model, cache="first_block")
+
+    def one_call():
+        with torch.no_grad():
+            model(**inputs)
+
+    try:
+        for _ in range(MAX_LIVE_GENERATIONS + 4):
+            thread = threading.Thread(target=one_call)
+            thread.start()
+            thread.join()
+        assert model._accelpatch_state.step_cache.states.live_generations <= MAX_LIVE_GENERATIONS
+        assert "final-step guard off: no pipeline scheduler" in str(accelpatch.report(model))
+    finally:
+        accelpatch.remove(model)
