@@ -24,6 +24,7 @@ import contextvars
 import functools
 import itertools
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -306,7 +307,7 @@ class StepCache:
         self.config = config
         self.counters = CacheCounters()
         self._default_tier = default_tier
-        self._pipeline = pipeline
+        self._pipeline = weakref.ref(pipeline) if pipeline is not None else None  # for its scheduler's timesteps
         self._key: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
         #: MagCache: why this call may not reuse (None: MagCache decides), set before the blocks run
         self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
@@ -324,6 +325,7 @@ class StepCache:
         else:
             _register_block(type(self._blocks[0]))
             self._attach_first_block(model)
+        self._own_block_forwards(strict=False)
         self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True),
                          model.register_forward_hook(self._exit_call)]
 
@@ -430,7 +432,8 @@ class StepCache:
             self.counters.count(reused=True)
 
     def _final_step_index(self) -> Optional[int]:
-        scheduler = getattr(self._pipeline, "scheduler", None)
+        pipeline = self._pipeline() if self._pipeline is not None else None
+        scheduler = getattr(pipeline, "scheduler", None)
         timesteps = getattr(scheduler, "timesteps", None)
         try:
             return len(timesteps) - 1 if timesteps is not None else None
@@ -492,22 +495,35 @@ class StepCache:
                     del block.forward
         self.states.reset()
 
-    def _rewire_copied_blocks(self) -> None:
-        """In a deep copy, point each block's forward at its own (copied) hook: diffusers' registry keeps the hooked
-        forward in a closure over the original hook, which a copy shares (so the copy would run the original's
-        hooks and state)."""
+    def _own_block_forwards(self, strict: bool) -> None:
+        """Give each block whose only diffusers hook is ours a forward that pickles and deep-copies: diffusers builds
+        the hooked forward as a closure over the hook (it does not pickle, and a deep copy would keep calling the
+        original's hook) and wraps the hook's forward with the attributes of torch's compiler-disable wrapper (which
+        do not pickle). The call chain stays diffusers': pre_forward, the hook's new_forward, post_forward. A block
+        carrying other diffusers hooks keeps diffusers' wiring; ``strict`` (in a copy) refuses it instead."""
         for block in self._blocks:
             registry = block._diffusers_hook
             if len(registry._fn_refs) != 1:
-                raise RuntimeError(f"a copied block carries {len(registry._fn_refs)} diffusers hooks; accelpatch can "
-                                   "rewire only its own: apply the step cache again on the copy")
-            block.forward = functools.update_wrapper(functools.partial(_run_hooked, registry._fn_refs[0], block),
+                if strict:
+                    raise RuntimeError(f"a copied block carries {len(registry._fn_refs)} diffusers hooks; accelpatch "
+                                       "can rewire only its own: apply the step cache again on the copy")
+                continue
+            function_reference = registry._fn_refs[0]
+            hook = registry.hooks[registry._hook_order[0]]
+            function_reference.forward = functools.partial(hook.new_forward, block)
+            block.forward = functools.update_wrapper(functools.partial(_run_hooked, function_reference, block),
                                                      type(block).forward)
+
+    def _rewire_copied_blocks(self) -> None:
+        """In a copy made while a block carried other diffusers hooks too: refuse rather than run the original's."""
+        self._own_block_forwards(strict=True)
 
     # pickling and copies: context variables cannot be pickled; a copy gets fresh ones (and no states) -----------
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_key", "_blocked")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_key", "_blocked")}
+        state["_pipeline"] = None  # a weak reference: a copy's final-step guard needs apply() on its pipeline
+        return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
