@@ -245,3 +245,14 @@ def test_per_step_timing_counts_cfg_as_two_calls_as_one_step():
             model(**{**inputs, "timestep": torch.full_like(inputs["timestep"], t)})
     assert (timer.steps, timer.forwards) == (2, 3)
     assert timer.transformer_seconds() > 0
+
+
+def test_reports_show_as_their_table_in_a_repl_and_a_notebook(sana):
+    pipe, kwargs = sana
+    report = quiet_validate(pipe, kwargs, ["lossless"])
+    assert repr(report) == str(report) and repr(report).startswith("accelpatch validate:")
+    assert report._repr_html_().startswith("<pre>accelpatch validate:")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timing = bench(pipe, kwargs, ["exact", "lossless"], rounds=2, warmup=0, progress=False)
+    assert repr(timing) == str(timing) and repr(timing).startswith("accelpatch bench:")

@@ -47,7 +47,7 @@ class BenchCandidate:
                 "vs_baseline": None if self.vs_baseline is None else self.vs_baseline.to_dict()}
 
 
-@dataclass
+@dataclass(repr=False)  # repr is the table (TextReport)
 class BenchReport(TextReport):
     """The result of :func:`bench`: a table (``str()``), ``to_dict()``/``to_json()`` (schema ``accelpatch.bench``
     version 1)."""

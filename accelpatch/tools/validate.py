@@ -139,7 +139,7 @@ def _psnr_text(value: float) -> str:
     return "inf" if value == math.inf else f"{value:.2f}"
 
 
-@dataclass
+@dataclass(repr=False)  # repr is the table (TextReport)
 class ValidationReport(TextReport):
     """The result of :func:`validate`: ``passed``, a table (``str()``), ``to_dict()``/``to_json()``, ``plot()``
     (PSNR/SSIM per frame per candidate) and ``save_worst_frames()`` (reference | candidate | difference)."""
