@@ -426,3 +426,32 @@ def test_states_are_freed_after_the_final_step_and_bounded_without_a_pipeline(sa
         assert "final-step guard off: no pipeline scheduler" in str(accelpatch.report(model))
     finally:
         accelpatch.remove(model)
+
+
+def test_blocks_compiled_one_by_one_keep_the_cache_reusing_as_in_eager():
+    """Regional compilation (each block compiled, not fullgraph): the model's hooks run eagerly, so steps are known
+    and the cache reuses exactly as in eager mode; its decision is a graph break inside the block."""
+    model = testing.tiny_sana_video_transformer()
+    inputs = testing.sana_video_transformer_inputs(model)
+
+    def loop():
+        with torch.no_grad(), accelpatch.quality("high"):
+            return [model(hidden_states=inputs["hidden_states"] * (1 - 0.1 * step),
+                          encoder_hidden_states=inputs["encoder_hidden_states"],
+                          timestep=torch.full_like(inputs["timestep"], 900.0 - 150.0 * step)).sample
+                    for step in range(5)]
+
+    quiet_apply(model, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1)
+    try:
+        eager = loop()
+        counted = accelpatch.report(model, reset=True).models[0].cache
+        torch._dynamo.reset()
+        for block in model.transformer_blocks:
+            block.compile(backend="eager")
+        compiled = loop()
+        assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
+        again = accelpatch.report(model).models[0].cache
+        assert (again["computed"], again["reused"]) == (counted["computed"], counted["reused"]) and again["reused"] > 0
+    finally:
+        accelpatch.remove(model)
+        torch._dynamo.reset()
