@@ -180,9 +180,9 @@ class Report(_Tally):
         parts = []
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
-            step_line = m.step_line()
-            if step_line:
-                parts.append(f"<p>{escape(step_line)}</p>")
+            for extra in (m.step_line(), m.cache_line()):
+                if extra:
+                    parts.append(f"<p>{escape(extra)}</p>")
             header, rows, notes = m.table()
             cells = lambda row, tag: "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in row)  # noqa: E731
             parts.append("<table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"

@@ -66,6 +66,7 @@ def test_exact_and_lossless_with_a_cache_are_bit_identical_and_reuse_nothing(san
         assert cache["reused"] == 0 and cache["computed"] == 2 * STEPS
         assert cache["reasons"] == {"tier does not admit high": 2 * STEPS}
         assert "it never reused anything (tier does not admit high" in str(accelpatch.report(pipe))
+        assert "it never reused anything" in accelpatch.report(pipe)._repr_html_()  # a notebook shows it too
     finally:
         accelpatch.remove(pipe)
 
