@@ -21,6 +21,7 @@ read). The data-dependent decision is a graph break under ``torch.compile`` (dif
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import itertools
 import threading
@@ -64,8 +65,9 @@ GUARD_OPTIONS = {"cache_threshold": "threshold", "cache_warmup_steps": "warmup_s
 
 
 def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig], dict]:
-    """``cache`` (None, a short name, or a diffusers ``FirstBlockCacheConfig``) and the ``cache_*`` guard options
-    of ``options`` → (config or None, the options left). Raises ValueError naming the bad value and the choices."""
+    """``cache`` (None, a short name, a diffusers ``FirstBlockCacheConfig`` or ``MagCacheConfig``) and the ``cache_*``
+    options of ``options`` → (config or None, the options left). Raises ValueError naming the bad value and the
+    choices."""
     guards = {GUARD_OPTIONS[k]: options[k] for k in GUARD_OPTIONS if k in options}
     rest = {k: v for k, v in options.items() if k not in GUARD_OPTIONS}
     if cache is None:
@@ -102,8 +104,6 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
             raise ValueError(f"cache_{name} must be an integer >= 0, got {value!r}")
     if guards:
         if config.diffusers_config is not None and "threshold" in guards:
-            import dataclasses
-
             mag = dataclasses.replace(config.diffusers_config, threshold=guards["threshold"])
             guards["diffusers_config"] = mag
         config = StepCacheConfig(**{**config.__dict__, **guards})
@@ -126,6 +126,16 @@ class _CallKey:
     generation: int
     step: Optional[int]
     branch: int
+
+
+def _starts_generation(key: Optional[_CallKey], step: Optional[int]) -> bool:
+    """Whether a call at ``step`` starts a new generation after the context's last call (``key``): the first call,
+    an unknown step, step 0 after a call at another (or an unknown) step, or a step lower than the last."""
+    if key is None or step is None:
+        return True
+    if key.step is None:
+        return step == 0
+    return step < key.step
 
 
 class ContextLocalStateManager:
@@ -340,8 +350,6 @@ class StepCache:
                 hook._should_compute_remaining_blocks = _GatedDecision(self, hook)
 
     def _attach_mag(self, model: torch.nn.Module) -> None:
-        import dataclasses
-
         from diffusers.hooks.mag_cache import MagCacheHeadHook, MagCacheState, apply_mag_cache
 
         apply_mag_cache(model, self.config.diffusers_config)
@@ -361,17 +369,10 @@ class StepCache:
         """Called by the model after its first block: the cached contribution of the remaining blocks when this
         step may reuse it, else None (and the model runs them, then calls :meth:`store`)."""
         state = self.states.get_state()
-        reason = self._blocked_reason(state, "head_block_residual")
-        if reason is None:
-            if relative_change(first_block_delta, state.head_block_residual) > self.config.threshold:
-                reason = "residual changed more than the threshold"
-            else:
-                state.reused_in_a_row += 1
-                self.counters.count(reused=True)
-                return state.tail_residual
-        state.reused_in_a_row = 0
+        if self._may_reuse(state, lambda: relative_change(first_block_delta, state.head_block_residual)
+                           <= self.config.threshold):
+            return state.tail_residual
         state.head_block_residual = first_block_delta
-        self.counters.count(reused=False, reason=reason)
         return None
 
     def store(self, tail_residual: torch.Tensor) -> None:
@@ -390,11 +391,11 @@ class StepCache:
     def _enter_call(self, module, args, kwargs):
         """Before each transformer call: a call at step 0 (or with no step known after a step > 0) after any other
         step starts a new generation with clean state; calls at the same step are CFG branches 0, 1, ..."""
-        if self.__dict__.pop("_rewire", False):
-            self._rewire_copied_blocks()
+        if self.__dict__.pop("_rewire", False):  # a copy: refuse blocks whose forward is still the original's
+            self._own_block_forwards(strict=True)
         step = steps.current_step().step
         key = self._key.get()
-        if key is None or step is None or step == 0 and key.step != 0 or (key.step is not None and step < key.step):
+        if _starts_generation(key, step):
             if key is not None:
                 self.states.drop(key.generation)
             self.states.keep_newest(MAX_LIVE_GENERATIONS - 1)
@@ -422,14 +423,11 @@ class StepCache:
     def _count_mag_call(self) -> None:
         """Whether this MagCache call reused, and why it computed."""
         state = self.states.get_state()
+        reason = None
         if state.should_compute:
-            state.reused_in_a_row = 0
-            reason = self._blocked.get() or "MagCache computed (accumulated error above its threshold, retention steps " \
-                                             "or its max_skip_steps)"
-            self.counters.count(reused=False, reason=reason)
-        else:
-            state.reused_in_a_row += 1
-            self.counters.count(reused=True)
+            reason = self._blocked.get() or ("MagCache computed (accumulated error above its threshold, retention "
+                                             "steps or its max_skip_steps)")
+        self._record(state, reused=not state.should_compute, reason=reason)
 
     def _final_step_index(self) -> Optional[int]:
         pipeline = self._pipeline() if self._pipeline is not None else None
@@ -442,18 +440,22 @@ class StepCache:
 
     def decide(self, hook, residual: torch.Tensor) -> bool:
         """FirstBlockCache's head-block decision, gated: True runs the remaining blocks."""
-        state = self.states.get_state()
+        return not self._may_reuse(self.states.get_state(),  # diffusers' own test says whether it changed enough
+                                   lambda: not type(hook)._should_compute_remaining_blocks(hook, residual))
+
+    def _may_reuse(self, state, unchanged) -> bool:
+        """The gated decision of FirstBlockCache (diffusers' hooks or the model's own hook point): reuse only when no
+        guard forbids it and ``unchanged()`` (the threshold test) holds; counts the decision and its reason."""
         reason = self._blocked_reason(state, "head_block_residual")
-        if reason is None:
-            if type(hook)._should_compute_remaining_blocks(hook, residual):  # diffusers' own test
-                reason = "residual changed more than the threshold"
-            else:
-                state.reused_in_a_row += 1
-                self.counters.count(reused=True)
-                return False
-        state.reused_in_a_row = 0
-        self.counters.count(reused=False, reason=reason)
-        return True
+        if reason is None and not unchanged():
+            reason = "residual changed more than the threshold"
+        self._record(state, reused=reason is None, reason=reason)
+        return reason is None
+
+    def _record(self, state, reused: bool, reason: Optional[str]) -> None:
+        """Count one call's decision, and the reuses in a row the reuse limit reads."""
+        state.reused_in_a_row = state.reused_in_a_row + 1 if reused else 0
+        self.counters.count(reused=reused, reason=reason)
 
     def _blocked_reason(self, state, history: str) -> Optional[str]:
         """Why this call may not reuse (None: the cache's own test decides); ``history`` names the state field that
@@ -514,10 +516,6 @@ class StepCache:
             block.forward = functools.update_wrapper(functools.partial(_run_hooked, function_reference, block),
                                                      type(block).forward)
 
-    def _rewire_copied_blocks(self) -> None:
-        """In a copy made while a block carried other diffusers hooks too: refuse rather than run the original's."""
-        self._own_block_forwards(strict=True)
-
     # pickling and copies: context variables cannot be pickled; a copy gets fresh ones (and no states) -----------
 
     def __getstate__(self) -> dict:
@@ -527,7 +525,7 @@ class StepCache:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._rewire = True  # the copied blocks' forwards still call the original's hooks: fixed on first call
+        self._rewire = True  # blocks carrying other diffusers hooks still call the original's: checked on first call
         self._key = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
         self._blocked = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
         self.states._key = self._key
