@@ -30,7 +30,8 @@ class SiteReport:
         return "mounted" if self.mounted else "rejected"
 
 
-def _merge(dicts) -> dict[str, int]:
+def merge_counts(dicts) -> dict[str, int]:
+    """Sum counts by key over several ``{key: count}`` mappings."""
     out: dict[str, int] = {}
     for d in dicts:
         for key, value in d.items():
@@ -49,11 +50,11 @@ class _Tally:
 
     @property
     def fallback_calls(self) -> dict[str, int]:
-        return _merge(s.fallback_calls for s in self.sites)
+        return merge_counts(s.fallback_calls for s in self.sites)
 
     @property
     def reference_calls(self) -> dict[str, int]:
-        return _merge(s.reference_calls for s in self.sites)
+        return merge_counts(s.reference_calls for s in self.sites)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,18 @@ def _bf16_guards(attn: torch.nn.Module, hidden_states: torch.Tensor, what: str) 
     return None
 
 
+def _bf16_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple, kwargs: dict,
+               what: str) -> tuple[Optional[dict], Optional[Union[Decline, Dense]]]:
+    """(the call's ``hidden_states`` and ``rotary_emb``, None) when the processor is the one ``apply()`` found and
+    the shared BF16 guards pass; else (None, the verdict)."""
+    mismatch = fast_path.processor_mismatch(attn)
+    if mismatch is not None:
+        return None, Decline(mismatch)
+    call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
+    verdict = _bf16_guards(attn, call["hidden_states"], what)
+    return (None, verdict) if verdict is not None else (call, None)
+
+
 class AnchorAttentionBF16(FastPath):
     """SDPA on the anchors' BF16 q, k, v instead of the FP32 upcast."""
 
@@ -140,14 +152,10 @@ class AnchorAttentionBF16(FastPath):
                                     layer_reason=FP32_ANCHOR_LAYER, unknown_reason=ANCHOR_STEP_UNKNOWN)
         if verdict is not None:
             return verdict
-        mismatch = self.processor_mismatch(attn)
-        if mismatch is not None:
-            return Decline(mismatch)
-        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
-        hidden_states = call["hidden_states"]
-        verdict = _bf16_guards(attn, hidden_states, "the BF16 anchor path")
+        call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16 anchor path")
         if verdict is not None:
             return verdict
+        hidden_states = call["hidden_states"]
         query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"])
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
             return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
@@ -174,15 +182,10 @@ class LinearAttentionBF16GEMM(FastPath):
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         from ..modeling.sana_video2.attention import gated_linear_attention
 
-        mismatch = self.processor_mismatch(attn)
-        if mismatch is not None:
-            return Decline(mismatch)
-        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
-        hidden_states = call["hidden_states"]
-        verdict = _bf16_guards(attn, hidden_states, "the BF16-input GEMM")
+        call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16-input GEMM")
         if verdict is not None:
             return verdict
-        return gated_linear_attention(attn, hidden_states, call["rotary_emb"], first_gemm=key_value_state_bf16)
+        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], first_gemm=key_value_state_bf16)
 
 
 class AnchorSolAttention(SolAttnFastPath):

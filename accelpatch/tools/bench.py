@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from ..recipes import CandidateSpec
-from .candidates import CandidateLike, PatchSwitcher, parse_candidates, run_call
+from ..reporting import merge_counts
+from .candidates import CandidateLike, PatchSwitcher, device_of, parse_candidates, run_call
 from ._report_text import TextReport, format_table
 from .stats import TimingComparison, TimingSummary, compare_timings, summarize
 
@@ -127,8 +128,7 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
                 entry.call_seconds.append(run.call_seconds)
                 entry.steps = run.steps
                 entry.fast_calls += run.fast_calls
-                for reason, n in run.fallbacks.items():
-                    entry.fallbacks[reason] = entry.fallbacks.get(reason, 0) + n
+                entry.fallbacks = merge_counts([entry.fallbacks, run.fallbacks])
                 bar.update(1)
     finally:
         bar.close()
@@ -137,7 +137,7 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
     for entry in results.values():
         if entry is not base:
             entry.vs_baseline = compare_timings(base.seconds_per_step, entry.seconds_per_step)
-    device = next(iter(next(iter(switcher.models)).parameters())).device
+    device = device_of(pipe, switcher.models)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or 'cpu'}"
     return BenchReport(baseline=baseline, rounds=rounds, warmup=warmup, device=f"{device} ({name})",
                        candidates=list(results.values()), description=description)

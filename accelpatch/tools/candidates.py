@@ -228,7 +228,8 @@ class CallResult:
         return self.transformer_seconds / self.steps
 
 
-def _device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
+def device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
+    """Where the pipeline runs: its ``device``, else its first transformer's parameters (a transformer alone)."""
     device = getattr(pipe, "device", None)
     if isinstance(device, torch.device):
         return device
@@ -239,25 +240,25 @@ def _device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
 def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict]:
     """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic) since the reset;
     transformer calls a step cache reused count as fast calls of kind ``step_cache (calls reused)``."""
-    from ..reporting import build_report
+    from ..reporting import build_report, merge_counts
 
     report = build_report(models, reset=True)
-    by_kind: dict[str, int] = {}
-    sums: dict[str, list[float]] = {}
-    for site in report.sites:
-        if site.fast_calls:
-            by_kind[site.kind] = by_kind.get(site.kind, 0) + site.fast_calls
-            for name, value in site.stats.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    sums.setdefault(name, []).append(float(value))
-    stats = {name: sum(values) / len(values) for name, values in sums.items()}
-    fast = report.fast_calls
-    for model in report.models:  # a step cache that reused is a fast path that ran
-        reused = (model.cache or {}).get("reused", 0)
-        if reused:
-            by_kind["step_cache (calls reused)"] = by_kind.get("step_cache (calls reused)", 0) + reused
-            fast += reused
-    return fast, by_kind, dict(report.fallback_calls), stats
+    ran = [site for site in report.sites if site.fast_calls]
+    # a step cache that reused is a fast path that ran
+    reused = sum((model.cache or {}).get("reused", 0) for model in report.models)
+    by_kind = merge_counts([{site.kind: site.fast_calls} for site in ran]
+                           + ([{"step_cache (calls reused)": reused}] if reused else []))
+    return report.fast_calls + reused, by_kind, dict(report.fallback_calls), mean_by_key(s.stats for s in ran)
+
+
+def mean_by_key(mappings: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The mean of each key's finite numeric values over ``mappings`` that have it."""
+    values: dict[str, list[float]] = {}
+    for mapping in mappings:
+        for name, value in mapping.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                values.setdefault(name, []).append(float(value))
+    return {name: sum(v) / len(v) for name, v in values.items()}
 
 
 def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, seed: int,
@@ -269,7 +270,7 @@ def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, see
     from ..patcher import transformers_of
 
     models = transformers_of(pipe, verb="validate")
-    device = _device_of(pipe, models)
+    device = device_of(pipe, models)
     timer = timer or CallTimer(models, device)
     timer.reset()
     kwargs = dict(call_kwargs)

@@ -196,9 +196,9 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
 
     import accelpatch  # noqa: PLC0415
 
-    from accelpatch.tools.candidates import CallTimer  # noqa: PLC0415
+    from accelpatch.tools.candidates import CallTimer, device_of  # noqa: PLC0415
 
-    timer = CallTimer([pipe.transformer], next(pipe.transformer.parameters()).device)
+    timer = CallTimer([pipe.transformer], device_of(pipe, [pipe.transformer]))
     patched, removed = False, False
     seen = _Rounds(0, True, None)
     for index in range(rounds):

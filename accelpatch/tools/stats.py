@@ -138,7 +138,6 @@ def compare_timings(baseline: Sequence[float], candidate: Sequence[float], *, co
     base, cand = summarize(baseline), summarize(candidate)
     if base.minimum <= 0 or cand.minimum <= 0:
         raise ValueError("timing samples must be positive to form a ratio")
-    rng = random.Random(seed)
     base_values, cand_values = [float(v) for v in baseline], [float(v) for v in candidate]
     paired = len(base_values) == len(cand_values)
     if paired:
@@ -148,6 +147,7 @@ def compare_timings(baseline: Sequence[float], candidate: Sequence[float], *, co
                                 paired=True, baseline=base, candidate=cand)
     else:
         point = base.median / cand.median
+        rng = random.Random(seed)
         stats = sorted(statistics.median(rng.choices(base_values, k=len(base_values)))
                        / statistics.median(rng.choices(cand_values, k=len(cand_values))) for _ in range(resamples))
     tail = (1.0 - confidence) / 2.0

@@ -20,7 +20,8 @@ import torch
 
 from ..recipes import CandidateSpec, Gates
 from ..tiers import Tier, parse_tier
-from .candidates import CandidateLike, CallResult, PatchSwitcher, parse_candidates, run_call
+from ..reporting import merge_counts
+from .candidates import CandidateLike, CallResult, PatchSwitcher, mean_by_key, parse_candidates, run_call
 from .metrics import compare_videos
 from ._report_text import TextReport, format_table
 from .stats import TimingComparison, compare_timings
@@ -289,10 +290,8 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
             result = CandidateResult(
                 label=spec.label, spec=spec, scores=scores, seconds_per_step=[r.seconds_per_step for r in runs],
                 fast_calls=sum(r.fast_calls for r in runs),
-                fast_by_kind={k: sum(r.fast_by_kind.get(k, 0) for r in runs) for r in runs for k in r.fast_by_kind},
-                fallbacks={k: sum(r.fallbacks.get(k, 0) for r in runs) for r in runs for k in r.fallbacks},
-                stats={k: sum(r.stats[k] for r in runs if k in r.stats) / sum(k in r.stats for r in runs)
-                       for r in runs for k in r.stats},
+                fast_by_kind=merge_counts(r.fast_by_kind for r in runs),
+                fallbacks=merge_counts(r.fallbacks for r in runs), stats=mean_by_key(r.stats for r in runs),
                 worst=worst)
             result.speed_ratio = statistics.median(reference_times) / statistics.median(result.seconds_per_step)
             if min(len(reference_times), len(seeds)) >= MIN_SAMPLES_FOR_INTERVAL:
