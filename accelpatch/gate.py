@@ -39,13 +39,27 @@ def fusion_by_name(name: str) -> "QualityGatedFusion":
                        "Was the model pickled by a newer accelpatch?") from None
 
 
+EXPORTED_UNCOUNTED = ("traced by torch.export: calls of the exported program (or an AOTInductor package made "
+                      "from it) run outside accelpatch and are not counted")
+
+
+@torch.library.custom_op("accelpatch::tally_add", mutates_args=("tally",))
+def _tally_add(tally: torch.Tensor, value: Optional[torch.Tensor], increment: int) -> None:
+    """Add ``value`` (or ``increment`` when None) to a counter tensor, as one opaque op compiled code keeps."""
+    if value is None:
+        tally.add_(increment)
+    else:
+        tally.add_(value.to(device=tally.device, dtype=tally.dtype))
+
+
 class SiteCounters:
     """Thread-safe tallies of one site: calls that took the fast path, calls that ran the reference by reason
     (``fallbacks`` is the subset where the fast path was requested but could not run), notes on fast calls that
     ran differently than asked (``notes``: for example ``impl="upstream"`` running our own kernel), and sums of
     per-call statistics (for example the exact-block fraction of sparse attention)."""
 
-    __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts", "_compiled")
+    __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts", "_compiled",
+                 "uncounted")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -58,6 +72,8 @@ class SiteCounters:
         #: tallies made inside torch.compile'd code: 0-dim tensors bumped in place (a Python int there would be a
         #: guarded constant, recompiling at every count; a lock would break the graph), keyed by (field, name)
         self._compiled: dict[tuple[str, str], torch.Tensor] = {}
+        #: why some calls could not be counted (None: every call was): set when the site was traced for export
+        self.uncounted: Optional[str] = None
 
     def __getstate__(self) -> dict:
         with self._lock:
@@ -76,25 +92,34 @@ class SiteCounters:
                 dtype = torch.float64 if field == "stat_sums" else torch.int64
                 self._compiled[(field, name)] = torch.zeros((), dtype=dtype)
 
-    def _bump(self, field: str, name: str, value=1) -> None:
-        """Count inside compiled code (see ``_compiled``)."""
+    def _bump(self, field: str, name: str, value=None) -> bool:
+        """Count inside traced code (see ``_compiled``); False when this trace is an export, whose program runs
+        outside accelpatch's reach (``torch.export``, AOTInductor packages): nothing is counted then, and the
+        report says so."""
+        if torch.compiler.is_exporting():
+            self.uncounted = EXPORTED_UNCOUNTED
+            return False
         key = (field, name)
         tally = self._compiled.get(key)
         if tally is None:
             tally = torch.zeros((), dtype=torch.float64 if field == "stat_sums" else torch.int64)
             self._compiled[key] = tally
-        tally.add_(value)
+        # A custom op that mutates the tally: an in-graph ``tally.add_(v)`` on a captured tensor is kept by the eager
+        # backend but dropped by AOTAutograd whenever ``v`` is computed in the graph (measured: every statistic read
+        # 0.0 under aot_eager and inductor while the constant increments survived).
+        _tally_add(tally, value, 1)
+        return True
 
     def count_fast(self) -> None:
         if torch.compiler.is_compiling():
-            return self._bump("fast", "")
+            self._bump("fast", "")
+            return
         with self._lock:
             self.fast += 1
 
     def count_reference(self, reason: str, *, fallback: bool = False) -> None:
         if torch.compiler.is_compiling():
-            self._bump("reference", reason)
-            if fallback:
+            if self._bump("reference", reason) and fallback:
                 self._bump("fallbacks", reason)
             return
         with self._lock:
@@ -104,15 +129,17 @@ class SiteCounters:
 
     def count_note(self, note: str) -> None:
         if torch.compiler.is_compiling():
-            return self._bump("notes", note)
+            self._bump("notes", note)
+            return
         with self._lock:
             self.notes[note] += 1
 
     def add_stat(self, name: str, value) -> None:
         """Add one observation; a tensor stays a tensor (no host sync) until the mean is read."""
         if torch.compiler.is_compiling():
-            self._bump("stat_sums", name, value.detach().to(torch.float64).cpu())
-            return self._bump("stat_counts", name)
+            if self._bump("stat_sums", name, value.detach()):
+                self._bump("stat_counts", name)
+            return
         with self._lock:
             self.stat_sums[name] = self.stat_sums.get(name, 0.0) + value
             self.stat_counts[name] = self.stat_counts.get(name, 0) + 1
@@ -135,6 +162,7 @@ class SiteCounters:
             else:
                 counts[name] = counts.get(name, 0) + int(tally)
         out["stats"] = {name: float(sums[name]) / n for name, n in counts.items() if n}
+        out["uncounted"] = self.uncounted
         return out
 
     def mean_stat(self, name: str) -> Optional[float]:
@@ -150,6 +178,7 @@ class SiteCounters:
             self.stat_counts.clear()
             for tally in self._compiled.values():
                 tally.zero_()
+            self.uncounted = None
 
 
 class QualityGatedFusion:

@@ -4,6 +4,11 @@ Before each forward (a ``register_forward_pre_hook``): the step reading of :mod:
 with a step-based policy), the adapter's own captures (MiniMax-H3: the packed layout), and, when gradient
 checkpointing is on, the context-preserving wrapper of :mod:`accelpatch.call_context` around the model's
 checkpointing function. After each forward (``always_call``, so also when it raised) the values are reset.
+
+torch runs ``always_call`` hooks for an ``Exception`` only: a ``KeyboardInterrupt`` (a user stopping a generation)
+skips the reset and leaves the call's frame open in the caller's context, where it would outlive the call (in
+Jupyter, the cell). A model's frame still open when the same model is called again belongs to a call that never
+finished: the next call unwinds it first, eager or compiled (see :meth:`ModelForwardHooks.pre`).
 """
 from __future__ import annotations
 
@@ -21,7 +26,37 @@ from . import call_context, steps
 if TYPE_CHECKING:  # pragma: no cover
     from .patcher import ModelPatch
 
+#: the open calls' frames, innermost last: (owner id, [(var, token), ...]) each
 _frames: contextvars.ContextVar[tuple] = contextvars.ContextVar("accelpatch_hook_frames", default=())
+_read_frames = call_context.ContextReader(_frames, ())
+
+
+def _close(frame: tuple) -> None:
+    for var, token in reversed(frame[1]):
+        try:
+            var.reset(token)
+        except ValueError:  # set in another context: leave that context alone
+            pass
+
+
+def unwind_stale_frames(owner: int) -> int:
+    """Close the frame of ``owner`` left open by an interrupted call, and every frame opened after it (innermost
+    first, so each variable gets back the value it had before that call). Returns how many frames were closed."""
+    frames = _frames.get()
+    index = next((i for i, frame in enumerate(frames) if frame[0] == owner), None)
+    if index is None:
+        return 0
+    for frame in reversed(frames[index:]):
+        _close(frame)
+    _frames.set(frames[:index])
+    return len(frames) - index
+
+
+@torch.compiler.disable
+def _unwind_stale_frames_eagerly(owner: int) -> None:
+    # Called from compiled code only after an interrupted call: one graph break, so the reset runs in the caller's
+    # context before the rest of the call is traced against clean values.
+    unwind_stale_frames(owner)
 
 
 class StepSources:
@@ -80,10 +115,16 @@ class ModelForwardHooks:
     def pre(self, module, args, kwargs):
         for m in self._checkpointing:
             call_context.preserve_context_in_checkpointing(m)
-        if not self._bind or torch.compiler.is_compiling():
+        if not self._bind:
+            return None
+        if torch.compiler.is_compiling():
             # Inside a compiled region the step and the layout cannot be read (host values, ContextVar writes):
             # the sites see no step (only an explicit denoising_step()) and no layout, and say so when it matters.
+            # A frame still open here can only be an interrupted call's (read through a guard: free when clean).
+            if _read_frames():
+                _unwind_stale_frames_eagerly(id(module))
             return None
+        unwind_stale_frames(id(module))
         bound = self._signature.bind_partial(module, *args, **kwargs).arguments
         tokens = []
         if self._clock is not None:
@@ -93,7 +134,7 @@ class ModelForwardHooks:
             self._step_sources.add(steps.current_step().source)
         for var, value in self._adapter.capture(bound, self._backend):
             tokens.append((var, var.set(value)))
-        _frames.set(_frames.get() + (tokens,))
+        _frames.set(_frames.get() + ((id(module), tokens),))
         return None
 
     def post(self, module, args, output):
@@ -103,11 +144,7 @@ class ModelForwardHooks:
         if not frames:
             return None
         _frames.set(frames[:-1])
-        for var, token in reversed(frames[-1]):
-            try:
-                var.reset(token)
-            except ValueError:  # set in another context: leave that context alone
-                pass
+        _close(frames[-1])
         return None
 
     def remove(self) -> None:

@@ -24,6 +24,8 @@ class SiteReport:
     stats: dict[str, float] = field(default_factory=dict)
     #: fast calls that ran differently than asked, by note (e.g. impl="upstream" running our own kernel)
     notes: dict[str, int] = field(default_factory=dict)
+    #: why some calls are missing from the counts above (None: every call was counted)
+    uncounted: Optional[str] = None
 
     @property
     def status(self) -> str:
@@ -119,6 +121,15 @@ class ModelReport(_Tally):
             line += f"; {note} ×{count}"
         return line
 
+    @property
+    def reused_calls(self) -> int:
+        """Transformer calls whose remaining blocks the step cache reused (0 without a cache)."""
+        return self.cache["reused"] if self.cache else 0
+
+    def uncounted_line(self) -> Optional[str]:
+        reasons = sorted({s.uncounted for s in self.sites if s.uncounted})
+        return f"not counted: {'; '.join(reasons)}" if reasons else None
+
     def step_line(self) -> Optional[str]:
         if not self.step_sources:
             return None
@@ -146,10 +157,18 @@ class Report(_Tally):
     def sites(self) -> tuple[SiteReport, ...]:
         return tuple(s for m in self.models for s in m.sites)
 
+    @property
+    def reused_calls(self) -> int:
+        """Transformer calls whose remaining blocks a step cache reused, over all models."""
+        return sum(m.reused_calls for m in self.models)
+
     def assert_fast_path_ran(self) -> None:
-        """Raise AssertionError unless some fast path ran: a guard against silent no-ops in tests and scripts."""
-        if self.fast_calls == 0:
-            raise AssertionError(f"no accelpatch fast path ran; reference calls by reason: {self.reference_calls}")
+        """Raise AssertionError unless some fast path ran (a fast site call, or a step-cache reuse): a guard
+        against silent no-ops in tests and scripts."""
+        if self.fast_calls == 0 and self.reused_calls == 0:
+            uncounted = "".join(f"; {line}" for m in self.models for line in [m.uncounted_line()] if line)
+            raise AssertionError(f"no accelpatch fast path ran; reference calls by reason: "
+                                 f"{self.reference_calls}{uncounted}")
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -162,7 +181,7 @@ class Report(_Tally):
         lines = []
         for m in self.models:
             lines.append(m.headline())
-            for extra in (m.step_line(), m.cache_line()):
+            for extra in (m.uncounted_line(), m.step_line(), m.cache_line()):
                 if extra:
                     lines.append("  " + extra)
             header, rows, notes = m.table()
@@ -181,7 +200,7 @@ class Report(_Tally):
         parts = []
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
-            for extra in (m.step_line(), m.cache_line()):
+            for extra in (m.uncounted_line(), m.step_line(), m.cache_line()):
                 if extra:
                     parts.append(f"<p>{escape(extra)}</p>")
             header, rows, notes = m.table()
@@ -211,7 +230,7 @@ def build_report(models, *, reset: bool = False) -> Report:
                 reason=site.reject_reason, fast_calls=totals["fast"],
                 reference_calls={k: v for k, v in totals["reference"].items() if v},
                 fallback_calls={k: v for k, v in totals["fallbacks"].items() if v}, stats=totals["stats"],
-                notes={k: v for k, v in totals["notes"].items() if v}))
+                notes={k: v for k, v in totals["notes"].items() if v}, uncounted=totals["uncounted"]))
             if reset:
                 c.reset()
         step_sources = dict(patch.step_sources.counts)

@@ -456,3 +456,22 @@ def test_blocks_compiled_one_by_one_keep_the_cache_reusing_as_in_eager():
     finally:
         accelpatch.remove(model)
         torch._dynamo.reset()
+
+
+def test_reuse_is_a_fast_path_that_ran(sana):
+    """On CPU SANA-Video's only fast site cannot mount, so every fast call is a reuse: report().assert_fast_path_ran()
+    once raised "no accelpatch fast path ran" with half the calls reused."""
+    pipe, _ = sana
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9))
+    try:
+        with accelpatch.quality("exact"):
+            pipe(**call())
+        with pytest.raises(AssertionError, match="no accelpatch fast path ran"):
+            accelpatch.report(pipe, reset=True).assert_fast_path_ran()
+        with accelpatch.quality("high"):
+            pipe(**call())
+        report = accelpatch.report(pipe)
+        assert report.fast_calls == 0 and report.reused_calls > 0
+        report.assert_fast_path_ran()
+    finally:
+        accelpatch.remove(pipe)

@@ -1,0 +1,93 @@
+"""Every call starts clean, also after a call that raised or was interrupted, eager or compiled.
+
+torch runs ``always_call`` forward hooks for an ``Exception`` only. Once, a ``KeyboardInterrupt`` during a patched
+forward left the step reading and the call's frame in the calling context; later calls then reset to that stale
+value, and a whole-model compiled SANA-Video 2.0 (``sol_attn, dense_steps=2``) ran sparse at "step 3" where a
+clean process runs dense (its step is unknown inside a whole-model graph).
+"""
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch import steps
+from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CUDA-only paths and the unknown step warn on CPU
+        yield
+    torch._dynamo.reset()
+
+
+def _model():
+    model = tiny_sana_video2_transformer().eval()
+    accelpatch.apply(model, backend="sol_attn", dense_steps=2)
+    return model
+
+
+def _call(model, t, *, block_hook=None):
+    inputs = sana_video2_transformer_inputs(model)
+    inputs["timestep"] = torch.tensor([float(t), float(t)])
+    handle = model.blocks[1].register_forward_pre_hook(block_hook) if block_hook else None
+    try:
+        with torch.no_grad():
+            return model(**inputs).sample
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _interrupted_generation(model, error):
+    for t in (900, 800, 700):  # steps 0, 1, 2 by the timestep clock
+        _call(model, t)
+
+    def stop(module, args):
+        raise error
+
+    with pytest.raises(type(error)):
+        _call(model, 600, block_hook=stop)  # step 3, stopped midway
+
+
+def _sparse_sites(report):
+    return [s for s in report.sites if s.kind == "sol_attn" and s.mounted]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), Stop("a failing hook")], ids=["interrupt", "exception"])
+def test_an_eager_call_after_a_stopped_call_starts_and_ends_clean(error):
+    model = _model()
+    _interrupted_generation(model, error)
+    seen = []
+    _call(model, 950, block_hook=lambda module, args: seen.append(steps.current_step()))
+    assert seen and set(seen) == {steps.StepReading(0, steps.TIMESTEP)}  # a new generation: step 0, not 4
+    assert steps.current_step() == steps.StepReading(None, steps.UNKNOWN)
+    assert steps.current_step().step is None
+    assert accelpatch.current_denoising_step() == 0
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), Stop("a failing hook")], ids=["interrupt", "exception"])
+def test_a_compiled_call_after_a_stopped_call_runs_as_in_a_clean_process(error):
+    clean = _model()
+    compiled_clean = torch.compile(clean, backend="eager")
+    expected = _call(compiled_clean, 950)
+    clean_report = accelpatch.report(clean)
+    assert clean_report.fast_calls == 0 and clean_report.fallback_calls  # unknown step: the dense guard holds
+    torch._dynamo.reset()
+
+    model = _model()
+    _interrupted_generation(model, error)
+    accelpatch.report(model, reset=True)
+    out = _call(torch.compile(model, backend="eager"), 950)
+    report = accelpatch.report(model)
+    assert report.fast_calls == 0, [(s.path, s.fast_calls) for s in _sparse_sites(report)]
+    assert report.fallback_calls == clean_report.fallback_calls
+    assert torch.equal(out, expected)
+    assert steps.current_step().step is None
