@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .tiers import parse_tier
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
-           "available_recipes", "TINY_MODELS"]
+           "available_recipes", "TINY_MODELS", "schema_errors"]
 
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
 TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3")
@@ -181,26 +181,29 @@ def available_recipes() -> dict[str, Path]:
     return found
 
 
-def _format_errors(error: ValidationError, source: str) -> str:
+def schema_errors(error: ValidationError, model: Optional[type[BaseModel]] = None) -> list[str]:
+    """One line per problem of a pydantic ``error`` raised validating ``model`` (default :class:`Recipe`): the dotted
+    field, what is wrong and the value given; an unknown field gets the allowed names and a close match. Plain text
+    for people, without pydantic's error codes and links."""
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            allowed = _allowed_fields(item["loc"])
+            allowed = _allowed_fields(item["loc"], model or Recipe)
             close = difflib.get_close_matches(str(item["loc"][-1]), allowed, n=1)
             message = (f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed here: "
                        + ", ".join(allowed))
         given = item.get("input")
         shown = "" if item["type"] in ("missing", "extra_forbidden") else f" (got {given!r})"
-        lines.append(f"  {where}: {message}{shown}")
-    return f"recipe {source} does not fit the schema:\n" + "\n".join(lines)
+        lines.append(f"{where}: {message}{shown}")
+    return lines
 
 
-def _allowed_fields(location: tuple) -> list[str]:
-    """The field names allowed where ``location`` points (for the unknown-field message)."""
+def _allowed_fields(location: tuple, root: type[BaseModel]) -> list[str]:
+    """The field names allowed where ``location`` points inside ``root`` (for the unknown-field message)."""
     nested = {"gates": Gates, "bench": BenchSettings, "candidates": CandidateSpec}
-    model = nested.get(str(location[0]), Recipe) if len(location) > 1 else Recipe
+    model = nested.get(str(location[0]), root) if root is Recipe and len(location) > 1 else root
     return sorted(model.model_fields)
 
 
@@ -243,5 +246,6 @@ def load_recipe(recipe: Union[str, os.PathLike, dict, Recipe]) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as error:
-        raise RecipeError(_format_errors(error, source)) from None
+        raise RecipeError(f"recipe {source} does not fit the schema:\n"
+                          + "\n".join("  " + line for line in schema_errors(error))) from None
 
