@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.set_defaults(check=lambda args: recipe_cli.check_outputs(args, bench_parser),
                               run=recipe_cli.run_bench)
     recipes_parser = commands.add_parser("recipes", help="list the known recipes",
-                                         description="List the recipes found in ./recipes and the repository.")
+                                         description="List the known recipes: $ACCELPATCH_RECIPES folders, "
+                                         "./recipes, then the ones shipped with accelpatch.")
     recipes_parser.set_defaults(run=recipe_cli.run_recipes)
 
     convert_parser = commands.add_parser("convert", help="convert released weights into a diffusers folder",

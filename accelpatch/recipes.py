@@ -5,8 +5,9 @@ arguments, the tier, backend and options that :func:`accelpatch.apply` takes, th
 ``bench`` compare against the reference, and the quality gates. The schema is a pydantic model, so a bad field is
 reported with its dotted location, the value given and what is allowed; unknown fields are errors, not ignored.
 
-Recipes live in the repository's ``recipes/`` folder; :func:`load_recipe` takes a path, a bare name found there
-(``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
+The shipped recipes are package data (``accelpatch/recipe_files/*.yaml``, in the wheel); your own go in
+``./recipes`` or a folder on ``$ACCELPATCH_RECIPES``. :func:`load_recipe` takes a path, a bare name found in one of
+those (``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .tiers import parse_tier
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
-           "available_recipes", "TINY_MODELS", "schema_errors"]
+           "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors"]
+
+#: the recipes that ship with the package (package data: the wheel carries them)
+SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
 
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
 TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3")
@@ -160,9 +164,9 @@ class Recipe(_Strict):
 
 def recipe_dirs() -> list[Path]:
     """Where bare recipe names are looked up: ``$ACCELPATCH_RECIPES`` (``os.pathsep``-separated), ``./recipes``,
-    then the ``recipes/`` folder of the repository this package was installed from."""
+    then the recipes shipped inside the package (:data:`SHIPPED_RECIPES`)."""
     dirs = [Path(p) for p in os.environ.get("ACCELPATCH_RECIPES", "").split(os.pathsep) if p]
-    dirs += [Path.cwd() / "recipes", Path(__file__).resolve().parents[1] / "recipes"]
+    dirs += [Path.cwd() / "recipes", SHIPPED_RECIPES]
     seen, unique = set(), []
     for d in dirs:
         key = d.resolve() if d.exists() else d

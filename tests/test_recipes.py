@@ -11,10 +11,10 @@ import yaml
 import accelpatch
 from accelpatch import testing
 from accelpatch.__main__ import main
-from accelpatch.recipes import RecipeError, available_recipes, load_recipe
+from accelpatch.recipes import SHIPPED_RECIPES, RecipeError, available_recipes, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))
+SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
 
 
 def test_the_promised_recipes_ship_and_load():

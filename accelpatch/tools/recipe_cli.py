@@ -118,11 +118,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_recipes(args: argparse.Namespace) -> int:
-    from ..recipes import available_recipes, load_recipe
+    from ..recipes import SHIPPED_RECIPES, available_recipes, load_recipe, recipe_dirs
 
     known = available_recipes()
     if not known:
-        print("no recipes found (looked in ./recipes and the repository's recipes/)")
+        looked = ", ".join(map(str, recipe_dirs())) or f"./recipes, {SHIPPED_RECIPES}"
+        print(f"no recipes found (looked in {looked})")
         return 0
     for name, path in known.items():
         recipe = load_recipe(path)
