@@ -1,13 +1,20 @@
-"""The shipped recipes: inside the built wheel (an installed accelpatch finds them all by name)."""
+"""The shipped recipes: inside the built wheel (an installed accelpatch finds them all by name), and applicable, with
+every candidate, to the model each one is for, built at its release size on the meta device."""
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import warnings
 import zipfile
 from pathlib import Path
 
-from accelpatch.recipes import SHIPPED_RECIPES
+import pytest
+import torch
+
+from accelpatch import testing
+from accelpatch.recipes import SHIPPED_RECIPES, load_recipe
+from accelpatch.tools.preflight import check_candidates
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
@@ -75,3 +82,46 @@ def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(t
     assert Path(found["package"]).is_relative_to(tmp_path / "venv"), found["package"]
     assert set(found["recipes"]) == {p.stem for p in SHIPPED}
     assert all(Path(p).is_relative_to(tmp_path / "venv") for p in found["recipes"].values())
+
+
+# --- every shipped recipe applies, with every candidate, at its release size ------------------------------------
+
+def _minimax_h3_release():
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    with torch.device("meta"):
+        return MiniMaxH3Transformer3DModel()  # diffusers' defaults are the released model's shape
+
+
+#: each shipped recipe's model -> the transformer it patches, at the size it is for (release sizes on the meta
+#: device; the tiny models are real). A new recipe for a new model must add its model here.
+RELEASE_MODELS = {
+    "Efficient-Large-Model/SANA-Video_2B_480p_diffusers": testing.sana_video_transformer_on_meta,
+    "./sana-video2-5b-720p": lambda: testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG),
+    "MiniMaxAI/MiniMax-H3": _minimax_h3_release,
+}
+
+
+def _model_for(recipe):
+    if recipe.is_tiny:
+        from accelpatch.tools.pipelines import load_pipeline
+
+        return load_pipeline(recipe.model_copy(update={"device": "cpu"})).pipe
+    assert recipe.model in RELEASE_MODELS, f"recipe {recipe.name}: add its model {recipe.model!r} to RELEASE_MODELS"
+    return RELEASE_MODELS[recipe.model]()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_recipe_and_candidate_applies_to_its_model_at_release_size(path):
+    import accelpatch
+
+    recipe = load_recipe(path)
+    target = _model_for(recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDA is unavailable" on this machine: mounting is not what is tested
+        accelpatch.apply(target, **recipe.apply_arguments())
+        accelpatch.remove(target)
+        check_candidates(target, recipe.candidate_specs())  # raises naming the candidate that does not apply
+    from accelpatch.patcher import patch_of, transformers_of
+
+    assert all(patch_of(model) is None for model in transformers_of(target))  # left unpatched, as it came
