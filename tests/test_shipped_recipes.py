@@ -1,5 +1,6 @@
 """The shipped recipes: inside the built wheel (an installed accelpatch finds them all by name), and applicable, with
 every candidate, to the model each one is for, built at its release size on the meta device."""
+import json
 import os
 import shutil
 import subprocess
@@ -25,6 +26,13 @@ def test_the_shipped_recipes_are_package_data():
     assert not list((REPO / "recipes").glob("*.yaml")), "shipped recipes belong in accelpatch/recipe_files/"
 
 
+def _run(*command: str, **kwargs) -> str:
+    """Run a command; on failure, fail the test with its output (not a bare CalledProcessError)."""
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}"
+    return result.stdout
+
+
 def _build_wheel(tmp_path: Path) -> Path:
     """A wheel of this checkout, built from a copy of what a wheel is made of (the checkout stays clean)."""
     source = tmp_path / "src"
@@ -34,8 +42,8 @@ def _build_wheel(tmp_path: Path) -> Path:
         if (REPO / name).is_file():
             shutil.copy2(REPO / name, source / name)
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--quiet", "--wheel-dir", str(dist), str(source)], check=True, capture_output=True, text=True)
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
+         "--wheel-dir", str(dist), str(source))
     (wheel,) = dist.glob("accelpatch-*.whl")
     return wheel
 
@@ -45,16 +53,18 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     rest come from this interpreter's site-packages, added as a plain path, so that no ``.pth`` there runs (the
     editable install of the checkout stays invisible)."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    _run(sys.executable, "-m", "venv", "--without-pip", str(venv))
     python = venv / "bin" / "python"
-    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
-    (purelib / "zz_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--prefix",
-                    str(venv), str(wheel)], check=True, capture_output=True, text=True)
+    purelib = Path(_run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    (purelib / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
+    _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--prefix", str(venv),
+         str(wheel))
     return python
 
 
+#: in the fresh environment: every recipe loads by name, through the lookup apply(pipe, recipe=NAME) uses (applying
+#: one would add a diffusers import, ~30 s here, and test nothing more about packaging)
 PROBE = """
 import json, accelpatch
 from accelpatch.recipes import available_recipes, load_recipe
@@ -74,11 +84,8 @@ def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(t
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ACCELPATCH_RECIPES")}
     # -I: neither the checkout (cwd, PYTHONPATH) nor user site-packages can stand in for the installed package
-    result = subprocess.run([str(python), "-I", "-c", PROBE], cwd=work, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    import json
-
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    output = _run(str(python), "-I", "-c", PROBE, cwd=work, env=env)
+    found = json.loads(output.strip().splitlines()[-1])
     assert Path(found["package"]).is_relative_to(tmp_path / "venv"), found["package"]
     assert set(found["recipes"]) == {p.stem for p in SHIPPED}
     assert all(Path(p).is_relative_to(tmp_path / "venv") for p in found["recipes"].values())
