@@ -2,7 +2,8 @@
 ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
-Usage errors, and a ValueError or AccelpatchError raised by a command, end in one ``error:`` line with exit code 2.
+Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
+AccelpatchError raised by a command, end in one ``error:`` line with exit code 2.
 """
 from __future__ import annotations
 
@@ -29,19 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
     validate_parser = commands.add_parser(
         "validate", help="run a recipe's candidates against its reference and check the quality gates",
         description="Run the same call (same seeds) under the reference tier (twice: its noise floor) and each of "
-                    "the recipe's candidates; report per-frame PSNR/SSIM, bit identity, which fast paths ran and the "
-                    "speed ratio. Exit code 1 when a gate fails.")
+                    "the recipe's candidates; report per-frame PSNR/SSIM, bit identity and which fast paths ran "
+                    "(speed: see bench). Everything is checked before the first call. Exit code 1 when a gate fails.")
     recipe_cli.add_validate_arguments(validate_parser)
-    validate_parser.set_defaults(run=recipe_cli.run_validate)
+    validate_parser.set_defaults(check=lambda args: recipe_cli.check_outputs(args, validate_parser),
+                                 run=recipe_cli.run_validate)
     bench_parser = commands.add_parser(
         "bench", help="time a recipe's candidates per denoising step, interleaved, with a noise-aware verdict",
         description="Time each candidate (the reference first) per denoising step in interleaved rounds after a "
                     "warm-up; report median, spread and a speed-up with a bootstrap interval, or 'not "
                     "distinguishable from noise'.")
     recipe_cli.add_bench_arguments(bench_parser)
-    bench_parser.set_defaults(run=recipe_cli.run_bench)
+    bench_parser.set_defaults(check=lambda args: recipe_cli.check_outputs(args, bench_parser),
+                              run=recipe_cli.run_bench)
     recipes_parser = commands.add_parser("recipes", help="list the known recipes",
-                                         description="List the recipes found in ./recipes and the repository.")
+                                         description="List the known recipes: $ACCELPATCH_RECIPES folders, "
+                                         "./recipes, then the ones shipped with accelpatch.")
     recipes_parser.set_defaults(run=recipe_cli.run_recipes)
 
     convert_parser = commands.add_parser("convert", help="convert released weights into a diffusers folder",

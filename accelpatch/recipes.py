@@ -5,8 +5,9 @@ arguments, the tier, backend and options that :func:`accelpatch.apply` takes, th
 ``bench`` compare against the reference, and the quality gates. The schema is a pydantic model, so a bad field is
 reported with its dotted location, the value given and what is allowed; unknown fields are errors, not ignored.
 
-Recipes live in the repository's ``recipes/`` folder; :func:`load_recipe` takes a path, a bare name found there
-(``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
+The shipped recipes are package data (``accelpatch/recipe_files/*.yaml``, in the wheel); your own go in
+``./recipes`` or a folder on ``$ACCELPATCH_RECIPES``. :func:`load_recipe` takes a path, a bare name found in one of
+those (``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .tiers import parse_tier
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
-           "available_recipes", "TINY_MODELS"]
+           "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors"]
+
+#: the recipes that ship with the package (package data: the wheel carries them)
+SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
 
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
 TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3")
@@ -160,9 +164,9 @@ class Recipe(_Strict):
 
 def recipe_dirs() -> list[Path]:
     """Where bare recipe names are looked up: ``$ACCELPATCH_RECIPES`` (``os.pathsep``-separated), ``./recipes``,
-    then the ``recipes/`` folder of the repository this package was installed from."""
+    then the recipes shipped inside the package (:data:`SHIPPED_RECIPES`)."""
     dirs = [Path(p) for p in os.environ.get("ACCELPATCH_RECIPES", "").split(os.pathsep) if p]
-    dirs += [Path.cwd() / "recipes", Path(__file__).resolve().parents[1] / "recipes"]
+    dirs += [Path.cwd() / "recipes", SHIPPED_RECIPES]
     seen, unique = set(), []
     for d in dirs:
         key = d.resolve() if d.exists() else d
@@ -181,26 +185,29 @@ def available_recipes() -> dict[str, Path]:
     return found
 
 
-def _format_errors(error: ValidationError, source: str) -> str:
+def schema_errors(error: ValidationError, model: Optional[type[BaseModel]] = None) -> list[str]:
+    """One line per problem of a pydantic ``error`` raised validating ``model`` (default :class:`Recipe`): the dotted
+    field, what is wrong and the value given; an unknown field gets the allowed names and a close match. Plain text
+    for people, without pydantic's error codes and links."""
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            allowed = _allowed_fields(item["loc"])
+            allowed = _allowed_fields(item["loc"], model or Recipe)
             close = difflib.get_close_matches(str(item["loc"][-1]), allowed, n=1)
             message = (f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed here: "
                        + ", ".join(allowed))
         given = item.get("input")
         shown = "" if item["type"] in ("missing", "extra_forbidden") else f" (got {given!r})"
-        lines.append(f"  {where}: {message}{shown}")
-    return f"recipe {source} does not fit the schema:\n" + "\n".join(lines)
+        lines.append(f"{where}: {message}{shown}")
+    return lines
 
 
-def _allowed_fields(location: tuple) -> list[str]:
-    """The field names allowed where ``location`` points (for the unknown-field message)."""
+def _allowed_fields(location: tuple, root: type[BaseModel]) -> list[str]:
+    """The field names allowed where ``location`` points inside ``root`` (for the unknown-field message)."""
     nested = {"gates": Gates, "bench": BenchSettings, "candidates": CandidateSpec}
-    model = nested.get(str(location[0]), Recipe) if len(location) > 1 else Recipe
+    model = nested.get(str(location[0]), root) if root is Recipe and len(location) > 1 else root
     return sorted(model.model_fields)
 
 
@@ -243,5 +250,6 @@ def load_recipe(recipe: Union[str, os.PathLike, dict, Recipe]) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as error:
-        raise RecipeError(_format_errors(error, source)) from None
+        raise RecipeError(f"recipe {source} does not fit the schema:\n"
+                          + "\n".join("  " + line for line in schema_errors(error))) from None
 

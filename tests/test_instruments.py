@@ -179,7 +179,7 @@ def test_validate_leaves_the_pipeline_in_the_state_it_came_in_also_after_an_erro
         validate(pipe, kwargs, ["lossless", "unpatched"], progress=False)
         assert str(accelpatch.report(pipe)).splitlines()[0] == str(before).splitlines()[0]
         assert accelpatch.current_quality(pipe) == "high"
-        # fails after the reference ran, while patching the second candidate: SANA-Video has no such option
+        # the second candidate cannot apply (SANA-Video has no such option): refused before anything runs
         with pytest.raises(ValueError, match="anchor_fp32_steps"):
             validate(pipe, kwargs, ["lossless", {"tier": "high", "options": {"anchor_fp32_steps": 3}}],
                      progress=False)
@@ -193,12 +193,124 @@ def test_validate_rejects_bad_arguments(sana):
     pipe, kwargs = sana
     with pytest.raises(ValueError, match="generator"):
         validate(pipe, {**kwargs, "generator": torch.Generator()}, ["high"], progress=False)
-    with pytest.raises(ValueError, match="unknown quality tier 'fast'"):
+    with pytest.raises(ValueError, match="unknown candidate 'fast'"):
         validate(pipe, kwargs, ["fast"], progress=False)
     with pytest.raises(ValueError, match="unique"):
         validate(pipe, kwargs, ["high", "high"], progress=False)
     with pytest.raises(ValueError, match="less than or equal to 1"):
         validate(pipe, kwargs, ["high"], gates={"ssim_floor": 2}, progress=False)
+
+
+def count_calls(pipe):
+    """A list that gets one entry per transformer forward, and the hook handle to remove."""
+    calls = []
+    return calls, pipe.transformer.register_forward_pre_hook(lambda module, args: calls.append(1))
+
+
+@pytest.mark.parametrize("instrument", [validate, bench])
+def test_every_candidate_is_checked_before_the_first_call(sana, instrument):
+    pipe, kwargs = sana
+    calls, handle = count_calls(pipe)
+    bad = [{"name": "no-such-option", "tier": "high", "options": {"anchor_fp32_steps": 3}},
+           {"name": "no-such-backend-option", "tier": "high", "options": {"tau": 2.0}}]
+    try:
+        with pytest.raises(ValueError) as error:
+            instrument(pipe, kwargs, ["lossless", *bad], progress=False)
+    finally:
+        handle.remove()
+    assert calls == []  # nothing generated: the bad candidates were found up front, not after minutes of runs
+    message = str(error.value)
+    assert message.startswith("2 of 3 candidate(s) cannot be applied to SanaVideoPipeline (nothing was run)")
+    assert "candidate 'no-such-option': " in message and "candidate 'no-such-backend-option': " in message
+    assert accelpatch.current_quality(pipe) == "exact"  # came unpatched, left unpatched
+
+
+@pytest.mark.parametrize("instrument", [validate, bench])
+@pytest.mark.parametrize("arguments, expected", [
+    (dict(candidates=["ultra"]), "unknown candidate 'ultra'; a candidate is a tier (exact, lossless, high), "
+                                 "'unpatched', a mapping of Candidate fields"),
+    (dict(candidates=["hihg"]), "unknown candidate 'hihg' (did you mean 'high'?)"),
+    (dict(candidates=[{"tier": "high", "bakend": "sol_attn"}]),
+     "bakend: unknown field (did you mean 'backend'?); allowed here: backend, name, options, tier, unpatched"),
+    (dict(candidates=[{"tier": "ultra"}]), "tier: unknown quality tier 'ultra'; valid tiers are exact, lossless, "
+                                           "high"),
+])
+def test_bad_candidates_are_named_with_the_valid_choices_not_pydantic_codes(sana, instrument, arguments, expected):
+    pipe, kwargs = sana
+    with pytest.raises(ValueError) as error:
+        instrument(pipe, kwargs, progress=False, **arguments)
+    assert expected in str(error.value)
+    assert "pydantic" not in str(error.value) and "type=" not in str(error.value)
+
+
+def test_bad_gates_name_the_field_the_allowed_ones_and_a_close_match(sana):
+    pipe, kwargs = sana
+    with pytest.raises(ValueError) as error:
+        validate(pipe, kwargs, ["high"], gates={"ssim_flor": 0.9}, progress=False)
+    assert str(error.value) == ("bad gates: ssim_flor: unknown field (did you mean 'ssim_floor'?); allowed here: "
+                                "psnr_floor, require_fast_path, ssim_floor")
+    with pytest.raises(TypeError, match="gates must be a mapping of ssim_floor, psnr_floor, require_fast_path"):
+        validate(pipe, kwargs, ["high"], gates=0.9, progress=False)
+
+
+def test_seeds_must_be_a_list_of_integers_and_say_how(sana):
+    pipe, kwargs = sana
+    with pytest.raises(TypeError, match=r"seeds must be a list of integers, got the integer 0: write seeds=\[0\] "
+                                        r"for that one seed, or seeds=range\(0\)"):
+        validate(pipe, kwargs, ["high"], seeds=0, progress=False)
+    with pytest.raises(TypeError, match=r"seeds must be integers, got 1.5 \(float\)"):
+        validate(pipe, kwargs, ["high"], seeds=[0, 1.5], progress=False)
+    with pytest.raises(ValueError, match=r"seeds must be distinct, got \[1\] more than once"):
+        validate(pipe, kwargs, ["high"], seeds=[1, 1], progress=False)
+    with pytest.raises(TypeError, match="seed must be one integer"):
+        bench(pipe, kwargs, ["exact"], seed=[0], progress=False)
+
+
+@pytest.mark.parametrize("instrument", [validate, bench])
+def test_a_transformer_is_refused_with_a_pointer_to_its_pipeline(sana, instrument):
+    pipe, kwargs = sana
+    with pytest.raises(TypeError, match=rf"{instrument.__name__}\(\) needs a pipeline .* got the module "
+                                        r"SanaVideoTransformer3DModel: pass the pipeline it belongs to"):
+        instrument(pipe.transformer, kwargs, ["exact"], progress=False)
+
+
+@pytest.mark.parametrize("instrument", [validate, bench])
+def test_call_arguments_the_pipeline_does_not_take_are_refused_before_the_first_call(sana, instrument):
+    pipe, kwargs = sana
+    calls, handle = count_calls(pipe)
+    try:
+        with pytest.raises(ValueError, match=r"SanaVideoPipeline does not take the call argument\(s\) 'num_frame' "
+                                             r"\(did you mean 'frames'\?\); it takes: attention_kwargs, "):
+            instrument(pipe, {**kwargs, "num_frame": 9}, ["exact"], progress=False)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_a_modular_pipeline_is_checked_against_its_blocks_inputs():
+    """diffusers' ModularPipeline takes **kwargs and drops unknown ones with a warning: its blocks say which count."""
+    from accelpatch.tools.preflight import accepted_call_arguments, check_call_arguments
+
+    pipe = testing.tiny_minimax_h3_pipeline()
+    accepted = accepted_call_arguments(pipe)
+    assert {"num_frames", "height", "num_inference_steps", "prompt_embeds", "output"} <= accepted
+    with pytest.raises(ValueError, match=r"does not take the call argument\(s\) 'num_frame' \(did you mean "
+                                         r"'num_frames'\?\)"):
+        check_call_arguments(pipe, {"num_frame": 5, "height": 32}, "validate")
+    check_call_arguments(pipe, {"num_frames": 5, "height": 32, "output": "videos"}, "validate")
+
+
+def test_validate_prints_no_speed_ratio_from_single_runs(sana):
+    pipe, kwargs = sana
+    report = quiet_validate(pipe, kwargs, ["lossless", "unpatched"], seeds=(0, 1, 2))
+    text = str(report)
+    assert "speed vs reference" not in text and "x faster" not in text and "x slower" not in text
+    assert "speed: not compared here (one run per seed cannot tell a speed-up from noise): use bench" in text
+    data = report.to_dict()
+    assert data["version"] == 2
+    for candidate in data["candidates"]:
+        assert "speed_ratio" not in candidate and "speed" not in candidate
+        assert len(candidate["seconds_per_step"]) == 3  # the raw timings stay, for whoever wants them
 
 
 # --- bench ------------------------------------------------------------------------------------------------------

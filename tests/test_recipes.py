@@ -11,10 +11,10 @@ import yaml
 import accelpatch
 from accelpatch import testing
 from accelpatch.__main__ import main
-from accelpatch.recipes import RecipeError, available_recipes, load_recipe
+from accelpatch.recipes import SHIPPED_RECIPES, RecipeError, available_recipes, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))
+SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
 
 
 def test_the_promised_recipes_ship_and_load():
@@ -146,3 +146,45 @@ def test_cli_lists_recipes_and_help_does_not_import_torch():
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip().endswith("False")
+
+
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command, option", [("validate", "--json"), ("validate", "--plot"),
+                                             ("validate", "--frames"), ("bench", "--json")])
+def test_cli_output_paths_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch, command, option):
+    from accelpatch.tools import pipelines
+
+    monkeypatch.setattr(pipelines, "load_pipeline", lambda recipe: pytest.fail("nothing may run before the check"))
+    recipe = str(_write(tmp_path))
+    missing = tmp_path / "no" / "such" / "dir" / "out.file"
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--recipe", recipe, option, str(missing), "--no-progress"])
+    assert exit_.value.code == 2  # a usage error, not 1 ("a gate failed")
+    assert _one_error_line(capsys) == (f"accelpatch {command}: error: {option} {missing}: folder "
+                                       f"{str(missing.parent)!r} does not exist")
+    with pytest.raises(SystemExit):
+        main([command, "--recipe", recipe, option, str(tmp_path), "--no-progress"])
+    assert _one_error_line(capsys).endswith(f"{option} {tmp_path}: is a folder; give a file name")
+
+
+def test_cli_a_device_torch_does_not_know_is_one_line_with_the_valid_choices(tmp_path, capsys):
+    assert main(["validate", "--recipe", str(_write(tmp_path, device="tpu")), "--no-progress"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("accelpatch: error: device 'tpu' is not a device name (did you mean 'cpu'?); valid here: "
+                           "auto, cpu")
+    assert "mkldnn" not in line  # not torch's list of every device type it knows
+
+
+def test_cli_a_misspelled_call_argument_is_refused_before_the_first_call(tmp_path, capsys):
+    # SANA-Video's pipeline takes `frames`; `num_frame` would raise inside diffusers (a modular pipeline drops it)
+    path = _write(tmp_path, call={"num_inference_steps": 2, "frame": 9}, candidates=[{"tier": "lossless"}])
+    assert main(["validate", "--recipe", str(path), "--no-progress"]) == 2
+    line = _one_error_line(capsys)
+    assert "SanaVideoPipeline does not take the call argument(s) 'frame' (did you mean 'frames'?)" in line
+    assert "it takes: " in line and "num_inference_steps" in line

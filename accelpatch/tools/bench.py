@@ -18,6 +18,7 @@ import torch
 from ..recipes import CandidateSpec
 from ..reporting import merge_counts
 from .candidates import CandidateLike, PatchSwitcher, device_of, parse_candidates, run_call
+from .preflight import check_call_arguments, check_candidates, check_seed, require_pipeline
 from ._report_text import TextReport, format_table
 from .stats import TimingComparison, TimingSummary, compare_timings, summarize
 
@@ -93,9 +94,12 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
           description: str = "") -> BenchReport:
     """Time ``pipe(**call_kwargs)`` under each candidate (see :func:`accelpatch.validate` for the forms) in
     ``rounds`` interleaved rounds after ``warmup`` untimed calls each; ``baseline`` is a candidate label (default:
-    the first). Every call uses the same ``seed``. The pipeline ends in the patch state it started in."""
+    the first). Every call uses the same ``seed``. The pipeline ends in the patch state it started in. Arguments,
+    call arguments and every candidate's patch are checked before the first call (as :func:`accelpatch.validate`
+    does)."""
     from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets in a notebook
 
+    require_pipeline(pipe, "bench")
     specs = parse_candidates(candidates)
     if not isinstance(rounds, int) or rounds < 2:
         raise ValueError(f"rounds must be an integer >= 2 (a spread needs two samples), got {rounds!r}")
@@ -105,10 +109,11 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
     baseline = labels[0] if baseline is None else baseline
     if baseline not in labels:
         raise ValueError(f"baseline {baseline!r} is not a candidate; candidates: {', '.join(labels)}")
-    if "generator" in call_kwargs:
-        raise ValueError("call_kwargs must not hold a generator: bench seeds each call itself (seed=...)")
+    seed = check_seed(seed)
+    check_call_arguments(pipe, call_kwargs, "bench")
     results = {s.label: BenchCandidate(label=s.label, spec=s) for s in specs}
     switcher = PatchSwitcher(pipe)
+    check_candidates(pipe, specs, switcher)
     bar = tqdm(total=len(specs) * (warmup + rounds), desc="accelpatch bench", unit="call", disable=not progress)
     try:
         for spec in specs:

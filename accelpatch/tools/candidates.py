@@ -8,6 +8,7 @@ the counters say ran.
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import time
@@ -29,22 +30,42 @@ CandidateLike = Union[str, Mapping[str, Any], CandidateSpec]
 
 def parse_candidate(value: CandidateLike) -> CandidateSpec:
     """``"high"``/``"lossless"``/``"exact"``, ``"unpatched"``, a mapping of :class:`Candidate` fields, or a
-    :class:`Candidate`. Bad values raise ValueError naming the valid forms."""
+    :class:`Candidate`. Bad values raise ValueError naming the value, the valid forms and a close match."""
+    from pydantic import ValidationError
+
+    from ..recipes import schema_errors
+    from ..tiers import TIER_NAMES
+
     if isinstance(value, CandidateSpec):
         return value
     if isinstance(value, str):
-        if value.strip().lower() == "unpatched":
+        name = value.strip().lower()
+        if name == "unpatched":
             return CandidateSpec(unpatched=True, tier="exact")
-        return CandidateSpec(tier=value)
+        if name not in TIER_NAMES:
+            choices = [*TIER_NAMES, "unpatched"]
+            close = difflib.get_close_matches(name, choices, n=1)
+            raise ValueError(f"unknown candidate {value!r}{f' (did you mean {close[0]!r}?)' if close else ''}; a "
+                             f"candidate is a tier ({', '.join(TIER_NAMES)}), 'unpatched', a mapping of Candidate "
+                             f"fields ({', '.join(CandidateSpec.model_fields)}) or a Candidate")
+        return CandidateSpec(tier=name)
     if isinstance(value, Mapping):
-        return CandidateSpec(**value)
+        try:
+            return CandidateSpec.model_validate(dict(value))
+        except ValidationError as error:
+            raise ValueError(f"bad candidate {dict(value)!r}: "
+                             + "; ".join(schema_errors(error, CandidateSpec))) from None
     raise ValueError(f"a candidate is a tier name, 'unpatched', a mapping of Candidate fields or a Candidate; got "
-                     f"{value!r}")
+                     f"{type(value).__name__} {value!r}")
 
 
 def parse_candidates(values: Iterable[CandidateLike]) -> list[CandidateSpec]:
+    """One candidate or a list of them, each as :func:`parse_candidate` takes it; labels must be unique."""
     if isinstance(values, (str, Mapping, CandidateSpec)):
         values = [values]
+    elif not isinstance(values, Iterable):
+        raise ValueError(f"candidates must be a list of candidates (tier names, 'unpatched', mappings or "
+                         f"Candidates), got {type(values).__name__} {values!r}")
     specs = [parse_candidate(v) for v in values]
     if not specs:
         raise ValueError("give at least one candidate")

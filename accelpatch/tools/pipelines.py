@@ -7,6 +7,7 @@ on its device. Calls ask for tensor output so frames can be compared.
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,16 +32,40 @@ class LoadedPipeline:
     description: str
 
 
+def _runnable_device_types() -> list[str]:
+    """The device types this torch can run a pipeline on here (cpu always; cuda, mps, xpu when available)."""
+    types = ["cpu"]
+    if torch.cuda.is_available():
+        types.append("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        types.append("mps")
+    if getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+        types.append("xpu")
+    return types
+
+
 def resolve_device(text: str) -> torch.device:
-    """``"auto"`` → cuda when available, else cpu; anything else must be a device this torch can use."""
+    """``"auto"`` → cuda when available, else cpu; anything else must be a device this torch can run on here.
+    A bad one is refused in one line naming the valid choices (with a close match), not torch's list of every
+    device type it knows."""
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    here = _runnable_device_types()
+    forms = ["auto", *here] + (["cuda:N"] if "cuda" in here else [])
+    valid = f"valid here: {', '.join(forms)}" + ("" if "cuda" in here else " (cuda and cuda:N need a CUDA GPU)")
+    close = difflib.get_close_matches(str(text).strip().lower(), forms, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     try:
         device = torch.device(text)
-    except (RuntimeError, ValueError) as error:
-        raise RecipeError(f"device {text!r} is not a torch device (auto, cpu, cuda, cuda:N): {error}") from None
+    except (RuntimeError, ValueError, TypeError):
+        raise RecipeError(f"device {text!r} is not a device name{hint}; {valid}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RecipeError(f"device {text!r}: CUDA is not available here; use device: auto or cpu")
+        raise RecipeError(f"device {text!r}: CUDA is not available here; {valid}")
+    if device.type not in here:
+        raise RecipeError(f"device {text!r} cannot run a pipeline here{hint}; {valid}")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RecipeError(f"device {text!r}: there are {torch.cuda.device_count()} CUDA device(s) here "
+                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     return device
 
 

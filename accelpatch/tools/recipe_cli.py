@@ -1,12 +1,20 @@
 """``python -m accelpatch validate|bench|recipes``: the instruments on the command line, driven by a recipe.
 
 ``validate`` exits 0 when every candidate passes its gate, 1 when one fails, 2 on a usage or recipe error.
-``bench`` exits 0 after printing its table. Importing this module is cheap (no torch): the work is imported when a
-command runs, so ``--help`` answers at once.
+``bench`` exits 0 after printing its table. Output paths (``--json``, ``--plot``, ``--frames``) are checked before
+anything runs (:func:`check_outputs`), so a typo in a folder name costs no run. Importing this module is cheap (no
+torch): the work is imported when a command runs, so ``--help`` answers at once.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+from pathlib import Path
+from typing import Optional
+
+#: output options -> the module writing them needs (None: nothing beyond the standard library)
+_OUTPUTS = {"json": None, "plot": "matplotlib", "frames": "PIL"}
 
 
 def _recipe_argument(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +37,35 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _recipe_argument(parser)
     parser.add_argument("--rounds", type=int, default=None, help="timed interleaved rounds (default: the recipe's)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default: the recipe's)")
+
+
+def output_problem(option: str, path: str) -> Optional[str]:
+    """Why ``path`` cannot be written by ``--option`` (a missing or unwritable folder, a folder in its place, the
+    writer's module not installed), or None."""
+    target = Path(path).expanduser()
+    folder = target.parent
+    if target.is_dir():
+        return f"--{option} {path}: is a folder; give a file name"
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        return f"--{option} {path}: folder {str(folder)!r} {what}"
+    if not os.access(folder, os.W_OK):
+        return f"--{option} {path}: folder {str(folder)!r} is not writable"
+    module = _OUTPUTS[option]
+    if module is not None and importlib.util.find_spec(module) is None:
+        package = {"PIL": "pillow"}.get(module, module)
+        return f"--{option} needs {module}, which is not installed: pip install {package} (or accelpatch[plots])"
+    return None
+
+
+def check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse, before the run, output paths that could not be written after it: one ``error:`` line (no usage
+    text: the arguments parsed), exit code 2."""
+    for option in _OUTPUTS:
+        path = getattr(args, option, None)
+        problem = None if path is None else output_problem(option, path)
+        if problem is not None:
+            parser.exit(2, f"{parser.prog}: error: {problem}\n")
 
 
 def _load(args: argparse.Namespace):
@@ -81,11 +118,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_recipes(args: argparse.Namespace) -> int:
-    from ..recipes import available_recipes, load_recipe
+    from ..recipes import SHIPPED_RECIPES, available_recipes, load_recipe, recipe_dirs
 
     known = available_recipes()
     if not known:
-        print("no recipes found (looked in ./recipes and the repository's recipes/)")
+        looked = ", ".join(map(str, recipe_dirs())) or f"./recipes, {SHIPPED_RECIPES}"
+        print(f"no recipes found (looked in {looked})")
         return 0
     for name, path in known.items():
         recipe = load_recipe(path)

@@ -2,17 +2,19 @@
 
 The same call (same seeds) runs under the reference tier and under each candidate. For every candidate the report
 gives per-frame PSNR/SSIM against the reference, SHA-256 equality of the frames, which fast paths ran and which
-fell back (from the counters), the speed ratio and a pass/fail verdict: ``exact``/``lossless`` candidates must be
-bit-identical; approximate ones must keep every frame at or above the SSIM and PSNR floors. The reference runs
-twice, so the report also shows its own noise floor (GPU kernels are not always deterministic): when the reference
-does not reproduce itself, bit identity cannot be asked of anyone, and the floors apply to every candidate.
-The pipeline is left in the patch state it came in, also when a call fails.
+fell back (from the counters) and a pass/fail verdict: ``exact``/``lossless`` candidates must be bit-identical;
+approximate ones must keep every frame at or above the SSIM and PSNR floors. The reference runs twice, so the
+report also shows its own noise floor (GPU kernels are not always deterministic): when the reference does not
+reproduce itself, bit identity cannot be asked of anyone, and the floors apply to every candidate.
+Speed is left to ``bench``: one run per seed, candidate after candidate, cannot tell a speed-up from drift (identical
+code read 0.5x to 3.4x), so validate prints no ratio; the raw timings are in the JSON. Every argument, and every
+candidate's patch, is checked before the first call (:mod:`accelpatch.tools.preflight`). The pipeline is left in
+the patch state it came in, also when a call fails.
 """
 from __future__ import annotations
 
 import hashlib
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -23,11 +25,8 @@ from ..tiers import Tier, parse_tier
 from ..reporting import merge_counts
 from .candidates import CandidateLike, CallResult, PatchSwitcher, mean_by_key, parse_candidates, run_call
 from .metrics import compare_videos
+from .preflight import check_call_arguments, check_candidates, check_seeds, parse_gates, require_pipeline
 from ._report_text import TextReport, format_table
-from .stats import TimingComparison, compare_timings
-
-#: runs (seeds) per side below which validate gives the speed as a bare point estimate and defers to bench
-MIN_SAMPLES_FOR_INTERVAL = 3
 
 __all__ = ["validate", "ValidationReport", "CandidateResult", "SeedScores", "video_sha256"]
 
@@ -69,7 +68,8 @@ def _score(seed: int, reference: torch.Tensor, candidate: torch.Tensor) -> SeedS
 
 @dataclass
 class CandidateResult:
-    """How one candidate did: scores per seed, what ran, its speed against the reference, and the verdict."""
+    """How one candidate did: scores per seed, what ran, its raw timings (not a speed comparison: see bench), and
+    the verdict."""
 
     label: str
     spec: CandidateSpec
@@ -82,10 +82,6 @@ class CandidateResult:
     gate: str = ""
     passed: bool = False
     reasons: list[str] = field(default_factory=list)
-    #: speed-up over the reference with an interval, when there were enough runs (seeds) to form one
-    speed: Optional[TimingComparison] = None
-    #: reference time per step over this candidate's (medians), a point estimate
-    speed_ratio: float = math.nan
     #: (reference frame, candidate frame, frame index, seed, SSIM) of the lowest-SSIM frame, for the frame strip
     worst: Optional[tuple[torch.Tensor, torch.Tensor, int, int, float]] = field(default=None, repr=False)
 
@@ -106,10 +102,7 @@ class CandidateResult:
                 "reasons": self.reasons, "identical": self.identical, "min_ssim": self.min_ssim,
                 "min_psnr": _finite_or_none(self.min_psnr), "fast_calls": self.fast_calls,
                 "fast_by_kind": self.fast_by_kind, "fallbacks": self.fallbacks, "stats": self.stats,
-                "seconds_per_step": self.seconds_per_step,
-                "speed_ratio": _finite_or_none(self.speed_ratio),
-                "speed": None if self.speed is None else self.speed.to_dict(),
-                "seeds": [s.to_dict() for s in self.scores]}
+                "seconds_per_step": self.seconds_per_step, "seeds": [s.to_dict() for s in self.scores]}
 
 
 @dataclass
@@ -128,12 +121,6 @@ class NoiseFloor:
 
     def to_dict(self) -> dict:
         return {"identical": self.identical, "min_ssim": self.min_ssim, "min_psnr": _finite_or_none(self.min_psnr)}
-
-
-def _speed_text(result: "CandidateResult") -> str:
-    if result.speed is not None:
-        return result.speed.describe()
-    return f"{result.speed_ratio:.2f}x (one run per seed: use bench to tell speed from noise)"
 
 
 def _psnr_text(value: float) -> str:
@@ -158,7 +145,8 @@ class ValidationReport(TextReport):
         return all(c.passed for c in self.candidates)
 
     def to_dict(self) -> dict:
-        return {"kind": "accelpatch.validate", "version": 1, "description": self.description,
+        # version 2: no speed ratio (validate leaves speed to bench); seconds_per_step are raw single-run timings
+        return {"kind": "accelpatch.validate", "version": 2, "description": self.description,
                 "reference": self.reference, "seeds": self.seeds, "gates": self.gates.model_dump(),
                 "noise_floor": self.noise_floor.to_dict(),
                 "reference_seconds_per_step": self.reference_seconds_per_step, "passed": self.passed,
@@ -168,15 +156,14 @@ class ValidationReport(TextReport):
         head = (f"accelpatch validate: {self.description or 'pipeline'}; reference {self.reference}, "
                 f"seeds {self.seeds}; gates: lossless/exact bit-identical, high every frame SSIM >= "
                 f"{self.gates.ssim_floor} and PSNR >= {self.gates.psnr_floor} dB")
-        rows = [("candidate", "verdict", "gate", "identical", "min SSIM", "min PSNR", "fast calls", "fallbacks",
-                 "speed vs reference")]
+        rows = [("candidate", "verdict", "gate", "identical", "min SSIM", "min PSNR", "fast calls", "fallbacks")]
         for c in self.candidates:
             fallbacks = sum(c.fallbacks.values())
             rows.append((c.label, "PASS" if c.passed else "FAIL", c.gate, "yes" if c.identical else "no",
-                         f"{c.min_ssim:.4f}", _psnr_text(c.min_psnr), str(c.fast_calls), str(fallbacks),
-                         _speed_text(c)))
+                         f"{c.min_ssim:.4f}", _psnr_text(c.min_psnr), str(c.fast_calls), str(fallbacks)))
         lines = [head, "  " + self.noise_floor.describe()]
         lines += format_table(rows)
+        lines.append("  speed: not compared here (one run per seed cannot tell a speed-up from noise): use bench")
         for c in self.candidates:
             ran = ", ".join(f"{kind} x{n}" for kind, n in sorted(c.fast_by_kind.items())) or "no fast path ran"
             stats = "".join(f"; {k} {v:.3f}" for k, v in sorted(c.stats.items()))
@@ -245,19 +232,20 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
     (tier plus ``backend``/``options``). ``gates``: :class:`accelpatch.recipes.Gates` or a mapping of its fields
     (default: every frame SSIM >= 0.92 and PSNR >= 24 dB). ``call_kwargs`` must not hold a generator (each run gets
     one seeded from ``seeds``); the output must be readable as frames (``output_type="pt"``). The pipeline ends in
-    the patch state it started in.
+    the patch state it started in. Everything is checked before the first call: the pipeline (not a transformer),
+    the seeds (a list of integers), the call arguments (against the pipeline's ``__call__``), the gates, and that
+    every candidate's patch applies. No speed is compared here: see :func:`accelpatch.bench`.
     """
     from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets in a notebook
 
+    require_pipeline(pipe, "validate")
     specs = parse_candidates(candidates)
     reference_spec = CandidateSpec(name=f"reference ({reference})", tier=str(parse_tier(reference)))
-    gates = gates if isinstance(gates, Gates) else Gates(**(gates or {}))
-    seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise ValueError("give at least one seed")
-    if "generator" in call_kwargs:
-        raise ValueError("call_kwargs must not hold a generator: validate seeds each run itself (seeds=...)")
+    gates = parse_gates(gates)
+    seeds = check_seeds(seeds)
+    check_call_arguments(pipe, call_kwargs, "validate")
     switcher = PatchSwitcher(pipe)
+    check_candidates(pipe, specs, switcher)
     bar = tqdm(total=len(seeds) * (2 + len(specs)), desc="accelpatch validate", unit="call", disable=not progress)
     try:
         references: dict[int, torch.Tensor] = {}
@@ -293,9 +281,6 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
                 fast_by_kind=merge_counts(r.fast_by_kind for r in runs),
                 fallbacks=merge_counts(r.fallbacks for r in runs), stats=mean_by_key(r.stats for r in runs),
                 worst=worst)
-            result.speed_ratio = statistics.median(reference_times) / statistics.median(result.seconds_per_step)
-            if min(len(reference_times), len(seeds)) >= MIN_SAMPLES_FOR_INTERVAL:
-                result.speed = compare_timings(reference_times, result.seconds_per_step, resamples=500)
             _judge(result, gates, noise)
             results.append(result)
     finally:

@@ -1,0 +1,134 @@
+"""The shipped recipes: inside the built wheel (an installed accelpatch finds them all by name), and applicable, with
+every candidate, to the model each one is for, built at its release size on the meta device."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelpatch import testing
+from accelpatch.recipes import SHIPPED_RECIPES, load_recipe
+from accelpatch.tools.preflight import check_candidates
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
+
+
+def test_the_shipped_recipes_are_package_data():
+    assert {p.stem for p in SHIPPED} >= {"tiny-sana-video", "sana-video2-720p-middle", "minimax-h3-sol-attn"}
+    assert not list((REPO / "recipes").glob("*.yaml")), "shipped recipes belong in accelpatch/recipe_files/"
+
+
+def _run(*command: str, **kwargs) -> str:
+    """Run a command; on failure, fail the test with its output (not a bare CalledProcessError)."""
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    """A wheel of this checkout, built from a copy of what a wheel is made of (the checkout stays clean)."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "accelpatch", source / "accelpatch",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("setup.cfg", "setup.py", "MANIFEST.in", "README.md"):
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, source / name)
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
+         "--wheel-dir", str(dist), str(source))
+    (wheel,) = dist.glob("accelpatch-*.whl")
+    return wheel
+
+
+def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
+    """A new virtual environment with only the wheel installed into it (no dependencies); torch, diffusers and the
+    rest come from this interpreter's site-packages, added as a plain path, so that no ``.pth`` there runs (the
+    editable install of the checkout stays invisible)."""
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", str(venv))
+    python = venv / "bin" / "python"
+    purelib = Path(_run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    (purelib / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
+    _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--prefix", str(venv),
+         str(wheel))
+    return python
+
+
+#: in the fresh environment: every recipe loads by name, through the lookup apply(pipe, recipe=NAME) uses (applying
+#: one would add a diffusers import, ~30 s here, and test nothing more about packaging)
+PROBE = """
+import json, accelpatch
+from accelpatch.recipes import available_recipes, load_recipe
+known = available_recipes()
+for name, path in known.items():
+    assert load_recipe(name).name == name
+print(json.dumps({"package": accelpatch.__file__, "recipes": {n: str(p) for n, p in known.items()}}))
+"""
+
+
+def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(tmp_path):
+    wheel = _build_wheel(tmp_path)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"accelpatch/recipe_files/{p.name}" for p in SHIPPED} <= names
+    python = _fresh_venv(tmp_path, wheel)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ACCELPATCH_RECIPES")}
+    # -I: neither the checkout (cwd, PYTHONPATH) nor user site-packages can stand in for the installed package
+    output = _run(str(python), "-I", "-c", PROBE, cwd=work, env=env)
+    found = json.loads(output.strip().splitlines()[-1])
+    assert Path(found["package"]).is_relative_to(tmp_path / "venv"), found["package"]
+    assert set(found["recipes"]) == {p.stem for p in SHIPPED}
+    assert all(Path(p).is_relative_to(tmp_path / "venv") for p in found["recipes"].values())
+
+
+# --- every shipped recipe applies, with every candidate, at its release size ------------------------------------
+
+def _minimax_h3_release():
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    with torch.device("meta"):
+        return MiniMaxH3Transformer3DModel()  # diffusers' defaults are the released model's shape
+
+
+#: each shipped recipe's model -> the transformer it patches, at the size it is for (release sizes on the meta
+#: device; the tiny models are real). A new recipe for a new model must add its model here.
+RELEASE_MODELS = {
+    "Efficient-Large-Model/SANA-Video_2B_480p_diffusers": testing.sana_video_transformer_on_meta,
+    "./sana-video2-5b-720p": lambda: testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG),
+    "MiniMaxAI/MiniMax-H3": _minimax_h3_release,
+}
+
+
+def _model_for(recipe):
+    if recipe.is_tiny:
+        from accelpatch.tools.pipelines import load_pipeline
+
+        return load_pipeline(recipe.model_copy(update={"device": "cpu"})).pipe
+    assert recipe.model in RELEASE_MODELS, f"recipe {recipe.name}: add its model {recipe.model!r} to RELEASE_MODELS"
+    return RELEASE_MODELS[recipe.model]()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_recipe_and_candidate_applies_to_its_model_at_release_size(path):
+    import accelpatch
+
+    recipe = load_recipe(path)
+    target = _model_for(recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDA is unavailable" on this machine: mounting is not what is tested
+        accelpatch.apply(target, **recipe.apply_arguments())
+        accelpatch.remove(target)
+        check_candidates(target, recipe.candidate_specs())  # raises naming the candidate that does not apply
+    from accelpatch.patcher import patch_of, transformers_of
+
+    assert all(patch_of(model) is None for model in transformers_of(target))  # left unpatched, as it came
