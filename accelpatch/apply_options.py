@@ -51,7 +51,8 @@ def option_groups(backend: Any, adapters: Sequence[ModelAdapter]) -> list[Option
             reason = adapter.backend_unavailable_reason(chosen.name)
             if reason is not None:
                 raise ValueError(reason)
-        groups.append(OptionGroup(f"backend {chosen.name!r}", tuple(chosen.option_names()), "backend"))
+        given = f"set inside the {chosen.__name__} given" if isinstance(backend, chosen) else ""
+        groups.append(OptionGroup(f"backend {chosen.name!r}", tuple(chosen.option_names()), "backend", given))
     groups += [OptionGroup(adapter.family, tuple(adapter.option_names()), "family") for adapter in families]
     groups.append(OptionGroup("step cache", CACHE_OPTIONS, "cache", "with cache='first_block' or a diffusers config"))
     runnable = {name for adapter in families for name in adapter.backends}

@@ -39,6 +39,8 @@ def _untouched(model) -> bool:
      ["unknown option(s) ['cache_treshold'] for MiniMaxH3Transformer3DModel",
       "did you mean 'cache_treshold' → 'cache_threshold'?", f"backend 'sol_attn': {SOL_NAMES}",
       "MiniMax-H3: none of its own", CACHE_GROUP], ["unknown sol_attn option"]),
+    ("h3", dict(backend=accelpatch.SolAttnConfig(tau=2.0), taus=1.0),
+     ["did you mean 'taus' → 'tau'?", f"backend 'sol_attn' (set inside the SolAttnConfig given): {SOL_NAMES}"], []),
     ("h3", dict(tau=0.5), ["'tau' is an option of backend 'sol_attn': pass it with backend='sol_attn'"], []),
     ("h3", dict(dense_step=0),
      ["did you mean 'dense_step' → 'dense_steps' (backend 'sol_attn', with backend='sol_attn')?"], []),
