@@ -9,7 +9,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import captured_forwards
+from .apply_options import split_options
 from .backends import resolve_backend
+from .errors import FastPathUnavailableError
 from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
 from .adapters import ADAPTERS, find_adapter
@@ -112,11 +114,12 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
     default_tier = None if tier is None else parse_tier(tier)
-    cache_config, options = resolve_cache(cache, options)
     models = transformers_of(target)
     adapters = [find_adapter(model) for model in models]  # raises before anything is touched
-    model_option_names = {name for adapter in adapters for name in adapter.option_names()}
-    requested_backend, model_options = resolve_backend(backend, options, model_option_names)
+    split = split_options(options, backend, adapters, models)  # every option has an owner in this call
+    cache_config, _ = resolve_cache(cache, split.cache)
+    requested_backend = resolve_backend(backend, split.backend)
+    model_options = split.family
     strict = strict or bool(getattr(requested_backend, "strict", False))
     plans = []
     for model, adapter in zip(models, adapters):  # validate everything before touching any model
@@ -126,11 +129,14 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         adapter.validate_options(family_options, model)
         if cache_config is not None:
             adapter.validate_cache(cache_config)
+        noops = adapter.static_noops(model, backend_config, family_options, requested_backend)
+        if noops and strict:
+            raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
         requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
                      default_tier, cache_config)
-        plans.append((model, adapter, backend_config, family_options, requested))
+        plans.append((model, adapter, backend_config, family_options, requested, noops))
     pipeline = None if isinstance(target, torch.nn.Module) else target
-    for model, adapter, backend_config, family_options, requested in plans:
+    for model, adapter, backend_config, family_options, requested, noops in plans:
         existing = model.__dict__.get(STATE_ATTR)
         if existing is not None:
             if existing.key() == requested:
@@ -138,6 +144,8 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
             _remove_one(model)
         _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier,
                    cache_config)
+        for noop in noops:  # said once, at apply(): the report counts each call's reason too
+            warnings.warn(f"accelpatch: {noop}", RuntimeWarning, stacklevel=3)  # the user's line
     return build_report(models)
 
 

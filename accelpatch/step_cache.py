@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import difflib
 import functools
 import itertools
 import threading
@@ -62,6 +63,8 @@ class StepCacheConfig:
 #: cache options of apply() → StepCacheConfig field (the threshold, and the guards)
 GUARD_OPTIONS = {"cache_threshold": "threshold", "cache_warmup_steps": "warmup_steps",
                  "cache_max_reuse": "max_reuse", "cache_final_steps": "final_steps"}
+#: the cache options' names, as accelpatch.apply_options lists them
+CACHE_OPTIONS = tuple(GUARD_OPTIONS)
 
 
 def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig], dict]:
@@ -93,8 +96,10 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
                          "with cache=diffusers.MagCacheConfig(calibrate=True, num_inference_steps=N) (diffusers prints "
                          "the ratios), then pass MagCacheConfig(mag_ratios=[...], num_inference_steps=N)")
     else:
-        raise ValueError(f"unknown cache {cache!r}; give one of {', '.join(map(repr, CACHE_METHODS))}, a diffusers "
-                         "FirstBlockCacheConfig(threshold=...) or MagCacheConfig(mag_ratios=..., ...)")
+        close = difflib.get_close_matches(name, CACHE_METHODS, n=1) if name is not None else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown cache {cache!r}{hint}; give one of {', '.join(map(repr, CACHE_METHODS))}, a "
+                         "diffusers FirstBlockCacheConfig(threshold=...) or MagCacheConfig(mag_ratios=..., ...)")
     for name, value in guards.items():
         if name == "threshold":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:

@@ -175,7 +175,7 @@ def test_layout_hull_covers_every_non_video_row():
     (dict(impl="cuda"), r"impl must be one of auto, torch, triton, upstream, got 'cuda'"),
     (dict(sink_start=4), r"sink_start=4 needs sink_tokens"),
     (dict(sink_tokens=-3), r"sink_tokens must be an int >= 0 or None, got -3"),
-    (dict(taus=1.0), r"unknown sol_attn option\(s\) \['taus'\]; valid options: tau, thresh_type"),
+    (dict(taus=1.0), r"unknown option\(s\) \['taus'\].*backend 'sol_attn': tau, thresh_type"),
 ])
 def test_options_are_validated_before_any_module_is_touched(model, options, match):
     m, inputs, reference = model

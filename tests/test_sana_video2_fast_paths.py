@@ -135,8 +135,8 @@ def test_fp32_anchor_steps_and_layers(on_cpu):
         accelpatch.apply(model, anchor_fp32_layers="2,3")
     with pytest.raises(ValueError, match=r"anchor_fp32_steps must be an int >= 0, got -1"):
         accelpatch.apply(model, anchor_fp32_steps=-1)
-    with pytest.raises(ValueError, match=r"unexpected options \['anchor_fp32_step'\].*options of the models being "
-                                         r"patched: anchor_fp32_layers, anchor_fp32_steps"):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['anchor_fp32_step'\].*SANA-Video 2.0: "
+                                         r"anchor_fp32_steps, anchor_fp32_layers"):
         accelpatch.apply(model, anchor_fp32_step=2)
 
 

@@ -82,7 +82,7 @@ def test_unknown_sol_attn_options_are_named_with_the_valid_ones():
         accelpatch.SolAttnConfig(bogus=1)
     with pytest.raises(TypeError, match=r"did you mean 'dense_step' → 'dense_steps'"):
         accelpatch.SolAttnConfig(dense_step=1)
-    with pytest.raises(ValueError, match=r"unknown sol_attn option\(s\) \['taus'\].*did you mean 'taus' → 'tau'"):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['taus'\].*did you mean 'taus' → 'tau'"):
         accelpatch.apply(tiny_minimax_h3_transformer(), backend="sol_attn", taus=2.0)
     assert accelpatch.SolAttnConfig(tau=2.0).tau == 2.0
 

@@ -59,15 +59,27 @@ class ModelAdapter:
     def validate_options(self, options: Any, model: torch.nn.Module) -> None:
         """Raise ValueError when ``options`` do not fit this model (e.g. layers it does not have)."""
 
+    def backend_unavailable_reason(self, name: str) -> Optional[str]:
+        """Why this family cannot run the backend called ``name`` (None when it can)."""
+        if name in self.backends:
+            return None
+        return (f"backend {name!r} is not available for {self.family} models; backends available for "
+                f"{self.family}: {', '.join(self.backends) or 'none'}")
+
     def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
         """Raise ValueError when ``backend_config`` does not apply to this family or to this model's shape."""
         if backend_config is None:
             return
-        if backend_config.name not in self.backends:
-            available = ", ".join(self.backends) or "none"
-            raise ValueError(
-                f"backend {backend_config.name!r} is not available for {self.family} models; "
-                f"backends available for {self.family}: {available}")
+        reason = self.backend_unavailable_reason(backend_config.name)
+        if reason is not None:
+            raise ValueError(reason)
+
+    def static_noops(self, model: torch.nn.Module, backend_config: Any, options: Any,
+                     asked: Any = None) -> list[str]:
+        """Fast paths these settings ask for that can never run on ``model`` (known at ``apply``), each as one
+        sentence with the reason and what to change: ``apply`` warns once for each, ``strict=True`` raises.
+        ``asked`` is the backend config as the user gave it (before :meth:`complete_backend` filled defaults)."""
+        return []
 
     def default_tier(self, backend_config: Any) -> Tier:
         return DEFAULT_TIER

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping, Optional
 import torch
 
 from .. import call_context
+from ..backends.sol_attn import all_layers_dense_reason
 from ..gate import QualityGatedFusion
 from ..sites.base import Decline, Dense, FastPath, Site, bind_call
 from ..sites.sol_attention import DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, SolAttnFastPath, SparseCall  # noqa: F401
@@ -194,6 +195,14 @@ class MiniMaxH3Adapter(ModelAdapter):
         if missing:
             raise ValueError(f"dense_layers names layer(s) {missing} that {type(model).__name__} does not have: it "
                              f"has {layers} transformer blocks, valid layer indices are 0-{layers - 1}")
+
+    def static_noops(self, model: torch.nn.Module, backend_config: Any, options: Any,
+                     asked: Any = None) -> list[str]:
+        if backend_config is None:
+            return []
+        reason = all_layers_dense_reason(backend_config, range(len(model.transformer_blocks)), type(model).__name__,
+                                         what="transformer blocks", defaulted=asked.dense_layers is None)
+        return [reason] if reason is not None else []
 
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         return backend_config is not None and backend_config.dense_steps > 0

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from ..backends.sol_attn import SolAttnConfig, _check_int, parse_layers
+from ..backends.sol_attn import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
 from ..gate import QualityGatedFusion
 from ..ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from ..sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
@@ -245,6 +245,28 @@ class SanaVideo2Adapter(ModelAdapter):
 
     def validate_options(self, options: Any, model: torch.nn.Module) -> None:
         self._check_anchor_layers("anchor_fp32_layers", options.anchor_fp32_layers, model)
+
+    def static_noops(self, model: torch.nn.Module, backend_config: Any, options: Any,
+                     asked: Any = None) -> list[str]:
+        from ..modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
+
+        name, anchors = type(model).__name__, model.softmax_layer_indices
+        if backend_config is not None:
+            reason = all_layers_dense_reason(backend_config, anchors, name, what="anchor layers",
+                                             defaulted=asked.dense_layers is None)
+            return [reason] if reason is not None else []
+        reasons = []
+        if anchors and set(anchors) <= options.anchor_fp32_layers:
+            reasons.append(f"the BF16 anchor path never runs on {name}: anchor_fp32_layers="
+                           f"{format_layers(options.anchor_fp32_layers)!r} cover all {len(anchors)} of its anchor "
+                           f"layers ({format_layers(anchors)}); pass fewer anchor layers, or '' for none")
+        for kind, what in ((SanaVideo2SoftmaxAttention, "BF16 anchor path"),
+                           (SanaVideo2LinearAttention, "BF16-GEMM linear-attention path")):
+            layers = [m for m in model.modules() if isinstance(m, kind)]
+            if layers and not any(m.fp32_attention for m in layers):
+                reasons.append(f"the {what} never runs on {name}: fp32_attention is off in all {len(layers)} of "
+                               "those layers, so the reference already runs them in the activations' dtype")
+        return reasons
 
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         if backend_config is not None:

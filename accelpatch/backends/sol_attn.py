@@ -23,13 +23,17 @@ _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
 def parse_layers(value: Union[str, Iterable[int]], name: str = "dense_layers") -> frozenset[int]:
-    """``"0,1,3-5"`` → {0, 1, 3, 4, 5}; ``""`` → {}; an iterable of non-negative ints is taken as is. ``name`` is
-    the option's name in error messages."""
+    """``"0,1,3-5"`` → {0, 1, 3, 4, 5}; ``""`` → {}; an iterable of non-negative ints is taken as is. An empty
+    entry (``"0,,1"``, ``"0,"``) is refused: it is a typo more often than a choice. ``name`` is the option's name in
+    error messages."""
     if isinstance(value, str):
         layers: set[int] = set()
+        if not value.strip():
+            return frozenset()
         for part in value.split(","):
             if not part.strip():
-                continue
+                raise ValueError(f"{name}: {value!r} has an empty entry (two commas in a row, or a comma at an end); "
+                                 "use a comma list such as '0,1,3-5', or '' for none")
             match = _RANGE.match(part)
             if match is None:
                 raise ValueError(f"{name}: {part.strip()!r} in {value!r} is not a layer index or a range "
@@ -48,6 +52,30 @@ def parse_layers(value: Union[str, Iterable[int]], name: str = "dense_layers") -
         if not isinstance(item, numbers.Integral) or isinstance(item, bool) or item < 0:
             raise ValueError(f"{name}: {item!r} is not a non-negative layer index (in {value!r})")
     return frozenset(int(i) for i in items)
+
+
+def format_layers(layers: Iterable[int]) -> str:
+    """{0, 1, 2, 5} → ``"0-2,5"``: the form :func:`parse_layers` reads."""
+    runs: list[list[int]] = []
+    for i in sorted(layers):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def all_layers_dense_reason(config: "SolAttnConfig", layers: Iterable[int], model_name: str, *, what: str,
+                            defaulted: bool) -> Optional[str]:
+    """Why ``sol_attn`` can never run sparse on a model whose sol_attn ``layers`` (``what``: "layers", "anchor
+    layers") all lie in ``config.dense_layers`` (None when one can); ``defaulted``: the model chose them."""
+    layers = frozenset(layers)
+    if not layers or not layers <= config.dense_layers:
+        return None
+    source = "the model's default, as none were given" if defaulted else "as given"
+    return (f"sol_attn never runs sparse on {model_name}: dense_layers={format_layers(config.dense_layers)!r} "
+            f"({source}) cover all {len(layers)} of its {what} ({format_layers(layers)}); pass dense_layers='' or "
+            "fewer layers")
 
 
 def _check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> Optional[int]:

@@ -75,6 +75,13 @@ class SolAttnFastPath(FastPath):
     def keeps_reference_layer(self, site: Site) -> bool:
         return site.layer_index in site.model.backend.dense_layers
 
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        """Also refuses an ``impl`` that cannot run in this process (impl='triton' without triton or CUDA)."""
+        from ..ops.sol_attn.dispatch import impl_unavailable_reason
+
+        reason = super().mount_reject_reason(module, site)
+        return reason if reason is not None else impl_unavailable_reason(site.model.backend.impl)
+
     def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
         raise NotImplementedError
 

@@ -105,9 +105,15 @@ def test_all_exact_equals_dense(t, dtype, atol):
     assert stats.exact_fraction == 1.0
 
 
-@pytest.mark.parametrize("t", [1, 100, 257])
+def _sink_fits(t, sink):
+    tokens, start = sink
+    return tokens <= t and (t - tokens if start is None else start) + tokens <= t
+
+
 @pytest.mark.parametrize("thresh_type", ["diag", "exact"])
-@pytest.mark.parametrize("sink", [(0, None), (70, None), (10, 0), (40, 150)])
+@pytest.mark.parametrize("t,sink", [(t, sink) for t in (1, 100, 257)
+                                    for sink in [(0, None), (1, None), (1, 0), (70, None), (10, 0), (40, 150)]
+                                    if _sink_fits(t, sink)])
 def test_only_forced_blocks_matches_float64_reference(t, thresh_type, sink):
     q, k, v = qkv(1, t, 2, 64, seed=3)
     kw = dict(tau=1e9, thresh_type=thresh_type, sink_tokens=sink[0], sink_start=sink[1])

@@ -282,14 +282,16 @@ def test_kv_splits_off_sm90_falls_back(device, stub, cap):
     (10, 120, "sink_start None or in [0, T=100], got 120"),
     (60, 50, "sink_start + sink_tokens <= T=100"),
 ])
-def test_sink_beyond_t_falls_back_bit_identical(device, stub, sink_tokens, sink_start, part):
+def test_sink_beyond_t_is_refused_before_upstream(device, stub, sink_tokens, sink_start, part):
+    """The op refuses a sink past T itself, as upstream would (``part``: upstream's own reason, kept for callers
+    that ask unsupported_reason ahead of the op)."""
     device()
     module = stub()
     q, k, v = qkv(100, h=2, seed=3)
-    with pytest.warns(RuntimeWarning, match="sink"):
-        out = sol_attn(q, k, v, impl="upstream", sink_tokens=sink_tokens, sink_start=sink_start)
-    assert module.calls == []
-    assert_fell_back(out, q, k, v, part, sink_tokens=sink_tokens, sink_start=sink_start)
+    assert part in upstream.unsupported_reason(q, 1, sink_tokens, sink_start)
+    with pytest.raises(ValueError, match=r"reaches past the sequence: T=100"):
+        sol_attn(q, k, v, impl="upstream", sink_tokens=sink_tokens, sink_start=sink_start)
+    assert module.calls == [] and upstream.fallback_counts == {}
 
 
 def test_varlen_gates_each_segment(device, stub):
@@ -302,7 +304,8 @@ def test_varlen_gates_each_segment(device, stub):
         out = sol_attn_varlen(q, k, v, cu, 200, impl="upstream", sink_tokens=150)
     assert [c["T"] for c in module.calls] == [200]
     assert is_marker(out[100:])
-    ours = sol_attn(q[None, :100], k[None, :100], v[None, :100], impl="torch", sink_tokens=150)
+    # the segment shorter than the sink: the sink is clipped to the whole segment
+    ours = sol_attn(q[None, :100], k[None, :100], v[None, :100], impl="torch", sink_tokens=100)
     assert torch.equal(out[:100], ours[0])
     assert upstream.fallback_counts == {upstream.last_fallback_reason: 1}
 

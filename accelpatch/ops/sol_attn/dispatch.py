@@ -25,6 +25,21 @@ def _triton_importable() -> bool:
     return True
 
 
+def impl_unavailable_reason(impl: str) -> str | None:
+    """Why ``impl`` cannot run in this process at all (None when it can, on some device): asked by ``apply()``
+    so that an impossible choice is said there, not at the first call. Only impl='triton' can be impossible:
+    "auto" and "upstream" fall back to a kernel that runs."""
+    if impl != "triton":
+        return None
+    if not _triton_importable():
+        return "sol_attn impl='triton' needs the triton package, which does not import; use impl='auto' or 'torch'"
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("sol_attn impl='triton' needs CUDA, and no CUDA device is visible (the Triton interpreter, "
+                "TRITON_INTERPRET=1 set before importing accelpatch, runs it on CPU for tests only); use impl='auto' "
+                "or 'torch'")
+    return None
+
+
 def resolve(impl: str, q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, sink_start: int | None = None) -> str:
     """Concrete implementation name for this call ("torch", "triton" or "upstream"); an "upstream" call
     that upstream cannot run is recorded as a fallback and resolved as "auto"."""

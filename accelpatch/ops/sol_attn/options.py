@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,28 @@ def validate_options(*, scale, tau, thresh_type, kv_splits, sink_tokens, sink_st
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)) or scale <= 0:
         raise ValueError(f"scale must be None or a finite real number > 0, got {scale!r}")
     return float(scale)
+
+
+def validate_sink(sink_tokens: int, sink_start, seq_len, what: str = "T") -> None:
+    """The sink must lie inside the sequence (``what`` names its length in the message), as upstream requires: a
+    sink past it would be clipped without a word."""
+    start = seq_len - sink_tokens if sink_start is None else sink_start
+    if sink_tokens > seq_len or start + sink_tokens > seq_len:
+        raise ValueError(f"the sink (sink_tokens={sink_tokens}, sink_start={sink_start}) reaches past the sequence: "
+                         f"{what}={seq_len}; valid: sink_tokens <= {seq_len} and sink_start + sink_tokens <= "
+                         f"{seq_len} (sink_start None: the last sink_tokens rows)")
+
+
+def validate_max_seqlen(max_seqlen) -> int:
+    """Any integral ``max_seqlen`` >= 1 (a Python or NumPy int, a 0-d integer tensor) as an int."""
+    try:
+        value = operator.index(max_seqlen) if not isinstance(max_seqlen, bool) else None
+    except TypeError:
+        value = None
+    if value is None or value < 1:
+        raise ValueError(f"max_seqlen must be an integer >= 1 (the longest segment's length), got {max_seqlen!r} "
+                         f"({type(max_seqlen).__name__})")
+    return value
 
 
 def validate_qkv(q, k, v, rank: int, layout: str):

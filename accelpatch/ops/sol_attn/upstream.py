@@ -2,8 +2,8 @@
 
 `unsupported_reason` mirrors upstream's own checks, so a call it accepts should not be rejected there:
 the package imports; CUDA tensors of compute capability >= 8.0; [B, T, H, 128] bf16, contiguous, T >= 1;
-sink_tokens in [0, T], sink_start None or in [0, T] and sink_start + sink_tokens <= T (our own op clips
-sink ranges instead); kv_splits in {1, 2, 4}. Upstream picks its backend by architecture: SM 9.0, 10.0 and
+sink_tokens in [0, T], sink_start None or in [0, T] and sink_start + sink_tokens <= T (our own op
+refuses others too); kv_splits in {1, 2, 4}. Upstream picks its backend by architecture: SM 9.0, 10.0 and
 12.0 run the CuTe DSL backend when its runtime imports (`cuda.bindings.driver` and `cutlass.cute`), every
 other device, or those without the runtime, the Triton backend. kv_splits > 1 needs the CuTe backend on
 SM 9.0, and each KV split must hold at least one route group of 64 key blocks (kv_splits=2 needs T > 4096,
