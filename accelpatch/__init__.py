@@ -13,17 +13,19 @@ unpatched model.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import weakref
+from typing import Any, Iterator
 
 from .backends.sol_attn import SolAttnConfig
 from .errors import AccelpatchError, FastPathUnavailableError
 from .steps import current_denoising_step, denoising_step
-from .tiers import Tier, current_quality, quality
+from .tiers import Tier, quality
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "apply", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
+    "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
     "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "load_pipeline", "Recipe",
     "Candidate",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
@@ -85,7 +87,53 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         tier = recipe_tier if tier is None else tier
         cache = recipe_cache if cache is None else cache
         options = {**spec, **options}
-    return _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, **options)
+    report = _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, **options)
+    try:
+        ref = weakref.ref(target)
+    except TypeError:
+        ref = lambda: target  # noqa: E731 - not weakly referenceable: hold it
+    return report.undone_by(lambda: remove(ref()) if ref() is not None else None)
+
+
+def current_quality(target: Any = None) -> str:
+    """The tier in force in the calling context, as its name.
+
+    Without ``target``: the tier set by the enclosing :func:`quality` block, or ``"lossless"`` (the default) outside
+    any block. With a pipeline or transformer: the tier *that model* runs under here, which differs where a
+    model's default is not lossless (MiniMax-H3 patched with ``backend="sol_attn"`` runs at ``"high"`` unless a
+    :func:`quality` block says otherwise). A model accelpatch has not patched runs untouched diffusers: ``"exact"``.
+    For a pipeline with several transformers, the least exact of their tiers.
+    """
+    from . import tiers
+
+    if target is None:
+        return tiers.current_quality()
+    from .patcher import patch_of, transformers_of
+
+    found = [tiers.effective_tier(patch.default_tier) if patch is not None else Tier.EXACT
+             for patch in map(patch_of, transformers_of(target, verb="current_quality"))]
+    return str(max(found))
+
+
+@contextlib.contextmanager
+def patched(target: Any, **kwargs: Any) -> Iterator[Any]:
+    """``with accelpatch.patched(pipe, ...) as report:`` patches like :func:`apply` (same arguments) for the block
+    only: on leaving it, also through an exception, the models are as they were before (unpatched, or patched as
+    they were, by the same arguments)."""
+    from .patcher import patch_of, transformers_of
+
+    before = [(model, patch_of(model).reapply_arguments()) for model in transformers_of(target, verb="patched")
+              if patch_of(model) is not None]
+    report = apply(target, **kwargs)
+    try:
+        yield report
+    finally:
+        remove(target)
+        if before and len(before) == len(transformers_of(target)) and all(a == before[0][1] for _, a in before):
+            apply(target, **before[0][1])  # through the pipeline again: its scheduler is the step clock
+        else:
+            for model, arguments in before:
+                apply(model, **arguments)
 
 
 def remove(target: Any) -> None:

@@ -10,7 +10,9 @@ A mounted site is *enabled* only when the tier in force in the calling context a
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
+import sys
 import threading
 from typing import Callable, Iterator, Optional
 
@@ -27,16 +29,17 @@ _FUSIONS: dict[str, "QualityGatedFusion"] = {}
 _FUSIONS_LOCK = threading.Lock()
 
 
-def fusion_by_name(name: str) -> "QualityGatedFusion":
-    """The fusion called ``name``. Fusions are defined when their site modules are imported, so a process that
-    unpickles a patched model before importing accelpatch's adapters imports them here first."""
-    if name not in _FUSIONS:
-        from . import adapters  # noqa: F401 - importing the adapters defines every fusion they use
+def fusion_by_name(name: str, defined_in: Optional[str] = None) -> "QualityGatedFusion":
+    """The fusion called ``name``. Fusions register themselves when the module defining them is imported; a pickle
+    names that module (``defined_in``), so a process that unpickles a patched model before importing it imports it
+    here, without the gate knowing which modules define fusions."""
+    if name not in _FUSIONS and defined_in:
+        importlib.import_module(defined_in)
     try:
         return _FUSIONS[name]
     except KeyError:
         raise KeyError(f"no accelpatch fusion is called {name!r}; known fusions: {', '.join(sorted(_FUSIONS))}. "
-                       "Was the model pickled by a newer accelpatch?") from None
+                       "Was the model pickled by another version of accelpatch?") from None
 
 
 EXPORTED_UNCOUNTED = ("traced by torch.export: calls of the exported program (or an AOTInductor package made "
@@ -188,10 +191,13 @@ class QualityGatedFusion:
     ``enabled_attr`` reads True only for a mounted site whose tier the calling context admits.
     """
 
-    __slots__ = ("name", "marker_attr", "enabled_attr", "tier")
+    __slots__ = ("name", "marker_attr", "enabled_attr", "tier", "defined_in")
 
-    def __init__(self, *, name: str, marker_attr: str, enabled_attr: str, tier: Tier = Tier.HIGH) -> None:
+    def __init__(self, *, name: str, marker_attr: str, enabled_attr: str, tier: Tier = Tier.HIGH,
+                 defined_in: Optional[str] = None) -> None:
         self.name = name
+        #: the module that defines this fusion (importing it registers the fusion): the caller's, by default
+        self.defined_in = defined_in or sys._getframe(1).f_globals.get("__name__")
         self.marker_attr = marker_attr
         self.enabled_attr = enabled_attr
         self.tier = tier
@@ -203,7 +209,7 @@ class QualityGatedFusion:
 
     def __reduce__(self):
         # Pickled by name, so a loaded model shares the process's fusion objects instead of carrying copies.
-        return fusion_by_name, (self.name,)
+        return fusion_by_name, (self.name, self.defined_in)
 
     def __repr__(self) -> str:
         return f"QualityGatedFusion(name={self.name!r}, tier={self.tier})"

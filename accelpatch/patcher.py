@@ -1,8 +1,10 @@
 """``apply`` and ``remove``: find the model adapter, swap site classes, attach hooks, and undo all of it."""
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -21,6 +23,10 @@ from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
 STATE_ATTR = "_accelpatch_state"
+
+#: patches by token, for warnings raised while Dynamo traces (see ModelPatch.warn_once)
+_PATCHES: "weakref.WeakValueDictionary[int, ModelPatch]" = weakref.WeakValueDictionary()
+_TOKENS = itertools.count()
 
 
 @dataclass(eq=False)
@@ -46,6 +52,14 @@ class ModelPatch:
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
     _warned: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _token: int = field(default=-1, repr=False)
+
+    def __post_init__(self) -> None:
+        self._register()
+
+    def _register(self) -> None:
+        self._token = next(_TOKENS)
+        _PATCHES[self._token] = self
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -55,21 +69,29 @@ class ModelPatch:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._register()  # a copy or an unpickled patch warns on its own
 
     def warn_once(self, kind: str, reason: str, *, at_apply: bool = False) -> None:
         """One warning per model, fast-path kind and reason (at ``apply`` or at a call, whichever comes first);
-        the counters keep the full tally."""
-        if torch.compiler.is_compiling():
-            return  # inside compiled code the counters record it (a warning would break the graph)
+        the counters keep the full tally. Inside code Dynamo traces, the warning is given while tracing (through
+        ``comptime``, no graph break): a decision made there is baked into the graph, so every run of that graph
+        takes the same path, and the user hears of it once, as in eager code."""
+        if torch.compiler.is_dynamo_compiling():
+            from torch._dynamo.comptime import comptime
+
+            token = self._token  # noqa: F841 - read by _warn_while_tracing through the frame's locals
+            comptime(_warn_while_tracing)
+            return
         key = (kind, reason)
         with self._lock:
             if key in self._warned:
                 return
             self._warned.add(key)
         if at_apply:
+            then = ("will raise FastPathUnavailableError (strict=True)" if self.strict else
+                    "will run the reference path (see accelpatch.report(model); strict=True raises)")
             message = (f"accelpatch: the {kind} fast path was not mounted on {self.model_class}: "
-                       f"{reason.removeprefix('not mounted: ')}. Calls that request it will run the reference path "
-                       "(see accelpatch.report(model); strict=True raises).")
+                       f"{reason.removeprefix('not mounted: ')}. Calls that request it {then}.")
         else:
             message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}. "
                        "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
@@ -87,6 +109,16 @@ class ModelPatch:
         """Keyword arguments of :func:`apply` that patch a model again exactly as this patch was asked for."""
         backend, strict, options, tier, cache = self.requested
         return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, **dict(options)}
+
+
+def _warn_while_tracing(ctx) -> None:
+    """Run by Dynamo at trace time (comptime) from :meth:`ModelPatch.warn_once`: warn for real, once."""
+    def local(name):
+        return ctx.get_local(name).as_python_constant()
+
+    patch = _PATCHES.get(local("token"))
+    if patch is not None:
+        patch.warn_once(local("kind"), local("reason"), at_apply=local("at_apply"))
 
 
 def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module]:

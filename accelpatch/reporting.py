@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .steps import UNKNOWN as UNKNOWN_STEP
 
@@ -152,6 +152,24 @@ class Report(_Tally):
     table (and a notebook shows it as one); the fields are for programs (``report.models[0].sites[3]``)."""
 
     models: tuple[ModelReport, ...]
+    #: set on the report apply() returns: undoes that apply (see __enter__)
+    _undo: Optional[Callable[[], None]] = field(default=None, repr=False, compare=False)
+
+    def undone_by(self, undo: Callable[[], None]) -> "Report":
+        return dataclasses.replace(self, _undo=undo)
+
+    def __enter__(self):
+        """``with accelpatch.apply(pipe):`` is a mistake that would leave the pipeline patched after the block:
+        undo the patch and say what to write instead."""
+        undone = self._undo is not None
+        if undone:
+            self._undo()
+        raise TypeError("accelpatch.apply() patches at once and returns a report; it is not a context manager"
+                        + ("; the patch it made has been undone" if undone else "")
+                        + ". To patch for one block only, write `with accelpatch.patched(pipe, ...):`.")
+
+    def __exit__(self, *exc) -> None:  # pragma: no cover - __enter__ always raises
+        return None
 
     @property
     def sites(self) -> tuple[SiteReport, ...]:

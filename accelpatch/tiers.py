@@ -70,23 +70,11 @@ def requested_tier() -> Optional[Tier]:
     return _requested.get()
 
 
-def current_quality(target: Any = None) -> str:
-    """The tier in force in the calling context, as its name.
-
-    Without ``target``: the tier set by the enclosing :func:`quality` block, or ``"lossless"`` (the default) outside
-    any block. With a pipeline or transformer: the tier *that model* runs under here, which differs where a
-    model's default is not lossless (MiniMax-H3 patched with ``backend="sol_attn"`` runs at ``"high"`` unless a
-    :func:`quality` block says otherwise). A model accelpatch has not patched runs untouched diffusers: ``"exact"``.
-    For a pipeline with several transformers, the least exact of their tiers.
-    """
-    if target is None:
-        tier = _requested.get()
-        return str(DEFAULT_TIER if tier is None else tier)
-    from .patcher import patch_of, transformers_of
-
-    tiers = [effective_tier(patch.default_tier) if patch is not None else Tier.EXACT
-             for patch in map(patch_of, transformers_of(target, verb="current_quality"))]
-    return str(max(tiers))
+def current_quality() -> str:
+    """The tier set by the enclosing :func:`quality` block, as its name, or ``"lossless"`` (the default) outside
+    any block. (``accelpatch.current_quality(pipe)`` answers for one model: see the public surface.)"""
+    tier = _requested.get()
+    return str(DEFAULT_TIER if tier is None else tier)
 
 
 #: the tier read without a graph break under torch.compile: one graph per tier used, each thread/task its own

@@ -228,3 +228,21 @@ def test_in_place_module_compile_at_every_tier():
     for tier, expected in eager.items():
         with _tier(tier):
             assert torch.equal(_forward(model, inputs), expected), tier
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_whole_model_compile_that_runs_dense_says_so_once(fullgraph):
+    """Whole-model compile of MiniMax-H3 with sol_attn cannot read the packed layout: every call runs dense. Once
+    that was counted but never said (warnings were skipped inside compiled code); now it warns once, while Dynamo
+    traces, with the reason and what to do, and without a graph break."""
+    model, inputs, options, _ = _h3_sol_attn()
+    accelpatch.apply(model, **options)
+    compiled = torch.compile(model, backend="eager", fullgraph=fullgraph)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            _forward(compiled, inputs)
+    said = [str(w.message) for w in caught if "did not run" in str(w.message)]
+    assert len(said) == 1 and "packed layout" in said[0] and "sink_tokens" in said[0], said
+    assert sum(accelpatch.report(model).fallback_calls.values()) == 3 * 2
+    assert not counters["graph_break"]

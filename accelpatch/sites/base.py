@@ -288,16 +288,17 @@ def is_gated_forward(function: Any, module: torch.nn.Module) -> bool:
     return getattr(function, "__func__", None) is _gated_forward and getattr(function, "__self__", None) is module
 
 
-def _new_gated(original: type, fusion_name: str):
+def _new_gated(original: type, fusion_name: str, defined_in: Optional[str] = None):
     """Unpickling/deepcopy constructor of a gated module (its state is restored afterwards by the module). Works
-    in a fresh process: the fusion is found by name, importing accelpatch's adapters if need be."""
-    return object.__new__(gated_class(original, fusion_by_name(fusion_name)))
+    in a fresh process: the fusion is found by name, importing the module that defines it if need be."""
+    return object.__new__(gated_class(original, fusion_by_name(fusion_name, defined_in)))
 
 
 def _gated_reduce_ex(self, protocol):
     reduced = object.__reduce_ex__(self, protocol)
     cls = type(self)
-    return (_new_gated, (cls._accelpatch_original_class, cls._accelpatch_fusion_name)) + tuple(reduced[2:])
+    fusion = fusion_by_name(cls._accelpatch_fusion_name)
+    return (_new_gated, (cls._accelpatch_original_class, fusion.name, fusion.defined_in)) + tuple(reduced[2:])
 
 
 def gated_class(original: type, fusion: QualityGatedFusion) -> type:
