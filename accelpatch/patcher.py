@@ -22,7 +22,7 @@ from .step_cache import StepCache, resolve_cache
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
-STATE_ATTR = "_accelpatch_state"
+from .model_state import STATE_ATTR, patch_of  # noqa: F401 - patch_of is part of this module's API
 
 #: patches by token, for warnings raised while Dynamo traces (see ModelPatch.warn_once)
 _PATCHES: "weakref.WeakValueDictionary[int, ModelPatch]" = weakref.WeakValueDictionary()
@@ -256,10 +256,6 @@ def _remove_one(model: torch.nn.Module) -> None:
         module.__dict__.pop(SITE_ATTR, None)
         module.__class__ = site.original_class
         captured_forwards.restore(module, site.captured_forwards)
-
-
-def patch_of(model: torch.nn.Module) -> Optional[ModelPatch]:
-    return model.__dict__.get(STATE_ATTR)
 
 
 def supported_model_classes() -> list[str]:

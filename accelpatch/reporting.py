@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any, Callable, Optional
 
+from .model_state import patch_of
 from .steps import UNKNOWN as UNKNOWN_STEP
 
 
@@ -231,8 +232,6 @@ class Report(_Tally):
 
 
 def build_report(models, *, reset: bool = False) -> Report:
-    from .patcher import patch_of
-
     out = []
     for model in models:
         patch = patch_of(model)

@@ -58,7 +58,9 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     purelib = Path(_run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
     ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
     (purelib / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
-    _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--prefix", str(venv),
+    # --target, not --prefix: with --prefix pip also uninstalls the package from the environment it runs in (here the
+    # test venv's editable accelpatch, which every later subprocess of the suite needs)
+    _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target", str(purelib),
          str(wheel))
     return python
 
