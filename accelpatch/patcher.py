@@ -22,6 +22,7 @@ from .step_cache import StepCache, resolve_cache
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
+from .reporting import MODEL_REJECTED
 from .model_state import STATE_ATTR, patch_of  # noqa: F401 - patch_of is part of this module's API
 
 #: patches by token, for warnings raised while Dynamo traces (see ModelPatch.warn_once)
@@ -233,7 +234,7 @@ def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[
             patch.rejections[name] = f"{rejected.reject_reason} (at {rejected.path})"
             for site in sites:
                 if site.reject_reason is None:
-                    site.reject_reason = f"model rejected at {rejected.path}: {rejected.reject_reason}"
+                    site.reject_reason = f"{MODEL_REJECTED}{rejected.path}: {rejected.reject_reason}"
         by_module = {id(model.get_submodule(s.path)): s for s in sites}
         fusion.mount(model, reject_reason=lambda m: by_module[id(m)].reject_reason)
 

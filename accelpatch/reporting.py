@@ -79,6 +79,8 @@ class ModelReport(_Tally):
     @property
     def tier_statement(self) -> str:
         """The model's default tier, said plainly."""
+        if not self.sites:
+            return "nothing to patch here: it runs unchanged"
         if self.default_tier == "high":
             why = f" (backend {self.backend} is approximate)" if self.backend else " (apply(..., tier='high'))"
             return (f"runs at tier high by default{why}; quality('lossless') or quality('exact') runs the original "
@@ -87,7 +89,8 @@ class ModelReport(_Tally):
                 "quality('high') opts in to the approximate fast paths")
 
     def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
-        """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]."""
+        """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]. Sites rejected because
+        one site of the model was ("model rejected at P: R") share that site's note: one cause, one note."""
         header = ("site", "kind", "tier", "status", "fast", "reference (by reason)")
         rows, notes = [], []
 
@@ -96,9 +99,15 @@ class ModelReport(_Tally):
                 notes.append(text)
             return f"[{notes.index(text) + 1}]"
 
+        causes = {}
+        for s in self.sites:
+            if s.reason and s.reason.startswith(_MODEL_REJECTED):
+                where, _, why = s.reason[len(_MODEL_REJECTED):].partition(": ")
+                causes[s.path] = causes[where] = f"{why} (at {where}; one rejected site keeps every site of its kind " \
+                                                 "on the reference path)"
         for s in self.sites:
             ref = " ".join(f"{n}×{note(r)}" for r, n in sorted(s.reference_calls.items(), key=lambda x: -x[1]))
-            status = s.status if s.mounted else f"rejected {note(s.reason or 'unknown')}"
+            status = s.status if s.mounted else f"rejected {note(causes.get(s.path, s.reason or 'unknown'))}"
             extra = "".join(f" {k}={v:.3f}" for k, v in s.stats.items())
             extra += "".join(f" {n}×{note(text)}" for text, n in sorted(s.notes.items(), key=lambda x: -x[1]))
             rows.append((s.path, s.kind, s.tier, status, f"{s.fast_calls}{extra}", ref or "-"))
@@ -141,9 +150,15 @@ class ModelReport(_Tally):
         return f"step clock: {counts}{warning}"
 
 
+#: how the patcher words a site rejected because another site of its model was (see patcher._mount)
+MODEL_REJECTED = "model rejected at "
+_MODEL_REJECTED = MODEL_REJECTED
+
+
 def _shown(value: Any) -> str:
-    if isinstance(value, (set, frozenset)):
-        return "{" + ",".join(map(str, sorted(value))) + "}"
+    """An option's value as a user would write it (layer sets as "3,7"; an empty one as "none")."""
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return ",".join(map(str, sorted(value))) if value else "none"
     return str(value)
 
 
@@ -204,6 +219,8 @@ class Report(_Tally):
                 if extra:
                     lines.append("  " + extra)
             header, rows, notes = m.table()
+            if not rows:
+                continue
             widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header) - 1)]
             for row in [header] + rows:
                 lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
@@ -223,6 +240,8 @@ class Report(_Tally):
                 if extra:
                     parts.append(f"<p>{escape(extra)}</p>")
             header, rows, notes = m.table()
+            if not rows:
+                continue
             cells = lambda row, tag: "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in row)  # noqa: E731
             parts.append("<table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"
                          + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in rows) + "</tbody></table>")

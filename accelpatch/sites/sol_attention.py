@@ -140,23 +140,27 @@ def ulysses_group(parallel_config) -> Union[tuple, Decline]:
     return cp._ulysses_mesh.get_group(), int(cp.ulysses_degree)
 
 
+def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    """Equal chunks of dim 0 exchanged between the ranks of ``group``, differentiably, through torch's functional
+    collectives (torch.distributed.nn.functional's version is deprecated and warned on every rank at every call)."""
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(x.contiguous(), None, None, group))
+
+
 def heads_to_ranks(x: torch.Tensor, group, world: int) -> torch.Tensor:
     """[B, S/W, H, D] sequence shards → [B, S, H/W, D] head shards (an all-to-all; differentiable)."""
-    from torch.distributed.nn.functional import all_to_all_single
-
     b, s_local, h, d = x.shape
     x = x.reshape(b, s_local, world, h // world, d).permute(2, 1, 0, 3, 4).contiguous()
-    x = all_to_all_single(torch.empty_like(x), x, group=group)
+    x = all_to_all(x, group)
     return x.flatten(0, 1).permute(1, 0, 2, 3).contiguous()
 
 
 def ranks_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
     """The inverse of :func:`heads_to_ranks`: [B, S, H/W, D] → [B, S/W, H, D]."""
-    from torch.distributed.nn.functional import all_to_all_single
-
     b, s, h_local, d = x.shape
     x = x.reshape(b, world, s // world, h_local, d).permute(1, 3, 0, 2, 4).contiguous()
-    x = all_to_all_single(torch.empty_like(x), x, group=group)
+    x = all_to_all(x, group)
     return x.flatten(0, 1).permute(1, 2, 0, 3).contiguous()
 
 

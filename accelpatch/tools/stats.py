@@ -87,8 +87,7 @@ class TimingComparison:
         interval = f"{self.low:.2f}-{self.high:.2f}x"
         if not self.distinguishable:
             return f"not distinguishable from noise ({interval})"
-        word = "faster" if self.speedup > 1.0 else "slower"
-        return f"{self.speedup:.2f}x {word} ({self.confidence:.0%} CI {interval})"
+        return f"{self.verdict()} ({self.confidence:.0%} CI {self._interval('x', '-')})"
 
     def brief(self) -> str:
         """The table-cell form: ``"1.73× faster (1.66–1.83×)"``, ``"noise (0.95–1.04×)"`` or ``"noise (too few
@@ -98,7 +97,18 @@ class TimingComparison:
         interval = f"{self.low:.2f}–{self.high:.2f}×"
         if not self.distinguishable:
             return f"noise ({interval})"
-        return f"{self.speedup:.2f}× {'faster' if self.speedup > 1.0 else 'slower'} ({interval})"
+        return f"{self.verdict('×')} ({self._interval('×', '–')})"
+
+    def _interval(self, times: str, dash: str) -> str:
+        """The interval in the verdict's own direction: of the speed-up when faster, of the slow-down when slower."""
+        low, high = (self.low, self.high) if self.speedup >= 1.0 else (1.0 / self.high, 1.0 / self.low)
+        return f"{low:.2f}{dash}{high:.2f}{times}"
+
+    def verdict(self, times: str = "x") -> str:
+        """``"1.49x faster"`` or, for a ratio below 1, ``"2.04x slower"`` (never "0.49x slower")."""
+        if self.speedup >= 1.0:
+            return f"{self.speedup:.2f}{times} faster"
+        return f"{1.0 / self.speedup:.2f}{times} slower"
 
     def to_dict(self) -> dict:
         finite = lambda v: v if math.isfinite(v) else None  # noqa: E731  (JSON has no infinity)
