@@ -55,7 +55,7 @@ define install
 endef
 
 $(VENV)/.tools: Makefile
-	@echo "==> setting up $(VENV) (first run, or this Makefile changed; later runs skip this): about 15 s with a fast"
+	@echo "==> setting up $(VENV) (first run, or this Makefile changed; later runs skip this): about 45 s with a fast"
 	@echo "    network and a cold cache, most of it downloading and unpacking packages"
 	@test -x $(PY) || { echo "==> creating $(VENV) with $$($(PYTHON) --version)"; $(PYTHON) -m venv $(VENV); }
 	@if [ "$(USE_UV)" != 0 ]; then \

@@ -163,6 +163,13 @@ def test_notebook_runs(name, kernel_specs):
     print(f"{name}: executed in {elapsed:.1f} s")
     errors = [output for cell in nb.cells for output in cell.get("outputs", []) if output.output_type == "error"]
     assert not errors, f"{name}: {errors}"
+    # each figure is shown once (a pyplot figure was also shown again by the inline backend), and progress bars
+    # render (without ipywidgets tqdm.auto prints "IProgress not found")
+    for index, cell in enumerate(nb.cells):
+        images = [o["data"]["image/png"] for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert len(images) == len(set(images)), f"{name}: cell {index} shows the same image {len(images)} times"
+    stderr = "".join(o.text for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stderr")
+    assert "IProgress not found" not in stderr, f"{name}: {stderr[:500]}"
     check = CHECKS.get(name)
     if check is not None:
         check(_text(nb), _images(nb))

@@ -1,5 +1,5 @@
-"""Kernels with no knowledge of models (see issue #3 for sol_attn). Importing this is cheap: Triton is
-imported lazily, only when a Triton implementation is actually used."""
+"""Kernels with no knowledge of models (sol_attn: block-sparse attention, see its package docstring). Importing this is
+cheap: Triton is imported lazily, only when a Triton implementation is actually used."""
 from .sol_attn import SolAttnStats, sol_attn, sol_attn_varlen
 
 __all__ = ["sol_attn", "sol_attn_varlen", "SolAttnStats"]

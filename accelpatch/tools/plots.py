@@ -19,19 +19,20 @@ __all__ = ["plot_validation", "worst_frame_strip"]
 PSNR_CEILING = 100.0
 
 
-def _pyplot():
-    """pyplot, leaving the backend to matplotlib (Agg without a display, inline in Jupyter)."""
+def _new_figure(**kwargs):
+    """A matplotlib Figure that pyplot does not track: a notebook then shows it once, where it is displayed or
+    returned (a pyplot figure is also shown again by the inline backend at the end of the cell)."""
     try:
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         raise ImportError("plotting needs matplotlib: pip install matplotlib (or accelpatch[plots])") from None
-    return plt
+    return Figure(**kwargs)
 
 
 def plot_validation(report: "ValidationReport", path: Optional[str] = None):
     """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed."""
-    plt = _pyplot()
-    figure, (psnr_axis, ssim_axis) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    figure = _new_figure(figsize=(11, 4), constrained_layout=True)
+    psnr_axis, ssim_axis = figure.subplots(1, 2)
     for candidate in report.candidates:
         for scores in candidate.scores:
             label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
@@ -49,7 +50,6 @@ def plot_validation(report: "ValidationReport", path: Optional[str] = None):
         axis.legend(fontsize="small")
     if path is not None:
         figure.savefig(path, dpi=100)
-        plt.close(figure)
     return figure
 
 
