@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: the open calls' frames, innermost last: (owner id, [(var, token), ...]) each
 _frames: contextvars.ContextVar[tuple] = contextvars.ContextVar("accelpatch_hook_frames", default=())
-_read_frames = call_context.ContextReader(_frames, ())
 
 
 def _close(frame: tuple) -> None:
@@ -52,10 +51,22 @@ def unwind_stale_frames(owner: int) -> int:
     return len(frames) - index
 
 
-@torch.compiler.disable
-def _unwind_stale_frames_eagerly(owner: int) -> None:
-    # Called from compiled code only after an interrupted call: one graph break, so the reset runs in the caller's
-    # context before the rest of the call is traced against clean values.
+def _unwind_while_tracing(ctx) -> None:
+    """Run by Dynamo at trace time (``comptime``) in the caller's thread and context: close the model's stale frames,
+    so that the rest of the call is traced against clean values. No graph break, also under ``fullgraph=True``. Every
+    value a site reads is guarded, so a stale value met by a graph already compiled fails its guards, and the call is
+    traced again, through here."""
+    unwind_stale_frames(ctx.get_local("owner").as_python_constant())
+
+
+#: mutated by the op below, so that compiled code keeps a call to it (an op with no effect would be dropped)
+_UNWIND_MARK = torch.zeros((), dtype=torch.int64)
+
+
+@torch.library.custom_op("accelpatch::unwind_stale_calls", mutates_args=("mark",))
+def _unwind_at_run_time(mark: torch.Tensor, owner: int) -> None:
+    """At every run of compiled code, in the caller's thread and context: close the model's stale frames. Needed
+    where the pre-hook is compiled as its own frame (``torch.compile(model)``), whose graph is never traced again."""
     unwind_stale_frames(owner)
 
 
@@ -120,9 +131,15 @@ class ModelForwardHooks:
         if torch.compiler.is_compiling():
             # Inside a compiled region the step and the layout cannot be read (host values, ContextVar writes):
             # the sites see no step (only an explicit denoising_step()) and no layout, and say so when it matters.
-            # A frame still open here can only be an interrupted call's (read through a guard: free when clean).
-            if _read_frames():
-                _unwind_stale_frames_eagerly(id(module))
+            # A frame of this model still open here can only be an interrupted call's: close it while tracing (the
+            # rest of this trace then reads clean values) and at every run (for frames compiled apart from this one).
+            # An exported program runs outside accelpatch: nothing to close there.
+            if not torch.compiler.is_exporting():
+                from torch._dynamo.comptime import comptime
+
+                owner = id(module)
+                comptime(_unwind_while_tracing)
+                _unwind_at_run_time(_UNWIND_MARK, owner)
             return None
         unwind_stale_frames(id(module))
         bound = self._signature.bind_partial(module, *args, **kwargs).arguments

@@ -35,7 +35,7 @@ def _model():
 
 
 def _call(model, t, *, block_hook=None):
-    inputs = sana_video2_transformer_inputs(model)
+    inputs = sana_video2_transformer_inputs(model.config)
     inputs["timestep"] = torch.tensor([float(t), float(t)])
     handle = model.blocks[1].register_forward_pre_hook(block_hook) if block_hook else None
     try:
@@ -73,21 +73,49 @@ def test_an_eager_call_after_a_stopped_call_starts_and_ends_clean(error):
     assert accelpatch.current_denoising_step() == 0
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), Stop("a failing hook")], ids=["interrupt", "exception"])
-def test_a_compiled_call_after_a_stopped_call_runs_as_in_a_clean_process(error):
+def _compile(model, how, fullgraph):
+    if how == "torch.compile":  # hooks and forward compile as separate frames
+        return torch.compile(model, backend="eager", fullgraph=fullgraph)
+    model.compile(backend="eager", fullgraph=fullgraph)  # one frame: hooks inlined
+    return model
+
+
+CASES = [(KeyboardInterrupt(), "torch.compile", False), (KeyboardInterrupt(), "torch.compile", True),
+         (KeyboardInterrupt(), "module.compile", True), (Stop("a failing hook"), "torch.compile", False)]
+
+
+@pytest.mark.parametrize("error, how, fullgraph", CASES,
+                         ids=["interrupt-torch.compile", "interrupt-torch.compile-fullgraph",
+                              "interrupt-module.compile-fullgraph", "exception-torch.compile"])
+def test_a_compiled_call_after_a_stopped_call_runs_as_in_a_clean_process(error, how, fullgraph):
     clean = _model()
-    compiled_clean = torch.compile(clean, backend="eager")
-    expected = _call(compiled_clean, 950)
+    expected = _call(_compile(clean, how, fullgraph), 950)
     clean_report = accelpatch.report(clean)
     assert clean_report.fast_calls == 0 and clean_report.fallback_calls  # unknown step: the dense guard holds
     torch._dynamo.reset()
 
     model = _model()
-    _interrupted_generation(model, error)
+    compiled = _compile(model, how, fullgraph)
+    _call(compiled, 950)  # a graph compiled in a clean context is cached before the interruption
+    eager = model if how == "torch.compile" else _Eager(model)
+    _interrupted_generation(eager, error)
     accelpatch.report(model, reset=True)
-    out = _call(torch.compile(model, backend="eager"), 950)
+    out = _call(compiled, 950)
     report = accelpatch.report(model)
     assert report.fast_calls == 0, [(s.path, s.fast_calls) for s in _sparse_sites(report)]
     assert report.fallback_calls == clean_report.fallback_calls
     assert torch.equal(out, expected)
     assert steps.current_step().step is None
+
+
+class _Eager:
+    """Calls an in-place compiled module eagerly (its _call_impl, as torch does for an uncompiled module)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.model._call_impl(*args, **kwargs)
