@@ -9,8 +9,9 @@ plus kc, vc). It is an upper bound, checked against compiled kernels at every co
 (tests/ops/test_sol_attn_aot.py), never more than _SLACK above them. `choose_tiles` takes the first candidate that
 fits the target's per-block opt-in limit; `unfit_reason` says why none does: such a call runs the PyTorch
 implementation instead (dispatch.py), counted in `fallback_counts` and warned once per reason.
-Registers never stop a launch (ptxas caps them at 65,536 per block and spills); `registers_per_thread` estimates
-the live fp32 values per thread, for the inspection table of benchmarks/bench_sol_attn_triton_aot.py.
+Registers never stop a launch (ptxas caps them so that a block fits the SM's 65,536 and spills the rest to the
+stack); with shared memory they set how many blocks an SM holds (`blocks_per_sm`, from compiled numbers, shown by
+benchmarks/bench_sol_attn_triton_aot.py).
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from .options import BLOCK
 SHARED_LIMIT = {80: 166_912, 86: 101_376, 87: 166_912, 89: 101_376, 90: 232_448, 100: 232_448, 103: 232_448,
                 120: 101_376}
 REGISTERS_PER_SM = 65_536
-MAX_REGISTERS_PER_THREAD = 255
 GROUP = 32  # route-group size in 64-blocks on CUDA (kc, vc tiles of GROUP rows)
 # Candidates in order of preference: (BLOCK_N keys per sub-tile, num_stages, GROUP). Pipelined loads first, then
 # smaller key sub-tiles, then smaller route groups (speed only), unpipelined last.
@@ -78,13 +78,14 @@ def shared_bytes(arch: int, dtype: torch.dtype, block_d: int, block_n: int, num_
     return max(hopper, ampere)
 
 
-def registers_per_thread(dtype: torch.dtype, tiles: Tiles) -> int:
-    """Estimated live 32-bit registers per thread: the fp32 accumulator [64, BLOCK_D], the q operand, the
-    score/probability tiles [64, BLOCK_N] and [64, GROUP], and the K/V sub-tiles in flight."""
-    esz = dtype.itemsize
-    words = (BLOCK * tiles.block_d * (1 + esz / 4) + 2 * BLOCK * (tiles.block_n + tiles.group)
-             + 2 * tiles.block_n * tiles.block_d * esz / 4)
-    return int(-(-words // (32 * tiles.num_warps)))
+def blocks_per_sm(arch: int, shared: int, registers: int, num_warps: int) -> int:
+    """Blocks of a compiled kernel one SM holds at once (occupancy): bounded by its shared memory (the per-block
+    limit plus the 1 KiB the runtime reserves per block), by its 65,536 registers (allocated per warp in units of
+    256) and by 2,048 threads."""
+    by_shared = (shared_limit(arch) + 1024) // (shared + 1024)
+    warp_registers = -(-registers * 32 // 256) * 256
+    by_registers = REGISTERS_PER_SM // (warp_registers * num_warps)
+    return min(by_shared, by_registers, 2048 // (32 * num_warps))
 
 
 def shared_limit(arch: int) -> int:
