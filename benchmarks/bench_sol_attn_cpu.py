@@ -111,7 +111,8 @@ def main(argv=None) -> None:
                     frac = stats.exact_fraction
                     sol_times, dense_times = [], []
                     for r in range(args.repeats):  # side by side, the order alternating
-                        pair = [lambda: sol_times.append(timed(lambda: sol_attn(q, k, v, tau=tau, impl="torch"), clock)),
+                        pair = [lambda: sol_times.append(timed(lambda: sol_attn(q, k, v, tau=tau, impl="torch"),
+                                                               clock)),
                                 lambda: dense_times.append(timed(lambda: F.scaled_dot_product_attention(q4, k4, v4),
                                                                  clock))]
                         for run in pair if r % 2 == 0 else pair[::-1]:

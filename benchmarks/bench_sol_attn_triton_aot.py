@@ -4,11 +4,11 @@ For each (target, dtype, head dim) the package's own host code picks the tiles (
 captured under a stand-in driver and compiled ahead of time (accelpatch.ops.sol_attn.aot): the table shows the
 tiles (BLOCK_N keys per sub-tile, num_stages, route GROUP, warps), the shared memory the model predicts, what the
 compiled kernel asks for, the chip's per-block limit, registers and stack (spills) per thread from cuobjdump, the
-blocks one SM holds at once (from shared memory and registers), and the cp.async / wgmma instructions in the PTX. Refused configurations print the
-reason. Compile-time facts only: nothing here measures speed. Triton's on-disk cache makes a rerun take seconds
-(the first run compiles each kernel: 1-25 s each on 2 cores, fp32 the slowest).
-Run:  python benchmarks/bench_sol_attn_triton_aot.py [--targets 80 90] [--dtypes bf16 fp32] [--head-dims 64 128 256 512]
-      [--kv-splits 1]
+blocks one SM holds at once (from shared memory and registers), and the cp.async / wgmma instructions in the PTX.
+Refused configurations print the reason. Compile-time facts only: nothing here measures speed. Triton's on-disk
+cache makes a rerun take seconds (the first run compiles each kernel: 1-25 s each on 2 cores, fp32 the slowest).
+Run:  python benchmarks/bench_sol_attn_triton_aot.py [--targets 80 90] [--dtypes bf16 fp32]
+      [--head-dims 64 128 256 512] [--kv-splits 1]
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--targets", type=int, nargs="+", default=[80, 90], help="compute capabilities (80 = sm_80, 90 = sm_90a)")
+    ap.add_argument("--targets", type=int, nargs="+", default=[80, 90],
+                    help="compute capabilities (80 = sm_80, 90 = sm_90a)")
     ap.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["bf16", "fp32"])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256, 512])
     ap.add_argument("--kv-splits", type=int, default=1, choices=[1, 2, 4])
@@ -48,12 +49,14 @@ def main(argv=None) -> None:
                     continue
                 use = aot.inspect_launch(launch)
                 tiles = resources.choose_tiles(dtype, d, arch)
-                model = resources.shared_bytes(arch, dtype, tiles.block_d, tiles.block_n, tiles.num_stages, tiles.group)
+                model = resources.shared_bytes(arch, dtype, tiles.block_d, tiles.block_n, tiles.num_stages,
+                                               tiles.group)
                 limit = resources.shared_limit(arch)
                 flag = "" if use.shared <= limit else "  OVER THE LIMIT"
+                blocks = resources.blocks_per_sm(arch, use.shared, use.registers, tiles.num_warps)
                 print(f"{'sm_' + str(arch):>6} {name:>5} {d:>4} {tiles.block_n:>7} {tiles.num_stages:>6} "
                       f"{tiles.group:>5} {tiles.num_warps:>5} {model:>8} {use.shared:>8} {limit:>8} {use.registers:>4} "
-                      f"{use.stack:>7} {resources.blocks_per_sm(arch, use.shared, use.registers, tiles.num_warps):>6} {use.cp_async:>8} "
+                      f"{use.stack:>7} {blocks:>6} {use.cp_async:>8} "
                       f"{use.wgmma:>5} {use.compile_s:>9.1f}{flag}", flush=True)
 
 
