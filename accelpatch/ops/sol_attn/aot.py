@@ -11,6 +11,7 @@ TRITON_INTERPRET must be unset before the kernel module is imported (the interpr
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import subprocess
@@ -83,8 +84,11 @@ def _stand_in(arch: int, captured: list):
     if os.environ.get("TRITON_INTERPRET") == "1" or not hasattr(_sol_attn_fwd, "device_caches"):
         raise RuntimeError("ahead-of-time inspection needs TRITON_INTERPRET unset before accelpatch is imported")
 
-    def capture(key, signature, device, constexprs, options, attrs, warmup):
-        captured.append((signature, constexprs, attrs, options))
+    params = inspect.signature(type(_sol_attn_fwd)._do_compile).parameters  # bound by name, across Triton versions
+
+    def capture(*args, **kwargs):
+        call = dict(zip(list(params)[1:], args), **kwargs)
+        captured.append((call["signature"], call["constexprs"], call["attrs"], call["options"]))
         return None  # no kernel: run() returns before any launch
 
     previous = driver._active  # reset_active() would build the real driver, which fails without a GPU

@@ -59,10 +59,11 @@ def num_warps_of(block_d: int) -> int:
 
 def shared_bytes(arch: int, dtype: torch.dtype, block_d: int, block_n: int, num_stages: int, group: int) -> int:
     """Dynamic shared memory (bytes) the compiled kernel asks for with these tiles (an upper bound). q stays for
-    the whole program; the route group's kc, vc and the pipelined K/V buffers share the rest. Measured on sm_8x
-    and sm_90 (bf16/fp16 lower to wgmma on sm_90, whose pipeline holds num_stages buffers beside kc, vc; to
-    mma.sync on sm_8x, and fp32 "ieee" dots to plain FMA everywhere, with num_stages - 1 buffers plus p reusing
-    kc, vc's space); other targets take the larger of the two forms."""
+    the whole program; the route group's kc, vc and the pipelined K/V buffers share the rest. Measured on sm_80,
+    sm_86, sm_90, sm_100 and sm_120: bf16/fp16 lower to wgmma on sm_90, whose pipeline holds num_stages buffers
+    beside kc, vc; to mma.sync on sm_8x and sm_12x, and fp32 "ieee" dots to plain FMA everywhere, both with
+    num_stages - 1 buffers plus p reusing kc, vc's space. Other targets (sm_100's bf16/fp16) take the larger of
+    the two forms."""
     esz = dtype.itemsize
     q = BLOCK * block_d * esz
     kv = 2 * block_n * block_d * esz
@@ -71,7 +72,7 @@ def shared_bytes(arch: int, dtype: torch.dtype, block_d: int, block_n: int, num_
         return q + max(kv, kcvc)
     hopper = q + num_stages * kv + kcvc
     ampere = q + max((num_stages - 1) * kv + BLOCK * block_n * esz + _SCRATCH, kcvc)
-    if arch // 10 == 8 or (arch == 90 and dtype == torch.float32):
+    if arch // 10 in (8, 12) or dtype == torch.float32:
         return ampere
     if arch == 90:
         return hopper
