@@ -178,6 +178,12 @@ def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> tor
         reason = upstream.unsupported_reason(query, kv_splits, call.sink_tokens, call.sink_start, contiguous=True)
         if reason is not None:  # the op runs our own kernel instead (and warns once)
             site.counters.count_note(f"impl='upstream' ran our own kernel: {reason}")
+    if config.impl in ("auto", "triton") and counting:
+        from ..ops.sol_attn import resources
+
+        reason = resources.unfit_reason(query)
+        if reason is not None:  # no Triton tiles fit this GPU: the op runs the PyTorch implementation (warns once)
+            site.counters.count_note(f"impl={config.impl!r} ran the PyTorch implementation: {reason}")
     out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,
                           sink_tokens=call.sink_tokens, sink_start=call.sink_start, impl=config.impl,
                           return_stats=True)

@@ -84,6 +84,19 @@ def _target(skipped: float, speedup: float) -> str:
     return "ok (>= 4x)" if speedup >= SPEEDUP_TARGET else "MISS (< 4x)"
 
 
+def _tiles(q: torch.Tensor, impl: str) -> str:
+    """The Triton kernel's tiles on this GPU (accelpatch/ops/sol_attn/resources.py), or why it runs PyTorch."""
+    if impl != "triton" or q.device.type != "cuda":
+        return "-"
+    from accelpatch.ops.sol_attn import resources
+
+    reason = resources.unfit_reason(q)
+    if reason is not None:
+        return f"PyTorch: {reason}"
+    t = resources.choose_tiles(q.dtype, q.shape[-1], resources.device_arch(q.device))
+    return f"BLOCK_N={t.block_n} stages={t.num_stages} GROUP={t.group} warps={t.num_warps}"
+
+
 def _sweep_shape(ctx: Context, name: str, shape, dtype, impl: str) -> None:
     """Flash once, then Sol-Attn at every (tau, kv_splits) point of the sweep, on one input shape."""
     from accelpatch.ops import sol_attn
@@ -102,7 +115,7 @@ def _sweep_shape(ctx: Context, name: str, shape, dtype, impl: str) -> None:
             speedup = flash.seconds / sol.seconds
             ctx.add(shape=name, tau=tau, kv_splits=splits, exact_fraction=stats.exact_fraction, skipped=skipped,
                     flash_ms=flash.ms, sol_ms=sol.ms, speedup=speedup, rel_l2=rel_l2(reference, out),
-                    target=_target(skipped, speedup))
+                    target=_target(skipped, speedup), tiles=_tiles(q, impl))
 
 
 def sol_attn_vs_flash(ctx: Context) -> None:

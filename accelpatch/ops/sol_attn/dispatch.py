@@ -1,6 +1,8 @@
 """Choose and run one implementation for a (contiguous, validated) call; the varlen segment loop.
 
 impl: "torch" | "triton" | "upstream" | "auto" (Triton for CUDA tensors when triton imports, else PyTorch).
+A "triton" or "auto" call whose head dim and dtype no tiles of the kernel can hold on the device
+(resources.unfit_reason) runs PyTorch instead, recorded as a fallback (resources.record_fallback).
 "upstream" runs the upstream package when `upstream.unsupported_reason` accepts the call, and "auto"
 otherwise; if the upstream call itself raises a non-fatal exception, that is recorded as a fallback too
 and "auto" runs instead (fatal errors, see `accelpatch.errors.is_fatal`, re-raise). Triton modules are
@@ -13,7 +15,7 @@ import os
 import torch
 
 from ...errors import is_fatal
-from . import upstream
+from . import resources, upstream
 from .routing import num_blocks
 
 
@@ -50,7 +52,9 @@ def resolve(impl: str, q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, si
         upstream.record_fallback(reason)
         impl = "auto"
     if impl == "auto":
-        return "triton" if q.device.type == "cuda" and _triton_importable() else "torch"
+        if q.device.type != "cuda" or not _triton_importable():
+            return "torch"
+        impl = "triton"
     if impl == "triton":
         if not _triton_importable():
             raise RuntimeError("sol_attn impl='triton' needs the triton package, which does not import")
@@ -59,6 +63,10 @@ def resolve(impl: str, q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, si
                 "sol_attn impl='triton' got CPU tensors: use CUDA tensors, or set TRITON_INTERPRET=1 in the "
                 "environment before importing accelpatch to run the Triton interpreter (slow; tests only)"
             )
+        reason = resources.unfit_reason(q)
+        if reason is not None:  # no tiles fit this GPU: the PyTorch implementation runs, counted and warned once
+            resources.record_fallback(reason)
+            return "torch"
     return impl
 
 

@@ -194,8 +194,8 @@ def _sparse_items_full_precision(items, cnts, exact, s, lbias, qb, kflat, vflat,
     sflat = s.view(-1, BLOCK * n)
     # one-item chunks: views built once (per head, per exact count), so the per-item work is ~a dozen kernels
     sT, exn = s.transpose(1, 2), ex[:, :, None]
-    qv = qbuf[: BLOCK * d].view(BLOCK, d)
-    qv_t, num1 = qv.T, nbuf[: BLOCK * d].view(BLOCK, d)
+    num1 = nbuf[: BLOCK * d].view(BLOCK, d)
+    den1 = torch.empty(BLOCK, 1, dtype=acc, device=dev)
     per_head, per_count = {}, {}
     for pos, p, e in plan:
         hd = heads_l[pos]
@@ -217,19 +217,19 @@ def _sparse_items_full_precision(items, cnts, exact, s, lbias, qb, kflat, vflat,
             loc = i - hd * n
             rows = rows_all[pos]
             torch.add(sT[i], lb, out=sp_proxy).masked_fill_(exn[pos], float("-inf"))
-            qv.copy_(qbh[loc])
+            qT = qbh[loc].T  # q read in place (a strided GEMM operand), not copied first
             for a, b, sp, kb, kb2, _ in pieces:
                 torch.index_select(kflat, 0, rows[a:b], out=kb)
-                torch.addmm(sp, kb2, qv_t, beta=0, alpha=c, out=sp)
+                torch.addmm(sp, kb2, qT, beta=0, alpha=c, out=sp)
             if has_last is not None and has_last[pos]:  # block N-1 is the last exact block: keys >= T
                 st[(e - 1) * BLOCK + last_len : le].fill_(float("-inf"))
             pe = st.sub_(st.amax(0)).exp2_()
-            den = pe.sum(0)
+            torch.sum(pe, 0, out=den1.view(BLOCK))
             torch.mm(pT_proxy, vmh, out=num1)
             for a, b, _, kb, kb2, pT in pieces:
                 torch.index_select(vflat, 0, rows[a:b], out=kb)
                 num1.addmm_(pT, kb2)
-            torch.div(num1, den.unsqueeze_(1), out=obh[loc])
+            torch.div(num1, den1, out=obh[loc])
             continue
         sl = slice(pos, pos + p)
         it = items[sl]

@@ -3,10 +3,14 @@
 One program per (query block, batch*head, kv split) runs one online-softmax pass over its key range.
 Key blocks are visited in route groups of GROUP blocks: one GEMM S = c*Q*kc_g^T gives both the route
 scores (column means over valid rows) and the per-row proxy logits; the group's approximate blocks are
-folded in at once (acc += exp2(S - m) . vc, l += exp2(S - m) . len), then each exact block of the group
-runs as a normal flash tile on the real K, V. fp32 running max / sum / accumulator; probabilities are
-rounded to the input dtype before both P.V products. Block summaries and thresholds come from the host
-(routing.py), shared with the PyTorch implementation.
+folded in at once (acc += exp2(S - m) . vc, l += exp2(S - m) . len), then the group's exact blocks, in
+ascending order, run as normal flash tiles on the real K, V in sub-tiles of BLOCK_N keys. That loop runs over
+the compacted list of exact blocks (no branch in its body, addresses a function of the loop index), which is what
+lets Triton's software pipeliner issue the next sub-tile's loads (cp.async) during this one's math; a loop over
+all GROUP blocks with an `if exact:` body is never pipelined. fp32 running max / sum / accumulator;
+probabilities are rounded to the input dtype before both P.V products. Block summaries and thresholds come from
+the host (routing.py), shared with the PyTorch implementation. Tiles (BLOCK_N, num_stages, GROUP, warps) come
+from the resource model of the target (resources.py).
 
 kv_splits: the route groups are split into kv_splits contiguous ranges (one program each) whose partial
 (acc, m, l) are merged on the host through their log-sum-exp. Rule: each split must own at least one
@@ -22,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import resources
 from .options import BLOCK
 from .routing import LOG2E, num_blocks, sink_block_range, summaries, thresholds
 
@@ -32,8 +37,8 @@ def _sol_attn_fwd(
     stride_b, stride_t, stride_h,
     T, H, N, NUM_GROUPS, GROUPS_PER_SPLIT, TP,
     c, sink_lo, sink_hi,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-    SPLITS: tl.constexpr, UPCAST: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    PARTIAL: tl.constexpr, UPCAST: tl.constexpr,
 ):
     i = tl.program_id(0)
     bh = tl.program_id(1)
@@ -43,8 +48,9 @@ def _sol_attn_fwd(
     h = bh % H
     in_ty = OUT.dtype.element_ty
 
-    offs = tl.arange(0, BLOCK_M)
-    offs64 = offs.to(tl.int64)  # row/column offsets feed int64 pointer arithmetic
+    SUB: tl.constexpr = BLOCK_M // BLOCK_N  # key sub-tiles per 64-block
+    offs64 = tl.arange(0, BLOCK_M).to(tl.int64)  # row/column offsets feed int64 pointer arithmetic
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
     dcol = tl.arange(0, BLOCK_D)
     d_ok = dcol < D
     rows = i * BLOCK_M + offs64
@@ -78,7 +84,6 @@ def _sol_attn_fwd(
         ex = (r > thr) | (tl.abs(jg - i) <= 1) | ((jg >= sink_lo) & (jg <= sink_hi))
         ex = ex & j_ok
         ap = (ex == 0) & j_ok
-        cnt += tl.sum(ex.to(tl.int32), 0)
         # rank-1 corrections of the group's approximate blocks
         len_j = tl.minimum(T - jg * BLOCK_M, BLOCK_M).to(tl.float32)
         sa = tl.where(ap[None, :], s, float("-inf"))
@@ -92,33 +97,37 @@ def _sol_attn_fwd(
             pr = pr.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pr, vc, input_precision="ieee")
         m = m_new
-        # exact blocks of the group: flash tiles on the real keys and values
+        # exact blocks of the group, compacted (the e-th exact block is jg[pos == e]) and taken in sub-tiles of
+        # BLOCK_N keys: one loop without branches, whose loads depend on the loop index only, so Triton's software
+        # pipeliner can prefetch the next tile (cp.async) while this one is computed
         ex_i = ex.to(tl.int32)
-        for jj in range(GROUP):
-            is_ex = tl.sum(tl.where(garange == jj, ex_i, 0), 0)
-            if is_ex > 0:
-                cols = (g * GROUP + jj) * BLOCK_M + offs64
-                c_ok = cols < T
-                kv_off = base + cols[:, None] * stride_t + dcol[None, :]
-                kv_mask = c_ok[:, None] & d_ok[None, :]
-                kt = tl.load(K + kv_off, mask=kv_mask, other=0.0)
-                vt = tl.load(V + kv_off, mask=kv_mask, other=0.0)
-                if UPCAST:
-                    kt = kt.to(tl.float32)
-                    vt = vt.to(tl.float32)
-                s2 = tl.dot(q, tl.trans(kt), input_precision="ieee") * c
-                s2 = tl.where(c_ok[None, :], s2, float("-inf"))
-                m2 = tl.maximum(m, tl.max(s2, 1))
-                alpha2 = tl.exp2(m - m2)
-                p2 = tl.exp2(s2 - m2[:, None])
-                l = l * alpha2 + tl.sum(p2, 1)
-                p2r = p2.to(in_ty)
-                if UPCAST:
-                    p2r = p2r.to(tl.float32)
-                acc = acc * alpha2[:, None] + tl.dot(p2r, vt, input_precision="ieee")
-                m = m2
+        pos = tl.cumsum(ex_i, 0) - ex_i
+        n_ex = tl.sum(ex_i, 0)
+        cnt += n_ex
+        for e in tl.range(0, n_ex * SUB):
+            j = tl.sum(tl.where(ex & (pos == e // SUB), jg, 0), 0)
+            cols = j.to(tl.int64) * BLOCK_M + (e % SUB) * BLOCK_N + offs_n
+            c_ok = cols < T
+            kv_off = base + cols[:, None] * stride_t + dcol[None, :]
+            kv_mask = c_ok[:, None] & d_ok[None, :]
+            kt = tl.load(K + kv_off, mask=kv_mask, other=0.0)
+            vt = tl.load(V + kv_off, mask=kv_mask, other=0.0)
+            if UPCAST:
+                kt = kt.to(tl.float32)
+                vt = vt.to(tl.float32)
+            s2 = tl.dot(q, tl.trans(kt), input_precision="ieee") * c
+            s2 = tl.where(c_ok[None, :], s2, float("-inf"))
+            m2 = tl.maximum(m, tl.max(s2, 1))
+            alpha2 = tl.exp2(m - m2)
+            p2 = tl.exp2(s2 - m2[:, None])
+            l = l * alpha2 + tl.sum(p2, 1)
+            p2r = p2.to(in_ty)
+            if UPCAST:
+                p2r = p2r.to(tl.float32)
+            acc = acc * alpha2[:, None] + tl.dot(p2r, vt, input_precision="ieee")
+            m = m2
     tl.store(COUNTS + (split * BH + bh) * N + i, cnt)
-    if SPLITS == 1:
+    if not PARTIAL:
         out = acc / l[:, None]
         tl.store(OUT + base + rows[:, None] * stride_t + dcol[None, :], out.to(in_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
@@ -133,10 +142,22 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def target_arch(device: torch.device) -> int | None:
+    """The architecture the kernel is compiled for: q's CUDA device; None in the interpreter (no limits); else
+    Triton's active target (what an ahead-of-time inspection with a stand-in driver reports)."""
+    if device.type == "cuda":
+        return resources.device_arch(device)
+    if interpreting():
+        return None
+    return triton.runtime.driver.active.get_current_target().arch
+
+
 def sol_attn_triton(q, k, v, scale: float, tau: float, thresh_type: str, sink_tokens: int, sink_start,
-                    kv_splits: int = 1, group: int | None = None):
+                    kv_splits: int = 1, group: int | None = None, tiles: resources.Tiles | None = None):
     """Sol-Attn forward for contiguous q, k, v [B, T, H, D] (fp32, bf16, fp16). Returns (out, exact pairs
-    per head [H] int64). `group`: route-group size in 64-blocks (default 32 on CUDA, 2 when interpreting)."""
+    per head [H] int64). Tiles come from the resource model for the target (resources.choose_tiles, which raises
+    TilesDoNotFit with the reason when none fits); `tiles` overrides them and `group` the route-group size in
+    64-blocks (default: the tiles' on CUDA, 2 when interpreting)."""
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"sol_attn impl='triton' supports float32, bfloat16 and float16, got {q.dtype}")
     b, t, h, d = q.shape
@@ -144,8 +165,10 @@ def sol_attn_triton(q, k, v, scale: float, tau: float, thresh_type: str, sink_to
     tp = n * BLOCK
     bh = b * h
     interp = interpreting()
+    if tiles is None:
+        tiles = resources.choose_tiles(q.dtype, d, target_arch(q.device))
     if group is None:
-        group = 2 if interp else 32
+        group = 2 if interp else tiles.group
     num_groups = -(-n // group)
     splits = max(1, min(int(kv_splits), num_groups))
     groups_per_split = -(-num_groups // splits)
@@ -158,7 +181,7 @@ def sol_attn_triton(q, k, v, scale: float, tau: float, thresh_type: str, sink_to
     lo, hi = sink_block_range(t, sink_tokens, sink_start)
 
     out = torch.empty_like(q)
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = tiles.block_d
     counts = torch.empty(splits, bh, n, dtype=torch.int32, device=q.device)
     if splits > 1:
         acc_part = torch.empty(splits, bh, tp, block_d, dtype=torch.float32, device=q.device)
@@ -171,8 +194,8 @@ def sol_attn_triton(q, k, v, scale: float, tau: float, thresh_type: str, sink_to
         q.stride(0), q.stride(1), q.stride(2),
         t, h, n, num_groups, groups_per_split, tp,
         c, lo, hi,
-        D=d, BLOCK_D=block_d, BLOCK_M=BLOCK, GROUP=group, SPLITS=splits, UPCAST=interp,
-        num_warps=4 if block_d <= 64 else 8,
+        D=d, BLOCK_D=block_d, BLOCK_M=BLOCK, BLOCK_N=tiles.block_n, GROUP=group, PARTIAL=splits > 1, UPCAST=interp,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if splits > 1:
         mx = m_part.amax(0)
