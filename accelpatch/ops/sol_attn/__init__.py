@@ -1,4 +1,6 @@
-"""Sol-Attn: block-sparse video attention with rank-1 corrections (issue #3; algorithm in sol_attn.md).
+"""Sol-Attn: block-sparse video attention with rank-1 corrections. Keys are summarised per 64-token block; a key
+block whose proxy score beats the query block's threshold (mean plus tau standard deviations), a neighbouring block
+or a sink block is attended exactly, every other one through its summary, as one rank-1 term (routing.py).
 
 Public entry points `sol_attn` (BTHD) and `sol_attn_varlen` (packed THD + cu_seqlens), drop-in for the
 upstream `sol_attn` package plus `impl` and `return_stats`. Arguments are validated here (errors name
