@@ -114,8 +114,7 @@ def simulated_sm90(monkeypatch):
     monkeypatch.setattr(upstream, "importable", lambda: True)
     monkeypatch.setattr(upstream, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(upstream, "cute_runtime_available", lambda: True)
-    monkeypatch.setattr(upstream, "_warned", set())
-    monkeypatch.setattr(upstream, "fallback_counts", type(upstream.fallback_counts)())
+    monkeypatch.setattr(upstream, "FALLBACKS", type(upstream.FALLBACKS)(upstream.FALLBACKS.what))
 
 
 def test_upstream_that_cannot_run_a_layer_falls_back_to_our_kernel_not_to_dense(simulated_sm90):

@@ -279,14 +279,14 @@ def test_upstream_falls_back_with_recorded_reason():
     from accelpatch.ops.sol_attn import upstream
 
     q, k, v = qkv(1, 70, 1, 64)
-    before = sum(upstream.fallback_counts.values())
-    upstream._warned.clear()
+    upstream.FALLBACKS.reset()
+    before = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = sol_attn(q, k, v, impl="upstream")
         sol_attn(q, k, v, impl="upstream")
-    assert sum(upstream.fallback_counts.values()) == before + 2
-    assert upstream.last_fallback_reason  # e.g. "not importable" or "needs CUDA tensors"
+    assert sum(upstream.FALLBACKS.counts.values()) == before + 2
+    assert upstream.FALLBACKS.last_reason  # e.g. "not importable" or "needs CUDA tensors"
     assert len([w for w in caught if "falls back" in str(w.message)]) == 1
     torch.testing.assert_close(out, sol_attn(q, k, v, impl="torch"))
 

@@ -2,22 +2,20 @@
 call does: the op and a patched site run the PyTorch implementation, with the reason recorded. GPUs are simulated
 (resources.device_arch and the shared-memory table are the probes); the model itself is checked against compiled
 kernels in test_sol_attn_aot.py."""
-import collections
 
 import pytest
 import torch
 
 import accelpatch
 from accelpatch.ops import sol_attn
+from accelpatch.ops.sol_attn.fallbacks import ImplFallbacks
 from accelpatch.ops.sol_attn import resources
 from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 
 @pytest.fixture(autouse=True)
 def fresh_fallback_state(monkeypatch):
-    monkeypatch.setattr(resources, "fallback_counts", collections.Counter())
-    monkeypatch.setattr(resources, "_warned", set())
-    monkeypatch.setattr(resources, "last_fallback_reason", None)
+    monkeypatch.setattr(resources, "FALLBACKS", ImplFallbacks(resources.FALLBACKS.what))
 
 
 @pytest.fixture
@@ -61,7 +59,7 @@ def test_what_cannot_fit_is_refused_with_the_numbers_and_the_head_dims_that_fit(
 def test_unfit_reason_is_pure_and_none_off_gpu():
     q = torch.zeros(1, 64, 1, 512)
     assert resources.unfit_reason(q) is None  # a CPU tensor: no GPU limit applies
-    assert resources.last_fallback_reason is None and not resources.fallback_counts
+    assert resources.FALLBACKS.last_reason is None and not resources.FALLBACKS.counts
 
 
 def qkv(t, d, dtype=torch.float32, seed=0):
@@ -76,10 +74,10 @@ def test_a_call_no_tiles_can_hold_runs_the_pytorch_implementation_recorded(gpu):
         out, stats = sol_attn(q, k, v, tau=0.5, impl="triton", return_stats=True)
     ref, ref_stats = sol_attn(q, k, v, tau=0.5, impl="torch", return_stats=True)
     assert torch.equal(out, ref) and torch.equal(stats.exact_pairs, ref_stats.exact_pairs)
-    assert resources.fallback_counts == {resources.last_fallback_reason: 1}
-    assert "sm_80" in resources.last_fallback_reason and "166,912 B" in resources.last_fallback_reason
+    assert resources.FALLBACKS.counts == {resources.FALLBACKS.last_reason: 1}
+    assert "sm_80" in resources.FALLBACKS.last_reason and "166,912 B" in resources.FALLBACKS.last_reason
     sol_attn(q, k, v, tau=0.5, impl="triton")  # warned once; counted again
-    assert sum(resources.fallback_counts.values()) == 2
+    assert sum(resources.FALLBACKS.counts.values()) == 2
 
 
 def test_a_call_that_fits_still_runs_the_kernel(gpu):
@@ -87,7 +85,7 @@ def test_a_call_that_fits_still_runs_the_kernel(gpu):
     q, k, v = qkv(100, 64, seed=1)
     out = sol_attn(q, k, v, tau=0.5, impl="triton")
     torch.testing.assert_close(out, sol_attn(q, k, v, tau=0.5, impl="torch"), atol=2e-5, rtol=2e-5)
-    assert not resources.fallback_counts
+    assert not resources.FALLBACKS.counts
 
 
 def test_a_patched_site_runs_the_pytorch_implementation_not_dense_and_notes_why(gpu):

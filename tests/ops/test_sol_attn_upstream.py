@@ -6,7 +6,6 @@ sys.modules. The stub applies upstream's own validation and backend rules (writt
 interface, independently of the gate; the only check skipped is "tensors are on a CUDA device") and
 otherwise returns a marker tensor, so a test can tell which implementation ran.
 """
-import collections
 import itertools
 import math
 import sys
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from accelpatch.ops import sol_attn, sol_attn_varlen
+from accelpatch.ops.sol_attn.fallbacks import ImplFallbacks
 from accelpatch.ops.sol_attn import upstream
 
 MARKER = 7.0
@@ -85,9 +85,7 @@ def make_stub(raises=None):
 @pytest.fixture(autouse=True)
 def fresh_fallback_state(monkeypatch):
     """Each test starts with no recorded fallback and no warned reason (restored afterwards)."""
-    monkeypatch.setattr(upstream, "fallback_counts", collections.Counter())
-    monkeypatch.setattr(upstream, "_warned", set())
-    monkeypatch.setattr(upstream, "last_fallback_reason", None)
+    monkeypatch.setattr(upstream, "FALLBACKS", ImplFallbacks(upstream.FALLBACKS.what))
 
 
 @pytest.fixture
@@ -130,8 +128,8 @@ def is_marker(out):
 
 def assert_fell_back(out, q, k, v, reason_part, **kw):
     """One fallback whose reason contains reason_part, and the output is impl='torch' bit for bit."""
-    assert sum(upstream.fallback_counts.values()) == 1
-    assert reason_part in upstream.last_fallback_reason
+    assert sum(upstream.FALLBACKS.counts.values()) == 1
+    assert reason_part in upstream.FALLBACKS.last_reason
     assert torch.equal(out, sol_attn(q, k, v, impl="torch", **kw))
 
 
@@ -153,7 +151,7 @@ def test_gate_is_pure(device):
     q, _, _ = zeros(64)
     reason = upstream.unsupported_reason(q, 2)
     assert reason and "SM 9.0" in reason
-    assert upstream.last_fallback_reason is None and not upstream.fallback_counts
+    assert upstream.FALLBACKS.last_reason is None and not upstream.FALLBACKS.counts
 
 
 @pytest.mark.parametrize("cap,cute,kv_splits,t,part", [
@@ -232,7 +230,7 @@ def test_happy_path_calls_upstream(device, stub):
     out = sol_attn(q, k, v, impl="upstream", kv_splits=2, sink_tokens=64, sink_start=0)
     assert is_marker(out)
     assert module.calls == [dict(T=4097, kv_splits=2, sink_tokens=64, sink_start=0)]
-    assert not upstream.fallback_counts and upstream.last_fallback_reason is None
+    assert not upstream.FALLBACKS.counts and upstream.FALLBACKS.last_reason is None
 
 
 @pytest.mark.parametrize("cap,cute", [((9, 0), True), ((9, 0), False), ((8, 0), True), ((10, 0), True)])
@@ -241,7 +239,7 @@ def test_happy_path_kv_splits_1(device, stub, cap, cute):
     module = stub()
     q, k, v = zeros(100)
     assert is_marker(sol_attn(q, k, v, impl="upstream"))
-    assert len(module.calls) == 1 and not upstream.fallback_counts
+    assert len(module.calls) == 1 and not upstream.FALLBACKS.counts
 
 
 @pytest.mark.parametrize("kv_splits,t", [(2, 4096), (4, 12288), (4, 4097)])
@@ -291,7 +289,7 @@ def test_sink_beyond_t_is_refused_before_upstream(device, stub, sink_tokens, sin
     assert part in upstream.unsupported_reason(q, 1, sink_tokens, sink_start)
     with pytest.raises(ValueError, match=r"reaches past the sequence: T=100"):
         sol_attn(q, k, v, impl="upstream", sink_tokens=sink_tokens, sink_start=sink_start)
-    assert module.calls == [] and upstream.fallback_counts == {}
+    assert module.calls == [] and upstream.FALLBACKS.counts == {}
 
 
 def test_varlen_gates_each_segment(device, stub):
@@ -307,7 +305,7 @@ def test_varlen_gates_each_segment(device, stub):
     # the segment shorter than the sink: the sink is clipped to the whole segment
     ours = sol_attn(q[None, :100], k[None, :100], v[None, :100], impl="torch", sink_tokens=100)
     assert torch.equal(out[:100], ours[0])
-    assert upstream.fallback_counts == {upstream.last_fallback_reason: 1}
+    assert upstream.FALLBACKS.counts == {upstream.FALLBACKS.last_reason: 1}
 
 
 def test_unexpected_upstream_error_falls_back(device, stub):
@@ -319,8 +317,8 @@ def test_unexpected_upstream_error_falls_back(device, stub):
         sol_attn(q, k, v, impl="upstream")
     assert len(module.calls) == 2
     reason = "upstream sol_attn raised ValueError: upstream dislikes this shape for a new reason"
-    assert upstream.last_fallback_reason == reason
-    assert upstream.fallback_counts == {reason: 2}
+    assert upstream.FALLBACKS.last_reason == reason
+    assert upstream.FALLBACKS.counts == {reason: 2}
     assert torch.equal(out, sol_attn(q, k, v, impl="torch"))
 
 
@@ -347,4 +345,4 @@ def test_fatal_upstream_errors_reraise(device, stub, error):
     q, k, v = zeros(64)
     with pytest.raises(type(error)):
         sol_attn(q, k, v, impl="upstream")
-    assert not upstream.fallback_counts and upstream.last_fallback_reason is None
+    assert not upstream.FALLBACKS.counts and upstream.FALLBACKS.last_reason is None

@@ -8,20 +8,19 @@ used on sm_8x and for fp32 everywhere: num_stages - 1 K/V buffers plus p; Hopper
 plus kc, vc). It is an upper bound, checked against compiled kernels at every configuration the package launches
 (tests/ops/test_sol_attn_aot.py), never more than _SLACK above them. `choose_tiles` takes the first candidate that
 fits the target's per-block opt-in limit; `unfit_reason` says why none does: such a call runs the PyTorch
-implementation instead (dispatch.py), counted in `fallback_counts` and warned once per reason.
+implementation instead (dispatch.py), recorded in `FALLBACKS` and warned once per reason.
 Registers never stop a launch (ptxas caps them so that a block fits the SM's 65,536 and spills the rest to the
 stack); with shared memory they set how many blocks an SM holds (`blocks_per_sm`, from compiled numbers, shown by
 benchmarks/bench_sol_attn_triton_aot.py).
 """
 from __future__ import annotations
 
-import collections
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from .fallbacks import ImplFallbacks
 from .options import BLOCK
 
 # Per-block shared memory a kernel may opt in to, by compute capability major*10 + minor (CUDA programming guide,
@@ -149,18 +148,9 @@ def unfit_reason(q: torch.Tensor) -> Optional[str]:
     return None if arch is None else _fit(q.dtype, q.shape[-1], arch)[1]
 
 
-fallback_counts: collections.Counter = collections.Counter()
-last_fallback_reason: Optional[str] = None
-_warned: set = set()
+FALLBACKS = ImplFallbacks("sol_attn runs the PyTorch implementation instead of the Triton kernel")
 
 
 def record_fallback(reason: str) -> None:
-    """A call that would have run the Triton kernel runs the PyTorch implementation: count it, keep the reason,
-    warn once per distinct reason."""
-    global last_fallback_reason
-    fallback_counts[reason] += 1
-    last_fallback_reason = reason
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"sol_attn runs the PyTorch implementation instead of the Triton kernel: {reason}",
-                      RuntimeWarning, stacklevel=3)
+    """A call that would have run the Triton kernel runs the PyTorch implementation: recorded in ``FALLBACKS``."""
+    FALLBACKS.record(reason)

@@ -12,21 +12,19 @@ kv_splits=4 needs T > 12288). The device probes are the module-level `device_cap
 
 A call outside these limits falls back to our own implementation ("auto"), and so does a call that
 upstream rejects anyway with a non-fatal exception (dispatch.py; `accelpatch.errors.is_fatal` says which
-errors re-raise instead). Every fallback is counted in `fallback_counts`, the latest reason is kept in
-`last_fallback_reason`, and each distinct reason warns once.
+errors re-raise instead). Every fallback is recorded in `FALLBACKS` (counts by reason, the latest reason, one warning
+per distinct reason).
 """
 from __future__ import annotations
 
-import collections
 import functools
 import importlib.util
-import warnings
 
 import torch
 
-fallback_counts: collections.Counter = collections.Counter()
-last_fallback_reason: str | None = None
-_warned: set = set()
+from .fallbacks import ImplFallbacks
+
+FALLBACKS = ImplFallbacks("sol_attn impl='upstream' falls back to our implementation")
 _importable: bool | None = None
 
 HEAD_DIM = 128
@@ -123,13 +121,7 @@ def unsupported_reason(q: torch.Tensor, kv_splits: int, sink_tokens: int = 0, si
 
 
 def record_fallback(reason: str) -> None:
-    """Count a fallback, remember its reason, warn once per distinct reason."""
-    global last_fallback_reason
-    fallback_counts[reason] += 1
-    last_fallback_reason = reason
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"sol_attn impl='upstream' falls back to our implementation: {reason}", RuntimeWarning, stacklevel=3)
+    FALLBACKS.record(reason)
 
 
 def call(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, sink_start) -> torch.Tensor:
