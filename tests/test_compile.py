@@ -195,7 +195,9 @@ def test_whole_model_compile_of_minimax_h3_does_not_recompile_per_call():
     compiled = torch.compile(model, backend="eager")
     for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
         _forward(compiled, minimax_h3_transformer_inputs(model, num_video=300, video_timestep=t, audio_timestep=t))
-    assert counters["stats"]["unique_graphs"] == 1
+    # two graphs over ten calls, compiled once each: the forward's, and the pre-hook's own frame (torch.compile(model)
+    # compiles hooks apart from the forward), whose one op closes a call an interrupt left open
+    assert counters["stats"]["unique_graphs"] == 2
     fallbacks = accelpatch.report(model).fallback_calls
     assert sum(fallbacks.values()) == 20 and all("compile the blocks instead" in r for r in fallbacks)
 
