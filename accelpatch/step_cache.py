@@ -131,6 +131,9 @@ class _CallKey:
     generation: int
     step: Optional[int]
     branch: int
+    #: True from the call's start until its end: still True at the next call when the last one raised or was
+    #: interrupted (the exit hook never ran), whose states may be half-written
+    open: bool = True
 
 
 def _starts_generation(key: Optional[_CallKey], step: Optional[int]) -> bool:
@@ -269,6 +272,13 @@ def relative_change(residual: torch.Tensor, previous: torch.Tensor) -> float:
     return float((residual - previous).abs().mean() / previous.abs().mean())
 
 
+def _hooked_forward(block: torch.nn.Module):
+    """The forward diffusers' registry (or :meth:`StepCache._own_block_forwards`) installed on ``block``: the one the
+    registry's last hook wraps."""
+    registry = block.__dict__.get("_diffusers_hook")
+    return getattr(registry, "_accelpatch_installed_forward", None) if registry is not None else None
+
+
 def _run_hooked(function_reference, module, *args, **kwargs):
     """A module forward through one diffusers hook (what diffusers' registry builds, without its closure)."""
     args, kwargs = function_reference.pre_forward(module, *args, **kwargs)
@@ -328,6 +338,7 @@ class StepCache:
         self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
         self._model = model
         self._blocks = list(getattr(model, blocks_attribute)) if blocks_attribute else []
+        self._root_had_registry = "_diffusers_hook" in model.__dict__
         if not self._blocks:
             if config.method != "first_block":
                 raise ValueError(f"cache method {config.method!r} needs residual blocks; {type(model).__name__} "
@@ -400,6 +411,9 @@ class StepCache:
             self._own_block_forwards(strict=True)
         step = steps.current_step().step
         key = self._key.get()
+        if key is not None and key.open:  # the context's last call raised or was interrupted midway
+            self.states.drop(key.generation)
+            key = None
         if _starts_generation(key, step):
             if key is not None:
                 self.states.drop(key.generation)
@@ -421,6 +435,8 @@ class StepCache:
         if self.config.method == "mag":
             self._count_mag_call()
         key, final = self._key.get(), self._final_step_index()
+        if key is not None:
+            key.open = False
         if key is not None and key.step is not None and final is not None and key.step >= final:
             self.states.drop(key.generation)  # a later CFG branch of this step starts a fresh state: it computes
         return None
@@ -482,7 +498,9 @@ class StepCache:
         return None
 
     def remove(self) -> None:
-        """Take diffusers' hooks off the blocks and leave them as they were (no registry, class forward)."""
+        """Take diffusers' hooks off the blocks and leave them as they were (no registry, class forward); a hook
+        added on a block after ``apply`` (accelerate's, or a plain rebinding of ``forward``) stays, now around the
+        block's own forward. The root's registry goes too when the cache created it (MagCache does)."""
         from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
         from diffusers.hooks.mag_cache import _MAG_CACHE_BLOCK_HOOK, _MAG_CACHE_LEADER_BLOCK_HOOK
 
@@ -493,13 +511,25 @@ class StepCache:
             registry = getattr(block, "_diffusers_hook", None)
             if registry is None:
                 continue
+            hooked = _hooked_forward(block)
+            outer = block.__dict__.get("forward")
             for name in (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK, _MAG_CACHE_LEADER_BLOCK_HOOK, _MAG_CACHE_BLOCK_HOOK):
                 registry.remove_hook(name, recurse=False)
             if not registry.hooks:
                 del block._diffusers_hook
-                forward = block.__dict__.get("forward")
-                if getattr(forward, "__func__", None) is type(block).forward:
-                    del block.forward
+            inner = block.__dict__.get("forward")
+            if getattr(inner, "__func__", None) is type(block).forward:
+                block.__dict__.pop("forward")
+                inner = None
+            if outer is not None and outer is not hooked:  # a wrapper added after apply(): keep it, re-pointed
+                block.forward = outer
+                for name in ("_old_forward",):
+                    if block.__dict__.get(name) is hooked:
+                        block.__dict__[name] = inner if inner is not None else type(block).forward.__get__(block)
+        if not self._root_had_registry:
+            registry = self._model.__dict__.get("_diffusers_hook")
+            if registry is not None and not registry.hooks:
+                del self._model._diffusers_hook
         self.states.reset()
 
     def _own_block_forwards(self, strict: bool) -> None:
@@ -520,6 +550,8 @@ class StepCache:
             function_reference.forward = functools.partial(hook.new_forward, block)
             block.forward = functools.update_wrapper(functools.partial(_run_hooked, function_reference, block),
                                                      type(block).forward)
+        for block in self._blocks:  # what remove() takes off again (a wrapper added later stays)
+            block._diffusers_hook._accelpatch_installed_forward = block.__dict__.get("forward")
 
     # pickling and copies: context variables cannot be pickled; a copy gets fresh ones (and no states) -----------
 
