@@ -5,6 +5,7 @@ written out below as key → shape formulas. They do not come from our model's `
 drift in the model is caught. Bit identity is checked with ``torch.equal``.
 """
 import math
+import os
 import subprocess
 import sys
 
@@ -253,6 +254,28 @@ def test_torch_dtype_bf16(tiny_pth, tiny_state, tmp_path):
     assert {t.dtype for t in load(tmp_path / "bf16.pth").state_dict().values()} == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_the_model_owns_its_weights_once_loaded(tmp_path, tiny_state, tiny_reference_output, suffix):
+    """No parameter is a view of the checkpoint file: overwriting every byte of the file in place, then truncating
+    and deleting it, changes no weight and no output (a view of a mapped file would change, then crash)."""
+    path = tmp_path / f"ckpt{suffix}"
+    if suffix == ".pth":
+        torch.save({"state_dict": tiny_state}, path)
+    else:
+        save_file(tiny_state, path)
+    model = load(path)
+    loaded = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with open(path, "r+b") as file:  # same inode, every byte rewritten: what a mapping would show
+        file.write(b"\xff" * path.stat().st_size)
+    changed = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, loaded[name])]
+    assert changed == []
+    assert torch.equal(output(model), tiny_reference_output)
+    os.truncate(path, 0)
+    path.unlink()
+    assert all(torch.equal(tensor, loaded[name]) for name, tensor in model.state_dict().items())
+    assert torch.equal(output(model), tiny_reference_output)
+
+
 # -- bad checkpoints: a clear error and nothing loaded ---------------------------------------------------------
 
 
@@ -359,6 +382,23 @@ def test_unreadable_file_unknown_suffix_and_missing_file(tmp_path):
         load(tmp_path / "weights.ckpt")
     with pytest.raises(CheckpointError, match="no such file"):
         load(tmp_path / "absent.pth")
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_an_empty_file_is_called_empty(tmp_path, suffix):
+    (tmp_path / f"empty{suffix}").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"empty\.\w+ is empty \(0 bytes\), not a checkpoint"):
+        load(tmp_path / f"empty{suffix}")
+
+
+def test_a_legacy_pickle_cut_short_says_what_is_wrong(tmp_path, tiny_state):
+    path = tmp_path / "legacy.pth"
+    torch.save({"state_dict": tiny_state}, path, _use_new_zipfile_serialization=False)
+    path.write_bytes(path.read_bytes()[:5])
+    with pytest.raises(CheckpointError) as error:
+        load(path)
+    reason = str(error.value).split("is not a readable torch checkpoint:")[1]
+    assert reason.strip(), str(error.value)  # never a colon with nothing after it
 
 
 # -- configs ----------------------------------------------------------------------------------------------------

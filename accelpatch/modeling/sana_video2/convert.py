@@ -4,8 +4,9 @@
 The release is a torch pickle with the weights under ``state_dict``. Its keys are the original module names,
 which our model mirrors, so no key is renamed. The work is in reading the file safely: a pickle is only opened
 with ``weights_only=True``. The loader validates every key and shape before it assigns anything, so a load either
-succeeds completely or changes nothing. The model is built on the meta device and the checkpoint's tensors are
-assigned to it, so peak host memory stays near one copy of the weights. Contract:
+succeeds completely or changes nothing. The model is built on the meta device and gets its tensors one by one,
+each read (or copied out of the file mapping) into memory the model owns, so no weight stays a view of the file and
+peak host memory stays near one copy of the weights. Contract:
 ``shared/reference/sana_video2_checkpoint.md``.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
+
+from .file_reading import SafetensorsReader, owned_copy
 
 __all__ = [
     "CheckpointError", "UnsafeCheckpointError", "ConversionSummary", "load_sana_video2_checkpoint",
@@ -57,12 +60,14 @@ class UnsafeCheckpointError(CheckpointError):
 @dataclass
 class _Checkpoint:
     """An original state dict whose key names, shapes and dtypes are known before any tensor data is read.
-    ``take(key)`` returns the tensor, read from disk only then for a ``.safetensors`` file."""
+    ``take(key)`` hands over one tensor (and forgets it): a ``.safetensors`` file's is read from disk only then, into
+    fresh memory. ``mapped``: ``take`` returns views of a memory-mapped file, which the loader copies out."""
 
     origin: str
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, torch.dtype]
     take: Callable[[str], torch.Tensor]
+    mapped: bool = False
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -89,9 +94,10 @@ def _unsafe_pickle_error(path: Path, error: BaseException) -> UnsafeCheckpointEr
         "also works on the command line.")
 
 
-def _torch_load(path: Path) -> Any:
-    """``torch.load`` with ``weights_only=True`` and, for the zip format, ``mmap=True``. A file in the legacy
-    (pre-zip) format cannot be memory-mapped and is read into memory instead, still with ``weights_only=True``."""
+def _torch_load(path: Path) -> tuple[Any, bool]:
+    """``torch.load`` with ``weights_only=True`` and, for the zip format, ``mmap=True``, and whether it is mapped. A
+    file in the legacy (pre-zip) format cannot be memory-mapped and is read into memory instead, still with
+    ``weights_only=True``."""
     import pickle
 
     def load(mmap: bool) -> Any:
@@ -99,11 +105,11 @@ def _torch_load(path: Path) -> Any:
 
     try:
         try:
-            return load(mmap=True)
+            return load(mmap=True), True
         except RuntimeError as error:
             if "mmap can only be used with files saved with" not in str(error):
                 raise
-            return load(mmap=False)
+            return load(mmap=False), False
     except pickle.UnpicklingError as error:
         if any(marker in str(error) for marker in _NEEDS_FULL_PICKLE):
             raise _unsafe_pickle_error(path, error) from None
@@ -111,7 +117,18 @@ def _torch_load(path: Path) -> Any:
         reason = detail.group(1) if detail else str(error)
         raise CheckpointError(f"{path} is not a readable torch checkpoint: {' '.join(reason.split())}") from None
     except (RuntimeError, EOFError) as error:
-        raise CheckpointError(f"{path} is not a readable torch checkpoint: {' '.join(str(error).split())}") from None
+        raise CheckpointError(f"{path} is not a readable torch checkpoint: {_reason(error)}") from None
+
+
+def _reason(error: BaseException) -> str:
+    """An exception's message on one line; for one without a message, what it means (an EOFError: the data ends
+    early)."""
+    message = " ".join(str(error).split())
+    if message:
+        return message
+    if isinstance(error, EOFError):
+        return "the data ends early (EOFError): the file is truncated or is not a torch checkpoint"
+    return type(error).__name__
 
 
 def _unwrap(obj: Any, origin: str) -> dict[str, torch.Tensor]:
@@ -138,26 +155,38 @@ def _strip_prefix(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_safetensors(path: Path) -> _Checkpoint:
+    """Names, shapes and dtypes from ``safe_open``; each tensor read by :class:`SafetensorsReader` (not a view of
+    safetensors' file mapping, which ``get_tensor`` returns)."""
     from safetensors import safe_open
 
     try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-        names = list(handle.keys())
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            names = list(handle.keys())
+            slices = {name: handle.get_slice(name) for name in names}
+            stored = {name: (tuple(view.get_shape()), view.get_dtype()) for name, view in slices.items()}
+        reader = SafetensorsReader(path)
     except Exception as error:  # safetensors raises its own error types
-        raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from None
+        raise CheckpointError(f"{path} is not a readable .safetensors file: {_reason(error)}") from None
     renamed = _strip_prefix({name: name for name in names})
     shapes, dtypes = {}, {}
     for key, name in renamed.items():
-        view = handle.get_slice(name)
-        shapes[key] = tuple(view.get_shape())
-        name_of_dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
+        shapes[key], stored_dtype = stored[name]
+        name_of_dtype = _SAFETENSORS_DTYPES.get(stored_dtype)
         if name_of_dtype is None or not hasattr(torch, name_of_dtype):
-            raise CheckpointError(f"{path}: {key} has the dtype {view.get_dtype()}, which this loader does not read")
+            raise CheckpointError(f"{path}: {key} has the dtype {stored_dtype}, which this loader does not read")
         dtypes[key] = getattr(torch, name_of_dtype)  # a non-float dtype is refused by the validation, naming the key
-    return _Checkpoint(str(path), shapes, dtypes, lambda key: handle.get_tensor(renamed[key]))
+
+    def take(key: str) -> torch.Tensor:
+        try:
+            return reader.read(renamed[key], shapes[key], dtypes[key])
+        except (OSError, ValueError) as error:
+            raise CheckpointError(str(error)) from None
+
+    return _Checkpoint(str(path), shapes, dtypes, take)
 
 
 def _open_checkpoint(source: Union[PathLike, Mapping[str, Any]]) -> _Checkpoint:
+    mapped = False
     if isinstance(source, Mapping):
         state = _unwrap(source, "the state dict")
         origin = "the state dict"
@@ -166,17 +195,22 @@ def _open_checkpoint(source: Union[PathLike, Mapping[str, Any]]) -> _Checkpoint:
         if not path.is_file():
             raise CheckpointError(f"{path}: no such file")
         suffix = path.suffix.lower()
-        if suffix == SAFETENSORS_SUFFIX:
-            return _open_safetensors(path)
-        if suffix not in PICKLE_SUFFIXES:
+        if suffix not in (*PICKLE_SUFFIXES, SAFETENSORS_SUFFIX):
             raise CheckpointError(f"{path}: unknown checkpoint format {suffix or '(no suffix)'!r}; expected a torch "
                                   f"pickle ({', '.join(PICKLE_SUFFIXES)}) or {SAFETENSORS_SUFFIX}")
-        state = _unwrap(_torch_load(path), str(path))
+        if path.stat().st_size == 0:
+            raise CheckpointError(f"{path} is empty (0 bytes), not a checkpoint: was its download or copy "
+                                  "interrupted?")
+        if suffix == SAFETENSORS_SUFFIX:
+            return _open_safetensors(path)
+        loaded, mapped = _torch_load(path)
+        state = _unwrap(loaded, str(path))
         origin = str(path)
+        del loaded  # the other entries of the file (optimizer state, ...) are never read
     else:
         raise TypeError(f"expected a checkpoint path or a state dict, got {type(source).__name__}")
     return _Checkpoint(origin, {k: tuple(v.shape) for k, v in state.items()}, {k: v.dtype for k, v in state.items()},
-                       state.__getitem__)
+                       state.pop, mapped=mapped)
 
 
 def read_original_state_dict(path_or_state_dict: Union[PathLike, Mapping[str, Any]]) -> dict[str, torch.Tensor]:
@@ -590,10 +624,13 @@ def load_sana_video2_checkpoint(path_or_state_dict: Union[PathLike, Mapping[str,
     non-float key raises :class:`CheckpointError`, naming the keys. There are two exceptions. ``pos_embed`` may be
     absent or of any ``[1, S², C]`` shape; the model keeps its own zeros. ``y_embedder.y_embedding`` (the
     training-time null caption) may be absent, and then gets the constructor's initialisation from a fixed seed.
-    The model is built on the meta device and the tensors are assigned to it, not copied. A memory-mapped pickle
-    is read from disk only as the weights are used, and an in-memory state dict's tensors are shared with the
-    model. Without ``torch_dtype`` the tensors keep the checkpoint's dtype (the widest one if the parameters mix
-    dtypes). With it, they are cast one by one while they are assigned.
+    The model is built on the meta device and owns its weights: it never keeps a view of the file, so rewriting,
+    truncating or deleting the checkpoint afterwards changes nothing. Tensor by tensor, a memory-mapped pickle's
+    tensor is copied into fresh memory and the file pages it read are released, and a ``.safetensors`` tensor is
+    read straight into fresh memory, so the peak stays near one copy of the weights. An in-memory state dict's
+    tensors are assigned as they are (shared with the model, like ``load_state_dict(assign=True)``). Without
+    ``torch_dtype`` the tensors keep the checkpoint's dtype (the widest one if the parameters mix dtypes). With it,
+    they are cast one by one while they are copied.
     """
     model_cls = model_cls or _model_cls()
     checkpoint = _open_checkpoint(path_or_state_dict)
@@ -619,6 +656,8 @@ def load_sana_video2_checkpoint(path_or_state_dict: Union[PathLike, Mapping[str,
             elif name == Y_EMBEDDING and name not in checkpoint.shapes:
                 generator = torch.Generator().manual_seed(0)
                 tensor = (torch.randn(meta.shape, generator=generator) / meta.shape[1] ** 0.5).to(dtype)
+            elif checkpoint.mapped:  # a view of the file: copied out, its pages released, the view dropped
+                tensor = owned_copy(checkpoint.take(name), dtype)
             else:
                 tensor = _owned(checkpoint.take(name).to(dtype), seen)
             state[name] = tensor

@@ -386,7 +386,8 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         Every key and shape is validated before anything is assigned. A mismatch raises a ``ValueError`` that
         names the keys. The only exceptions are the two unused buffers: ``pos_embed`` (may be absent or of any
         ``[1, S², C]`` shape; the model keeps zeros) and ``y_embedder.y_embedding`` (may be absent). Returns the
-        model in eval mode. See
+        model in eval mode; it owns its weights (read tensor by tensor into fresh memory, never views of the file, so
+        the file may change or go away afterwards). See
         :mod:`accelpatch.modeling.sana_video2.convert`, which also writes diffusers folders
         (``convert_sana_video2``).
         """
