@@ -601,6 +601,48 @@ def test_cli_usage_errors(tmp_path, tiny_pth, capsys, argv, expected):
     assert expected.format(**names) in errors[0]
 
 
+def _run_cli_in_a_fresh_process(argv):
+    """(exit code, stderr, whether torch was imported) of ``main(argv)`` in a new interpreter."""
+    code = ("import sys\nfrom accelpatch.__main__ import main\ntry:\n    code = main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    code = exc.code\nprint('torch imported:', 'torch' in sys.modules)\n"
+            "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stderr, "torch imported: True" in result.stdout
+
+
+@pytest.mark.parametrize("case", ["bad field", "not yaml", "empty checkpoint"])
+def test_cli_checks_config_and_checkpoint_before_importing_torch(tmp_path, tiny_pth, case):
+    config = write_yaml(tmp_path, release_yaml(**{**TINY_YAML, "model__gated_ffn": True}))
+    ckpt = tiny_pth
+    if case == "not yaml":
+        config.write_text("model: [unclosed\n")
+    elif case == "empty checkpoint":
+        config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
+        ckpt = tmp_path / "empty.pth"
+        ckpt.write_bytes(b"")
+    code, err, torch_imported = _run_cli_in_a_fresh_process(
+        ["convert", "sana-video2", str(ckpt), "--config", str(config), "--out", str(tmp_path / "out")])
+    expected = {"bad field": f"--config {config}: cannot build SANA-Video 2.0 from this config: unknown field in "
+                             "'model:': gated_ffn",
+                "not yaml": f"--config {config}: not valid YAML",
+                "empty checkpoint": f"CKPT {ckpt}: the file is empty (0 bytes), not a checkpoint"}[case]
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and expected in errors[0], err
+    assert not torch_imported
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_summary_snippet_runs_as_printed(tmp_path, tiny_pth, capsys):
+    config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
+    assert main(["convert", "sana-video2", str(tiny_pth), "--config", str(config), "--out", str(tmp_path / "cli"),
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    snippet = "\n".join(line[4:] for line in printed[printed.index("  load it with:") + 1:])
+    namespace = {}
+    exec(compile(snippet, "<summary snippet>", "exec"), namespace)  # a fresh namespace: it imports what it uses
+    assert isinstance(namespace["transformer"], SanaVideo2Transformer3DModel)
+
+
 def test_cli_help_does_not_import_torch():
     code = ("import sys\nfrom accelpatch.__main__ import main\ntry:\n"
             "    main(['convert', 'sana-video2', '--help'])\nexcept SystemExit as exc:\n    assert exc.code == 0\n"

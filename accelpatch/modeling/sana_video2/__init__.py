@@ -1,20 +1,17 @@
-"""SANA-Video 2.0 as diffusers components: the transformer (and, alongside, its checkpoint converter and
-pipeline). Importing this imports diffusers."""
+"""SANA-Video 2.0 as diffusers components: the transformer, its pipeline and its checkpoint converter.
+
+Importing this imports diffusers and transformers, and is all ``diffusers.DiffusionPipeline.from_pretrained`` needs
+to load a saved ``SanaVideo2Pipeline`` folder: diffusers resolves the folder's class names only among the modules
+already imported and the ``diffusers`` namespace, which the pipeline module extends (see its docstring).
+"""
+from ..sana_video2_release import anchor_layer_indices
 from .attention import (SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2LinearAttnProcessor,
                         SanaVideo2SoftmaxAttention, SanaVideo2SoftmaxAttnProcessor)
-from .transformer import SanaVideo2Transformer3DModel, anchor_layer_indices
+from .pipeline import SanaVideo2Pipeline, SanaVideo2PipelineOutput
+from .transformer import SanaVideo2Transformer3DModel
 
 __all__ = [
     "SanaVideo2Transformer3DModel", "anchor_layer_indices", "SanaVideo2SoftmaxAttention", "SanaVideo2LinearAttention",
     "SanaVideo2SoftmaxAttnProcessor", "SanaVideo2LinearAttnProcessor", "SanaVideo2CrossAttention",
     "SanaVideo2Pipeline", "SanaVideo2PipelineOutput",
 ]
-
-
-def __getattr__(name: str):
-    # The pipeline imports transformers and more diffusers (about a second): only when asked for.
-    if name in ("SanaVideo2Pipeline", "SanaVideo2PipelineOutput"):
-        from . import pipeline
-
-        return getattr(pipeline, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,21 +24,10 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from ..sana_video2_release import anchor_layer_indices
 from .attention import RMSNorm, SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 
 SOFTMAX, LINEAR = "softmax", "linear"
-
-
-def anchor_layer_indices(depth: int, softmax_ratio: float) -> list[int]:
-    """The softmax "anchor" layers of the release rule: ``n = max(1, int(depth·ratio))`` layers spread evenly, the
-    k-th at ``int((k+1)·depth/n) - 1`` (5B: 3, 7, ..., 31; 14B: 3, 7, ..., 39)."""
-    if not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be an int >= 1, got {depth!r}")
-    if not 0.0 < softmax_ratio <= 1.0:
-        raise ValueError(f"softmax_ratio must be in (0, 1], got {softmax_ratio!r}")
-    count = max(1, int(depth * softmax_ratio))
-    step = depth / count
-    return [int((k + 1) * step) - 1 for k in range(count)]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
