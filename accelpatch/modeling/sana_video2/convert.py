@@ -209,7 +209,8 @@ def _open_checkpoint(source: Union[PathLike, Mapping[str, Any]]) -> _Checkpoint:
 
 def read_original_state_dict(path_or_state_dict: Union[PathLike, Mapping[str, Any]]) -> dict[str, torch.Tensor]:
     """The flat original state dict of a checkpoint (wrappers and prefixes removed), unvalidated. Pickles are read
-    with ``weights_only=True`` (memory-mapped when possible)."""
+    with ``weights_only=True`` and memory-mapped when possible: those tensors are views of the file (clone them to
+    keep them past a change to it); a ``.safetensors`` file's tensors are read into memory."""
     checkpoint = _open_checkpoint(path_or_state_dict)
     return {key: checkpoint.take(key) for key in checkpoint.shapes}
 
