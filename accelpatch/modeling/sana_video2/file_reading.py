@@ -56,7 +56,7 @@ def owned_copy(mapped: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A contiguous copy of ``mapped`` (a view of a file mapping made by ``torch.load(mmap=True)``) in fresh
     memory, cast to ``dtype``; the file pages it read are released. Only for file-backed tensors: on ordinary
     memory, releasing pages would zero them."""
-    owned = torch.empty(mapped.shape, dtype=dtype)
+    owned = torch.empty(mapped.shape, dtype=dtype, device="cpu")
     owned.copy_(mapped)
     _release_mapped_pages(mapped)
     return owned
@@ -80,7 +80,7 @@ class SafetensorsReader:
     def read(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Tensor ``name`` as stored (``shape``, ``dtype``: what ``safe_open`` reported), in memory it owns."""
         begin, end = self._offsets[name]
-        tensor = torch.empty(shape, dtype=dtype)
+        tensor = torch.empty(shape, dtype=dtype, device="cpu")
         buffer = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
         if len(buffer) != end - begin:
             raise ValueError(f"{self.path}: {name} has {end - begin} bytes in the file, expected {len(buffer)} for "
