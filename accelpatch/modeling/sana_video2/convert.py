@@ -445,7 +445,13 @@ def load_sana_video2_checkpoint(path_or_state_dict: Union[PathLike, Mapping[str,
     ``torch_dtype`` the tensors keep the checkpoint's dtype (the widest one if the parameters mix dtypes). With it,
     they are cast one by one while they are copied.
     """
-    model_cls = model_cls or _model_cls()
+    return _load(path_or_state_dict, config, torch_dtype, progress=progress, model_cls=model_cls or _model_cls(),
+                 own_memory=True)
+
+
+def _load(path_or_state_dict, config, torch_dtype, *, progress: bool, model_cls, own_memory: bool):
+    """:func:`load_sana_video2_checkpoint`; ``own_memory=False`` keeps a mapped pickle's tensors as views of the file
+    (for :func:`convert_sana_video2`, whose model only lives while it is written out: no copy to pay for)."""
     checkpoint = _open_checkpoint(path_or_state_dict)
     kwargs, config_note = _resolve_config(config, checkpoint, model_cls)
     try:
@@ -469,7 +475,7 @@ def load_sana_video2_checkpoint(path_or_state_dict: Union[PathLike, Mapping[str,
             elif name == Y_EMBEDDING and name not in checkpoint.shapes:
                 generator = torch.Generator().manual_seed(0)
                 tensor = (torch.randn(meta.shape, generator=generator) / meta.shape[1] ** 0.5).to(dtype)
-            elif checkpoint.mapped:  # a view of the file: copied out, its pages released, the view dropped
+            elif checkpoint.mapped and own_memory:  # a view of the file: copied out, its pages released, dropped
                 tensor = owned_copy(checkpoint.take(name), dtype)
             else:
                 tensor = _owned(checkpoint.take(name).to(dtype), seen)
@@ -540,11 +546,12 @@ def convert_sana_video2(checkpoint: Union[PathLike, Mapping[str, Any]], out_dir:
     ``SanaVideo2Transformer3DModel.from_pretrained(out_dir)`` loads the result. The checkpoint is validated in full
     before anything is written (see :func:`load_sana_video2_checkpoint` for ``config`` and ``torch_dtype``). Weight
     files that an earlier conversion left in ``out_dir`` and that this one did not write are removed, so the
-    folder stays consistent."""
+    folder stays consistent. The model built here only lives while it is written, so a memory-mapped pickle's tensors
+    are written from the mapping, not copied first."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise CheckpointError(f"{out_dir} exists and is not a directory")
-    model = load_sana_video2_checkpoint(checkpoint, config=config, torch_dtype=torch_dtype, progress=progress)
+    model = _load(checkpoint, config, torch_dtype, progress=progress, model_cls=_model_cls(), own_memory=False)
     try:
         planned = _planned_files(model, max_shard_size)
     except ValueError as error:
