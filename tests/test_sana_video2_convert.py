@@ -632,6 +632,12 @@ def test_cli_checks_config_and_checkpoint_before_importing_torch(tmp_path, tiny_
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_says_what_it_is_doing_before_the_long_import(tmp_path, tiny_pth, capsys):
+    config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
+    assert main(["convert", "sana-video2", str(tiny_pth), "--config", str(config), "--out", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == "accelpatch convert: importing torch and diffusers ..."
+
+
 def test_cli_summary_snippet_runs_as_printed(tmp_path, tiny_pth, capsys):
     config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
     assert main(["convert", "sana-video2", str(tiny_pth), "--config", str(config), "--out", str(tmp_path / "cli"),
