@@ -5,6 +5,7 @@ written out below as key → shape formulas. They do not come from our model's `
 drift in the model is caught. Bit identity is checked with ``torch.equal``.
 """
 import math
+import os
 import subprocess
 import sys
 
@@ -253,6 +254,28 @@ def test_torch_dtype_bf16(tiny_pth, tiny_state, tmp_path):
     assert {t.dtype for t in load(tmp_path / "bf16.pth").state_dict().values()} == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_the_model_owns_its_weights_once_loaded(tmp_path, tiny_state, tiny_reference_output, suffix):
+    """No parameter is a view of the checkpoint file: overwriting every byte of the file in place, then truncating
+    and deleting it, changes no weight and no output (a view of a mapped file would change, then crash)."""
+    path = tmp_path / f"ckpt{suffix}"
+    if suffix == ".pth":
+        torch.save({"state_dict": tiny_state}, path)
+    else:
+        save_file(tiny_state, path)
+    model = load(path)
+    loaded = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with open(path, "r+b") as file:  # same inode, every byte rewritten: what a mapping would show
+        file.write(b"\xff" * path.stat().st_size)
+    changed = [name for name, tensor in model.state_dict().items() if not torch.equal(tensor, loaded[name])]
+    assert changed == []
+    assert torch.equal(output(model), tiny_reference_output)
+    os.truncate(path, 0)
+    path.unlink()
+    assert all(torch.equal(tensor, loaded[name]) for name, tensor in model.state_dict().items())
+    assert torch.equal(output(model), tiny_reference_output)
+
+
 # -- bad checkpoints: a clear error and nothing loaded ---------------------------------------------------------
 
 
@@ -359,6 +382,23 @@ def test_unreadable_file_unknown_suffix_and_missing_file(tmp_path):
         load(tmp_path / "weights.ckpt")
     with pytest.raises(CheckpointError, match="no such file"):
         load(tmp_path / "absent.pth")
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_an_empty_file_is_called_empty(tmp_path, suffix):
+    (tmp_path / f"empty{suffix}").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"empty\.\w+ is empty \(0 bytes\), not a checkpoint"):
+        load(tmp_path / f"empty{suffix}")
+
+
+def test_a_legacy_pickle_cut_short_says_what_is_wrong(tmp_path, tiny_state):
+    path = tmp_path / "legacy.pth"
+    torch.save({"state_dict": tiny_state}, path, _use_new_zipfile_serialization=False)
+    path.write_bytes(path.read_bytes()[:5])
+    with pytest.raises(CheckpointError) as error:
+        load(path)
+    reason = str(error.value).split("is not a readable torch checkpoint:")[1]
+    assert reason.strip(), str(error.value)  # never a colon with nothing after it
 
 
 # -- configs ----------------------------------------------------------------------------------------------------
@@ -559,6 +599,54 @@ def test_cli_usage_errors(tmp_path, tiny_pth, capsys, argv, expected):
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith("accelpatch convert sana-video2: error: ")
     assert expected.format(**names) in errors[0]
+
+
+def _run_cli_in_a_fresh_process(argv):
+    """(exit code, stderr, whether torch was imported) of ``main(argv)`` in a new interpreter."""
+    code = ("import sys\nfrom accelpatch.__main__ import main\ntry:\n    code = main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    code = exc.code\nprint('torch imported:', 'torch' in sys.modules)\n"
+            "sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    return result.returncode, result.stderr, "torch imported: True" in result.stdout
+
+
+@pytest.mark.parametrize("case", ["bad field", "not yaml", "empty checkpoint"])
+def test_cli_checks_config_and_checkpoint_before_importing_torch(tmp_path, tiny_pth, case):
+    config = write_yaml(tmp_path, release_yaml(**{**TINY_YAML, "model__gated_ffn": True}))
+    ckpt = tiny_pth
+    if case == "not yaml":
+        config.write_text("model: [unclosed\n")
+    elif case == "empty checkpoint":
+        config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
+        ckpt = tmp_path / "empty.pth"
+        ckpt.write_bytes(b"")
+    code, err, torch_imported = _run_cli_in_a_fresh_process(
+        ["convert", "sana-video2", str(ckpt), "--config", str(config), "--out", str(tmp_path / "out")])
+    expected = {"bad field": f"--config {config}: cannot build SANA-Video 2.0 from this config: unknown field in "
+                             "'model:': gated_ffn",
+                "not yaml": f"--config {config}: not valid YAML",
+                "empty checkpoint": f"CKPT {ckpt}: the file is empty (0 bytes), not a checkpoint"}[case]
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and expected in errors[0], err
+    assert not torch_imported
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_says_what_it_is_doing_before_the_long_import(tmp_path, tiny_pth, capsys):
+    config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
+    assert main(["convert", "sana-video2", str(tiny_pth), "--config", str(config), "--out", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == "accelpatch convert: importing torch and diffusers ..."
+
+
+def test_cli_summary_snippet_runs_as_printed(tmp_path, tiny_pth, capsys):
+    config = write_yaml(tmp_path, release_yaml(**TINY_YAML))
+    assert main(["convert", "sana-video2", str(tiny_pth), "--config", str(config), "--out", str(tmp_path / "cli"),
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    snippet = "\n".join(line[4:] for line in printed[printed.index("  load it with:") + 1:])
+    namespace = {}
+    exec(compile(snippet, "<summary snippet>", "exec"), namespace)  # a fresh namespace: it imports what it uses
+    assert isinstance(namespace["transformer"], SanaVideo2Transformer3DModel)
 
 
 def test_cli_help_does_not_import_torch():

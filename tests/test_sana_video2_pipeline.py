@@ -5,6 +5,8 @@ import inspect
 import json
 import math
 import string
+import subprocess
+import sys
 from unittest import mock
 
 import numpy as np
@@ -434,6 +436,27 @@ def test_save_pretrained_from_pretrained_round_trip_offline(pipe, tmp_path):
         _rehome(loaded)
         assert torch.equal(loaded(**kwargs()).frames, reference)
         assert torch.equal(loaded(**kwargs(guidance_scale=1.0)).frames, unguided)
+
+
+@pytest.mark.parametrize("documented_import", [
+    "import accelpatch.modeling.sana_video2",
+    "import accelpatch; accelpatch.SanaVideo2Transformer3DModel",
+])
+def test_diffusion_pipeline_loads_a_saved_folder_after_the_documented_import(pipe, tmp_path, documented_import):
+    """In a fresh process: the import the README names, then diffusers' generic loader and nothing else."""
+    pipe.save_pretrained(tmp_path)
+    code = (f"{documented_import}\nimport diffusers\n"
+            "print('pipeline imported:', 'accelpatch.modeling.sana_video2.pipeline' in sys.modules)\n"
+            "loaded = diffusers.DiffusionPipeline.from_pretrained(sys.argv[1])\n"
+            "print(type(loaded).__module__, type(loaded).__name__, type(loaded.transformer).__name__)\n"
+            "print(diffusers.AutoencoderKLLTX2Video.__name__, hasattr(diffusers, 'NoSuchPipeline'))\n")
+    result = subprocess.run([sys.executable, "-c", "import sys\n" + code, str(tmp_path)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "pipeline imported: False",  # the import stays light: the pipeline loads when diffusers asks for it
+        "accelpatch.modeling.sana_video2.pipeline SanaVideo2Pipeline SanaVideo2Transformer3DModel",
+        "AutoencoderKLLTX2Video False"]  # diffusers' own lazy names still resolve
 
 
 def test_embeddings_only_pipeline_round_trips(pipe, tmp_path):

@@ -2,13 +2,15 @@
 NVlabs/Sana format) into a diffusers folder that ``SanaVideo2Transformer3DModel.from_pretrained(DIR)`` loads.
 
 Importing this module is cheap (no torch, no diffusers). ``add_arguments`` declares the command line so that
-``--help`` answers at once, and torch is imported only by ``main``. The work is done by
-:func:`accelpatch.modeling.sana_video2.convert.convert_sana_video2`.
+``--help`` answers at once, and ``check_args`` checks every argument it can without torch (the checkpoint file,
+the whole ``--config``, the output folder) before ``main`` imports torch and diffusers, which takes seconds. The
+work is done by :func:`accelpatch.modeling.sana_video2.convert.convert_sana_video2`.
 """
 from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
@@ -52,12 +54,21 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     if checkpoint.suffix.lower() not in CHECKPOINT_SUFFIXES:
         parser.error(f"CKPT {args.checkpoint}: unknown format {checkpoint.suffix or '(no suffix)'!r}; expected "
                      f"{', '.join(CHECKPOINT_SUFFIXES)}")
+    if checkpoint.stat().st_size == 0:
+        parser.error(f"CKPT {args.checkpoint}: the file is empty (0 bytes), not a checkpoint")
     if args.config is not None:
         config = Path(args.config)
         if not config.is_file():
             parser.error(f"--config {args.config}: no such file")
         if config.suffix.lower() not in CONFIG_SUFFIXES:
             parser.error(f"--config {args.config}: expected the release config.yaml (.yaml or .yml)")
+        # the full check of the config, torch-free: what main would find only after importing torch
+        from accelpatch.modeling.sana_video2_release import CheckpointError, sana_video2_config_from_yaml
+
+        try:
+            sana_video2_config_from_yaml(config)
+        except CheckpointError as error:
+            parser.error(f"--config {' '.join(str(error).split())}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f"--out {args.out}: exists and is not a directory")
@@ -81,6 +92,7 @@ def summary_text(summary, checkpoint: str) -> str:
         f"  size on disk: {_human_bytes(summary.bytes_on_disk)} in {len(summary.files)} files",
         f"  folder:       {summary.out_dir}",
         "  load it with:",
+        "    import torch",
         "    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel",
         f"    transformer = SanaVideo2Transformer3DModel.from_pretrained({str(summary.out_dir)!r}, "
         f"torch_dtype=torch.{dtype})",
@@ -88,6 +100,8 @@ def summary_text(summary, checkpoint: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.no_progress:  # the imports take seconds (tens without a bytecode cache): say what is happening
+        print("accelpatch convert: importing torch and diffusers ...", file=sys.stderr, flush=True)
     import torch  # noqa: PLC0415  (heavy: only when a conversion runs)
 
     from accelpatch.modeling.sana_video2.convert import convert_sana_video2

@@ -4,8 +4,9 @@
 The release is a torch pickle with the weights under ``state_dict``. Its keys are the original module names,
 which our model mirrors, so no key is renamed. The work is in reading the file safely: a pickle is only opened
 with ``weights_only=True``. The loader validates every key and shape before it assigns anything, so a load either
-succeeds completely or changes nothing. The model is built on the meta device and the checkpoint's tensors are
-assigned to it, so peak host memory stays near one copy of the weights. Contract:
+succeeds completely or changes nothing. The model is built on the meta device and gets its tensors one by one,
+each read (or copied out of the file mapping) into memory the model owns, so no weight stays a view of the file and
+peak host memory stays near one copy of the weights. Contract:
 ``shared/reference/sana_video2_checkpoint.md``.
 """
 from __future__ import annotations
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
+
+from ..sana_video2_release import (_YAML_FIXED, _YAML_MAPPED, REGISTRY, CheckpointError,  # noqa: F401 (re-exported)
+                                   anchor_layer_indices, sana_video2_config_from_yaml)
+from .file_reading import SafetensorsReader, owned_copy
 
 __all__ = [
     "CheckpointError", "UnsafeCheckpointError", "ConversionSummary", "load_sana_video2_checkpoint",
@@ -35,16 +40,8 @@ WRAPPERS = ("generator", "state_dict", "state_dict_ema")
 PREFIXES = ("module.", "model.")
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
-#: The release registry (``SanaVideo2_5B`` / ``_14B``): depth, hidden size, cross-attention heads.
-REGISTRY = {"SanaVideo2_5B": dict(depth=32, hidden_size=2560, num_heads=20),
-            "SanaVideo2_14B": dict(depth=40, hidden_size=4096, num_heads=32)}
 #: How many key names an error message lists before it gives a count.
 LISTED_KEYS = 20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint, or a config for it, that cannot be loaded: the message names the problem (keys, shapes,
-    fields)."""
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -57,12 +54,14 @@ class UnsafeCheckpointError(CheckpointError):
 @dataclass
 class _Checkpoint:
     """An original state dict whose key names, shapes and dtypes are known before any tensor data is read.
-    ``take(key)`` returns the tensor, read from disk only then for a ``.safetensors`` file."""
+    ``take(key)`` hands over one tensor (and forgets it): a ``.safetensors`` file's is read from disk only then, into
+    fresh memory. ``mapped``: ``take`` returns views of a memory-mapped file, which the loader copies out."""
 
     origin: str
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, torch.dtype]
     take: Callable[[str], torch.Tensor]
+    mapped: bool = False
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -89,9 +88,10 @@ def _unsafe_pickle_error(path: Path, error: BaseException) -> UnsafeCheckpointEr
         "also works on the command line.")
 
 
-def _torch_load(path: Path) -> Any:
-    """``torch.load`` with ``weights_only=True`` and, for the zip format, ``mmap=True``. A file in the legacy
-    (pre-zip) format cannot be memory-mapped and is read into memory instead, still with ``weights_only=True``."""
+def _torch_load(path: Path) -> tuple[Any, bool]:
+    """``torch.load`` with ``weights_only=True`` and, for the zip format, ``mmap=True``, and whether it is mapped. A
+    file in the legacy (pre-zip) format cannot be memory-mapped and is read into memory instead, still with
+    ``weights_only=True``."""
     import pickle
 
     def load(mmap: bool) -> Any:
@@ -99,11 +99,11 @@ def _torch_load(path: Path) -> Any:
 
     try:
         try:
-            return load(mmap=True)
+            return load(mmap=True), True
         except RuntimeError as error:
             if "mmap can only be used with files saved with" not in str(error):
                 raise
-            return load(mmap=False)
+            return load(mmap=False), False
     except pickle.UnpicklingError as error:
         if any(marker in str(error) for marker in _NEEDS_FULL_PICKLE):
             raise _unsafe_pickle_error(path, error) from None
@@ -111,7 +111,18 @@ def _torch_load(path: Path) -> Any:
         reason = detail.group(1) if detail else str(error)
         raise CheckpointError(f"{path} is not a readable torch checkpoint: {' '.join(reason.split())}") from None
     except (RuntimeError, EOFError) as error:
-        raise CheckpointError(f"{path} is not a readable torch checkpoint: {' '.join(str(error).split())}") from None
+        raise CheckpointError(f"{path} is not a readable torch checkpoint: {_reason(error)}") from None
+
+
+def _reason(error: BaseException) -> str:
+    """An exception's message on one line; for one without a message, what it means (an EOFError: the data ends
+    early)."""
+    message = " ".join(str(error).split())
+    if message:
+        return message
+    if isinstance(error, EOFError):
+        return "the data ends early (EOFError): the file is truncated or is not a torch checkpoint"
+    return type(error).__name__
 
 
 def _unwrap(obj: Any, origin: str) -> dict[str, torch.Tensor]:
@@ -138,26 +149,38 @@ def _strip_prefix(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_safetensors(path: Path) -> _Checkpoint:
+    """Names, shapes and dtypes from ``safe_open``; each tensor read by :class:`SafetensorsReader` (not a view of
+    safetensors' file mapping, which ``get_tensor`` returns)."""
     from safetensors import safe_open
 
     try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-        names = list(handle.keys())
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            names = list(handle.keys())
+            slices = {name: handle.get_slice(name) for name in names}
+            stored = {name: (tuple(view.get_shape()), view.get_dtype()) for name, view in slices.items()}
+        reader = SafetensorsReader(path)
     except Exception as error:  # safetensors raises its own error types
-        raise CheckpointError(f"{path} is not a readable .safetensors file: {error}") from None
+        raise CheckpointError(f"{path} is not a readable .safetensors file: {_reason(error)}") from None
     renamed = _strip_prefix({name: name for name in names})
     shapes, dtypes = {}, {}
     for key, name in renamed.items():
-        view = handle.get_slice(name)
-        shapes[key] = tuple(view.get_shape())
-        name_of_dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
+        shapes[key], stored_dtype = stored[name]
+        name_of_dtype = _SAFETENSORS_DTYPES.get(stored_dtype)
         if name_of_dtype is None or not hasattr(torch, name_of_dtype):
-            raise CheckpointError(f"{path}: {key} has the dtype {view.get_dtype()}, which this loader does not read")
+            raise CheckpointError(f"{path}: {key} has the dtype {stored_dtype}, which this loader does not read")
         dtypes[key] = getattr(torch, name_of_dtype)  # a non-float dtype is refused by the validation, naming the key
-    return _Checkpoint(str(path), shapes, dtypes, lambda key: handle.get_tensor(renamed[key]))
+
+    def take(key: str) -> torch.Tensor:
+        try:
+            return reader.read(renamed[key], shapes[key], dtypes[key])
+        except (OSError, ValueError) as error:
+            raise CheckpointError(str(error)) from None
+
+    return _Checkpoint(str(path), shapes, dtypes, take)
 
 
 def _open_checkpoint(source: Union[PathLike, Mapping[str, Any]]) -> _Checkpoint:
+    mapped = False
     if isinstance(source, Mapping):
         state = _unwrap(source, "the state dict")
         origin = "the state dict"
@@ -166,22 +189,28 @@ def _open_checkpoint(source: Union[PathLike, Mapping[str, Any]]) -> _Checkpoint:
         if not path.is_file():
             raise CheckpointError(f"{path}: no such file")
         suffix = path.suffix.lower()
-        if suffix == SAFETENSORS_SUFFIX:
-            return _open_safetensors(path)
-        if suffix not in PICKLE_SUFFIXES:
+        if suffix not in (*PICKLE_SUFFIXES, SAFETENSORS_SUFFIX):
             raise CheckpointError(f"{path}: unknown checkpoint format {suffix or '(no suffix)'!r}; expected a torch "
                                   f"pickle ({', '.join(PICKLE_SUFFIXES)}) or {SAFETENSORS_SUFFIX}")
-        state = _unwrap(_torch_load(path), str(path))
+        if path.stat().st_size == 0:
+            raise CheckpointError(f"{path} is empty (0 bytes), not a checkpoint: was its download or copy "
+                                  "interrupted?")
+        if suffix == SAFETENSORS_SUFFIX:
+            return _open_safetensors(path)
+        loaded, mapped = _torch_load(path)
+        state = _unwrap(loaded, str(path))
         origin = str(path)
+        del loaded  # the other entries of the file (optimizer state, ...) are never read
     else:
         raise TypeError(f"expected a checkpoint path or a state dict, got {type(source).__name__}")
     return _Checkpoint(origin, {k: tuple(v.shape) for k, v in state.items()}, {k: v.dtype for k, v in state.items()},
-                       state.__getitem__)
+                       state.pop, mapped=mapped)
 
 
 def read_original_state_dict(path_or_state_dict: Union[PathLike, Mapping[str, Any]]) -> dict[str, torch.Tensor]:
     """The flat original state dict of a checkpoint (wrappers and prefixes removed), unvalidated. Pickles are read
-    with ``weights_only=True`` (memory-mapped when possible)."""
+    with ``weights_only=True`` and memory-mapped when possible: those tensors are views of the file (clone them to
+    keep them past a change to it); a ``.safetensors`` file's tensors are read into memory."""
     checkpoint = _open_checkpoint(path_or_state_dict)
     return {key: checkpoint.take(key) for key in checkpoint.shapes}
 
@@ -282,8 +311,6 @@ def infer_sana_video2_config(checkpoint: Union[PathLike, Mapping[str, Any]]) -> 
 
 def _ratio_for(depth: int, anchors: list[int], origin: str) -> float:
     """A ``softmax_ratio`` whose release rule gives exactly ``anchors`` (0.25 when it does)."""
-    from .transformer import anchor_layer_indices
-
     count = len(anchors)
     for ratio in (0.25, count / depth, (count + 0.5) / depth):
         if 0.0 < ratio <= 1.0 and anchor_layer_indices(depth, ratio) == anchors:
@@ -292,186 +319,6 @@ def _ratio_for(depth: int, anchors: list[int], origin: str) -> float:
     raise CheckpointError(f"{origin}: the layers without attn.beta_proj (softmax anchors) are {anchors}, which is not "
                           f"the release anchor rule for any softmax_ratio (depth {depth} with {max(count, 1)} "
                           f"anchor(s) gives {rule})")
-
-
-# Release config.yaml (sana_video2_checkpoint.md §4). Each architecture field maps to a constructor kwarg. A
-# missing field takes upstream's dataclass default (diffusion/utils/config.py), as upstream would. Those defaults
-# often differ from the release values, so a real config sets the fields explicitly.
-_YAML_MAPPED = {
-    # section: {field: (kwarg, upstream default, type)}
-    "model": {
-        "fp32_attention": ("fp32_attention", True, bool),
-        "linear_head_dim": ("linear_head_dim", 32, int),
-        "softmax_head_dim": ("softmax_head_dim", 256, int),
-        "softmax_ratio": ("softmax_ratio", 0.0, float),
-        "mlp_ratio": ("mlp_ratio", 2.5, float),
-        "qk_norm": ("qk_norm", False, bool),
-        "cross_norm": ("cross_norm", False, bool),
-        "class_dropout_prob": ("class_dropout_prob", 0.0, float),
-        "attn_res_block_size": ("attn_res_block_size", 8, int),
-        # accelpatch extension (upstream takes these from the registry): sizes for models the registry lacks
-        "hidden_size": ("hidden_size", None, int),
-        "depth": ("depth", None, int),
-        "num_heads": ("num_heads", None, int),
-    },
-    "text_encoder": {
-        "caption_channels": ("caption_channels", 2304, int),
-        "y_norm": ("y_norm", True, bool),
-        "y_norm_scale_factor": ("y_norm_scale_factor", 1.0, float),
-        "model_max_length": ("model_max_length", 300, int),
-    },
-    "vae": {"vae_latent_dim": ("in_channels", 32, int)},
-    "scheduler": {
-        "pred_sigma": ("pred_sigma", False, bool),
-        "timestep_norm_scale_factor": ("timestep_norm_scale_factor", 1.0, float),
-    },
-}
-#: Read here but not passed on as a kwarg: the registry name, and what ``input_size`` is derived from.
-_YAML_READ = {"model": {"model", "image_size"}, "vae": {"vae_stride", "vae_downsample_rate"}}
-#: Fields whose only supported value is the release's (upstream default in brackets when missing).
-_YAML_FIXED = {"model": {"ffn_type": ("SwiGLU", "glumbconv"), "use_pe": (True, False),
-                         "pos_embed_type": ("wan_rope", "sincos"), "rope_fhw_dim": (None, None)}}
-#: Fields of other Sana video models that the SanaVideo2 builder never reads. Their default value is accepted;
-#: any other value describes a different model and is refused.
-_YAML_OTHER_MODELS = {"model": {
-    "pe_interpolation": 1.0, "micro_condition": False, "attn_type": "linear", "mlp_acts": ["silu", "silu", None],
-    "t_kernel_size": 3, "flash_attn_window_count": None, "pack_latents": False, "additional_inchannels": 0,
-    "encode_image_prompt_embeds": False, "cross_attn_image_embeds": False, "image_latent_mode": "video_zero",
-    "chunk_index": None, "softmax_layer_indices": None, "softmax_attn_type": "V2VGatedSoftmaxAttention",
-    "logvar": False, "cfg_embed": False, "cfg_embed_scale": 1.0,
-}}
-#: Training, data, runtime and pipeline fields: no effect on the transformer's weights or math.
-_YAML_IGNORED = {
-    "model": {"mixed_precision", "load_from", "multi_scale", "teacher", "discriminator_model",
-              "teacher_model", "teacher_model_weight_dtype", "resume_from", "aspect_ratio_type",
-              "autocast_linear_attn", "cross_attn_type", "cfg_scale", "guidance_type", "pag_applied_layers",
-              "ladd_multi_scale", "head_block_ids", "remove_state_dict_keys", "extra"},
-    "text_encoder": {"text_encoder_name", "chi_prompt", "extra"},
-    "vae": {"vae_type", "vae_pretrained", "weight_dtype", "scale_factor", "scaling_factor", "sample_posterior",
-            "use_causal_encode", "if_cache", "cache_dir", "use_framewise_encoding", "use_framewise_decoding",
-            "tile_sample_stride_num_frames", "tile_sample_min_num_frames", "extra"},
-    "scheduler": {"train_sampling_steps", "predict_flow_v", "predict_v", "noise_schedule", "learn_sigma",
-                  "vis_sampler", "flow_shift", "inference_flow_shift", "weighting_scheme",
-                  "weighting_scheme_discriminator", "add_noise_timesteps", "logit_mean", "logit_std",
-                  "logit_mean_discriminator", "logit_std_discriminator", "mode_scale", "sigma_data", "p_low",
-                  "p_high", "pretrain_timestep_norm_scale_factor", "discrete_norm_timestep", "extra"},
-}
-
-
-def _typed(value: Any, kind: type, where: str) -> Any:
-    """``value`` if it has the YAML type ``kind`` (an int is accepted for a float); else a CheckpointError."""
-    if kind is bool:
-        ok, wanted = isinstance(value, bool), "true or false"
-    elif kind is int:
-        ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    else:
-        ok, wanted = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    if not ok:
-        raise CheckpointError(f"{where} must be {wanted}, got {value!r}")
-    return float(value) if kind is float else value
-
-
-def sana_video2_config_from_yaml(path: PathLike) -> dict[str, Any]:
-    """Constructor kwargs from a release ``config.yaml`` (read with ``yaml.safe_load``).
-
-    The sections map as upstream's ``model_video_init_config`` does (checkpoint reference §4). ``model.model``
-    picks the registry sizes (``SanaVideo2_5B``: depth 32, hidden 2560, 20 heads; ``SanaVideo2_14B``: 40 / 4096 /
-    32). Explicit ``model.hidden_size`` / ``depth`` / ``num_heads`` override them; this is an accelpatch extension
-    for other sizes. ``input_size = model.image_size // vae.vae_stride[-1]`` (or ``vae_downsample_rate``).
-    ``model.fp32_attention`` is passed on. A missing field takes upstream's dataclass default, as upstream would.
-    Refused, with the field named: unknown fields in the four architecture sections, ``ffn_type`` other than SwiGLU,
-    ``use_pe`` false, ``pos_embed_type`` other than wan_rope, a ``rope_fhw_dim``, and non-default values of fields
-    that only other Sana models use. Training, data and pipeline fields are ignored (listed in this module).
-    """
-    path = Path(path)
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml comes with huggingface_hub / accelerate
-        raise CheckpointError("reading a config.yaml needs PyYAML (pip install pyyaml)") from None
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise CheckpointError(f"{path}: cannot read the config: {error}") from None
-    except yaml.YAMLError as error:
-        raise CheckpointError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
-    if not isinstance(document, Mapping) or not isinstance(document.get("model"), Mapping):
-        raise CheckpointError(f"{path}: expected a release config with a 'model:' section")
-    sections = {}
-    for name in _YAML_MAPPED:
-        section = document.get(name) or {}
-        if not isinstance(section, Mapping):
-            raise CheckpointError(f"{path}: '{name}:' must be a mapping, got {type(section).__name__}")
-        sections[name] = section
-
-    problems: list[str] = []
-    kwargs: dict[str, Any] = {}
-    for name, section in sections.items():
-        known = (set(_YAML_MAPPED[name]) | _YAML_READ.get(name, set()) | set(_YAML_FIXED.get(name, {}))
-                 | set(_YAML_OTHER_MODELS.get(name, {})) | _YAML_IGNORED[name])
-        unknown = sorted(str(key) for key in section if key not in known)
-        if unknown:
-            problems.append(f"unknown field{'s' if len(unknown) > 1 else ''} in '{name}:': {', '.join(unknown)} "
-                            "(accelpatch refuses fields it cannot map rather than ignore a possible architecture "
-                            "change)")
-        for key, (kwarg, default, kind) in _YAML_MAPPED[name].items():
-            if key in section:
-                try:
-                    kwargs[kwarg] = _typed(section[key], kind, f"{name}.{key}")
-                except CheckpointError as error:
-                    problems.append(str(error))
-            elif default is not None:
-                kwargs[kwarg] = default
-        for key, (wanted, default) in _YAML_FIXED.get(name, {}).items():
-            value = section.get(key, default)
-            if value != wanted or type(value) is not type(wanted):
-                note = "" if key in section else " (the field is missing, so upstream uses its default)"
-                problems.append(f"{name}.{key} is {value!r}{note}; SANA-Video 2.0 supports only {wanted!r}")
-        for key, default in _YAML_OTHER_MODELS.get(name, {}).items():
-            if key in section and section[key] != default and key != "softmax_layer_indices":
-                problems.append(f"{name}.{key} is {section[key]!r}: the SanaVideo2 model never reads it, and a value "
-                                f"other than {default!r} describes a different model")
-
-    model = sections["model"]
-    registry_name = model.get("model")
-    explicit = {key: kwargs[key] for key in ("hidden_size", "depth", "num_heads") if key in kwargs}
-    if registry_name is not None and registry_name not in REGISTRY:
-        problems.append(f"model.model is {registry_name!r}; known SANA-Video 2.0 models: {', '.join(REGISTRY)}")
-    elif registry_name is None and len(explicit) < 3:
-        problems.append("model.model is missing: name SanaVideo2_5B or SanaVideo2_14B, or give model.hidden_size, "
-                        "model.depth and model.num_heads")
-    else:
-        kwargs.update({**REGISTRY.get(registry_name, {}), **explicit})
-
-    stride = sections["vae"].get("vae_stride")
-    if stride is not None:
-        if not isinstance(stride, (list, tuple)) or not stride or not isinstance(stride[-1], int) or stride[-1] < 1:
-            problems.append(f"vae.vae_stride must be a list of positive integers, got {stride!r}")
-            stride = None
-        else:
-            stride = stride[-1]
-    if stride is None:
-        stride = sections["vae"].get("vae_downsample_rate", 32)
-    image_size = model.get("image_size", 512)
-    if not isinstance(image_size, int) or not isinstance(stride, int) or stride < 1 or image_size // stride < 1:
-        problems.append(f"model.image_size {image_size!r} with VAE stride {stride!r} gives no latent size")
-    else:
-        kwargs["input_size"] = image_size // stride
-
-    ratio = kwargs.get("softmax_ratio")
-    if isinstance(ratio, float) and not 0.0 < ratio <= 1.0:
-        note = "" if "softmax_ratio" in model else " (the field is missing, so upstream uses its default)"
-        problems.append(f"model.softmax_ratio is {ratio!r}{note}; it must be in (0, 1] (the release uses 0.25)")
-    indices = model.get("softmax_layer_indices")
-    if indices is not None and not problems:
-        from .transformer import anchor_layer_indices
-
-        rule = anchor_layer_indices(kwargs["depth"], kwargs["softmax_ratio"])
-        if not isinstance(indices, list) or indices != rule:
-            problems.append(f"model.softmax_layer_indices is {indices!r}, but SANA-Video 2.0 places its anchors by "
-                            f"softmax_ratio ({rule})")
-    if problems:
-        raise CheckpointError(f"{path}: cannot build SANA-Video 2.0 from this config: " + "; ".join(problems))
-    return kwargs
 
 
 def _resolve_config(config: Union[None, PathLike, Mapping[str, Any]], checkpoint: _Checkpoint,
@@ -590,12 +437,21 @@ def load_sana_video2_checkpoint(path_or_state_dict: Union[PathLike, Mapping[str,
     non-float key raises :class:`CheckpointError`, naming the keys. There are two exceptions. ``pos_embed`` may be
     absent or of any ``[1, S², C]`` shape; the model keeps its own zeros. ``y_embedder.y_embedding`` (the
     training-time null caption) may be absent, and then gets the constructor's initialisation from a fixed seed.
-    The model is built on the meta device and the tensors are assigned to it, not copied. A memory-mapped pickle
-    is read from disk only as the weights are used, and an in-memory state dict's tensors are shared with the
-    model. Without ``torch_dtype`` the tensors keep the checkpoint's dtype (the widest one if the parameters mix
-    dtypes). With it, they are cast one by one while they are assigned.
+    The model is built on the meta device and owns its weights: it never keeps a view of the file, so rewriting,
+    truncating or deleting the checkpoint afterwards changes nothing. Tensor by tensor, a memory-mapped pickle's
+    tensor is copied into fresh memory and the file pages it read are released, and a ``.safetensors`` tensor is
+    read straight into fresh memory, so the peak stays near one copy of the weights. An in-memory state dict's
+    tensors are assigned as they are (shared with the model, like ``load_state_dict(assign=True)``). Without
+    ``torch_dtype`` the tensors keep the checkpoint's dtype (the widest one if the parameters mix dtypes). With it,
+    they are cast one by one while they are copied.
     """
-    model_cls = model_cls or _model_cls()
+    return _load(path_or_state_dict, config, torch_dtype, progress=progress, model_cls=model_cls or _model_cls(),
+                 own_memory=True)
+
+
+def _load(path_or_state_dict, config, torch_dtype, *, progress: bool, model_cls, own_memory: bool):
+    """:func:`load_sana_video2_checkpoint`; ``own_memory=False`` keeps a mapped pickle's tensors as views of the file
+    (for :func:`convert_sana_video2`, whose model only lives while it is written out: no copy to pay for)."""
     checkpoint = _open_checkpoint(path_or_state_dict)
     kwargs, config_note = _resolve_config(config, checkpoint, model_cls)
     try:
@@ -619,6 +475,8 @@ def load_sana_video2_checkpoint(path_or_state_dict: Union[PathLike, Mapping[str,
             elif name == Y_EMBEDDING and name not in checkpoint.shapes:
                 generator = torch.Generator().manual_seed(0)
                 tensor = (torch.randn(meta.shape, generator=generator) / meta.shape[1] ** 0.5).to(dtype)
+            elif checkpoint.mapped and own_memory:  # a view of the file: copied out, its pages released, dropped
+                tensor = owned_copy(checkpoint.take(name), dtype)
             else:
                 tensor = _owned(checkpoint.take(name).to(dtype), seen)
             state[name] = tensor
@@ -688,11 +546,12 @@ def convert_sana_video2(checkpoint: Union[PathLike, Mapping[str, Any]], out_dir:
     ``SanaVideo2Transformer3DModel.from_pretrained(out_dir)`` loads the result. The checkpoint is validated in full
     before anything is written (see :func:`load_sana_video2_checkpoint` for ``config`` and ``torch_dtype``). Weight
     files that an earlier conversion left in ``out_dir`` and that this one did not write are removed, so the
-    folder stays consistent."""
+    folder stays consistent. The model built here only lives while it is written, so a memory-mapped pickle's tensors
+    are written from the mapping, not copied first."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise CheckpointError(f"{out_dir} exists and is not a directory")
-    model = load_sana_video2_checkpoint(checkpoint, config=config, torch_dtype=torch_dtype, progress=progress)
+    model = _load(checkpoint, config, torch_dtype, progress=progress, model_cls=_model_cls(), own_memory=False)
     try:
         planned = _planned_files(model, max_shard_size)
     except ValueError as error:

@@ -10,8 +10,9 @@ Loading: ``SanaVideo2Pipeline.from_pretrained(dir)`` works as for any diffusers 
 (``["accelpatch.modeling.sana_video2.transformer", "SanaVideo2Transformer3DModel"]``), which diffusers 0.42 resolves
 from ``sys.modules`` only (it never imports a module a repository names): importing this module satisfies that.
 ``diffusers.DiffusionPipeline.from_pretrained(dir)`` looks the ``_class_name`` up as an attribute of the top-level
-``diffusers`` module and nowhere else, so importing this module also adds ``SanaVideo2Pipeline`` to the ``diffusers``
-namespace (a new name only; it never replaces one diffusers defines).
+``diffusers`` module and nowhere else: importing the ``accelpatch.modeling.sana_video2`` package (which any import of
+this module does first) adds ``SanaVideo2Pipeline`` to the ``diffusers`` namespace as a lazy name (a new name only; it
+never replaces one diffusers defines).
 """
 import inspect
 import math
@@ -568,15 +569,3 @@ class SanaVideo2Pipeline(DiffusionPipeline):
         if not return_dict:
             return (video,)
         return SanaVideo2PipelineOutput(frames=video)
-
-
-def _make_loadable_by_diffusion_pipeline() -> None:
-    """``DiffusionPipeline.from_pretrained`` resolves ``model_index.json``'s ``_class_name`` as an attribute of the
-    top-level ``diffusers`` module; give it that name (only if diffusers has none of its own)."""
-    import diffusers
-
-    if not hasattr(diffusers, SanaVideo2Pipeline.__name__):
-        setattr(diffusers, SanaVideo2Pipeline.__name__, SanaVideo2Pipeline)
-
-
-_make_loadable_by_diffusion_pipeline()

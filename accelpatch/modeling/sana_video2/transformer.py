@@ -24,21 +24,10 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from ..sana_video2_release import anchor_layer_indices
 from .attention import RMSNorm, SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 
 SOFTMAX, LINEAR = "softmax", "linear"
-
-
-def anchor_layer_indices(depth: int, softmax_ratio: float) -> list[int]:
-    """The softmax "anchor" layers of the release rule: ``n = max(1, int(depth·ratio))`` layers spread evenly, the
-    k-th at ``int((k+1)·depth/n) - 1`` (5B: 3, 7, ..., 31; 14B: 3, 7, ..., 39)."""
-    if not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be an int >= 1, got {depth!r}")
-    if not 0.0 < softmax_ratio <= 1.0:
-        raise ValueError(f"softmax_ratio must be in (0, 1], got {softmax_ratio!r}")
-    count = max(1, int(depth * softmax_ratio))
-    step = depth / count
-    return [int((k + 1) * step) - 1 for k in range(count)]
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -69,9 +58,10 @@ class TimestepEmbedder(nn.Module):
         args = t[:, None].float() * freqs[None]
         return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        weight = self.mlp[0].weight
-        return self.mlp(self.sinusoid(t, self.frequency_embedding_size).to(weight.dtype))
+    def forward(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``dtype``: the model's compute dtype. Not the weight's: under layerwise casting that is the storage dtype
+        (float8), and the weights are upcast only inside each Linear (diffusers passes the hidden dtype alike)."""
+        return self.mlp(self.sinusoid(t, self.frequency_embedding_size).to(dtype))
 
 
 class CaptionEmbedder(nn.Module):
@@ -109,7 +99,9 @@ class PatchEmbed3D(nn.Module):
 class WanRope3D:
     """Wan 3-D RoPE tables for one head dim (complex128, positions 0..max_len-1 per axis); the t/h/w split is
     ``d - 4·(d//6)`` / ``2·(d//6)`` / ``2·(d//6)`` channels (128: 44/42/42; 256: 88/84/84). Not a buffer: the
-    tables are a function of the config and never travel in a state dict."""
+    tables are a function of the config and never travel in a state dict. They are built with the object (on the
+    CPU, also when the model is built on the meta device; a few MB), never on first use: a table made inside a
+    compiled call would change the object that the compiled code guards on, and the next call would recompile."""
 
     def __init__(self, head_dim: int, max_len: int = 1024, theta: float = 10000.0) -> None:
         self.head_dim = head_dim
@@ -117,26 +109,29 @@ class WanRope3D:
         self.theta = theta
         side = 2 * (head_dim // 6)
         self.axis_dims = (head_dim - 2 * side, side, side)
-        self._tables: Optional[list[torch.Tensor]] = None
+        self._tables = self._axis_tables()
 
     def _axis_tables(self) -> list[torch.Tensor]:
-        if self._tables is None:
-            self._tables = [get_1d_rotary_pos_embed(dim, self.max_len, self.theta, use_real=False,
-                                                    freqs_dtype=torch.float64) for dim in self.axis_dims]
-        return self._tables
+        with torch.device("cpu"):  # not the meta device of a model being built for loading
+            return [get_1d_rotary_pos_embed(dim, self.max_len, self.theta, use_real=False, freqs_dtype=torch.float64)
+                    for dim in self.axis_dims]
 
     def __call__(self, frames: int, height: int, width: int, device: torch.device) -> torch.Tensor:
         """[N, head_dim/2] complex frequencies for tokens in (f, h, w) raster order."""
         if max(frames, height, width) > self.max_len:
             raise ValueError(f"latent grid {frames}x{height}x{width} exceeds the RoPE table ({self.max_len} per axis)")
-        t, h, w = (tab.to(device) for tab in self._axis_tables())
+        t, h, w = (tab.to(device) for tab in self._tables)
         grid = (frames, height, width)
         parts = [t[:frames].view(frames, 1, 1, -1), h[:height].view(1, height, 1, -1),
                  w[:width].view(1, 1, width, -1)]
         return torch.cat([p.expand(*grid, p.shape[-1]) for p in parts], dim=-1).reshape(frames * height * width, -1)
 
     def __getstate__(self) -> dict:
-        return dict(self.__dict__, _tables=None)
+        return {key: value for key, value in self.__dict__.items() if key != "_tables"}  # rebuilt, not pickled
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._tables = self._axis_tables()
 
 
 class SwiGLU(nn.Module):
@@ -309,7 +304,10 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
     _supports_gradient_checkpointing = True
     _no_split_modules = ["SanaVideo2Block"]
     _repeated_blocks = ["SanaVideo2Block"]
-    _skip_layerwise_casting_patterns = ["x_embedder", "norm"]
+    #: kept in the compute dtype by ``enable_layerwise_casting``: the patch embedding and norms (diffusers' usual
+    #: choice), and the Attention Residual scores, whose three tiny weight rows are read directly (not through their
+    #: Linear's forward, where the casting hook would upcast them)
+    _skip_layerwise_casting_patterns = ["x_embedder", "norm", "attn_res"]
 
     @register_to_config
     def __init__(
@@ -386,13 +384,42 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         Every key and shape is validated before anything is assigned. A mismatch raises a ``ValueError`` that
         names the keys. The only exceptions are the two unused buffers: ``pos_embed`` (may be absent or of any
         ``[1, S², C]`` shape; the model keeps zeros) and ``y_embedder.y_embedding`` (may be absent). Returns the
-        model in eval mode. See
+        model in eval mode; it owns its weights (read tensor by tensor into fresh memory, never views of the file, so
+        the file may change or go away afterwards). See
         :mod:`accelpatch.modeling.sana_video2.convert`, which also writes diffusers folders
         (``convert_sana_video2``).
         """
         from .convert import load_sana_video2_checkpoint
 
         return load_sana_video2_checkpoint(path_or_state_dict, config=config, torch_dtype=torch_dtype, model_cls=cls)
+
+    # -- diffusers' caches -------------------------------------------------------------------------------------
+
+    def enable_cache(self, config) -> None:
+        """diffusers' ``CacheMixin.enable_cache``, refusing the caches that cannot be right on this model.
+
+        diffusers' block caches (``FirstBlockCacheConfig``, ``MagCacheConfig``, ``SeaCacheConfig``) hook the blocks
+        and assume each maps the hidden states to the next hidden states. A SANA-Video 2.0 block instead returns the
+        delta of one sub-layer (it runs twice per layer), and Block Attention Residuals mix those deltas across
+        depth: the head hook would take the attention delta as the first block's output and reuse tails that do
+        not exist yet (measured: a ``TypeError`` at the first reuse). ``TextKVCacheConfig`` hooks NucleusMoE blocks
+        only and would cache nothing here. accelpatch's step cache runs the first-block decision at the model's own
+        hook point instead (``accelpatch.apply(pipe, cache="first_block")``). Other configs go to diffusers."""
+        from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig, TextKVCacheConfig
+
+        if isinstance(config, (FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig)):
+            raise ValueError(
+                f"{type(config).__name__} cannot run on {type(self).__name__}: diffusers' block caches assume that "
+                "each transformer block maps the hidden states to the next ones, but SANA-Video 2.0's blocks "
+                "return per-sub-layer deltas that Block Attention Residuals mix across depth, so the cached "
+                "residual would be wrong. Use accelpatch's step cache, which decides after the first layer at the "
+                "model's own hook point: accelpatch.apply(pipe, cache='first_block') (or cache="
+                "FirstBlockCacheConfig(threshold=...); a 'high'-tier fast path, with the guards cache_warmup_steps, "
+                "cache_max_reuse and cache_final_steps).")
+        if isinstance(config, TextKVCacheConfig):
+            raise ValueError(f"TextKVCacheConfig caches the text K/V of NucleusMoE image blocks only; "
+                             f"{type(self).__name__} has none, so it would cache nothing")
+        super().enable_cache(config)
 
     # -- inputs -------------------------------------------------------------------------------------------------
 
@@ -411,7 +438,7 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         factor = self.config.timestep_norm_scale_factor
         return t.long().float() if factor == 1.0 else t.float() / factor
 
-    def _caption(self, encoder_hidden_states: torch.Tensor, mask: Optional[torch.Tensor]):
+    def _caption(self, encoder_hidden_states: torch.Tensor, mask: Optional[torch.Tensor], dtype: torch.dtype):
         y = encoder_hidden_states
         if y.dim() == 4 and y.shape[1] == 1:
             y = y[:, 0]
@@ -423,7 +450,7 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
             if mask.shape != y.shape[:2]:
                 raise ValueError(f"encoder_attention_mask must be [B, L] = {tuple(y.shape[:2])}, got "
                                  f"{tuple(mask.shape)}")
-        y = self.attention_y_norm(self.y_embedder(y.to(self.dtype)))
+        y = self.attention_y_norm(self.y_embedder(y.to(dtype)))
         return y, mask
 
     # -- forward ------------------------------------------------------------------------------------------------
@@ -451,13 +478,14 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
             raise ValueError(f"latent height/width {height}x{width} must be multiples of the patch {self.patch}")
         grid = (frames // pt, height // ph, width // pw)
 
+        dtype = self.dtype  # the compute dtype (under layerwise casting, not the weights' storage dtype)
         t_in = self._timesteps(timestep, batch, frames, hidden_states.device)
-        t = self.t_embedder(t_in.flatten())
+        t = self.t_embedder(t_in.flatten(), dtype)
         t0 = self.t_block(t).unflatten(0, t_in.shape)  # [B, 6C] or [B, 1, F, 6C]
         t = t.unflatten(0, t_in.shape)
-        y, mask = self._caption(encoder_hidden_states, encoder_attention_mask)
+        y, mask = self._caption(encoder_hidden_states, encoder_attention_mask, dtype)
 
-        x = self.x_embedder(hidden_states.to(self.dtype))
+        x = self.x_embedder(hidden_states.to(dtype))
         ropes = {LINEAR: self.rope_linear(*grid, x.device), SOFTMAX: self.rope_softmax(*grid, x.device)}
 
         block_size = self.config.attn_res_block_size
