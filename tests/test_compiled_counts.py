@@ -103,7 +103,6 @@ def test_aotinductor_package_of_a_patched_model_equals_the_unpatched_package(mak
     """diffusers' test_compile_works_with_aot, at the model's default tier (H3 with sol_attn: lossless, its bit
     identical tier; no quality("exact") needed)."""
     model, inputs, options = make()
-    _forward(model, inputs)  # SANA-Video 2.0 builds its RoPE tables on the first call (not traceable by export)
     unpatched = _package(model, inputs, tmp_path / "unpatched.pt2")
     accelpatch.apply(model, **options)
     tier = accelpatch.quality("lossless") if options else accelpatch.quality(accelpatch.current_quality(model))

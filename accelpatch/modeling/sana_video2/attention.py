@@ -3,8 +3,8 @@
 Each self-attention kind is its own module class holding the weights (names mirror the original checkpoint:
 ``qkv``, ``q_norm``, ``k_norm``, ``output_gate``, ``proj``; the linear kind adds ``beta_proj`` and ``o_norm``) and
 delegating its math to a processor object, as diffusers' attention modules do, so that patchers and readers find
-them by class and can swap the processor. The math follows the release (NVlabs/Sana ``sana_video2_blocks.py``;
-see ``shared/reference/sana_video2.md`` §4-5): q/k RMSNorm over the full width, Wan 3-D RoPE applied in float64,
+them by class and can swap the processor. The math follows the release (NVlabs/Sana ``sana_video2_blocks.py``):
+q/k RMSNorm over the full width, Wan 3-D RoPE applied in float64,
 the FP32 upcast when ``fp32_attention`` is set (every release config sets it), and a sigmoid output gate.
 """
 from __future__ import annotations

@@ -6,8 +6,8 @@ which our model mirrors, so no key is renamed. The work is in reading the file s
 with ``weights_only=True``. The loader validates every key and shape before it assigns anything, so a load either
 succeeds completely or changes nothing. The model is built on the meta device and gets its tensors one by one,
 each read (or copied out of the file mapping) into memory the model owns, so no weight stays a view of the file and
-peak host memory stays near one copy of the weights. Contract:
-``shared/reference/sana_video2_checkpoint.md``.
+peak host memory stays near one copy of the weights. The expected keys and shapes are the model's own state dict
+(built on the meta device from the release config), checked key by key.
 """
 from __future__ import annotations
 

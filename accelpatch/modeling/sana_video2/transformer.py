@@ -1,10 +1,9 @@
 """``SanaVideo2Transformer3DModel``: SANA-Video 2.0 as a diffusers model (diffusers has no class for it).
 
-Architecture and numerics follow the release (NVlabs/Sana ``sana_video2.py`` / ``sana_video2_blocks.py``; our
-summary is ``shared/reference/sana_video2.md`` and ``sana_video2_checkpoint.md``): hybrid attention (gated linear
-attention everywhere except the softmax "anchor" layers, which follow a fixed rule), text cross-attention in every
-layer, SwiGLU MLPs, AdaLN-style modulation from the timestep, and Block Attention Residuals in place of a plain
-residual stream. Parameter and buffer names mirror the original checkpoint keys, so loading an original state dict
+Architecture and numerics follow the release (NVlabs/Sana ``sana_video2.py`` / ``sana_video2_blocks.py``): hybrid
+attention (gated linear attention everywhere except the softmax "anchor" layers, which follow a fixed rule), text
+cross-attention in every layer, SwiGLU MLPs, AdaLN-style modulation from the timestep, and Block Attention
+Residuals in place of a plain residual stream. Parameter and buffer names mirror the original checkpoint keys, so loading an original state dict
 is rename-free. Config field names are the original constructor's; the defaults are the 5B release, and
 ``SanaVideo2Transformer3DModel(hidden_size=4096, depth=40, num_heads=32)`` is the 14B one.
 """
