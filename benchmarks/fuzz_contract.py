@@ -6,7 +6,8 @@ family until ``--examples`` have run, in batches, every failure shrunk to its sh
     python benchmarks/fuzz_contract.py --known-holes               # also check the invariants of open holes
 
 Each batch is one hypothesis run with its own random seed; a failure ends its batch (after shrinking) and the next
-batch goes on, so one run can find several holes. Holes already tracked (``KNOWN_HOLES``, each with an xfail
+batch goes on, so one run can find several holes. An example is one run of the machine along one path, generated
+or replayed while shrinking a failure (both exercise the contract; the summary says how many batches failed). Holes already tracked (``KNOWN_HOLES``, each with an xfail
 regression test) are left out unless ``--known-holes``. The summary gives examples run, failures (distinct by their
 error), time and the rate; exit code 1 when a failure was found.
 """
@@ -57,37 +58,36 @@ def main(argv=None) -> int:
     cm.ContractMachine.check_known_holes = args.known_holes  # checks() reads the base class
     phases = (Phase.generate,) if args.no_shrink else (Phase.generate, Phase.shrink)
     failures: dict[str, tuple[int, str]] = {}  # first line of the error -> (times found, the shortest report)
-    generated = 0
+    batches = failed_batches = 0
     start = time.perf_counter()
-    while generated < args.examples:
-        size = min(args.batch, args.examples - generated)
+    while Machine.examples < args.examples:
+        size = min(args.batch, args.examples - Machine.examples)
         lines: list[str] = []
-        before = Machine.examples
+        batches += 1
         batch_settings = settings(max_examples=size, stateful_step_count=args.steps, deadline=None, database=None,
                                   phases=phases, report_multiple_bugs=True, print_blob=False,
                                   suppress_health_check=list(HealthCheck))
         try:
             with with_reporter(lines.append):
                 run_state_machine_as_test(Machine, settings=batch_settings)
-            generated += size
         except BaseException as error:  # noqa: BLE001 - a hole found (or several, as an ExceptionGroup)
-            if isinstance(error, KeyboardInterrupt) and not lines:
-                raise
-            generated += max(1, Machine.examples - before) if args.no_shrink else 1
+            if isinstance(error, KeyboardInterrupt) and not getattr(error, "__notes__", None):
+                raise  # the user's ^C, not one the machine's hooks raised and caught
+            failed_batches += 1
             for found in getattr(error, "exceptions", [error]):
                 key = f"{type(found).__name__}: {str(found).splitlines()[0] if str(found) else ''}"[:300]
                 count, report = failures.get(key, (0, None))
-                text = "\n".join(map(str, lines))
+                text = "\n".join([*map(str, lines), *getattr(found, "__notes__", [])])
                 failures[key] = (count + 1, text if report is None or len(text) < len(report) else report)
         elapsed = time.perf_counter() - start
-        print(f"  {generated} examples ({Machine.examples} machine runs with shrinking), {len(failures)} distinct "
-              f"failure(s), {elapsed:.0f} s", flush=True)
+        print(f"  batch {batches}: {Machine.examples} examples, {len(failures)} distinct failure(s), {elapsed:.0f} s",
+              flush=True)
     elapsed = time.perf_counter() - start
-    print(f"\ncontract state machine: {generated} examples of up to {args.steps} steps on {', '.join(families)}"
-          f"{' (known holes checked too)' if args.known_holes else ''}")
-    print(f"  machine runs (shrinking included): {Machine.examples}")
-    print(f"  time: {elapsed:.1f} s, {generated / elapsed:.2f} examples/s "
-          f"(10,000 examples: about {10_000 / (generated / elapsed) / 3600:.1f} h)")
+    rate = Machine.examples / elapsed
+    print(f"\ncontract state machine: {Machine.examples} examples of up to {args.steps} steps on "
+          f"{', '.join(families)}{' (known holes checked too)' if args.known_holes else ''}")
+    print(f"  {batches} batch(es), {failed_batches} ended by a failure (its shrinking replays count as examples)")
+    print(f"  time: {elapsed:.1f} s, {rate:.2f} examples/s (10,000 examples: about {10_000 / rate / 3600:.1f} h)")
     print(f"  failures found: {len(failures)} distinct")
     for key, (count, report) in failures.items():
         print(f"\n--- found {count}x: {key}\n{report}")

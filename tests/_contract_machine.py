@@ -27,6 +27,7 @@ that test: then drop the xfail and the entry here together.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import copy
 import pickle
@@ -47,6 +48,12 @@ from accelpatch.sites.base import run_fast_paths_on_cpu
 KNOWN_HOLES = {
     "no_step_between_calls": "issue 16 item 4: an interrupted call (KeyboardInterrupt) leaves the step clock set",
     "fast_path_ran_counts_cache_reuse": "issue 16 item 6: assert_fast_path_ran() ignores step-cache reuse",
+    "cache_remove_drops_accelerate_hook": "remove() of a step cache drops an accelerate hook added on a cached block "
+                                          "after apply() (diffusers' HookRegistry.remove_hook, called by "
+                                          "StepCache.remove, overwrites the block's forward)",
+    "cache_reuses_after_a_raised_call": "after a call that raised midway, a later call of the same generation (a "
+                                        "step above the raised one's) reuses the step cache's half-written state "
+                                        "and raises TypeError",
     "mag_cache_remove_leaves_root_registry": "remove() of a MagCache leaves an empty diffusers HookRegistry on the "
                                              "transformer (StepCache.remove cleans the blocks only)",
 }
@@ -117,7 +124,8 @@ _SOL_COMMON = dict(tau=st.sampled_from([-1e9, 0.5, 2.0]), thresh_type=st.sampled
 
 def _draw_some(data, strategies: dict) -> dict:
     """A random subset of the options, each with a random value (absent ones keep their defaults)."""
-    return {name: data.draw(s, label=name) for name, s in strategies.items() if data.draw(st.booleans(), label=f"set {name}")}
+    return {name: data.draw(s, label=name) for name, s in strategies.items()
+            if data.draw(st.booleans(), label=f"set {name}")}
 
 
 def _sv_options(data):
@@ -180,8 +188,13 @@ class Tally:
     def __init__(self) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        #: set while the machine runs backward(): gradient checkpointing's recomputations are not calls (the
+        #: README: report() does not count them again)
+        self.paused = False
 
     def add(self, path: str) -> None:
+        if self.paused:
+            return
         with self._lock:
             self.counts[path] += 1
 
@@ -195,6 +208,7 @@ class Tally:
     def __setstate__(self, state):
         self.counts = state["counts"]
         self._lock = threading.Lock()
+        self.paused = False
 
 
 class CountCall:
@@ -242,7 +256,7 @@ def _hook_name(hook) -> str:
 
 def module_tree(model: torch.nn.Module) -> dict:
     """What remove() must restore, per module path: class, instance attribute names, hooks (by kind and name)."""
-    return {path: (type(m), sorted(vars(m)), m.training,
+    return {path: (type(m), sorted((k, type(v).__name__) for k, v in vars(m).items()), m.training,
                    tuple((name, tuple(map(_hook_name, getattr(m, name).values()))) for name in _HOOK_DICTS))
             for path, m in model.named_modules()}
 
@@ -337,6 +351,9 @@ class ContractMachine(RuleBasedStateMachine):
         """Counters start from zero here (apply with new arguments, report(reset=True))."""
         self.base = self.tally.snapshot()
         self.uncounted: collections.Counter[str] = collections.Counter()  # site calls a strict raise cut short
+        #: site calls that a user's error inside the site stopped midway (a fast call that raised is not counted, a
+        #: reference call is counted before it runs): counted or not
+        self.slack: collections.Counter[str] = collections.Counter()
         self.calls_completed = 0
 
     # --- helpers ---
@@ -352,36 +369,26 @@ class ContractMachine(RuleBasedStateMachine):
             return "exact"
         return tier or self._default_tier()
 
-    def _twin_output(self, variant: int) -> dict:
-        if variant not in self._twin_outputs:
-            with torch.no_grad():
-                self._twin_outputs[variant] = outputs_of(self.twin(**self.family.inputs(self.twin, variant)))
-        return self._twin_outputs[variant]
+    def _twin_output(self, variant: int, backward: bool = False) -> dict:
+        key = (variant, backward)
+        if key not in self._twin_outputs:
+            self._twin_outputs[key] = _run(self.twin, self.family.inputs(self.twin, variant), None, None, backward,
+                                           None)
+        return self._twin_outputs[key]
 
-    def _call(self, variant: int, tier: Optional[str], step: Optional[int], *, in_session: bool = True):
-        """One forward of the model under ``tier``/``step``, in the session's context (else in the calling thread's
-        own); returns (outputs or None, the exception or None)."""
+    def _call(self, variant: int, tier: Optional[str], step: Optional[int], *, in_session: bool = True,
+              backward: bool = False):
+        """One forward of the model under ``tier``/``step`` (with ``backward``: and a backward outside them), in the
+        session's context (else in the calling thread's own); returns (outputs and gradients, or None; the
+        exception or None)."""
         if in_session:
-            return self.session.run(self._call, variant, tier, step, in_session=False)
-        model = self.model
-        inputs = self.family.inputs(model, variant)
+            return self.session.run(self._call, variant, tier, step, in_session=False, backward=backward)
         try:
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if tier is not None and step is not None:
-                    with accelpatch.quality(tier), accelpatch.denoising_step(step):
-                        return outputs_of(model(**inputs)), None
-                if tier is not None:
-                    with accelpatch.quality(tier):
-                        return outputs_of(model(**inputs)), None
-                if step is not None:
-                    with accelpatch.denoising_step(step):
-                        return outputs_of(model(**inputs)), None
-                return outputs_of(model(**inputs)), None
+            return _run(self.model, self.family.inputs(self.model, variant), tier, step, backward, self.tally), None
         except BaseException as error:  # noqa: BLE001 - judged by _judge
             return None, error
 
-    def _judge(self, variant, tier, outputs, error, expected_error=None) -> None:
+    def _judge(self, variant, tier, outputs, error, expected_error=None, backward=False) -> None:
         """Check one call's result: the output against the twin outside high, the error against what the user
         caused."""
         runs_at = self._tier_of_call(tier)
@@ -398,8 +405,8 @@ class ContractMachine(RuleBasedStateMachine):
                                  f"(expected {expected_error!r}): {type(error).__name__}: {error}") from error
         assert expected_error is None, f"the user's {expected_error!r} did not propagate"
         self.calls_completed += 1
-        twin = self._twin_output(variant)
-        assert outputs.keys() == twin.keys()
+        twin = self._twin_output(variant, backward)
+        assert outputs.keys() == twin.keys(), sorted(set(outputs.keys()) ^ set(twin.keys()))[:5]
         for name, value in outputs.items():
             assert value.shape == twin[name].shape and value.dtype == twin[name].dtype, name
             if runs_at != "high" or self.kwargs is None:
@@ -457,9 +464,24 @@ class ContractMachine(RuleBasedStateMachine):
         outputs, error = self._call(variant, tier, step)
         self._judge(variant, tier, outputs, error)
 
+    @rule(variant=VARIANTS, tier=TIERS, step=STEPS)
+    def call_and_backward(self, variant, tier, step):
+        """A training step: forward under the tier and step, backward after them (gradients compared too)."""
+        outputs, error = self._call(variant, tier, step, backward=True)
+        self._judge(variant, tier, outputs, error, backward=True)
+
+    @rule(on=st.booleans())
+    def gradient_checkpointing(self, on):
+        self._both(lambda m: m.enable_gradient_checkpointing() if on else m.disable_gradient_checkpointing())
+
     @rule(variant=VARIANTS, tier=TIERS, step=STEPS, data=st.data())
     def call_that_a_hook_makes_raise(self, variant, tier, step, data):
-        path = data.draw(st.sampled_from(self.family.blocks(self.model)), label="block")
+        """A user's hook raises (or interrupts) on an inner block, or on a layer inside an attention module."""
+        if self.kwargs is not None and self.kwargs.get("cache") and not checks("cache_reuses_after_a_raised_call"):
+            return
+        inner = {f"{a}.{name}": a for a in self.family.attention(self.model)  # layer -> its attention module
+                 for name, m in self.model.get_submodule(a).named_modules() if name and not list(m.children())}
+        path = data.draw(st.sampled_from(self.family.blocks(self.model) + sorted(inner)), label="module")
         kind = data.draw(st.sampled_from(["pre", "post"]), label="hook")
         error = data.draw(st.sampled_from([UserError, KeyboardInterrupt]), label="error")("raised by a user hook")
         block = self.model.get_submodule(path)
@@ -472,6 +494,8 @@ class ContractMachine(RuleBasedStateMachine):
             self._judge(variant, tier, outputs, raised, expected_error=error)
         finally:
             error.__traceback__ = None  # frames would keep the models alive
+        if raised is error and path in inner:  # the site around it stopped midway: counted or not, both are fine
+            self.slack[inner[path]] += 1
 
     @rule(variant=VARIANTS, tier=TIERS, step=STEPS, also_here=st.one_of(st.none(), st.tuples(VARIANTS, TIERS)))
     def call_in_a_thread(self, variant, tier, step, also_here):
@@ -491,6 +515,9 @@ class ContractMachine(RuleBasedStateMachine):
         paths = [""] + self.family.blocks(self.model) + self.family.attention(self.model)
         if kind == "diffusers":  # a diffusers hook on a block next to the step cache's is a documented limit
             paths = self.family.attention(self.model)
+        elif (kind.startswith("accelerate") and self.kwargs is not None and self.kwargs.get("cache")
+              and not checks("cache_remove_drops_accelerate_hook")):
+            paths = [p for p in paths if p not in self.family.blocks(self.model)]
         path = data.draw(st.sampled_from(paths), label="module")
         self._both(lambda m: FOREIGN_HOOKS[kind](m.get_submodule(path)))
 
@@ -502,7 +529,11 @@ class ContractMachine(RuleBasedStateMachine):
 
     @rule()
     def deepcopy(self):
-        """Continue with deep copies (the copy keeps its counters: the bookkeeping carries over)."""
+        """Continue with deep copies (the copy keeps its counters: the bookkeeping carries over). Not with a user's
+        diffusers hook: diffusers' hooked forward is a closure over the original module, so the copy would call
+        the original (the unpatched twin too)."""
+        if any("_diffusers_hook" in vars(m) for m in self.twin.modules()):
+            return
         memo = {}
         self.model = copy.deepcopy(self.model, memo)
         self.tally = memo[id(self.tally)]
@@ -538,7 +569,13 @@ class ContractMachine(RuleBasedStateMachine):
         if (not checks("mag_cache_remove_leaves_root_registry") and registry is not None and not registry.hooks
                 and "_diffusers_hook" not in vars(self.twin)):
             cls, keys, training, hooks = mine[""]
-            mine[""] = cls, [k for k in keys if k != "_diffusers_hook"], training, hooks
+            mine[""] = cls, [k for k in keys if k[0] != "_diffusers_hook"], training, hooks
+        for path, module in self.twin.named_modules():  # ``m.forward = m.forward`` on the twin, where on the model
+            forward = vars(module).get("forward")       # it rebound the step cache's wrapper: the same either way
+            if (getattr(forward, "__func__", None) is type(module).forward and path in mine
+                    and "forward" not in vars(self.model.get_submodule(path))):
+                cls, keys, training, hooks = mine[path]
+                mine[path] = cls, sorted(keys + [("forward", "method")]), training, hooks
         diff = [(p, mine.get(p), twins.get(p)) for p in sorted(set(mine) | set(twins)) if mine.get(p) != twins.get(p)]
         assert not diff, f"unpatched model differs from its twin at {diff[:3]}"
         assert not accelpatch_leftovers(self.model), accelpatch_leftovers(self.model)
@@ -560,13 +597,15 @@ class ContractMachine(RuleBasedStateMachine):
         report = accelpatch.report(self.model)
         (model_report,) = report.models
         assert model_report.default_tier == self._default_tier()
+        str(report), report._repr_html_(), report.to_dict()  # renders without raising
         assert self.session.run(accelpatch.current_quality, self.model) == self._default_tier()
         seen = self.tally.snapshot()
         for site in model_report.sites:
             invoked = seen[site.path] - self.base[site.path] - self.uncounted[site.path]
             counted = site.fast_calls + sum(site.reference_calls.values())
-            assert counted == invoked, (f"{site.path}: report counts {site.fast_calls} fast + "
-                                        f"{site.reference_calls} reference calls, the site ran {invoked} times")
+            assert invoked - self.slack[site.path] <= counted <= invoked, (
+                f"{site.path}: report counts {site.fast_calls} fast + {site.reference_calls} reference calls, the "
+                f"site ran {invoked} times ({self.slack[site.path]} of them stopped midway by a user's error)")
             for reason, n in site.fallback_calls.items():
                 assert n <= site.reference_calls.get(reason, 0), (site.path, reason)
         calls = seen[""] - self.base[""]
@@ -584,6 +623,34 @@ class ContractMachine(RuleBasedStateMachine):
             except AssertionError:
                 said_ran = False
             assert said_ran == ran, f"assert_fast_path_ran() says {said_ran}, fast paths ran: {ran}"
+
+
+def _run(model, inputs, tier, step, backward: bool, tally: Optional[Tally]) -> dict:
+    """``model(**inputs)`` under ``tier``/``step``; its output tensors, and with ``backward`` the parameters'
+    gradients of the outputs' sum (backward runs after the tier and step blocks closed, uncounted)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
+        with contextlib.ExitStack() as call:
+            if tier is not None:
+                call.enter_context(accelpatch.quality(tier))
+            if step is not None:
+                call.enter_context(accelpatch.denoising_step(step))
+            outputs = outputs_of(model(**inputs))
+        if not backward:
+            return outputs
+        model.zero_grad(set_to_none=True)
+        if tally is not None:
+            tally.paused = True
+        try:
+            sum(o.float().sum() for o in outputs.values()).backward()
+        finally:
+            if tally is not None:
+                tally.paused = False
+        grads = {f"grad {name}": p.grad for name, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return {**{k: v.detach() for k, v in outputs.items()}, **grads}
 
 
 def _same_arguments(a: dict, b: dict) -> bool:
