@@ -54,6 +54,9 @@ KNOWN_HOLES = {
     "cache_reuses_after_a_raised_call": "after a call that raised midway, a later call of the same generation (a "
                                         "step above the raised one's) reuses the step cache's half-written state "
                                         "and raises TypeError",
+    "cache_reuse_keeps_the_graph": "a step-cache reuse in a call with gradients returns a residual still attached to "
+                                   "the earlier call's autograd graph: backward() raises 'Trying to backward "
+                                   "through the graph a second time'",
     "mag_cache_remove_leaves_root_registry": "remove() of a MagCache leaves an empty diffusers HookRegistry on the "
                                              "transformer (StepCache.remove cleans the blocks only)",
 }
@@ -340,8 +343,10 @@ class ContractMachine(RuleBasedStateMachine):
         #: next, and nothing leaks into the next example or test
         self.session = contextvars.Context()
         self.kwargs: Optional[dict] = None  # the apply() arguments in force, None while unpatched
-        self._twin_outputs: dict[int, dict] = {}
+        self._twin_outputs: dict[tuple[int, bool], dict] = {}  # (variant, backward) -> the twin's outputs
         self._start_counting()
+        if data.draw(st.booleans(), label="apply first"):  # most paths are worth walking patched
+            self.apply(data)
 
     def teardown(self) -> None:
         if self._cpu_switch is not None:
@@ -406,10 +411,14 @@ class ContractMachine(RuleBasedStateMachine):
         assert expected_error is None, f"the user's {expected_error!r} did not propagate"
         self.calls_completed += 1
         twin = self._twin_output(variant, backward)
-        assert outputs.keys() == twin.keys(), sorted(set(outputs.keys()) ^ set(twin.keys()))[:5]
+        exact = runs_at != "high" or self.kwargs is None
+        if exact:  # under high a reused step cache leaves the skipped blocks without gradients
+            assert outputs.keys() == twin.keys(), sorted(set(outputs.keys()) ^ set(twin.keys()))[:5]
+        else:
+            assert not outputs.keys() - twin.keys(), sorted(outputs.keys() - twin.keys())[:5]
         for name, value in outputs.items():
             assert value.shape == twin[name].shape and value.dtype == twin[name].dtype, name
-            if runs_at != "high" or self.kwargs is None:
+            if exact:
                 assert torch.equal(value, twin[name]), (
                     f"output {name!r} at tier {runs_at} differs from the unpatched twin "
                     f"(max |diff| {(value.float() - twin[name].float()).abs().max().item():.3g})")
@@ -424,6 +433,9 @@ class ContractMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def apply(self, data):
+        """apply() with random valid options, or (patched) the same arguments again, which does nothing."""
+        if self.kwargs is not None and data.draw(st.booleans(), label="the same arguments again"):
+            return self._apply(dict(self.kwargs))
         kwargs = self.family.options(data)
         if data.draw(st.booleans(), label="cache"):
             method = data.draw(st.sampled_from(self.family.cache_methods), label="cache method")
@@ -436,13 +448,8 @@ class ContractMachine(RuleBasedStateMachine):
         kwargs["strict"] = data.draw(st.booleans(), label="strict")
         self._apply(kwargs)
 
-    @precondition(lambda self: self.kwargs is not None)
-    @rule()
-    def apply_again(self):
-        self._apply(dict(self.kwargs))
-
     def _apply(self, kwargs: dict) -> None:
-        same = self.kwargs is not None and _same_arguments(kwargs, self.kwargs)
+        same = kwargs == self.kwargs  # the README: the same arguments again do nothing
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             given = {k: v for k, v in kwargs.items() if v is not None}
@@ -454,10 +461,15 @@ class ContractMachine(RuleBasedStateMachine):
         if not same:  # other arguments re-patch the model and start its counters from zero
             self._start_counting()
 
-    @rule()
-    def remove(self):
+    @rule(patch_again=st.booleans())
+    def remove(self, patch_again):
+        """remove(); with ``patch_again`` the same apply() right after (a fresh patch: counters from zero)."""
+        kwargs = self.kwargs
         self.session.run(accelpatch.remove, self.model)
         self.kwargs = None
+        if patch_again and kwargs is not None:
+            self.unpatched_is_the_twin()  # what remove() left, before apply() changes it again
+            self._apply(kwargs)
 
     @rule(variant=VARIANTS, tier=TIERS, step=STEPS)
     def call(self, variant, tier, step):
@@ -467,6 +479,8 @@ class ContractMachine(RuleBasedStateMachine):
     @rule(variant=VARIANTS, tier=TIERS, step=STEPS)
     def call_and_backward(self, variant, tier, step):
         """A training step: forward under the tier and step, backward after them (gradients compared too)."""
+        if self.kwargs is not None and self.kwargs.get("cache") and not checks("cache_reuse_keeps_the_graph"):
+            return
         outputs, error = self._call(variant, tier, step, backward=True)
         self._judge(variant, tier, outputs, error, backward=True)
 
@@ -522,33 +536,33 @@ class ContractMachine(RuleBasedStateMachine):
         self._both(lambda m: FOREIGN_HOOKS[kind](m.get_submodule(path)))
 
     @precondition(lambda self: self.kwargs is not None)
-    @rule()
-    def reset_report(self):
+    @rule(render_first=st.booleans())
+    def reset_report(self, render_first):
+        """report(reset=True): counters from zero (reading a report, as text or HTML, changes nothing)."""
+        if render_first:
+            report = accelpatch.report(self.model)
+            str(report), report._repr_html_()
         accelpatch.report(self.model, reset=True)
         self._start_counting()
 
-    @rule()
-    def deepcopy(self):
-        """Continue with deep copies (the copy keeps its counters: the bookkeeping carries over). Not with a user's
-        diffusers hook: diffusers' hooked forward is a closure over the original module, so the copy would call
-        the original (the unpatched twin too)."""
-        if any("_diffusers_hook" in vars(m) for m in self.twin.modules()):
-            return
-        memo = {}
-        self.model = copy.deepcopy(self.model, memo)
-        self.tally = memo[id(self.tally)]
-        self.twin = copy.deepcopy(self.twin)
-        self._twin_outputs.clear()
-
-    @rule()
-    def pickle_round_trip(self):
-        """Continue with unpickled copies, where the unpatched twin pickles (closures of foreign hooks do not)."""
-        try:
-            twin = pickle.loads(pickle.dumps(self.twin))
-        except (pickle.PicklingError, AttributeError, TypeError):
-            return
-        self.model, self.twin = pickle.loads(pickle.dumps(self.model)), twin
-        self.tally = next(h.tally for h in self.model._forward_pre_hooks.values() if isinstance(h, CountCall))
+    @rule(how=st.sampled_from(["deepcopy", "pickle"]))
+    def copy_model(self, how):
+        """Continue with copies of the model and its twin: deep copies, or a pickle round trip where the unpatched
+        twin pickles (foreign hooks' closures do not). A copy keeps its counters, so the bookkeeping carries over.
+        No deep copy of a model carrying a user's diffusers hook: diffusers' hooked forward is a closure over the
+        original module, so the copy would call the original (the unpatched twin's too)."""
+        if how == "deepcopy":
+            if any("_diffusers_hook" in vars(m) for m in self.twin.modules()):
+                return
+            model, twin = copy.deepcopy(self.model), copy.deepcopy(self.twin)
+        else:
+            try:
+                twin = pickle.loads(pickle.dumps(self.twin))
+            except (pickle.PicklingError, AttributeError, TypeError):
+                return
+            model = pickle.loads(pickle.dumps(self.model))
+        self.model, self.twin = model, twin
+        self.tally = next(h.tally for h in model._forward_pre_hooks.values() if isinstance(h, CountCall))
         self._twin_outputs.clear()
 
     # --- invariants ---
@@ -653,6 +667,3 @@ def _run(model, inputs, tier, step, backward: bool, tally: Optional[Tally]) -> d
         return {**{k: v.detach() for k, v in outputs.items()}, **grads}
 
 
-def _same_arguments(a: dict, b: dict) -> bool:
-    """Whether two apply() argument sets are the same (the README: applying them again does nothing)."""
-    return a == b
