@@ -1,28 +1,31 @@
 """A hypothesis state machine that walks accelpatch's contract on tiny models of every family, looking for holes.
 
-Rules: apply (random valid options: backend where the family has one, step cache, tier, strict), apply again with
-the same arguments, remove, calls under random tiers and denoising steps (also in another thread, also next to a
-call in the main thread), calls that a user hook on an inner block makes raise or interrupts, foreign hooks
-attached at any time (accelerate's ``add_hook_to_module``, a diffusers ``HookRegistry`` hook, ``m.forward =
-m.forward``), ``report(reset=True)``, ``copy.deepcopy`` and a pickle round trip.
+Rules: apply (random valid options: backend where the family has one, step cache, tier, strict; or the same
+arguments again), remove (and patch again), calls under random tiers and denoising steps (also in another thread,
+also next to a call in this one), training calls (backward after the tier block; gradient checkpointing toggled),
+calls that a user's hook makes raise or interrupts (on an inner block, or on a layer inside an attention module),
+foreign hooks attached at any time (accelerate's ``add_hook_to_module`` and ``remove_hook_from_module``, a
+diffusers ``HookRegistry`` hook, ``m.forward = m.forward``), ``report(reset=True)``, ``copy.deepcopy`` and a
+pickle round trip. Each example runs in a context of its own (a session), on deep copies of models built once per
+process (:func:`pristine`), optionally under the test-only switch that runs CUDA-guarded fast paths on CPU.
 
 Invariants, checked after every step, against a *twin*: an unpatched copy of the same weights that receives the same
-foreign hooks and copies, never accelpatch:
+foreign hooks, checkpointing and copies, never accelpatch:
 
-* outside ``high`` (and at every tier once removed) the output is ``torch.equal`` to the twin's;
+* outside ``high`` (and at every tier once removed) outputs and gradients are ``torch.equal`` to the twin's;
 * ``state_dict()`` never changes; unpatched (never patched, or after ``remove()``) the module tree is the twin's:
-  classes, instance ``__dict__`` keys (no instance ``forward`` or accelpatch attribute left), hook dicts;
+  classes, instance attributes and their types (no instance ``forward`` or accelpatch attribute left), hook dicts;
 * per site, fast + reference calls in ``report()`` equal the site's invocations counted independently (a forward
-  pre-hook on every module, registered before anything else); the step cache decided at most once per call;
+  pre-hook on every module, registered before anything else; recomputations for backward are not calls); the step
+  cache decides once per call that gets past its first block; the step sources add up to the calls;
 * the tier outside any block is ``lossless`` and no denoising step is in force between calls;
 * ``report().assert_fast_path_ran()`` raises exactly when no fast path ran (no fast call, no step-cache reuse);
 * nothing raises that the user did not cause: only the user's own exception, or ``FastPathUnavailableError`` under
   ``strict=True`` where the tier asks for a fast path.
 
-Models are built once per process (:func:`pristine`) and every example works on deep copies. Invariants that hit a
-hole known and tracked elsewhere are listed in :data:`KNOWN_HOLES` and left out unless ``check_known_holes`` is set;
-each has an ``xfail(strict=True)`` regression test in tests/test_contract_state_machine.py, so fixing the hole fails
-that test: then drop the xfail and the entry here together.
+Holes found and tracked are named in :data:`KNOWN_HOLES`: unless ``check_known_holes`` is set, the machine leaves out
+the invariant they break or does not walk the path into them. Each has an ``xfail(strict=True)`` regression test in
+tests/test_contract_state_machine.py, so fixing a hole fails that test: then drop the xfail and the entry together.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import accelpatch
 from accelpatch.sites.base import run_fast_paths_on_cpu
 
-#: invariant name -> the hole it hits (issue 16); skipped unless ContractMachine.check_known_holes
+#: hole -> what it is; while listed, the machine skips the check or the path it breaks (see :func:`checks`)
 KNOWN_HOLES = {
     "no_step_between_calls": "issue 16 item 4: an interrupted call (KeyboardInterrupt) leaves the step clock set",
     "fast_path_ran_counts_cache_reuse": "issue 16 item 6: assert_fast_path_ran() ignores step-cache reuse",
@@ -665,5 +668,3 @@ def _run(model, inputs, tier, step, backward: bool, tally: Optional[Tally]) -> d
         grads = {f"grad {name}": p.grad for name, p in model.named_parameters() if p.grad is not None}
         model.zero_grad(set_to_none=True)
         return {**{k: v.detach() for k, v in outputs.items()}, **grads}
-
-
