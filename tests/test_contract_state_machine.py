@@ -48,6 +48,12 @@ def _forward(model, inputs):
         return model(**inputs).sample
 
 
+def _apply(model, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU: the fast paths guarded by CUDA are not mounted (apply() says so)
+        accelpatch.apply(model, **kwargs)
+
+
 def _sana_video2_call_at(model, t):
     inputs = sana_video2_transformer_inputs(model)
     inputs["timestep"] = torch.tensor([t, t])
@@ -58,9 +64,7 @@ def _step_in_force_after(error):
     """In a fresh context (a new session): one call at step 0, then a call at step 1 that a hook on an inner block
     makes raise ``error``; returns the denoising step in force afterwards, between calls."""
     model = tiny_sana_video2_transformer()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CPU: the fast paths are not mounted
-        accelpatch.apply(model)  # anchor_fp32_steps=10: the step clock reads each call's step from its timestep
+    _apply(model)  # anchor_fp32_steps=10: the step clock reads each call's step from its timestep
 
     def session():
         _sana_video2_call_at(model, 950.0)
@@ -88,7 +92,7 @@ def test_an_interrupted_call_leaves_no_step_in_force():
 def test_assert_fast_path_ran_counts_step_cache_reuse():
     model = tiny_sana_video_transformer()
     inputs = sana_video_transformer_inputs(model)
-    accelpatch.apply(model, cache="first_block", cache_threshold=1e9, cache_warmup_steps=0)
+    _apply(model, cache="first_block", cache_threshold=1e9, cache_warmup_steps=0)
     with accelpatch.quality("high"):
         for t in (900.0, 600.0):
             _forward(model, {**inputs, "timestep": torch.full_like(inputs["timestep"], t)})
@@ -104,7 +108,7 @@ def test_remove_after_mag_cache_leaves_no_hook_registry():
 
     model = tiny_sana_video_transformer()
     attributes = set(vars(model))
-    accelpatch.apply(model, cache=MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
+    _apply(model, cache=MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
     accelpatch.remove(model)
     assert set(vars(model)) - attributes == set()
 
@@ -122,9 +126,7 @@ def test_an_accelerate_hook_added_on_a_cached_block_after_apply_survives_remove(
 
     model, twin = tiny_sana_video_transformer(), tiny_sana_video_transformer()  # twin: never patched, same hook
     inputs = sana_video_transformer_inputs(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CPU: the BF16 fast path is not mounted
-        accelpatch.apply(model, cache="first_block")
+    _apply(model, cache="first_block")
     for m in (model, twin):
         add_hook_to_module(m.transformer_blocks[1], Double())
     assert torch.equal(_forward(model, inputs), _forward(twin, inputs)), "while patched"
@@ -139,9 +141,7 @@ def test_an_accelerate_hook_added_on_a_cached_block_after_apply_survives_remove(
 def test_a_call_after_one_that_raised_midway_does_not_reuse_its_half_written_cache_state():
     model = tiny_sana_video_transformer()
     inputs = sana_video_transformer_inputs(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CPU: the BF16 fast path is not mounted
-        accelpatch.apply(model, cache="first_block")
+    _apply(model, cache="first_block")
     handle = model.transformer_blocks[0].register_forward_hook(RaiseFrom(UserError("raised by a user hook")))
     with pytest.raises(UserError):
         _forward(model, inputs)  # step 0: block 0 ran (and the cache decided), the blocks after it did not
@@ -157,9 +157,7 @@ def test_a_call_after_one_that_raised_midway_does_not_reuse_its_half_written_cac
 def test_training_through_a_step_cache_that_reuses_does_not_backpropagate_into_an_earlier_call():
     model = tiny_sana_video_transformer()
     inputs = sana_video_transformer_inputs(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CPU: the BF16 fast path is not mounted
-        accelpatch.apply(model, cache="first_block")
+    _apply(model, cache="first_block")
     model(**inputs).sample.sum().backward()  # step 0: computes every block, caches their residual
     with accelpatch.quality("high"), accelpatch.denoising_step(2):
         sample = model(**inputs).sample  # past the warm-up, the first block unchanged: reuses
