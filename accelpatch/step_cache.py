@@ -483,6 +483,10 @@ class StepCache:
         is None until a step of this call has been computed."""
         if not effective_tier(self._default_tier).admits(Tier.HIGH):
             return "tier does not admit high"
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self._model.parameters()):
+            # a cached residual belongs to an earlier call's autograd graph: backward through it fails (or, once
+            # that graph is freed, would skip the reused blocks' gradients)
+            return "gradients are recorded (training): reuse would carry an earlier call's graph"
         if getattr(state, history) is None:
             return "first step of the call"
         step = steps.current_step().step
