@@ -508,10 +508,10 @@ class ContractMachine(RuleBasedStateMachine):
             outputs, raised = self._call(variant, tier, step)
         finally:
             handle.remove()
-        if raised is None and self._reused() > reused:
-            error = None  # the step cache reused the blocks after the first: a hook inside them never ran
+        # the step cache reused the blocks after the first: a hook inside them never ran
+        expected = None if raised is None and self._reused() > reused else error
         try:
-            self._judge(variant, tier, outputs, raised, expected_error=error)
+            self._judge(variant, tier, outputs, raised, expected_error=expected)
         finally:
             error.__traceback__ = None  # frames would keep the models alive
         if raised is error and path in inner:  # the site around it stopped midway: counted or not, both are fine
