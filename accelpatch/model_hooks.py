@@ -17,14 +17,12 @@ import contextvars
 import inspect
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
 from . import call_context, steps
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .patcher import ModelPatch
 
 #: the open calls' frames, innermost last: (owner id, [(var, token), ...]) each
 _frames: contextvars.ContextVar[tuple] = contextvars.ContextVar("accelpatch_hook_frames", default=())
@@ -96,7 +94,8 @@ class StepSources:
 class ModelForwardHooks:
     """The pre/post forward hooks ``apply`` puts on a transformer; ``remove()`` takes them off."""
 
-    def __init__(self, model: torch.nn.Module, patch: "ModelPatch", pipeline: Optional[Any]) -> None:
+    def __init__(self, model: torch.nn.Module, patch: Any, pipeline: Optional[Any]) -> None:
+        """``patch``: the model's accelpatch.patcher.ModelPatch (not imported: the patcher sits above the hooks)."""
         adapter, backend = patch.adapter, patch.backend
         self._signature = inspect.signature(type(model).forward)
         self._adapter = adapter

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -19,8 +19,6 @@ from ..errors import FastPathUnavailableError, is_fatal
 from ..gate import QualityGatedFusion, SiteCounters, fusion_by_name
 from ..tiers import Tier, effective_tier
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..patcher import ModelPatch
 
 SITE_ATTR = "_accelpatch_site"
 
@@ -171,7 +169,9 @@ class Site:
     path: str
     fast_path: FastPath
     original_class: type
-    model: "ModelPatch" = field(repr=False)  # back-reference: kept out of repr (its sites point back here)
+    #: the model's accelpatch.patcher.ModelPatch (a back-reference, kept out of repr: its sites point back here; not
+    #: imported, as the patcher sits above the sites)
+    model: Any = field(repr=False)
     reject_reason: Optional[str] = None
     counters: SiteCounters = field(default_factory=SiteCounters)
     layer_index: Optional[int] = None
