@@ -9,6 +9,15 @@ class FastPathUnavailableError(AccelpatchError):
     """A requested fast path could not run and the model was patched with ``strict=True``."""
 
 
+def did_you_mean(name: object, choices) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to ``name``, or "" when none is close: the hint every
+    error about a misspelled name gives."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 # Errors that must never be swallowed by a fallback: they leave the device in an unknown state.
 _FATAL_MARKERS = ("out of memory", "illegal memory access", "device-side assert")
 

@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import did_you_mean
 from .tiers import parse_tier
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
@@ -195,8 +196,7 @@ def schema_errors(error: ValidationError, model: Optional[type[BaseModel]] = Non
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             allowed = _allowed_fields(item["loc"], model or Recipe)
-            close = difflib.get_close_matches(str(item["loc"][-1]), allowed, n=1)
-            message = (f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed here: "
+            message = (f"unknown field{did_you_mean(item['loc'][-1], allowed)}; allowed here: "
                        + ", ".join(allowed))
         given = item.get("input")
         shown = "" if item["type"] in ("missing", "extra_forbidden") else f" (got {given!r})"
@@ -235,8 +235,7 @@ def load_recipe(recipe: Union[str, os.PathLike, dict, Recipe]) -> Recipe:
         if not path.is_file():
             known = available_recipes()
             if str(recipe) not in known:
-                close = difflib.get_close_matches(str(recipe), list(known), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = did_you_mean(recipe, known)
                 raise RecipeError(f"no recipe file or known recipe named {str(recipe)!r}{hint}; known recipes: "
                                   f"{', '.join(known) or 'none'} (looked in {', '.join(map(str, recipe_dirs()))})")
             path = known[str(recipe)]

@@ -101,8 +101,8 @@ class ModelReport(_Tally):
 
         causes = {}
         for s in self.sites:
-            if s.reason and s.reason.startswith(_MODEL_REJECTED):
-                where, _, why = s.reason[len(_MODEL_REJECTED):].partition(": ")
+            if s.reason and s.reason.startswith(MODEL_REJECTED):
+                where, _, why = s.reason[len(MODEL_REJECTED):].partition(": ")
                 causes[s.path] = causes[where] = f"{why} (at {where}; one rejected site keeps every site of its kind " \
                                                  "on the reference path)"
         for s in self.sites:
@@ -152,7 +152,6 @@ class ModelReport(_Tally):
 
 #: how the patcher words a site rejected because another site of its model was (see patcher._mount)
 MODEL_REJECTED = "model rejected at "
-_MODEL_REJECTED = MODEL_REJECTED
 
 
 def _shown(value: Any) -> str:

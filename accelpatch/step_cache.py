@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import difflib
 import functools
 import itertools
 import threading
@@ -33,6 +32,7 @@ from typing import Any, Optional
 import torch
 
 from . import steps
+from .errors import did_you_mean
 from .tiers import Tier, effective_tier
 
 __all__ = ["StepCacheConfig", "resolve_cache", "StepCache", "CACHE_METHODS"]
@@ -96,8 +96,7 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
                          "with cache=diffusers.MagCacheConfig(calibrate=True, num_inference_steps=N) (diffusers prints "
                          "the ratios), then pass MagCacheConfig(mag_ratios=[...], num_inference_steps=N)")
     else:
-        close = difflib.get_close_matches(name, CACHE_METHODS, n=1) if name is not None else []
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, CACHE_METHODS) if name is not None else ""
         raise ValueError(f"unknown cache {cache!r}{hint}; give one of {', '.join(map(repr, CACHE_METHODS))}, a "
                          "diffusers FirstBlockCacheConfig(threshold=...) or MagCacheConfig(mag_ratios=..., ...)")
     for name, value in guards.items():

@@ -1,9 +1,9 @@
 """Attention backends selectable with ``apply(..., backend=...)``: name → typed config class."""
 from __future__ import annotations
 
-import difflib
 from typing import Any, Optional
 
+from ..errors import did_you_mean
 from .sol_attn import SolAttnConfig
 
 #: backend name → config class with ``option_names()`` and ``from_options(**options)``
@@ -26,8 +26,7 @@ def backend_class(backend: Any) -> Optional[type]:
         key = backend.strip().lower().replace("-", "_")
         if key in BACKENDS:
             return BACKENDS[key]
-        close = difflib.get_close_matches(key, available_backends(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(key, available_backends())
     else:
         hint = ""
     raise ValueError(f"unknown backend {backend!r}{hint}; available backends: "

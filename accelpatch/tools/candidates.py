@@ -8,7 +8,6 @@ the counters say ran.
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import time
@@ -18,6 +17,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 
 import torch
 
+from ..errors import did_you_mean
 from ..recipes import CandidateSpec
 
 __all__ = ["Candidate", "parse_candidate", "parse_candidates", "PatchSwitcher", "CallResult", "run_call",
@@ -44,8 +44,7 @@ def parse_candidate(value: CandidateLike) -> CandidateSpec:
             return CandidateSpec(unpatched=True, tier="exact")
         if name not in TIER_NAMES:
             choices = [*TIER_NAMES, "unpatched"]
-            close = difflib.get_close_matches(name, choices, n=1)
-            raise ValueError(f"unknown candidate {value!r}{f' (did you mean {close[0]!r}?)' if close else ''}; a "
+            raise ValueError(f"unknown candidate {value!r}{did_you_mean(name, choices)}; a "
                              f"candidate is a tier ({', '.join(TIER_NAMES)}), 'unpatched', a mapping of Candidate "
                              f"fields ({', '.join(CandidateSpec.model_fields)}) or a Candidate")
         return CandidateSpec(tier=name)

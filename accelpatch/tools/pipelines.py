@@ -7,7 +7,6 @@ on its device. Calls ask for tensor output so frames can be compared.
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import did_you_mean
 from ..recipes import Recipe, RecipeError
 
 __all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "TORCH_DTYPES"]
@@ -53,8 +53,7 @@ def resolve_device(text: str) -> torch.device:
     here = _runnable_device_types()
     forms = ["auto", *here] + (["cuda:N"] if "cuda" in here else [])
     valid = f"valid here: {', '.join(forms)}" + ("" if "cuda" in here else " (cuda and cuda:N need a CUDA GPU)")
-    close = difflib.get_close_matches(str(text).strip().lower(), forms, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(str(text).strip().lower(), forms)
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError, TypeError):

@@ -8,22 +8,17 @@ the pipeline back. Each error names the bad value and the valid choices, with a 
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import numbers
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
+from ..errors import did_you_mean
 from ..recipes import CandidateSpec, Gates, schema_errors
 
 __all__ = ["require_pipeline", "check_seeds", "check_seed", "accepted_call_arguments", "check_call_arguments",
            "parse_gates", "check_candidates"]
-
-
-def _close(name: str, choices: Iterable[str]) -> str:
-    match = difflib.get_close_matches(str(name), list(choices), n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def require_pipeline(pipe: Any, verb: str) -> None:
@@ -99,7 +94,7 @@ def check_call_arguments(pipe: Any, call_kwargs: Mapping[str, Any], verb: str) -
         return
     unknown = sorted(set(call_kwargs) - accepted)
     if unknown:
-        hints = "; ".join(f"{name!r}{_close(name, accepted)}" for name in unknown)
+        hints = "; ".join(f"{name!r}{did_you_mean(name, accepted)}" for name in unknown)
         raise ValueError(f"{type(pipe).__name__} does not take the call argument(s) {hints}; it takes: "
                          f"{', '.join(sorted(accepted - {'generator'}))}")
 
