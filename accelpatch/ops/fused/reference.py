@@ -1,0 +1,61 @@
+"""The eager chains the lossless fusions replace, written exactly as the models' code computes them.
+
+Each function is the reference of one fused op in this package (same arguments, same outputs, same dtypes and
+strides). A fused implementation is admitted only where it reproduces these bit for bit; the first-sight check
+(accelpatch.verify) compares against these very functions. They restate diffusers' code (op for op, so the
+rounding after every op, the type promotions and the output layouts are the same); tests compare them with the
+models' own forwards.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rotary_interleaved(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved real RoPE as diffusers' ``SanaLinearAttnProcessor3_0`` applies it: pairs (2i, 2i+1), products at
+    the promoted dtype of ``x`` and the tables, stored back into ``x``'s dtype."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """SANA-Video's linear-attention prologue on ``[B, N, H, D]`` query and key: ReLU, then RoPE of each, the
+    rotated pair upcast to float32 as the processor does after permuting (``.float()`` keeps the layout).
+    Returns ``(relu(query), relu(key), rotated query as float32, rotated key as float32)``."""
+    query = F.relu(query)
+    key = F.relu(key)
+    return query, key, rotary_interleaved(query, freqs_cos, freqs_sin).float(), \
+        rotary_interleaved(key, freqs_cos, freqs_sin).float()
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """AdaLN modulation of a normalised ``x``: ``x * (1 + scale) + shift`` (three ops, each rounded)."""
+    return x * (1 + scale) + shift
+
+
+def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The gated residual add of DiT blocks: ``residual + gate * x`` (the product rounded, then the sum)."""
+    return residual + gate * x
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``F.silu`` (``nn.SiLU``)."""
+    return F.silu(x)
+
+
+def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """GLUMB's gate: ``x * silu(gate)`` (the SiLU rounded, then the product)."""
+    return x * F.silu(gate)
+
+
+def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SANA-Video's linear-attention epilogue: ``[B, H, D, N]`` float32 ``x`` times the normaliser ``z``
+    (``[B, H, 1, N]``), as ``[B, N, H*D]`` tokens in ``dtype``. The result is the transposed (N-minor) view the
+    reference hands to ``to_out[0]``; its layout matters there (a biased Linear rounds differently on it)."""
+    return (x * z).flatten(1, 2).transpose(1, 2).to(dtype)
