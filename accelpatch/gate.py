@@ -59,10 +59,11 @@ class SiteCounters:
     """Thread-safe tallies of one site: calls that took the fast path, calls that ran the reference by reason
     (``fallbacks`` is the subset where the fast path was requested but could not run), notes on fast calls that
     ran differently than asked (``notes``: for example ``impl="upstream"`` running our own kernel), and sums of
-    per-call statistics (for example the exact-block fraction of sparse attention)."""
+    per-call statistics (for example the exact-block fraction of sparse attention), and the outcomes of the
+    lossless fused ops its calls ran (``chains``: "op|outcome" -> calls, see accelpatch.verify)."""
 
     __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts", "_compiled",
-                 "uncounted")
+                 "uncounted", "chains")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -70,6 +71,7 @@ class SiteCounters:
         self.reference: collections.Counter[str] = collections.Counter()
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.notes: collections.Counter[str] = collections.Counter()
+        self.chains: collections.Counter[str] = collections.Counter()
         self.stat_sums: dict[str, float] = {}
         self.stat_counts: dict[str, int] = {}
         #: tallies made inside torch.compile'd code: 0-dim tensors bumped in place (a Python int there would be a
@@ -137,6 +139,15 @@ class SiteCounters:
         with self._lock:
             self.notes[note] += 1
 
+    def count_chain(self, op: str, outcome: str) -> None:
+        """One call of the fused op ``op`` and how it went (accelpatch.verify's outcomes)."""
+        name = f"{op}|{outcome}"
+        if torch.compiler.is_compiling():
+            self._bump("chains", name)
+            return
+        with self._lock:
+            self.chains[name] += 1
+
     def add_stat(self, name: str, value) -> None:
         """Add one observation; a tensor stays a tensor (no host sync) until the mean is read."""
         if torch.compiler.is_compiling():
@@ -152,13 +163,14 @@ class SiteCounters:
         stat means."""
         with self._lock:
             out = {"fast": self.fast, "reference": collections.Counter(self.reference),
-                   "fallbacks": collections.Counter(self.fallbacks), "notes": collections.Counter(self.notes)}
+                   "fallbacks": collections.Counter(self.fallbacks), "notes": collections.Counter(self.notes),
+                   "chains": collections.Counter(self.chains)}
             sums, counts = dict(self.stat_sums), dict(self.stat_counts)
             compiled = dict(self._compiled)
         for (field, name), tally in compiled.items():
             if field == "fast":
                 out["fast"] += int(tally)
-            elif field in ("reference", "fallbacks", "notes"):
+            elif field in ("reference", "fallbacks", "notes", "chains"):
                 out[field][name] += int(tally)
             elif field == "stat_sums":
                 sums[name] = sums.get(name, 0.0) + tally
@@ -177,6 +189,7 @@ class SiteCounters:
             self.reference.clear()
             self.fallbacks.clear()
             self.notes.clear()
+            self.chains.clear()
             self.stat_sums.clear()
             self.stat_counts.clear()
             for tally in self._compiled.values():

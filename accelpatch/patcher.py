@@ -191,18 +191,24 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}
-        for path, module, fast_path, layer_index in adapter.iter_sites(model, backend_config):
+        for path, module, stack in _stacks(adapter.iter_sites(model, backend_config)):
             if is_gated(module):
                 raise RuntimeError(f"{path} is already patched by accelpatch; call accelpatch.remove() first")
-            site = Site(path=path, fast_path=fast_path, model=patch, original_class=type(module),
-                        layer_index=layer_index)
-            module.__class__ = gated_class(site.original_class, fast_path.fusion)
-            module.__dict__[SITE_ATTR] = site
-            fast_path.fusion.mark(module, site)
-            site.captured_forwards, site.reject_reason = captured_forwards.follow(module)
-            site.keeps_reference_layer = fast_path.keeps_reference_layer(site)
-            patch.sites.append(site)
-            by_fusion.setdefault(fast_path.fusion.name, []).append(site)
+            original = type(module)
+            sites = [Site(path=path, fast_path=fast_path, model=patch, original_class=original,
+                          layer_index=layer_index) for fast_path, layer_index in stack]
+            for upper, lower in zip(sites, sites[1:]):
+                upper.below = lower
+            module.__class__ = gated_class(original, tuple(s.fast_path.fusion for s in sites))
+            module.__dict__[SITE_ATTR] = sites[0]
+            captured, follow_reason = captured_forwards.follow(module)
+            sites[0].captured_forwards = captured
+            for site in sites:
+                site.fast_path.fusion.mark(module, site)
+                site.reject_reason = follow_reason
+                site.keeps_reference_layer = site.fast_path.keeps_reference_layer(site)
+                patch.sites.append(site)
+                by_fusion.setdefault(site.fast_path.fusion.name, []).append(site)
         if not patch.sites:
             warnings.warn(f"accelpatch: {adapter.family} has no fast path without a backend "
                           f"(available: {', '.join(adapter.backends)}); {patch.model_class} runs unchanged",
@@ -220,6 +226,17 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         raise
     for kind in patch.rejections:
         patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
+
+
+def _stacks(found) -> list[tuple[str, torch.nn.Module, list]]:
+    """The adapter's ``(path, module, fast path, layer)`` rows grouped per module, in the order modules first
+    appear: ``(path, module, [(fast path, layer), ...])`` with the highest tier first (that site is asked first)."""
+    grouped: dict[int, tuple[str, torch.nn.Module, list]] = {}
+    for path, module, fast_path, layer_index in found:
+        grouped.setdefault(id(module), (path, module, []))[2].append((fast_path, layer_index))
+    for _, _, stack in grouped.values():
+        stack.sort(key=lambda row: -int(row[0].tier))  # stable: the adapter's order among equal tiers
+    return list(grouped.values())
 
 
 def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[Site]]) -> None:
@@ -251,12 +268,13 @@ def _remove_one(model: torch.nn.Module) -> None:
         return
     while patch.detach:
         patch.detach.pop()()
-    for site in reversed(patch.sites):
+    for site in reversed(patch.sites):  # a module's stacked sites: the top one (SITE_ATTR) comes last
         module = model.get_submodule(site.path)
         site.fast_path.fusion.unmark(module)
-        module.__dict__.pop(SITE_ATTR, None)
-        module.__class__ = site.original_class
-        captured_forwards.restore(module, site.captured_forwards)
+        if module.__dict__.get(SITE_ATTR) is site:
+            module.__dict__.pop(SITE_ATTR)
+            module.__class__ = site.original_class
+            captured_forwards.restore(module, site.captured_forwards)
 
 
 def supported_model_classes() -> list[str]:

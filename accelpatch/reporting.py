@@ -27,10 +27,43 @@ class SiteReport:
     notes: dict[str, int] = field(default_factory=dict)
     #: why some calls are missing from the counts above (None: every call was counted)
     uncounted: Optional[str] = None
+    #: the lossless fused ops this site's calls ran: op -> {"fused" or the reason the reference ran: calls}
+    fused_ops: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
         return "mounted" if self.mounted else "rejected"
+
+
+@dataclass(frozen=True)
+class FusionReport:
+    """One lossless fused op on one model: its sites, its calls, and its first-sight verdicts in this process."""
+
+    op: str
+    description: str
+    sites: int
+    fused_calls: int
+    #: calls that ran the reference chain, by reason ("declined: ...", "reference: inside torch.compile ...")
+    reference_calls: dict[str, int]
+    #: (signature, check seconds) of each verified signature
+    verified: tuple[tuple[str, float], ...]
+    #: (signature, reason, check seconds) of each declined signature
+    declined: tuple[tuple[str, str, float], ...]
+    #: estimated seconds saved: fused calls × (reference − fused) time of their signature at first sight
+    saved_s: Optional[float] = None
+
+    @property
+    def check_s(self) -> float:
+        return sum(v[1] for v in self.verified) + sum(d[2] for d in self.declined)
+
+    def line(self) -> str:
+        refs = "".join(f", {n} reference ({r.removeprefix('reference: ')})"
+                       for r, n in sorted(self.reference_calls.items(), key=lambda x: -x[1]))
+        text = (f"{self.op} on {self.sites} site(s): {self.fused_calls} fused{refs}; signatures (this process) verified "
+                f"{len(self.verified)}, declined {len(self.declined)}")
+        if self.saved_s is not None:
+            text += f"; saved ≈ {self.saved_s * 1e3:.1f} ms"
+        return text
 
 
 def merge_counts(dicts) -> dict[str, int]:
@@ -75,6 +108,24 @@ class ModelReport(_Tally):
     #: the step cache: its settings ("method") and, since the last reset, transformer calls whose remaining blocks
     #: were "computed" or "reused", with the "reasons" reuse was not allowed; None without a cache
     cache: Optional[dict[str, Any]] = None
+    #: the lossless fused ops of this model's sites (accelpatch.verify)
+    fusions: tuple[FusionReport, ...] = ()
+
+    def fusion_lines(self) -> list[str]:
+        """What the lossless fusions did: per op its calls and verdicts, each declined signature with its reason."""
+        if not self.fusions:
+            return []
+        check = sum(f.check_s for f in self.fusions)
+        saved = [f.saved_s for f in self.fusions if f.saved_s is not None]
+        head = (f"lossless fusions (bit-exact; each input signature checked against the eager chain on first sight, "
+                f"{check * 1e3:.1f} ms of checks in this process")
+        head += f"; saved ≈ {sum(saved) * 1e3:.1f} ms in the calls counted here, by first-sight timings):" if saved \
+            else "):"
+        lines = [head]
+        for f in self.fusions:
+            lines.append("  " + f.line())
+            lines.extend(f"    declined {sig}: {reason}" for sig, reason, _ in f.declined)
+        return lines
 
     @property
     def tier_statement(self) -> str:
@@ -217,6 +268,7 @@ class Report(_Tally):
             for extra in (m.uncounted_line(), m.step_line(), m.cache_line()):
                 if extra:
                     lines.append("  " + extra)
+            lines.extend("  " + line for line in m.fusion_lines())
             header, rows, notes = m.table()
             if not rows:
                 continue
@@ -238,6 +290,8 @@ class Report(_Tally):
             for extra in (m.uncounted_line(), m.step_line(), m.cache_line()):
                 if extra:
                     parts.append(f"<p>{escape(extra)}</p>")
+            if m.fusion_lines():
+                parts.append("<pre>" + escape("\n".join(m.fusion_lines())) + "</pre>")
             header, rows, notes = m.table()
             if not rows:
                 continue
@@ -265,7 +319,8 @@ def build_report(models, *, reset: bool = False) -> Report:
                 reason=site.reject_reason, fast_calls=totals["fast"],
                 reference_calls={k: v for k, v in totals["reference"].items() if v},
                 fallback_calls={k: v for k, v in totals["fallbacks"].items() if v}, stats=totals["stats"],
-                notes={k: v for k, v in totals["notes"].items() if v}, uncounted=totals["uncounted"]))
+                notes={k: v for k, v in totals["notes"].items() if v}, uncounted=totals["uncounted"],
+                fused_ops=_by_op(totals["chains"])))
             if reset:
                 c.reset()
         step_sources = dict(patch.step_sources.counts)
@@ -278,5 +333,40 @@ def build_report(models, *, reset: bool = False) -> Report:
             cache = {"method": patch.cache.describe(), **patch.step_cache.counters.totals(reset=reset)}
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
-                               step_sources=step_sources, options=options, cache=cache))
+                               step_sources=step_sources, options=options, cache=cache,
+                               fusions=_fusions(patch.sites, sites)))
     return Report(models=tuple(out))
+
+
+def _by_op(chains: dict[str, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for key, count in chains.items():
+        if count:
+            op, _, outcome = key.partition("|")
+            out.setdefault(op, {})[outcome] = count
+    return out
+
+
+def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
+    """Per fused op of the model's fast paths: its sites, calls (from the site reports) and verdicts."""
+    from .verify import FUSED
+
+    ops = {}
+    for site in patch_sites:
+        for op in site.fast_path.fused_ops:
+            ops.setdefault(op.name, [op, 0])[1] += 1
+    out = []
+    for name, (op, count) in ops.items():
+        calls = merge_counts(s.fused_ops.get(name, {}) for s in site_reports)
+        verdicts = op.verdicts()
+        verified = tuple((v.described, v.cost_s) for v in verdicts if v.verified)
+        declined = tuple((v.described, v.reason, v.cost_s) for v in verdicts if not v.verified)
+        timed = [v for v in verdicts if v.verified and v.fused_s is not None and v.reference_s is not None]
+        saved = None
+        if timed and calls.get(FUSED):
+            per_call = sum(v.reference_s - v.fused_s for v in timed) / len(timed)
+            saved = per_call * calls[FUSED]
+        out.append(FusionReport(op=name, description=op.description, sites=count, fused_calls=calls.get(FUSED, 0),
+                                reference_calls={k: v for k, v in calls.items() if k != FUSED},
+                                verified=verified, declined=declined, saved_s=saved))
+    return tuple(out)

@@ -8,6 +8,7 @@ unchanged and the reason is counted.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -18,6 +19,7 @@ from .. import call_context
 from ..errors import FastPathUnavailableError, is_fatal
 from ..gate import QualityGatedFusion, SiteCounters, fusion_by_name
 from ..tiers import Tier, effective_tier
+from ..verify import POLICY_OUTCOMES
 
 
 SITE_ATTR = "_accelpatch_site"
@@ -123,6 +125,8 @@ class FastPath:
     #: before compiled code counts them
     policy_reasons: tuple[str, ...] = ()
     stat_names: tuple[str, ...] = ()
+    #: the lossless fused ops (accelpatch.verify.FusedOp) the restated forward calls, for counters and the report
+    fused_ops: tuple = ()
 
     @property
     def tier(self) -> Tier:
@@ -179,6 +183,9 @@ class Site:
     captured_forwards: list = field(default_factory=list, repr=False)
     #: the fast path's layer policy for this site, decided at apply (FastPath.keeps_reference_layer)
     keeps_reference_layer: bool = False
+    #: the next site on the same module, one tier lower (a lossless fusion below a high fast path): a call this
+    #: site does not take goes there, and from the last one to the original forward
+    below: Optional["Site"] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # The original forward as a plain function: torch.compile treats diffusers' Attention class as an in-graph
@@ -192,6 +199,7 @@ class Site:
         keys += [(field, r) for r in (self.model.unmounted_reason(self.kind),) + self.fast_path.policy_reasons
                  for field in ("reference", "fallbacks")]
         keys += [(field, name) for name in self.fast_path.stat_names for field in ("stat_sums", "stat_counts")]
+        keys += [("chains", f"{op.name}|{outcome}") for op in self.fast_path.fused_ops for outcome in POLICY_OUTCOMES]
         self.counters.prepare(keys)
 
     @property
@@ -206,9 +214,12 @@ class Site:
         return self.fast_path.fusion.is_mounted(module)
 
     def reference(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str, *, fallback: bool = False):
-        """Run the original class's forward and count why (not again while recomputing for backward)."""
+        """Count why this site's fast path did not run (not again while recomputing for backward), then run the
+        next lower site on the module, or the original class's forward."""
         if not call_context.recomputing():
             self.counters.count_reference(reason, fallback=fallback)
+        if self.below is not None:
+            return self.below.call(module, args, kwargs)
         return self.original_forward(module, *args, **kwargs)
 
     def fallback(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str,
@@ -230,6 +241,8 @@ class Site:
             return self.fallback(module, args, kwargs, self.model.unmounted_reason(self.kind))
         try:
             out = self.fast_path.run(module, self, args, kwargs)
+        except FastPathUnavailableError:
+            raise  # strict mode, raised by a fused op the path called: already says where and why
         except Exception as error:  # noqa: BLE001 - any kernel trouble falls back unless fatal or strict
             if is_fatal(error):
                 raise
@@ -285,38 +298,89 @@ _gated_forward.__name__ = "forward"
 
 def is_gated_forward(function: Any, module: torch.nn.Module) -> bool:
     """True when ``function`` is the gated forward bound to ``module`` (as a hook that captured it holds it)."""
-    return getattr(function, "__func__", None) is _gated_forward and getattr(function, "__self__", None) is module
+    return (getattr(getattr(function, "__func__", None), "_accelpatch_gated", False)
+            and getattr(function, "__self__", None) is module)
 
 
-def _new_gated(original: type, fusion_name: str, defined_in: Optional[str] = None):
+def _forward_for(original: type) -> Callable:
+    """The gated forward of one gated class: :func:`_gated_forward` under the original forward's signature, so code
+    that reads parameters by name from ``inspect.signature(cls.forward)`` (diffusers' block registry for its cache
+    hooks) finds them."""
+    def forward(self, *args, **kwargs):
+        return _gated_forward(self, *args, **kwargs)
+
+    forward.__qualname__ = f"Gated{original.__qualname__}.forward"
+    forward.__doc__ = original.forward.__doc__
+    forward.__wrapped__ = original.forward  # inspect.signature follows it
+    forward._accelpatch_gated = True
+    return forward
+
+
+def _new_gated(original: type, fusion_names, defined_in=None):
     """Unpickling/deepcopy constructor of a gated module (its state is restored afterwards by the module). Works
-    in a fresh process: the fusion is found by name, importing the module that defines it if need be."""
-    return object.__new__(gated_class(original, fusion_by_name(fusion_name, defined_in)))
+    in a fresh process: each fusion is found by name, importing the module that defines it if need be. (A pickle
+    from before stacked sites names one fusion as a string.)"""
+    if isinstance(fusion_names, str):
+        fusion_names, defined_in = (fusion_names,), (defined_in,)
+    fusions = tuple(fusion_by_name(name, where) for name, where in zip(fusion_names, defined_in))
+    return object.__new__(gated_class(original, fusions))
 
 
 def _gated_reduce_ex(self, protocol):
     reduced = object.__reduce_ex__(self, protocol)
     cls = type(self)
-    fusion = fusion_by_name(cls._accelpatch_fusion_name)
-    return (_new_gated, (cls._accelpatch_original_class, fusion.name, fusion.defined_in)) + tuple(reduced[2:])
+    fusions = [fusion_by_name(name) for name in cls._accelpatch_fusion_names]
+    return (_new_gated, (cls._accelpatch_original_class, tuple(f.name for f in fusions),
+                         tuple(f.defined_in for f in fusions))) + tuple(reduced[2:])
 
 
-def gated_class(original: type, fusion: QualityGatedFusion) -> type:
-    """The gated subclass of ``original`` for ``fusion`` (made once, then cached)."""
-    key = (original, fusion.name)
+_GATED_METACLASSES: dict[type, type] = {}
+
+
+def _gated_class_by_names(original: type, fusion_names: tuple, defined_in: tuple) -> type:
+    """Unpickling of a gated *class* (an object that holds ``type(module)``, like diffusers' block registry
+    metadata in a cache hook): rebuilt from the original class and the fusions' names."""
+    return gated_class(original, tuple(fusion_by_name(n, d) for n, d in zip(fusion_names, defined_in)))
+
+
+def _reduce_gated_class(cls: type):
+    fusions = [fusion_by_name(name) for name in cls._accelpatch_fusion_names]
+    return _gated_class_by_names, (cls._accelpatch_original_class, tuple(f.name for f in fusions),
+                                   tuple(f.defined_in for f in fusions))
+
+
+def _metaclass_for(original: type) -> type:
+    """A metaclass deriving from ``original``'s, registered with copyreg so that a gated class pickles by what it
+    is made of (it has no importable name of its own)."""
+    meta = type(original)
+    gated_meta = _GATED_METACLASSES.get(meta)
+    if gated_meta is None:
+        gated_meta = type(f"Gated{meta.__name__}", (meta,), {"__module__": __name__})
+        copyreg.pickle(gated_meta, _reduce_gated_class)
+        _GATED_METACLASSES[meta] = gated_meta
+    return gated_meta
+
+
+def gated_class(original: type, fusions) -> type:
+    """The gated subclass of ``original`` for ``fusions`` (one fusion, or the tuple of those stacked on one module,
+    highest tier first); made once, then cached."""
+    fusions = (fusions,) if isinstance(fusions, QualityGatedFusion) else tuple(fusions)
+    key = (original, tuple(f.name for f in fusions))
     with _GATED_LOCK:
         cls = _GATED_CLASSES.get(key)
         if cls is None:
+            kinds = ", ".join(f"{f.name} ({f.tier} tier)" for f in fusions)
             namespace = {
                 "__module__": original.__module__,
-                "__doc__": f"{original.__name__} gated by accelpatch's {fusion.name} ({fusion.tier} tier).",
-                "forward": _gated_forward,
+                "__doc__": f"{original.__name__} gated by accelpatch's {kinds}.",
+                "forward": _forward_for(original),
                 "_accelpatch_original_class": original,
-                "_accelpatch_fusion_name": fusion.name,
+                "_accelpatch_fusion_names": key[1],
                 "__reduce_ex__": _gated_reduce_ex,
-                fusion.enabled_attr: _enabled_property(fusion),
             }
-            cls = type(f"Gated{original.__name__}", (original,), namespace)
+            for fusion in fusions:
+                namespace[fusion.enabled_attr] = _enabled_property(fusion)
+            cls = _metaclass_for(original)(f"Gated{original.__name__}", (original,), namespace)
             cls.__qualname__ = f"Gated{original.__qualname__}"
             _GATED_CLASSES[key] = cls
         return cls

@@ -1,0 +1,27 @@
+"""The lossless fused ops the models' fast paths call, each verified on first sight (accelpatch.verify).
+
+The ops know no model; the adapters' restated forwards say where each chain sits in their model.
+"""
+from __future__ import annotations
+
+from .ops.fused import reference
+from .verify import FusedOp, register
+
+RELU_ROPE_PAIR = register(FusedOp(
+    "relu_rope_pair", reference.relu_rope_pair,
+    "ReLU, interleaved RoPE and the float32 upcast of query and key in one pass (SANA-Video linear attention)"))
+MODULATE = register(FusedOp(
+    "modulate", reference.modulate, "x * (1 + scale) + shift after a norm, rounded as eager rounds"))
+GATED_RESIDUAL = register(FusedOp(
+    "gated_residual", reference.gated_residual, "residual + gate * x, rounded as eager rounds"))
+SILU = register(FusedOp("silu", reference.silu, "bf16 SiLU by an exact table of the device's own SiLU"))
+GLU_GATE = register(FusedOp("glu_gate", reference.glu_gate, "x * silu(gate) in one pass (GLUMB)"))
+SCALE_TO_TOKENS = register(FusedOp(
+    "scale_to_tokens", reference.scale_to_tokens,
+    "the linear-attention normaliser product, transposed to tokens and cast, in one pass"))
+ROTATE_HALF_PAIR = register(FusedOp(
+    "rotate_half_pair", reference.rotate_half_pair,
+    "partial rotate-half RoPE of query and key with pass-through channels in one pass (MiniMax-H3)"))
+ROTARY_COMPLEX_PAIR = register(FusedOp(
+    "rotary_complex_pair", reference.rotary_complex_pair,
+    "complex128 RoPE of query and key, rounded float64 → float32 → dtype, in one pass (SANA-Video 2.0)"))

@@ -1,0 +1,277 @@
+"""First-sight verification: a lossless fused op runs only for input signatures where it matched its reference.
+
+A :class:`FusedOp` pairs an eager reference chain (:mod:`accelpatch.ops.fused.reference`) with the device's fused
+implementation (:mod:`accelpatch.ops.fused.cpu`, :mod:`~accelpatch.ops.fused.triton_kernels`). The first call
+with a new *signature* (device and capability; every tensor's dtype, shape, strides, 16-byte alignment; the other
+arguments) runs both and compares them bit for bit: dtype, shape, strides and raw bits must agree; NaN must sit at
+the same places (eager itself stores different NaN payloads in its vectorised and scalar loops, so payloads are not
+compared). The verdict is kept for the process: verified signatures run the fused op from then on; a mismatch, an
+error or inputs the implementation cannot take decline the signature for good, warn once with the largest
+difference and count the reason; ``strict=True`` raises instead. The first call always returns the reference's
+outputs.
+
+Checks happen in eager code only: inside ``torch.compile`` (tracing or export) the reference chain runs, so a
+compiled patched model equals the unpatched one compiled the same way (the compiler fuses the chain itself); an
+unverified signature met during CUDA graph capture runs the reference uncounted as verified. Under autograd the
+reference runs (the kernels have no backward). All three are counted with their reason, never warned about.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+
+from .errors import FastPathUnavailableError, is_fatal
+
+FUSED = "fused"
+IN_COMPILE = "reference: inside torch.compile (the compiler fuses the chain itself)"
+IN_AUTOGRAD = "reference: inputs require grad (the fused kernel has no backward)"
+IN_CAPTURE = "reference: first sight inside CUDA graph capture (verification needs an eager run)"
+#: outcomes counted without a signature's verdict, whose tallies compiled code may bump
+POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE)
+
+#: device type -> module implementing every fused op there (functions named as the ops, plus ``unsupported``)
+IMPLEMENTATIONS = {"cpu": "accelpatch.ops.fused.cpu", "cuda": "accelpatch.ops.fused.triton_kernels"}
+
+
+@dataclass
+class Verdict:
+    """What the first sight of one signature decided, and what the check cost."""
+
+    verified: bool
+    #: why the signature was declined (None when verified)
+    reason: Optional[str]
+    #: wall time of the check: the reference, the fused op and the comparison
+    cost_s: float
+    #: the signature, readable: "cpu bfloat16[1,320,448]/(143360,448,1) ..."
+    described: str
+    #: the site whose call made the check
+    first_site: str
+    #: one warm run of the fused op and one of the reference chain, timed at first sight after the comparison
+    #: (None when declined): the basis of the report's estimate of the time saved
+    reference_s: Optional[float] = None
+    fused_s: Optional[float] = None
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16 == 0)
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _device_key(t: torch.Tensor) -> tuple:
+    if t.device.type != "cuda":
+        return (t.device.type,)
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return ("cuda", index, _CAPABILITY[index])
+
+
+def signature(args: tuple) -> tuple:
+    """Everything that can change the eager dispatch or the fused variant: device (and capability), and per
+    argument its dtype, shape, strides and alignment (tensors) or its value."""
+    device = next((_device_key(a) for a in args if isinstance(a, torch.Tensor)), ("none",))
+    return (device,) + tuple(_tensor_key(a) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
+
+
+def describe(args: tuple) -> str:
+    """A signature as a reader sees it."""
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            dims = ",".join(map(str, a.shape))
+            strides = ",".join(map(str, a.stride()))
+            parts.append(f"{str(a.dtype).removeprefix('torch.')}[{dims}]/({strides})")
+        else:
+            parts.append(repr(a))
+    device = next((str(a.device) for a in args if isinstance(a, torch.Tensor)), "")
+    return f"{device} " + " ".join(parts)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(width) if t.is_floating_point() else t
+
+
+def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
+    """Why ``fused`` is not ``reference`` bit for bit (None when it is): count, dtype, shape, strides, then raw bits
+    with NaN compared by position only. The reason names how many elements differ and the largest difference."""
+    if len(reference) != len(fused):
+        return f"the fused op returned {len(fused)} tensors, the reference {len(reference)}"
+    for i, (ref, out) in enumerate(zip(reference, fused)):
+        which = f"output {i}" if len(reference) > 1 else "the output"
+        for what in ("dtype", "shape"):
+            if getattr(ref, what) != getattr(out, what):
+                return f"{which} has {what} {getattr(out, what)}, the reference {getattr(ref, what)}"
+        if ref.numel() > 1 and ref.stride() != out.stride():
+            return f"{which} has strides {out.stride()}, the reference {ref.stride()}"
+        if not ref.is_floating_point():
+            if not torch.equal(ref, out):
+                return f"{which} differs in {int((ref != out).sum())} of {ref.numel()} elements"
+            continue
+        ref_nan, out_nan = ref.isnan(), out.isnan()
+        differ = (_bits(ref) != _bits(out)) & ~(ref_nan & out_nan)
+        count = int(differ.sum())
+        if count:
+            both = differ & ~ref_nan & ~out_nan
+            largest = float((ref[both].double() - out[both].double()).abs().max()) if bool(both.any()) else None
+            nan_note = "" if largest is not None else " (NaN where the reference has a number, or the reverse)"
+            size = f", largest difference {largest:.3g}" if largest is not None else nan_note
+            return f"{which} differs from the reference in {count} of {ref.numel()} elements{size}"
+    return None
+
+
+class FusedOp:
+    """One fused op: its reference chain, verified per signature against the device's implementation.
+
+    Called from a fast path's restated forward as ``op(site, *args)``; returns what ``reference(*args)`` returns,
+    bit for bit. ``site`` (an :class:`accelpatch.sites.base.Site`) receives the counts, warnings and strictness."""
+
+    def __init__(self, name: str, reference: Callable, description: str) -> None:
+        self.name = name
+        self.reference = reference
+        self.description = description
+        self._verdicts: dict[tuple, Verdict] = {}
+        self._lock = threading.Lock()
+        self._verifying = threading.Lock()  # one first sight at a time per op; others wait, then reuse the verdict
+
+    def __repr__(self) -> str:
+        return f"FusedOp({self.name!r})"
+
+    # -- what tests and reports read -------------------------------------------------------------------------------
+    def verdicts(self) -> list[Verdict]:
+        with self._lock:
+            return list(self._verdicts.values())
+
+    def forget(self) -> None:
+        """Drop every verdict (tests; a process normally keeps them for its lifetime)."""
+        with self._lock:
+            self._verdicts.clear()
+
+    def implementation(self, device: torch.device) -> tuple[Optional[Callable], Optional[Callable], Optional[str]]:
+        """``(fused function, unsupported(op, *args), None)`` for ``device``, or ``(None, None, reason)``."""
+        module_name = IMPLEMENTATIONS.get(device.type)
+        if module_name is None:
+            return None, None, f"no fused implementation for {device.type} tensors"
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            return None, None, f"the {device.type} kernels cannot be imported: {error}"
+        fused = getattr(module, self.name, None)
+        if fused is None:
+            return None, None, f"no {device.type} kernel for {self.name} in this version of accelpatch"
+        return fused, module.unsupported, None
+
+    # -- the call ---------------------------------------------------------------------------------------------------
+    def __call__(self, site: Any, *args: Any):
+        if torch.compiler.is_compiling():
+            return self._reference(site, args, IN_COMPILE)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self._reference(site, args, IN_AUTOGRAD)
+        key = signature(args)
+        with self._lock:
+            verdict = self._verdicts.get(key)
+        if verdict is None:
+            device = tensors[0].device
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return self._reference(site, args, IN_CAPTURE)
+            with self._verifying:
+                with self._lock:
+                    verdict = self._verdicts.get(key)
+                if verdict is None:
+                    return self._first_sight(site, key, args, device)
+        if not verdict.verified:
+            return self._declined(site, args, verdict.reason)
+        fused, _, _ = self.implementation(tensors[0].device)
+        try:
+            out = fused(*args)
+        except Exception as error:  # noqa: BLE001 - a kernel failing later declines for good, like a mismatch
+            if is_fatal(error):
+                raise
+            reason = f"error: {type(error).__name__}: {error}"
+            with self._lock:
+                self._verdicts[key] = Verdict(False, reason, 0.0, describe(args), site.path)
+            return self._declined(site, args, reason)
+        site.counters.count_chain(self.name, FUSED)
+        return out
+
+    def _reference(self, site: Any, args: tuple, outcome: str):
+        site.counters.count_chain(self.name, outcome)
+        return self.reference(*args)
+
+    def _declined(self, site: Any, args: tuple, reason: str):
+        outcome = f"declined: {reason}"
+        if site.model.strict:
+            raise FastPathUnavailableError(
+                f"lossless fusion {self.name} at {site.path} could not run: {reason}. "
+                "Patch with strict=False to run the reference chain instead.")
+        site.model.warn_once(f"lossless {self.name}", outcome)
+        return self._reference(site, args, outcome)
+
+    def _first_sight(self, site: Any, key: tuple, args: tuple, device: torch.device):
+        start = time.perf_counter()
+        fused, unsupported, reason = self.implementation(device)
+        if reason is None:
+            reason = unsupported(self.name, *args)  # builds the kernels if need be, before anything is timed
+        reference_out = self.reference(*args)
+        reference_s = fused_s = None
+        if reason is None:
+            try:
+                fused_out = fused(*args)
+                reference_outs = reference_out if isinstance(reference_out, tuple) else (reference_out,)
+                fused_outs = fused_out if isinstance(fused_out, tuple) else (fused_out,)
+                reason = mismatch(reference_outs, fused_outs)
+                if reason is None:  # both warm now: one timed run each, for the report's estimate
+                    del fused_out, fused_outs
+                    _, fused_s = _timed(fused, args, device)
+                    _, reference_s = _timed(self.reference, args, device)
+            except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
+                if is_fatal(error):
+                    raise
+                reason = f"error: {type(error).__name__}: {error}"
+        verdict = Verdict(reason is None, reason, time.perf_counter() - start, describe(args), site.path,
+                          reference_s, fused_s)
+        with self._lock:
+            self._verdicts[key] = verdict
+        if reason is not None:
+            if site.model.strict:
+                raise FastPathUnavailableError(
+                    f"lossless fusion {self.name} at {site.path} could not run: {reason}. "
+                    "Patch with strict=False to run the reference chain instead.")
+            site.model.warn_once(f"lossless {self.name}", f"declined: {reason}")
+            site.counters.count_chain(self.name, f"declined: {reason}")
+        else:
+            site.counters.count_chain(self.name, FUSED)
+        return reference_out
+
+
+def _timed(fn: Callable, args: tuple, device: torch.device):
+    """``(fn(*args), seconds)``, with the device synchronised around the call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn(*args)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+_OPS: dict[str, FusedOp] = {}
+
+
+def register(op: FusedOp) -> FusedOp:
+    """Make ``op`` findable by name (pickles of sites name their ops)."""
+    _OPS.setdefault(op.name, op)
+    return _OPS[op.name]
+
+
+def ops() -> Mapping[str, FusedOp]:
+    """Every fused op registered so far, by name (accelpatch.fused_ops registers the package's own on import)."""
+    return dict(_OPS)
