@@ -9,7 +9,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
 
 import accelpatch
-from accelpatch.sites.sana_linear_attention import FUSION, emulate_bf16_gemm_on_cpu, linear_attention_bf16_gemm
+from accelpatch.adapters.sana_video.linear_attention import FUSION, emulate_bf16_gemm_on_cpu, linear_attention_bf16_gemm
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.sites import sana_linear_attention as sana_site
+from accelpatch.adapters.sana_video import linear_attention as sana_site
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 tiny_minimax_h3_transformer, tiny_sana_video_transformer)
 

@@ -1,8 +1,10 @@
 """MiniMax-H3 (diffusers ``MiniMaxH3Transformer3DModel``) with the ``sol_attn`` backend.
 
-Sites: ``transformer_blocks.N.attn`` (full self-attention over the packed text/audio/video sequence) carry the
-Sol-Attn sparse path (``high``); ``token_refiner.refiner_blocks.N.attn`` (text only) are sites that always stay
-dense, so the report counts them too. Without a backend MiniMax-H3 has no fast path.
+Sites at every tier: the lossless fused paths of :mod:`.fused` — each block (AdaLN modulations, gated residual
+adds), its attention (the q/k RoPE) and its SwiGLU gate. With ``sol_attn``, ``transformer_blocks.N.attn`` (full
+self-attention over the packed text/audio/video sequence) also carry the Sol-Attn sparse path (``high``), stacked
+above the lossless one; ``token_refiner.refiner_blocks.N.attn`` (text only) are sites that always stay dense, so
+the report counts them too.
 
 Per call, the model's pre-forward hook (accelpatch.model_hooks) captures the packed layout (the text/audio rows
 become the always-exact key sink, and their query rows are recomputed densely, as in the prior art for such
@@ -20,20 +22,24 @@ from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
-from .. import call_context
-from ..backends.sol_attn import all_layers_dense_reason
-from ..gate import QualityGatedFusion
-from ..sites.base import Decline, Dense, FastPath, Site, bind_call
-from ..sites.sol_attention import DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, SolAttnFastPath, SparseCall  # noqa: F401
-from ..tiers import DEFAULT_TIER, Tier
-from .base import ModelAdapter
+from ... import call_context
+from ...backends.sol_attn import all_layers_dense_reason
+from ...gate import QualityGatedFusion
+from ...sites.base import Decline, Dense, FastPath, Site, bind_call
+from ...sites.sol_attention import DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, SolAttnFastPath, SparseCall  # noqa: F401
+from ...tiers import DEFAULT_TIER, Tier
+from ..base import ModelAdapter
+from ...sites.fused_swiglu import FUSED_SWIGLU
+from .fused import FUSED_ATTENTION, FUSED_BLOCK, project_qkv
 
 SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_attn_site",
                                 enabled_attr="_accelpatch_sol_attn_enabled", tier=Tier.HIGH)
 REFINER_FUSION = QualityGatedFusion(name="sol_attn_refiner", marker_attr="_accelpatch_sol_attn_refiner_site",
                                     enabled_attr="_accelpatch_sol_attn_refiner_enabled", tier=Tier.HIGH)
 
+_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
 _MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
+_SWIGLU = re.compile(r"transformer_blocks\.(\d+)\.ff\.net\.0")
 _REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 REFINER_DENSE = "text-only token refiner stays dense"
@@ -87,23 +93,6 @@ def _processor_class() -> type:
     return MiniMaxH3AttnProcessor
 
 
-def _project_qkv(attn, hidden_states, rotary_emb):
-    """q, k, v [B, S, H, D] exactly as ``MiniMaxH3AttnProcessor`` builds them before attention."""
-    from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
-
-    if attn.fused_projections:
-        query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-    else:
-        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-    query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
-    key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
-    value = value.unflatten(-1, (attn.heads, -1))
-    if rotary_emb is not None:
-        query = _apply_rotary_emb(query, *rotary_emb)
-        key = _apply_rotary_emb(key, *rotary_emb)
-    return query, key, value
-
-
 class MiniMaxH3SolAttention(SolAttnFastPath):
     """Sol-Attn over the packed sequence; the text/audio hull of the layout is the always-exact key sink, and its
     query rows are recomputed densely through diffusers' dispatcher."""
@@ -122,7 +111,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
         layout = current_layout()
         if layout is None and torch.compiler.is_compiling() and site.model.backend.sink_tokens is None:
             return Decline(LAYOUT_IN_COMPILED_REGION)
-        query, key, value = _project_qkv(attn, call["hidden_states"], call["rotary_emb"])
+        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
 
         def finish(out: torch.Tensor) -> torch.Tensor:
             out = out.flatten(2, 3).type_as(query)
@@ -172,13 +161,19 @@ class MiniMaxH3Adapter(ModelAdapter):
         return Tier.HIGH if backend_config is not None else DEFAULT_TIER
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        if backend_config is None:
-            return
         for path, module in model.named_modules():
+            block = _BLOCK.fullmatch(path)
+            if block is not None:
+                yield path, module, FUSED_BLOCK, int(block.group(1))
+                continue
             match = _MAIN_ATTENTION.fullmatch(path)
             if match is not None:
-                yield path, module, SOL_ATTENTION, int(match.group(1))
-            elif _REFINER_ATTENTION.fullmatch(path):
+                if backend_config is not None:
+                    yield path, module, SOL_ATTENTION, int(match.group(1))
+                yield path, module, FUSED_ATTENTION, int(match.group(1))
+            elif _SWIGLU.fullmatch(path):
+                yield path, module, FUSED_SWIGLU, int(_SWIGLU.fullmatch(path).group(1))
+            elif backend_config is not None and _REFINER_ATTENTION.fullmatch(path):
                 yield path, module, REFINER_DENSE_PATH, None
 
     def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:

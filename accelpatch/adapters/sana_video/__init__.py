@@ -1,6 +1,15 @@
-"""SANA-Video (diffusers ``SanaVideoTransformer3DModel``): its sites are the self-attention modules
-``transformer_blocks.N.attn1`` (ReLU linear attention), each carrying the BF16-input GEMM fast path (``high``).
-The cross-attention ``attn2`` goes through diffusers' dispatcher and is left alone."""
+"""SANA-Video (diffusers ``SanaVideoTransformer3DModel``): the whole story of what accelpatch does to it.
+
+Sites, per block ``transformer_blocks.N``:
+
+- the block itself: AdaLN modulations and gated residual adds fused (``lossless``, :mod:`.block`);
+- ``attn1`` (ReLU linear attention): two stacked fast paths (:mod:`.linear_attention`): the BF16-input first GEMM
+  (``high``) over the restatement with its prologue and epilogue fused (``lossless``);
+- ``ff`` (GLUMB): its SiLU and GLU gate fused (``lossless``, bf16).
+
+The cross-attention ``attn2`` goes through diffusers' dispatcher and is left alone. Every lossless path is
+bit-identical to diffusers: its fused ops are verified against the eager chain on first sight (accelpatch.verify).
+"""
 from __future__ import annotations
 
 import re
@@ -8,10 +17,11 @@ from typing import Any, Iterator
 
 import torch
 
-from ..sites.sana_linear_attention import BF16_LINEAR_ATTENTION
-from .base import ModelAdapter
+from ..base import ModelAdapter
+from .block import FUSED_BLOCK, FUSED_GLUMB
+from .linear_attention import BF16_LINEAR_ATTENTION, FUSED_LINEAR_ATTENTION
 
-_SELF_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn1")
+_SITE = re.compile(r"transformer_blocks\.(\d+)(\.attn1|\.ff)?")
 
 
 class SanaVideoAdapter(ModelAdapter):
@@ -23,6 +33,14 @@ class SanaVideoAdapter(ModelAdapter):
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         for path, module in model.named_modules():
-            match = _SELF_ATTENTION.fullmatch(path)
-            if match is not None:
-                yield path, module, BF16_LINEAR_ATTENTION, int(match.group(1))
+            match = _SITE.fullmatch(path)
+            if match is None:
+                continue
+            layer, part = int(match.group(1)), match.group(2)
+            if part is None:
+                yield path, module, FUSED_BLOCK, layer
+            elif part == ".attn1":
+                yield path, module, BF16_LINEAR_ATTENTION, layer
+                yield path, module, FUSED_LINEAR_ATTENTION, layer
+            else:
+                yield path, module, FUSED_GLUMB, layer

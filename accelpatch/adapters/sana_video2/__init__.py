@@ -1,6 +1,8 @@
-"""SANA-Video 2.0 (accelpatch's ``SanaVideo2Transformer3DModel``): its sites are the self-attention modules
-``blocks.N.attn``, the softmax "anchor" layers (``SanaVideo2SoftmaxAttention``) and the gated linear-attention
-layers (``SanaVideo2LinearAttention``), each kind with its own marker pair. All fast paths are ``high`` tier.
+"""SANA-Video 2.0 (accelpatch's ``SanaVideo2Transformer3DModel``): its sites are the blocks ``blocks.N`` and their
+self-attention modules ``blocks.N.attn``, the softmax "anchor" layers (``SanaVideo2SoftmaxAttention``) and the gated
+linear-attention layers (``SanaVideo2LinearAttention``), each kind with its own marker pair. The lossless fused
+paths of :mod:`.fused` sit on all of them (the attention ones under the ``high`` paths below, stacked); the paths
+described here are ``high`` tier.
 
 - **Anchors on BF16 operands**: SDPA on the BF16 q, k, v instead of the release's FP32 upcast, so a flash-class
   kernel runs (the prior art measured one 720p anchor layer 7.1× faster on an H200). The options
@@ -26,14 +28,15 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from ..backends.sol_attn import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
-from ..gate import QualityGatedFusion
-from ..ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
-from ..sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
+from ...backends.sol_attn import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
+from ...gate import QualityGatedFusion
+from ...ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
+from ...sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
                           step_layer_policy)
-from ..sites.sol_attention import SolAttnFastPath, SparseCall
-from ..tiers import DEFAULT_TIER, Tier
-from .base import ModelAdapter
+from ...sites.sol_attention import SolAttnFastPath, SparseCall
+from ...tiers import DEFAULT_TIER, Tier
+from ..base import ModelAdapter
+from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, rope_pair
 
 SOFTMAX_FUSION = QualityGatedFusion(
     name="sana_video2_softmax_attention",
@@ -62,6 +65,7 @@ ANCHOR_STEP_UNKNOWN = ("no denoising step is known, so anchor_fp32_steps cannot 
 FP32_ATTENTION_OFF = "fp32_attention is off: the reference already runs this attention in the activations' dtype"
 
 _SELF_ATTENTION = re.compile(r"blocks\.(\d+)\.attn")
+_BLOCK = re.compile(r"blocks\.(\d+)")
 
 
 @dataclass(frozen=True)
@@ -91,13 +95,13 @@ class SanaVideo2Options:
 
 
 def _anchor_processor_class() -> type:
-    from ..modeling.sana_video2.attention import SanaVideo2SoftmaxAttnProcessor
+    from ...modeling.sana_video2.attention import SanaVideo2SoftmaxAttnProcessor
 
     return SanaVideo2SoftmaxAttnProcessor
 
 
 def _linear_processor_class() -> type:
-    from ..modeling.sana_video2.attention import SanaVideo2LinearAttnProcessor
+    from ...modeling.sana_video2.attention import SanaVideo2LinearAttnProcessor
 
     return SanaVideo2LinearAttnProcessor
 
@@ -145,7 +149,7 @@ class AnchorAttentionBF16(FastPath):
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-        from ..modeling.sana_video2.attention import anchor_output, anchor_qkv
+        from ...modeling.sana_video2.attention import anchor_output, anchor_qkv
 
         options: SanaVideo2Options = site.model.options
         verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, step_reason=FP32_ANCHOR_STEP,
@@ -156,7 +160,7 @@ class AnchorAttentionBF16(FastPath):
         if verdict is not None:
             return verdict
         hidden_states = call["hidden_states"]
-        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"])
+        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
             return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
                            "anchor path takes 4-D q/k/v of equal shape")
@@ -180,12 +184,13 @@ class LinearAttentionBF16GEMM(FastPath):
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ..modeling.sana_video2.attention import gated_linear_attention
+        from ...modeling.sana_video2.attention import gated_linear_attention
 
         call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16-input GEMM")
         if verdict is not None:
             return verdict
-        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], first_gemm=key_value_state_bf16)
+        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], first_gemm=key_value_state_bf16,
+                                      rope_pair=rope_pair(site))
 
 
 class AnchorSolAttention(SolAttnFastPath):
@@ -198,11 +203,11 @@ class AnchorSolAttention(SolAttnFastPath):
         return _anchor_processor_class()
 
     def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ..modeling.sana_video2.attention import anchor_output, anchor_qkv
+        from ...modeling.sana_video2.attention import anchor_output, anchor_qkv
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
         hidden_states = call["hidden_states"]
-        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"])
+        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
         return SparseCall(query, key, value, functools.partial(anchor_output, attn, hidden_states=hidden_states))
 
 
@@ -248,7 +253,7 @@ class SanaVideo2Adapter(ModelAdapter):
 
     def static_noops(self, model: torch.nn.Module, backend_config: Any, options: Any,
                      asked: Any = None) -> list[str]:
-        from ..modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
+        from ...modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 
         name, anchors = type(model).__name__, model.softmax_layer_indices
         if backend_config is not None:
@@ -279,14 +284,20 @@ class SanaVideo2Adapter(ModelAdapter):
         return (options.anchor_fp32_steps,) if options is not None else ()
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        from ..modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
+        from ...modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 
         anchor_path = ANCHOR_SOL_ATTN if isinstance(backend_config, SolAttnConfig) else ANCHOR_BF16
         for path, module in model.named_modules():
+            block = _BLOCK.fullmatch(path)
+            if block is not None:
+                yield path, module, FUSED_BLOCK, int(block.group(1))
+                continue
             match = _SELF_ATTENTION.fullmatch(path)
             if match is None:
                 continue
             if isinstance(module, SanaVideo2SoftmaxAttention):
                 yield path, module, anchor_path, int(match.group(1))
+                yield path, module, FUSED_ANCHOR, int(match.group(1))
             elif isinstance(module, SanaVideo2LinearAttention):
                 yield path, module, LINEAR_BF16_GEMM, int(match.group(1))
+                yield path, module, FUSED_LINEAR, int(match.group(1))

@@ -62,13 +62,19 @@ def _gated_output(attn: nn.Module, out: torch.Tensor, hidden_states: torch.Tenso
     return attn.proj(out)
 
 
+def apply_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
+    """:func:`apply_rope` of query and key (the default ``rope_pair`` of the functions below; a fast path passes a
+    fused one)."""
+    return apply_rope(query, freqs), apply_rope(key, freqs)
+
+
 def anchor_qkv(attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
-               rotary_emb: Optional[torch.Tensor]):
+               rotary_emb: Optional[torch.Tensor], rope_pair: Callable = apply_rope_pair):
     """The anchor attention's q, k, v [B, N, H, D] in the activations' dtype, RoPE applied: everything before the
     FP32 upcast. Shared by the reference processor and the fast paths that replace what follows."""
     query, key, value = _qkv(attn, hidden_states)
     if rotary_emb is not None:
-        query, key = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+        query, key = rope_pair(query, key, rotary_emb)
     return query, key, value
 
 
@@ -95,7 +101,8 @@ class SanaVideo2SoftmaxAttnProcessor:
 
 
 def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
-                           rotary_emb: Optional[torch.Tensor], first_gemm: Optional[Callable] = None) -> torch.Tensor:
+                           rotary_emb: Optional[torch.Tensor], first_gemm: Optional[Callable] = None,
+                           rope_pair: Callable = apply_rope_pair) -> torch.Tensor:
     """The gated linear attention: out = (v·k̃ᵀ)·RoPE(q) per head with k̃ = RoPE(k)·sigmoid(β), times the
     ReLU-kernel normaliser 1/(Σ ReLU(k)ᵀReLU(q) + 1e-8) of the release (computed in the input dtype from the
     un-rotated q and k; the RMSNorm that follows cancels it except for its epsilon, and later upstream code drops
@@ -103,11 +110,11 @@ def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: tor
 
     Both GEMMs run on FP32 operands when ``fp32_attention`` is set (the release). ``first_gemm(v, k̃)``, given by a
     fast path, replaces the first one ([B, H, D, N] operands in the activations' dtype → [B, H, D, D] FP32); the
-    second then runs on FP32 operands."""
+    second then runs on FP32 operands. ``rope_pair(q, k, freqs)`` applies the RoPE (:func:`apply_rope_pair`)."""
     batch, tokens, width = hidden_states.shape
     query, key, value = _qkv(attn, hidden_states)
     if rotary_emb is not None:
-        query_rot, key_rot = apply_rope(query, rotary_emb), apply_rope(key, rotary_emb)
+        query_rot, key_rot = rope_pair(query, key, rotary_emb)
     else:
         query_rot, key_rot = query, key
     beta = torch.sigmoid(attn.beta_proj(hidden_states))  # [B, N, H]

@@ -1,0 +1,98 @@
+"""MiniMax-H3's lossless fast paths: its block and its attention restated with the element-wise chains fused.
+
+- ``transformer_blocks.N``: both per-row AdaLN modulations (``norm * (1.0 + scale[idx]) + shift[idx]``) and both
+  gated residual adds (``residual + gate[idx] * out``) as verified fused ops; the row gathers (``index_select``)
+  and the RMSNorms stay diffusers' own.
+- ``transformer_blocks.N.attn``: ``MiniMaxH3AttnProcessor`` with the partial rotate-half RoPE of q and k (tables
+  cast to the activations' dtype, pass-through channels, ``.contiguous()``) as one fused op; the Sol-Attn path
+  (``high``, stacked above it) builds its q/k/v with the same function.
+- ``transformer_blocks.N.ff.net.0`` (diffusers ``SwiGLU``): the generic fused SwiGLU (accelpatch.sites.fused_swiglu).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...fused_ops import GATED_RESIDUAL, MODULATE, ROTATE_HALF_PAIR
+from ...gate import QualityGatedFusion
+from ...sites.base import FastPath, Site, bind_call
+from ...tiers import Tier
+
+BLOCK_FUSION = QualityGatedFusion(name="minimax_h3_fused_block", marker_attr="_accelpatch_h3_fused_block_site",
+                                  enabled_attr="_accelpatch_h3_fused_block_enabled", tier=Tier.LOSSLESS)
+ATTENTION_FUSION = QualityGatedFusion(name="minimax_h3_fused_attention",
+                                      marker_attr="_accelpatch_h3_fused_attention_site",
+                                      enabled_attr="_accelpatch_h3_fused_attention_enabled", tier=Tier.LOSSLESS)
+
+
+def _h3():
+    from diffusers.models.transformers import transformer_minimax_h3
+
+    return transformer_minimax_h3
+
+
+def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, rotary_emb):
+    """q, k, v [B, S, H, D] exactly as ``MiniMaxH3AttnProcessor`` builds them before attention."""
+    if attn.fused_projections:
+        query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+    else:
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+    query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
+    key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
+    value = value.unflatten(-1, (attn.heads, -1))
+    if rotary_emb is not None:
+        query, key = ROTATE_HALF_PAIR(site, query, key, *rotary_emb)
+    return query, key, value
+
+
+class MiniMaxH3FusedBlock(FastPath):
+    fusion = BLOCK_FUSION
+    description = "block with its per-row AdaLN modulations and gated residual adds fused (bit-exact)"
+    fused_ops = (MODULATE, GATED_RESIDUAL)
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        if site.original_class is not _h3().MiniMaxH3TransformerBlock:
+            return (f"{site.original_class.__name__} is not diffusers' MiniMaxH3TransformerBlock, whose forward "
+                    "this fast path restates")
+        return None
+
+    def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ("hidden_states", "temb", "adaln_indices", "rotary_emb", "attention_mask"))
+        hidden_states, index = call["hidden_states"], call["adaln_indices"]
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(call["temb"])
+
+        residual = hidden_states
+        norm_hidden_states = MODULATE(site, block.norm1(hidden_states), scale_msa.index_select(0, index),
+                                      shift_msa.index_select(0, index))
+        attn_output = block.attn(norm_hidden_states, call["rotary_emb"], call["attention_mask"])
+        hidden_states = GATED_RESIDUAL(site, residual, gate_msa.index_select(0, index), attn_output)
+
+        residual = hidden_states
+        norm_hidden_states = MODULATE(site, block.norm2(hidden_states), scale_mlp.index_select(0, index),
+                                      shift_mlp.index_select(0, index))
+        ff_output = block.ff(norm_hidden_states)
+        return GATED_RESIDUAL(site, residual, gate_mlp.index_select(0, index), ff_output)
+
+
+class MiniMaxH3FusedAttention(FastPath):
+    fusion = ATTENTION_FUSION
+    description = "attention with the q/k rotate-half RoPE fused (bit-exact)"
+    fused_ops = (ROTATE_HALF_PAIR,)
+
+    def expected_processor(self) -> type:
+        return _h3().MiniMaxH3AttnProcessor
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
+        processor = attn.processor
+        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
+        hidden_states = _h3().dispatch_attention_fn(
+            query, key, value, attn_mask=call["attention_mask"], dropout_p=0.0, is_causal=False,
+            backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+FUSED_BLOCK = MiniMaxH3FusedBlock()
+FUSED_ATTENTION = MiniMaxH3FusedAttention()

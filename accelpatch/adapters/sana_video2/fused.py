@@ -1,0 +1,131 @@
+"""SANA-Video 2.0's lossless fast paths: its block and both self-attention kinds with their chains fused.
+
+- ``blocks.N`` (``SanaVideo2Block``): both AdaLN modulations ``norm(x) * (1 + scale) + shift`` (per frame too)
+  and the SwiGLU gate ``silu(gate_proj(x)) * up_proj(x)`` as verified fused ops; the sub-layer bookkeeping, the
+  per-frame gates and the Block Attention Residuals stay the model's own.
+- ``blocks.N.attn``: the anchor and the gated linear attention processors with the complex128 RoPE of q and k
+  (float64 products, then float64 → float32 → dtype, as ``type_as`` rounds) as one fused op, passed to the model's
+  own ``anchor_qkv`` / ``gated_linear_attention`` (the ``high`` paths stacked above pass it too).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ...fused_ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR
+from ...gate import QualityGatedFusion
+from ...sites.base import FastPath, Site, bind_call
+from ...tiers import Tier
+
+BLOCK_FUSION = QualityGatedFusion(name="sana_video2_fused_block",
+                                  marker_attr="_accelpatch_sana_video2_fused_block_site",
+                                  enabled_attr="_accelpatch_sana_video2_fused_block_enabled", tier=Tier.LOSSLESS)
+ANCHOR_FUSION = QualityGatedFusion(name="sana_video2_fused_softmax_attention",
+                                   marker_attr="_accelpatch_sana_video2_fused_softmax_site",
+                                   enabled_attr="_accelpatch_sana_video2_fused_softmax_enabled", tier=Tier.LOSSLESS)
+LINEAR_FUSION = QualityGatedFusion(name="sana_video2_fused_linear_attention",
+                                   marker_attr="_accelpatch_sana_video2_fused_linear_site",
+                                   enabled_attr="_accelpatch_sana_video2_fused_linear_enabled", tier=Tier.LOSSLESS)
+
+
+def rope_pair(site: Site):
+    """The fused RoPE of q and k for the model's attention functions (their ``rope_pair`` argument)."""
+    return functools.partial(ROTARY_COMPLEX_PAIR, site)
+
+
+def _modulated(site: Site, norm: torch.nn.Module, x: torch.Tensor, shift, scale, frames: Optional[int]):
+    """``SanaVideo2Block._modulated`` with the modulation fused."""
+    if frames is None:
+        return MODULATE(site, norm(x), scale, shift)
+    batch, tokens, width = x.shape
+    grouped = norm(x).reshape(batch, frames, tokens // frames, width)
+    return MODULATE(site, grouped, scale, shift).reshape(batch, tokens, width)
+
+
+class SanaVideo2FusedBlock(FastPath):
+    fusion = BLOCK_FUSION
+    description = "block with its AdaLN modulations and SwiGLU gate fused (bit-exact)"
+    fused_ops = (MODULATE, GLU_GATE)
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        from ...modeling.sana_video2.transformer import SanaVideo2Block, SwiGLU
+
+        if site.original_class is not SanaVideo2Block:
+            return f"{site.original_class.__name__} is not SanaVideo2Block, whose forward this fast path restates"
+        if type(module.mlp) is not SwiGLU:
+            return f"its mlp is {type(module.mlp).__name__}, not the SwiGLU restated"
+        return None
+
+    def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        from ...modeling.sana_video2.transformer import _per_frame
+
+        call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "timestep_emb",
+                                        "encoder_attention_mask", "rotary_emb", "sublayer"))
+        hidden_states, sublayer = call["hidden_states"], call["sublayer"]
+        if sublayer not in ("attention", "mlp"):
+            raise ValueError(f"sublayer must be 'attention' or 'mlp', got {sublayer!r}")
+        frames, (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp) = block._modulation(
+            call["timestep_emb"])
+        if sublayer == "attention":
+            attn_in = _modulated(site, block.norm1, hidden_states, shift_msa, scale_msa, frames)
+            attn_delta = _per_frame(block.attn(attn_in, call["rotary_emb"]), gate_msa, frames)
+            cross_delta = block.cross_attn(hidden_states + attn_delta, call["encoder_hidden_states"],
+                                           call["encoder_attention_mask"])
+            return attn_delta + cross_delta
+        mlp_in = _modulated(site, block.norm2, hidden_states, shift_mlp, scale_mlp, frames)
+        mlp = block.mlp
+        if mlp_in.dtype == torch.bfloat16:
+            gated = GLU_GATE(site, mlp.up_proj(mlp_in), mlp.gate_proj(mlp_in))
+        else:  # the fused gate is a bf16 table: the model's own SwiGLU math
+            gated = F.silu(mlp.gate_proj(mlp_in)) * mlp.up_proj(mlp_in)
+        return _per_frame(mlp.down_proj(gated), gate_mlp, frames)
+
+
+class SanaVideo2FusedAnchor(FastPath):
+    fusion = ANCHOR_FUSION
+    description = "anchor attention with the q/k complex RoPE fused (bit-exact)"
+    fused_ops = (ROTARY_COMPLEX_PAIR,)
+
+    def expected_processor(self) -> type:
+        from ...modeling.sana_video2.attention import SanaVideo2SoftmaxAttnProcessor
+
+        return SanaVideo2SoftmaxAttnProcessor
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        from ...modeling.sana_video2.attention import anchor_output, anchor_qkv, at_least_fp32
+
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
+        hidden_states, processor = call["hidden_states"], attn.processor
+        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
+        if attn.fp32_attention:
+            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
+        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                    backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        return anchor_output(attn, out, hidden_states)
+
+
+class SanaVideo2FusedLinear(FastPath):
+    fusion = LINEAR_FUSION
+    description = "gated linear attention with the q/k complex RoPE fused (bit-exact)"
+    fused_ops = (ROTARY_COMPLEX_PAIR,)
+
+    def expected_processor(self) -> type:
+        from ...modeling.sana_video2.attention import SanaVideo2LinearAttnProcessor
+
+        return SanaVideo2LinearAttnProcessor
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        from ...modeling.sana_video2.attention import gated_linear_attention
+
+        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
+        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], rope_pair=rope_pair(site))
+
+
+FUSED_BLOCK = SanaVideo2FusedBlock()
+FUSED_ANCHOR = SanaVideo2FusedAnchor()
+FUSED_LINEAR = SanaVideo2FusedLinear()

@@ -1,0 +1,55 @@
+"""diffusers' ``SwiGLU`` activation (``FeedForward(activation_fn="swiglu")``) with its gate fused: a generic
+``lossless`` fast path any model with that module reuses.
+
+Reference: ``SwiGLU.forward``: ``proj`` → ``chunk(2, dim=-1)`` → ``x * silu(gate)``. The restatement keeps the
+projection and calls the verified ``glu_gate`` op (bf16: an exact table of the device's own SiLU). Other dtypes run
+diffusers' forward, counted.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..fused_ops import GLU_GATE
+from ..gate import QualityGatedFusion
+from ..tiers import Tier
+from .base import Dense, FastPath, Site, bind_call
+
+FUSION = QualityGatedFusion(
+    name="fused_swiglu",
+    marker_attr="_accelpatch_fused_swiglu_site",
+    enabled_attr="_accelpatch_fused_swiglu_enabled",
+    tier=Tier.LOSSLESS,
+)
+
+
+def swiglu_class() -> type:
+    from diffusers.models.activations import SwiGLU
+
+    return SwiGLU
+
+
+class FusedSwiGLU(FastPath):
+    fusion = FUSION
+    description = "SwiGLU gate x * silu(gate) fused (bit-exact, bf16)"
+    fused_ops = (GLU_GATE,)
+    policy_reasons = tuple(f"activations are {dtype}: the fused SiLU tables are bfloat16"
+                           for dtype in (torch.float32, torch.float16))
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        if site.original_class is not swiglu_class():
+            return f"{site.original_class.__name__} is not diffusers' SwiGLU, whose forward this fast path restates"
+        if type(module.activation) is not torch.nn.SiLU:
+            return f"its activation is {type(module.activation).__name__}, not the SiLU restated"
+        return None
+
+    def run(self, module: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        hidden_states = bind_call(args, kwargs, ("hidden_states",))["hidden_states"]
+        if hidden_states.dtype != torch.bfloat16:
+            return Dense(f"activations are {hidden_states.dtype}: the fused SiLU tables are bfloat16")
+        hidden_states, gate = module.proj(hidden_states).chunk(2, dim=-1)
+        return GLU_GATE(site, hidden_states, gate)
+
+
+FUSED_SWIGLU = FusedSwiGLU()
