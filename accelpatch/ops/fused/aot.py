@@ -4,7 +4,10 @@ Each case runs a wrapper of triton_kernels (which picks BLOCK and the strides Tr
 accelpatch.ops.triton_aot's stand-in driver, on CPU tensors of the models' widths (SANA-Video: hidden 2240, 20 heads
 x 112, GLUMB 11,200 channels) with a small token count of the same divisibility as the release ones (24 and 32,760
 are both 8 mod 16): an element-wise kernel's compiled code depends on the widths and on which strides are 1 or
-multiples of 16, not on how many tokens there are. TRITON_INTERPRET must be unset.
+multiples of 16, not on how many tokens there are — except where the output is N-minor (a transposed residual,
+scale_to_tokens): there a row runs over the tokens and its BLOCK depends on their count, so those cases take 8,200
+tokens (batch 1), which gets the release shapes' BLOCK of 1024. The tensors are left uninitialised (nothing runs).
+TRITON_INTERPRET must be unset.
 """
 from __future__ import annotations
 
@@ -15,35 +18,37 @@ import torch
 from .. import triton_aot
 
 TOKENS = 24
+N_MINOR_TOKENS = 8200
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 
 
 def _rope(q_dtype, table_dtype):
     def args():
-        q = torch.zeros(2, TOKENS, 20, 112, dtype=q_dtype)
-        table = torch.zeros(1, TOKENS, 1, 112, dtype=table_dtype)
+        q = torch.empty(2, TOKENS, 20, 112, dtype=q_dtype)
+        table = torch.empty(1, TOKENS, 1, 112, dtype=table_dtype)
         return q, q.clone(), table, table.clone()
     return "relu_rope_pair", args
 
 
 def _modulate(dtype):
     def args():
-        rows = torch.zeros(2, 1, 6, 2240, dtype=dtype)  # unbind(2) of the modulation table: token stride 6C
-        return torch.zeros(2, TOKENS, 2240, dtype=dtype), rows[:, :, 1], rows[:, :, 0]
+        rows = torch.empty(2, 1, 6, 2240, dtype=dtype)  # unbind(2) of the modulation table: token stride 6C
+        return torch.empty(2, TOKENS, 2240, dtype=dtype), rows[:, :, 1], rows[:, :, 0]
     return "modulate", args
 
 
 def _residual(dtype, transposed=False):
     def args():
-        rows = torch.zeros(2, 1, 6, 2240, dtype=dtype)
-        x = torch.zeros(2, TOKENS, 2240, dtype=dtype)
-        residual = torch.zeros(2, 2240, TOKENS, dtype=dtype).transpose(1, 2) if transposed else x.clone()
+        batch, tokens = (1, N_MINOR_TOKENS) if transposed else (2, TOKENS)
+        rows = torch.empty(batch, 1, 6, 2240, dtype=dtype)
+        x = torch.empty(batch, tokens, 2240, dtype=dtype)
+        residual = torch.empty(batch, 2240, tokens, dtype=dtype).transpose(1, 2) if transposed else x.clone()
         return residual, rows[:, :, 2], x
     return "gated_residual", args
 
 
 def _conv_out(channels):
-    return torch.zeros(2, channels, 3, 8, dtype=BF16).to(memory_format=torch.channels_last)
+    return torch.empty(2, channels, 3, 8, dtype=BF16, memory_format=torch.channels_last)
 
 
 def _silu():
@@ -58,8 +63,8 @@ def _glu():
 
 
 def _scale_to_tokens(dtype):
-    return "scale_to_tokens", lambda: (torch.zeros(2, 20, 112, TOKENS), torch.zeros(2, 20, 1, TOKENS, dtype=BF16),
-                                       dtype)
+    return "scale_to_tokens", lambda: (torch.empty(1, 20, 112, N_MINOR_TOKENS),
+                                       torch.empty(1, 20, 1, N_MINOR_TOKENS, dtype=BF16), dtype)
 
 
 # label -> (op, argument builder): one launch per op x dtype combination the wrappers accept
