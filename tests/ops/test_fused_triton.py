@@ -239,3 +239,37 @@ def test_relu_table_is_eagers_own():
     got, want = tk.relu_rope_pair(q, q, cos, sin), reference.relu_rope_pair(q, q, cos, sin)
     assert_same_outputs(got, want)
     assert torch.signbit(got[0].flatten()[0]) == torch.signbit(F.relu(q).flatten()[0])
+
+
+@triton.jit
+def _rotate_contracted(x1, x2, c, s, MODE: tl.constexpr):
+    """Wrong: x1*c - x2*s as one FMA (bf16 tables: evaluated in fp32 and rounded once)."""
+    if MODE == 0:
+        o1 = x1 * c - x2 * s
+        o2 = x1 * s + x2 * c
+    else:
+        o1 = tl.fma(x1.to(c.dtype), c, -(x2.to(c.dtype) * s))
+        o2 = tl.fma(x1.to(c.dtype), s, x2.to(c.dtype) * c)
+    return o1, o2
+
+
+@pytest.mark.parametrize("dtype,table_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
+def test_a_wrong_rope_is_caught(monkeypatch, dtype, table_dtype):
+    """A contracted RoPE (or bf16 tables rounded once) must be caught by the RoPE test inputs. (A contraction under
+    bf16 outputs flips ~2e-5 of them, and an fp64 one rounded to fp32 fewer: too few for interpreter-sized inputs;
+    there the AOT test's FMA count is the guard.)"""
+    q, k = edge((2, 17, 2, 16), dtype, 21), edge((2, 17, 2, 16), dtype, 22)
+    args = (q, k, *_rope_tables(17, 16, table_dtype))
+    monkeypatch.setattr(j, "_rotate", _rotate_contracted)
+    with pytest.raises(AssertionError, match="elements differ"):
+        assert_same_outputs(tk.relu_rope_pair(*args), reference.relu_rope_pair(*args))
+
+
+def test_fp64_tables_round_to_bf16_through_fp32():
+    """1 + 2^-8 + 2^-40 is 1.0078125 rounded straight to bf16 but 1.0 through fp32 (a tie, to even), as eager."""
+    q = torch.ones(1, 1, 1, 2, dtype=torch.bfloat16)
+    cos = torch.tensor([1 + 2 ** -8 + 2 ** -40, 0.0], dtype=torch.float64).view(1, 1, 1, 2)
+    sin = torch.zeros(1, 1, 1, 2, dtype=torch.float64)
+    got = tk.relu_rope_pair(q, q, cos, sin)
+    assert_same_outputs(got, reference.relu_rope_pair(q, q, cos, sin))
+    assert got[2].flatten()[0].item() == 1.0
