@@ -32,7 +32,8 @@ def assert_bit_identical(got: torch.Tensor, want: torch.Tensor, what: str = "") 
     bits = _BITS[got.element_size()]
     differ = (got.view(bits) != want.view(bits)) & ~nan_want
     assert not differ.any(), (f"{what}: {int(differ.sum())} of {got.numel()} elements differ, first at "
-                              f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} vs {want[differ][0].item()!r}")
+                              f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} vs "
+                              f"{want[differ][0].item()!r}")
 
 
 def assert_same_outputs(got, want, what=""):

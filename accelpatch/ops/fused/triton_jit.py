@@ -19,9 +19,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# compute modes of the RoPE products: the dtype torch promotes (query, table) to
-ROPE_BF16, ROPE_FP32, ROPE_FP64 = 0, 1, 2
-
 
 @triton.jit
 def _bf16_bits(v):
@@ -169,7 +166,8 @@ def _relu_bf16_or_fp32(TABLE, x, NEG_ZERO_KEEPS_SIGN: tl.constexpr):
 
 @triton.jit
 def _rotate(x1, x2, c, s, MODE: tl.constexpr):
-    """(x1*c - x2*s, x1*s + x2*c) at the promoted dtype: bf16 rounds after every op, fp32/fp64 per op."""
+    """(x1*c - x2*s, x1*s + x2*c) at the dtype torch promotes (query, table) to, MODE 0 / 1 / 2 = bf16 / fp32 /
+    fp64 (triton_kernels._ROPE_MODES): bf16 rounds after every op, fp32 and fp64 are one IEEE op each."""
     if MODE == 0:
         o1 = _round(_round(x1 * c, tl.bfloat16) - _round(x2 * s, tl.bfloat16), tl.bfloat16)
         o2 = _round(_round(x1 * s, tl.bfloat16) + _round(x2 * c, tl.bfloat16), tl.bfloat16)

@@ -24,7 +24,7 @@ from .tables import unary_table
 LAUNCH = dict(enable_fp_fusion=False, num_warps=4)
 MAX_BLOCK = 1024
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
-_ROPE_MODES = {torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}  # triton_jit.ROPE_*, by promoted dtype
+_ROPE_MODES = {torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}  # triton_jit._rotate MODE, promoted dtype
 _LOCK = threading.Lock()
 _RELU_FP32: dict[str, tuple[Optional[bool], Optional[str]]] = {}
 
