@@ -126,6 +126,18 @@ def test_scale_to_tokens_n_minor_output(z_dtype, dtype):
     check("scale_to_tokens", x, z[..., :17], dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rounding_of_random_fp32_bit_patterns(dtype):
+    """The kernels' fp32 -> bf16/fp16 rounding (integer RTNE for bf16) on random fp32 bit patterns of every exponent,
+    a quarter of them exact ties and some subnormal, through scale_to_tokens with z = 1 (x * 1 == x)."""
+    g = torch.Generator().manual_seed(23)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 16,), generator=g, dtype=torch.int64).to(torch.int32)
+    bits[0::4] = (bits[0::4] & ~0xFFFF) | 0x8000  # halfway between two bf16 values
+    bits[1::8] &= 0x807FFFFF  # subnormal
+    x = bits.view(torch.float32).view(1, 1, 1, -1)
+    check("scale_to_tokens", x, torch.ones(1, 1, 1, 1), dtype)
+
+
 # ---------------------------------------------------------------------------------------- ReLU + RoPE
 
 TABLE_DTYPES = [torch.float32, torch.bfloat16, torch.float64, torch.float16]
