@@ -1,0 +1,255 @@
+"""CUDA (Triton) implementations of the lossless fused ops: same signatures and outputs (values, dtypes, shapes,
+strides) as the chains in ``reference``, each in one launch.
+
+Outputs are allocated with eager's strides (``layout.empty_like_eager``); bf16 SiLU/ReLU gather from the device's own
+eager table (``tables.unary_table``); the kernels (``triton_jit``, imported on first use so importing accelpatch
+never imports Triton) round exactly where eager does and are launched with ``enable_fp_fusion=False``.
+``unsupported(op, *args)`` says why an input cannot run here (None when it can); the wrappers assume it was asked.
+On CPU the kernels run only in Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import reference
+from .layout import empty_like_eager
+from .tables import unary_table
+
+LAUNCH = dict(enable_fp_fusion=False, num_warps=4)
+MAX_BLOCK = 1024
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_ROPE_MODES = {torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}  # triton_jit._rotate MODE, promoted dtype
+_LOCK = threading.Lock()
+_RELU_FP32: dict[str, tuple[Optional[bool], Optional[str]]] = {}
+
+
+def _jit():
+    from . import triton_jit  # noqa: PLC0415
+
+    return triton_jit
+
+
+def _block(n: int) -> int:
+    """Elements per program along a row of n: the largest block (1024 down to 128) that pads the row by at most an
+    eighth (SANA's 2240 channels: 256, 1120 RoPE pairs: 128 -> 1152), else the least padding; short rows one
+    power-of-two block (at least 16)."""
+    if n <= MAX_BLOCK:
+        return max(16, 1 << max(0, int(n) - 1).bit_length())
+    padded = {b: -(-n // b) * b for b in (1024, 512, 256, 128)}
+    fits = [b for b, p in padded.items() if 8 * (p - n) <= n]
+    return fits[0] if fits else min(padded, key=lambda b: (padded[b], -b))
+
+
+# ------------------------------------------------------------------------------------------------ what can run
+
+def _tensors(args):
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def _common(args) -> Optional[str]:
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    tensors = _tensors(args)
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return f"inputs on several devices ({', '.join(sorted(map(str, devices)))})"
+    device = devices.pop()
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return "the Triton kernels run on CUDA (on CPU only in the interpreter, TRITON_INTERPRET=1)"
+    elif device.type != "cuda":
+        return f"the Triton kernels run on CUDA, not {device.type}"
+    if any(t.requires_grad for t in tensors):
+        return "an input requires grad (the fused kernels have no backward)"
+    if any(t.dim() > 4 for t in tensors):
+        return "more than 4 dimensions"
+    return None
+
+
+def _broadcast(*tensors) -> Optional[torch.Size]:
+    try:
+        return torch.broadcast_shapes(*(t.shape for t in tensors))
+    except RuntimeError:
+        return None
+
+
+def relu_fp32_sign(device: torch.device) -> tuple[Optional[bool], Optional[str]]:
+    """Whether the device's eager fp32 ReLU keeps -0.0 as -0.0 (True) or gives +0.0, probed through its contiguous
+    and strided loops; (None, reason) when the two loops disagree or anything else is not clamp_min(x, 0)."""
+    key = str(device)
+    with _LOCK:
+        if key in _RELU_FP32:
+            return _RELU_FP32[key]
+    probe = torch.tensor([-0.0, 0.0, -1.0, 2.0, float("nan"), float("-inf")] * 16, device=device)
+    spread = torch.zeros(2 * probe.numel(), device=device)
+    spread[0::2] = probe
+    results = []
+    for out in (F.relu(probe), F.relu(spread[0::2])):
+        out = out[:6].cpu()
+        ok = (out[1:4].tolist() == [0.0, 0.0, 2.0] and bool(out[4].isnan()) and out[5].item() == 0.0
+              and not any(out[i].item() == 0.0 and torch.signbit(out[i]) for i in (1, 2, 5)))
+        results.append(bool(torch.signbit(out[0])) if ok else None)
+    if None in results:
+        answer = (None, "eager float32 ReLU on this device is not clamp_min(x, 0)")
+    elif results[0] != results[1]:
+        answer = (None, "eager float32 ReLU gives -0.0 a different sign in its vectorised and scalar loops on this "
+                        "device, so no kernel reproduces it everywhere")
+    else:
+        answer = (results[0], None)
+    with _LOCK:
+        return _RELU_FP32.setdefault(key, answer)
+
+
+def unsupported(op_name: str, *args) -> Optional[str]:
+    """Why the Triton implementation of ``op_name`` cannot run these arguments (the reference's), or None."""
+    checks = {"relu_rope_pair": _why_rope, "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
+              "silu": _why_bf16, "glu_gate": _why_bf16, "scale_to_tokens": _why_scale_to_tokens}
+    if op_name not in checks:
+        return f"no Triton kernel for {op_name!r}"
+    tensor_args = args[:-1] if op_name == "scale_to_tokens" else args
+    if len(_tensors(tensor_args)) != len(tensor_args):
+        return "an argument is not a tensor"
+    return _common(args) or checks[op_name](*args)
+
+
+def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
+    if query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype:
+        return f"query/key dtypes {query.dtype}/{key.dtype} (bfloat16 or float32, the same)"
+    if query.dim() != 4 or key.shape != query.shape:
+        return "query and key must be [B, N, H, D] of one shape"
+    b, n, _, d = query.shape
+    if d % 2:
+        return f"odd head dim {d}"
+    if freqs_cos.dtype != freqs_sin.dtype or freqs_cos.dtype not in (torch.bfloat16, torch.float16, torch.float32,
+                                                                       torch.float64):
+        return f"RoPE table dtypes {freqs_cos.dtype}/{freqs_sin.dtype} (one floating dtype)"
+    for t in (freqs_cos, freqs_sin):
+        if _broadcast(t, torch.empty(b, n, 1, d, device="meta")) != (b, n, 1, d):
+            return f"RoPE table of shape {tuple(t.shape)} does not broadcast to [B, N, 1, D] = {[b, n, 1, d]}"
+    if torch.promote_types(query.dtype, freqs_cos.dtype) not in _ROPE_MODES:
+        return f"{query.dtype} query with {freqs_cos.dtype} tables"
+    if query.dtype == torch.bfloat16:
+        return unary_table("relu", F.relu, query.device)[1]
+    return relu_fp32_sign(query.device)[1]
+
+
+def _why_same_dtype(*tensors) -> Optional[str]:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or not dtypes <= set(_FLOATS):
+        return f"dtypes {sorted(map(str, dtypes))} (one of bfloat16, float16, float32 for all inputs)"
+    if _broadcast(*tensors) is None:
+        return "shapes do not broadcast"
+    return None
+
+
+def _why_bf16(*tensors) -> Optional[str]:
+    if any(t.dtype != torch.bfloat16 for t in tensors):
+        return "bfloat16 only (a table of eager's SiLU)"
+    if _broadcast(*tensors) is None:
+        return "shapes do not broadcast"
+    return unary_table("silu", F.silu, tensors[0].device)[1]
+
+
+def _why_scale_to_tokens(x, z, dtype) -> Optional[str]:
+    if x.dtype != torch.float32 or z.dtype not in _FLOATS:
+        return f"x {x.dtype}, z {z.dtype} (float32 x, floating z)"
+    if dtype not in _FLOATS:
+        return f"output dtype {dtype}"
+    if x.dim() != 4 or _broadcast(x, z) != x.shape:
+        return "x must be [B, H, D, N] with z broadcasting to it"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ launches
+
+def _plan(out: torch.Tensor, *inputs: torch.Tensor):
+    """4-D sizes and per-tensor strides of the iteration space: every input broadcast to ``out``'s shape, all
+    permuted alike so the output's fastest dim comes last (one program writes consecutive addresses)."""
+    shape = tuple(out.shape)
+    views = [out] + [t.expand(shape) for t in inputs]
+    pad = 4 - len(shape)
+    sizes = [1] * pad + list(shape)
+    strides = [[0] * pad + list(v.stride()) for v in views]
+    live = [i for i in range(4) if sizes[i] > 1]
+    inner = min(live, key=lambda i: (abs(strides[0][i]), -i)) if live else 3
+    order = [i for i in range(4) if i != inner] + [inner]
+    sizes = [sizes[i] for i in order]
+    strides = [[s[i] for i in order] for s in strides]
+    block = _block(sizes[3])
+    grid = (sizes[0] * sizes[1] * sizes[2] * -(-sizes[3] // block),)
+    return grid, sizes[1:], [x for s in strides for x in s], block
+
+
+def _elementwise(kernel, out: torch.Tensor, inputs, extra=()):
+    if out.numel() == 0:
+        return out
+    grid, sizes, strides, block = _plan(out, *inputs)
+    kernel[grid](out, *inputs, *extra, *sizes, *strides, BLOCK=block, **LAUNCH)
+    return out
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``x * (1 + scale) + shift`` as eager rounds it (reference.modulate)."""
+    (out,) = empty_like_eager(reference.modulate, (x, scale, shift), x.device)
+    return _elementwise(_jit()._modulate_kernel, out, (x, scale, shift))
+
+
+def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``residual + gate * x`` as eager rounds it (reference.gated_residual)."""
+    (out,) = empty_like_eager(reference.gated_residual, (residual, gate, x), x.device)
+    return _elementwise(_jit()._gated_residual_kernel, out, (residual, gate, x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """bf16 ``F.silu`` by a gather from eager's table (reference.silu)."""
+    table, _ = unary_table("silu", F.silu, x.device)
+    (out,) = empty_like_eager(reference.silu, (x,), x.device)
+    return _elementwise(_jit()._silu_kernel, out, (x,), (table,))
+
+
+def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """bf16 ``x * silu(gate)`` (reference.glu_gate)."""
+    table, _ = unary_table("silu", F.silu, x.device)
+    (out,) = empty_like_eager(reference.glu_gate, (x, gate), x.device)
+    return _elementwise(_jit()._glu_gate_kernel, out, (x, gate), (table,))
+
+
+def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(x * z).flatten(1, 2).transpose(1, 2).to(dtype)`` in one pass, into eager's (N-minor) layout."""
+    (out,) = empty_like_eager(reference.scale_to_tokens, (x, z, dtype), x.device)
+    b, h, d, n = x.shape
+    sb, sn, sc = out.stride()
+    as_bhdn = out.as_strided((b, h, d, n), (sb, d * sc, sc, sn))  # token (b, n), channel h*D + d
+    _elementwise(_jit()._scale_cast_kernel, as_bhdn, (x, z))
+    return out
+
+
+def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """ReLU and interleaved RoPE of query and key in one launch (reference.relu_rope_pair):
+    ``(relu(query), relu(key), rotated query as float32, rotated key as float32)``."""
+    args = (query, key, freqs_cos, freqs_sin)
+    outs = empty_like_eager(reference.relu_rope_pair, args, query.device)
+    b, n, h, d = query.shape
+    if query.numel() == 0:
+        return outs
+    mode = _ROPE_MODES[torch.promote_types(query.dtype, freqs_cos.dtype)]
+    if query.dtype == torch.bfloat16:
+        table, _ = unary_table("relu", F.relu, query.device)
+        keeps = False
+    else:
+        table = outs[0]  # unused by the fp32 kernel
+        keeps = bool(relu_fp32_sign(query.device)[0])
+    cos = freqs_cos.expand(b, n, h, d)
+    sin = freqs_sin.expand(b, n, h, d)
+    block = _block(h * d // 2)
+    grid = (b * n, -(-(h * d // 2) // block))
+    strides = [s for t in (query, key, cos, sin, *outs) for s in t.stride()]
+    _jit()._relu_rope_pair_kernel[grid](query, key, cos, sin, *outs, table, n, *strides, H=h, D=d, MODE=mode,
+                                         NEG_ZERO_KEEPS_SIGN=keeps, BLOCK=block, **LAUNCH)
+    return outs

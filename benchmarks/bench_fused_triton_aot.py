@@ -1,0 +1,36 @@
+"""Resource table of the fused Triton kernels compiled ahead of time (no GPU needed).
+
+Each launch the wrappers of accelpatch.ops.fused.triton_kernels make (accelpatch.ops.fused.aot.CASES) is captured
+under a stand-in driver and compiled for each target with Triton's bundled ptxas: shared memory, registers, stack
+and spilled bytes per thread, fused multiply-adds / .ftz / approximate instructions (all must be 0), compile time.
+Run:  TRITON_INTERPRET= python benchmarks/bench_fused_triton_aot.py [--targets 80 90]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", type=int, nargs="+", default=[80, 90], help="compute capabilities")
+    args = ap.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)
+
+    from accelpatch.ops import triton_aot  # noqa: PLC0415
+    from accelpatch.ops.fused import aot  # noqa: PLC0415
+
+    print(f"{'target':>6} {'case':<42} {'kernel':<24} {'BLOCK':>5} {'shared_B':>8} {'limit_B':>8} {'regs':>4} "
+          f"{'stack_B':>7} {'spill_B':>7} {'fma':>3} {'ftz':>3} {'approx':>6} {'compile_s':>9}")
+    for arch in args.targets:
+        for label in aot.CASES:
+            c = aot.capture_case(arch, label)
+            u = triton_aot.inspect(c, spills=True)
+            print(f"{'sm_' + str(arch):>6} {label:<42} {c.name:<24} {c.constexpr('BLOCK'):>5} {u.shared:>8} "
+                  f"{triton_aot.SHARED_LIMIT.get(arch, 0):>8} {u.registers:>4} {u.stack:>7} "
+                  f"{u.spill_stores + u.spill_loads:>7} {u.fma:>3} {u.ftz:>3} {u.approx:>6} {u.compile_s:>9.1f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
