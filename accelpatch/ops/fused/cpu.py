@@ -1,9 +1,10 @@
 """CPU implementations of the lossless fused ops: one pass of compiled C++ (cpu_kernels.cpp) per chain.
 
 Each op has the signature and the outputs of its reference chain in :mod:`.reference` (values bit for bit, dtypes,
-shapes and strides: outputs are allocated with :func:`.layout.empty_like_eager`). bf16 SiLU and ReLU come from
+shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU and ReLU come from
 :func:`.tables.unary_table`, eager's own results on all 65,536 inputs. :func:`unsupported` says why an op cannot
-run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that reason. Whether a
+run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that reason. A call
+with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and plan. Whether a
 result is trusted is not decided here (that is the first-sight check's job).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from . import cpu_build
 from . import reference as ref
-from .layout import eager_layouts, empty_like_eager
+from .layout import eager_layouts
 from .tables import unary_table
 
 _CPU = torch.device("cpu")
@@ -175,7 +176,8 @@ _WHY = {
 
 
 def unsupported(op_name: str, *args) -> Optional[str]:
-    """Why this implementation cannot run ``op_name`` on these arguments (the reference's), None when it can."""
+    """Why this implementation cannot run ``op_name`` on these arguments (the reference's), None when it can.
+    The library is built here on first use."""
     if op_name not in _WHY:
         return f"no CPU kernel for {op_name!r}"
     reason = _common(args)
@@ -187,12 +189,46 @@ def unsupported(op_name: str, *args) -> Optional[str]:
         return f"{op_name}: arguments the reference does not take ({exc})"
 
 
-def _require(op_name: str, args) -> ctypes.CDLL:
+class _Prepared:
+    """Everything a call of one op needs for one signature: the kernel, eager's output layouts, the plan as ctypes
+    arrays and the lookup table (or None)."""
+
+    __slots__ = ("kernel", "layouts", "size", "strides", "table")
+
+    def __init__(self, kernel, layouts, plan, table):
+        self.kernel, self.layouts, self.table = kernel, layouts, table
+        self.size, self.strides = _c_plan(plan) if plan is not None else (None, None)
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+
+
+def _signature(op_name: str, args) -> tuple:
+    grad = torch.is_grad_enabled()
+    return (op_name, grad) + tuple(
+        (a.device.type, a.dtype, tuple(a.shape), a.stride(), grad and a.requires_grad, a.layout)
+        if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
+              table: Optional[str] = None) -> _Prepared:
+    """The cached preparation of this call's signature; raises ValueError with the reason when unsupported."""
+    key = _signature(op_name, args)
+    known = _PREPARED.get(key)
+    if known is not None:
+        return known
     reason = unsupported(op_name, *args)
     if reason:
         raise ValueError(reason)
     library, _ = cpu_build.load()
-    return library
+    made = _Prepared(getattr(library, kernel_name()), eager_layouts(reference, args), plan(),
+                     _table(table)[0] if table else None)
+    with _PLANS_LOCK:
+        return _PREPARED.setdefault(key, made)
+
+
+def _outputs(prep: _Prepared) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.empty_strided(shape, strides, dtype=dtype) for shape, strides, dtype in prep.layouts)
 
 
 # ---- plans -----------------------------------------------------------------------------------------------------
@@ -240,62 +276,53 @@ def _rope_plan(args):
 def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """:func:`.reference.relu_rope_pair` in one pass over query and key, sharing each table load."""
     args = (query, key, freqs_cos, freqs_sin)
-    library = _require("relu_rope_pair", args)
-    outs = empty_like_eager(ref.relu_rope_pair, args, _CPU)
+    prep = _prepared("relu_rope_pair", args, ref.relu_rope_pair,
+                     lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
+                     lambda: _rope_plan(args), "relu" if query.dtype == torch.bfloat16 else None)
+    outs = _outputs(prep)
     if query.numel():
-        table = _table("relu")[0] if query.dtype == torch.bfloat16 else None
-        fn = getattr(library, f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}")
-        size, strides = _c_plan(_rope_plan(args))
-        fn(*(_p(t) for t in args), *(_p(t) for t in outs), _p(table), size, strides)
+        prep.kernel(*(_p(t) for t in args), *(_p(t) for t in outs), _p(prep.table), prep.size, prep.strides)
     return outs
 
 
-def _ternary(op: str, reference: Callable, args):
-    library = _require(op, args)
-    out, = empty_like_eager(reference, args, _CPU)
+def _elementwise(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> torch.Tensor:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    prep = _prepared(op, args, reference, lambda: kernel + _NAMES[tensors[0].dtype],
+                     lambda: _plan_for(op, reference, args), table)
+    out, = _outputs(prep)
     if out.numel():
-        size, strides = _c_plan(_plan_for(op, reference, args))
-        getattr(library, f"ap_{op}_{_NAMES[out.dtype]}")(_p(out), *(_p(t) for t in args), size, strides)
+        extra = (_p(prep.table),) if table else ()
+        prep.kernel(_p(out), *(_p(t) for t in tensors), *extra, prep.size, prep.strides)
     return out
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.modulate`: ``x * (1 + scale) + shift`` in one pass, rounded after each op."""
-    return _ternary("modulate", ref.modulate, (x, scale, shift))
+    return _elementwise("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
 
 
 def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.gated_residual`: ``residual + gate * x`` in one pass, the product rounded."""
-    return _ternary("gated_residual", ref.gated_residual, (residual, gate, x))
+    return _elementwise("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.silu` of bf16 by eager's own table."""
-    library = _require("silu", (x,))
-    out, = empty_like_eager(ref.silu, (x,), _CPU)
-    if out.numel():
-        size, strides = _c_plan(_plan_for("silu", ref.silu, (x,)))
-        library.ap_table_bf16(_p(out), _p(x), _p(_table("silu")[0]), size, strides)
-    return out
+    return _elementwise("silu", ref.silu, (x,), "ap_table_", "silu")
 
 
 def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.glu_gate` of bf16: ``x * silu(gate)``, the SiLU from eager's table, in one pass."""
-    args = (x, gate)
-    library = _require("glu_gate", args)
-    out, = empty_like_eager(ref.glu_gate, args, _CPU)
-    if out.numel():
-        size, strides = _c_plan(_plan_for("glu_gate", ref.glu_gate, args))
-        library.ap_glu_gate_bf16(_p(out), _p(x), _p(gate), _p(_table("silu")[0]), size, strides)
-    return out
+    return _elementwise("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
 
 
 def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """:func:`.reference.scale_to_tokens`: ``x * z`` rounded once to ``dtype``, written straight into eager's
     N-minor ``[B, N, H*D]`` layout."""
-    library = _require("scale_to_tokens", (x, z, dtype))
-    out, = empty_like_eager(ref.scale_to_tokens, (x, z, dtype), _CPU)
+    args = (x, z, dtype)
+    prep = _prepared("scale_to_tokens", args, ref.scale_to_tokens, lambda: f"ap_scale_to_{_NAMES[dtype]}",
+                     lambda: _scale_plan(x, z, dtype))
+    out, = _outputs(prep)
     if out.numel():
-        size, strides = _c_plan(_scale_plan(x, z, dtype))
-        getattr(library, f"ap_scale_to_{_NAMES[dtype]}")(_p(out), _p(x), _p(z), size, strides)
+        prep.kernel(_p(out), _p(x), _p(z), prep.size, prep.strides)
     return out

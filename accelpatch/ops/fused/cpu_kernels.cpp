@@ -12,26 +12,51 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
 using i64 = int64_t;
-using bf16 = c10::BFloat16;
-using f16 = c10::Half;
 
-inline float widen(float v) { return v; }
-inline float widen(bf16 v) { return static_cast<float>(v); }
-inline float widen(f16 v) { return static_cast<float>(v); }
+// float -> bf16 round-to-nearest-even, NaN to 0x7FC0: c10's round_to_nearest_even (BFloat16.h) written with a
+// select instead of its branch, so that loops of it vectorise. ap_check_rounding compares it with c10's on any
+// range of float bit patterns (the tests run all 2^32).
+inline uint32_t bf16_rounded_f32_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  const uint32_t rounded = (u + UINT32_C(0x7FFF) + ((u >> 16) & 1u)) & UINT32_C(0xFFFF0000);
+  return v != v ? UINT32_C(0x7FC00000) : rounded;
+}
 
-template <class T> inline T narrow(float v);
-template <> inline float narrow<float>(float v) { return v; }
-template <> inline bf16 narrow<bf16>(float v) { return bf16(v); }
-template <> inline f16 narrow<f16>(float v) { return f16(v); }
+inline float f32_from_bits(uint32_t u) {
+  float v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
 
-// double -> storage dtype the way eager's copy does it: to float first (c10 has no double constructor).
-template <class T> inline T narrow_double(double v) { return narrow<T>(static_cast<float>(v)); }
-
-inline bf16 from_bits(uint16_t b) { return bf16(b, bf16::from_bits()); }
+// A storage dtype: S is how an element is stored, load widens it to float exactly, store rounds a float to it,
+// round gives the float value of that rounding (the value eager reads back after it stored an intermediate).
+template <class T> struct Io;
+template <> struct Io<float> {
+  using S = float;
+  static inline float load(float v) { return v; }
+  static inline float store(float v) { return v; }
+  static inline float round(float v) { return v; }
+};
+struct BF16 {};
+template <> struct Io<BF16> {
+  using S = uint16_t;
+  static inline float load(uint16_t v) { return f32_from_bits(uint32_t(v) << 16); }
+  static inline uint16_t store(float v) { return static_cast<uint16_t>(bf16_rounded_f32_bits(v) >> 16); }
+  static inline float round(float v) { return f32_from_bits(bf16_rounded_f32_bits(v)); }
+};
+struct F16 {};
+template <> struct Io<F16> {  // c10's own conversions (fp16 is not on the models' hot paths)
+  using S = uint16_t;
+  static inline float load(uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); }
+  static inline uint16_t store(float v) { return c10::Half(v).x; }
+  static inline float round(float v) { return load(store(v)); }
+};
 
 // Walks the three outer dimensions of a 4-D space and hands each innermost row to `row` with the NT base offsets.
 template <int NT, class Row>
@@ -118,28 +143,30 @@ inline void elementwise1(Out* out, const In1* x, const i64* size, const i64* st,
 }
 
 // x * (1 + scale) + shift, each of the three ops rounded to T.
-template <class T>
-void modulate(T* out, const T* x, const T* scale, const T* shift, const i64* size, const i64* st) {
-  elementwise3(out, x, scale, shift, size, st, [](T a, T s, T h) {
-    const T one_plus = narrow<T>(1.0f + widen(s));
-    const T prod = narrow<T>(widen(a) * widen(one_plus));
-    return narrow<T>(widen(prod) + widen(h));
+template <class T, class S = typename Io<T>::S>
+void modulate(S* out, const S* x, const S* scale, const S* shift, const i64* size, const i64* st) {
+  using IO = Io<T>;
+  elementwise3(out, x, scale, shift, size, st, [](S a, S s, S h) {
+    const float one_plus = IO::round(1.0f + IO::load(s));
+    const float prod = IO::round(IO::load(a) * one_plus);
+    return IO::store(prod + IO::load(h));
   });
 }
 
 // residual + gate * x, the product rounded to T, then the sum.
-template <class T>
-void gated_residual(T* out, const T* residual, const T* gate, const T* x, const i64* size, const i64* st) {
-  elementwise3(out, residual, gate, x, size, st, [](T r, T g, T a) {
-    const T prod = narrow<T>(widen(g) * widen(a));
-    return narrow<T>(widen(r) + widen(prod));
+template <class T, class S = typename Io<T>::S>
+void gated_residual(S* out, const S* residual, const S* gate, const S* x, const i64* size, const i64* st) {
+  using IO = Io<T>;
+  elementwise3(out, residual, gate, x, size, st, [](S r, S g, S a) {
+    const float prod = IO::round(IO::load(g) * IO::load(a));
+    return IO::store(IO::load(r) + prod);
   });
 }
 
 // float32 x * z, rounded once to T (the cast of the product).
-template <class T>
-void scale_to(T* out, const float* x, const float* z, const i64* size, const i64* st) {
-  elementwise2(out, x, z, size, st, [](float a, float b) { return narrow<T>(a * b); });
+template <class T, class S = typename Io<T>::S>
+void scale_to(S* out, const float* x, const float* z, const i64* size, const i64* st) {
+  elementwise2(out, x, z, size, st, [](float a, float b) { return Io<T>::store(a * b); });
 }
 
 // ---- ReLU + interleaved RoPE on a query/key pair --------------------------------------------------------------
@@ -147,10 +174,11 @@ void scale_to(T* out, const float* x, const float* z, const i64* size, const i64
 // F.relu of float32: negative values (and -denormals) to +0, -0.0 and NaN kept (what eager's clamp_min gives).
 inline float relu(float v, const uint16_t*) { return v < 0.0f ? 0.0f : v; }
 // F.relu of bf16: eager's own result, looked up in its 65,536-entry table.
-inline bf16 relu(bf16 v, const uint16_t* table) { return from_bits(table[v.x]); }
+inline uint16_t relu(uint16_t v, const uint16_t* table) { return table[v]; }
 
-// The rotated values of a pair (a, b) = (x[2i], x[2i+1]) with c = cos[2i], s = sin[2i+1], stored in Q, at the
-// promoted dtype of Q and W as eager runs `x1 * cos - x2 * sin` (even) and `x1 * sin + x2 * cos` (odd).
+// The rotated values of a pair (a, b) = (x[2i], x[2i+1]) with c = cos[2i], s = sin[2i+1], at the promoted dtype of
+// Q and W as eager runs `x1 * cos - x2 * sin` (even) and `x1 * sin + x2 * cos` (odd), as the float value of the
+// result stored in Q (the rotated outputs are float32 copies of it).
 //
 // GCC's vectoriser fuses an interleaved mul/sub/add group into vfmaddsub even under -ffp-contract=off (measured
 // with gcc 12: 58 fused instructions in this file when the even and odd values were computed side by side). So
@@ -160,29 +188,36 @@ inline bf16 relu(bf16 v, const uint16_t* table) { return from_bits(table[v.x]); 
 template <class Q, class W>
 struct Rotate {  // a float chain: Q float with W float or bf16, or Q bf16 with W float
   template <class Keep>
-  static inline Q even(Q a, Q b, W c, W s, Keep keep) { return narrow<Q>(keep(widen(a) * widen(c)) - keep(widen(b) * widen(s))); }
+  static inline float even(float a, float b, float c, float s, Keep keep) {
+    return Io<Q>::round(keep(a * c) - keep(b * s));
+  }
   template <class Keep>
-  static inline Q odd(Q a, Q b, W c, W s, Keep keep) { return narrow<Q>(keep(widen(a) * widen(s)) + keep(widen(b) * widen(c))); }
+  static inline float odd(float a, float b, float c, float s, Keep keep) {
+    return Io<Q>::round(keep(a * s) + keep(b * c));
+  }
 };
 template <>
-struct Rotate<bf16, bf16> {  // a bf16 chain: every product, the difference and the sum rounded to bf16
-  static inline float mul(bf16 x, bf16 y) { return widen(narrow<bf16>(widen(x) * widen(y))); }
+struct Rotate<BF16, BF16> {  // a bf16 chain: every product, the difference and the sum rounded to bf16
+  using IO = Io<BF16>;
   template <class Keep>
-  static inline bf16 even(bf16 a, bf16 b, bf16 c, bf16 s, Keep) { return narrow<bf16>(mul(a, c) - mul(b, s)); }
+  static inline float even(float a, float b, float c, float s, Keep) { return IO::round(IO::round(a * c) - IO::round(b * s)); }
   template <class Keep>
-  static inline bf16 odd(bf16 a, bf16 b, bf16 c, bf16 s, Keep) { return narrow<bf16>(mul(a, s) + mul(b, c)); }
+  static inline float odd(float a, float b, float c, float s, Keep) { return IO::round(IO::round(a * s) + IO::round(b * c)); }
 };
 template <class Q>
-struct Rotate<Q, double> {  // a double chain, rounded double -> float (-> bf16) at the store
+struct Rotate<Q, double> {  // a double chain, rounded double -> float (-> bf16) at the store, as c10 converts
   template <class Keep>
-  static inline Q even(Q a, Q b, double c, double s, Keep keep) {
-    return narrow_double<Q>(keep(double(widen(a)) * c) - keep(double(widen(b)) * s));
+  static inline float even(float a, float b, double c, double s, Keep keep) {
+    return Io<Q>::round(static_cast<float>(keep(double(a) * c) - keep(double(b) * s)));
   }
   template <class Keep>
-  static inline Q odd(Q a, Q b, double c, double s, Keep keep) {
-    return narrow_double<Q>(keep(double(widen(a)) * s) + keep(double(widen(b)) * c));
+  static inline float odd(float a, float b, double c, double s, Keep keep) {
+    return Io<Q>::round(static_cast<float>(keep(double(a) * s) + keep(double(b) * c)));
   }
 };
+
+template <class W> struct Table { using S = typename Io<W>::S; static inline float load(S v) { return Io<W>::load(v); } };
+template <> struct Table<double> { using S = double; static inline double load(double v) { return v; } };
 
 struct Pass {  // the unit-stride loops: the value as it is
   template <class T>
@@ -199,43 +234,47 @@ struct Opaque {  // the strided loop: a value the compiler must materialise, so 
 constexpr i64 kBlock = 64;  // pairs per block of the unit-stride path
 
 // Rotates `pairs` pairs of the unit-stride row y into float z, with tables c (even entries) and s (odd entries).
-template <class Q, class W>
-inline void rotate_row(const Q* __restrict y, const W* __restrict c, const W* __restrict s, float* __restrict z,
+template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS* __restrict s, float* __restrict z,
                        i64 pairs) {
-  Q ev[kBlock], od[kBlock];
+  float ev[kBlock], od[kBlock];
   for (i64 p0 = 0; p0 < pairs; p0 += kBlock) {
     const i64 m = pairs - p0 < kBlock ? pairs - p0 : kBlock;
-    const Q* yb = y + 2 * p0;
-    const W* cb = c + 2 * p0;
-    const W* sb = s + 2 * p0;
-    for (i64 j = 0; j < m; ++j) ev[j] = Rotate<Q, W>::even(yb[2 * j], yb[2 * j + 1], cb[2 * j], sb[2 * j + 1], Pass());
-    for (i64 j = 0; j < m; ++j) od[j] = Rotate<Q, W>::odd(yb[2 * j], yb[2 * j + 1], cb[2 * j], sb[2 * j + 1], Pass());
+    const QS* yb = y + 2 * p0;
+    const WS* cb = c + 2 * p0;
+    const WS* sb = s + 2 * p0;
+    for (i64 j = 0; j < m; ++j)
+      ev[j] = Rotate<Q, W>::even(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j]),
+                                 Table<W>::load(sb[2 * j + 1]), Pass());
+    for (i64 j = 0; j < m; ++j)
+      od[j] = Rotate<Q, W>::odd(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j]),
+                                Table<W>::load(sb[2 * j + 1]), Pass());
     float* zb = z + 2 * p0;
     for (i64 j = 0; j < m; ++j) {
-      zb[2 * j] = widen(ev[j]);
-      zb[2 * j + 1] = widen(od[j]);
+      zb[2 * j] = ev[j];
+      zb[2 * j + 1] = od[j];
     }
   }
 }
 
 // Tensors: 0 query, 1 key, 2 cos, 3 sin, 4 relu(query), 5 relu(key), 6 rotated query (float), 7 rotated key.
 // size = (B, N, H, D/2); st[4 * t + 3] is tensor t's stride along D: pair p sits at 2p and 2p + 1 times it.
-template <class Q, class W>
-void relu_rope(const Q* q, const Q* k, const W* cosv, const W* sinv, Q* rq, Q* rk, float* oq, float* ok,
+template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+void relu_rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* rq, QS* rk, float* oq, float* ok,
                const uint16_t* relu_table, const i64* size, const i64* st) {
   const i64 pairs = size[3];
   if (unit_inner<8>(st)) {
     for_rows<8>(size, st, [&](const i64* off) {
-      const Q* __restrict xq = q + off[0];
-      const Q* __restrict xk = k + off[1];
-      Q* __restrict yq = rq + off[4];
-      Q* __restrict yk = rk + off[5];
+      const QS* __restrict xq = q + off[0];
+      const QS* __restrict xk = k + off[1];
+      QS* __restrict yq = rq + off[4];
+      QS* __restrict yk = rk + off[5];
       for (i64 i = 0; i < 2 * pairs; ++i) {
         yq[i] = relu(xq[i], relu_table);
         yk[i] = relu(xk[i], relu_table);
       }
-      rotate_row(yq, cosv + off[2], sinv + off[3], oq + off[6], pairs);
-      rotate_row(yk, cosv + off[2], sinv + off[3], ok + off[7], pairs);
+      rotate_row<Q, W>(yq, cosv + off[2], sinv + off[3], oq + off[6], pairs);
+      rotate_row<Q, W>(yk, cosv + off[2], sinv + off[3], ok + off[7], pairs);
     });
   } else {
     i64 s[8];
@@ -243,17 +282,19 @@ void relu_rope(const Q* q, const Q* k, const W* cosv, const W* sinv, Q* rq, Q* r
     for_rows<8>(size, st, [&](const i64* off) {
       for (i64 p = 0; p < pairs; ++p) {
         const i64 e = 2 * p, o = 2 * p + 1;
-        const W cp = cosv[off[2] + e * s[2]], sp = sinv[off[3] + o * s[3]];
-        const Q a = relu(q[off[0] + e * s[0]], relu_table), b = relu(q[off[0] + o * s[0]], relu_table);
-        const Q ka = relu(k[off[1] + e * s[1]], relu_table), kb = relu(k[off[1] + o * s[1]], relu_table);
+        const auto cp = Table<W>::load(cosv[off[2] + e * s[2]]);
+        const auto sp = Table<W>::load(sinv[off[3] + o * s[3]]);
+        const QS a = relu(q[off[0] + e * s[0]], relu_table), b = relu(q[off[0] + o * s[0]], relu_table);
+        const QS ka = relu(k[off[1] + e * s[1]], relu_table), kb = relu(k[off[1] + o * s[1]], relu_table);
         rq[off[4] + e * s[4]] = a;
         rq[off[4] + o * s[4]] = b;
         rk[off[5] + e * s[5]] = ka;
         rk[off[5] + o * s[5]] = kb;
-        oq[off[6] + e * s[6]] = widen(Rotate<Q, W>::even(a, b, cp, sp, Opaque()));
-        oq[off[6] + o * s[6]] = widen(Rotate<Q, W>::odd(a, b, cp, sp, Opaque()));
-        ok[off[7] + e * s[7]] = widen(Rotate<Q, W>::even(ka, kb, cp, sp, Opaque()));
-        ok[off[7] + o * s[7]] = widen(Rotate<Q, W>::odd(ka, kb, cp, sp, Opaque()));
+        const float fa = Io<Q>::load(a), fb = Io<Q>::load(b), fka = Io<Q>::load(ka), fkb = Io<Q>::load(kb);
+        oq[off[6] + e * s[6]] = Rotate<Q, W>::even(fa, fb, cp, sp, Opaque());
+        oq[off[6] + o * s[6]] = Rotate<Q, W>::odd(fa, fb, cp, sp, Opaque());
+        ok[off[7] + e * s[7]] = Rotate<Q, W>::even(fka, fkb, cp, sp, Opaque());
+        ok[off[7] + o * s[7]] = Rotate<Q, W>::odd(fka, fkb, cp, sp, Opaque());
       }
     });
   }
@@ -268,21 +309,22 @@ void relu_rope(const Q* q, const Q* k, const W* cosv, const W* sinv, Q* rq, Q* r
 #define AP_TERNARY(op, name, T)                                                                           \
   AP_EXPORT void ap_##op##_##name(void* out, const void* a, const void* b, const void* c, const i64* size, \
                                   const i64* st) {                                                        \
-    op<T>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b),                       \
-          static_cast<const T*>(c), size, st);                                                            \
+    using S = Io<T>::S;                                                                                   \
+    op<T>(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b),                       \
+          static_cast<const S*>(c), size, st);                                                            \
   }
 AP_TERNARY(modulate, f32, float)
-AP_TERNARY(modulate, bf16, bf16)
-AP_TERNARY(modulate, f16, f16)
+AP_TERNARY(modulate, bf16, BF16)
+AP_TERNARY(modulate, f16, F16)
 AP_TERNARY(gated_residual, f32, float)
-AP_TERNARY(gated_residual, bf16, bf16)
-AP_TERNARY(gated_residual, f16, f16)
+AP_TERNARY(gated_residual, bf16, BF16)
+AP_TERNARY(gated_residual, f16, F16)
 
 AP_EXPORT void ap_scale_to_bf16(void* out, const float* x, const float* z, const i64* size, const i64* st) {
-  scale_to<bf16>(static_cast<bf16*>(out), x, z, size, st);
+  scale_to<BF16>(static_cast<uint16_t*>(out), x, z, size, st);
 }
 AP_EXPORT void ap_scale_to_f16(void* out, const float* x, const float* z, const i64* size, const i64* st) {
-  scale_to<f16>(static_cast<f16*>(out), x, z, size, st);
+  scale_to<F16>(static_cast<uint16_t*>(out), x, z, size, st);
 }
 
 // A bf16 unary op by its table (SiLU): out = table[bits(x)].
@@ -291,33 +333,60 @@ AP_EXPORT void ap_table_bf16(uint16_t* out, const uint16_t* x, const uint16_t* t
   elementwise1(out, x, size, st, [table](uint16_t v) { return table[v]; });
 }
 
-// GLUMB's gate x * silu(gate) in bf16: the SiLU from its table, the product rounded.
-AP_EXPORT void ap_glu_gate_bf16(void* out, const void* x, const void* gate, const uint16_t* table, const i64* size,
-                                const i64* st) {
-  elementwise2(static_cast<bf16*>(out), static_cast<const bf16*>(x), static_cast<const uint16_t*>(gate), size, st,
-               [table](bf16 a, uint16_t g) { return narrow<bf16>(widen(a) * widen(from_bits(table[g]))); });
+// GLUMB's gate x * silu(gate) in bf16: the SiLU from its table, the product rounded. The unit-stride rows look the
+// SiLU up block by block, apart from the product, so that the product loop vectorises.
+AP_EXPORT void ap_glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t* gate, const uint16_t* table,
+                                const i64* size, const i64* st) {
+  using IO = Io<BF16>;
+  const i64 n = size[3];
+  if (!unit_inner<3>(st)) {
+    elementwise2(out, x, gate, size, st,
+                 [table](uint16_t a, uint16_t g) { return IO::store(IO::load(a) * IO::load(table[g])); });
+    return;
+  }
+  constexpr i64 kRun = 256;
+  for_rows<3>(size, st, [&](const i64* off) {
+    uint16_t* __restrict o = out + off[0];
+    const uint16_t* __restrict a = x + off[1];
+    const uint16_t* __restrict g = gate + off[2];
+    uint16_t act[kRun];
+    for (i64 i0 = 0; i0 < n; i0 += kRun) {
+      const i64 m = n - i0 < kRun ? n - i0 : kRun;
+      for (i64 j = 0; j < m; ++j) act[j] = table[g[i0 + j]];
+      for (i64 j = 0; j < m; ++j) o[i0 + j] = IO::store(IO::load(a[i0 + j]) * IO::load(act[j]));
+    }
+  });
 }
 
 #define AP_ROPE(qname, Q, wname, W)                                                                              \
   AP_EXPORT void ap_relu_rope_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,     \
                                                 void* rq, void* rk, float* oq, float* ok, const uint16_t* table, \
                                                 const i64* size, const i64* st) {                                \
-    relu_rope<Q, W>(static_cast<const Q*>(q), static_cast<const Q*>(k), static_cast<const W*>(c),               \
-                    static_cast<const W*>(s), static_cast<Q*>(rq), static_cast<Q*>(rk), oq, ok, table, size, st); \
+    using QS = Io<Q>::S;                                                                                         \
+    using WS = Table<W>::S;                                                                                      \
+    relu_rope<Q, W>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),            \
+                    static_cast<const WS*>(s), static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, table, size,  \
+                    st);                                                                                         \
   }
-AP_ROPE(bf16, bf16, bf16, bf16)
-AP_ROPE(bf16, bf16, f32, float)
-AP_ROPE(bf16, bf16, f64, double)
-AP_ROPE(f32, float, bf16, bf16)
+AP_ROPE(bf16, BF16, bf16, BF16)
+AP_ROPE(bf16, BF16, f32, float)
+AP_ROPE(bf16, BF16, f64, double)
+AP_ROPE(f32, float, bf16, BF16)
 AP_ROPE(f32, float, f32, float)
 AP_ROPE(f32, float, f64, double)
 
-// The float -> bf16 / fp16 rounding these kernels use, exported so tests can check it on chosen floats.
-AP_EXPORT void ap_round_f32(const float* x, uint16_t* bf, uint16_t* hf, i64 n) {
-  for (i64 i = 0; i < n; ++i) {
-    bf[i] = narrow<bf16>(x[i]).x;
-    hf[i] = narrow<f16>(x[i]).x;
+// How many of the float bit patterns first .. first + count - 1 this file's bf16 rounding gives other bits than
+// c10's BFloat16(float) constructor (a NaN result counts as equal to any NaN).
+AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
+  i64 differ = 0;
+  for (i64 i = 0; i < count; ++i) {
+    const uint32_t u = first + static_cast<uint32_t>(i);
+    const float v = f32_from_bits(u);
+    const uint16_t mine = Io<BF16>::store(v), theirs = c10::BFloat16(v).x;
+    const bool both_nan = (mine & 0x7FFF) > 0x7F80 && (theirs & 0x7FFF) > 0x7F80;
+    differ += (mine != theirs && !both_nan) ? 1 : 0;
   }
+  return differ;
 }
 
 // A version tag the loader checks, so a stale cached library is never used with a newer Python side.
