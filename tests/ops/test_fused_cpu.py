@@ -240,13 +240,38 @@ def test_relu_rope_pair_double_rounding_through_float():
 
 
 @needs_kernels
-def test_relu_rope_pair_every_bf16_value():
-    """Every bf16 bit pattern as query (ReLU by the table, then the rotation), against bf16 and fp32 tables."""
+@pytest.mark.parametrize("relu_by", ["formula", "table"])
+def test_relu_rope_pair_every_bf16_value(relu_by, monkeypatch):
+    """Every bf16 bit pattern as query, against bf16 and fp32 tables, with the ReLU by the checked formula (what
+    runs here) and by eager's table (what runs where the formula does not match)."""
     from accelpatch.ops.fused.tables import all_bf16_values
+    assert cpu.relu_formula_matches()
+    monkeypatch.setattr(cpu, "_RELU_FORMULA", [relu_by == "formula"])
     q = all_bf16_values(torch.device("cpu")).view(1, 512, 4, 32)
     k = q.flip(1)
     for tdtype in (BF16, F32):
         check("relu_rope_pair", q, k, *_tables(1, 512, 32, tdtype, 30, ties=True))
+    strided = all_bf16_values(torch.device("cpu")).view(1, 256, 4, 64)[..., ::2]  # the strided loop
+    check("relu_rope_pair", strided, strided, *_tables(1, 256, 32, F32, 31))
+
+
+@needs_kernels
+def test_a_wrong_relu_formula_is_not_used(monkeypatch):
+    """The formula check can fail: a ReLU formula that maps -0.0 to +0.0 is refused."""
+    library, _ = cpu_build.load()
+
+    class Wrong:
+        def __getattr__(self, name):
+            return getattr(library, name)
+
+        @staticmethod
+        def ap_relu_bf16_formula(out):
+            library.ap_relu_bf16_formula(out)
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_uint16))[0x8000] = 0
+
+    monkeypatch.setattr(cpu, "_RELU_FORMULA", [])
+    monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
+    assert not cpu.relu_formula_matches()
 
 
 # ---- modulate, gated_residual ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Each op has the signature and the outputs of its reference chain in :mod:`.reference` (values bit for bit, dtypes,
 shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU and ReLU come from
-:func:`.tables.unary_table`, eager's own results on all 65,536 inputs. :func:`unsupported` says why an op cannot
+:func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a vectorisable
+ReLU formula instead once it was found equal to that table on every input). :func:`unsupported` says why an op cannot
 run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that reason. A call
 with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and plan. Whether a
 result is trusted is not decided here (that is the first-sight check's job).
@@ -107,6 +108,33 @@ def _common(args: Sequence) -> Optional[str]:
 def _table(name: str):
     fn = {"silu": F.silu, "relu": F.relu}[name]
     return unary_table(name, fn, _CPU)
+
+
+_RELU_FORMULA: list = []
+
+
+def relu_formula_matches() -> bool:
+    """Whether the kernels' vectorisable bf16 ReLU formula gives eager's table on all 65,536 inputs (NaN as NaN);
+    only then does relu_rope_pair use it instead of the table lookup. Checked once per process."""
+    if not _RELU_FORMULA:
+        library, _ = cpu_build.load()
+        table, _ = _table("relu")
+        ok = False
+        if library is not None and table is not None:
+            formula = torch.empty(65536, dtype=torch.int16)
+            library.ap_relu_bf16_formula(_p(formula))
+            mine, eager = formula.view(torch.bfloat16), table
+            both_nan = mine.isnan() & eager.isnan()
+            ok = bool(((formula == eager.view(torch.int16)) | both_nan).all())
+        _RELU_FORMULA.append(ok)
+    return _RELU_FORMULA[0]
+
+
+def _relu_table_arg(query: torch.Tensor) -> Optional[torch.Tensor]:
+    """The ReLU table relu_rope_pair's kernel takes: None (null) for float32, or for bf16 when the formula matched."""
+    if query.dtype != torch.bfloat16 or relu_formula_matches():
+        return None
+    return _table("relu")[0]
 
 
 def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
@@ -278,10 +306,11 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
     args = (query, key, freqs_cos, freqs_sin)
     prep = _prepared("relu_rope_pair", args, ref.relu_rope_pair,
                      lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
-                     lambda: _rope_plan(args), "relu" if query.dtype == torch.bfloat16 else None)
+                     lambda: _rope_plan(args))
     outs = _outputs(prep)
     if query.numel():
-        prep.kernel(*(_p(t) for t in args), *(_p(t) for t in outs), _p(prep.table), prep.size, prep.strides)
+        table = _relu_table_arg(query)
+        prep.kernel(*(_p(t) for t in args), *(_p(t) for t in outs), _p(table), prep.size, prep.strides)
     return outs
 
 

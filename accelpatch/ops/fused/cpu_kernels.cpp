@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -142,14 +143,33 @@ inline void elementwise1(Out* out, const In1* x, const i64* size, const i64* st,
   }
 }
 
-// x * (1 + scale) + shift, each of the three ops rounded to T.
+// x * (1 + scale) + shift, each of the three ops rounded to T. Where consecutive rows share their scale row (AdaLN's
+// [B, 1, C] rows), 1 + scale is computed once per row of scale rather than once per element.
 template <class T, class S = typename Io<T>::S>
 void modulate(S* out, const S* x, const S* scale, const S* shift, const i64* size, const i64* st) {
   using IO = Io<T>;
-  elementwise3(out, x, scale, shift, size, st, [](S a, S s, S h) {
-    const float one_plus = IO::round(1.0f + IO::load(s));
-    const float prod = IO::round(IO::load(a) * one_plus);
-    return IO::store(prod + IO::load(h));
+  const i64 n = size[3];
+  if (!unit_inner<4>(st) || st[4 * 2 + 2] != 0 || size[2] < 2) {
+    elementwise3(out, x, scale, shift, size, st, [](S a, S s, S h) {
+      const float one_plus = IO::round(1.0f + IO::load(s));
+      const float prod = IO::round(IO::load(a) * one_plus);
+      return IO::store(prod + IO::load(h));
+    });
+    return;
+  }
+  std::vector<float> one_plus(static_cast<size_t>(n));
+  const S* cached = nullptr;
+  for_rows<4>(size, st, [&](const i64* off) {
+    S* __restrict o = out + off[0];
+    const S* __restrict a = x + off[1];
+    const S* __restrict h = shift + off[3];
+    float* __restrict op = one_plus.data();
+    if (scale + off[2] != cached) {
+      cached = scale + off[2];
+      const S* __restrict s = cached;
+      for (i64 i = 0; i < n; ++i) op[i] = IO::round(1.0f + IO::load(s[i]));
+    }
+    for (i64 i = 0; i < n; ++i) o[i] = IO::store(IO::round(IO::load(a[i]) * op[i]) + IO::load(h[i]));
   });
 }
 
@@ -173,8 +193,20 @@ void scale_to(S* out, const float* x, const float* z, const i64* size, const i64
 
 // F.relu of float32: negative values (and -denormals) to +0, -0.0 and NaN kept (what eager's clamp_min gives).
 inline float relu(float v, const uint16_t*) { return v < 0.0f ? 0.0f : v; }
-// F.relu of bf16: eager's own result, looked up in its 65,536-entry table.
-inline uint16_t relu(uint16_t v, const uint16_t* table) { return table[v]; }
+// F.relu of bf16, by one of two policies. ByTable: eager's own result, looked up in its 65,536-entry table.
+// ByFormula: negative non-NaN values below -0.0 (bits 0x8001..0xFF80) to +0, everything else kept; it vectorises,
+// and the Python side uses it only after ap_relu_bf16_formula wrote it for all 65,536 inputs and that matched the
+// table (NaN as NaN).
+inline uint16_t relu_formula(uint16_t v) { return (v > 0x8000u && v <= 0xFF80u) ? uint16_t(0) : v; }
+struct ByTable {
+  const uint16_t* table;
+  inline uint16_t operator()(uint16_t v) const { return table[v]; }
+  inline float operator()(float v) const { return relu(v, nullptr); }
+};
+struct ByFormula {
+  inline uint16_t operator()(uint16_t v) const { return relu_formula(v); }
+  inline float operator()(float v) const { return relu(v, nullptr); }
+};
 
 // The rotated values of a pair (a, b) = (x[2i], x[2i+1]) with c = cos[2i], s = sin[2i+1], at the promoted dtype of
 // Q and W as eager runs `x1 * cos - x2 * sin` (even) and `x1 * sin + x2 * cos` (odd), as the float value of the
@@ -259,9 +291,9 @@ inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS*
 
 // Tensors: 0 query, 1 key, 2 cos, 3 sin, 4 relu(query), 5 relu(key), 6 rotated query (float), 7 rotated key.
 // size = (B, N, H, D/2); st[4 * t + 3] is tensor t's stride along D: pair p sits at 2p and 2p + 1 times it.
-template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+template <class Q, class W, class Relu, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
 void relu_rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* rq, QS* rk, float* oq, float* ok,
-               const uint16_t* relu_table, const i64* size, const i64* st) {
+               Relu relu, const i64* size, const i64* st) {
   const i64 pairs = size[3];
   if (unit_inner<8>(st)) {
     for_rows<8>(size, st, [&](const i64* off) {
@@ -270,8 +302,8 @@ void relu_rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* rq,
       QS* __restrict yq = rq + off[4];
       QS* __restrict yk = rk + off[5];
       for (i64 i = 0; i < 2 * pairs; ++i) {
-        yq[i] = relu(xq[i], relu_table);
-        yk[i] = relu(xk[i], relu_table);
+        yq[i] = relu(xq[i]);
+        yk[i] = relu(xk[i]);
       }
       rotate_row<Q, W>(yq, cosv + off[2], sinv + off[3], oq + off[6], pairs);
       rotate_row<Q, W>(yk, cosv + off[2], sinv + off[3], ok + off[7], pairs);
@@ -284,8 +316,8 @@ void relu_rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* rq,
         const i64 e = 2 * p, o = 2 * p + 1;
         const auto cp = Table<W>::load(cosv[off[2] + e * s[2]]);
         const auto sp = Table<W>::load(sinv[off[3] + o * s[3]]);
-        const QS a = relu(q[off[0] + e * s[0]], relu_table), b = relu(q[off[0] + o * s[0]], relu_table);
-        const QS ka = relu(k[off[1] + e * s[1]], relu_table), kb = relu(k[off[1] + o * s[1]], relu_table);
+        const QS a = relu(q[off[0] + e * s[0]]), b = relu(q[off[0] + o * s[0]]);
+        const QS ka = relu(k[off[1] + e * s[1]]), kb = relu(k[off[1] + o * s[1]]);
         rq[off[4] + e * s[4]] = a;
         rq[off[4] + o * s[4]] = b;
         rk[off[5] + e * s[5]] = ka;
@@ -358,15 +390,23 @@ AP_EXPORT void ap_glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t
   });
 }
 
+// table: eager's bf16 ReLU table, or null for the checked formula (and for float32 queries, which need none).
 #define AP_ROPE(qname, Q, wname, W)                                                                              \
   AP_EXPORT void ap_relu_rope_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,     \
                                                 void* rq, void* rk, float* oq, float* ok, const uint16_t* table, \
                                                 const i64* size, const i64* st) {                                \
     using QS = Io<Q>::S;                                                                                         \
     using WS = Table<W>::S;                                                                                      \
-    relu_rope<Q, W>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),            \
-                    static_cast<const WS*>(s), static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, table, size,  \
-                    st);                                                                                         \
+    const QS* qq = static_cast<const QS*>(q);                                                                    \
+    const QS* kk = static_cast<const QS*>(k);                                                                    \
+    const WS* cc = static_cast<const WS*>(c);                                                                    \
+    const WS* ss = static_cast<const WS*>(s);                                                                    \
+    if (table)                                                                                                   \
+      relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByTable{table}, size, \
+                      st);                                                                                       \
+    else                                                                                                         \
+      relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByFormula{}, size,    \
+                      st);                                                                                       \
   }
 AP_ROPE(bf16, BF16, bf16, BF16)
 AP_ROPE(bf16, BF16, f32, float)
@@ -374,6 +414,11 @@ AP_ROPE(bf16, BF16, f64, double)
 AP_ROPE(f32, float, bf16, BF16)
 AP_ROPE(f32, float, f32, float)
 AP_ROPE(f32, float, f64, double)
+
+// The ByFormula bf16 ReLU of every bf16 bit pattern (out[i] = relu(bits i)), to be checked against eager's table.
+AP_EXPORT void ap_relu_bf16_formula(uint16_t* out) {
+  for (uint32_t i = 0; i < 65536u; ++i) out[i] = relu_formula(static_cast<uint16_t>(i));
+}
 
 // How many of the float bit patterns first .. first + count - 1 this file's bf16 rounding gives other bits than
 // c10's BFloat16(float) constructor (a NaN result counts as equal to any NaN).
