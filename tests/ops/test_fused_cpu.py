@@ -390,6 +390,9 @@ def test_scale_to_tokens(dtype, tokens):
     z = mixed((2, 3, 1, tokens), F32, 2)
     check("scale_to_tokens", x, z, dtype)
     check("scale_to_tokens", tie_heavy((2, 3, 8, tokens), F32, 3), tie_heavy((2, 3, 1, tokens), F32, 4), dtype)
+    tokens_minor = mixed((2, 3, tokens, 8), F32, 5).transpose(2, 3)  # a [B, H, N, D] tensor seen as [B, H, D, N]
+    check("scale_to_tokens", tokens_minor, z, dtype)
+    check("scale_to_tokens", x, mixed((2, 1, 1, tokens), F32, 6), dtype)
     out = cpu.scale_to_tokens(x, z, dtype)
     assert out.shape == (2, tokens, 24) and (tokens == 1 or out.stride()[1] == 1)  # N-minor, as eager
 

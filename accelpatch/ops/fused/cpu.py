@@ -213,8 +213,8 @@ def unsupported(op_name: str, *args) -> Optional[str]:
         return reason
     try:
         return _WHY[op_name](*args)
-    except TypeError as exc:
-        return f"{op_name}: arguments the reference does not take ({exc})"
+    except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
+        return f"{op_name}: arguments the CPU kernel does not take ({type(exc).__name__}: {exc})"
 
 
 class _Prepared:

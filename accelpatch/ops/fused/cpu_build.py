@@ -87,36 +87,48 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(kept[-lines:])
 
 
-def build(env: Optional[dict] = None) -> tuple[Optional[ctypes.CDLL], Optional[str]]:
-    """Compile (or reuse the cached) library and load it: ``(library, None)`` or ``(None, reason)``. Never raises
-    for a missing compiler, a failed build or a library that will not load."""
+def _build_with(cxx: list[str], flags: Sequence[str], env: Optional[dict]) -> tuple[Optional[Path], Optional[str]]:
+    """The cached library built with ``flags`` (compiled now if absent): ``(path, None)`` or ``(None, reason)``."""
     import torch
 
+    source = source_text()
+    include = os.path.join(os.path.dirname(torch.__file__), "include")
+    key_text = "\n".join([source, " ".join(flags), _compiler_version(cxx), torch.__version__, include, _host_cpu()])
+    folder = cache_root(env) / hashlib.sha256(key_text.encode("utf-8")).hexdigest()[:24]
+    target = folder / LIBRARY_NAME
+    if target.is_file():
+        return target, None
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=folder) as tmp:
+        src = Path(tmp) / SOURCE_NAME
+        src.write_text(source, encoding="utf-8")
+        out = Path(tmp) / LIBRARY_NAME
+        argv = [*cxx, *flags, "-I", include, str(src), "-o", str(out)]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return None, f"building the fused CPU kernels timed out after {_TIMEOUT_S} s ({shlex.join(argv)})"
+        if done.returncode != 0 or not out.is_file():
+            return None, (f"building the fused CPU kernels failed ({shlex.join(cxx)} exit {done.returncode}):\n"
+                          + _tail(done.stderr or done.stdout))
+        os.replace(out, target)  # atomic: a concurrent builder's library is replaced by an equal one
+    return target, None
+
+
+def build(env: Optional[dict] = None) -> tuple[Optional[ctypes.CDLL], Optional[str]]:
+    """Compile (or reuse the cached) library and load it: ``(library, None)`` or ``(None, reason)``. Never raises
+    for a missing compiler, a failed build or a library that will not load. Where ``-march=native`` is what fails
+    (a compiler without it), it builds once more without it."""
     cxx, reason = find_compiler(env)
     if cxx is None:
         return None, reason
-    source = source_text()
-    include = os.path.join(os.path.dirname(torch.__file__), "include")
-    key_text = "\n".join([source, " ".join(FLAGS), _compiler_version(cxx), torch.__version__, include, _host_cpu()])
-    key = hashlib.sha256(key_text.encode("utf-8")).hexdigest()[:24]
-    folder = cache_root(env) / key
-    target = folder / LIBRARY_NAME
     try:
-        if not target.is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix=".build-", dir=folder) as tmp:
-                src = Path(tmp) / SOURCE_NAME
-                src.write_text(source, encoding="utf-8")
-                out = Path(tmp) / LIBRARY_NAME
-                argv = [*cxx, *FLAGS, "-I", include, str(src), "-o", str(out)]
-                try:
-                    done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    return None, f"building the fused CPU kernels timed out after {_TIMEOUT_S} s ({shlex.join(argv)})"
-                if done.returncode != 0 or not out.is_file():
-                    return None, (f"building the fused CPU kernels failed ({shlex.join(cxx)} exit {done.returncode}):\n"
-                                  + _tail(done.stderr or done.stdout))
-                os.replace(out, target)  # atomic: a concurrent builder's library is replaced by an equal one
+        target, reason = _build_with(cxx, FLAGS, env)
+        if target is None:
+            portable = tuple(f for f in FLAGS if f != "-march=native")
+            target, _ = _build_with(cxx, portable, env)
+            if target is None:
+                return None, reason  # the first failure: the one with the flags that were meant
         library = ctypes.CDLL(str(target))
         version = library.ap_abi_version()
     except OSError as exc:
