@@ -110,6 +110,20 @@ def _table(name: str):
     return unary_table(name, fn, _CPU)
 
 
+_WIDE: dict[str, torch.Tensor] = {}
+
+
+def _wide_table(name: str) -> torch.Tensor:
+    """The bf16 table's 16-bit results zero-extended to int32, the layout the kernels' vectorised gathers read."""
+    wide = _WIDE.get(name)
+    if wide is None:
+        table, reason = _table(name)
+        if table is None:
+            raise ValueError(reason)
+        wide = _WIDE.setdefault(name, table.view(torch.int16).to(torch.int32) & 0xFFFF)
+    return wide
+
+
 _RELU_FORMULA: list = []
 
 
@@ -250,7 +264,7 @@ def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[],
         raise ValueError(reason)
     library, _ = cpu_build.load()
     made = _Prepared(getattr(library, kernel_name()), eager_layouts(reference, args), plan(),
-                     _table(table)[0] if table else None)
+                     _wide_table(table) if table else None)
     with _PLANS_LOCK:
         return _PREPARED.setdefault(key, made)
 

@@ -359,35 +359,43 @@ AP_EXPORT void ap_scale_to_f16(void* out, const float* x, const float* z, const 
   scale_to<F16>(static_cast<uint16_t*>(out), x, z, size, st);
 }
 
-// A bf16 unary op by its table (SiLU): out = table[bits(x)].
-AP_EXPORT void ap_table_bf16(uint16_t* out, const uint16_t* x, const uint16_t* table, const i64* size,
-                             const i64* st) {
-  elementwise1(out, x, size, st, [table](uint16_t v) { return table[v]; });
+// The bf16 tables of the two functions below hold each 16-bit result zero-extended to 32 bits (256 KiB): a
+// 32-bit table lets the loop vectorise around the lookups (1.6x faster than 16-bit lookups, measured here).
+
+// Unit-stride rows of the two ops below, as functions of restrict pointers: in this form gcc vectorises the loop
+// around the 32-bit lookups (measured: SiLU of [5, 2240, 8, 8] 313 -> 230 us against the same loop in a lambda).
+static void lookup_row(uint16_t* __restrict o, const uint16_t* __restrict a, const uint32_t* __restrict t, i64 n) {
+  for (i64 i = 0; i < n; ++i) o[i] = static_cast<uint16_t>(t[a[i]]);
+}
+static void glu_row(uint16_t* __restrict o, const uint16_t* __restrict a, const uint16_t* __restrict g,
+                    const uint32_t* __restrict t, i64 n) {
+  using IO = Io<BF16>;
+  for (i64 i = 0; i < n; ++i) o[i] = IO::store(IO::load(a[i]) * IO::load(static_cast<uint16_t>(t[g[i]])));
 }
 
-// GLUMB's gate x * silu(gate) in bf16: the SiLU from its table, the product rounded. The unit-stride rows look the
-// SiLU up block by block, apart from the product, so that the product loop vectorises.
-AP_EXPORT void ap_glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t* gate, const uint16_t* table,
-                                const i64* size, const i64* st) {
-  using IO = Io<BF16>;
-  const i64 n = size[3];
-  if (!unit_inner<3>(st)) {
-    elementwise2(out, x, gate, size, st,
-                 [table](uint16_t a, uint16_t g) { return IO::store(IO::load(a) * IO::load(table[g])); });
+// A bf16 unary op by its table (SiLU): out = table[bits(x)].
+AP_EXPORT void ap_table_bf16(uint16_t* out, const uint16_t* x, const uint32_t* table, const i64* size,
+                             const i64* st) {
+  if (!unit_inner<2>(st)) {
+    elementwise1(out, x, size, st, [table](uint16_t v) { return static_cast<uint16_t>(table[v]); });
     return;
   }
-  constexpr i64 kRun = 256;
-  for_rows<3>(size, st, [&](const i64* off) {
-    uint16_t* __restrict o = out + off[0];
-    const uint16_t* __restrict a = x + off[1];
-    const uint16_t* __restrict g = gate + off[2];
-    uint16_t act[kRun];
-    for (i64 i0 = 0; i0 < n; i0 += kRun) {
-      const i64 m = n - i0 < kRun ? n - i0 : kRun;
-      for (i64 j = 0; j < m; ++j) act[j] = table[g[i0 + j]];
-      for (i64 j = 0; j < m; ++j) o[i0 + j] = IO::store(IO::load(a[i0 + j]) * IO::load(act[j]));
-    }
-  });
+  const i64 n = size[3];
+  for_rows<2>(size, st, [&](const i64* off) { lookup_row(out + off[0], x + off[1], table, n); });
+}
+
+// GLUMB's gate x * silu(gate) in bf16: the SiLU from its table, the product rounded.
+AP_EXPORT void ap_glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t* gate, const uint32_t* table,
+                                const i64* size, const i64* st) {
+  using IO = Io<BF16>;
+  if (!unit_inner<3>(st)) {
+    elementwise2(out, x, gate, size, st, [table](uint16_t a, uint16_t g) {
+      return IO::store(IO::load(a) * IO::load(static_cast<uint16_t>(table[g])));
+    });
+    return;
+  }
+  const i64 n = size[3];
+  for_rows<3>(size, st, [&](const i64* off) { glu_row(out + off[0], x + off[1], gate + off[2], table, n); });
 }
 
 // table: eager's bf16 ReLU table, or null for the checked formula (and for float32 queries, which need none).
