@@ -6,7 +6,7 @@ latents -> 320 tokens, hidden 448, 4 heads x 112; GLUMB hidden 1120, conv_invert
 are bit-identical, then runs interleaved rounds (each round times a batch of fused and a batch of reference calls
 back to back, the order alternating) and prints the median of the per-round ratios reference/fused (> 1: the fused
 op is faster) with a 95 % distribution-free interval of that median (order statistics of the rounds).
-Run:  OMP_NUM_THREADS=1 python benchmarks/bench_fused_cpu.py [--rounds 15] [--clock wall|cpu] [--only rope ...]
+Run:  OMP_NUM_THREADS=1 python benchmarks/bench_fused_cpu.py [--rounds 31] [--clock wall|cpu] [--only rope ...]
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def bench(name, op, args, rounds, clock):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--only", nargs="*", default=None, help="substrings of case names to run")
     opts = parser.parse_args()
