@@ -41,7 +41,7 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str = "", si
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     strides_a, strides_e = actual.stride(), expected.stride()
     if not size1_strides:
-        strides_a, strides_e = ([s for s, n in zip(strides, actual.shape) if n != 1] for strides in (strides_a, strides_e))
+        strides_a, strides_e = _memory_strides(actual), _memory_strides(expected)
     assert strides_a == strides_e, f"{what}: strides {actual.stride()} != {expected.stride()}"
     nan_a, nan_e = actual.isnan(), expected.isnan()
     assert torch.equal(nan_a, nan_e), f"{what}: NaN at {int((nan_a != nan_e).sum())} other positions"

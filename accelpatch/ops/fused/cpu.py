@@ -1,11 +1,11 @@
 """CPU implementations of the lossless fused ops: one pass of compiled C++ (cpu_kernels.cpp) per chain.
 
 Each op has the signature and the outputs of its reference chain in :mod:`.reference` (values bit for bit, dtypes,
-shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU and ReLU come from
-:func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a vectorisable
-ReLU formula instead once it was found equal to that table on every input). :func:`unsupported` says why an op cannot
-run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that reason. A call
-with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and plan. Whether a
+shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU and ReLU
+come from :func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a
+vectorisable ReLU formula instead once it was found equal to that table on every input). :func:`unsupported` says
+why an op cannot run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that
+reason. A call with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and plan. Whether a
 result is trusted is not decided here (that is the first-sight check's job).
 """
 from __future__ import annotations
@@ -155,9 +155,11 @@ def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
     if query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype:
         return f"relu_rope_pair takes bf16 or float32 query and key of one dtype, not {query.dtype}/{key.dtype}"
     if freqs_cos.dtype not in (torch.bfloat16, torch.float32, torch.float64) or freqs_sin.dtype != freqs_cos.dtype:
-        return f"relu_rope_pair takes bf16, float32 or float64 tables of one dtype, not {freqs_cos.dtype}/{freqs_sin.dtype}"
+        return ("relu_rope_pair takes bf16, float32 or float64 tables of one dtype, "
+                f"not {freqs_cos.dtype}/{freqs_sin.dtype}")
     if query.dim() != 4 or tuple(key.shape) != tuple(query.shape):
-        return f"relu_rope_pair takes [B, N, H, D] query and key of one shape, not {tuple(query.shape)}/{tuple(key.shape)}"
+        return ("relu_rope_pair takes [B, N, H, D] query and key of one shape, "
+                f"not {tuple(query.shape)}/{tuple(key.shape)}")
     if query.shape[-1] % 2:
         return f"relu_rope_pair needs an even head dim, not {query.shape[-1]}"
     for t in (freqs_cos, freqs_sin):
@@ -201,7 +203,8 @@ def _why_scale(x, z, dtype) -> Optional[str]:
     if dtype not in (torch.bfloat16, torch.float16):
         return f"scale_to_tokens casts to bf16 or fp16, not {dtype}"
     if x.dtype != torch.float32 or z.dtype != torch.float32 or x.dim() != 4:
-        return f"scale_to_tokens takes a float32 [B, H, D, N] x and float32 z, not {x.dtype} {tuple(x.shape)} / {z.dtype}"
+        return ("scale_to_tokens takes a float32 [B, H, D, N] x and float32 z, "
+                f"not {x.dtype} {tuple(x.shape)} / {z.dtype}")
     if _scale_plan(x, z, dtype) is None:
         return "scale_to_tokens: this layout of x and z does not reduce to 4 strided dims"
     return None

@@ -232,9 +232,13 @@ template <>
 struct Rotate<BF16, BF16> {  // a bf16 chain: every product, the difference and the sum rounded to bf16
   using IO = Io<BF16>;
   template <class Keep>
-  static inline float even(float a, float b, float c, float s, Keep) { return IO::round(IO::round(a * c) - IO::round(b * s)); }
+  static inline float even(float a, float b, float c, float s, Keep) {
+    return IO::round(IO::round(a * c) - IO::round(b * s));
+  }
   template <class Keep>
-  static inline float odd(float a, float b, float c, float s, Keep) { return IO::round(IO::round(a * s) + IO::round(b * c)); }
+  static inline float odd(float a, float b, float c, float s, Keep) {
+    return IO::round(IO::round(a * s) + IO::round(b * c));
+  }
 };
 template <class Q>
 struct Rotate<Q, double> {  // a double chain, rounded double -> float (-> bf16) at the store, as c10 converts
@@ -248,8 +252,15 @@ struct Rotate<Q, double> {  // a double chain, rounded double -> float (-> bf16)
   }
 };
 
-template <class W> struct Table { using S = typename Io<W>::S; static inline float load(S v) { return Io<W>::load(v); } };
-template <> struct Table<double> { using S = double; static inline double load(double v) { return v; } };
+// How a RoPE table element is read: bf16 and float widen to float, double stays double.
+template <class W> struct Table {
+  using S = typename Io<W>::S;
+  static inline float load(S v) { return Io<W>::load(v); }
+};
+template <> struct Table<double> {
+  using S = double;
+  static inline double load(double v) { return v; }
+};
 
 struct Pass {  // the unit-stride loops: the value as it is
   template <class T>
