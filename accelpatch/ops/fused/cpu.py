@@ -5,8 +5,8 @@ shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_la
 come from :func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a
 vectorisable ReLU formula instead once it was found equal to that table on every input). :func:`unsupported` says
 why an op cannot run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that
-reason. A call with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and plan. Whether a
-result is trusted is not decided here (that is the first-sight check's job).
+reason. A call with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and
+plan. Whether a result is trusted is not decided here (that is the first-sight check's job).
 """
 from __future__ import annotations
 
