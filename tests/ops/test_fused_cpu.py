@@ -427,6 +427,29 @@ def test_scale_to_tokens_to_float32_is_not_fused():
         cpu.scale_to_tokens(x, z, F32)
 
 
+# ---- flush-to-zero ----------------------------------------------------------------------------------------------
+
+@needs_kernels
+def test_flush_denormal_mode_is_followed():
+    """With torch.set_flush_denormal(True) (FTZ/DAZ in the thread's MXCSR) eager flushes subnormals, and so do the
+    kernels, which run on the calling thread: modulate, gated_residual and the fp32 RoPE stay bit-identical on
+    subnormal-heavy inputs. (The bf16 ReLU table is another matter: eager's two loops disagree under DAZ.)"""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("no flush-denormal mode on this CPU")
+    try:
+        for dtype in (BF16, F16, F32):
+            tiny = 1e-38 if dtype != F16 else 1e-5
+            x, shift = mixed((2, 17, 40), dtype, 1), mixed((2, 17, 40), dtype, 3)
+            scale = mixed((2, 1, 40), dtype, 2) * tiny
+            check("modulate", x, scale, shift)
+            check("gated_residual", shift * tiny, scale, x)
+        for tdtype in (BF16, F32, F64):
+            q = mixed((1, 17, 2, 16), F32, 4) * 1e-37
+            check("relu_rope_pair", q, q, *_tables(1, 17, 16, tdtype, 5))
+    finally:
+        torch.set_flush_denormal(False)
+
+
 # ---- what is declined, with a reason ---------------------------------------------------------------------------
 
 @needs_kernels
