@@ -473,6 +473,24 @@ def test_unsupported_reasons():
         cpu.modulate(grad, grad, grad)
 
 
+@needs_kernels
+def test_a_library_failing_the_known_answer_check_is_refused(monkeypatch):
+    """A library whose float32 modulate is wrong (here: the gated residual in its place) fails the self-check, and
+    every op then answers that reason."""
+    library, _ = cpu_build.load()
+
+    class Wrong:
+        def __getattr__(self, name):
+            return getattr(library, name)
+
+        ap_modulate_f32 = library.ap_gated_residual_f32
+
+    monkeypatch.setattr(cpu, "_SELF_CHECK", [])
+    monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
+    reason = cpu.unsupported("silu", torch.zeros(4, dtype=BF16))
+    assert reason is not None and "known-answer" in reason
+
+
 def test_unsupported_gives_the_build_reason(monkeypatch):
     monkeypatch.setattr(cpu_build, "_RESULT", (None, "no C++ compiler found (install g++ or set CXX)"))
     x = torch.zeros(4, dtype=BF16)

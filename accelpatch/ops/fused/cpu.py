@@ -101,8 +101,42 @@ def _common(args: Sequence) -> Optional[str]:
             return f"the CPU kernels take dense real tensors, not {t.dtype} / {t.layout}"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "autograd: an input requires grad and the fused CPU kernels have no backward"
-    _, reason = cpu_build.load()
-    return reason
+    library, reason = cpu_build.load()
+    return reason or _self_check(library)
+
+
+_SELF_CHECK: list = []
+
+
+def _self_check(library) -> Optional[str]:
+    """A known-answer run of the float32 RoPE and modulate kernels against their references, once per process: a
+    compiler that contracts multiply-adds despite -ffp-contract=off (gcc's vectoriser does it for interleaved
+    mul/sub/add groups) changes a few per cent of these outputs, and the library is then refused with a reason
+    rather than left to fail every first-sight check."""
+    if _SELF_CHECK:
+        return _SELF_CHECK[0]
+    g = torch.Generator().manual_seed(0)
+    q, cos, sin = (torch.randn(shape, generator=g) for shape in ((1, 64, 2, 32), (1, 64, 1, 32), (1, 64, 1, 32)))
+    rope_args = (q, q.flip(1), cos, sin)
+    x, scale, shift = (torch.randn(8, 512, generator=g) for _ in range(3))
+    mod_args = (x, scale, shift)
+    differ = 0
+    with torch.no_grad():
+        outs = tuple(torch.empty_strided(shape, strides, dtype=dtype)
+                     for shape, strides, dtype in eager_layouts(ref.relu_rope_pair, rope_args))
+        size, strides = _c_plan(_rope_plan(rope_args))
+        library.ap_relu_rope_f32_f32(*(_p(t) for t in rope_args), *(_p(t) for t in outs), _p(None), size, strides)
+        differ += sum(int((a != e).sum()) for a, e in zip(outs, ref.relu_rope_pair(*rope_args)))
+        out = torch.empty_like(x)
+        size, strides = _c_plan(_plan_for("modulate", ref.modulate, mod_args))
+        library.ap_modulate_f32(_p(out), *(_p(t) for t in mod_args), size, strides)
+        differ += int((out != ref.modulate(*mod_args)).sum())
+    reason = None
+    if differ:
+        reason = (f"the compiled CPU kernels differ from eager in {differ} elements of a known-answer float32 check "
+                  "(a compiler that contracts multiply-adds?); they are not used")
+    _SELF_CHECK.append(reason)
+    return _SELF_CHECK[0]
 
 
 def _table(name: str):
