@@ -3,8 +3,10 @@
 // Each kernel reproduces an eager chain of accelpatch/ops/fused/reference.py bit for bit: bf16/fp16 values are
 // widened to float, every op is computed in float and rounded back to the storage dtype, exactly where eager
 // stores a tensor; mixed bf16 x float chains run in float (or double) and round only at the store, and
-// double -> bf16 goes through float as c10 does. The rounding is c10's own (its headers are included), and the file
-// must be compiled with -ffp-contract=off -fno-fast-math: a contracted FMA would round differently from eager.
+// double -> bf16 goes through float as c10 does. The fp16 rounding is c10's own (its headers are included), the bf16
+// one c10's formula in vectorisable form (checked against c10's on all 2^32 floats by ap_check_bf16_rounding). The
+// file must be compiled with -ffp-contract=off -fno-fast-math: a contracted FMA would round differently from eager
+// (and gcc's vectoriser contracts some patterns even so: see Rotate below; cpu.py's self-check guards against it).
 //
 // Iteration spaces are at most 4-D; each tensor comes with 4 element strides (0 = broadcast), so any layout
 // works. The innermost dimension gets a unit-stride path the compiler can vectorise.
@@ -20,7 +22,7 @@ namespace {
 using i64 = int64_t;
 
 // float -> bf16 round-to-nearest-even, NaN to 0x7FC0: c10's round_to_nearest_even (BFloat16.h) written with a
-// select instead of its branch, so that loops of it vectorise. ap_check_rounding compares it with c10's on any
+// select instead of its branch, so that loops of it vectorise. ap_check_bf16_rounding compares it with c10's on any
 // range of float bit patterns (the tests run all 2^32).
 inline uint32_t bf16_rounded_f32_bits(float v) {
   uint32_t u;
