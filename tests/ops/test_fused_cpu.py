@@ -580,6 +580,15 @@ def test_concurrent_builds_share_one_cached_library(tmp_path):
     assert cpu_build.build(env)[0]._name == results[0][0]._name  # the cached one, no rebuild
 
 
+def test_every_reference_op_has_a_cpu_op_with_its_signature():
+    import inspect
+    names = [n for n, f in vars(ref).items() if inspect.isfunction(f) and f.__module__ == ref.__name__
+             and n != "rotary_interleaved"]
+    assert sorted(cpu.OPS) == sorted(names)
+    for name, fn in cpu.OPS.items():
+        assert list(inspect.signature(fn).parameters) == list(inspect.signature(getattr(ref, name)).parameters)
+
+
 def test_source_ships_in_the_package():
     source = importlib.resources.files("accelpatch.ops.fused").joinpath(cpu_build.SOURCE_NAME)
     assert source.is_file() and "ffp-contract=off" in source.read_text(encoding="utf-8")

@@ -406,3 +406,14 @@ def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> tor
     if out.numel():
         prep.kernel(_p(out), _p(x), _p(z), prep.size, prep.strides)
     return out
+
+
+#: The ops by name (the names :func:`unsupported` takes, the same as the reference functions').
+OPS: dict[str, Callable] = {
+    "relu_rope_pair": relu_rope_pair,
+    "modulate": modulate,
+    "gated_residual": gated_residual,
+    "silu": silu,
+    "glu_gate": glu_gate,
+    "scale_to_tokens": scale_to_tokens,
+}
