@@ -465,6 +465,8 @@ def test_unsupported_reasons():
     assert "one dtype" in cpu.unsupported("modulate", torch.zeros(4, dtype=BF16), torch.zeros(4), torch.zeros(4))
     assert "one dtype" in cpu.unsupported("silu", torch.zeros(4))
     assert "no CPU kernel" in cpu.unsupported("layer_norm", q)
+    flat = torch.ones(4)
+    assert "negated" in cpu.unsupported("modulate", flat._neg_view(), flat, flat)
     grad = torch.zeros(4, requires_grad=True)
     assert "autograd" in cpu.unsupported("modulate", grad, grad, grad)
     with torch.no_grad():

@@ -99,6 +99,8 @@ def _common(args: Sequence) -> Optional[str]:
             return f"the CPU kernels take CPU tensors, not {t.device}"
         if t.is_complex() or t.layout != torch.strided or t.is_quantized:
             return f"the CPU kernels take dense real tensors, not {t.dtype} / {t.layout}"
+        if t.is_neg() or t.is_conj():
+            return "the CPU kernels read storage as it is: a lazily negated or conjugated view is not"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "autograd: an input requires grad and the fused CPU kernels have no backward"
     library, reason = cpu_build.load()
@@ -285,7 +287,7 @@ _PREPARED: dict[tuple, _Prepared] = {}
 def _signature(op_name: str, args) -> tuple:
     grad = torch.is_grad_enabled()
     return (op_name, grad) + tuple(
-        (a.device.type, a.dtype, tuple(a.shape), a.stride(), grad and a.requires_grad, a.layout)
+        (a.device.type, a.dtype, tuple(a.shape), a.stride(), grad and a.requires_grad, a.layout, a.is_neg())
         if isinstance(a, torch.Tensor) else a for a in args)
 
 
