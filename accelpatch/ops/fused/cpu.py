@@ -1,0 +1,421 @@
+"""CPU implementations of the lossless fused ops: one pass of compiled C++ (cpu_kernels.cpp) per chain.
+
+Each op has the signature and the outputs of its reference chain in :mod:`.reference` (values bit for bit, dtypes,
+shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU and ReLU
+come from :func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a
+vectorisable ReLU formula instead once it was found equal to that table on every input). :func:`unsupported` says
+why an op cannot run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that
+reason. A call with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and
+plan. Whether a result is trusted is not decided here (that is the first-sight check's job).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu_build
+from . import reference as ref
+from .layout import eager_layouts
+from .tables import unary_table
+
+_CPU = torch.device("cpu")
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64"}
+_ELEMENTWISE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_PLANS: dict[tuple, tuple] = {}
+_PLANS_LOCK = threading.Lock()
+
+
+# ---- iteration plans -------------------------------------------------------------------------------------------
+
+def _coalesce(shape: Sequence[int], strides: Sequence[Sequence[int]], order: Sequence[int]):
+    """Dims in ``order`` (outer to inner), size-1 dims dropped, neighbours merged where every tensor allows it;
+    ``(sizes, per-tensor strides)`` padded to 4 dims, or None when more than 4 remain."""
+    sizes: list[int] = []
+    kept: list[list[int]] = [[] for _ in strides]
+    for d in order:
+        if shape[d] == 1:
+            continue
+        if sizes and all(s[-1] == st[d] * shape[d] for s, st in zip(kept, strides)):
+            sizes[-1] *= shape[d]
+            for s, st in zip(kept, strides):
+                s[-1] = st[d]
+            continue
+        sizes.append(shape[d])
+        for s, st in zip(kept, strides):
+            s.append(st[d])
+    if len(sizes) > 4:
+        return None
+    pad = 4 - len(sizes)
+    return [1] * pad + sizes, [[0] * pad + s for s in kept]
+
+
+def _elementwise_plan(out_shape, out_strides, inputs: Sequence[torch.Tensor]):
+    """The 4-D plan of an element-wise op writing ``out_strides``, walked in the output's memory order."""
+    try:
+        views = [t.expand(out_shape) for t in inputs]
+    except RuntimeError:
+        return None
+    strides = [tuple(out_strides)] + [v.stride() for v in views]
+    order = sorted(range(len(out_shape)), key=lambda d: -out_strides[d])
+    return _coalesce(out_shape, strides, order)
+
+
+def _key(name, args):
+    return (name,) + tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+                           for a in args)
+
+
+def _cached_plan(name: str, args: Sequence, make: Callable[[], object]):
+    key = _key(name, args)
+    with _PLANS_LOCK:
+        if key in _PLANS:
+            return _PLANS[key]
+    plan = make()
+    with _PLANS_LOCK:
+        return _PLANS.setdefault(key, plan)
+
+
+def _c_plan(plan):
+    sizes, strides = plan
+    flat = [s for per in strides for s in per]
+    return (ctypes.c_int64 * 4)(*sizes), (ctypes.c_int64 * len(flat))(*flat)
+
+
+def _p(t: Optional[torch.Tensor]):
+    return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+
+
+# ---- what each op accepts --------------------------------------------------------------------------------------
+
+def _common(args: Sequence) -> Optional[str]:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    for t in tensors:
+        if t.device.type != "cpu":
+            return f"the CPU kernels take CPU tensors, not {t.device}"
+        if t.is_complex() or t.layout != torch.strided or t.is_quantized:
+            return f"the CPU kernels take dense real tensors, not {t.dtype} / {t.layout}"
+        if t.is_neg() or t.is_conj():
+            return "the CPU kernels read storage as it is: a lazily negated or conjugated view is not"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "autograd: an input requires grad and the fused CPU kernels have no backward"
+    library, reason = cpu_build.load()
+    return reason or _self_check(library)
+
+
+_SELF_CHECK: list = []
+
+
+def _self_check(library) -> Optional[str]:
+    """A known-answer run of the float32 RoPE and modulate kernels against their references, once per process: a
+    compiler that contracts multiply-adds despite -ffp-contract=off (gcc's vectoriser does it for interleaved
+    mul/sub/add groups) changes a few per cent of these outputs, and the library is then refused with a reason
+    rather than left to fail every first-sight check."""
+    if _SELF_CHECK:
+        return _SELF_CHECK[0]
+    g = torch.Generator().manual_seed(0)
+    q, cos, sin = (torch.randn(shape, generator=g) for shape in ((1, 64, 2, 32), (1, 64, 1, 32), (1, 64, 1, 32)))
+    rope_args = (q, q.flip(1), cos, sin)
+    x, scale, shift = (torch.randn(8, 512, generator=g) for _ in range(3))
+    mod_args = (x, scale, shift)
+    differ = 0
+    with torch.no_grad():
+        outs = tuple(torch.empty_strided(shape, strides, dtype=dtype)
+                     for shape, strides, dtype in eager_layouts(ref.relu_rope_pair, rope_args))
+        size, strides = _c_plan(_rope_plan(rope_args))
+        library.ap_relu_rope_f32_f32(*(_p(t) for t in rope_args), *(_p(t) for t in outs), _p(None), size, strides)
+        differ += sum(int((a != e).sum()) for a, e in zip(outs, ref.relu_rope_pair(*rope_args)))
+        out = torch.empty_like(x)
+        size, strides = _c_plan(_plan_for("modulate", ref.modulate, mod_args))
+        library.ap_modulate_f32(_p(out), *(_p(t) for t in mod_args), size, strides)
+        differ += int((out != ref.modulate(*mod_args)).sum())
+    reason = None
+    if differ:
+        reason = (f"the compiled CPU kernels differ from eager in {differ} elements of a known-answer float32 check "
+                  "(a compiler that contracts multiply-adds?); they are not used")
+    _SELF_CHECK.append(reason)
+    return _SELF_CHECK[0]
+
+
+def _table(name: str):
+    fn = {"silu": F.silu, "relu": F.relu}[name]
+    return unary_table(name, fn, _CPU)
+
+
+_WIDE: dict[str, torch.Tensor] = {}
+
+
+def _wide_table(name: str) -> torch.Tensor:
+    """The bf16 table's 16-bit results zero-extended to int32, the layout the kernels' vectorised gathers read."""
+    wide = _WIDE.get(name)
+    if wide is None:
+        table, reason = _table(name)
+        if table is None:
+            raise ValueError(reason)
+        wide = _WIDE.setdefault(name, table.view(torch.int16).to(torch.int32) & 0xFFFF)
+    return wide
+
+
+_RELU_FORMULA: list = []
+
+
+def relu_formula_matches() -> bool:
+    """Whether the kernels' vectorisable bf16 ReLU formula gives eager's table on all 65,536 inputs (NaN as NaN);
+    only then does relu_rope_pair use it instead of the table lookup. Checked once per process."""
+    if not _RELU_FORMULA:
+        library, _ = cpu_build.load()
+        table, _ = _table("relu")
+        ok = False
+        if library is not None and table is not None:
+            formula = torch.empty(65536, dtype=torch.int16)
+            library.ap_relu_bf16_formula(_p(formula))
+            mine, eager = formula.view(torch.bfloat16), table
+            both_nan = mine.isnan() & eager.isnan()
+            ok = bool(((formula == eager.view(torch.int16)) | both_nan).all())
+        _RELU_FORMULA.append(ok)
+    return _RELU_FORMULA[0]
+
+
+def _relu_table_arg(query: torch.Tensor) -> Optional[torch.Tensor]:
+    """The ReLU table relu_rope_pair's kernel takes: None (null) for float32, or for bf16 when the formula matched."""
+    if query.dtype != torch.bfloat16 or relu_formula_matches():
+        return None
+    return _table("relu")[0]
+
+
+def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
+    if query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype:
+        return f"relu_rope_pair takes bf16 or float32 query and key of one dtype, not {query.dtype}/{key.dtype}"
+    if freqs_cos.dtype not in (torch.bfloat16, torch.float32, torch.float64) or freqs_sin.dtype != freqs_cos.dtype:
+        return ("relu_rope_pair takes bf16, float32 or float64 tables of one dtype, "
+                f"not {freqs_cos.dtype}/{freqs_sin.dtype}")
+    if query.dim() != 4 or tuple(key.shape) != tuple(query.shape):
+        return ("relu_rope_pair takes [B, N, H, D] query and key of one shape, "
+                f"not {tuple(query.shape)}/{tuple(key.shape)}")
+    if query.shape[-1] % 2:
+        return f"relu_rope_pair needs an even head dim, not {query.shape[-1]}"
+    for t in (freqs_cos, freqs_sin):
+        if t.dim() > 4 or t.shape[-1] != query.shape[-1]:
+            return f"relu_rope_pair needs tables of last dim {query.shape[-1]} and at most 4 dims, not {tuple(t.shape)}"
+        try:
+            t.expand(query.shape)
+        except RuntimeError:
+            return f"tables of shape {tuple(t.shape)} do not broadcast to {tuple(query.shape)}"
+    if query.dtype == torch.bfloat16:
+        _, reason = _table("relu")
+        return reason
+    return None
+
+
+def _why_same_dtype(name: str, tensors: Sequence[torch.Tensor], dtypes) -> Optional[str]:
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) != 1 or tensors[0].dtype not in dtypes:
+        allowed = ", ".join(_NAMES[d] for d in dtypes)
+        return f"{name} takes inputs of one dtype among {allowed}, not {[str(t.dtype) for t in tensors]}"
+    return None
+
+
+def _why_elementwise(name: str, reference: Callable, args: Sequence, dtypes, table: Optional[str] = None):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    reason = _why_same_dtype(name, tensors, dtypes)
+    if reason:
+        return reason
+    if table is not None:
+        _, reason = _table(table)
+        if reason:
+            return reason
+    if _plan_for(name, reference, args) is None:
+        return f"{name}: the broadcast layout does not reduce to 4 strided dims"
+    return None
+
+
+def _why_scale(x, z, dtype) -> Optional[str]:
+    if dtype == torch.float32:
+        return "scale_to_tokens to float32 has nothing to fuse (the product is the output)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"scale_to_tokens casts to bf16 or fp16, not {dtype}"
+    if x.dtype != torch.float32 or z.dtype != torch.float32 or x.dim() != 4:
+        return ("scale_to_tokens takes a float32 [B, H, D, N] x and float32 z, "
+                f"not {x.dtype} {tuple(x.shape)} / {z.dtype}")
+    if _scale_plan(x, z, dtype) is None:
+        return "scale_to_tokens: this layout of x and z does not reduce to 4 strided dims"
+    return None
+
+
+_WHY = {
+    "relu_rope_pair": lambda *a: _why_rope(*a),
+    "modulate": lambda *a: _why_elementwise("modulate", ref.modulate, a, _ELEMENTWISE_DTYPES),
+    "gated_residual": lambda *a: _why_elementwise("gated_residual", ref.gated_residual, a, _ELEMENTWISE_DTYPES),
+    "silu": lambda *a: _why_elementwise("silu", ref.silu, a, (torch.bfloat16,), "silu"),
+    "glu_gate": lambda *a: _why_elementwise("glu_gate", ref.glu_gate, a, (torch.bfloat16,), "silu"),
+    "scale_to_tokens": lambda *a: _why_scale(*a),
+}
+
+
+def unsupported(op_name: str, *args) -> Optional[str]:
+    """Why this implementation cannot run ``op_name`` on these arguments (the reference's), None when it can.
+    The library is built here on first use."""
+    if op_name not in _WHY:
+        return f"no CPU kernel for {op_name!r}"
+    reason = _common(args)
+    if reason:
+        return reason
+    try:
+        return _WHY[op_name](*args)
+    except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
+        return f"{op_name}: arguments the CPU kernel does not take ({type(exc).__name__}: {exc})"
+
+
+class _Prepared:
+    """Everything a call of one op needs for one signature: the kernel, eager's output layouts, the plan as ctypes
+    arrays and the lookup table (or None)."""
+
+    __slots__ = ("kernel", "layouts", "size", "strides", "table")
+
+    def __init__(self, kernel, layouts, plan, table):
+        self.kernel, self.layouts, self.table = kernel, layouts, table
+        self.size, self.strides = _c_plan(plan) if plan is not None else (None, None)
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+
+
+def _signature(op_name: str, args) -> tuple:
+    grad = torch.is_grad_enabled()
+    return (op_name, grad) + tuple(
+        (a.device.type, a.dtype, tuple(a.shape), a.stride(), grad and a.requires_grad, a.layout, a.is_neg())
+        if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
+              table: Optional[str] = None) -> _Prepared:
+    """The cached preparation of this call's signature; raises ValueError with the reason when unsupported."""
+    key = _signature(op_name, args)
+    known = _PREPARED.get(key)
+    if known is not None:
+        return known
+    reason = unsupported(op_name, *args)
+    if reason:
+        raise ValueError(reason)
+    library, _ = cpu_build.load()
+    made = _Prepared(getattr(library, kernel_name()), eager_layouts(reference, args), plan(),
+                     _wide_table(table) if table else None)
+    with _PLANS_LOCK:
+        return _PREPARED.setdefault(key, made)
+
+
+def _outputs(prep: _Prepared) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.empty_strided(shape, strides, dtype=dtype) for shape, strides, dtype in prep.layouts)
+
+
+# ---- plans -----------------------------------------------------------------------------------------------------
+
+def _plan_for(name: str, reference: Callable, args: Sequence):
+    def make():
+        (shape, strides, _), = eager_layouts(reference, args)
+        return _elementwise_plan(shape, strides, [a for a in args if isinstance(a, torch.Tensor)])
+    return _cached_plan(name, args, make)
+
+
+def _tokens_view(out: torch.Tensor, h: int, d: int) -> torch.Tensor:
+    """The [B, H, D, N] view of scale_to_tokens' [B, N, H*D] output."""
+    return out.transpose(1, 2).unflatten(1, (h, d))
+
+
+def _scale_plan(x, z, dtype):
+    def make():
+        (shape, strides, _), = eager_layouts(ref.scale_to_tokens, (x, z, dtype))
+        try:
+            view = _tokens_view(torch.empty_strided(shape, strides, device="meta"), x.shape[1], x.shape[2])
+        except RuntimeError:
+            return None
+        if tuple(view.shape) != tuple(x.shape):
+            return None
+        return _elementwise_plan(tuple(view.shape), view.stride(), [x, z])
+    return _cached_plan("scale_to_tokens", (x, z, dtype), make)
+
+
+def _rope_plan(args):
+    query = args[0]
+
+    def make():
+        layouts = eager_layouts(ref.relu_rope_pair, args)
+        tensors = [t.expand(query.shape).stride() for t in args] + [lay[1] for lay in layouts]
+        out_strides = layouts[0][1]
+        order = sorted(range(3), key=lambda d: -out_strides[d])
+        sizes = [query.shape[d] for d in order] + [query.shape[3] // 2]
+        return sizes, [[st[d] for d in order] + [st[3]] for st in tensors]
+    return _cached_plan("relu_rope_pair", args, make)
+
+
+# ---- the ops ---------------------------------------------------------------------------------------------------
+
+def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """:func:`.reference.relu_rope_pair` in one pass over query and key, sharing each table load."""
+    args = (query, key, freqs_cos, freqs_sin)
+    prep = _prepared("relu_rope_pair", args, ref.relu_rope_pair,
+                     lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
+                     lambda: _rope_plan(args))
+    outs = _outputs(prep)
+    if query.numel():
+        table = _relu_table_arg(query)
+        prep.kernel(*(_p(t) for t in args), *(_p(t) for t in outs), _p(table), prep.size, prep.strides)
+    return outs
+
+
+def _elementwise(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> torch.Tensor:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    prep = _prepared(op, args, reference, lambda: kernel + _NAMES[tensors[0].dtype],
+                     lambda: _plan_for(op, reference, args), table)
+    out, = _outputs(prep)
+    if out.numel():
+        extra = (_p(prep.table),) if table else ()
+        prep.kernel(_p(out), *(_p(t) for t in tensors), *extra, prep.size, prep.strides)
+    return out
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """:func:`.reference.modulate`: ``x * (1 + scale) + shift`` in one pass, rounded after each op."""
+    return _elementwise("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
+
+
+def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """:func:`.reference.gated_residual`: ``residual + gate * x`` in one pass, the product rounded."""
+    return _elementwise("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """:func:`.reference.silu` of bf16 by eager's own table."""
+    return _elementwise("silu", ref.silu, (x,), "ap_table_", "silu")
+
+
+def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """:func:`.reference.glu_gate` of bf16: ``x * silu(gate)``, the SiLU from eager's table, in one pass."""
+    return _elementwise("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
+
+
+def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`.reference.scale_to_tokens`: ``x * z`` rounded once to ``dtype``, written straight into eager's
+    N-minor ``[B, N, H*D]`` layout."""
+    args = (x, z, dtype)
+    prep = _prepared("scale_to_tokens", args, ref.scale_to_tokens, lambda: f"ap_scale_to_{_NAMES[dtype]}",
+                     lambda: _scale_plan(x, z, dtype))
+    out, = _outputs(prep)
+    if out.numel():
+        prep.kernel(_p(out), _p(x), _p(z), prep.size, prep.strides)
+    return out
+
+
+#: The ops by name (the names :func:`unsupported` takes, the same as the reference functions').
+OPS: dict[str, Callable] = {
+    "relu_rope_pair": relu_rope_pair,
+    "modulate": modulate,
+    "gated_residual": gated_residual,
+    "silu": silu,
+    "glu_gate": glu_gate,
+    "scale_to_tokens": scale_to_tokens,
+}
