@@ -73,10 +73,18 @@ def _device_key(t: torch.Tensor) -> tuple:
     return ("cuda", index, _CAPABILITY[index])
 
 
+def denormals_flushed() -> bool:
+    """Whether this thread's CPU flushes subnormals (``torch.set_flush_denormal(True)`` sets the FTZ/DAZ bits, which
+    Python's own float arithmetic obeys too): eager results on subnormals, and the SiLU tables, depend on it."""
+    return 5e-324 * 1.0 == 0.0
+
+
 def signature(args: tuple) -> tuple:
-    """Everything that can change the eager dispatch or the fused variant: device (and capability), and per
-    argument its dtype, shape, strides and alignment (tensors) or its value."""
+    """Everything that can change the eager dispatch or the fused variant: device (and capability; on CPU whether
+    subnormals are flushed), and per argument its dtype, shape, strides and alignment (tensors) or its value."""
     device = next((_device_key(a) for a in args if isinstance(a, torch.Tensor)), ("none",))
+    if device[0] == "cpu":
+        device = ("cpu", denormals_flushed())
     return (device,) + tuple(_tensor_key(a) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
 
 
@@ -99,6 +107,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(width) if t.is_floating_point() else t
 
 
+def _layout(t: torch.Tensor) -> tuple:
+    """The strides that matter: those of dimensions longer than one (a size-1 dimension's stride never addresses
+    memory, and eager and meta kernels set it differently)."""
+    return tuple(stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+
+
 def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
     """Why ``fused`` is not ``reference`` bit for bit (None when it is): count, dtype, shape, strides, then raw bits
     with NaN compared by position only. The reason names how many elements differ and the largest difference."""
@@ -109,7 +123,7 @@ def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
         for what in ("dtype", "shape"):
             if getattr(ref, what) != getattr(out, what):
                 return f"{which} has {what} {getattr(out, what)}, the reference {getattr(ref, what)}"
-        if ref.numel() > 1 and ref.stride() != out.stride():
+        if _layout(ref) != _layout(out):
             return f"{which} has strides {out.stride()}, the reference {ref.stride()}"
         if not ref.is_floating_point():
             if not torch.equal(ref, out):

@@ -16,7 +16,8 @@ foreign hooks, checkpointing and copies, never accelpatch:
 * ``state_dict()`` never changes; unpatched (never patched, or after ``remove()``) the module tree is the twin's:
   classes, instance attributes and their types (no instance ``forward`` or accelpatch attribute left), hook dicts;
 * per site, fast + reference calls in ``report()`` equal the site's invocations counted independently (a forward
-  pre-hook on every module, registered before anything else; recomputations for backward are not calls); the step
+  pre-hook on every module, registered before anything else; recomputations for backward are not calls; a site
+  stacked below another on the same module is invoked by the upper one's reference calls); the step
   cache decides once per call that gets past its first block; the step sources add up to the calls;
 * the tier outside any block is ``lossless`` and no denoising step is in force between calls;
 * ``report().assert_fast_path_ran()`` raises exactly when no fast path ran (no fast call, no step-cache reuse);
@@ -620,9 +621,14 @@ class ContractMachine(RuleBasedStateMachine):
         str(report), report._repr_html_(), report.to_dict()  # renders without raising
         assert self.session.run(accelpatch.current_quality, self.model) == self._default_tier()
         seen = self.tally.snapshot()
+        passed_down: dict[str, int] = {}  # stacked sites (one module, highest tier first): what the upper passed on
         for site in model_report.sites:
-            invoked = seen[site.path] - self.base[site.path] - self.uncounted[site.path]
+            if site.path in passed_down:
+                invoked = passed_down[site.path]
+            else:
+                invoked = seen[site.path] - self.base[site.path] - self.uncounted[site.path]
             counted = site.fast_calls + sum(site.reference_calls.values())
+            passed_down[site.path] = sum(site.reference_calls.values())
             assert invoked - self.slack[site.path] <= counted <= invoked, (
                 f"{site.path}: report counts {site.fast_calls} fast + {site.reference_calls} reference calls, the "
                 f"site ran {invoked} times ({self.slack[site.path]} of them stopped midway by a user's error)")

@@ -16,8 +16,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu" / "run_all.py"
-SECTIONS = ("lossless_bit_identity", "sana_video_linear_attention", "sana_video2_anchor", "sana_video2_step",
-            "sol_attn_vs_flash", "minimax_h3_layers")
+SECTIONS = ("lossless_bit_identity", "lossless_speed", "sana_video_linear_attention", "sana_video2_anchor",
+            "sana_video2_step", "sol_attn_vs_flash", "minimax_h3_layers")
 MODELS = ("SANA-Video", "SANA-Video 2.0", "MiniMax-H3")
 
 
@@ -76,6 +76,16 @@ def test_lossless_rows_are_bit_identical_and_the_control_ran_fast_paths(dry_run)
         assert checks["control: quality('high')"]["fast_calls"] > 0  # the lower tiers are identical by gating
 
 
+def test_the_lossless_speed_rows_are_bit_identical_and_name_the_fused_ops_that_ran(dry_run):
+    rows = dry_run[1]["sections"]["lossless_speed"]["rows"]
+    assert {row["model"] for row in rows} == set(MODELS)
+    for model in MODELS:
+        unpatched, fused = [row for row in rows if row["model"] == model]
+        assert unpatched["check"] == "unpatched" and fused["required"] and fused["identical"]
+        assert fused["sha256"] == unpatched["sha256"] and fused["speedup"] > 0
+        assert fused["fused"] != "none" and fused["declined"] is None, fused
+
+
 def test_sections_report_their_fast_paths(dry_run):
     sections = dry_run[1]["sections"]
     high = [row for row in sections["sana_video_linear_attention"]["rows"] if row["setting"] == "quality('high')"]
@@ -120,6 +130,8 @@ def test_a_failed_lossless_check_wins_over_section_errors(monkeypatch):
     lossless["rows"][0]["identical"] = True
     assert run_all_module.exit_code({"lossless_bit_identity": lossless, "x": {"status": "error"}}) == 3
     assert run_all_module.exit_code({"lossless_bit_identity": lossless, "x": {"status": "skipped"}}) == 0
+    speed = {"status": "ok", "rows": [{"required": True, "identical": False}]}  # the fused forward differed
+    assert run_all_module.exit_code({"lossless_bit_identity": lossless, "lossless_speed": speed}) == 1
 
 
 def test_budgets_stop_sweeps_and_the_hard_limit_interrupts(monkeypatch):

@@ -220,3 +220,22 @@ def test_mismatch_checks_dtype_shape_and_strides():
     assert "dtype" in verify.mismatch((ref,), (ref.double(),))
     assert "shape" in verify.mismatch((ref,), (ref.reshape(6, 4),))
     assert "strides" in verify.mismatch((ref,), (ref.t().contiguous().t(),))
+
+
+def test_strides_of_size_one_dimensions_do_not_count():
+    ref = torch.empty_strided((1, 2, 2, 1), (4, 2, 1, 1))
+    ref.copy_(torch.arange(4.0).view(1, 2, 2, 1))
+    out = torch.empty_strided((1, 2, 2, 1), (4, 2, 1, 4))
+    out.copy_(ref)
+    assert verify.mismatch((ref,), (out,)) is None
+
+
+def test_flushing_subnormals_is_part_of_the_cpu_signature():
+    x = torch.zeros(3)
+    plain = verify.signature((x,))
+    torch.set_flush_denormal(True)
+    try:
+        flushed = verify.signature((x,))
+    finally:
+        torch.set_flush_denormal(False)
+    assert plain != flushed and verify.signature((x,)) == plain

@@ -1,6 +1,8 @@
 """MiniMax-H3 with backend="sol_attn": dense guards are bit-identical, the sparse path really runs, the step clock
 follows the pipeline, batch items and sink rows are respected, options are validated, and remove() restores."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -305,12 +307,17 @@ def test_remove_restores_classes_hooks_and_outputs(model):
     assert torch.equal(_forward(m, inputs), reference)
 
 
-def test_without_a_backend_h3_warns_that_nothing_will_change(model):
+def test_without_a_backend_h3_runs_its_lossless_fusions_bit_identically(model):
     m, inputs, reference = model
-    with pytest.warns(RuntimeWarning, match="MiniMax-H3 has no fast path without a backend"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to announce: every site can run
         accelpatch.apply(m)
-    assert accelpatch.report(m).sites == ()
+    report = accelpatch.report(m)
+    assert {s.kind for s in report.sites} == {"minimax_h3_fused_block", "minimax_h3_fused_attention",
+                                              "fused_swiglu"}
+    assert all(s.tier == "lossless" and s.mounted for s in report.sites)
     assert torch.equal(_forward(m, inputs), reference)
+    assert accelpatch.report(m).fast_calls > 0
 
 
 @pytest.mark.parametrize("video_rows", [1, 30, 100])

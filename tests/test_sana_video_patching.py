@@ -11,7 +11,8 @@ import torch
 
 import accelpatch
 from accelpatch.errors import FastPathUnavailableError
-from accelpatch.sites.sana_linear_attention import FUSION, emulate_bf16_gemm_on_cpu
+from accelpatch.reporting import merge_counts
+from accelpatch.adapters.sana_video.linear_attention import FUSION, emulate_bf16_gemm_on_cpu
 from accelpatch.testing import (
     sana_video_pipeline_call_kwargs,
     sana_video_transformer_inputs,
@@ -31,6 +32,15 @@ def _attn1(model):
     return [m for name, m in model.named_modules() if name.endswith("attn1")]
 
 
+def _high(report):
+    """The sites of the approximate (high) fast path; the lossless fused sites are tested in test_lossless_fusions."""
+    return [s for s in report.sites if s.tier == "high"]
+
+
+def _lossless(report):
+    return [s for s in report.sites if s.tier == "lossless"]
+
+
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def dtype(request):
     return request.param
@@ -46,9 +56,13 @@ def test_default_lossless_and_exact_are_bit_identical_to_unpatched(dtype, batch)
     for tier in ("lossless", "exact"):
         with accelpatch.quality(tier):
             assert torch.equal(_forward(model, inputs), reference)
-    site = accelpatch.report(model).sites[0]
+    report = accelpatch.report(model)
+    site = _high(report)[0]
     assert site.fast_calls == 0 and site.reference_calls == {"tier lossless does not admit high": 2,
                                                              "tier exact does not admit high": 1}
+    # the lossless fused sites ran in the two lossless calls and stood aside in the exact one
+    assert all(s.fast_calls == 2 and s.reference_calls == {"tier exact does not admit lossless": 1}
+               for s in _lossless(report) if s.kind != "sana_video_fused_glumb" or dtype == torch.bfloat16)
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 4.5], ids=["batch1", "cfg-batch2"])
@@ -67,7 +81,10 @@ def test_pipeline_call_is_bit_identical_to_an_unpatched_pipeline_call(guidance_s
                 frames = pipe(**call()).frames
         assert torch.equal(frames, expected), tier
     rep = accelpatch.report(pipe)
-    assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 2 * 2  # 3 calls × 2 steps × 2 sites
+    high = _high(rep)
+    assert sum(s.fast_calls for s in high) == 0
+    assert sum(sum(s.reference_calls.values()) for s in high) == 3 * 2 * 2  # 3 calls × 2 steps × 2 sites
+    assert all(s.fast_calls == 2 * 2 for s in _lossless(rep))  # the default and lossless calls, 2 steps each
 
 
 def test_high_on_cpu_falls_back_loudly_and_stays_bit_identical():
@@ -79,7 +96,8 @@ def test_high_on_cpu_falls_back_loudly_and_stays_bit_identical():
     assert len([w for w in record if "accelpatch" in str(w.message)]) == 1  # once per model and reason
     assert record[0].filename == __file__  # pointing at the user's apply() line
     rep = accelpatch.report(model)
-    assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in rep.sites)
+    assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in _high(rep))
+    assert all(s.mounted for s in _lossless(rep))  # the bit-exact fusions need no CUDA
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once already: the calls do not warn again
         with accelpatch.quality("high"):
@@ -87,12 +105,11 @@ def test_high_on_cpu_falls_back_loudly_and_stays_bit_identical():
             out2 = _forward(model, inputs)
     assert torch.equal(out, reference) and torch.equal(out2, reference)
     rep = accelpatch.report(model)
-    assert rep.fast_calls == 0
+    assert sum(s.fast_calls for s in _high(rep)) == 0
     (reason, count), = rep.fallback_calls.items()
-    assert "CUDA is unavailable" in reason and count == 2 * len(rep.sites)
+    assert "CUDA is unavailable" in reason and count == 2 * len(_high(rep))
     assert "rejected" in str(rep) and "CUDA is unavailable" in str(rep)
-    with pytest.raises(AssertionError, match="no accelpatch fast path ran"):
-        rep.assert_fast_path_ran()
+    rep.assert_fast_path_ran()  # the lossless fusions did run
 
 
 def test_strict_raises_instead_and_leaves_the_model_intact():
@@ -119,14 +136,17 @@ def test_markers_idempotence_and_remove():
     accelpatch.apply(model)
     sites = _attn1(model)
     assert len(sites) == 2
-    for m in sites:
+    for m in sites:  # the high path's site, and the lossless one stacked under it with its own marker
+        lossless = getattr(m, "_accelpatch_sana_video_fused_linear_attention_site")
+        assert getattr(m, MARKER).below is lossless and lossless.below is None
         assert getattr(m, MARKER).path.endswith("attn1") and getattr(m, ENABLED) is False
         assert isinstance(m, original_types["transformer_blocks.0.attn1"])
         assert type(m.processor).__name__ == "SanaLinearAttnProcessor3_0"
     first_sites = [getattr(m, MARKER) for m in sites]
     accelpatch.apply(model)
     assert [getattr(m, MARKER) for m in _attn1(model)] == first_sites  # the same patch, not a second layer
-    assert len(accelpatch.report(model).sites) == 2
+    assert len(_high(accelpatch.report(model))) == 2
+    assert len(accelpatch.report(model).sites) == 2 * 4  # per block: itself, attn1 (two paths), ff
     assert list(model.state_dict()) == list(state)
 
     accelpatch.remove(model)
@@ -229,8 +249,14 @@ def test_two_threads_with_different_tiers_share_one_model():
         assert len(outs) == 3 and all(torch.equal(o, alone[tier]) for o in outs)
     rep = accelpatch.report(model)
     # Only the high thread took the fast path: 3 forwards × 2 sites; the exact thread ran the reference.
-    assert rep.fast_calls == 6
-    assert rep.reference_calls == {"tier exact does not admit high": 6}
+    high = _high(rep)
+    assert sum(s.fast_calls for s in high) == 6
+    assert merge_counts(s.reference_calls for s in high) == {"tier exact does not admit high": 6}
+    # the lossless paths below the high one ran in neither thread; the others (block, ff) in the high one only
+    below = [s for s in _lossless(rep) if s.kind == "sana_video_fused_linear_attention"]
+    assert all(s.fast_calls == 0 and s.reference_calls == {} for s in below)
+    others = [s for s in _lossless(rep) if s not in below]
+    assert all(s.fast_calls == 3 and s.reference_calls == {"tier exact does not admit lossless": 3} for s in others)
 
 
 def test_exception_inside_a_quality_block_leaves_everything_as_it_was():

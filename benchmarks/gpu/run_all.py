@@ -7,13 +7,15 @@ status "error" and its message, and the others still run):
 
   lossless_bit_identity        per model, the default tier and quality("lossless") equal unpatched bit for bit
                                (run first: a later section that wedges the GPU cannot take this evidence with it)
+  lossless_speed               per model at release layer shapes: the default tier's fused kernels against
+                               unpatched, timed, SHA-256 of both outputs (required to be equal)
   sana_video_linear_attention  SANA-Video's linear-attention site at 480p: unpatched vs exact vs high
   sana_video2_anchor           one SANA-Video 2.0 anchor at 720p: FP32 vs BF16 anchors vs Sol-Attn over tau
   sana_video2_step             one 5B SANA-Video 2.0 step at 480p: exact vs the high settings
   sol_attn_vs_flash            the Sol-Attn Triton kernel vs SDPA flash at MiniMax-H3 / SANA-Video 2.0 shapes
   minimax_h3_layers            6 release-shaped MiniMax-H3 layers, dense vs backend="sol_attn" over tau
 
-The default run is sized for 8 minutes: the budgets add up to 420 s, and ``--time-limit`` (440 s) caps the whole
+The default run is sized for 8 minutes: the budgets add up to 430 s, and ``--time-limit`` (440 s) caps the whole
 run (a section's budget and hard limit shrink to what is left; sections that cannot start are "skipped").
 Repeats are small (one warm-up, then the median of ``--repeats`` timed calls); the shapes are the real ones.
 
@@ -49,6 +51,7 @@ import torch  # noqa: E402
 
 import accelpatch  # noqa: E402
 from _lossless import failed_checks, lossless_bit_identity  # noqa: E402
+from _lossless_speed import lossless_speed  # noqa: E402
 from _runner import Options, Section, format_table, json_safe, run_section, skipped  # noqa: E402
 from _sana import sana_video2_anchor, sana_video2_step, sana_video_linear_attention  # noqa: E402
 from _sol import minimax_h3_layers, sol_attn_vs_flash  # noqa: E402
@@ -59,18 +62,22 @@ DEFAULT_TIME_LIMIT_S = 440.0
 SECTIONS = (
     Section("lossless_bit_identity", 45, lossless_bit_identity,
             "default tier / quality('lossless') bit-identical to unpatched, per model"),
+    Section("lossless_speed", 50, lossless_speed,
+            "default tier (bit-exact fused kernels) vs unpatched at release layer shapes, SHA-256 equal"),
     Section("sana_video_linear_attention", 45, sana_video_linear_attention,
             "SANA-Video linear-attention site at 480p: exact (FP32 GEMMs) vs high (BF16-operand GEMM)"),
-    Section("sana_video2_anchor", 75, sana_video2_anchor,
+    Section("sana_video2_anchor", 70, sana_video2_anchor,
             "SANA-Video 2.0 anchor at 720p: FP32 vs BF16 anchors vs Sol-Attn over tau"),
-    Section("sana_video2_step", 75, sana_video2_step,
+    Section("sana_video2_step", 70, sana_video2_step,
             "one 5B SANA-Video 2.0 step at 480p: exact vs the high settings"),
-    Section("sol_attn_vs_flash", 90, sol_attn_vs_flash,
+    Section("sol_attn_vs_flash", 75, sol_attn_vs_flash,
             "Sol-Attn Triton kernel vs SDPA flash at MiniMax-H3 / SANA-Video 2.0 shapes over tau"),
-    Section("minimax_h3_layers", 90, minimax_h3_layers,
+    Section("minimax_h3_layers", 75, minimax_h3_layers,
             "6 release-shaped MiniMax-H3 layers: dense vs backend='sol_attn' over tau"),
 )
 SECTION_NAMES = tuple(section.name for section in SECTIONS)
+#: sections whose "required" rows must be bit-identical (exit code 1 otherwise)
+LOSSLESS_SECTIONS = ("lossless_bit_identity", "lossless_speed")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -121,7 +128,7 @@ def run_sections(args: argparse.Namespace, options: Options) -> dict[str, dict]:
 
 
 def exit_code(sections: dict[str, dict]) -> int:
-    if failed_checks(sections["lossless_bit_identity"]["rows"]):
+    if any(failed_checks(sections.get(name, {}).get("rows", [])) for name in LOSSLESS_SECTIONS):
         return EXIT_LOSSLESS_MISMATCH
     if any(result["status"] == "error" for result in sections.values()):
         return EXIT_SECTION_ERROR

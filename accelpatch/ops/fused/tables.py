@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 
 _LOCK = threading.Lock()
-_TABLES: dict[tuple[str, str], tuple[Optional[torch.Tensor], Optional[str]]] = {}
+_TABLES: dict[tuple[str, str, bool], tuple[Optional[torch.Tensor], Optional[str]]] = {}
 
 
 def all_bf16_values(device: torch.device) -> torch.Tensor:
@@ -29,8 +29,9 @@ def unary_table(name: str, fn: Callable[[torch.Tensor], torch.Tensor],
                 device: torch.device) -> tuple[Optional[torch.Tensor], Optional[str]]:
     """``(table, None)``: ``fn`` on every bf16 value as a 65,536-entry bf16 tensor on ``device``, indexed by the
     input's unsigned bits; or ``(None, reason)`` when the device's eager kernel gives position-dependent results.
-    Built once per (name, device) and kept."""
-    key = (name, str(device))
+    Built once per (name, device, whether the CPU flushes subnormals: eager's results on them change with it) and
+    kept."""
+    key = (name, str(device), device.type == "cpu" and 5e-324 * 1.0 == 0.0)  # subnormals flushed (FTZ/DAZ)?
     with _LOCK:
         known = _TABLES.get(key)
     if known is not None:
