@@ -114,3 +114,19 @@ def test_a_contracted_complex_multiply_has_only_its_own_fmas(compiled):
         assert r["spill_stores"] + r["spill_loads"] <= SPILL_BUDGET, _where(r)
         assert r["shared"] <= SHARED_LIMIT[r["arch"]], _where(r)
         assert plain[(r["arch"], r["contracted"])]["fma"] == 0, _where(r)
+
+
+def test_the_sass_fma_count_reads_operand_reuse_flags():
+    """`DFMA R20, R8.reuse, R6, R20` is a fused multiply-add (ptxas marks operand-cache reuse in lowercase); plain
+    ops written as FMAs with RZ or an immediate are not."""
+    from accelpatch.ops.triton_aot import _fused_multiply_adds  # noqa: PLC0415
+
+    sass = """
+        /*0730*/                   DFMA R28, R18.reuse, R10, R28 ;                       /* 0x0000000a121c722b */
+        /*0750*/                   FFMA R18, -R18, R14.reuse, R20.reuse ;
+        /*0760*/                   HFMA2.MMA R5, R5, R9, -RZ ;
+        /*0770*/                   HFMA2.MMA R0, -RZ, RZ, 0, 0 ;
+        /*0780*/                   FFMA R3, R2, 1, R4 ;
+    """
+    assert _fused_multiply_adds("", sass) == 2
+    assert _fused_multiply_adds("\tfma.rn.f64 \t%rd64, %rd56, %rd1, %rd61;\n", "") == 1

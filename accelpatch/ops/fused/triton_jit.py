@@ -284,14 +284,12 @@ def _complex_mul(a, b, c, d, RE_MODE: tl.constexpr, IM_MODE: tl.constexpr):
 
 
 @triton.jit
-def _rotary_complex_one(IN, OUT, base_in, base_out, s_in, s_out, i, mask, c, d,
+def _rotary_complex_one(IN, OUT, base_in, base_out, s_in, s_out, pair, mask2, c, d,
                         RE_MODE: tl.constexpr, IM_MODE: tl.constexpr):
     DT: tl.constexpr = OUT.dtype.element_ty
-    a = _widen(tl.load(IN + base_in + (2 * i) * s_in, mask=mask)).to(tl.float64)
-    b = _widen(tl.load(IN + base_in + (2 * i + 1) * s_in, mask=mask)).to(tl.float64)
+    a, b = tl.split(_widen(tl.load(IN + base_in + pair * s_in, mask=mask2)).to(tl.float64))
     re, im = _complex_mul(a, b, c, d, RE_MODE, IM_MODE)
-    tl.store(OUT + base_out + (2 * i) * s_out, _narrow(re, DT), mask=mask)
-    tl.store(OUT + base_out + (2 * i + 1) * s_out, _narrow(im, DT), mask=mask)
+    tl.store(OUT + base_out + pair * s_out, _narrow(tl.join(re, im), DT), mask=mask2)
 
 
 @triton.jit
@@ -300,8 +298,8 @@ def _rotary_complex_pair_kernel(Q, K, F, QO, KO, N, q0, q1, q2, q3, k0, k1, k2, 
                                 H: tl.constexpr, P: tl.constexpr, RE_MODE: tl.constexpr, IM_MODE: tl.constexpr,
                                 BLOCK: tl.constexpr):
     """One token (b, n) per program row, BLOCK (head, pair) slots of it: SANA-Video 2.0's RoPE of the query and the
-    key, channel pairs (2i, 2i+1) widened exactly to fp64 and multiplied by the complex128 table entry (F is its
-    real view, sharing the loads), then rounded fp64 -> fp32 -> dtype as ``type_as`` does."""
+    key, channel pairs (2i, 2i+1) loaded together, widened exactly to fp64 and multiplied by the complex128 table
+    entry (F is its real view; the loads are shared), then rounded fp64 -> fp32 -> dtype as ``type_as`` does."""
     t = tl.program_id(0).to(tl.int64)
     b = t // N
     n = t % N
@@ -309,12 +307,15 @@ def _rotary_complex_pair_kernel(Q, K, F, QO, KO, N, q0, q1, q2, q3, k0, k1, k2, 
     mask = j < H * P
     h = (j // P).to(tl.int64)
     i = (j % P).to(tl.int64)
+    two = tl.arange(0, 2).to(tl.int64)
+    mask2 = mask[:, None] & (two[None, :] < 2)
+    pair = (2 * i)[:, None] + two[None, :]  # the pair's two channels within the head
     c = tl.load(F + n * f0 + i * f1, mask=mask)
     d = tl.load(F + n * f0 + i * f1 + f2, mask=mask)
-    _rotary_complex_one(Q, QO, b * q0 + n * q1 + h * q2, b * qo0 + n * qo1 + h * qo2, q3, qo3, i, mask, c, d,
-                        RE_MODE, IM_MODE)
-    _rotary_complex_one(K, KO, b * k0 + n * k1 + h * k2, b * ko0 + n * ko1 + h * ko2, k3, ko3, i, mask, c, d,
-                        RE_MODE, IM_MODE)
+    _rotary_complex_one(Q, QO, (b * q0 + n * q1 + h * q2)[:, None], (b * qo0 + n * qo1 + h * qo2)[:, None], q3, qo3,
+                        pair, mask2, c, d, RE_MODE, IM_MODE)
+    _rotary_complex_one(K, KO, (b * k0 + n * k1 + h * k2)[:, None], (b * ko0 + n * ko1 + h * ko2)[:, None], k3, ko3,
+                        pair, mask2, c, d, RE_MODE, IM_MODE)
 
 
 KERNELS = (_relu_rope_pair_kernel, _modulate_kernel, _gated_residual_kernel, _silu_kernel, _glu_gate_kernel,
