@@ -2,7 +2,7 @@
 
 c10::complex computes ``a*c - b*d`` and ``a*d + b*c``, and whether the compiler contracts either into an FMA is
 the build's choice: measured on this CPU (torch 2.13, AVX-512), the vectorised loop rounds every product and the
-scalar loop (strided or short inner dims) computes ``fma(a, c, -(b*d))`` and ``fma(a, d, b*c)``; nvcc contracts by
+scalar loop (strided pairs, short rows) computes ``fma(a, c, -(b*d))`` and ``fma(a, d, b*c)``; nvcc contracts by
 default, in a form only the device can tell. Each part is classified as one of three forms (``SEPARATE``,
 ``FMA_FIRST``: the first product kept exact, ``FMA_SECOND``: the second), per loop, on random finite values where
 the forms differ (the expected values are exact: Python's Fraction, rounded once).
@@ -67,7 +67,7 @@ def complex_mul_modes(device: torch.device) -> tuple[Optional[tuple[int, int]], 
 
     On CUDA both loops run the same functor, so they must agree (else no kernel reproduces eager everywhere). On CPU
     (where the Triton kernels run only in the interpreter, for the tests) the vectorised loop's forms are taken: the
-    models' widths (head dims 128, 256: 64 or 128 pairs) take it; short or strided inner dims do not."""
+    models' widths (head dims 128, 256: 64 or 128 pairs) take it; strided pairs and short rows do not."""
     key = str(device)
     with _LOCK:
         if key in _MODES:

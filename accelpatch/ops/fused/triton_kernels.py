@@ -190,7 +190,7 @@ def _why_rotate_half(query, key, cos, sin) -> Optional[str]:
     if cos.dim() != 2 or sin.shape != cos.shape or cos.shape[0] not in (1, n):
         return f"tables must be one [N, R] shape with N = {n} or 1 (got {tuple(cos.shape)}, {tuple(sin.shape)})"
     if rotary % 2 or not 0 < rotary <= d:
-        return f"rotary dim {rotary} (even, 1..head dim {d})"
+        return f"rotary dim {rotary} (an even number from 2 to the head dim {d})"
     return None
 
 
