@@ -130,6 +130,16 @@ def test_scale_to_tokens_n_minor_output(z_dtype, dtype):
     check("scale_to_tokens", x, z[..., :17], dtype)
 
 
+def test_scale_to_tokens_with_the_normaliser_sana_video_makes():
+    """z as the SANA-Video processor computes it on bf16 q, k ([B, H, D, N] permuted views): a bf16 [B, H, 1, N]."""
+    q = F.relu(edge((1, 40, 2, 16), torch.bfloat16, 41)).permute(0, 2, 3, 1)
+    k = F.relu(edge((1, 40, 2, 16), torch.bfloat16, 42)).permute(0, 2, 3, 1)
+    z = 1 / (k.sum(dim=-1, keepdim=True).transpose(-2, -1) @ q + 1e-15)
+    x = torch.matmul(edge((1, 2, 16, 16), torch.float32, 43, 0.005), q.float())
+    assert z.dtype == torch.bfloat16 and z.shape == (1, 2, 1, 40) and x.is_contiguous()
+    check("scale_to_tokens", x, z, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rounding_of_random_fp32_bit_patterns(dtype):
     """The kernels' fp32 -> bf16/fp16 rounding (integer RTNE for bf16) on random fp32 bit patterns of every exponent,
