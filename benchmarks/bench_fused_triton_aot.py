@@ -2,7 +2,8 @@
 
 Each launch the wrappers of accelpatch.ops.fused.triton_kernels make (accelpatch.ops.fused.aot.CASES) is captured
 under a stand-in driver and compiled for each target with Triton's bundled ptxas: shared memory, registers, stack
-and spilled bytes per thread, fused multiply-adds / .ftz / approximate instructions (all must be 0), compile time.
+and spilled bytes per thread, fused multiply-adds / .ftz / approximate instructions (all must be 0), compile time;
+then the complex RoPE case once more with the complex multiply contracted (aot.CONTRACTED: its own fmas only).
 Run:  TRITON_INTERPRET= python benchmarks/bench_fused_triton_aot.py [--targets 80 90]
 """
 from __future__ import annotations
@@ -20,13 +21,14 @@ def main(argv=None):
     from accelpatch.ops import triton_aot  # noqa: PLC0415
     from accelpatch.ops.fused import aot  # noqa: PLC0415
 
-    print(f"{'target':>6} {'case':<42} {'kernel':<24} {'BLOCK':>5} {'shared_B':>8} {'limit_B':>8} {'regs':>4} "
+    print(f"{'target':>6} {'case':<52} {'kernel':<27} {'BLOCK':>5} {'shared_B':>8} {'limit_B':>8} {'regs':>4} "
           f"{'stack_B':>7} {'spill_B':>7} {'fma':>3} {'ftz':>3} {'approx':>6} {'compile_s':>9}")
     for arch in args.targets:
-        for label in aot.CASES:
-            c = aot.capture_case(arch, label)
+        for label, modes in [(label, None) for label in aot.CASES] + [(label, (1, 1)) for label in aot.CONTRACTED]:
+            c = aot.capture_case(arch, label, complex_modes=modes)
             u = triton_aot.inspect(c, spills=True)
-            print(f"{'sm_' + str(arch):>6} {label:<42} {c.name:<24} {c.constexpr('BLOCK'):>5} {u.shared:>8} "
+            label = label if modes is None else label + ", fma"
+            print(f"{'sm_' + str(arch):>6} {label:<52} {c.name:<27} {c.constexpr('BLOCK'):>5} {u.shared:>8} "
                   f"{triton_aot.SHARED_LIMIT.get(arch, 0):>8} {u.registers:>4} {u.stack:>7} "
                   f"{u.spill_stores + u.spill_loads:>7} {u.fma:>3} {u.ftz:>3} {u.approx:>6} {u.compile_s:>9.1f}",
                   flush=True)

@@ -2,7 +2,8 @@
 
 For each case (the AOT cases' ops and dtypes, accelpatch.ops.fused.aot) it builds random inputs with edge values
 (NaN, +-inf, +-0.0, subnormals, ties), runs reference and kernel, compares raw bits, NaN positions, dtype, shape and
-strides, and times both (CUDA events, median of --reps after a warm-up). Exit status 1 on any mismatch.
+strides, and times both (CUDA events, median of --reps after a warm-up). Exit status 1 on any mismatch. It first
+prints which form the device's eager complex128 multiply takes in each loop (the fact sheet's open question 1).
 This is the check a CPU-only machine cannot make (there the kernels run only in the interpreter, against eager CPU).
 Run on a GPU:  python benchmarks/bench_fused_triton_cuda.py [--tokens 32760] [--reps 20]
 Smoke run on CPU (interpreter, slow: its times mean nothing):
@@ -61,16 +62,28 @@ def cases(tokens, device):
     for dtype in (bf16, fp16, fp32):
         x, rows = e((2, tokens, 2240), dtype, 3), e((2, 1, 6, 2240), dtype, 4)
         out.append((f"modulate {_name(dtype)}", "modulate", (x, rows[:, :, 1], rows[:, :, 0])))
-        out.append((f"gated_residual {_name(dtype)}", "gated_residual", (e((2, tokens, 2240), dtype, 5), rows[:, :, 2], x)))
+        out.append((f"gated_residual {_name(dtype)}", "gated_residual",
+                    (e((2, tokens, 2240), dtype, 5), rows[:, :, 2], x)))
     residual = e((2, 2240, tokens), bf16, 6).transpose(1, 2)
     out.append(("gated_residual bf16, transposed residual", "gated_residual",
                 (residual, e((2, 1, 2240), bf16, 7), e((2, tokens, 2240), bf16, 8))))
     conv = e((2, 11200, tokens, 8), bf16, 9).to(memory_format=torch.channels_last)
     out.append(("silu bf16 channels_last", "silu", (conv,)))
     out.append(("glu_gate bf16 channels_last chunks", "glu_gate", conv.chunk(2, dim=1)))
-    for dtype in (bf16, fp16):
-        out.append((f"scale_to_tokens fp32 -> {_name(dtype)}", "scale_to_tokens",
-                    (e((2, 20, 112, tokens), fp32, 10), e((2, 20, 1, tokens), bf16, 11), dtype)))
+    for z_dtype, dtype in ((bf16, bf16), (bf16, fp16), (fp32, bf16), (fp16, bf16)):
+        out.append((f"scale_to_tokens fp32 x {_name(z_dtype)} z -> {_name(dtype)}", "scale_to_tokens",
+                    (e((2, 20, 112, tokens), fp32, 10), e((2, 20, 1, tokens), z_dtype, 11), dtype)))
+    for dtype in (bf16, fp32):  # MiniMax-H3: 56 heads x 128, rotary dim 96, fp32 [S, 96] tables, batch 1
+        theta = torch.arange(tokens, dtype=fp32, device=device)[:, None] * torch.rand(48, device=device)
+        theta = torch.cat((theta, theta), -1)
+        out.append((f"rotate_half_pair {_name(dtype)}, fp32 tables", "rotate_half_pair",
+                    (e((1, tokens, 56, 128), dtype, 12), e((1, tokens, 56, 128), dtype, 13), theta.cos(),
+                     theta.sin())))
+    for dtype in (bf16, fp32, fp64):  # SANA-Video 2.0: q, k chunks of the fused qkv, 20 heads x 128
+        q, k, _ = (t.unflatten(-1, (20, 128)) for t in e((2, tokens, 3 * 2560), dtype, 14).chunk(3, dim=-1))
+        angle = torch.arange(tokens, dtype=fp64, device=device)[:, None] * torch.rand(64, dtype=fp64, device=device)
+        out.append((f"rotary_complex_pair {_name(dtype)} qkv chunks", "rotary_complex_pair",
+                    (q, k, torch.polar(torch.ones_like(angle), angle))))
     return out
 
 
@@ -102,6 +115,10 @@ def main(argv=None):
 
     from accelpatch.ops.fused import reference, triton_kernels  # noqa: PLC0415
 
+    from accelpatch.ops.fused import complex_mul  # noqa: PLC0415
+
+    print("eager complex128 multiply on this device (0 every product rounded, 1/2 fma on the first/second product):",
+          complex_mul.loop_modes(device), flush=True)
     failed = False
     print(f"{'case':<50} {'eager_ms':>9} {'fused_ms':>9} {'ratio':>6}  result")
     with torch.no_grad():

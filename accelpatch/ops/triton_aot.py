@@ -154,13 +154,13 @@ def inspect(c: Capture, spills: bool = False, **option_overrides) -> Usage:
 
 _PTX_FMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:fma|mad)\.rn[.\w]*\.(?:f16|bf16|f32|f64|f16x2|bf16x2)\b", re.M)
 _SASS_FMA = re.compile(r"\b[DFH]FMA2?(?:\.[A-Z0-9_]+)*\s+([^;]*);")
-_REGISTER = re.compile(r"^[-|]*R\d+(?:\.[A-Z0-9_]+)*\|?$")
+_REGISTER = re.compile(r"^[-|]*R\d+(?:\.(?:[A-Z0-9_]+|reuse))*\|?$")  # `R8.reuse`: an operand-cache hint
 
 
 def _fused_multiply_adds(ptx: str, sass: str) -> int:
     """Multiply-adds that round once: float fma/mad in the PTX, and SASS FMAs whose operands are all registers
     (ptxas also writes single ops and moves as FMAs with RZ or an immediate 1: `HFMA2.MMA R5, R5, R9, -RZ` is a
-    plain fp16 multiply, `HFMA2.MMA R0, -RZ, RZ, 0, 0` a zeroing move)."""
+    plain fp16 multiply, `HFMA2.MMA R0, -RZ, RZ, 0, 0` a zeroing move; `R8.reuse` is still a register)."""
     sass_fmas = sum(all(_REGISTER.match(op.strip()) for op in m.group(1).split(",")) for m in _SASS_FMA.finditer(sass))
     return len(_PTX_FMA.findall(ptx)) + sass_fmas
 

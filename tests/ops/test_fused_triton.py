@@ -4,8 +4,9 @@ in Triton's interpreter on CPU (TRITON_INTERPRET=1, set by the test command).
 Inputs are built to hit the edges: bf16/fp32 rounding ties (small integers times powers of two, whose sums and
 products land halfway between two bf16 values), NaN, +-inf, +-0.0, subnormals, magnitudes 0.005 / 1 / 200, token
 counts 1 / 17 / 257, and transposed, strided and broadcast views. Raw bits are compared (NaN: same positions, any
-payload) with dtype, shape and strides. Two deliberately wrong kernels (a missing bf16 rounding, a contracted FMA)
-must be caught by the same check. Shapes stay small: the interpreter runs a program in numpy ops.
+payload) with dtype, shape and strides. Deliberately wrong kernels (a missing bf16 rounding, a contracted FMA, a
+rotate-half RoPE rounded once, each wrong form of the complex multiply) must be caught by the same check. Shapes
+stay small: the interpreter runs a program in numpy ops.
 """
 import os
 
@@ -115,15 +116,28 @@ def test_glu_gate_every_bf16_value_of_the_gate():
 
 # ---------------------------------------------------------------------------------------- scale_to_tokens
 
-@pytest.mark.parametrize("z_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("z_dtype,dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.bfloat16),
+                                           (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16),
+                                           (torch.float32, torch.float16), (torch.bfloat16, torch.float32)])
 def test_scale_to_tokens_n_minor_output(z_dtype, dtype):
+    """SANA-Video's normaliser z is bf16 (1 / (k.sum @ q + 1e-15) on bf16 q, k): x * z promotes to fp32 with z
+    widened exactly, and the one rounding is the final cast."""
     for tokens, magnitude in ((1, 1.0), (17, 200.0), (257, 0.005)):
         x = edge((2, 3, 8, tokens), torch.float32, 11, magnitude)
         z = edge((2, 3, 1, tokens), z_dtype, 12, 1.0)
         check("scale_to_tokens", x, z, dtype)
     x = edge((2, 17, 3, 8), torch.float32, 13).permute(0, 2, 3, 1)  # a permuted x: eager copies in flatten
     check("scale_to_tokens", x, z[..., :17], dtype)
+
+
+def test_scale_to_tokens_with_the_normaliser_sana_video_makes():
+    """z as the SANA-Video processor computes it on bf16 q, k ([B, H, D, N] permuted views): a bf16 [B, H, 1, N]."""
+    q = F.relu(edge((1, 40, 2, 16), torch.bfloat16, 41)).permute(0, 2, 3, 1)
+    k = F.relu(edge((1, 40, 2, 16), torch.bfloat16, 42)).permute(0, 2, 3, 1)
+    z = 1 / (k.sum(dim=-1, keepdim=True).transpose(-2, -1) @ q + 1e-15)
+    x = torch.matmul(edge((1, 2, 16, 16), torch.float32, 43, 0.005), q.float())
+    assert z.dtype == torch.bfloat16 and z.shape == (1, 2, 1, 40) and x.is_contiguous()
+    check("scale_to_tokens", x, z, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -286,3 +300,134 @@ def test_fp64_tables_round_to_bf16_through_fp32():
     got = tk.relu_rope_pair(q, q, cos, sin)
     assert_same_outputs(got, reference.relu_rope_pair(q, q, cos, sin))
     assert got[2].flatten()[0].item() == 1.0
+
+
+# ---------------------------------------------------------------------------------------- rotate-half RoPE (H3)
+
+def _half_tables(tokens, rotary, dtype):
+    """[N, R] cos/sin of the rotate-half convention (the two halves repeat), with a NaN, a subnormal and a value that
+    rounds differently to bf16 straight from fp64 than through fp32."""
+    theta = torch.arange(tokens, dtype=torch.float64)[:, None] * (1e4 ** (-torch.arange(0, rotary, 2) / rotary))
+    theta = torch.cat((theta, theta), -1)
+    cos, sin = theta.cos(), theta.sin()
+    cos[0, 0] = float("nan")
+    sin[-1, -1] = 1e-40
+    cos[-1, 1] = 1 + 2 ** -8 + 2 ** -40
+    return cos.to(dtype), sin.to(dtype)
+
+
+def _packed_qk(batch, tokens, heads, d, dtype, seed, magnitude=1.0):
+    """query and key as the models make them: chunks of one fused projection, unflattened to heads (strided)."""
+    packed = edge((batch, tokens, 3 * heads * d), dtype, seed, magnitude)
+    q, k, _ = packed.chunk(3, dim=-1)
+    return q.unflatten(-1, (heads, d)), k.unflatten(-1, (heads, d))
+
+
+@pytest.mark.parametrize("dtype,table_dtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.float64),
+                                               (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                               (torch.float32, torch.float64), (torch.float16, torch.float32)])
+def test_rotate_half_pair_partial_rotary_dims(dtype, table_dtype):
+    """The leading R of D channels rotated (R = 12 of 16, as 96 of 128 at release; R = D), tables rounded to the
+    activations' dtype first, each product and the sum rounded, the rest passed through bit for bit."""
+    for tokens, magnitude, rotary in ((1, 200.0, 16), (17, 1.0, 12), (17, 0.005, 12)):
+        q, k = _packed_qk(1, tokens, 2, 16, dtype, 30, magnitude)
+        check("rotate_half_pair", q, k, *_half_tables(tokens, rotary, table_dtype))
+
+
+def test_rotate_half_pair_layouts_and_broadcast_tables():
+    q = edge((2, 3, 17, 8), torch.bfloat16, 31).transpose(1, 2)  # heads outermost
+    k = edge((2, 17, 3, 8), torch.bfloat16, 32)
+    cos, sin = _half_tables(17, 4, torch.float32)
+    check("rotate_half_pair", q, k, cos, sin)
+    wide_cos, wide_sin = _half_tables(17, 8, torch.float32)
+    check("rotate_half_pair", q, k, wide_cos[:1, :2].expand(1, 2), wide_sin[:1, :2])  # [1, R] tables, R = 2
+    check("rotate_half_pair", q, k, wide_cos.t().contiguous().t()[:, :6], wide_sin[:, :6])  # strided tables
+
+
+@triton.jit
+def _rotate_half_rounded_once(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s):
+    """Wrong: the two products and their sum in fp32, rounded once."""
+    DT: tl.constexpr = OUT.dtype.element_ty
+    raw = tl.load(IN + base_in + d * s_in, mask=mask)
+    y = j._widen(tl.load(IN + base_in + partner * s_in, mask=mask & rot))
+    out = j._widen(raw) * c + tl.where(first, -y, y) * s
+    tl.store(OUT + base_out + d * s_out, tl.where(rot, j._narrow(out, DT), raw), mask=mask)
+
+
+def test_a_wrong_rotate_half_is_caught(monkeypatch):
+    q, k = _packed_qk(1, 17, 2, 16, torch.bfloat16, 33)
+    args = (q, k, *_half_tables(17, 12, torch.float32))
+    assert_same_outputs(tk.rotate_half_pair(*args), reference.rotate_half_pair(*args))
+    monkeypatch.setattr(j, "_rotate_half_one", _rotate_half_rounded_once)
+    with pytest.raises(AssertionError, match="elements differ"):
+        assert_same_outputs(tk.rotate_half_pair(*args), reference.rotate_half_pair(*args))
+
+
+# ---------------------------------------------------------------------------------------- complex128 RoPE (2.0)
+
+def _freqs(tokens, pairs):
+    """complex128 [N, D/2] table (unit phasors), with a NaN, an infinity, signed zeros and a subnormal."""
+    angle = torch.arange(tokens, dtype=torch.float64)[:, None] * (1e4 ** (-torch.arange(pairs) / pairs))
+    freqs = torch.polar(torch.ones_like(angle), angle)
+    special = torch.tensor([complex(float("nan"), 0.0), complex(0.0, -0.0), complex(-0.0, float("inf")),
+                            complex(1e-310, 1.0)], dtype=torch.complex128)
+    freqs.view(-1)[-special.numel():] = special[-freqs.numel():]
+    return freqs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.float16])
+def test_rotary_complex_pair_chunked_projection(dtype):
+    """q, k as strided chunks of a fused qkv projection, widened to fp64, times complex128, rounded fp64 -> fp32 ->
+    dtype (double rounding for bf16/fp16) into eager's layout. 8 pairs per head: CPU eager's vectorised loop."""
+    for tokens, magnitude in ((1, 200.0), (17, 1.0), (17, 0.005)):
+        q, k = _packed_qk(2, tokens, 2, 16, dtype, 34, magnitude)
+        check("rotary_complex_pair", q, k, _freqs(tokens, 8))
+
+
+def test_rotary_complex_pair_layouts_and_refusals():
+    q = edge((1, 2, 17, 16), torch.bfloat16, 35).transpose(1, 2)  # heads outermost: eager keeps that order
+    k = edge((1, 17, 2, 16), torch.bfloat16, 36)
+    check("rotary_complex_pair", q, k, _freqs(17, 8))
+    check("rotary_complex_pair", k, k, _freqs(17, 8)[:1])  # one row for every token
+    q64 = edge((1, 17, 2, 32), torch.float64, 37)[..., ::2]  # fp64 channels view_as_complex cannot pair
+    assert "refuses" in tk.unsupported("rotary_complex_pair", q64, q64, _freqs(17, 8))
+    assert "complex128" in tk.unsupported("rotary_complex_pair", k, k, _freqs(17, 8).to(torch.complex64))
+    assert "[N, D/2]" in tk.unsupported("rotary_complex_pair", k, k, _freqs(17, 4))
+    assert "one shape" in tk.unsupported("rotary_complex_pair", k, k[:, :, :1], _freqs(17, 8))
+    assert "rotary dim" in tk.unsupported("rotate_half_pair", k, k, *_half_tables(17, 18, torch.float32))
+    assert "[N, R]" in tk.unsupported("rotate_half_pair", k, k, *(t[None] for t in _half_tables(17, 8, torch.float32)))
+
+
+def test_complex_multiply_forms_are_eagers_and_a_wrong_one_is_caught(monkeypatch):
+    """Measured here: CPU eager's complex128 multiply rounds every product in its vectorised loop and contracts
+    a*c - b*d, a*d + b*c into fmas in its scalar loop (3 pairs of a strided fp64 row take it). The kernel in the
+    form probed for that loop matches it; every other form is caught on the same inputs."""
+    from accelpatch.ops.fused import complex_mul  # noqa: PLC0415
+
+    scalar = complex_mul.loop_modes(torch.device("cpu"))["scalar"]
+    assert None not in scalar, scalar
+    q = edge((2, 17, 2, 12), torch.float64, 38)[..., :6]  # 3 pairs, strided rows: the scalar loop
+    k = edge((2, 17, 2, 12), torch.float64, 39)[..., 6:]
+    g = torch.Generator().manual_seed(40)
+    freqs = torch.polar(torch.ones(17, 3, dtype=torch.float64), torch.rand(17, 3, generator=g, dtype=torch.float64))
+    args = (q, k, freqs)
+    monkeypatch.setattr(tk, "complex_mul_modes", lambda device: (scalar, None))
+    assert_same_outputs(tk.rotary_complex_pair(*args), reference.rotary_complex_pair(*args))
+    for wrong in {(0, 0), (1, 1), (2, 2), (1, 0)} - {scalar}:
+        monkeypatch.setattr(tk, "complex_mul_modes", lambda device, wrong=wrong: (wrong, None))
+        with pytest.raises(AssertionError, match="elements differ"):
+            assert_same_outputs(tk.rotary_complex_pair(*args), reference.rotary_complex_pair(*args))
+
+
+def test_complex_multiply_probe_declines_a_device_whose_loops_disagree(monkeypatch):
+    from accelpatch.ops.fused import complex_mul  # noqa: PLC0415
+
+    cuda = torch.device("cuda")  # nothing runs on it: the loops' answers are stood in
+    for loops, expected in (({"vectorised": (1, 1), "scalar": (1, 1)}, ((1, 1), None)),
+                            ({"vectorised": (0, 0), "scalar": (1, 1)}, (None, "vectorised and scalar loops")),
+                            ({"vectorised": (0, None), "scalar": (0, None)}, (None, "none of the forms"))):
+        monkeypatch.setattr(complex_mul, "_MODES", {})
+        monkeypatch.setattr(complex_mul, "loop_modes", lambda device, loops=loops: loops)
+        modes, reason = complex_mul.complex_mul_modes(cuda)
+        assert modes == expected[0]
+        assert (reason is None) if expected[1] is None else (expected[1] in reason), reason

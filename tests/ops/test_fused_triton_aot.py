@@ -6,8 +6,9 @@ Each must compile, fit the chip's per-block shared memory (A100 166,912 B, H200 
 budget: 0 bytes of register spills and 0 bytes of stack (an element-wise kernel has nothing to spill; any spill
 means a launch configuration went wrong). And its code must be the numerics the kernels claim: compiled with
 enable_fp_fusion=False, no fused multiply-add in the PTX or the SASS, no flush-to-zero, no approximate instruction.
-The FMA count is shown to fail on the same kernel compiled with Triton's default fusion. One subprocess (the test
-process runs the interpreter); 30 compiles, about 20 s cold on 2 busy cores, 15 s with Triton's on-disk cache warm.
+The FMA count is shown to fail on the same kernel compiled with Triton's default fusion; where eager's own complex
+multiply contracts (a build that does), the complex RoPE's fmas are exactly the intended ones. One subprocess (the
+test process runs the interpreter); 57 compiles, 30 s cold on 2 shared cores (measured; 34 s with the cores busy).
 """
 import json
 import os
@@ -40,6 +41,14 @@ for arch in json.loads(sys.argv[1]):
         print(json.dumps(dict(arch=arch, label=label, kernel=c.name, block=c.constexpr("BLOCK"),
                               warps=c.options.num_warps, fp_fusion=c.options.enable_fp_fusion, **usage.__dict__)),
               flush=True)
+for arch in json.loads(sys.argv[1]):
+    for label in aot.CONTRACTED:
+        c = aot.capture_case(arch, label, complex_modes=(1, 1))
+        usage = triton_aot.inspect(c, spills=True)
+        print(json.dumps(dict(arch=arch, contracted=label, kernel=c.name, block=c.constexpr("BLOCK"),
+                              warps=c.options.num_warps, fp_fusion=c.options.enable_fp_fusion,
+                              modes=[c.constexpr("RE_MODE"), c.constexpr("IM_MODE")], **usage.__dict__)),
+              flush=True)
 fused = triton_aot.inspect(aot.capture_case(90, sys.argv[2]), enable_fp_fusion=True)
 print(json.dumps(dict(fused=fused.fma)), flush=True)
 '''
@@ -53,22 +62,22 @@ def compiled():
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-4000:]
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    return rows[0], [r for r in rows if "label" in r], rows[-1]
+    return rows[0], [r for r in rows if "label" in r], rows[-1], [r for r in rows if "contracted" in r]
 
 
 def _where(r):
-    return f"sm_{r['arch']} {r['label']} ({r['kernel']}, BLOCK={r['block']}, {r['warps']} warps)"
+    return f"sm_{r['arch']} {r.get('label') or r['contracted']} ({r['kernel']}, BLOCK={r['block']}, {r['warps']} warps)"
 
 
 def test_every_kernel_and_case_is_compiled_for_every_target(compiled):
-    kernels, rows, _ = compiled
+    kernels, rows, *_ = compiled
     assert kernels["kernels"] == kernels["defined"]  # a new kernel must join triton_jit.KERNELS (and a case here)
     assert sorted((r["arch"], r["label"]) for r in rows) == sorted((a, label) for a in TARGETS for label in aot.CASES)
     assert {r["kernel"] for r in rows} == set(kernels["kernels"])
 
 
 def test_shared_memory_spills_and_stack_within_budget(compiled):
-    _, rows, _ = compiled
+    _, rows, *_ = compiled
     for r in rows:
         assert r["shared"] <= SHARED_LIMIT[r["arch"]], f"{_where(r)}: shared {r['shared']:,} B"
         assert 0 <= r["spill_stores"] + r["spill_loads"] <= SPILL_BUDGET, (
@@ -77,7 +86,7 @@ def test_shared_memory_spills_and_stack_within_budget(compiled):
 
 
 def test_compiled_numerics_are_eagers(compiled):
-    _, rows, _ = compiled
+    _, rows, *_ = compiled
     for r in rows:
         assert r["fp_fusion"] is False, _where(r)
         assert (r["fma"], r["ftz"], r["approx"]) == (0, 0, 0), (
@@ -85,5 +94,39 @@ def test_compiled_numerics_are_eagers(compiled):
 
 
 def test_the_fma_count_sees_default_fusion(compiled):
-    *_, fused = compiled
+    _, _, fused, _ = compiled
     assert fused["fused"] > 0, f"{FUSED_CHECK} compiled with enable_fp_fusion=True shows no FMA"
+
+
+def test_a_contracted_complex_multiply_has_only_its_own_fmas(compiled):
+    """Where the device's eager complex multiply contracts (complex_mul.FMA_FIRST), the kernel writes those fmas
+    out and nothing else is contracted: 2 per pair of each of q and k, each counted once in the PTX (fma.rn.f64) and
+    once in the SASS (DFMA); no spills, no .ftz or approximate instruction."""
+    *_, contracted = compiled
+    assert sorted((r["arch"], r["contracted"]) for r in contracted) == sorted(
+        (a, label) for a in TARGETS for label in aot.CONTRACTED)
+    plain = {(r["arch"], r["label"]): r for r in compiled[1]}
+    for r in contracted:
+        assert r["modes"] == [1, 1] and r["fp_fusion"] is False, _where(r)
+        pairs_per_thread = r["block"] // (32 * r["warps"])
+        assert r["fma"] == 2 * 2 * 2 * pairs_per_thread, f"{_where(r)}: {r['fma']} fmas"
+        assert (r["ftz"], r["approx"], r["stack"]) == (0, 0, 0), _where(r)
+        assert r["spill_stores"] + r["spill_loads"] <= SPILL_BUDGET, _where(r)
+        assert r["shared"] <= SHARED_LIMIT[r["arch"]], _where(r)
+        assert plain[(r["arch"], r["contracted"])]["fma"] == 0, _where(r)
+
+
+def test_the_sass_fma_count_reads_operand_reuse_flags():
+    """`DFMA R20, R8.reuse, R6, R20` is a fused multiply-add (ptxas marks operand-cache reuse in lowercase); plain
+    ops written as FMAs with RZ or an immediate are not."""
+    from accelpatch.ops.triton_aot import _fused_multiply_adds  # noqa: PLC0415
+
+    sass = """
+        /*0730*/                   DFMA R28, R18.reuse, R10, R28 ;                       /* 0x0000000a121c722b */
+        /*0750*/                   FFMA R18, -R18, R14.reuse, R20.reuse ;
+        /*0760*/                   HFMA2.MMA R5, R5, R9, -RZ ;
+        /*0770*/                   HFMA2.MMA R0, -RZ, RZ, 0, 0 ;
+        /*0780*/                   FFMA R3, R2, 1, R4 ;
+    """
+    assert _fused_multiply_adds("", sass) == 2
+    assert _fused_multiply_adds("\tfma.rn.f64 \t%rd64, %rd56, %rd1, %rd61;\n", "") == 1

@@ -2,12 +2,13 @@
 
 Each case runs a wrapper of triton_kernels (which picks BLOCK and the strides Triton specialises on) under
 accelpatch.ops.triton_aot's stand-in driver, on CPU tensors of the models' widths (SANA-Video: hidden 2240, 20 heads
-x 112, GLUMB 11,200 channels) with a small token count of the same divisibility as the release ones (24 and 32,760
-are both 8 mod 16): an element-wise kernel's compiled code depends on the widths and on which strides are 1 or
-multiples of 16, not on how many tokens there are — except where the output is N-minor (a transposed residual,
-scale_to_tokens): there a row runs over the tokens and its BLOCK depends on their count, so those cases take 8,200
-tokens (batch 1), which gets the release shapes' BLOCK of 1024. The tensors are left uninitialised (nothing runs).
-TRITON_INTERPRET must be unset.
+x 112, GLUMB 11,200 channels; MiniMax-H3: 56 heads x 128, rotary dim 96; SANA-Video 2.0: 20 x 128 and 10 x 256)
+with a small token count of the same divisibility as the release ones (24 and 32,760 or 23,000 are 8 mod 16; 32
+and H3's 37,760 are 0 mod 16): an element-wise kernel's compiled code depends on the widths and on which strides
+and sizes are 1 or multiples of 16, not on how many tokens there are — except where the output is N-minor (a
+transposed residual, scale_to_tokens): there a row runs over the tokens and its BLOCK depends on their count, so
+those cases take 8,200 tokens (batch 1), which gets the release shapes' BLOCK of 1024. The tensors are left
+uninitialised (nothing runs). TRITON_INTERPRET must be unset.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from .. import triton_aot
 
 TOKENS = 24
+H3_TOKENS = 32
 N_MINOR_TOKENS = 8200
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 
@@ -62,9 +64,25 @@ def _glu():
     return "glu_gate", args
 
 
-def _scale_to_tokens(dtype):
+def _scale_to_tokens(dtype, z_dtype=BF16):
     return "scale_to_tokens", lambda: (torch.empty(1, 20, 112, N_MINOR_TOKENS),
-                                       torch.empty(1, 20, 1, N_MINOR_TOKENS, dtype=BF16), dtype)
+                                       torch.empty(1, 20, 1, N_MINOR_TOKENS, dtype=z_dtype), dtype)
+
+
+def _rotate_half(dtype):
+    def args():  # MiniMax-H3: 56 heads x 128, the leading 96 channels rotated by fp32 [S, 96] tables
+        q = torch.empty(1, H3_TOKENS, 56, 128, dtype=dtype)
+        table = torch.empty(H3_TOKENS, 96)
+        return q, q.clone(), table, table.clone()
+    return "rotate_half_pair", args
+
+
+def _rotary_complex(dtype, heads=20, head_dim=128):
+    def args():  # SANA-Video 2.0: q, k chunks of the fused qkv projection, complex128 [N, D/2] table
+        qkv = torch.empty(2, TOKENS, 3 * heads * head_dim, dtype=dtype)
+        q, k, _ = (t.unflatten(-1, (heads, head_dim)) for t in qkv.chunk(3, dim=-1))
+        return q, k, torch.empty(TOKENS, head_dim // 2, dtype=torch.complex128)
+    return "rotary_complex_pair", args
 
 
 # label -> (op, argument builder): one launch per op x dtype combination the wrappers accept
@@ -82,13 +100,28 @@ CASES: dict[str, tuple[str, Callable]] = {
     "gated_residual fp32": _residual(FP32),
     "silu bf16 channels_last": _silu(),
     "glu_gate bf16 channels_last chunks": _glu(),
-    "scale_to_tokens fp32 -> bf16": _scale_to_tokens(BF16),
-    "scale_to_tokens fp32 -> fp16": _scale_to_tokens(FP16),
+    "scale_to_tokens fp32 x bf16 z -> bf16": _scale_to_tokens(BF16),
+    "scale_to_tokens fp32 x bf16 z -> fp16": _scale_to_tokens(FP16),
+    "scale_to_tokens fp32 x bf16 z -> fp32": _scale_to_tokens(FP32),
+    "scale_to_tokens fp32 x fp16 z -> bf16": _scale_to_tokens(BF16, FP16),
+    "scale_to_tokens fp32 x fp32 z -> bf16": _scale_to_tokens(BF16, FP32),
+    "rotate_half_pair bf16, fp32 tables": _rotate_half(BF16),
+    "rotate_half_pair fp16, fp32 tables": _rotate_half(FP16),
+    "rotate_half_pair fp32, fp32 tables": _rotate_half(FP32),
+    "rotary_complex_pair bf16 qkv chunks": _rotary_complex(BF16),
+    "rotary_complex_pair bf16 qkv chunks, 10 heads x 256": _rotary_complex(BF16, 10, 256),
+    "rotary_complex_pair fp16 qkv chunks": _rotary_complex(FP16),
+    "rotary_complex_pair fp32 qkv chunks": _rotary_complex(FP32),
+    "rotary_complex_pair fp64 qkv chunks": _rotary_complex(FP64),
 }
+# labels compiled once more with eager's complex multiply contracted (complex_mul.FMA_FIRST), as a build that
+# contracts would have it: the fmas are then the intended ones (counted), the rest of the checks the same
+CONTRACTED = ("rotary_complex_pair bf16 qkv chunks",)
 
 
-def capture_case(arch: int, label: str) -> triton_aot.Capture:
-    """The one launch the wrapper of `label`'s op makes for its arguments on target `arch`."""
+def capture_case(arch: int, label: str, complex_modes=None) -> triton_aot.Capture:
+    """The one launch the wrapper of `label`'s op makes for its arguments on target `arch` (with the complex
+    multiply's forms `complex_modes` instead of the host's, when given)."""
     from . import triton_jit, triton_kernels  # noqa: PLC0415
 
     op, build = CASES[label]
@@ -96,6 +129,12 @@ def capture_case(arch: int, label: str) -> triton_aot.Capture:
     reason = triton_kernels.unsupported(op, *args)
     if reason is not None and "CUDA" not in reason:  # CPU tensors stand in for CUDA ones here
         raise ValueError(f"{label}: {reason}")
-    captured = triton_aot.capture(arch, triton_jit.KERNELS, lambda: getattr(triton_kernels, op)(*args))
+    probe = triton_kernels.complex_mul_modes
+    if complex_modes is not None:
+        triton_kernels.complex_mul_modes = lambda device: (complex_modes, None)
+    try:
+        captured = triton_aot.capture(arch, triton_jit.KERNELS, lambda: getattr(triton_kernels, op)(*args))
+    finally:
+        triton_kernels.complex_mul_modes = probe
     assert len(captured) == 1, (label, len(captured))
     return captured[0]

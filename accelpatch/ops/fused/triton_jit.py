@@ -4,8 +4,10 @@ Every kernel replays its eager chain op by op: loads are widened exactly to fp32
 fp64), each op is one IEEE fp32/fp64 operation, and the result is rounded to the storage dtype wherever eager stores
 an intermediate (after EVERY bf16/fp16 op; mixed bf16 x fp32 chains only at the final store; fp64 -> bf16 through
 fp32, as c10 has no double constructor). The wrappers launch with enable_fp_fusion=False so no mul+add becomes an
-FMA (eager never contracts across kernels). No division, exp or libdevice call is used (bf16 SiLU/ReLU are table
-gathers), so there is no approximate instruction and nothing to flush denormals.
+FMA (eager never contracts across kernels; the one exception is an fma eager's build has inside one op, the
+complex128 multiply: written out as tl.fma only where the probe, complex_mul, found it). No division, exp or
+libdevice call is used (bf16 SiLU/ReLU are table gathers), so there is no approximate instruction and nothing to
+flush denormals.
 
 bf16 rounding and widening are written in integer arithmetic (`_bf16_bits`, `_widen_bits`) instead of `.to()`:
 the result is the same round-to-nearest-even on the GPU, but Triton's interpreter (which the tests run) truncates in
@@ -224,5 +226,97 @@ def _relu_rope_pair_kernel(Q, K, COS, SIN, QR, KR, QROT, KROT, TABLE, N,
                    NEG_ZERO_KEEPS_SIGN)
 
 
+@triton.jit
+def _rotate_half_one(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s):
+    """One head row of rotate-half RoPE: out[d] = x[d]*cos[d] + rotated[d]*sin[d] for d < R, each product and the sum
+    rounded to the dtype (rotated = -x[d + R/2] in the first half, x[d - R/2] in the second); x[d] past R."""
+    DT: tl.constexpr = OUT.dtype.element_ty
+    raw = tl.load(IN + base_in + d * s_in, mask=mask)
+    y = _widen(tl.load(IN + base_in + partner * s_in, mask=mask & rot))
+    rotated = tl.where(first, -y, y)
+    out = _round(_widen(raw) * c, DT) + _round(rotated * s, DT)
+    tl.store(OUT + base_out + d * s_out, tl.where(rot, _narrow(out, DT), raw), mask=mask)
+
+
+@triton.jit
+def _rotate_half_pair_kernel(Q, K, COS, SIN, QO, KO, N, q0, q1, q2, q3, k0, k1, k2, k3, c0, c1, s0, s1,
+                             qo0, qo1, qo2, qo3, ko0, ko1, ko2, ko3,
+                             H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+    """One token (b, n) per program row, BLOCK (head, channel) slots of it: MiniMax-H3's rotate-half RoPE of the
+    leading R channels of every head of the query and the key, sharing the table loads; the tables are rounded to
+    the activations' dtype first (``cos.to(x.dtype)``), as the reference casts them."""
+    DT: tl.constexpr = QO.dtype.element_ty
+    t = tl.program_id(0).to(tl.int64)
+    b = t // N
+    n = t % N
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < H * D
+    h = (j // D).to(tl.int64)
+    d = (j % D).to(tl.int64)
+    rot = d < R
+    first = d < R // 2
+    partner = tl.where(first, d + R // 2, d - R // 2)
+    c = _widen(_narrow(_widen(tl.load(COS + n * c0 + d * c1, mask=mask & rot)), DT))
+    s = _widen(_narrow(_widen(tl.load(SIN + n * s0 + d * s1, mask=mask & rot)), DT))
+    _rotate_half_one(Q, QO, b * q0 + n * q1 + h * q2, b * qo0 + n * qo1 + h * qo2, q3, qo3, d, partner, first, rot,
+                     mask, c, s)
+    _rotate_half_one(K, KO, b * k0 + n * k1 + h * k2, b * ko0 + n * ko1 + h * ko2, k3, ko3, d, partner, first, rot,
+                     mask, c, s)
+
+
+@triton.jit
+def _complex_mul(a, b, c, d, RE_MODE: tl.constexpr, IM_MODE: tl.constexpr):
+    """(a + bi)(c + di) in fp64 in the form eager's build uses (complex_mul: 0 every product rounded, 1 an fma on
+    the first product, 2 on the second); the fmas are explicit, so fp fusion stays off around them."""
+    if RE_MODE == 0:
+        re = a * c - b * d
+    elif RE_MODE == 1:
+        re = tl.fma(a, c, -(b * d))
+    else:
+        re = tl.fma(-b, d, a * c)
+    if IM_MODE == 0:
+        im = a * d + b * c
+    elif IM_MODE == 1:
+        im = tl.fma(a, d, b * c)
+    else:
+        im = tl.fma(b, c, a * d)
+    return re, im
+
+
+@triton.jit
+def _rotary_complex_one(IN, OUT, base_in, base_out, s_in, s_out, pair, mask2, c, d,
+                        RE_MODE: tl.constexpr, IM_MODE: tl.constexpr):
+    DT: tl.constexpr = OUT.dtype.element_ty
+    a, b = tl.split(_widen(tl.load(IN + base_in + pair * s_in, mask=mask2)).to(tl.float64))
+    re, im = _complex_mul(a, b, c, d, RE_MODE, IM_MODE)
+    tl.store(OUT + base_out + pair * s_out, _narrow(tl.join(re, im), DT), mask=mask2)
+
+
+@triton.jit
+def _rotary_complex_pair_kernel(Q, K, F, QO, KO, N, q0, q1, q2, q3, k0, k1, k2, k3, f0, f1, f2,
+                                qo0, qo1, qo2, qo3, ko0, ko1, ko2, ko3,
+                                H: tl.constexpr, P: tl.constexpr, RE_MODE: tl.constexpr, IM_MODE: tl.constexpr,
+                                BLOCK: tl.constexpr):
+    """One token (b, n) per program row, BLOCK (head, pair) slots of it: SANA-Video 2.0's RoPE of the query and the
+    key, channel pairs (2i, 2i+1) loaded together, widened exactly to fp64 and multiplied by the complex128 table
+    entry (F is its real view; the loads are shared), then rounded fp64 -> fp32 -> dtype as ``type_as`` does."""
+    t = tl.program_id(0).to(tl.int64)
+    b = t // N
+    n = t % N
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < H * P
+    h = (j // P).to(tl.int64)
+    i = (j % P).to(tl.int64)
+    two = tl.arange(0, 2).to(tl.int64)
+    mask2 = mask[:, None] & (two[None, :] < 2)
+    pair = (2 * i)[:, None] + two[None, :]  # the pair's two channels within the head
+    c = tl.load(F + n * f0 + i * f1, mask=mask)
+    d = tl.load(F + n * f0 + i * f1 + f2, mask=mask)
+    _rotary_complex_one(Q, QO, (b * q0 + n * q1 + h * q2)[:, None], (b * qo0 + n * qo1 + h * qo2)[:, None], q3, qo3,
+                        pair, mask2, c, d, RE_MODE, IM_MODE)
+    _rotary_complex_one(K, KO, (b * k0 + n * k1 + h * k2)[:, None], (b * ko0 + n * ko1 + h * ko2)[:, None], k3, ko3,
+                        pair, mask2, c, d, RE_MODE, IM_MODE)
+
+
 KERNELS = (_relu_rope_pair_kernel, _modulate_kernel, _gated_residual_kernel, _silu_kernel, _glu_gate_kernel,
-           _scale_cast_kernel)
+           _scale_cast_kernel, _rotate_half_pair_kernel, _rotary_complex_pair_kernel)

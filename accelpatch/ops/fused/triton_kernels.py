@@ -4,7 +4,9 @@ strides) as the chains in ``reference``, each in one launch.
 Outputs are allocated with eager's strides (``layout.empty_like_eager``); bf16 SiLU/ReLU gather from the device's own
 eager table (``tables.unary_table``); the kernels (``triton_jit``, imported on first use so importing accelpatch
 never imports Triton) round exactly where eager does and are launched with ``enable_fp_fusion=False``.
-``unsupported(op, *args)`` says why an input cannot run here (None when it can); the wrappers assume it was asked.
+The complex128 RoPE replays the device's eager complex multiply in the form ``complex_mul`` probed (every product
+rounded, or an fma where the build contracts). ``unsupported(op, *args)`` says why an input cannot run here (None
+when it can); the wrappers assume it was asked.
 On CPU the kernels run only in Triton's interpreter (TRITON_INTERPRET=1), which is how the tests check them.
 """
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from . import reference
-from .layout import empty_like_eager
+from .complex_mul import complex_mul_modes
+from .layout import eager_layouts, empty_like_eager
 from .tables import unary_table
 
 LAUNCH = dict(enable_fp_fusion=False, num_warps=4)
@@ -109,7 +112,8 @@ def relu_fp32_sign(device: torch.device) -> tuple[Optional[bool], Optional[str]]
 def unsupported(op_name: str, *args) -> Optional[str]:
     """Why the Triton implementation of ``op_name`` cannot run these arguments (the reference's), or None."""
     checks = {"relu_rope_pair": _why_rope, "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
-              "silu": _why_bf16, "glu_gate": _why_bf16, "scale_to_tokens": _why_scale_to_tokens}
+              "silu": _why_bf16, "glu_gate": _why_bf16, "scale_to_tokens": _why_scale_to_tokens,
+              "rotate_half_pair": _why_rotate_half, "rotary_complex_pair": _why_rotary_complex}
     if op_name not in checks:
         return f"no Triton kernel for {op_name!r}"
     tensor_args = args[:-1] if op_name == "scale_to_tokens" else args
@@ -164,6 +168,48 @@ def _why_scale_to_tokens(x, z, dtype) -> Optional[str]:
     if x.dim() != 4 or _broadcast(x, z) != x.shape:
         return "x must be [B, H, D, N] with z broadcasting to it"
     return None
+
+
+def _why_pair(query, key, dtypes) -> Optional[str]:
+    if query.dtype not in dtypes or key.dtype != query.dtype:
+        return f"query/key dtypes {query.dtype}/{key.dtype} (one of {', '.join(str(d) for d in dtypes)}, the same)"
+    if query.dim() != 4 or key.shape != query.shape:
+        return f"query and key must be [B, N, H, D] of one shape (got {tuple(query.shape)}, {tuple(key.shape)})"
+    return None
+
+
+def _why_rotate_half(query, key, cos, sin) -> Optional[str]:
+    why = _why_pair(query, key, _FLOATS)
+    if why:
+        return why
+    floats = _FLOATS + (torch.float64,)
+    if cos.dtype not in floats or sin.dtype not in floats:
+        return f"RoPE table dtypes {cos.dtype}/{sin.dtype} (floating)"
+    _, n, _, d = query.shape
+    rotary = cos.shape[-1]
+    if cos.dim() != 2 or sin.shape != cos.shape or cos.shape[0] not in (1, n):
+        return f"tables must be one [N, R] shape with N = {n} or 1 (got {tuple(cos.shape)}, {tuple(sin.shape)})"
+    if rotary % 2 or not 0 < rotary <= d:
+        return f"rotary dim {rotary} (an even number from 2 to the head dim {d})"
+    return None
+
+
+def _why_rotary_complex(query, key, freqs) -> Optional[str]:
+    why = _why_pair(query, key, (torch.bfloat16, torch.float16, torch.float32, torch.float64))
+    if why:
+        return why
+    _, n, _, d = query.shape
+    if d % 2:
+        return f"odd head dim {d}"
+    if freqs.dtype != torch.complex128:
+        return f"freqs dtype {freqs.dtype} (complex128)"
+    if freqs.dim() != 2 or freqs.shape[0] not in (1, n) or freqs.shape[1] != d // 2:
+        return f"freqs of shape {tuple(freqs.shape)} (must be [N, D/2] = {[n, d // 2]}, or [1, D/2])"
+    try:
+        eager_layouts(reference.rotary_complex_pair, (query, key, freqs))
+    except RuntimeError as error:  # e.g. float64 channels that view_as_complex cannot pair (stride of D not 1)
+        return f"the reference chain itself refuses these inputs ({str(error).splitlines()[0]})"
+    return complex_mul_modes(query.device)[1]
 
 
 # ------------------------------------------------------------------------------------------------ launches
@@ -252,4 +298,38 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
     strides = [s for t in (query, key, cos, sin, *outs) for s in t.stride()]
     _jit()._relu_rope_pair_kernel[grid](query, key, cos, sin, *outs, table, n, *strides, H=h, D=d, MODE=mode,
                                          NEG_ZERO_KEEPS_SIGN=keeps, BLOCK=block, **LAUNCH)
+    return outs
+
+
+def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """MiniMax-H3's partial rotate-half RoPE of query and key in one launch, contiguous outputs
+    (reference.rotate_half_pair)."""
+    outs = empty_like_eager(reference.rotate_half_pair, (query, key, cos, sin), query.device)
+    b, n, h, d = query.shape
+    if query.numel() == 0:
+        return outs
+    rotary = cos.shape[-1]
+    cos, sin = cos.expand(n, rotary), sin.expand(n, rotary)
+    block = _block(h * d)
+    grid = (b * n, -(-(h * d) // block))
+    strides = [s for t in (query, key, cos, sin, *outs) for s in t.stride()]
+    _jit()._rotate_half_pair_kernel[grid](query, key, cos, sin, *outs, n, *strides, H=h, D=d, R=rotary, BLOCK=block,
+                                          **LAUNCH)
+    return outs
+
+
+def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
+    """SANA-Video 2.0's complex128 RoPE of query and key (any strides) in one launch, into eager's output layouts
+    (reference.rotary_complex_pair)."""
+    outs = empty_like_eager(reference.rotary_complex_pair, (query, key, freqs), query.device)
+    b, n, h, d = query.shape
+    if query.numel() == 0:
+        return outs
+    (re_mode, im_mode), _ = complex_mul_modes(query.device)
+    table = torch.view_as_real(freqs.expand(n, d // 2))  # [N, D/2, 2] float64
+    block = _block(h * d // 2)
+    grid = (b * n, -(-(h * d // 2) // block))
+    strides = [s for t in (query, key, table, *outs) for s in t.stride()]
+    _jit()._rotary_complex_pair_kernel[grid](query, key, table, *outs, n, *strides, H=h, P=d // 2, RE_MODE=re_mode,
+                                             IM_MODE=im_mode, BLOCK=block, **LAUNCH)
     return outs
