@@ -59,3 +59,34 @@ def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> tor
     (``[B, H, 1, N]``), as ``[B, N, H*D]`` tokens in ``dtype``. The result is the transposed (N-minor) view the
     reference hands to ``to_out[0]``; its layout matters there (a biased Linear rounds differently on it)."""
     return (x * z).flatten(1, 2).transpose(1, 2).to(dtype)
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """MiniMax-H3's RoPE (diffusers ``transformer_minimax_h3._apply_rotary_emb``): the leading ``cos.shape[-1]``
+    channels of each head rotated by halves with the tables cast to ``x``'s dtype, the rest passed through."""
+    rotary_dim = cos.shape[-1]
+    x_rotary = x[..., :rotary_dim]
+    x_pass = x[..., rotary_dim:]
+    cos = cos.to(x.dtype)[None, :, None, :]
+    sin = sin.to(x.dtype)[None, :, None, :]
+    x1, x2 = x_rotary.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    x_rotary = x_rotary * cos + rotated * sin
+    return torch.cat((x_rotary, x_pass), dim=-1).contiguous()
+
+
+def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """:func:`rotate_half` of ``[B, S, H, D]`` query and key with one pair of ``[S, R]`` tables."""
+    return rotate_half(query, cos, sin), rotate_half(key, cos, sin)
+
+
+def rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """SANA-Video 2.0's RoPE (``accelpatch.modeling.sana_video2.attention.apply_rope``): adjacent channel pairs of
+    ``x`` [B, N, H, D] times the complex128 ``freqs`` [N, D/2] in float64, back in ``x``'s dtype."""
+    rotated = torch.view_as_complex(x.to(torch.float64).unflatten(-1, (-1, 2))) * freqs[None, :, None, :]
+    return torch.view_as_real(rotated).flatten(-2).type_as(x)
+
+
+def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
+    """:func:`rotary_complex` of query and key with one table."""
+    return rotary_complex(query, freqs), rotary_complex(key, freqs)
