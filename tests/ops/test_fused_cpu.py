@@ -600,3 +600,20 @@ def test_every_reference_op_has_a_cpu_op_with_its_signature():
 def test_source_ships_in_the_package():
     source = importlib.resources.files("accelpatch.ops.fused").joinpath(cpu_build.SOURCE_NAME)
     assert source.is_file() and "ffp-contract=off" in source.read_text(encoding="utf-8")
+
+
+@needs_kernels
+def test_prepared_signatures_keep_apart_what_the_kernels_cannot_take():
+    """A call's preparation is cached by signature: a lazily negated view, a meta tensor or a grad-requiring input
+    with the shape, strides and dtype of a prepared call are still declined, not run with the cached kernel."""
+    flat = mixed((8, 40), BF16, 1)
+    with torch.no_grad():
+        check("modulate", flat, flat, flat)
+        with pytest.raises(ValueError, match="negated"):
+            cpu.modulate(flat._neg_view(), flat, flat)
+        with pytest.raises(ValueError, match="CPU tensors"):
+            cpu.modulate(flat.to("meta"), flat, flat)
+    grad = flat.clone().requires_grad_()
+    cpu.modulate(flat, flat, flat)
+    with pytest.raises(ValueError, match="autograd"):
+        cpu.modulate(grad, flat, flat)

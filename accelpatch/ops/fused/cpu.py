@@ -341,14 +341,15 @@ def unsupported(op_name: str, *args) -> Optional[str]:
 
 
 class _Prepared:
-    """Everything a call of one op needs for one signature: the kernel as a ctypes function of ``nargs`` pointers
-    (so plain ``int`` addresses go straight through), eager's output layouts, the addresses of the plan's ctypes
-    arrays (kept alive here) and of the lookup table (0 for none)."""
+    """Everything a call of one op needs for one signature: the kernel as a ctypes function of pointer arguments
+    (so plain ``int`` addresses go straight through), eager's output layouts, whether they hold any element, the
+    addresses of the plan's ctypes arrays (kept alive here) and of the lookup table (0 for none)."""
 
-    __slots__ = ("kernel", "layouts", "size", "strides", "table", "_keep")
+    __slots__ = ("kernel", "layouts", "nonempty", "size", "strides", "table", "_keep")
 
     def __init__(self, kernel, layouts, plan, table):
         self.kernel, self.layouts = kernel, layouts
+        self.nonempty = all(0 not in shape for shape, _, _ in layouts)
         self.table = table.data_ptr() if table is not None else 0
         arrays = _c_plan(plan) if plan is not None else (None, None)
         self._keep = (arrays, table)
@@ -358,12 +359,16 @@ class _Prepared:
 _PREPARED: dict[tuple, _Prepared] = {}
 
 
-def _signature(op_name: str, args) -> tuple:
-    """What a call's preparation depends on (a tensor without strides raises RuntimeError: not a strided one)."""
+def _signature(op_name: str, args) -> Optional[tuple]:
+    """What a call's preparation depends on; None for a tensor without strides (never prepared). Only CPU
+    signatures are ever prepared, so ``is_cpu`` stands for the device."""
     grad = torch.is_grad_enabled()
-    return (op_name, grad) + tuple(
-        (a.dtype, a.shape, a.stride(), a.device, grad and a.requires_grad, a.is_neg(), a.is_conj())
-        if isinstance(a, torch.Tensor) else a for a in args)
+    try:
+        return (op_name, grad) + tuple(
+            (a.dtype, a.shape, a.stride(), a.is_cpu, grad and a.requires_grad, a.is_neg(), a.is_conj())
+            if isinstance(a, torch.Tensor) else a for a in args)
+    except RuntimeError:
+        return None
 
 
 def _typed(library, name: str, nargs: int):
@@ -372,14 +377,12 @@ def _typed(library, name: str, nargs: int):
     return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nargs))(address)
 
 
-def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
-              nargs: int, table: Optional[str] = None) -> _Prepared:
-    """The cached preparation of this call's signature; raises ValueError with the reason when unsupported."""
-    try:
-        key = _signature(op_name, args)
-    except RuntimeError:
-        key = None
-    known = _PREPARED.get(key) if key is not None else None
+def _prepare(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
+             nargs: int, table: Optional[str] = None) -> _Prepared:
+    """Prepares (and caches) a signature not seen before; raises ValueError with the reason when unsupported. The
+    ops look their signature up in ``_PREPARED`` themselves first (the path of every later call)."""
+    key = _signature(op_name, args)
+    known = _PREPARED.get(key)
     if known is not None:
         return known
     reason = unsupported(op_name, *args)
@@ -388,12 +391,19 @@ def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[],
     library, _ = cpu_build.load()
     made = _Prepared(_typed(library, kernel_name(), nargs), eager_layouts(reference, args), plan(),
                      _wide_table(table) if table else None)
+    if key is None:
+        return made
     with _PLANS_LOCK:
         return _PREPARED.setdefault(key, made)
 
 
 def _outputs(prep: _Prepared) -> tuple[torch.Tensor, ...]:
     return tuple(torch.empty_strided(shape, strides, dtype=dtype) for shape, strides, dtype in prep.layouts)
+
+
+def _output(prep: _Prepared) -> torch.Tensor:
+    (shape, strides, dtype), = prep.layouts
+    return torch.empty_strided(shape, strides, dtype=dtype)
 
 
 # ---- plans -----------------------------------------------------------------------------------------------------
@@ -470,59 +480,68 @@ def _complex_plan(args):
 def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """:func:`.reference.relu_rope_pair` in one pass over query and key, sharing each table load."""
     args = (query, key, freqs_cos, freqs_sin)
-    prep = _prepared("relu_rope_pair", args, ref.relu_rope_pair,
-                     lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
-                     lambda: _rope_plan(args), 11)
+    prep = _PREPARED.get(_signature("relu_rope_pair", args)) or _prepare(
+        "relu_rope_pair", args, ref.relu_rope_pair,
+        lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}", lambda: _rope_plan(args), 11)
     outs = _outputs(prep)
-    if query.numel():
+    if prep.nonempty:
         table = _relu_table_arg(query)
         prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs),
                     table.data_ptr() if table is not None else 0, prep.size, prep.strides)
     return outs
 
 
-def _elementwise(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> torch.Tensor:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    prep = _prepared(op, args, reference, lambda: kernel + _NAMES[tensors[0].dtype],
-                     lambda: _plan_for(op, reference, args), len(tensors) + 3 + bool(table), table)
-    out, = _outputs(prep)
-    if out.numel():
-        if table:
-            prep.kernel(out.data_ptr(), *(t.data_ptr() for t in tensors), prep.table, prep.size, prep.strides)
-        else:
-            prep.kernel(out.data_ptr(), *(t.data_ptr() for t in tensors), prep.size, prep.strides)
-    return out
+def _elementwise_prep(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> _Prepared:
+    return _PREPARED.get(_signature(op, args)) or _prepare(
+        op, args, reference, lambda: kernel + _NAMES[args[0].dtype], lambda: _plan_for(op, reference, args),
+        len(args) + 3 + bool(table), table)
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.modulate`: ``x * (1 + scale) + shift`` in one pass, rounded after each op."""
-    return _elementwise("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
+    prep = _elementwise_prep("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), scale.data_ptr(), shift.data_ptr(), prep.size, prep.strides)
+    return out
 
 
 def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.gated_residual`: ``residual + gate * x`` in one pass, the product rounded."""
-    return _elementwise("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
+    prep = _elementwise_prep("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), residual.data_ptr(), gate.data_ptr(), x.data_ptr(), prep.size, prep.strides)
+    return out
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.silu` of bf16 by eager's own table."""
-    return _elementwise("silu", ref.silu, (x,), "ap_table_", "silu")
+    prep = _elementwise_prep("silu", ref.silu, (x,), "ap_table_", "silu")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), prep.table, prep.size, prep.strides)
+    return out
 
 
 def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.glu_gate` of bf16: ``x * silu(gate)``, the SiLU from eager's table, in one pass."""
-    return _elementwise("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
+    prep = _elementwise_prep("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), gate.data_ptr(), prep.table, prep.size, prep.strides)
+    return out
 
 
 def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """:func:`.reference.scale_to_tokens`: ``x * z`` (z widened exactly to float32, as eager promotes) rounded
     once to ``dtype``, written straight into eager's N-minor ``[B, N, H*D]`` layout."""
     args = (x, z, dtype)
-    prep = _prepared("scale_to_tokens", args, ref.scale_to_tokens,
-                     lambda: f"ap_scale_to_{_NAMES[dtype]}_{_NAMES[z.dtype]}",
-                     lambda: _scale_plan(x, z, dtype), 5)
-    out, = _outputs(prep)
-    if out.numel():
+    prep = _PREPARED.get(_signature("scale_to_tokens", args)) or _prepare(
+        "scale_to_tokens", args, ref.scale_to_tokens, lambda: f"ap_scale_to_{_NAMES[dtype]}_{_NAMES[z.dtype]}",
+        lambda: _scale_plan(x, z, dtype), 5)
+    out = _output(prep)
+    if prep.nonempty:
         prep.kernel(out.data_ptr(), x.data_ptr(), z.data_ptr(), prep.size, prep.strides)
     return out
 
@@ -531,11 +550,11 @@ def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
     """:func:`.reference.rotate_half_pair` in one pass over query and key: the tables rounded to the queries'
     dtype once per call, each product and the sum rounded as eager's ops do, channels past R copied."""
     args = (query, key, cos, sin)
-    prep = _prepared("rotate_half_pair", args, ref.rotate_half_pair,
-                     lambda: f"ap_rotate_half_{_NAMES[query.dtype]}_{_NAMES[cos.dtype]}",
-                     lambda: _rotate_half_plan(args), 8)
+    prep = _PREPARED.get(_signature("rotate_half_pair", args)) or _prepare(
+        "rotate_half_pair", args, ref.rotate_half_pair,
+        lambda: f"ap_rotate_half_{_NAMES[query.dtype]}_{_NAMES[cos.dtype]}", lambda: _rotate_half_plan(args), 8)
     outs = _outputs(prep)
-    if query.numel():
+    if prep.nonempty:
         prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
     return outs
 
@@ -548,10 +567,11 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
     to float hides unless the exact result lies within that ulp of a float rounding boundary (the first-sight check
     is the guard there)."""
     args = (query, key, freqs)
-    prep = _prepared("rotary_complex_pair", args, ref.rotary_complex_pair,
-                     lambda: f"ap_rotary_complex_{_NAMES[query.dtype]}", lambda: _complex_plan(args), 7)
+    prep = _PREPARED.get(_signature("rotary_complex_pair", args)) or _prepare(
+        "rotary_complex_pair", args, ref.rotary_complex_pair,
+        lambda: f"ap_rotary_complex_{_NAMES[query.dtype]}", lambda: _complex_plan(args), 7)
     outs = _outputs(prep)
-    if query.numel():
+    if prep.nonempty:
         prep.kernel(query.data_ptr(), key.data_ptr(), freqs.data_ptr(), *(t.data_ptr() for t in outs),
                     prep.size, prep.strides)
     return outs
