@@ -145,6 +145,7 @@ def test_rotary_complex_pair_layouts(dtype):
     check("rotary_complex_pair", heads_first, q, freqs)
     check("rotary_complex_pair", heads_first, heads_first, freqs[:1])
     check("rotary_complex_pair", q, k, _freqs(8, 17, 13).t())
+    check("rotary_complex_pair", q, k, freqs[:, :1])  # one factor for every pair of a token
     strided = mixed((2, 17, 4, 32), dtype, 14)[..., ::2]
     check("rotary_complex_pair", strided, k, freqs)
 
