@@ -456,26 +456,39 @@ template <> struct Wide<double> {
   static inline double store(double v) { return v; }
 };
 
-// Pairs of a unit-stride row times contiguous complex128 factors f (re, im interleaved): eager's complex multiply,
-// (a + bi)(c + di) = (ac - bd) + (ad + bc)i with every product and the sum/difference rounded in double. Real and
-// imaginary parts in separate loops (an interleaved mul/sub/add group is what gcc fuses into vfmaddsub even under
-// -ffp-contract=off), interleaved at the store.
+// The factors of one token's row of complex128 values f (re, im interleaved) in the form complex_row uses:
+// c = (re, re) and s = (-im, im) per pair.
+static void complex_factors(const double* __restrict f, double* __restrict c, double* __restrict s, i64 pairs) {
+  for (i64 j = 0; j < pairs; ++j) {
+    c[2 * j] = f[2 * j];
+    c[2 * j + 1] = f[2 * j];
+    s[2 * j] = -f[2 * j + 1];
+    s[2 * j + 1] = f[2 * j + 1];
+  }
+}
+
+// Pairs of a unit-stride row times complex factors: eager's complex multiply (a + bi)(c + di) = (ac - bd) +
+// (ad + bc)i with every product and the sum/difference rounded in double, computed as ac + b(-d) and bc + ad
+// (bit for bit the same: a product's rounding is symmetric and x - y is x + (-y)). So every lane does the same
+// mul, mul, add, and the vectoriser has no mul/sub/add group to fuse into vfmaddsub (which gcc 12 does even under
+// -ffp-contract=off). Widened in one unit-stride loop, narrowed in another.
 template <class Q, class QS = typename Wide<Q>::S>
-static void complex_row(QS* __restrict o, const QS* __restrict x, const double* __restrict f, i64 pairs) {
+static void complex_row(QS* __restrict o, const QS* __restrict x, const double* __restrict c,
+                        const double* __restrict s, i64 pairs) {
   using W = Wide<Q>;
-  double re[kBlock], im[kBlock], both[2 * kBlock];
+  double xd[2 * kBlock], yd[2 * kBlock];
   for (i64 p0 = 0; p0 < pairs; p0 += kBlock) {
     const i64 m = pairs - p0 < kBlock ? pairs - p0 : kBlock;
     const QS* xb = x + 2 * p0;
-    const double* fb = f + 2 * p0;
-    for (i64 j = 0; j < m; ++j) re[j] = W::load(xb[2 * j]) * fb[2 * j] - W::load(xb[2 * j + 1]) * fb[2 * j + 1];
-    for (i64 j = 0; j < m; ++j) im[j] = W::load(xb[2 * j]) * fb[2 * j + 1] + W::load(xb[2 * j + 1]) * fb[2 * j];
-    for (i64 j = 0; j < m; ++j) {  // interleaved in double, then narrowed in one unit-stride loop (it vectorises)
-      both[2 * j] = re[j];
-      both[2 * j + 1] = im[j];
+    const double* cb = c + 2 * p0;
+    const double* sb = s + 2 * p0;
+    for (i64 i = 0; i < 2 * m; ++i) xd[i] = W::load(xb[i]);
+    for (i64 j = 0; j < m; ++j) {
+      yd[2 * j] = xd[2 * j] * cb[2 * j] + xd[2 * j + 1] * sb[2 * j];
+      yd[2 * j + 1] = xd[2 * j + 1] * cb[2 * j + 1] + xd[2 * j] * sb[2 * j + 1];
     }
     QS* ob = o + 2 * p0;
-    for (i64 i = 0; i < 2 * m; ++i) ob[i] = W::store(both[i]);
+    for (i64 i = 0; i < 2 * m; ++i) ob[i] = W::store(yd[i]);
   }
 }
 
@@ -487,10 +500,18 @@ void rotary_complex(const QS* q, const QS* k, const double* f, QS* oq, QS* ok, c
   using W = Wide<Q>;
   const i64 pairs = size[3];
   const bool unit = st[3] == 1 && st[7] == 1 && st[11] == 2 && st[15] == 1 && st[19] == 1;
+  std::vector<double> factors(unit ? static_cast<size_t>(4 * pairs) : 0);
+  const double* factored = nullptr;  // the table row `factors` holds
   for_rows<5>(size, st, [&](const i64* off) {
     if (unit) {
-      complex_row<Q>(oq + off[3], q + off[0], f + off[2], pairs);
-      complex_row<Q>(ok + off[4], k + off[1], f + off[2], pairs);
+      double* c = factors.data();
+      double* s = c + 2 * pairs;
+      if (f + off[2] != factored) {
+        factored = f + off[2];
+        complex_factors(factored, c, s, pairs);
+      }
+      complex_row<Q>(oq + off[3], q + off[0], c, s, pairs);
+      complex_row<Q>(ok + off[4], k + off[1], c, s, pairs);
       return;
     }
     const QS* xs[2] = {q + off[0], k + off[1]};
