@@ -48,12 +48,26 @@ def _cases(scale: int):
         residual = rnd(1, tokens, hidden, dtype=dt)
         out.append((f"gated_residual {_n(dt)} [1,{tokens},{hidden}]", "gated_residual",
                     (residual, rows[..., 2 * hidden:3 * hidden], x)))
+        patches = rnd(1, hidden, tokens, dtype=dt).transpose(1, 2)  # block 0: the patch embedding's N-minor view
+        out.append((f"gated_residual {_n(dt)} transposed residual", "gated_residual",
+                    (patches, rows[..., 2 * hidden:3 * hidden], x)))
     side = 8
     conv = rnd(frames, 2 * glumb, side, side).contiguous(memory_format=torch.channels_last)
     out.append((f"silu bf16 [{frames},{2 * glumb},8,8] channels_last", "silu", (conv,)))
     out.append((f"glu_gate bf16 [{frames},{glumb},8,8] chunks", "glu_gate", tuple(conv.chunk(2, dim=1))))
     x, z = rnd(1, heads, head_dim, tokens, dtype=F32), rnd(1, heads, 1, tokens, dtype=F32)
     out.append((f"scale_to_tokens f32->bf16 [1,{heads},{head_dim},{tokens}]", "scale_to_tokens", (x, z, BF16)))
+    out.append((f"scale_to_tokens z bf16 [1,{heads},{head_dim},{tokens}]", "scale_to_tokens", (x, z.to(BF16), BF16)))
+    for qd in (BF16, F32):  # MiniMax-H3's head: D 128, rotary dim 96, float32 [S, R] tables
+        q, k = rnd(1, tokens, heads, 128, dtype=qd), rnd(1, tokens, heads, 128, dtype=qd)
+        cos, sin = rnd(tokens, 96, dtype=F32), rnd(tokens, 96, dtype=F32)
+        out.append((f"rotate_half_pair {_n(qd)} [1,{tokens},{heads},128] R 96", "rotate_half_pair", (q, k, cos, sin)))
+    for qd in (BF16, F32):  # SANA-Video 2.0: q, k chunks of a fused qkv projection, complex128 [N, D/2] table
+        qkv = rnd(1, tokens, 3 * hidden, dtype=qd)
+        q, k, _ = (t.unflatten(-1, (heads, head_dim)) for t in qkv.chunk(3, dim=-1))
+        freqs = torch.polar(torch.ones(tokens, head_dim // 2, dtype=torch.float64),
+                            torch.randn(tokens, head_dim // 2, generator=g, dtype=torch.float64))
+        out.append((f"rotary_complex_pair {_n(qd)} qkv chunks", "rotary_complex_pair", (q, k, freqs)))
     return out
 
 
@@ -64,7 +78,7 @@ def _n(dtype):
 def _bits_equal(a, b):
     a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
     for x, y in zip(a, b):
-        view = {2: torch.int16, 4: torch.int32}[x.element_size()]
+        view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
         if x.stride() != y.stride() or not torch.equal(x.isnan(), y.isnan()):
             return False
         keep = ~x.isnan()

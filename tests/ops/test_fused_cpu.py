@@ -406,15 +406,19 @@ def test_glu_gate_every_gate_value():
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("zdtype", [BF16, F16, F32])
 @pytest.mark.parametrize("tokens", [1, 17, 257])
-def test_scale_to_tokens(dtype, tokens):
+def test_scale_to_tokens(dtype, zdtype, tokens):
+    """z in float32 and, as SANA-Video computes it from bf16 q and k, in bf16 (and fp16): x * z promotes to
+    float32 with z widened exactly, then one rounding to dtype."""
     x = mixed((2, 3, 8, tokens), F32, 1)
-    z = mixed((2, 3, 1, tokens), F32, 2)
+    z = mixed((2, 3, 1, tokens), zdtype, 2)
     check("scale_to_tokens", x, z, dtype)
-    check("scale_to_tokens", tie_heavy((2, 3, 8, tokens), F32, 3), tie_heavy((2, 3, 1, tokens), F32, 4), dtype)
+    check("scale_to_tokens", tie_heavy((2, 3, 8, tokens), F32, 3), tie_heavy((2, 3, 1, tokens), zdtype, 4), dtype)
     tokens_minor = mixed((2, 3, tokens, 8), F32, 5).transpose(2, 3)  # a [B, H, N, D] tensor seen as [B, H, D, N]
     check("scale_to_tokens", tokens_minor, z, dtype)
-    check("scale_to_tokens", x, mixed((2, 1, 1, tokens), F32, 6), dtype)
+    check("scale_to_tokens", x, mixed((2, 1, 1, tokens), zdtype, 6), dtype)
+    check("scale_to_tokens", x, mixed((2, 3, 1, 2 * tokens), zdtype, 7)[..., ::2], dtype)  # a strided z
     out = cpu.scale_to_tokens(x, z, dtype)
     assert out.shape == (2, tokens, 24) and (tokens == 1 or out.stride()[1] == 1)  # N-minor, as eager
 
@@ -423,6 +427,7 @@ def test_scale_to_tokens(dtype, tokens):
 def test_scale_to_tokens_to_float32_is_not_fused():
     x, z = mixed((1, 2, 4, 5), F32, 1), mixed((1, 2, 1, 5), F32, 2)
     assert "nothing to fuse" in cpu.unsupported("scale_to_tokens", x, z, F32)
+    assert "bf16, fp16 or float32 z" in cpu.unsupported("scale_to_tokens", x, z.double(), BF16)
     with pytest.raises(ValueError, match="nothing to fuse"):
         cpu.scale_to_tokens(x, z, F32)
 
@@ -584,8 +589,9 @@ def test_concurrent_builds_share_one_cached_library(tmp_path):
 
 def test_every_reference_op_has_a_cpu_op_with_its_signature():
     import inspect
+    single = {"rotary_interleaved", "rotate_half", "rotary_complex"}  # one-tensor parts of the pair ops
     names = [n for n, f in vars(ref).items() if inspect.isfunction(f) and f.__module__ == ref.__name__
-             and n != "rotary_interleaved"]
+             and n not in single]
     assert sorted(cpu.OPS) == sorted(names)
     for name, fn in cpu.OPS.items():
         assert list(inspect.signature(fn).parameters) == list(inspect.signature(getattr(ref, name)).parameters)
@@ -594,3 +600,20 @@ def test_every_reference_op_has_a_cpu_op_with_its_signature():
 def test_source_ships_in_the_package():
     source = importlib.resources.files("accelpatch.ops.fused").joinpath(cpu_build.SOURCE_NAME)
     assert source.is_file() and "ffp-contract=off" in source.read_text(encoding="utf-8")
+
+
+@needs_kernels
+def test_prepared_signatures_keep_apart_what_the_kernels_cannot_take():
+    """A call's preparation is cached by signature: a lazily negated view, a meta tensor or a grad-requiring input
+    with the shape, strides and dtype of a prepared call are still declined, not run with the cached kernel."""
+    flat = mixed((8, 40), BF16, 1)
+    with torch.no_grad():
+        check("modulate", flat, flat, flat)
+        with pytest.raises(ValueError, match="negated"):
+            cpu.modulate(flat._neg_view(), flat, flat)
+        with pytest.raises(ValueError, match="CPU tensors"):
+            cpu.modulate(flat.to("meta"), flat, flat)
+    grad = flat.clone().requires_grad_()
+    cpu.modulate(flat, flat, flat)
+    with pytest.raises(ValueError, match="autograd"):
+        cpu.modulate(grad, flat, flat)

@@ -83,7 +83,7 @@ def _cached_plan(name: str, args: Sequence, make: Callable[[], object]):
 def _c_plan(plan):
     sizes, strides = plan
     flat = [s for per in strides for s in per]
-    return (ctypes.c_int64 * 4)(*sizes), (ctypes.c_int64 * len(flat))(*flat)
+    return (ctypes.c_int64 * len(sizes))(*sizes), (ctypes.c_int64 * len(flat))(*flat)
 
 
 def _p(t: Optional[torch.Tensor]):
@@ -92,12 +92,15 @@ def _p(t: Optional[torch.Tensor]):
 
 # ---- what each op accepts --------------------------------------------------------------------------------------
 
-def _common(args: Sequence) -> Optional[str]:
+def _common(args: Sequence, complex_ok: Sequence[bool] = ()) -> Optional[str]:
+    """Reasons shared by every op; ``complex_ok[i]`` allows a complex tensor as argument ``i``."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    for t in tensors:
+    allowed = [isinstance(a, torch.Tensor) and i < len(complex_ok) and complex_ok[i] for i, a in enumerate(args)]
+    allowed = [ok for ok, a in zip(allowed, args) if isinstance(a, torch.Tensor)]
+    for t, ok in zip(tensors, allowed):
         if t.device.type != "cpu":
             return f"the CPU kernels take CPU tensors, not {t.device}"
-        if t.is_complex() or t.layout != torch.strided or t.is_quantized:
+        if (t.is_complex() and not ok) or t.layout != torch.strided or t.is_quantized:
             return f"the CPU kernels take dense real tensors, not {t.dtype} / {t.layout}"
         if t.is_neg() or t.is_conj():
             return "the CPU kernels read storage as it is: a lazily negated or conjugated view is not"
@@ -111,32 +114,45 @@ _SELF_CHECK: list = []
 
 
 def _self_check(library) -> Optional[str]:
-    """A known-answer run of the float32 RoPE and modulate kernels against their references, once per process: a
-    compiler that contracts multiply-adds despite -ffp-contract=off (gcc's vectoriser does it for interleaved
-    mul/sub/add groups) changes a few per cent of these outputs, and the library is then refused with a reason
-    rather than left to fail every first-sight check."""
+    """A known-answer run of the float32 RoPE, modulate and rotate-half kernels and the float64/float32 complex RoPE
+    against their references, once per process: a compiler that contracts multiply-adds despite -ffp-contract=off
+    (gcc's vectoriser does it for interleaved mul/sub/add groups) changes a few per cent of these outputs, and the
+    library is then refused with a reason rather than left to fail every first-sight check."""
     if _SELF_CHECK:
         return _SELF_CHECK[0]
     g = torch.Generator().manual_seed(0)
     q, cos, sin = (torch.randn(shape, generator=g) for shape in ((1, 64, 2, 32), (1, 64, 1, 32), (1, 64, 1, 32)))
-    rope_args = (q, q.flip(1), cos, sin)
     x, scale, shift = (torch.randn(8, 512, generator=g) for _ in range(3))
-    mod_args = (x, scale, shift)
+    half_cos, half_sin = torch.randn(64, 24, generator=g), torch.randn(64, 24, generator=g)
+    freqs = torch.randn(64, 16, 2, generator=g, dtype=torch.float64)
+    freqs = torch.view_as_complex(freqs)
+    runs = [  # (kernel, reference, args, plan, argument order: "io" inputs first or "oi" output first)
+        ("ap_relu_rope_f32_f32", ref.relu_rope_pair, (q, q.flip(1), cos, sin), _rope_plan, "io+"),
+        ("ap_modulate_f32", ref.modulate, (x, scale, shift),
+         lambda a: _plan_for("modulate", ref.modulate, a), "oi"),
+        ("ap_rotate_half_f32_f32", ref.rotate_half_pair, (q, q.flip(1), half_cos, half_sin), _rotate_half_plan, "io"),
+        ("ap_rotary_complex_f64", ref.rotary_complex_pair, (q.double(), q.flip(1).double(), freqs), _complex_plan,
+         "io"),
+        ("ap_rotary_complex_f32", ref.rotary_complex_pair, (q, q.flip(1), freqs), _complex_plan, "io"),
+    ]
     differ = 0
     with torch.no_grad():
-        outs = tuple(torch.empty_strided(shape, strides, dtype=dtype)
-                     for shape, strides, dtype in eager_layouts(ref.relu_rope_pair, rope_args))
-        size, strides = _c_plan(_rope_plan(rope_args))
-        library.ap_relu_rope_f32_f32(*(_p(t) for t in rope_args), *(_p(t) for t in outs), _p(None), size, strides)
-        differ += sum(int((a != e).sum()) for a, e in zip(outs, ref.relu_rope_pair(*rope_args)))
-        out = torch.empty_like(x)
-        size, strides = _c_plan(_plan_for("modulate", ref.modulate, mod_args))
-        library.ap_modulate_f32(_p(out), *(_p(t) for t in mod_args), size, strides)
-        differ += int((out != ref.modulate(*mod_args)).sum())
+        for name, reference, args, plan, order in runs:
+            outs = tuple(torch.empty_strided(shape, strides, dtype=dtype)
+                         for shape, strides, dtype in eager_layouts(reference, args))
+            size, strides = _c_plan(plan(args))
+            pointers = [_p(t) for t in args]
+            pointers = [*pointers, *map(_p, outs)] if order.startswith("io") else [*map(_p, outs), *pointers]
+            if order.endswith("+"):
+                pointers.append(_p(None))  # relu_rope's table: none for float32
+            getattr(library, name)(*pointers, size, strides)
+            expected = reference(*args)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            differ += sum(int((a != e).sum()) for a, e in zip(outs, expected))
     reason = None
     if differ:
-        reason = (f"the compiled CPU kernels differ from eager in {differ} elements of a known-answer float32 check "
-                  "(a compiler that contracts multiply-adds?); they are not used")
+        reason = (f"the compiled CPU kernels differ from eager in {differ} elements of a known-answer float32/float64 "
+                  "check (a compiler that contracts multiply-adds?); they are not used")
     _SELF_CHECK.append(reason)
     return _SELF_CHECK[0]
 
@@ -238,15 +254,69 @@ def _why_scale(x, z, dtype) -> Optional[str]:
         return "scale_to_tokens to float32 has nothing to fuse (the product is the output)"
     if dtype not in (torch.bfloat16, torch.float16):
         return f"scale_to_tokens casts to bf16 or fp16, not {dtype}"
-    if x.dtype != torch.float32 or z.dtype != torch.float32 or x.dim() != 4:
-        return ("scale_to_tokens takes a float32 [B, H, D, N] x and float32 z, "
+    if x.dtype != torch.float32 or z.dtype not in _ELEMENTWISE_DTYPES or x.dim() != 4:
+        return ("scale_to_tokens takes a float32 [B, H, D, N] x and a bf16, fp16 or float32 z, "
                 f"not {x.dtype} {tuple(x.shape)} / {z.dtype}")
     if _scale_plan(x, z, dtype) is None:
         return "scale_to_tokens: this layout of x and z does not reduce to 4 strided dims"
     return None
 
 
+def _why_rotate_half(query, key, cos, sin) -> Optional[str]:
+    if query.dtype not in _ELEMENTWISE_DTYPES or key.dtype != query.dtype:
+        return ("rotate_half_pair takes bf16, fp16 or float32 query and key of one dtype, "
+                f"not {query.dtype}/{key.dtype}")
+    if cos.dtype not in (torch.float32, torch.bfloat16) or sin.dtype != cos.dtype:
+        return f"rotate_half_pair takes float32 or bf16 tables of one dtype, not {cos.dtype}/{sin.dtype}"
+    if query.dim() != 4 or tuple(key.shape) != tuple(query.shape):
+        return ("rotate_half_pair takes [B, S, H, D] query and key of one shape, "
+                f"not {tuple(query.shape)}/{tuple(key.shape)}")
+    if cos.dim() != 2 or tuple(sin.shape) != tuple(cos.shape):
+        return f"rotate_half_pair takes [S, R] tables of one shape, not {tuple(cos.shape)}/{tuple(sin.shape)}"
+    rows, rotary = cos.shape
+    if rotary == 0 or rotary % 2 or rotary > query.shape[-1]:
+        return f"rotate_half_pair needs an even rotary dim R with 0 < R <= D = {query.shape[-1]}, not {rotary}"
+    if rows not in (1, query.shape[1]):
+        return f"tables of {rows} rows do not broadcast to {query.shape[1]} positions"
+    if not _unit_inner_outputs(ref.rotate_half_pair, (query, key, cos, sin)):
+        return "rotate_half_pair: eager's outputs are not unit-stride along the head dim here"
+    return None
+
+
+def _why_complex(query, key, freqs) -> Optional[str]:
+    if query.dtype == torch.float64:
+        return ("rotary_complex_pair does not take float64 query and key: eager's float64 product gives other bits "
+                "in its scalar loop (vector tails, strided tables) than in its vector loop (measured), so no single "
+                "kernel reproduces it")
+    if query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype:
+        return ("rotary_complex_pair takes bf16 or float32 query and key of one dtype, "
+                f"not {query.dtype}/{key.dtype}")
+    if freqs.dtype != torch.complex128:
+        return f"rotary_complex_pair takes a complex128 table, not {freqs.dtype}"
+    if freqs.is_conj():
+        return "rotary_complex_pair reads the table's storage as it is: a lazily conjugated view is not"
+    if query.dim() != 4 or tuple(key.shape) != tuple(query.shape) or query.shape[-1] % 2:
+        return ("rotary_complex_pair takes [B, N, H, D] query and key of one shape with an even D, "
+                f"not {tuple(query.shape)}/{tuple(key.shape)}")
+    if freqs.dim() != 2:
+        return f"rotary_complex_pair takes a [N, D/2] table, not {tuple(freqs.shape)}"
+    try:
+        freqs[None, :, None, :].expand(*query.shape[:-1], query.shape[-1] // 2)
+    except RuntimeError:
+        return f"a table of shape {tuple(freqs.shape)} does not broadcast to {tuple(query.shape[:-1])} pairs"
+    eager_layouts(ref.rotary_complex_pair, (query, key, freqs))  # raises where eager raises (a float64 x strided
+    return None                                                    # along D cannot be viewed as complex)
+
+
+def _unit_inner_outputs(reference: Callable, args) -> bool:
+    return all(strides[-1] == 1 or shape[-1] == 1 for shape, strides, _ in eager_layouts(reference, args))
+
+
+_COMPLEX_OK = {"rotary_complex_pair": (False, False, True)}
+
 _WHY = {
+    "rotate_half_pair": lambda *a: _why_rotate_half(*a),
+    "rotary_complex_pair": lambda *a: _why_complex(*a),
     "relu_rope_pair": lambda *a: _why_rope(*a),
     "modulate": lambda *a: _why_elementwise("modulate", ref.modulate, a, _ELEMENTWISE_DTYPES),
     "gated_residual": lambda *a: _why_elementwise("gated_residual", ref.gated_residual, a, _ELEMENTWISE_DTYPES),
@@ -261,7 +331,7 @@ def unsupported(op_name: str, *args) -> Optional[str]:
     The library is built here on first use."""
     if op_name not in _WHY:
         return f"no CPU kernel for {op_name!r}"
-    reason = _common(args)
+    reason = _common(args, _COMPLEX_OK.get(op_name, ()))
     if reason:
         return reason
     try:
@@ -271,29 +341,46 @@ def unsupported(op_name: str, *args) -> Optional[str]:
 
 
 class _Prepared:
-    """Everything a call of one op needs for one signature: the kernel, eager's output layouts, the plan as ctypes
-    arrays and the lookup table (or None)."""
+    """Everything a call of one op needs for one signature: the kernel as a ctypes function of pointer arguments
+    (so plain ``int`` addresses go straight through), eager's output layouts, whether they hold any element, the
+    addresses of the plan's ctypes arrays (kept alive here) and of the lookup table (0 for none)."""
 
-    __slots__ = ("kernel", "layouts", "size", "strides", "table")
+    __slots__ = ("kernel", "layouts", "nonempty", "size", "strides", "table", "_keep")
 
     def __init__(self, kernel, layouts, plan, table):
-        self.kernel, self.layouts, self.table = kernel, layouts, table
-        self.size, self.strides = _c_plan(plan) if plan is not None else (None, None)
+        self.kernel, self.layouts = kernel, layouts
+        self.nonempty = all(0 not in shape for shape, _, _ in layouts)
+        self.table = table.data_ptr() if table is not None else 0
+        arrays = _c_plan(plan) if plan is not None else (None, None)
+        self._keep = (arrays, table)
+        self.size, self.strides = (ctypes.addressof(a) if a is not None else 0 for a in arrays)
 
 
 _PREPARED: dict[tuple, _Prepared] = {}
 
 
-def _signature(op_name: str, args) -> tuple:
+def _signature(op_name: str, args) -> Optional[tuple]:
+    """What a call's preparation depends on; None for a tensor without strides (never prepared). Only CPU
+    signatures are ever prepared, so ``is_cpu`` stands for the device."""
     grad = torch.is_grad_enabled()
-    return (op_name, grad) + tuple(
-        (a.device.type, a.dtype, tuple(a.shape), a.stride(), grad and a.requires_grad, a.layout, a.is_neg())
-        if isinstance(a, torch.Tensor) else a for a in args)
+    try:
+        return (op_name, grad) + tuple(
+            (a.dtype, a.shape, a.stride(), a.is_cpu, grad and a.requires_grad, a.is_neg(), a.is_conj())
+            if isinstance(a, torch.Tensor) else a for a in args)
+    except RuntimeError:
+        return None
 
 
-def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
-              table: Optional[str] = None) -> _Prepared:
-    """The cached preparation of this call's signature; raises ValueError with the reason when unsupported."""
+def _typed(library, name: str, nargs: int):
+    """``library``'s function ``name`` as a ctypes function of ``nargs`` pointer arguments returning nothing."""
+    address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nargs))(address)
+
+
+def _prepare(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
+             nargs: int, table: Optional[str] = None) -> _Prepared:
+    """Prepares (and caches) a signature not seen before; raises ValueError with the reason when unsupported. The
+    ops look their signature up in ``_PREPARED`` themselves first (the path of every later call)."""
     key = _signature(op_name, args)
     known = _PREPARED.get(key)
     if known is not None:
@@ -302,14 +389,21 @@ def _prepared(op_name: str, args, reference: Callable, kernel_name: Callable[[],
     if reason:
         raise ValueError(reason)
     library, _ = cpu_build.load()
-    made = _Prepared(getattr(library, kernel_name()), eager_layouts(reference, args), plan(),
+    made = _Prepared(_typed(library, kernel_name(), nargs), eager_layouts(reference, args), plan(),
                      _wide_table(table) if table else None)
+    if key is None:
+        return made
     with _PLANS_LOCK:
         return _PREPARED.setdefault(key, made)
 
 
 def _outputs(prep: _Prepared) -> tuple[torch.Tensor, ...]:
     return tuple(torch.empty_strided(shape, strides, dtype=dtype) for shape, strides, dtype in prep.layouts)
+
+
+def _output(prep: _Prepared) -> torch.Tensor:
+    (shape, strides, dtype), = prep.layouts
+    return torch.empty_strided(shape, strides, dtype=dtype)
 
 
 # ---- plans -----------------------------------------------------------------------------------------------------
@@ -352,62 +446,135 @@ def _rope_plan(args):
     return _cached_plan("relu_rope_pair", args, make)
 
 
+def _rotate_half_plan(args):
+    """size (B, S, H, D, R, table rows), strides of query, key (4 each), cos, sin (2 each; 0 for one row), outputs."""
+    query, key, cos, sin = args
+
+    def make():
+        layouts = eager_layouts(ref.rotate_half_pair, args)
+        rows, rotary = cos.shape
+        tables = [[0 if rows == 1 else t.stride(0), t.stride(1)] for t in (cos, sin)]
+        strides = [list(query.stride()), list(key.stride())] + tables + [list(lay[1]) for lay in layouts]
+        return [*query.shape, rotary, rows], strides
+    return _cached_plan("rotate_half_pair", args, make)
+
+
+def _complex_plan(args):
+    """The rope-style plan (outer dims in the outputs' memory order, D/2 pairs) with the complex table's strides in
+    doubles (its last one per pair, the imaginary part at +1)."""
+    query, key, freqs = args
+
+    def make():
+        layouts = eager_layouts(ref.rotary_complex_pair, args)
+        table = freqs[None, :, None, :].expand(*query.shape[:-1], query.shape[-1] // 2)
+        tensors = [query.stride(), key.stride(), tuple(2 * s for s in table.stride())] + [lay[1] for lay in layouts]
+        out_strides = layouts[0][1]
+        order = sorted(range(3), key=lambda d: -out_strides[d])
+        sizes = [query.shape[d] for d in order] + [query.shape[3] // 2]
+        return sizes, [[st[d] for d in order] + [st[3]] for st in tensors]
+    return _cached_plan("rotary_complex_pair", args, make)
+
+
 # ---- the ops ---------------------------------------------------------------------------------------------------
 
 def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """:func:`.reference.relu_rope_pair` in one pass over query and key, sharing each table load."""
     args = (query, key, freqs_cos, freqs_sin)
-    prep = _prepared("relu_rope_pair", args, ref.relu_rope_pair,
-                     lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
-                     lambda: _rope_plan(args))
+    prep = _PREPARED.get(_signature("relu_rope_pair", args)) or _prepare(
+        "relu_rope_pair", args, ref.relu_rope_pair,
+        lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}", lambda: _rope_plan(args), 11)
     outs = _outputs(prep)
-    if query.numel():
+    if prep.nonempty:
         table = _relu_table_arg(query)
-        prep.kernel(*(_p(t) for t in args), *(_p(t) for t in outs), _p(table), prep.size, prep.strides)
+        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs),
+                    table.data_ptr() if table is not None else 0, prep.size, prep.strides)
     return outs
 
 
-def _elementwise(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> torch.Tensor:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    prep = _prepared(op, args, reference, lambda: kernel + _NAMES[tensors[0].dtype],
-                     lambda: _plan_for(op, reference, args), table)
-    out, = _outputs(prep)
-    if out.numel():
-        extra = (_p(prep.table),) if table else ()
-        prep.kernel(_p(out), *(_p(t) for t in tensors), *extra, prep.size, prep.strides)
-    return out
+def _elementwise_prep(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> _Prepared:
+    return _PREPARED.get(_signature(op, args)) or _prepare(
+        op, args, reference, lambda: kernel + _NAMES[args[0].dtype], lambda: _plan_for(op, reference, args),
+        len(args) + 3 + bool(table), table)
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.modulate`: ``x * (1 + scale) + shift`` in one pass, rounded after each op."""
-    return _elementwise("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
+    prep = _elementwise_prep("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), scale.data_ptr(), shift.data_ptr(), prep.size, prep.strides)
+    return out
 
 
 def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.gated_residual`: ``residual + gate * x`` in one pass, the product rounded."""
-    return _elementwise("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
+    prep = _elementwise_prep("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), residual.data_ptr(), gate.data_ptr(), x.data_ptr(), prep.size, prep.strides)
+    return out
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.silu` of bf16 by eager's own table."""
-    return _elementwise("silu", ref.silu, (x,), "ap_table_", "silu")
+    prep = _elementwise_prep("silu", ref.silu, (x,), "ap_table_", "silu")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), prep.table, prep.size, prep.strides)
+    return out
 
 
 def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.glu_gate` of bf16: ``x * silu(gate)``, the SiLU from eager's table, in one pass."""
-    return _elementwise("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
+    prep = _elementwise_prep("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), gate.data_ptr(), prep.table, prep.size, prep.strides)
+    return out
 
 
 def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`.reference.scale_to_tokens`: ``x * z`` rounded once to ``dtype``, written straight into eager's
-    N-minor ``[B, N, H*D]`` layout."""
+    """:func:`.reference.scale_to_tokens`: ``x * z`` (z widened exactly to float32, as eager promotes) rounded
+    once to ``dtype``, written straight into eager's N-minor ``[B, N, H*D]`` layout."""
     args = (x, z, dtype)
-    prep = _prepared("scale_to_tokens", args, ref.scale_to_tokens, lambda: f"ap_scale_to_{_NAMES[dtype]}",
-                     lambda: _scale_plan(x, z, dtype))
-    out, = _outputs(prep)
-    if out.numel():
-        prep.kernel(_p(out), _p(x), _p(z), prep.size, prep.strides)
+    prep = _PREPARED.get(_signature("scale_to_tokens", args)) or _prepare(
+        "scale_to_tokens", args, ref.scale_to_tokens, lambda: f"ap_scale_to_{_NAMES[dtype]}_{_NAMES[z.dtype]}",
+        lambda: _scale_plan(x, z, dtype), 5)
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), z.data_ptr(), prep.size, prep.strides)
     return out
+
+
+def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """:func:`.reference.rotate_half_pair` in one pass over query and key: the tables rounded to the queries'
+    dtype once per call, each product and the sum rounded as eager's ops do, channels past R copied."""
+    args = (query, key, cos, sin)
+    prep = _PREPARED.get(_signature("rotate_half_pair", args)) or _prepare(
+        "rotate_half_pair", args, ref.rotate_half_pair,
+        lambda: f"ap_rotate_half_{_NAMES[query.dtype]}_{_NAMES[cos.dtype]}", lambda: _rotate_half_plan(args), 8)
+    outs = _outputs(prep)
+    if prep.nonempty:
+        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
+    return outs
+
+
+def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
+    """:func:`.reference.rotary_complex_pair` of bf16 or float32 query and key in one pass (any strides): the
+    complex128 product as eager's vector loop computes it (four double products, the difference and the sum each
+    rounded), then double -> float (-> bf16) as ``type_as`` converts. Eager's scalar loop (vector tails, strided
+    tables) differs from its vector loop by a double ulp (a contracted multiply-add, it seems), which the rounding
+    to float hides unless the exact result lies within that ulp of a float rounding boundary (the first-sight check
+    is the guard there)."""
+    args = (query, key, freqs)
+    prep = _PREPARED.get(_signature("rotary_complex_pair", args)) or _prepare(
+        "rotary_complex_pair", args, ref.rotary_complex_pair,
+        lambda: f"ap_rotary_complex_{_NAMES[query.dtype]}", lambda: _complex_plan(args), 7)
+    outs = _outputs(prep)
+    if prep.nonempty:
+        prep.kernel(query.data_ptr(), key.data_ptr(), freqs.data_ptr(), *(t.data_ptr() for t in outs),
+                    prep.size, prep.strides)
+    return outs
 
 
 #: The ops by name (the names :func:`unsupported` takes, the same as the reference functions').
@@ -418,4 +585,6 @@ OPS: dict[str, Callable] = {
     "silu": silu,
     "glu_gate": glu_gate,
     "scale_to_tokens": scale_to_tokens,
+    "rotate_half_pair": rotate_half_pair,
+    "rotary_complex_pair": rotary_complex_pair,
 }
