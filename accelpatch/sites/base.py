@@ -294,26 +294,13 @@ def _gated_forward(self, *args, **kwargs):
 
 # A bound method pickles as getattr(module, __name__): name it after the attribute it lives under.
 _gated_forward.__name__ = "forward"
+_gated_forward._accelpatch_gated = True
 
 
 def is_gated_forward(function: Any, module: torch.nn.Module) -> bool:
     """True when ``function`` is the gated forward bound to ``module`` (as a hook that captured it holds it)."""
     return (getattr(getattr(function, "__func__", None), "_accelpatch_gated", False)
             and getattr(function, "__self__", None) is module)
-
-
-def _forward_for(original: type) -> Callable:
-    """The gated forward of one gated class: :func:`_gated_forward` under the original forward's signature, so code
-    that reads parameters by name from ``inspect.signature(cls.forward)`` (diffusers' block registry for its cache
-    hooks) finds them."""
-    def forward(self, *args, **kwargs):
-        return _gated_forward(self, *args, **kwargs)
-
-    forward.__qualname__ = f"Gated{original.__qualname__}.forward"
-    forward.__doc__ = original.forward.__doc__
-    forward.__wrapped__ = original.forward  # inspect.signature follows it
-    forward._accelpatch_gated = True
-    return forward
 
 
 def _new_gated(original: type, fusion_names, defined_in=None):
@@ -373,7 +360,7 @@ def gated_class(original: type, fusions) -> type:
             namespace = {
                 "__module__": original.__module__,
                 "__doc__": f"{original.__name__} gated by accelpatch's {kinds}.",
-                "forward": _forward_for(original),
+                "forward": _gated_forward,
                 "_accelpatch_original_class": original,
                 "_accelpatch_fusion_names": key[1],
                 "__reduce_ex__": _gated_reduce_ex,
