@@ -81,10 +81,11 @@ def denormals_flushed() -> bool:
 
 def signature(args: tuple) -> tuple:
     """Everything that can change the eager dispatch or the fused variant: device (and capability; on CPU whether
-    subnormals are flushed), and per argument its dtype, shape, strides and alignment (tensors) or its value."""
+    subnormals are flushed and the thread count), and per argument its dtype, shape, strides and alignment (tensors)
+    or its value."""
     device = next((_device_key(a) for a in args if isinstance(a, torch.Tensor)), ("none",))
-    if device[0] == "cpu":
-        device = ("cpu", denormals_flushed())
+    if device[0] == "cpu":  # eager's CPU results can depend on both (subnormals; where threads split the work)
+        device = ("cpu", denormals_flushed(), torch.get_num_threads())
     return (device,) + tuple(_tensor_key(a) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
 
 

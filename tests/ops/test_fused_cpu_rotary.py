@@ -124,8 +124,12 @@ COMPLEX_DTYPES = [BF16, F32]  # float64 is declined: see test_eager_float64_comp
 @pytest.mark.parametrize("tokens", [1, 17, 257])
 @pytest.mark.parametrize("head_dim", [10, 16, 112])
 def test_rotary_complex_pair(dtype, tokens, head_dim):
-    """Pair counts 5 (a vector tail in eager), 8 and 56 (SANA-Video 2.0's 112-wide heads); tables with specials."""
+    """Pair counts 5 (a vector tail in eager: declined, its scalar loop contracts the product), 8 and 56
+    (SANA-Video 2.0's 112-wide heads); tables with specials."""
     q, k = _qk((2, tokens, 3, head_dim), dtype, 1)
+    if head_dim // 2 % 8:
+        assert "scalar loop" in cpu.unsupported("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 3))
+        return
     check("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 3))
     check("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 4, specials=True))
     q, k = _qk((1, tokens, 2, head_dim), dtype, 5, ties=True)
@@ -144,10 +148,23 @@ def test_rotary_complex_pair_layouts(dtype):
     heads_first = mixed((2, 4, 17, 16), dtype, 12).transpose(1, 2)
     check("rotary_complex_pair", heads_first, q, freqs)
     check("rotary_complex_pair", heads_first, heads_first, freqs[:1])
-    check("rotary_complex_pair", q, k, _freqs(8, 17, 13).t())
-    check("rotary_complex_pair", q, k, freqs[:, :1])  # one factor for every pair of a token
-    strided = mixed((2, 17, 4, 32), dtype, 14)[..., ::2]
-    check("rotary_complex_pair", strided, k, freqs)
+    # where eager would take its scalar loop (strided table or pairs), declined: it contracts the product there
+    check("rotary_complex_pair", q, k, freqs[:, :1])  # one factor for every pair of a token (broadcast: vector loop)
+    for args in ((q, k, _freqs(8, 17, 13).t()), (mixed((2, 17, 4, 32), dtype, 14)[..., ::2], k, freqs)):
+        assert "scalar loop" in cpu.unsupported("rotary_complex_pair", *args)
+
+
+@needs_kernels
+def test_rotary_complex_pair_runs_with_one_thread_only():
+    q, k = _qk((1, 17, 2, 16), BF16, 1)
+    freqs = _freqs(17, 8, 3)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert "one CPU thread" in cpu.unsupported("rotary_complex_pair", q, k, freqs)
+    finally:
+        torch.set_num_threads(previous)
+    check("rotary_complex_pair", q, k, freqs)
 
 
 @needs_kernels
@@ -161,8 +178,8 @@ def test_rotary_complex_pair_every_bf16_value():
 def test_rotary_complex_pair_double_rounding_through_float():
     """1 * (1 + 2^-8 + 2^-40) is 1 + 2^-8 in float, a tie that goes to 1.0 in bf16 (a direct double -> bf16
     rounding would give 1.0078125); eager rounds through float, and so does the kernel."""
-    q = torch.ones(1, 1, 1, 2, dtype=BF16)
-    freqs = torch.tensor([[complex(1 + 2.0 ** -8 + 2.0 ** -40, 0.0)]], dtype=torch.complex128)
+    q = torch.ones(1, 1, 1, 16, dtype=BF16)  # 8 pairs: a row eager runs through its vector loop
+    freqs = torch.full((1, 8), complex(1 + 2.0 ** -8 + 2.0 ** -40, 0.0), dtype=torch.complex128)
     assert cpu.rotary_complex_pair(q, q, freqs)[0][0, 0, 0, 0].item() == 1.0
     check("rotary_complex_pair", q, q, freqs)
 

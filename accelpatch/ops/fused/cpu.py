@@ -300,6 +300,17 @@ def _why_complex(query, key, freqs) -> Optional[str]:
                 f"not {tuple(query.shape)}/{tuple(key.shape)}")
     if freqs.dim() != 2:
         return f"rotary_complex_pair takes a [N, D/2] table, not {tuple(freqs.shape)}"
+    # Eager's complex multiply rounds each product in its vector loop but contracts them (an FMA) in its scalar
+    # loop, which runs on row tails, strided rows, and partial rows where several threads split the work; the
+    # difference reaches a float32 result rarely (one double ulp), so a first-sight check would seldom see it.
+    # Take only what runs the vector loop everywhere.
+    if torch.get_num_threads() != 1:
+        return (f"rotary_complex_pair runs with one CPU thread only: with {torch.get_num_threads()} threads eager "
+                "splits rows, and its scalar loop rounds the complex product differently (an FMA)")
+    if query.shape[-1] // 2 % 8 or query.stride(-1) != 1 or key.stride(-1) != 1 or freqs.stride(-1) != 1:
+        return ("rotary_complex_pair takes unit-stride pairs in rows of a multiple of 8 (eager's vector loop; its "
+                f"scalar loop rounds the complex product differently), not D={query.shape[-1]} with strides "
+                f"{query.stride()}/{freqs.stride()}")
     try:
         freqs[None, :, None, :].expand(*query.shape[:-1], query.shape[-1] // 2)
     except RuntimeError:
