@@ -33,7 +33,7 @@ def _sana_video2(dtype, batch, mask, odd):
 
 def _minimax_h3(dtype, batch, mask, odd):
     model = t.tiny_minimax_h3_transformer(dtype=dtype)
-    shape = dict(num_text=1, num_audio=3, video_frames=2, height=2, width=6) if odd else {}
+    shape = dict(num_text=1, num_audio=4, video_frames=2, height=2, width=6) if odd else {}
     return model, t.minimax_h3_transformer_inputs(model, **shape)
 
 
