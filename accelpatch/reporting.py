@@ -62,7 +62,7 @@ class FusionReport:
         text = (f"{self.op} on {self.sites} site(s): {self.fused_calls} fused{refs}; signatures (this process) verified "
                 f"{len(self.verified)}, declined {len(self.declined)}")
         if self.saved_s is not None:
-            text += f"; saved ≈ {self.saved_s * 1e3:.1f} ms"
+            text += f"; {_saved(self.saved_s)}"
         return text
 
 
@@ -119,8 +119,7 @@ class ModelReport(_Tally):
         saved = [f.saved_s for f in self.fusions if f.saved_s is not None]
         head = (f"lossless fusions (bit-exact; each input signature checked against the eager chain on first sight, "
                 f"{check * 1e3:.1f} ms of checks in this process")
-        head += f"; saved ≈ {sum(saved) * 1e3:.1f} ms in the calls counted here, by first-sight timings):" if saved \
-            else "):"
+        head += f"; {_saved(sum(saved))} in the calls counted here, by first-sight timings):" if saved else "):"
         lines = [head]
         for f in self.fusions:
             lines.append("  " + f.line())
@@ -199,6 +198,11 @@ class ModelReport(_Tally):
         warning = (f" — {unknown} call(s) had no known step, so the step-based policy (dense_steps) could not apply"
                    if unknown else "")
         return f"step clock: {counts}{warning}"
+
+
+def _saved(seconds: float) -> str:
+    """An estimate of the time the fused ops saved (or cost, when the fused op was the slower one)."""
+    return f"saved ≈ {seconds * 1e3:.1f} ms" if seconds >= 0 else f"cost ≈ {-seconds * 1e3:.1f} ms more"
 
 
 #: how the patcher words a site rejected because another site of its model was (see patcher._mount)
