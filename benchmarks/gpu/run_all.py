@@ -62,7 +62,7 @@ DEFAULT_TIME_LIMIT_S = 440.0
 SECTIONS = (
     Section("lossless_bit_identity", 45, lossless_bit_identity,
             "default tier / quality('lossless') bit-identical to unpatched, per model"),
-    Section("lossless_speed", 50, lossless_speed,
+    Section("lossless_speed", 60, lossless_speed,
             "default tier (bit-exact fused kernels) vs unpatched at release layer shapes, SHA-256 equal"),
     Section("sana_video_linear_attention", 45, sana_video_linear_attention,
             "SANA-Video linear-attention site at 480p: exact (FP32 GEMMs) vs high (BF16-operand GEMM)"),
@@ -70,7 +70,7 @@ SECTIONS = (
             "SANA-Video 2.0 anchor at 720p: FP32 vs BF16 anchors vs Sol-Attn over tau"),
     Section("sana_video2_step", 70, sana_video2_step,
             "one 5B SANA-Video 2.0 step at 480p: exact vs the high settings"),
-    Section("sol_attn_vs_flash", 75, sol_attn_vs_flash,
+    Section("sol_attn_vs_flash", 65, sol_attn_vs_flash,
             "Sol-Attn Triton kernel vs SDPA flash at MiniMax-H3 / SANA-Video 2.0 shapes over tau"),
     Section("minimax_h3_layers", 75, minimax_h3_layers,
             "6 release-shaped MiniMax-H3 layers: dense vs backend='sol_attn' over tau"),
