@@ -1,6 +1,7 @@
 """diffusers' context parallelism with the fast paths: under Ulysses each rank attends over the whole sequence for a
 share of the heads, so Sol-Attn runs per rank unchanged (once, every call declined with "context parallelism is
-configured"). Two real processes with the gloo backend on CPU."""
+configured"), and the lossless fused sites run on every rank alike. Two real processes with the gloo backend on
+CPU."""
 import subprocess
 import sys
 import textwrap
@@ -41,6 +42,8 @@ SCRIPT = textwrap.dedent("""
         report = accelpatch.report(model)
         out["fast_calls"] = report.fast_calls
         out["fallbacks"] = report.fallback_calls
+        out["sites"] = {(s.path, s.kind): (s.fast_calls, s.reference_calls) for s in report.sites}
+        out["fusions"] = {f.op: (f.fused_calls, f.reference_calls, len(f.declined)) for f in report.models[0].fusions}
         out["exact_fraction"] = [s.stats.get("exact_fraction") for s in report.sites if s.kind == "sol_attn"]
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
@@ -48,6 +51,18 @@ SCRIPT = textwrap.dedent("""
     if __name__ == "__main__":
         mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
 """)
+
+
+EXACT_NO_HIGH, LOSSLESS_NO_HIGH = "tier exact does not admit high", "tier lossless does not admit high"
+EXACT_NO_LOSSLESS = "tier exact does not admit lossless"
+#: the lossless sites after one exact, one lossless and one high call of the fp32 model (each rank alike): the blocks
+#: run fused under lossless and high, the attention under lossless only (Sol-Attn takes the high call), the SwiGLU
+#: gate (a bf16 table) keeps the reference on fp32
+LOSSLESS_SITES = {key: counts for n in (0, 1) for key, counts in (
+    ((f"transformer_blocks.{n}", "minimax_h3_fused_block"), (2, {EXACT_NO_LOSSLESS: 1})),
+    ((f"transformer_blocks.{n}.attn", "minimax_h3_fused_attention"), (1, {EXACT_NO_LOSSLESS: 1})),
+    ((f"transformer_blocks.{n}.ff.net.0", "fused_swiglu"),
+     (0, {EXACT_NO_LOSSLESS: 1, "activations are torch.float32: the fused SiLU tables are bfloat16": 2})))}
 
 
 def _free_port() -> int:
@@ -74,11 +89,22 @@ def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
     accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
     with torch.no_grad():
         one_process = model(**inputs).sample
+    assert ranks[0]["sites"] == ranks[1]["sites"] and ranks[0]["fusions"] == ranks[1]["fusions"]  # one path
     for out in ranks:
         assert torch.equal(out["exact"], out["unpatched"]) and torch.equal(out["lossless"], out["unpatched"])
         torch.testing.assert_close(out["high"], one_process, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(out["high"], out["unpatched"], atol=1e-4, rtol=1e-4)  # really sparse
-        assert out["fast_calls"] == 2 and out["fallbacks"] == {}  # both layers, on this rank
+        assert out["fallbacks"] == {}
+        sites = out["sites"]
+        assert [sites[(f"transformer_blocks.{n}.attn", "sol_attn")][0] for n in (0, 1)] == [1, 1]  # on this rank
+        assert {key: counts for key, counts in sites.items() if key[1] != "sol_attn_refiner"} == {
+            **{(f"transformer_blocks.{n}.attn", "sol_attn"): (1, {EXACT_NO_HIGH: 1, LOSSLESS_NO_HIGH: 1})
+               for n in (0, 1)},
+            **LOSSLESS_SITES}
+        assert out["fast_calls"] == 2 + 2 * (2 + 1)  # Sol-Attn in both layers; per layer 2 block + 1 attention calls
+        assert out["fusions"] == {"modulate": (2 * 2 * 2, {}, 0), "gated_residual": (2 * 2 * 2, {}, 0),
+                                  "rotate_half_pair": (2 + 2, {}, 0),  # Sol-Attn builds q/k/v with it too
+                                  "glu_gate": (0, {}, 0)}
         assert all(0 < f < 0.7 for f in out["exact_fraction"])
         assert out["deprecations"] == []  # once, our all-to-all warned on every rank (diffusers' own gathers still warn)
 

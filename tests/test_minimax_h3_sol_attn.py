@@ -8,6 +8,7 @@ import torch
 
 import accelpatch
 from accelpatch.errors import FastPathUnavailableError
+from accelpatch.reporting import merge_counts
 from accelpatch.adapters import minimax_h3 as h3_adapter
 from accelpatch.testing import (minimax_h3_layout, minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer)
@@ -38,6 +39,32 @@ def _attention_modules(model):
     return [m for name, m in model.named_modules() if name.endswith(".attn")]
 
 
+FP32_SWIGLU = "activations are torch.float32: the fused SiLU tables are bfloat16"
+EXACT_ADMITS_NO_LOSSLESS = "tier exact does not admit lossless"
+
+
+def _high(report):
+    return [s for s in report.sites if s.tier == "high"]
+
+
+def _lossless_counts(report):
+    """{(path, kind): (fast calls, reference calls by reason, fallback calls by reason)} of the lossless sites."""
+    return {(s.path, s.kind): (s.fast_calls, s.reference_calls, s.fallback_calls)
+            for s in report.sites if s.tier == "lossless"}
+
+
+def _lossless_after(fast, exact=0):
+    """The tiny fp32 model's lossless counts after ``fast`` forwards they ran and ``exact`` under quality("exact"):
+    blocks and attentions run fused; the SwiGLU gate, a bf16 table, keeps the reference on fp32 (counted)."""
+    out = {}
+    for layer in (0, 1):
+        refused = {EXACT_ADMITS_NO_LOSSLESS: exact} if exact else {}
+        out[(f"transformer_blocks.{layer}", "minimax_h3_fused_block")] = (fast, refused, {})
+        out[(f"transformer_blocks.{layer}.attn", "minimax_h3_fused_attention")] = (fast, refused, {})
+        out[(f"transformer_blocks.{layer}.ff.net.0", "fused_swiglu")] = (0, {**refused, FP32_SWIGLU: fast}, {})
+    return out
+
+
 @pytest.mark.parametrize("options", [dict(dense_steps=10**6), dict(dense_steps=0, dense_layers="0-1"),
                                      dict(dense_steps=0, dense_layers=[0, 1])])
 def test_dense_guards_covering_everything_are_bit_identical(model, options):
@@ -45,9 +72,11 @@ def test_dense_guards_covering_everything_are_bit_identical(model, options):
     accelpatch.apply(m, backend="sol_attn", tau=5.0, **options)
     assert torch.equal(_forward(m, inputs), reference)
     rep = accelpatch.report(m)
-    assert rep.fast_calls == 0 and rep.fallback_calls == {}
+    assert sum(s.fast_calls for s in _high(rep)) == 0 and rep.fallback_calls == {}
     reason = h3_adapter.DENSE_STEP if options["dense_steps"] else h3_adapter.DENSE_LAYER
-    assert rep.reference_calls == {reason: 2, h3_adapter.REFINER_DENSE: 2}
+    assert merge_counts(s.reference_calls for s in _high(rep)) == {reason: 2, h3_adapter.REFINER_DENSE: 2}
+    # each dense call went to the lossless fused attention below: it is the reference bit for bit (checked above)
+    assert _lossless_counts(rep) == _lossless_after(fast=1)
 
 
 def test_exact_and_lossless_blocks_run_dense_on_a_sol_patched_model(model):
@@ -57,7 +86,12 @@ def test_exact_and_lossless_blocks_run_dense_on_a_sol_patched_model(model):
     for tier in ("exact", "lossless"):
         with accelpatch.quality(tier):
             assert torch.equal(_forward(m, inputs), reference)
-    assert accelpatch.report(m).fast_calls == 0
+    rep = accelpatch.report(m)
+    assert {s.path: (s.fast_calls, s.reference_calls) for s in _high(rep)} == {
+        path: (0, {"tier exact does not admit high": 1, "tier lossless does not admit high": 1})
+        for path in ("token_refiner.refiner_blocks.0.attn", "token_refiner.refiner_blocks.1.attn",
+                     "transformer_blocks.0.attn", "transformer_blocks.1.attn")}
+    assert _lossless_counts(rep) == _lossless_after(fast=1, exact=1)  # lossless ran its fusions, exact did not
 
 
 def test_all_exact_tau_is_close_to_dense_and_a_large_tau_really_runs_sparse(model):
@@ -203,7 +237,10 @@ def test_default_dense_layers_are_the_prior_arts_for_minimax_h3(model):
     accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
     assert patch_of(m).backend.dense_layers == frozenset({0, 1})
     assert torch.equal(_forward(m, inputs), reference)  # the tiny model has 2 layers: both dense
-    assert accelpatch.report(m).reference_calls == {h3_adapter.DENSE_LAYER: 2, h3_adapter.REFINER_DENSE: 2}
+    rep = accelpatch.report(m)
+    assert merge_counts(s.reference_calls for s in _high(rep)) == {h3_adapter.DENSE_LAYER: 2,
+                                                                   h3_adapter.REFINER_DENSE: 2}
+    assert sum(s.fast_calls for s in _high(rep)) == 0 and _lossless_counts(rep) == _lossless_after(fast=1)
 
 
 def test_backend_errors_list_what_is_available(model):
@@ -317,7 +354,7 @@ def test_without_a_backend_h3_runs_its_lossless_fusions_bit_identically(model):
                                               "fused_swiglu"}
     assert all(s.tier == "lossless" and s.mounted for s in report.sites)
     assert torch.equal(_forward(m, inputs), reference)
-    assert accelpatch.report(m).fast_calls > 0
+    assert _lossless_counts(accelpatch.report(m)) == _lossless_after(fast=1)
 
 
 @pytest.mark.parametrize("video_rows", [1, 30, 100])

@@ -1,6 +1,7 @@
 """accelpatch.apply on SANA-Video 2.0: anchor and linear attention become sites with their own marker pairs; on CPU
-their fast paths (CUDA-only) are rejected and said so; the tier contract holds: default/lossless/exact are the
-unpatched model bit for bit, remove() restores it, training and checkpointing are untouched."""
+their high fast paths (CUDA-only) are rejected and said so, while the lossless fused sites below them (and on the
+blocks) mount and run; the tier contract holds: default/lossless/exact are the unpatched model bit for bit,
+remove() restores it, training and checkpointing are untouched."""
 import copy
 import hashlib
 import warnings
@@ -14,6 +15,14 @@ from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_
 
 SOFTMAX_MARKERS = ("_sgl_sana_video2_softmax_attention_site", "_sgl_sana_video2_softmax_attention_enabled")
 LINEAR_MARKERS = ("_sgl_sana_video2_linear_attention_site", "_sgl_sana_video2_linear_attention_enabled")
+HIGH_KINDS = {"blocks.0.attn": "sana_video2_linear_attention", "blocks.1.attn": "sana_video2_linear_attention",
+              "blocks.2.attn": "sana_video2_linear_attention", "blocks.3.attn": "sana_video2_softmax_attention"}
+LOSSLESS_KINDS = {"blocks.0": "sana_video2_fused_block", "blocks.0.attn": "sana_video2_fused_linear_attention",
+                  "blocks.1": "sana_video2_fused_block", "blocks.1.attn": "sana_video2_fused_linear_attention",
+                  "blocks.2": "sana_video2_fused_block", "blocks.2.attn": "sana_video2_fused_linear_attention",
+                  "blocks.3": "sana_video2_fused_block", "blocks.3.attn": "sana_video2_fused_softmax_attention"}
+LOSSLESS_ADMITS_NO_HIGH, EXACT_ADMITS_NO_HIGH = "tier lossless does not admit high", "tier exact does not admit high"
+EXACT_ADMITS_NO_LOSSLESS = "tier exact does not admit lossless"
 
 
 def _forward(model, inputs):
@@ -26,19 +35,42 @@ def _apply(model, **kwargs):
         return accelpatch.apply(model, **kwargs)
 
 
+def _tier(report, tier):
+    return [s for s in report.sites if s.tier == tier]
+
+
+def _counts(sites):
+    """{path: (fast calls, reference calls by reason, fallback calls by reason)} of ``sites``."""
+    return {s.path: (s.fast_calls, s.reference_calls, s.fallback_calls) for s in sites}
+
+
+def _lossless_counts(*, fast_forwards, exact_forwards):
+    """What the lossless sites count after ``fast_forwards`` forwards they ran and ``exact_forwards`` under exact:
+    each block is called twice a forward (its attention and its mlp sub-layer), each attention once."""
+    calls = {"sana_video2_fused_block": 2}
+    return {path: (calls.get(kind, 1) * fast_forwards,
+                   {EXACT_ADMITS_NO_LOSSLESS: calls.get(kind, 1) * exact_forwards} if exact_forwards else {}, {})
+            for path, kind in LOSSLESS_KINDS.items()}
+
+
 def test_anchor_and_linear_attention_are_sites_with_their_own_markers():
     model = tiny_sana_video2_transformer()
     report = _apply(model)
-    kinds = {s.path: s.kind for s in report.sites}
-    assert kinds == {"blocks.0.attn": "sana_video2_linear_attention", "blocks.1.attn": "sana_video2_linear_attention",
-                     "blocks.2.attn": "sana_video2_linear_attention", "blocks.3.attn": "sana_video2_softmax_attention"}
+    assert {s.path: s.kind for s in _tier(report, "high")} == HIGH_KINDS
+    assert {s.path: s.kind for s in _tier(report, "lossless")} == LOSSLESS_KINDS
+    assert len(report.sites) == len(HIGH_KINDS) + len(LOSSLESS_KINDS)
+    # per module, highest tier first: the high site is asked first and hands what it does not take below
+    assert [(s.path, s.tier) for s in report.sites[:3]] == [("blocks.0", "lossless"), ("blocks.0.attn", "high"),
+                                                            ("blocks.0.attn", "lossless")]
     anchor, linear = model.blocks[3].attn, model.blocks[0].attn
     assert isinstance(anchor, SanaVideo2SoftmaxAttention) and type(anchor).__name__ == "GatedSanaVideo2SoftmaxAttention"
     assert isinstance(linear, SanaVideo2LinearAttention)
     assert getattr(anchor, SOFTMAX_MARKERS[0]).path == "blocks.3.attn" and getattr(anchor, SOFTMAX_MARKERS[1]) is False
     assert getattr(linear, LINEAR_MARKERS[0]).path == "blocks.0.attn" and getattr(linear, LINEAR_MARKERS[1]) is False
     assert not hasattr(anchor, LINEAR_MARKERS[0]) and not hasattr(linear, SOFTMAX_MARKERS[0])
-    assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in report.sites)
+    assert all(not s.mounted and "CUDA is unavailable" in s.reason for s in _tier(report, "high"))
+    assert all(s.mounted and s.reason is None for s in _tier(report, "lossless"))  # the lossless ones run on CPU
+    assert type(model.blocks[0]).__name__ == "GatedSanaVideo2Block"
     assert accelpatch.supported_models()["SanaVideo2Transformer3DModel"] == ("sol_attn",)
 
 
@@ -54,7 +86,16 @@ def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
         with accelpatch.quality(tier):
             assert torch.equal(_forward(model, inputs), reference)
     rep = accelpatch.report(model)
-    assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 4
+    # the high sites never ran: 2 default/lossless calls and 1 exact call each, counted with the tier's reason
+    assert _counts(_tier(rep, "high")) == {
+        path: (0, {LOSSLESS_ADMITS_NO_HIGH: 2, EXACT_ADMITS_NO_HIGH: 1}, {}) for path in HIGH_KINDS}
+    # the lossless sites ran the default and lossless forwards (bit-identical, as checked above), not exact's
+    assert _counts(_tier(rep, "lossless")) == _lossless_counts(fast_forwards=2, exact_forwards=1)
+    # per forward: one modulation in each of a block's 2 sub-layer calls, one gate in its mlp call (a bf16 table)
+    glu = {"glu_gate": {"fused": 2}} if dtype == torch.bfloat16 else {}
+    assert {s.path: s.fused_ops for s in _tier(rep, "lossless")} == {
+        path: ({"modulate": {"fused": 2 * 2}, **glu} if kind == "sana_video2_fused_block"
+               else {"rotary_complex_pair": {"fused": 2}}) for path, kind in LOSSLESS_KINDS.items()}
 
 
 def test_high_on_cpu_falls_back_counts_it_and_strict_raises():
@@ -67,8 +108,11 @@ def test_high_on_cpu_falls_back_counts_it_and_strict_raises():
         with accelpatch.quality("high"):
             assert torch.equal(_forward(model, inputs), reference)
     rep = accelpatch.report(model)
-    assert rep.fast_calls == 0 and sum(rep.fallback_calls.values()) == 4
-    assert all(reason.startswith("not mounted: CUDA is unavailable") for reason in rep.fallback_calls)
+    high = _tier(rep, "high")
+    assert sum(s.fast_calls for s in high) == 0 and sum(sum(s.fallback_calls.values()) for s in high) == 4
+    assert all(reason.startswith("not mounted: CUDA is unavailable") for s in high for reason in s.fallback_calls)
+    # each fallback was handed to the lossless site below, which ran it; the blocks ran theirs too
+    assert _counts(_tier(rep, "lossless")) == _lossless_counts(fast_forwards=1, exact_forwards=0)
     with pytest.warns(RuntimeWarning):
         accelpatch.apply(model, strict=True)
     with pytest.raises(accelpatch.FastPathUnavailableError, match="CUDA is unavailable"):
@@ -143,6 +187,9 @@ def test_the_tiny_pipeline_is_bit_identical_at_the_default_tiers_and_after_remov
         with (accelpatch.quality(tier) if tier else warnings.catch_warnings()):
             assert torch.equal(pipe(**call()).frames, expected), tier
     rep = accelpatch.report(pipe)
-    assert rep.fast_calls == 0 and sum(rep.reference_calls.values()) == 3 * 2 * 4  # 3 calls × 2 steps × 4 sites
+    # 2 steps (one transformer call each, CFG batched) under each of the 3 tiers: 2 default, 2 lossless, 2 exact
+    assert _counts(_tier(rep, "high")) == {
+        path: (0, {LOSSLESS_ADMITS_NO_HIGH: 2 * 2, EXACT_ADMITS_NO_HIGH: 2}, {}) for path in HIGH_KINDS}
+    assert _counts(_tier(rep, "lossless")) == _lossless_counts(fast_forwards=2 * 2, exact_forwards=2)
     accelpatch.remove(pipe)
     assert torch.equal(pipe(**call()).frames, expected)

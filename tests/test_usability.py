@@ -67,7 +67,11 @@ def test_a_sink_inside_the_sequence_runs_sparse():
     inputs = minimax_h3_transformer_inputs(model, num_video=400)
     accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", sink_tokens=20, sink_start=0)
     _forward(model, inputs)
-    assert accelpatch.report(model).fast_calls == 2
+    rep = accelpatch.report(model)
+    assert {s.path: s.fast_calls for s in rep.sites if s.kind == "sol_attn"} == {
+        "transformer_blocks.0.attn": 1, "transformer_blocks.1.attn": 1}
+    # Sol-Attn took both calls, so the lossless attention below it ran none
+    assert [s.fast_calls for s in rep.sites if s.kind == "minimax_h3_fused_attention"] == [0, 0]
 
 
 def test_errors_name_the_function_that_was_called():
@@ -95,7 +99,12 @@ def test_notebook_output_is_the_report_table_not_the_pipeline():
     assert text == str(shown) and text.startswith("SanaVideoTransformer3DModel (SANA-Video)")
     assert "transformer_blocks.0.attn1" in text and "AutoencoderKLWan" not in text and len(text) < 2000
     html = shown._repr_html_()
-    assert html.count("<tr>") == 3 and "<table>" in html and "transformer_blocks.1.attn1" in html
+    # a header row and one row per site: per block, its lossless block, attn1's high and lossless sites, ff's GLUMB
+    rows = [(s.path, s.tier) for s in shown.sites]
+    assert rows == [(f"transformer_blocks.{n}{sub}", tier) for n in (0, 1) for sub, tier in
+                    (("", "lossless"), (".attn1", "high"), (".attn1", "lossless"), (".ff", "lossless"))]
+    assert html.count("<tr>") == 1 + len(rows) and "<table>" in html and "transformer_blocks.1.attn1" in html
+    assert all(f"<td>{s.kind}</td>" in html for s in shown.sites)
     assert "<script" not in accelpatch.report(pipe)._repr_html_()
     assert accelpatch.remove(pipe) is None
     assert repr(accelpatch.report(pipe)) == "accelpatch: nothing is patched"
@@ -127,7 +136,13 @@ def test_upstream_that_cannot_run_a_layer_falls_back_to_our_kernel_not_to_dense(
     with pytest.warns(RuntimeWarning, match="falls back to our implementation.*route group"):
         assert torch.equal(_forward(model, inputs), ours)
     rep = accelpatch.report(model)
-    assert rep.fast_calls == 2 and rep.fallback_calls == {}
+    assert [s.fast_calls for s in rep.sites if s.kind == "sol_attn"] == [1, 1] and rep.fallback_calls == {}
+    # bf16: the lossless blocks and SwiGLU gates ran too; the lossless attention below Sol-Attn got no call
+    assert {(s.path, s.kind): s.fast_calls for s in rep.sites if s.tier == "lossless"} == {
+        (f"transformer_blocks.{n}{sub}", kind): calls for n in (0, 1) for sub, kind, calls in
+        (("", "minimax_h3_fused_block", 1), (".attn", "minimax_h3_fused_attention", 0),
+         (".ff.net.0", "fused_swiglu", 1))}
+    assert rep.fast_calls == 2 + 2 * 2
     notes = [n for s in rep.sites for n in s.notes]
     assert len(notes) == 2 and all("impl='upstream' ran our own kernel" in n and "route group" in n for n in notes)
     assert "impl='upstream' ran our own kernel" in str(rep)
