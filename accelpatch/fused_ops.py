@@ -4,6 +4,8 @@ The ops know no model; the adapters' restated forwards say where each chain sits
 """
 from __future__ import annotations
 
+import torch
+
 from .ops.fused import reference
 from .verify import FusedOp, register
 
@@ -14,8 +16,10 @@ MODULATE = register(FusedOp(
     "modulate", reference.modulate, "x * (1 + scale) + shift after a norm, rounded as eager rounds"))
 GATED_RESIDUAL = register(FusedOp(
     "gated_residual", reference.gated_residual, "residual + gate * x, rounded as eager rounds"))
-SILU = register(FusedOp("silu", reference.silu, "bf16 SiLU by an exact table of the device's own SiLU"))
-GLU_GATE = register(FusedOp("glu_gate", reference.glu_gate, "x * silu(gate) in one pass (GLUMB)"))
+SILU = register(FusedOp("silu", reference.silu, "bf16 SiLU by an exact table of the device's own SiLU",
+                        dtypes=(torch.bfloat16,)))
+GLU_GATE = register(FusedOp("glu_gate", reference.glu_gate, "x * silu(gate) in one pass, SiLU by the bf16 table",
+                            dtypes=(torch.bfloat16,)))
 SCALE_TO_TOKENS = register(FusedOp(
     "scale_to_tokens", reference.scale_to_tokens,
     "the linear-attention normaliser product, transposed to tokens and cast, in one pass"))

@@ -148,10 +148,14 @@ class FusedOp:
     Called from a fast path's restated forward as ``op(site, *args)``; returns what ``reference(*args)`` returns,
     bit for bit. ``site`` (an :class:`accelpatch.sites.base.Site`) receives the counts, warnings and strictness."""
 
-    def __init__(self, name: str, reference: Callable, description: str) -> None:
+    def __init__(self, name: str, reference: Callable, description: str,
+                 dtypes: Optional[tuple[torch.dtype, ...]] = None) -> None:
         self.name = name
         self.reference = reference
         self.description = description
+        #: the activation dtypes the op is fused for (None: any the kernels take); a call in another dtype runs the
+        #: reference, counted with :meth:`other_dtype_outcome` (a policy, not a decline: never warned)
+        self.dtypes = dtypes
         self._verdicts: dict[tuple, Verdict] = {}
         self._lock = threading.Lock()
         self._verifying = threading.Lock()  # one first sight at a time per op; others wait, then reuse the verdict
@@ -183,11 +187,24 @@ class FusedOp:
             return None, None, f"no {device.type} kernel for {self.name} in this version of accelpatch"
         return fused, module.unsupported, None
 
+    def other_dtype_outcome(self, dtype: torch.dtype) -> str:
+        names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+        return f"reference: {str(dtype).removeprefix('torch.')} activations (fused for {names} only)"
+
+    def policy_outcomes(self) -> tuple[str, ...]:
+        """Every outcome a call can count without a verdict (for compiled code's tallies, prepared at apply)."""
+        others = () if self.dtypes is None else tuple(
+            self.other_dtype_outcome(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+            if d not in self.dtypes)
+        return POLICY_OUTCOMES + others
+
     # -- the call ---------------------------------------------------------------------------------------------------
     def __call__(self, site: Any, *args: Any):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if self.dtypes is not None and tensors[0].dtype not in self.dtypes:
+            return self._reference(site, args, self.other_dtype_outcome(tensors[0].dtype))
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._reference(site, args, IN_AUTOGRAD)
         key = signature(args)

@@ -19,7 +19,6 @@ from .. import call_context
 from ..errors import FastPathUnavailableError, is_fatal
 from ..gate import QualityGatedFusion, SiteCounters, fusion_by_name
 from ..tiers import Tier, effective_tier
-from ..verify import POLICY_OUTCOMES
 
 
 SITE_ATTR = "_accelpatch_site"
@@ -199,7 +198,8 @@ class Site:
         keys += [(field, r) for r in (self.model.unmounted_reason(self.kind),) + self.fast_path.policy_reasons
                  for field in ("reference", "fallbacks")]
         keys += [(field, name) for name in self.fast_path.stat_names for field in ("stat_sums", "stat_counts")]
-        keys += [("chains", f"{op.name}|{outcome}") for op in self.fast_path.fused_ops for outcome in POLICY_OUTCOMES]
+        keys += [("chains", f"{op.name}|{outcome}") for op in self.fast_path.fused_ops
+                 for outcome in op.policy_outcomes()]
         self.counters.prepare(keys)
 
     @property

@@ -13,7 +13,6 @@ import functools
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from ...fused_ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR
 from ...gate import QualityGatedFusion
@@ -77,10 +76,7 @@ class SanaVideo2FusedBlock(FastPath):
             return attn_delta + cross_delta
         mlp_in = _modulated(site, block.norm2, hidden_states, shift_mlp, scale_mlp, frames)
         mlp = block.mlp
-        if mlp_in.dtype == torch.bfloat16:
-            gated = GLU_GATE(site, mlp.up_proj(mlp_in), mlp.gate_proj(mlp_in))
-        else:  # the fused gate is a bf16 table: the model's own SwiGLU math
-            gated = F.silu(mlp.gate_proj(mlp_in)) * mlp.up_proj(mlp_in)
+        gated = GLU_GATE(site, mlp.up_proj(mlp_in), mlp.gate_proj(mlp_in))  # bf16 only; other dtypes: its reference
         return _per_frame(mlp.down_proj(gated), gate_mlp, frames)
 
 
