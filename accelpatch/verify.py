@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from . import call_context
 from .errors import FastPathUnavailableError, is_fatal
 
 FUSED = "fused"
@@ -231,11 +232,11 @@ class FusedOp:
             with self._lock:
                 self._verdicts[key] = Verdict(False, reason, 0.0, describe(args), site.path)
             return self._declined(site, args, reason)
-        site.counters.count_chain(self.name, FUSED)
+        _count(site, self.name, FUSED)
         return out
 
     def _reference(self, site: Any, args: tuple, outcome: str):
-        site.counters.count_chain(self.name, outcome)
+        _count(site, self.name, outcome)
         return self.reference(*args)
 
     def _declined(self, site: Any, args: tuple, reason: str):
@@ -278,10 +279,17 @@ class FusedOp:
                     f"lossless fusion {self.name} at {site.path} could not run: {reason}. "
                     "Patch with strict=False to run the reference chain instead.")
             site.model.warn_once(f"lossless {self.name}", f"declined: {reason}")
-            site.counters.count_chain(self.name, f"declined: {reason}")
+            _count(site, self.name, f"declined: {reason}")
         else:
-            site.counters.count_chain(self.name, FUSED)
+            _count(site, self.name, FUSED)
         return reference_out
+
+
+def _count(site: Any, op: str, outcome: str) -> None:
+    """Count one call of ``op`` on ``site``, unless it is a recomputation for backward (gradient checkpointing
+    runs the forward again: that is not a call, as the sites' own counts hold)."""
+    if not call_context.recomputing():
+        site.counters.count_chain(op, outcome)
 
 
 def _timed(fn: Callable, args: tuple, device: torch.device):
