@@ -192,8 +192,12 @@ def test_minimax_h3_caches_through_its_pipeline_and_composes_with_sol_attn():
         runs.close()
         report = accelpatch.report(pipe)
         # 7 steps = 6 forwards: step 0 computes (first), then reuse, limit, reuse, limit... the last is final
-        assert report.models[0].cache["reused"] > 0 and runs.take()[0] < 6
-        assert report.fast_calls > 0  # Sol-Attn ran in the blocks that were computed
+        tail_runs = runs.take()[0]
+        assert report.models[0].cache["reused"] > 0 and tail_runs < 6
+        # Sol-Attn ran in the blocks that were computed: the first block at every forward, the last when not reused
+        sol_attn = {s.path: s.fast_calls for s in report.sites if s.kind == "sol_attn"}
+        last = f"transformer_blocks.{len(pipe.transformer.transformer_blocks) - 1}.attn"
+        assert sol_attn["transformer_blocks.0.attn"] == 6 and sol_attn[last] == tail_runs
     finally:
         accelpatch.remove(pipe)
 
