@@ -61,6 +61,21 @@ def _sparse_sites(report):
     return [s for s in report.sites if s.kind == "sol_attn" and s.mounted]
 
 
+def _high_fast_calls(report):
+    return sum(s.fast_calls for s in report.sites if s.tier == "high")
+
+
+def _counts(report):
+    """Every site's counts: what one call did, site by site."""
+    return [(s.path, s.kind, s.fast_calls, s.reference_calls, s.fallback_calls) for s in report.sites]
+
+
+#: one call of the 4-block test model: each block's lossless fusion (its two sub-layers), and per attention the
+#: lossless path below the high one (linear attention in blocks 0-2, softmax attention in block 3)
+LOSSLESS_FAST_PER_CALL = [("sana_video2_fused_block", 2), ("sana_video2_fused_linear_attention", 1)] * 3 + [
+    ("sana_video2_fused_block", 2), ("sana_video2_fused_softmax_attention", 1)]
+
+
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), Stop("a failing hook")], ids=["interrupt", "exception"])
 def test_an_eager_call_after_a_stopped_call_starts_and_ends_clean(error):
     model = _model()
@@ -91,7 +106,8 @@ def test_a_compiled_call_after_a_stopped_call_runs_as_in_a_clean_process(error, 
     clean = _model()
     expected = _call(_compile(clean, how, fullgraph), 950)
     clean_report = accelpatch.report(clean)
-    assert clean_report.fast_calls == 0 and clean_report.fallback_calls  # unknown step: the dense guard holds
+    assert _high_fast_calls(clean_report) == 0 and clean_report.fallback_calls  # unknown step: the dense guard holds
+    assert [(s.kind, s.fast_calls) for s in clean_report.sites if s.tier == "lossless"] == LOSSLESS_FAST_PER_CALL
     torch._dynamo.reset()
 
     model = _model()
@@ -102,8 +118,9 @@ def test_a_compiled_call_after_a_stopped_call_runs_as_in_a_clean_process(error, 
     accelpatch.report(model, reset=True)
     out = _call(compiled, 950)
     report = accelpatch.report(model)
-    assert report.fast_calls == 0, [(s.path, s.fast_calls) for s in _sparse_sites(report)]
+    assert _high_fast_calls(report) == 0, [(s.path, s.fast_calls) for s in _sparse_sites(report)]
     assert report.fallback_calls == clean_report.fallback_calls
+    assert _counts(report) == _counts(clean_report)  # site by site, the lossless fusions included
     assert torch.equal(out, expected)
     assert steps.current_step().step is None
 

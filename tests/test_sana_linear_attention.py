@@ -9,12 +9,29 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
 
 import accelpatch
-from accelpatch.adapters.sana_video.linear_attention import FUSION, emulate_bf16_gemm_on_cpu, linear_attention_bf16_gemm
+from accelpatch.adapters.sana_video.linear_attention import (FUSED_FUSION, FUSION, emulate_bf16_gemm_on_cpu,
+                                                             linear_attention_bf16_gemm)
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 RELEASE_LIKE = dict(num_attention_heads=2, attention_head_dim=112, cross_attention_dim=224,
                     num_cross_attention_heads=2, cross_attention_head_dim=112)
+
+
+def _attn1_sites(report, block=0):
+    """The two sites stacked on ``transformer_blocks.{block}.attn1``: the high BF16-GEMM one (asked first) and the
+    lossless fused restatement below it (asked when the high one does not take a call)."""
+    by_kind = {s.kind: s for s in report.sites if s.path == f"transformer_blocks.{block}.attn1"}
+    assert len(by_kind) == 2, by_kind
+    return by_kind[FUSION.name], by_kind[FUSED_FUSION.name]
+
+
+def _high(report):
+    return [s for s in report.sites if s.tier == "high"]
+
+
+def _lossless(report):
+    return [s for s in report.sites if s.tier == "lossless"]
 
 
 def _emulate(device):
@@ -52,7 +69,9 @@ def test_fast_path_matches_the_diffusers_processor(device, batch):
             accelpatch.apply(model)
             with accelpatch.quality("high"):
                 out = attn(hidden, rotary_emb=rope)
-    assert accelpatch.report(model).sites[0].fast_calls == 1
+    high, below = _attn1_sites(accelpatch.report(model))
+    assert high.fast_calls == 1 and high.fallback_calls == {}
+    assert below.fast_calls == 0 and below.reference_calls == {}  # the high path took the call
     assert out.dtype == expected.dtype == torch.bfloat16 and out.shape == expected.shape
     torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=1e-2)
 
@@ -72,7 +91,8 @@ def test_batch_items_are_computed_independently(device):
         torch.testing.assert_close(together[i:i + 1].float(), alone[i].float(), atol=1e-2, rtol=1e-2)
     assert torch.equal(perturbed[0], together[0]) and torch.equal(perturbed[2], together[2])
     assert not torch.equal(perturbed[1], together[1])
-    assert accelpatch.report(model).sites[0].fast_calls == 5
+    high, below = _attn1_sites(accelpatch.report(model))
+    assert high.fast_calls == 5 and below.fast_calls == 0 and below.reference_calls == {}
 
 
 def test_whole_transformer_under_high_is_close_to_exact_and_counts_fast_calls():
@@ -89,7 +109,15 @@ def test_whole_transformer_under_high_is_close_to_exact_and_counts_fast_calls():
     assert torch.equal(exact, reference)
     torch.testing.assert_close(fast.float(), reference.float(), atol=2e-2, rtol=2e-2)
     rep = accelpatch.report(model)
-    assert rep.fast_calls == 2 and all(s.mounted for s in rep.sites)
+    assert all(s.mounted for s in rep.sites)
+    # the high path ran once per block under high; exact ran neither it nor the lossless site below it
+    assert [(s.fast_calls, s.reference_calls) for s in _high(rep)] == [(1, {"tier exact does not admit high": 1})] * 2
+    below = [s for s in _lossless(rep) if s.kind == FUSED_FUSION.name]
+    assert [(s.fast_calls, s.reference_calls) for s in below] == [(0, {"tier exact does not admit lossless": 1})] * 2
+    # the block and GLUMB (bf16) fusions: high admits lossless, exact does not
+    others = [s for s in _lossless(rep) if s not in below]
+    assert len(others) == 4
+    assert all(s.fast_calls == 1 and s.reference_calls == {"tier exact does not admit lossless": 1} for s in others)
     rep.assert_fast_path_ran()
 
 
@@ -118,8 +146,9 @@ def test_each_guard_reports_its_reason():
     attn.set_processor(AttnProcessor2_0())
     with emulate_bf16_gemm_on_cpu():
         assert "processor is AttnProcessor2_0" in _declines(attn, hidden, rotary_emb=rope).reason
-    counts = accelpatch.report(model).sites[0].fallback_calls
-    assert counts == {"input on cpu: the BF16-input GEMM needs CUDA": 1}
+    high, below = _attn1_sites(accelpatch.report(model))
+    assert high.fast_calls == 0 and high.fallback_calls == {"input on cpu: the BF16-input GEMM needs CUDA": 1}
+    assert below.fast_calls == 1 and below.reference_calls == {}  # the declined call went to the lossless site
 
 
 def test_mount_rejects_a_model_whose_processor_was_replaced():
@@ -128,9 +157,13 @@ def test_mount_rejects_a_model_whose_processor_was_replaced():
     with emulate_bf16_gemm_on_cpu():
         accelpatch.apply(model)
     rep = accelpatch.report(model)
-    assert not any(s.mounted for s in rep.sites)  # all or nothing
-    assert "processor is AttnProcessor2_0" in rep.sites[1].reason
-    assert "model rejected at transformer_blocks.1.attn1" in rep.sites[0].reason
+    for kind in (FUSION.name, FUSED_FUSION.name):  # both attn1 fast paths, each all or nothing
+        first, second = [s for s in rep.sites if s.kind == kind]
+        assert not first.mounted and not second.mounted
+        assert "processor is AttnProcessor2_0" in second.reason
+        assert "model rejected at transformer_blocks.1.attn1" in first.reason
+    # the block and GLUMB fusions do not restate the processor: they mount
+    assert all(s.mounted for s in rep.sites if s.kind not in (FUSION.name, FUSED_FUSION.name))
 
 
 def test_unmount_restores_the_reference_bit_for_bit():
@@ -144,7 +177,10 @@ def test_unmount_restores_the_reference_bit_for_bit():
             with accelpatch.quality("high"), pytest.warns(RuntimeWarning, match="not mounted"):
                 out = model(**inputs).sample
     assert torch.equal(out, reference)
-    assert accelpatch.report(model).fast_calls == 0
+    rep = accelpatch.report(model)
+    assert [(s.fast_calls, s.mounted) for s in _high(rep)] == [(0, False)] * 2
+    assert [sum(s.fallback_calls.values()) for s in _high(rep)] == [1, 1]  # not mounted: to the site below
+    assert [s.fast_calls for s in _lossless(rep)] == [1] * 6  # blocks, attn1 below the high path, GLUMBs
 
 
 def test_the_switch_is_off_outside_its_block():
