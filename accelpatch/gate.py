@@ -220,6 +220,13 @@ class QualityGatedFusion:
                 raise ValueError(f"a different fusion is already called {name!r}")
             _FUSIONS.setdefault(name, self)
 
+    @classmethod
+    def named(cls, name: str, tier: Tier) -> "QualityGatedFusion":
+        """A fusion whose marker and enabled attributes are named after it (``_accelpatch_<name>_site`` and
+        ``_accelpatch_<name>_enabled``), defined in the caller's module."""
+        return cls(name=name, marker_attr=f"_accelpatch_{name}_site", enabled_attr=f"_accelpatch_{name}_enabled",
+                   tier=tier, defined_in=sys._getframe(1).f_globals.get("__name__"))
+
     def __reduce__(self):
         # Pickled by name, so a loaded model shares the process's fusion objects instead of carrying copies.
         return fusion_by_name, (self.name, self.defined_in)

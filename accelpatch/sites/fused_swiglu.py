@@ -16,12 +16,7 @@ from ..gate import QualityGatedFusion
 from ..tiers import Tier
 from .base import Dense, FastPath, Site, bind_call
 
-FUSION = QualityGatedFusion(
-    name="fused_swiglu",
-    marker_attr="_accelpatch_fused_swiglu_site",
-    enabled_attr="_accelpatch_fused_swiglu_enabled",
-    tier=Tier.LOSSLESS,
-)
+FUSION = QualityGatedFusion.named("fused_swiglu", Tier.LOSSLESS)
 
 
 def swiglu_class() -> type:

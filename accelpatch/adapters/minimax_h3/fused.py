@@ -19,11 +19,8 @@ from ...gate import QualityGatedFusion
 from ...sites.base import FastPath, Site, bind_call
 from ...tiers import Tier
 
-BLOCK_FUSION = QualityGatedFusion(name="minimax_h3_fused_block", marker_attr="_accelpatch_h3_fused_block_site",
-                                  enabled_attr="_accelpatch_h3_fused_block_enabled", tier=Tier.LOSSLESS)
-ATTENTION_FUSION = QualityGatedFusion(name="minimax_h3_fused_attention",
-                                      marker_attr="_accelpatch_h3_fused_attention_site",
-                                      enabled_attr="_accelpatch_h3_fused_attention_enabled", tier=Tier.LOSSLESS)
+BLOCK_FUSION = QualityGatedFusion.named("minimax_h3_fused_block", Tier.LOSSLESS)
+ATTENTION_FUSION = QualityGatedFusion.named("minimax_h3_fused_attention", Tier.LOSSLESS)
 
 
 def _h3():

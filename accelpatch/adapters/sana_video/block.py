@@ -20,18 +20,8 @@ from ...gate import QualityGatedFusion
 from ...sites.base import Dense, FastPath, Site, bind_call
 from ...tiers import Tier
 
-BLOCK_FUSION = QualityGatedFusion(
-    name="sana_video_fused_block",
-    marker_attr="_accelpatch_sana_video_fused_block_site",
-    enabled_attr="_accelpatch_sana_video_fused_block_enabled",
-    tier=Tier.LOSSLESS,
-)
-GLUMB_FUSION = QualityGatedFusion(
-    name="sana_video_fused_glumb",
-    marker_attr="_accelpatch_sana_video_fused_glumb_site",
-    enabled_attr="_accelpatch_sana_video_fused_glumb_enabled",
-    tier=Tier.LOSSLESS,
-)
+BLOCK_FUSION = QualityGatedFusion.named("sana_video_fused_block", Tier.LOSSLESS)
+GLUMB_FUSION = QualityGatedFusion.named("sana_video_fused_glumb", Tier.LOSSLESS)
 
 _BLOCK_ARGUMENTS = ("hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask",
                     "timestep", "frames", "height", "width", "rotary_emb")

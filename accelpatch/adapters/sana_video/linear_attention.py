@@ -31,12 +31,7 @@ FUSION = QualityGatedFusion(
     enabled_attr="_sgl_sana_video_linear_attention_enabled",
     tier=Tier.HIGH,
 )
-FUSED_FUSION = QualityGatedFusion(
-    name="sana_video_fused_linear_attention",
-    marker_attr="_accelpatch_sana_video_fused_linear_attention_site",
-    enabled_attr="_accelpatch_sana_video_fused_linear_attention_enabled",
-    tier=Tier.LOSSLESS,
-)
+FUSED_FUSION = QualityGatedFusion.named("sana_video_fused_linear_attention", Tier.LOSSLESS)
 
 #: TEST-ONLY: the GEMM's CUDA guard is bypassed and the exact FP32 emulation runs on CPU (see sites.base).
 emulate_bf16_gemm_on_cpu = run_fast_paths_on_cpu

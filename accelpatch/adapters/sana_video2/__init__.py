@@ -36,7 +36,7 @@ from ...sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_rejec
 from ...sites.sol_attention import SolAttnFastPath, SparseCall
 from ...tiers import DEFAULT_TIER, Tier
 from ..base import ModelAdapter
-from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, rope_pair
+from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair
 
 SOFTMAX_FUSION = QualityGatedFusion(
     name="sana_video2_softmax_attention",
@@ -147,9 +147,7 @@ class AnchorAttentionBF16(FastPath):
         return site.layer_index in site.model.options.anchor_fp32_layers
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-        from ...modeling.sana_video2.attention import anchor_output, anchor_qkv
+        from ...modeling.sana_video2.attention import anchor_qkv
 
         options: SanaVideo2Options = site.model.options
         verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, step_reason=FP32_ANCHOR_STEP,
@@ -164,10 +162,7 @@ class AnchorAttentionBF16(FastPath):
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
             return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
                            "anchor path takes 4-D q/k/v of equal shape")
-        processor = attn.processor
-        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
-                                    backend=processor._attention_backend, parallel_config=processor._parallel_config)
-        return anchor_output(attn, out, hidden_states)
+        return anchor_attention(attn, hidden_states, query, key, value)
 
 
 class LinearAttentionBF16GEMM(FastPath):

@@ -19,20 +19,28 @@ from ...gate import QualityGatedFusion
 from ...sites.base import FastPath, Site, bind_call
 from ...tiers import Tier
 
-BLOCK_FUSION = QualityGatedFusion(name="sana_video2_fused_block",
-                                  marker_attr="_accelpatch_sana_video2_fused_block_site",
-                                  enabled_attr="_accelpatch_sana_video2_fused_block_enabled", tier=Tier.LOSSLESS)
-ANCHOR_FUSION = QualityGatedFusion(name="sana_video2_fused_softmax_attention",
-                                   marker_attr="_accelpatch_sana_video2_fused_softmax_site",
-                                   enabled_attr="_accelpatch_sana_video2_fused_softmax_enabled", tier=Tier.LOSSLESS)
-LINEAR_FUSION = QualityGatedFusion(name="sana_video2_fused_linear_attention",
-                                   marker_attr="_accelpatch_sana_video2_fused_linear_site",
-                                   enabled_attr="_accelpatch_sana_video2_fused_linear_enabled", tier=Tier.LOSSLESS)
+BLOCK_FUSION = QualityGatedFusion.named("sana_video2_fused_block", Tier.LOSSLESS)
+ANCHOR_FUSION = QualityGatedFusion.named("sana_video2_fused_softmax_attention", Tier.LOSSLESS)
+LINEAR_FUSION = QualityGatedFusion.named("sana_video2_fused_linear_attention", Tier.LOSSLESS)
 
 
 def rope_pair(site: Site):
     """The fused RoPE of q and k for the model's attention functions (their ``rope_pair`` argument)."""
     return functools.partial(ROTARY_COMPLEX_PAIR, site)
+
+
+def anchor_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, query, key, value) -> torch.Tensor:
+    """The anchor processor's attention and tail on q, k, v as given (the lossless path passes the release's
+    upcast ones, the BF16 path the activations' dtype): diffusers' dispatcher with the processor's backend and
+    parallel config, then the gate and projection."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    from ...modeling.sana_video2.attention import anchor_output
+
+    processor = attn.processor
+    out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                backend=processor._attention_backend, parallel_config=processor._parallel_config)
+    return anchor_output(attn, out, hidden_states)
 
 
 def _modulated(site: Site, norm: torch.nn.Module, x: torch.Tensor, shift, scale, frames: Optional[int]):
@@ -91,18 +99,14 @@ class SanaVideo2FusedAnchor(FastPath):
         return SanaVideo2SoftmaxAttnProcessor
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-        from ...modeling.sana_video2.attention import anchor_output, anchor_qkv, at_least_fp32
+        from ...modeling.sana_video2.attention import anchor_qkv, at_least_fp32
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
-        hidden_states, processor = call["hidden_states"], attn.processor
+        hidden_states = call["hidden_states"]
         query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
         if attn.fp32_attention:
             query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
-        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
-                                    backend=processor._attention_backend, parallel_config=processor._parallel_config)
-        return anchor_output(attn, out, hidden_states)
+        return anchor_attention(attn, hidden_states, query, key, value)
 
 
 class SanaVideo2FusedLinear(FastPath):
