@@ -7,6 +7,7 @@ marked ``xfail(strict=True)`` is a hole that is open: fixing it makes the test p
 remove the mark, and the hole's entry in ``_contract_machine.KNOWN_HOLES`` so that the machine checks it too.
 """
 import contextvars
+import dataclasses
 import warnings
 
 import pytest
@@ -96,8 +97,20 @@ def test_assert_fast_path_ran_counts_step_cache_reuse():
         for t in (900.0, 600.0):
             _forward(model, {**inputs, "timestep": torch.full_like(inputs["timestep"], t)})
     report = accelpatch.report(model)
-    assert report.models[0].cache["reused"] == 1 and report.fast_calls == 0  # the second step reused the cache
+    assert report.models[0].cache["reused"] == 1  # the second step reused the cache after block 0
+    # the only other fast calls are the lossless sites' (fused block and attn1): both blocks in the first call, block
+    # 0 in the second; on CPU the high attn1 site never mounts
+    lossless = sum(s.fast_calls for s in report.sites if s.tier == "lossless")
+    assert (report.fast_calls, lossless) == (6, 6), report
     report.assert_fast_path_ran()
+    # the reuse alone is enough: the same report without any fast site call still passes, and without the reuse too
+    # it raises
+    no_site_call = dataclasses.replace(report.models[0], sites=tuple(dataclasses.replace(s, fast_calls=0)
+                                                                      for s in report.models[0].sites))
+    dataclasses.replace(report, models=(no_site_call,)).assert_fast_path_ran()
+    nothing = dataclasses.replace(no_site_call, cache={**no_site_call.cache, "reused": 0})
+    with pytest.raises(AssertionError, match="no accelpatch fast path ran"):
+        dataclasses.replace(report, models=(nothing,)).assert_fast_path_ran()
 
 
 def test_remove_after_mag_cache_leaves_no_hook_registry():

@@ -1,5 +1,6 @@
 """The demo runs end to end offline and tells the truth: fallbacks are labelled with their reason, timing differences
 inside the noise read as noise, and the MiniMax-H3 sol_attn section shows a fast path that runs on CPU."""
+import dataclasses
 import re
 
 import pytest
@@ -61,11 +62,19 @@ def test_sana_video_tiers_on_cpu_label_the_fallback_and_time_in_rounds():
         assert (row["identical"], row["psnr"], row["ssim"]) == ("yes", "inf", "1.0000"), row.group(0)
         assert_timing_is_honest(row["timing"])
     assert rows["unpatched"]["timing"] == "baseline"
-    assert rows["patched, exact"]["fast"] == "0, by design: tier exact does not admit high"
-    assert rows["patched, lossless"]["fast"] == "0, by design: tier lossless does not admit high"
-    # On CPU the high tier's fast path cannot mount: its row says it fell back, and why.
-    assert re.fullmatch(r"0, fell back: CUDA is unavailable.*", rows["patched, high"]["fast"]), rows["patched, high"][0]
-    assert "fell back" not in rows["patched, lossless"]["fast"]
+    # quality("exact") runs nothing of accelpatch; the default and lossless tiers run the bit-exact fused ops (the
+    # block and attn1 sites of both blocks; GLUMB declines float32) and never the high path
+    assert rows["patched, exact"]["fast"] == \
+        "0, by design: tier exact does not admit lossless; tier exact does not admit high"
+    for label in ("patched, default", "patched, lossless"):
+        assert rows[label]["fast"] == "0, by design: tier lossless does not admit high; 4 lossless fused calls"
+    # on CPU the high path falls back, said with its reason; the lossless sites below it still run
+    assert re.fullmatch(r"0, fell back: CUDA is unavailable[^;]*; 4 lossless fused calls", rows["patched, high"]["fast"]), \
+        rows["patched, high"][0]
+    # the report printed after the table shows what ran at the default tier, fused op by fused op
+    assert any(line.startswith("  lossless fusions (bit-exact;") for line in lines), lines
+    for op, fused in (("modulate", 4), ("gated_residual", 4), ("relu_rope_pair", 2)):
+        assert any(line.strip().startswith(f"{op} on ") and f": {fused} fused;" in line for line in lines), (op, lines)
     assert lines[-1].startswith("after accelpatch.remove(pipe): bit-identical to unpatched: yes (")
 
 
@@ -79,11 +88,13 @@ def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_i
     rows = table(lines)
     assert list(rows) == ["unpatched", "sol_attn (high)", "sol_attn, lossless"]
     sol, lossless = rows["sol_attn (high)"], rows["sol_attn, lossless"]
-    fast = re.fullmatch(r"(\d+) fast calls, mean exact-block fraction (0\.\d\d)", sol["fast"])
-    assert fast and int(fast[1]) == 4 and 0.0 < float(fast[2]) < 1.0, sol.group(0)  # 4 sparse layers x 1 step
+    # 4 sparse layers x 1 step; the 4 fused blocks run their lossless ops beside them
+    fast = re.fullmatch(r"(\d+) fast calls, mean exact-block fraction (0\.\d\d); 4 lossless fused calls", sol["fast"])
+    assert fast and int(fast[1]) == 4 and 0.0 < float(fast[2]) < 1.0, sol.group(0)
     assert sol["identical"] == "no" and sol["psnr"] != "inf"
     assert (lossless["identical"], lossless["psnr"]) == ("yes", "inf")
-    assert lossless["fast"] == "0, by design: tier lossless does not admit high"
+    # under quality("lossless") Sol-Attn declines and hands each call to the fused attention site below it
+    assert lossless["fast"] == "0, by design: tier lossless does not admit high; 8 lossless fused calls"
     assert lossless["timing"] == "not timed (1 call)"
     # Two rounds cannot give a 95% interval: no speed verdict at all, rather than a bare ratio.
     assert sol["timing"] == f"no verdict (2 < {demo.MIN_ROUNDS} rounds)"
@@ -130,6 +141,20 @@ def test_fast_path_cell_explains_zero_fast_calls():
     assert fast_path_text(sparse) == "6 fast calls, mean exact-block fraction 0.25"
 
 
+def test_fast_path_cell_counts_lossless_calls_apart_from_the_high_path():
+    """Regression (issue #17): the cell summed every site's fast calls, so a high row whose high path fell back on
+    CPU read "4 fast calls" (the lossless sites' calls) instead of saying it fell back."""
+    high = dict(path="blocks.0.attn", kind="k", tier="high", mounted=False, reason="CUDA is unavailable: no GPU",
+                fast_calls=0, reference_calls={"not mounted": 2}, fallback_calls={"not mounted": 2})
+    lossless = dict(path="blocks.0.attn", kind="k_fused", tier="lossless", mounted=True, reason=None, fast_calls=2,
+                    reference_calls={}, fallback_calls={})
+    both = Report(models=(ModelReport(model_class="M", family="F", backend=None, default_tier="lossless",
+                                      strict=False, sites=(SiteReport(**high), SiteReport(**lossless))),))
+    assert fast_path_text(both) == "0, fell back: CUDA is unavailable: no GPU; 2 lossless fused calls"
+    only_lossless = Report(models=(dataclasses.replace(both.models[0], sites=(SiteReport(**lossless),)),))
+    assert fast_path_text(only_lossless) == "2 lossless fused calls"
+
+
 def test_model_option_takes_a_comma_list_and_defaults_to_sana_video_and_minimax_h3():
     assert build_parser().parse_args(["demo"]).model == ("sana-video", "minimax-h3")
     assert parse_models("minimax-h3, sana-video2,minimax-h3") == ("minimax-h3", "sana-video2")
@@ -159,7 +184,10 @@ def test_demo_runs_sana_video2_from_the_command_line(capsys):
     for row in rows.values():
         assert (row["identical"], row["psnr"]) == ("yes", "inf"), row.group(0)
         assert row["timing"] in ("baseline", f"no verdict (1 < {demo.MIN_ROUNDS} rounds)"), row.group(0)
-    assert rows["patched, high"]["fast"].startswith("0, fell back: CUDA is unavailable")
+    assert re.fullmatch(r"0, fell back: CUDA is unavailable[^;]*; 24 lossless fused calls", rows["patched, high"]["fast"])
+    # the default tier runs the bit-exact fused ops of both blocks' sites, never the high path
+    assert rows["patched, default"]["fast"] == "0, by design: tier lossless does not admit high; 24 lossless fused calls"
+    assert "  lossless fusions (bit-exact;" in text and "rotary_complex_pair on 8 site(s): 8 fused;" in text
     assert "SanaVideo2Transformer3DModel" in text and "== MiniMax-H3" not in text
     assert text.rstrip().endswith("bit-identical to unpatched: yes (1 call after remove())")
 

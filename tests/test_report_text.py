@@ -26,13 +26,28 @@ def test_one_rejected_site_is_one_note():
     notes = [line for line in text.splitlines() if line.strip().startswith("[")]
     assert len(notes) == 1, text
     assert "AttnProcessor2_0" in notes[0] and "at transformer_blocks.1.attn1" in notes[0]
-    assert text.count("rejected [1]") == 2 and "model rejected at" not in text
+    # every attn1 row of both blocks, the high site and the lossless one stacked below it, refers to that one note;
+    # the block and GLUMB sites do not read the processor and stay mounted
+    rows = {(line.split()[0], line.split()[1]): line for line in text.splitlines()
+            if line.strip().startswith("transformer_blocks.")}
+    rejected = {key for key, line in rows.items() if "rejected [1]" in line}
+    assert rejected == {(f"transformer_blocks.{i}.attn1", kind) for i in (0, 1)
+                        for kind in ("sana_video_linear_attention", "sana_video_fused_linear_attention")}, text
+    assert len(rows) == 8 and text.count("rejected [1]") == 4 and "model rejected at" not in text
 
 
 def test_a_model_without_sites_shows_no_empty_table_and_promises_nothing():
-    text = str(accelpatch.apply(tiny_minimax_h3_transformer()))
-    assert "site  kind" not in text and "opts in" not in text, text
+    # every block of a model carries lossless sites now, so only a model without blocks has none
+    text = str(accelpatch.apply(tiny_minimax_h3_transformer(num_layers=0)))
+    assert "site  kind" not in text and "opts in" not in text and "lossless fusions" not in text, text
     assert "0 sites" in text and "runs unchanged" in text
+
+
+def test_minimax_h3_without_a_backend_lists_its_lossless_sites():
+    text = str(accelpatch.apply(tiny_minimax_h3_transformer()))
+    assert "6 sites" in text and "runs at tier lossless by default" in text and "runs unchanged" not in text, text
+    kinds = [line.split()[1] for line in text.splitlines() if line.strip().startswith("transformer_blocks.")]
+    assert kinds == ["minimax_h3_fused_block", "minimax_h3_fused_attention", "fused_swiglu"] * 2, text
 
 
 def test_layer_sets_read_as_a_user_writes_them():

@@ -239,6 +239,8 @@ class CallResult:
     fast_by_kind: dict[str, int] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
+    #: fast calls by the tier of the site that ran them (step-cache reuses count as "high", the cache's tier)
+    fast_by_tier: dict[str, int] = field(default_factory=dict)
 
     @property
     def seconds_per_step(self) -> float:
@@ -257,9 +259,10 @@ def device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict]:
-    """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic) since the reset;
-    transformer calls a step cache reused count as fast calls of kind ``step_cache (calls reused)``."""
+def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict, dict]:
+    """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic, fast calls by site
+    tier) since the reset; transformer calls a step cache reused count as fast calls of kind
+    ``step_cache (calls reused)`` and tier high."""
     from ..reporting import build_report, merge_counts
 
     report = build_report(models, reset=True)
@@ -268,7 +271,9 @@ def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict]:
     reused = sum((model.cache or {}).get("reused", 0) for model in report.models)
     by_kind = merge_counts([{site.kind: site.fast_calls} for site in ran]
                            + ([{"step_cache (calls reused)": reused}] if reused else []))
-    return report.fast_calls + reused, by_kind, dict(report.fallback_calls), mean_by_key(s.stats for s in ran)
+    by_tier = merge_counts([{site.tier: site.fast_calls} for site in ran] + ([{"high": reused}] if reused else []))
+    return (report.fast_calls + reused, by_kind, dict(report.fallback_calls), mean_by_key(s.stats for s in ran),
+            by_tier)
 
 
 def mean_by_key(mappings: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -304,7 +309,8 @@ def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, see
         if device.type == "cuda":
             torch.cuda.synchronize()
         call_seconds = time.perf_counter() - start
-    fast, by_kind, fallbacks, stats = _counters(models)
+    fast, by_kind, fallbacks, stats, by_tier = _counters(models)
     return CallResult(frames=frames_of(output), call_seconds=call_seconds,
                       transformer_seconds=timer.transformer_seconds(), steps=timer.steps, forwards=timer.forwards,
-                      fast_calls=fast, fast_by_kind=by_kind, fallbacks=fallbacks, stats=stats)
+                      fast_calls=fast, fast_by_kind=by_kind, fallbacks=fallbacks, stats=stats,
+                      fast_by_tier=by_tier)

@@ -118,23 +118,36 @@ def format_timing(comparison: Optional["TimingComparison"], rounds: int) -> str:
 
 
 def fast_path_text(report: Optional["Report"]) -> str:
-    """The "fast path" cell for one call's report (None: the unpatched pipeline): the fast calls (with Sol-Attn's
-    mean exact-block fraction), or why there were none: "fell back: <reason>" when a fast path the tier asked for
-    could not run (the site's mount reason from the report), else the reason the reference path ran by design."""
+    """The "fast path" cell for one call's report (None: the unpatched pipeline): the approximate (high) sites' fast
+    calls (with Sol-Attn's mean exact-block fraction), or why there were none: "fell back: <reason>" when a fast path
+    the tier asked for could not run (the site's mount reason from the report), else the reason the reference path
+    ran by design; then the lossless sites' bit-exact fused calls, counted apart so that they never pass for the
+    high path (which at the default tier does not run)."""
     if report is None:
         return "- (original diffusers code)"
-    fractions = [s.stats["exact_fraction"] for s in report.sites if "exact_fraction" in s.stats]
-    if report.fast_calls:
-        text = f"{report.fast_calls} fast calls"
+    high = [s for s in report.sites if s.tier != "lossless"]
+    lossless = sum(s.fast_calls for s in report.sites if s.tier == "lossless")
+    # with no lossless call either, every site's reason says why nothing ran (quality("exact") names both tiers)
+    parts = [_high_text(high, report.sites if not lossless else high)] if high or not lossless else []
+    if lossless:
+        parts.append(f"{lossless} lossless fused calls")
+    return "; ".join(parts)
+
+
+def _high_text(sites, why) -> str:
+    fractions = [s.stats["exact_fraction"] for s in sites if "exact_fraction" in s.stats]
+    fast = sum(s.fast_calls for s in sites)
+    if fast:
+        text = f"{fast} fast calls"
         if fractions:
             text += f", mean exact-block fraction {sum(fractions) / len(fractions):.2f}"
         return text
-    fell_back = [s for s in report.sites if s.fallback_calls]
+    fell_back = [s for s in sites if s.fallback_calls]
     if fell_back:
         reasons = dict.fromkeys(s.reason if not s.mounted and s.reason else key
                                 for s in fell_back for key in s.fallback_calls)
         return f"0, fell back: {'; '.join(reasons)}"
-    reasons = dict.fromkeys(report.reference_calls)
+    reasons = dict.fromkeys(r for s in why for r in s.reference_calls)
     return f"0, by design: {'; '.join(reasons)}" if reasons else "0"
 
 

@@ -42,10 +42,16 @@ def _fallback_summary(report) -> str | None:
     return "; ".join(f"{reason} ({count})" if count else reason for reason, count in reasons.items())
 
 
-def fast_path_counts(report, calls: int) -> dict[str, Any]:
-    """What the fast paths did over ``calls`` forwards: fast calls per forward, fallbacks, mean exact fraction."""
+def fast_path_counts(report, calls: int, tier: str) -> dict[str, Any]:
+    """What the fast paths did over ``calls`` forwards at ``tier``: fast calls per forward of the sites of that tier
+    (``lossless_calls``: those of the lossless fused sites, which also run under ``high``), fallbacks, mean exact
+    fraction. Only the timed tier's own sites count as its fast path: a high row whose high path fell back must not
+    show the lossless sites' calls as its fast calls."""
     fractions = [site.stats["exact_fraction"] for site in report.sites if "exact_fraction" in site.stats]
-    counts: dict[str, Any] = {"fast_calls": report.fast_calls / max(1, calls)}
+    per_forward = lambda t: sum(s.fast_calls for s in report.sites if s.tier == t) / max(1, calls)  # noqa: E731
+    counts: dict[str, Any] = {"fast_calls": per_forward(tier)}
+    if tier != "lossless" and per_forward("lossless"):
+        counts["lossless_calls"] = per_forward("lossless")
     if fractions:
         counts["exact_fraction"] = sum(fractions) / len(fractions)
     fallbacks = _fallback_summary(report)
@@ -61,7 +67,7 @@ def timed_at_tier(model: torch.nn.Module, tier: str, fn: Callable[[], Any], repe
     accelpatch.report(model, reset=True)
     with accelpatch.quality(tier):
         timing = timed(fn, repeats, device)
-    return timing, fast_path_counts(accelpatch.report(model), timing.calls)
+    return timing, fast_path_counts(accelpatch.report(model), timing.calls, tier)
 
 
 def capture_call(module: torch.nn.Module, run: Callable[[], Any]) -> tuple[tuple, dict]:
