@@ -210,9 +210,9 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
                 patch.sites.append(site)
                 by_fusion.setdefault(site.fast_path.fusion.name, []).append(site)
         if not patch.sites:
-            warnings.warn(f"accelpatch: {adapter.family} has no fast path without a backend "
-                          f"(available: {', '.join(adapter.backends)}); {patch.model_class} runs unchanged",
-                          RuntimeWarning, stacklevel=3)
+            backends = f" (backends: {', '.join(adapter.backends)})" if adapter.backends else ""
+            warnings.warn(f"accelpatch: this {patch.model_class} has no module accelpatch patches{backends}; it runs "
+                          "unchanged", RuntimeWarning, stacklevel=3)
         _mount(model, patch, by_fusion)
         for site in patch.sites:
             site.prepare_counters()

@@ -133,8 +133,11 @@ class ModelReport(_Tally):
             return "nothing to patch here: it runs unchanged"
         if self.default_tier == "high":
             why = f" (backend {self.backend} is approximate)" if self.backend else " (apply(..., tier='high'))"
-            return (f"runs at tier high by default{why}; quality('lossless') or quality('exact') runs the original "
-                    "diffusers path bit for bit")
+            return (f"runs at tier high by default{why}; quality('lossless') (the bit-exact fused kernels) or "
+                    "quality('exact') (the original diffusers path) gives diffusers' bits")
+        if self.default_tier == "lossless" and self.fusions:
+            return ("runs at tier lossless by default (bit-exact fused kernels: bit-identical to the unpatched "
+                    "model); quality('high') opts in to the approximate fast paths")
         return (f"runs at tier {self.default_tier} by default (bit-identical to the unpatched model); "
                 "quality('high') opts in to the approximate fast paths")
 

@@ -52,9 +52,6 @@ from accelpatch.sites.base import run_fast_paths_on_cpu
 
 #: hole -> what it is; while listed, the machine skips the check or the path it breaks (see :func:`checks`)
 KNOWN_HOLES = {
-    "user_error_in_a_fast_path_under_strict": "issue 17: under strict=True, a user's error raised inside a fast path "
-                                              "(a hook on a layer the lossless attention site calls) comes out as "
-                                              "FastPathUnavailableError: the gate takes it for kernel trouble",
     "no_step_between_calls": "issue 16 item 4: after an interrupted call (KeyboardInterrupt) its step stays in force "
                              "between calls, until the model's next call closes it",
 }
@@ -515,9 +512,6 @@ class ContractMachine(RuleBasedStateMachine):
         inner = {f"{a}.{name}": a for a in self.family.attention(self.model)  # layer -> its attention module
                  for name, m in self.model.get_submodule(a).named_modules() if name and not list(m.children())}
         path = data.draw(st.sampled_from(self.family.blocks(self.model) + sorted(inner)), label="module")
-        if (path in inner and self.kwargs is not None and self.kwargs.get("strict")
-                and not checks("user_error_in_a_fast_path_under_strict")):
-            return
         kind = data.draw(st.sampled_from(["pre", "post"]), label="hook")
         error = data.draw(st.sampled_from([UserError, KeyboardInterrupt]), label="error")("raised by a user hook")
         block = self.model.get_submodule(path)

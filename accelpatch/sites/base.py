@@ -164,6 +164,18 @@ class FastPath:
     def run(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError
 
+    #: whether an exception raised inside ``run`` is taken for kernel trouble (counted, warned, the reference runs)
+    catches_errors: bool = True
+
+
+class FusedOpsPath(FastPath):
+    """A fast path that restates a forward around verified fused ops (accelpatch.verify): the ops handle their own
+    trouble (a failing or mismatching kernel declines its signature and runs the eager chain), so an exception that
+    reaches ``run`` is the user's (a hook on a layer the path calls) or diffusers' own, and it propagates as it
+    would from the original forward — once, not again from a fallback."""
+
+    catches_errors = False
+
 
 @dataclass(eq=False)
 class Site:
@@ -244,7 +256,7 @@ class Site:
         except FastPathUnavailableError:
             raise  # strict mode, raised by a fused op the path called: already says where and why
         except Exception as error:  # noqa: BLE001 - any kernel trouble falls back unless fatal or strict
-            if is_fatal(error):
+            if is_fatal(error) or not self.fast_path.catches_errors:
                 raise
             return self.fallback(module, args, kwargs, f"error: {type(error).__name__}: {error}", error)
         if isinstance(out, Decline):

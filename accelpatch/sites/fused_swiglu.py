@@ -14,7 +14,7 @@ import torch
 from ..fused_ops import GLU_GATE
 from ..gate import QualityGatedFusion
 from ..tiers import Tier
-from .base import Dense, FastPath, Site, bind_call
+from .base import Dense, FusedOpsPath, Site, bind_call
 
 FUSION = QualityGatedFusion.named("fused_swiglu", Tier.LOSSLESS)
 
@@ -25,7 +25,7 @@ def swiglu_class() -> type:
     return SwiGLU
 
 
-class FusedSwiGLU(FastPath):
+class FusedSwiGLU(FusedOpsPath):
     fusion = FUSION
     description = "SwiGLU gate x * silu(gate) fused (bit-exact, bf16)"
     fused_ops = (GLU_GATE,)

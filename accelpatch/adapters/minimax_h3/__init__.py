@@ -30,6 +30,7 @@ from ...sites.sol_attention import DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, SolAtt
 from ...tiers import DEFAULT_TIER, Tier
 from ..base import ModelAdapter
 from ...sites.fused_swiglu import FUSED_SWIGLU
+from ...fused_ops import ROTATE_HALF_PAIR
 from .fused import FUSED_ATTENTION, FUSED_BLOCK, project_qkv
 
 SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_attn_site",
@@ -100,6 +101,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink and dense queries"
     policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
+    fused_ops = (ROTATE_HALF_PAIR,)  # through project_qkv
 
     def expected_processor(self) -> type:
         return _processor_class()

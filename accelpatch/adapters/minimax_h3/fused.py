@@ -16,7 +16,7 @@ import torch
 
 from ...fused_ops import GATED_RESIDUAL, MODULATE, ROTATE_HALF_PAIR
 from ...gate import QualityGatedFusion
-from ...sites.base import FastPath, Site, bind_call
+from ...sites.base import FusedOpsPath, Site, bind_call
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("minimax_h3_fused_block", Tier.LOSSLESS)
@@ -43,7 +43,7 @@ def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, 
     return query, key, value
 
 
-class MiniMaxH3FusedBlock(FastPath):
+class MiniMaxH3FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its per-row AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
@@ -72,7 +72,7 @@ class MiniMaxH3FusedBlock(FastPath):
         return GATED_RESIDUAL(site, residual, gate_mlp.index_select(0, index), ff_output)
 
 
-class MiniMaxH3FusedAttention(FastPath):
+class MiniMaxH3FusedAttention(FusedOpsPath):
     fusion = ATTENTION_FUSION
     description = "attention with the q/k rotate-half RoPE fused (bit-exact)"
     fused_ops = (ROTATE_HALF_PAIR,)

@@ -17,7 +17,7 @@ import torch
 
 from ...fused_ops import GATED_RESIDUAL, GLU_GATE, MODULATE, SILU
 from ...gate import QualityGatedFusion
-from ...sites.base import Dense, FastPath, Site, bind_call
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("sana_video_fused_block", Tier.LOSSLESS)
@@ -39,7 +39,7 @@ def _class_mismatch(site: Site, name: str) -> Optional[str]:
     return None
 
 
-class SanaVideoFusedBlock(FastPath):
+class SanaVideoFusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
@@ -77,7 +77,7 @@ class SanaVideoFusedBlock(FastPath):
         return GATED_RESIDUAL(site, hidden_states, gate_mlp, ff_output)
 
 
-class SanaVideoFusedGLUMB(FastPath):
+class SanaVideoFusedGLUMB(FusedOpsPath):
     fusion = GLUMB_FUSION
     description = "GLUMB feed-forward with its SiLU and GLU gate fused (bit-exact, bf16)"
     fused_ops = (SILU, GLU_GATE)

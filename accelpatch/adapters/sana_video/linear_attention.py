@@ -23,7 +23,8 @@ from ...fused_ops import RELU_ROPE_PAIR, SCALE_TO_TOKENS
 from ...gate import QualityGatedFusion
 from ...ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from ...tiers import Tier
-from ...sites.base import Decline, FastPath, Site, bind_call, device_reject_reason, run_fast_paths_on_cpu
+from ...sites.base import (Decline, FastPath, FusedOpsPath, Site, bind_call, device_reject_reason,
+                           run_fast_paths_on_cpu)
 
 FUSION = QualityGatedFusion(
     name="sana_video_linear_attention",
@@ -105,7 +106,7 @@ def _self_attention_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple
     return call["hidden_states"], call["rotary_emb"]
 
 
-class SanaLinearAttentionFused(FastPath):
+class SanaLinearAttentionFused(FusedOpsPath):
     fusion = FUSED_FUSION
     description = "linear attention with its ReLU/RoPE/upcast prologue and normaliser epilogue fused (bit-exact)"
     fused_ops = (RELU_ROPE_PAIR, SCALE_TO_TOKENS)

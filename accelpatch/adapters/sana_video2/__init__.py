@@ -36,6 +36,7 @@ from ...sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_rejec
 from ...sites.sol_attention import SolAttnFastPath, SparseCall
 from ...tiers import DEFAULT_TIER, Tier
 from ..base import ModelAdapter
+from ...fused_ops import ROTARY_COMPLEX_PAIR
 from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair
 
 SOFTMAX_FUSION = QualityGatedFusion(
@@ -136,6 +137,7 @@ class AnchorAttentionBF16(FastPath):
     fusion = SOFTMAX_FUSION
     description = "anchor attention on BF16 operands (SDPA without the FP32 upcast)"
     policy_reasons = (FP32_ANCHOR_STEP, FP32_ANCHOR_LAYER, ANCHOR_STEP_UNKNOWN, FP32_ATTENTION_OFF)
+    fused_ops = (ROTARY_COMPLEX_PAIR,)  # the q/k RoPE, through rope_pair(site)
 
     def expected_processor(self) -> type:
         return _anchor_processor_class()
@@ -171,6 +173,7 @@ class LinearAttentionBF16GEMM(FastPath):
     fusion = LINEAR_FUSION
     description = "gated linear attention, first GEMM (v·k̃ᵀ) on BF16 operands with FP32 accumulation"
     policy_reasons = (FP32_ATTENTION_OFF,)
+    fused_ops = (ROTARY_COMPLEX_PAIR,)  # the q/k RoPE, through rope_pair(site)
 
     def expected_processor(self) -> type:
         return _linear_processor_class()
@@ -193,6 +196,7 @@ class AnchorSolAttention(SolAttnFastPath):
 
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn on the anchors (head dim 256, no sink)"
+    fused_ops = (ROTARY_COMPLEX_PAIR,)  # the q/k RoPE, through rope_pair(site)
 
     def expected_processor(self) -> type:
         return _anchor_processor_class()

@@ -16,7 +16,7 @@ import torch
 
 from ...fused_ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR
 from ...gate import QualityGatedFusion
-from ...sites.base import FastPath, Site, bind_call
+from ...sites.base import FusedOpsPath, Site, bind_call
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("sana_video2_fused_block", Tier.LOSSLESS)
@@ -52,7 +52,7 @@ def _modulated(site: Site, norm: torch.nn.Module, x: torch.Tensor, shift, scale,
     return MODULATE(site, grouped, scale, shift).reshape(batch, tokens, width)
 
 
-class SanaVideo2FusedBlock(FastPath):
+class SanaVideo2FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its AdaLN modulations and SwiGLU gate fused (bit-exact)"
     fused_ops = (MODULATE, GLU_GATE)
@@ -88,7 +88,7 @@ class SanaVideo2FusedBlock(FastPath):
         return _per_frame(mlp.down_proj(gated), gate_mlp, frames)
 
 
-class SanaVideo2FusedAnchor(FastPath):
+class SanaVideo2FusedAnchor(FusedOpsPath):
     fusion = ANCHOR_FUSION
     description = "anchor attention with the q/k complex RoPE fused (bit-exact)"
     fused_ops = (ROTARY_COMPLEX_PAIR,)
@@ -109,7 +109,7 @@ class SanaVideo2FusedAnchor(FastPath):
         return anchor_attention(attn, hidden_states, query, key, value)
 
 
-class SanaVideo2FusedLinear(FastPath):
+class SanaVideo2FusedLinear(FusedOpsPath):
     fusion = LINEAR_FUSION
     description = "gated linear attention with the q/k complex RoPE fused (bit-exact)"
     fused_ops = (ROTARY_COMPLEX_PAIR,)
