@@ -58,17 +58,14 @@ class Verdict:
     fused_s: Optional[float] = None
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
-    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16 == 0)
-
-
 _CAPABILITY: dict[int, tuple[int, int]] = {}
 
 
-def _device_key(t: torch.Tensor) -> tuple:
-    if t.device.type != "cuda":
-        return (t.device.type,)
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+def _device_key(device: torch.device) -> tuple:
+    if device.type != "cuda":
+        # eager's CPU results can depend on both: subnormals, and where threads split the work
+        return (device.type, denormals_flushed(), torch.get_num_threads()) if device.type == "cpu" else (device.type,)
+    index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _CAPABILITY:
         _CAPABILITY[index] = torch.cuda.get_device_capability(index)
     return ("cuda", index, _CAPABILITY[index])
@@ -82,12 +79,19 @@ def denormals_flushed() -> bool:
 
 def signature(args: tuple) -> tuple:
     """Everything that can change the eager dispatch or the fused variant: device (and capability; on CPU whether
-    subnormals are flushed and the thread count), and per argument its dtype, shape, strides and alignment (tensors)
-    or its value."""
-    device = next((_device_key(a) for a in args if isinstance(a, torch.Tensor)), ("none",))
-    if device[0] == "cpu":  # eager's CPU results can depend on both (subnormals; where threads split the work)
-        device = ("cpu", denormals_flushed(), torch.get_num_threads())
-    return (device,) + tuple(_tensor_key(a) if isinstance(a, torch.Tensor) else ("value", a) for a in args)
+    subnormals are flushed and the thread count), and per argument its dtype, shape, strides and 16-byte alignment
+    (tensors) or its value. Computed on every call: kept to plain attribute reads."""
+    device = None
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if device is None:
+                device = a.device
+            parts.append((a.dtype, a.shape, a.stride(), not a.data_ptr() & 15))
+        else:
+            parts.append(("value", a))
+    parts.append(_device_key(device) if device is not None else ("none",))
+    return tuple(parts)
 
 
 def describe(args: tuple) -> str:
@@ -158,6 +162,7 @@ class FusedOp:
         #: reference, counted with :meth:`other_dtype_outcome` (a policy, not a decline: never warned)
         self.dtypes = dtypes
         self._verdicts: dict[tuple, Verdict] = {}
+        self._implementations: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         self._verifying = threading.Lock()  # one first sight at a time per op; others wait, then reuse the verdict
 
@@ -175,7 +180,15 @@ class FusedOp:
             self._verdicts.clear()
 
     def implementation(self, device: torch.device) -> tuple[Optional[Callable], Optional[Callable], Optional[str]]:
-        """``(fused function, unsupported(op, *args), None)`` for ``device``, or ``(None, None, reason)``."""
+        """``(fused function, unsupported(op, *args), None)`` for ``device``, or ``(None, None, reason)``; looked up
+        once per device type and module (``IMPLEMENTATIONS`` may be re-pointed, as tests do)."""
+        key = (device.type, IMPLEMENTATIONS.get(device.type))
+        found = self._implementations.get(key)
+        if found is None:
+            found = self._implementations.setdefault(key, self._find_implementation(device))
+        return found
+
+    def _find_implementation(self, device: torch.device):
         module_name = IMPLEMENTATIONS.get(device.type)
         if module_name is None:
             return None, None, f"no fused implementation for {device.type} tensors"
@@ -209,8 +222,7 @@ class FusedOp:
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._reference(site, args, IN_AUTOGRAD)
         key = signature(args)
-        with self._lock:
-            verdict = self._verdicts.get(key)
+        verdict = self._verdicts.get(key)  # a dict read is atomic; writers hold the lock
         if verdict is None:
             device = tensors[0].device
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

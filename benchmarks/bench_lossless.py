@@ -4,9 +4,10 @@ default tier against the same models unpatched, measured side by side in one run
 1. **Per fused op.** The arguments of every fused-op call of one forward of each medium model are recorded; each
    distinct signature is then timed, the device's fused implementation against the reference chain, in interleaved
    rounds (ratio of paired medians with a 95 % interval).
-2. **Per model.** SANA-Video, SANA-Video 2.0 and MiniMax-H3 (medium test configs), bf16 and fp32: one forward of a
-   patched copy (``apply()``, default tier) against the unpatched model, interleaved rounds; the outputs must be
-   ``torch.equal`` in the same run (the script exits 1 if not).
+2. **Per model.** SANA-Video, SANA-Video 2.0 and MiniMax-H3 (medium test configs, about 320 video tokens each:
+   5 frames of 16×16 / 8×8 / 16×16 latents), bf16 and fp32: one forward of a patched copy (``apply()``, default
+   tier) against the unpatched model, interleaved rounds; the outputs must be ``torch.equal`` in the same run (the
+   script exits 1 if not).
 3. **Per pipeline step.** The tiny pipelines with the medium transformers, one denoising step per call, patched
    against unpatched; frames compared with ``torch.equal``.
 
@@ -38,9 +39,9 @@ def _models():
         "sana_video": (lambda dtype: t.tiny_sana_video_transformer(t.SANA_VIDEO_MEDIUM_CONFIG, dtype=dtype),
                        lambda m: t.sana_video_transformer_inputs(m, num_frames=5, height=16, width=16)),
         "sana_video2": (lambda dtype: t.tiny_sana_video2_transformer(t.SANA_VIDEO2_MEDIUM_CONFIG, dtype=dtype),
-                        lambda m: t.sana_video2_transformer_inputs(m)),
+                        lambda m: t.sana_video2_transformer_inputs(m, frames=5, height=8, width=8)),
         "minimax_h3": (lambda dtype: t.tiny_minimax_h3_transformer(t.MINIMAX_H3_MEDIUM_CONFIG, dtype=dtype),
-                       lambda m: t.minimax_h3_transformer_inputs(m, video_frames=5, height=8, width=8)),
+                       lambda m: t.minimax_h3_transformer_inputs(m, video_frames=5, height=16, width=16)),
     }
 
 
