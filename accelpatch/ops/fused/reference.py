@@ -90,3 +90,9 @@ def rotary_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
     """:func:`rotary_complex` of query and key with one table."""
     return rotary_complex(query, freqs), rotary_complex(key, freqs)
+
+
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """A sigmoid gate: ``x * sigmoid(gate)`` (the sigmoid rounded, then the product); SANA-Video 2.0's output gate
+    and its linear attention's key gate ``β``, where ``gate`` broadcasts over the head dim."""
+    return x * torch.sigmoid(gate)
