@@ -29,3 +29,6 @@ ROTATE_HALF_PAIR = register(FusedOp(
 ROTARY_COMPLEX_PAIR = register(FusedOp(
     "rotary_complex_pair", reference.rotary_complex_pair,
     "complex128 RoPE of query and key, rounded float64 → float32 → dtype, in one pass (SANA-Video 2.0)"))
+SIGMOID_GATE = register(FusedOp("sigmoid_gate", reference.sigmoid_gate,
+                                "x * sigmoid(gate) in one pass, the sigmoid by a bf16 table (SANA-Video 2.0's gates)",
+                                dtypes=(torch.bfloat16,)))

@@ -36,8 +36,8 @@ from ...sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_rejec
 from ...sites.sol_attention import SolAttnFastPath, SparseCall
 from ...tiers import DEFAULT_TIER, Tier
 from ..base import ModelAdapter
-from ...fused_ops import ROTARY_COMPLEX_PAIR
-from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair
+from ...fused_ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE
+from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair, sigmoid_gate
 
 SOFTMAX_FUSION = QualityGatedFusion(
     name="sana_video2_softmax_attention",
@@ -137,7 +137,7 @@ class AnchorAttentionBF16(FastPath):
     fusion = SOFTMAX_FUSION
     description = "anchor attention on BF16 operands (SDPA without the FP32 upcast)"
     policy_reasons = (FP32_ANCHOR_STEP, FP32_ANCHOR_LAYER, ANCHOR_STEP_UNKNOWN, FP32_ATTENTION_OFF)
-    fused_ops = (ROTARY_COMPLEX_PAIR,)  # the q/k RoPE, through rope_pair(site)
+    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
 
     def expected_processor(self) -> type:
         return _anchor_processor_class()
@@ -164,7 +164,7 @@ class AnchorAttentionBF16(FastPath):
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
             return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
                            "anchor path takes 4-D q/k/v of equal shape")
-        return anchor_attention(attn, hidden_states, query, key, value)
+        return anchor_attention(site, attn, hidden_states, query, key, value)
 
 
 class LinearAttentionBF16GEMM(FastPath):
@@ -173,7 +173,7 @@ class LinearAttentionBF16GEMM(FastPath):
     fusion = LINEAR_FUSION
     description = "gated linear attention, first GEMM (v·k̃ᵀ) on BF16 operands with FP32 accumulation"
     policy_reasons = (FP32_ATTENTION_OFF,)
-    fused_ops = (ROTARY_COMPLEX_PAIR,)  # the q/k RoPE, through rope_pair(site)
+    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
 
     def expected_processor(self) -> type:
         return _linear_processor_class()
@@ -188,7 +188,7 @@ class LinearAttentionBF16GEMM(FastPath):
         if verdict is not None:
             return verdict
         return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], first_gemm=key_value_state_bf16,
-                                      rope_pair=rope_pair(site))
+                                      rope_pair=rope_pair(site), gate=sigmoid_gate(site))
 
 
 class AnchorSolAttention(SolAttnFastPath):
@@ -196,7 +196,7 @@ class AnchorSolAttention(SolAttnFastPath):
 
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn on the anchors (head dim 256, no sink)"
-    fused_ops = (ROTARY_COMPLEX_PAIR,)  # the q/k RoPE, through rope_pair(site)
+    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
 
     def expected_processor(self) -> type:
         return _anchor_processor_class()
@@ -207,7 +207,8 @@ class AnchorSolAttention(SolAttnFastPath):
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
         hidden_states = call["hidden_states"]
         query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
-        return SparseCall(query, key, value, functools.partial(anchor_output, attn, hidden_states=hidden_states))
+        return SparseCall(query, key, value, functools.partial(anchor_output, attn, hidden_states=hidden_states,
+                                                               gate=sigmoid_gate(site)))
 
 
 ANCHOR_BF16 = AnchorAttentionBF16()

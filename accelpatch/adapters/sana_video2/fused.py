@@ -4,8 +4,9 @@
   and the SwiGLU gate ``silu(gate_proj(x)) * up_proj(x)`` as verified fused ops; the sub-layer bookkeeping, the
   per-frame gates and the Block Attention Residuals stay the model's own.
 - ``blocks.N.attn``: the anchor and the gated linear attention processors with the complex128 RoPE of q and k
-  (float64 products, then float64 → float32 → dtype, as ``type_as`` rounds) as one fused op, passed to the model's
-  own ``anchor_qkv`` / ``gated_linear_attention`` (the ``high`` paths stacked above pass it too).
+  (float64 products, then float64 → float32 → dtype, as ``type_as`` rounds) as one fused op, and the sigmoid
+  gates (the output gate; the linear attention's key gate β) as another, passed to the model's own
+  ``anchor_qkv`` / ``anchor_output`` / ``gated_linear_attention`` (the ``high`` paths stacked above pass them too).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ...fused_ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR
+from ...fused_ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR, SIGMOID_GATE
 from ...gate import QualityGatedFusion
 from ...sites.base import FusedOpsPath, Site, bind_call
 from ...tiers import Tier
@@ -29,7 +30,13 @@ def rope_pair(site: Site):
     return functools.partial(ROTARY_COMPLEX_PAIR, site)
 
 
-def anchor_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, query, key, value) -> torch.Tensor:
+def sigmoid_gate(site: Site):
+    """The fused sigmoid gate for the model's attention functions (their ``gate`` argument)."""
+    return functools.partial(SIGMOID_GATE, site)
+
+
+def anchor_attention(site: Site, attn: torch.nn.Module, hidden_states: torch.Tensor, query, key, value
+                     ) -> torch.Tensor:
     """The anchor processor's attention and tail on q, k, v as given (the lossless path passes the release's
     upcast ones, the BF16 path the activations' dtype): diffusers' dispatcher with the processor's backend and
     parallel config, then the gate and projection."""
@@ -40,7 +47,7 @@ def anchor_attention(attn: torch.nn.Module, hidden_states: torch.Tensor, query, 
     processor = attn.processor
     out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
                                 backend=processor._attention_backend, parallel_config=processor._parallel_config)
-    return anchor_output(attn, out, hidden_states)
+    return anchor_output(attn, out, hidden_states, sigmoid_gate(site))
 
 
 def _modulated(site: Site, norm: torch.nn.Module, x: torch.Tensor, shift, scale, frames: Optional[int]):
@@ -91,7 +98,7 @@ class SanaVideo2FusedBlock(FusedOpsPath):
 class SanaVideo2FusedAnchor(FusedOpsPath):
     fusion = ANCHOR_FUSION
     description = "anchor attention with the q/k complex RoPE fused (bit-exact)"
-    fused_ops = (ROTARY_COMPLEX_PAIR,)
+    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)
 
     def expected_processor(self) -> type:
         from ...modeling.sana_video2.attention import SanaVideo2SoftmaxAttnProcessor
@@ -106,13 +113,13 @@ class SanaVideo2FusedAnchor(FusedOpsPath):
         query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
         if attn.fp32_attention:
             query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
-        return anchor_attention(attn, hidden_states, query, key, value)
+        return anchor_attention(site, attn, hidden_states, query, key, value)
 
 
 class SanaVideo2FusedLinear(FusedOpsPath):
     fusion = LINEAR_FUSION
     description = "gated linear attention with the q/k complex RoPE fused (bit-exact)"
-    fused_ops = (ROTARY_COMPLEX_PAIR,)
+    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)
 
     def expected_processor(self) -> type:
         from ...modeling.sana_video2.attention import SanaVideo2LinearAttnProcessor
@@ -123,7 +130,8 @@ class SanaVideo2FusedLinear(FusedOpsPath):
         from ...modeling.sana_video2.attention import gated_linear_attention
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
-        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], rope_pair=rope_pair(site))
+        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], rope_pair=rope_pair(site),
+                                      gate=sigmoid_gate(site))
 
 
 FUSED_BLOCK = SanaVideo2FusedBlock()

@@ -56,9 +56,15 @@ def _qkv(attn: nn.Module, hidden_states: torch.Tensor):
     return tuple(x.unflatten(-1, (attn.heads, attn.head_dim)) for x in (query, key, value))
 
 
-def _gated_output(attn: nn.Module, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+def sigmoid_gate(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(logits)``: the default ``gate`` of the functions below (a fast path passes a fused one)."""
+    return x * torch.sigmoid(logits)
+
+
+def _gated_output(attn: nn.Module, out: torch.Tensor, hidden_states: torch.Tensor,
+                  gate: Callable = sigmoid_gate) -> torch.Tensor:
     """[B, N, C] attention output in the input dtype, times sigmoid(output_gate(x)), through ``proj``."""
-    out = out.to(hidden_states.dtype) * torch.sigmoid(attn.output_gate(hidden_states))
+    out = gate(out.to(hidden_states.dtype), attn.output_gate(hidden_states))
     return attn.proj(out)
 
 
@@ -78,9 +84,10 @@ def anchor_qkv(attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
     return query, key, value
 
 
-def anchor_output(attn: "SanaVideo2SoftmaxAttention", out: torch.Tensor, hidden_states: torch.Tensor):
+def anchor_output(attn: "SanaVideo2SoftmaxAttention", out: torch.Tensor, hidden_states: torch.Tensor,
+                  gate: Callable = sigmoid_gate):
     """The anchor attention's tail, from the attention result ``out`` [B, N, H, D]: cast back, gate, project."""
-    return _gated_output(attn, out.flatten(2, 3), hidden_states)
+    return _gated_output(attn, out.flatten(2, 3), hidden_states, gate)
 
 
 class SanaVideo2SoftmaxAttnProcessor:
@@ -102,7 +109,7 @@ class SanaVideo2SoftmaxAttnProcessor:
 
 def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
                            rotary_emb: Optional[torch.Tensor], first_gemm: Optional[Callable] = None,
-                           rope_pair: Callable = apply_rope_pair) -> torch.Tensor:
+                           rope_pair: Callable = apply_rope_pair, gate: Callable = sigmoid_gate) -> torch.Tensor:
     """The gated linear attention: out = (v·k̃ᵀ)·RoPE(q) per head with k̃ = RoPE(k)·sigmoid(β), times the
     ReLU-kernel normaliser 1/(Σ ReLU(k)ᵀReLU(q) + 1e-8) of the release (computed in the input dtype from the
     un-rotated q and k; the RMSNorm that follows cancels it except for its epsilon, and later upstream code drops
@@ -110,15 +117,15 @@ def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: tor
 
     Both GEMMs run on FP32 operands when ``fp32_attention`` is set (the release). ``first_gemm(v, k̃)``, given by a
     fast path, replaces the first one ([B, H, D, N] operands in the activations' dtype → [B, H, D, D] FP32); the
-    second then runs on FP32 operands. ``rope_pair(q, k, freqs)`` applies the RoPE (:func:`apply_rope_pair`)."""
+    second then runs on FP32 operands. ``rope_pair(q, k, freqs)`` applies the RoPE (:func:`apply_rope_pair`),
+    ``gate(x, logits)`` the two sigmoid gates (:func:`sigmoid_gate`)."""
     batch, tokens, width = hidden_states.shape
     query, key, value = _qkv(attn, hidden_states)
     if rotary_emb is not None:
         query_rot, key_rot = rope_pair(query, key, rotary_emb)
     else:
         query_rot, key_rot = query, key
-    beta = torch.sigmoid(attn.beta_proj(hidden_states))  # [B, N, H]
-    key_gated = key_rot * beta[..., None]
+    key_gated = gate(key_rot, attn.beta_proj(hidden_states)[..., None])  # key times sigmoid(β), β [B, N, H]
     # channel-first per head: [B, H, D, N]
     query_rot, key_gated, value = (x.permute(0, 2, 3, 1) for x in (query_rot, key_gated, value))
     if first_gemm is not None:
@@ -135,7 +142,7 @@ def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: tor
     normaliser = 1.0 / (relu_k.sum(-1, keepdim=True).transpose(-1, -2) @ relu_q + attn.eps)  # [B, H, 1, N]
     out = attn.o_norm(out * normaliser)
     out = out.to(hidden_states.dtype).reshape(batch, width, tokens).transpose(1, 2)
-    return _gated_output(attn, out, hidden_states)
+    return _gated_output(attn, out, hidden_states, gate)
 
 
 class SanaVideo2LinearAttnProcessor:
