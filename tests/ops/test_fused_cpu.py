@@ -402,6 +402,46 @@ def test_glu_gate_every_gate_value():
     check("glu_gate", tie_heavy((65536,), BF16, 7), gate.flip(0))
 
 
+# ---- sigmoid_gate ----------------------------------------------------------------------------------------------
+
+@needs_kernels
+def test_sigmoid_gate_every_gate_value():
+    from accelpatch.ops.fused.tables import all_bf16_values
+    gate = all_bf16_values(torch.device("cpu"))
+    check("sigmoid_gate", mixed((65536,), BF16, 6), gate)
+    check("sigmoid_gate", tie_heavy((65536,), BF16, 7), gate.flip(0))
+    check("sigmoid_gate", mixed((256, 512), BF16, 8)[:, ::2], gate.view(256, 256).t())  # strided x, transposed gate
+
+
+@needs_kernels
+@pytest.mark.parametrize("tokens", [1, 17, 257])
+def test_sigmoid_gate_key_and_output_gates(tokens):
+    """SANA-Video 2.0's gates: the key gate sigmoid(beta) [B, N, H, 1] broadcast over the head dim of a strided
+    (qkv-chunk) key, and the output gate [B, N, C] on a contiguous and on an N-minor (transposed) attention output."""
+    key = mixed((2, tokens, 3 * 4 * 16), BF16, 1).chunk(3, dim=-1)[1].unflatten(-1, (4, 16))
+    check("sigmoid_gate", key, mixed((2, tokens, 4, 1), BF16, 2))
+    check("sigmoid_gate", tie_heavy((2, tokens, 4, 16), BF16, 3), tie_heavy((2, tokens, 4), BF16, 4)[..., None])
+    gate = mixed((2, tokens, 64), BF16, 5)
+    check("sigmoid_gate", mixed((2, tokens, 64), BF16, 6), gate)
+    check("sigmoid_gate", mixed((2, 64, tokens), BF16, 7).transpose(1, 2), gate)
+
+
+@needs_kernels
+def test_sigmoid_gate_catches_a_wrong_table_or_rounding(monkeypatch):
+    """The comparison sees the op run with the SiLU table in place of the sigmoid one (glu_gate's), and a sigmoid
+    left unrounded before the product (one rounding at the end)."""
+    from accelpatch.ops.fused.tables import all_bf16_values
+    gate = all_bf16_values(torch.device("cpu"))
+    x = mixed((65536,), BF16, 9)
+    expected = ref.sigmoid_gate(x, gate)
+    with pytest.raises(AssertionError, match="differ"):
+        assert_same((x.float() * torch.sigmoid(gate.float())).to(BF16), expected)
+    monkeypatch.setattr(cpu, "_PREPARED", {})  # a fresh cache, dropped with the wrong table afterwards
+    monkeypatch.setitem(cpu._WIDE, "sigmoid", cpu._wide_table("silu"))
+    with torch.no_grad(), pytest.raises(AssertionError, match="differ|NaN"):
+        assert_same(cpu.sigmoid_gate(x, gate), expected)
+
+
 # ---- scale_to_tokens -------------------------------------------------------------------------------------------
 
 @needs_kernels

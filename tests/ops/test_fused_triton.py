@@ -114,6 +114,37 @@ def test_glu_gate_every_bf16_value_of_the_gate():
     check("glu_gate", x.view(4, 16384)[:, :1024], gate.view(64, 1024)[0])  # broadcast gate
 
 
+def test_sigmoid_gate_every_bf16_value_of_the_gate():
+    g = torch.Generator().manual_seed(11)
+    gate = all_bf16_values(torch.device("cpu"))
+    x = edge((65536,), torch.bfloat16, 12)[torch.randperm(65536, generator=g)]
+    check("sigmoid_gate", x, gate)
+    check("sigmoid_gate", x.view(256, 256).t(), gate.view(256, 256))  # transposed (non-contiguous) x
+
+
+@pytest.mark.parametrize("tokens", [1, 17])
+def test_sigmoid_gate_key_and_output_gates(tokens):
+    """SANA-Video 2.0's gates: sigmoid(beta) [B, N, H, 1] over the head dim of a qkv-chunk key, and the output
+    gate [B, N, C] on a contiguous and on an N-minor (transposed) attention output."""
+    key = edge((2, tokens, 3 * 4 * 16), torch.bfloat16, 13).chunk(3, dim=-1)[1].unflatten(-1, (4, 16))
+    check("sigmoid_gate", key, edge((2, tokens, 4), torch.bfloat16, 14, 200.0)[..., None])
+    gate = edge((2, tokens, 32), torch.bfloat16, 15)
+    check("sigmoid_gate", edge((2, tokens, 32), torch.bfloat16, 16, 0.005), gate)
+    check("sigmoid_gate", edge((2, 32, tokens), torch.bfloat16, 17).transpose(1, 2), gate)
+
+
+def test_sigmoid_gate_with_the_silu_table_is_caught(monkeypatch):
+    """The same launch gathering from the SiLU table (glu_gate's) instead of the sigmoid one is caught."""
+    gate = all_bf16_values(torch.device("cpu"))
+    x = edge((65536,), torch.bfloat16, 18)
+    want = reference.sigmoid_gate(x, gate)
+    assert_bit_identical(tk.sigmoid_gate(x, gate), want)
+    silu_table = tk.unary_table("silu", F.silu, x.device)
+    monkeypatch.setattr(tk, "unary_table", lambda *args: silu_table)
+    with pytest.raises(AssertionError, match="differ"):
+        assert_bit_identical(tk.sigmoid_gate(x, gate), want)
+
+
 # ---------------------------------------------------------------------------------------- scale_to_tokens
 
 @pytest.mark.parametrize("z_dtype,dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.bfloat16),

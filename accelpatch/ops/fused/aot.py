@@ -6,9 +6,9 @@ x 112, GLUMB 11,200 channels; MiniMax-H3: 56 heads x 128, rotary dim 96; SANA-Vi
 with a small token count of the same divisibility as the release ones (24 and 32,760 or 23,000 are 8 mod 16; 32
 and H3's 37,760 are 0 mod 16): an element-wise kernel's compiled code depends on the widths and on which strides
 and sizes are 1 or multiples of 16, not on how many tokens there are — except where the output is N-minor (a
-transposed residual, scale_to_tokens): there a row runs over the tokens and its BLOCK depends on their count, so
-those cases take 8,200 tokens (batch 1), which gets the release shapes' BLOCK of 1024. The tensors are left
-uninitialised (nothing runs). TRITON_INTERPRET must be unset.
+transposed residual, scale_to_tokens, the linear attention's sigmoid output gate): there a row runs over the tokens
+and its BLOCK depends on their count, so those cases take 8,200 tokens (batch 1), which gets the release shapes'
+BLOCK of 1024. The tensors are left uninitialised (nothing runs). TRITON_INTERPRET must be unset.
 """
 from __future__ import annotations
 
@@ -64,6 +64,17 @@ def _glu():
     return "glu_gate", args
 
 
+def _sigmoid_gate(kind):
+    def args():  # SANA-Video 2.0, 20 heads x 128: the key gate sigmoid(beta) [B, N, H, 1] over D; the output gate
+        if kind == "key":  # [B, N, C] on the attention output (N-minor after the linear attention)
+            return torch.empty(2, TOKENS, 20, 128, dtype=BF16), torch.empty(2, TOKENS, 20, 1, dtype=BF16)
+        if kind == "n-minor":
+            return (torch.empty(1, 2560, N_MINOR_TOKENS, dtype=BF16).transpose(1, 2),
+                    torch.empty(1, N_MINOR_TOKENS, 2560, dtype=BF16))
+        return torch.empty(2, TOKENS, 2560, dtype=BF16), torch.empty(2, TOKENS, 2560, dtype=BF16)
+    return "sigmoid_gate", args
+
+
 def _scale_to_tokens(dtype, z_dtype=BF16):
     return "scale_to_tokens", lambda: (torch.empty(1, 20, 112, N_MINOR_TOKENS),
                                        torch.empty(1, 20, 1, N_MINOR_TOKENS, dtype=z_dtype), dtype)
@@ -100,6 +111,9 @@ CASES: dict[str, tuple[str, Callable]] = {
     "gated_residual fp32": _residual(FP32),
     "silu bf16 channels_last": _silu(),
     "glu_gate bf16 channels_last chunks": _glu(),
+    "sigmoid_gate bf16 key gate [B, N, H, 1]": _sigmoid_gate("key"),
+    "sigmoid_gate bf16 output gate": _sigmoid_gate("output"),
+    "sigmoid_gate bf16 output gate, N-minor x": _sigmoid_gate("n-minor"),
     "scale_to_tokens fp32 x bf16 z -> bf16": _scale_to_tokens(BF16),
     "scale_to_tokens fp32 x bf16 z -> fp16": _scale_to_tokens(FP16),
     "scale_to_tokens fp32 x bf16 z -> fp32": _scale_to_tokens(FP32),

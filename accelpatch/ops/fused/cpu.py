@@ -1,8 +1,8 @@
 """CPU implementations of the lossless fused ops: one pass of compiled C++ (cpu_kernels.cpp) per chain.
 
 Each op has the signature and the outputs of its reference chain in :mod:`.reference` (values bit for bit, dtypes,
-shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU and ReLU
-come from :func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a
+shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU, sigmoid and
+ReLU come from :func:`.tables.unary_table`, eager's own results on all 65,536 inputs (relu_rope_pair uses a
 vectorisable ReLU formula instead once it was found equal to that table on every input). :func:`unsupported` says
 why an op cannot run given inputs (None when it can); calling an op on such inputs raises ``ValueError`` with that
 reason. A call with a signature seen before (dtypes, shapes, strides, grad mode) reuses its checks, layouts and
@@ -158,7 +158,7 @@ def _self_check(library) -> Optional[str]:
 
 
 def _table(name: str):
-    fn = {"silu": F.silu, "relu": F.relu}[name]
+    fn = {"silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid}[name]
     return unary_table(name, fn, _CPU)
 
 
@@ -333,6 +333,7 @@ _WHY = {
     "gated_residual": lambda *a: _why_elementwise("gated_residual", ref.gated_residual, a, _ELEMENTWISE_DTYPES),
     "silu": lambda *a: _why_elementwise("silu", ref.silu, a, (torch.bfloat16,), "silu"),
     "glu_gate": lambda *a: _why_elementwise("glu_gate", ref.glu_gate, a, (torch.bfloat16,), "silu"),
+    "sigmoid_gate": lambda *a: _why_elementwise("sigmoid_gate", ref.sigmoid_gate, a, (torch.bfloat16,), "sigmoid"),
     "scale_to_tokens": lambda *a: _why_scale(*a),
 }
 
@@ -544,6 +545,16 @@ def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """:func:`.reference.sigmoid_gate` of bf16: ``x * sigmoid(gate)`` in one pass, by glu_gate's kernel with eager's
+    sigmoid table in place of the SiLU one (the kernel only gathers ``table[bits(gate)]`` and rounds the product)."""
+    prep = _elementwise_prep("sigmoid_gate", ref.sigmoid_gate, (x, gate), "ap_glu_gate_", "sigmoid")
+    out = _output(prep)
+    if prep.nonempty:
+        prep.kernel(out.data_ptr(), x.data_ptr(), gate.data_ptr(), prep.table, prep.size, prep.strides)
+    return out
+
+
 def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """:func:`.reference.scale_to_tokens`: ``x * z`` (z widened exactly to float32, as eager promotes) rounded
     once to ``dtype``, written straight into eager's N-minor ``[B, N, H*D]`` layout."""
@@ -595,6 +606,7 @@ OPS: dict[str, Callable] = {
     "gated_residual": gated_residual,
     "silu": silu,
     "glu_gate": glu_gate,
+    "sigmoid_gate": sigmoid_gate,
     "scale_to_tokens": scale_to_tokens,
     "rotate_half_pair": rotate_half_pair,
     "rotary_complex_pair": rotary_complex_pair,

@@ -6,8 +6,8 @@ an intermediate (after EVERY bf16/fp16 op; mixed bf16 x fp32 chains only at the 
 fp32, as c10 has no double constructor). The wrappers launch with enable_fp_fusion=False so no mul+add becomes an
 FMA (eager never contracts across kernels; the one exception is an fma eager's build has inside one op, the
 complex128 multiply: written out as tl.fma only where the probe, complex_mul, found it). No division, exp or
-libdevice call is used (bf16 SiLU/ReLU are table gathers), so there is no approximate instruction and nothing to
-flush denormals.
+libdevice call is used (bf16 SiLU/sigmoid/ReLU are table gathers), so there is no approximate instruction and
+nothing to flush denormals.
 
 bf16 rounding and widening are written in integer arithmetic (`_bf16_bits`, `_widen_bits`) instead of `.to()`:
 the result is the same round-to-nearest-even on the GPU, but Triton's interpreter (which the tests run) truncates in
@@ -135,7 +135,8 @@ def _silu_kernel(OUT, X, TABLE, size1, size2, size3, o0, o1, o2, o3, x0, x1, x2,
 @triton.jit
 def _glu_gate_kernel(OUT, X, G, TABLE, size1, size2, size3,
                      o0, o1, o2, o3, x0, x1, x2, x3, g0, g1, g2, g3, BLOCK: tl.constexpr):
-    """bf16 x * silu(gate): the SiLU from eager's table (already bf16), the product rounded once."""
+    """bf16 x * f(gate), f from eager's table (already bf16): SiLU for glu_gate, sigmoid for sigmoid_gate; the
+    product rounded once."""
     i0, i1, i2, cols, mask = _tile(size1, size2, size3, BLOCK)
     x = _widen(tl.load(_at(X, i0, i1, i2, cols, x0, x1, x2, x3), mask=mask))
     g = tl.load(_at(G, i0, i1, i2, cols, g0, g1, g2, g3), mask=mask)

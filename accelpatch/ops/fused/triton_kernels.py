@@ -1,9 +1,9 @@
 """CUDA (Triton) implementations of the lossless fused ops: same signatures and outputs (values, dtypes, shapes,
 strides) as the chains in ``reference``, each in one launch.
 
-Outputs are allocated with eager's strides (``layout.empty_like_eager``); bf16 SiLU/ReLU gather from the device's own
-eager table (``tables.unary_table``); the kernels (``triton_jit``, imported on first use so importing accelpatch
-never imports Triton) round exactly where eager does and are launched with ``enable_fp_fusion=False``.
+Outputs are allocated with eager's strides (``layout.empty_like_eager``); bf16 SiLU/sigmoid/ReLU gather from the
+device's own eager table (``tables.unary_table``); the kernels (``triton_jit``, imported on first use so importing
+accelpatch never imports Triton) round exactly where eager does and are launched with ``enable_fp_fusion=False``.
 The complex128 RoPE replays the device's eager complex multiply in the form ``complex_mul`` probed (every product
 rounded, or an fma where the build contracts). ``unsupported(op, *args)`` says why an input cannot run here (None
 when it can); the wrappers assume it was asked.
@@ -112,7 +112,8 @@ def relu_fp32_sign(device: torch.device) -> tuple[Optional[bool], Optional[str]]
 def unsupported(op_name: str, *args) -> Optional[str]:
     """Why the Triton implementation of ``op_name`` cannot run these arguments (the reference's), or None."""
     checks = {"relu_rope_pair": _why_rope, "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
-              "silu": _why_bf16, "glu_gate": _why_bf16, "scale_to_tokens": _why_scale_to_tokens,
+              "silu": _why_bf16, "glu_gate": _why_bf16, "sigmoid_gate": _why_sigmoid_gate,
+              "scale_to_tokens": _why_scale_to_tokens,
               "rotate_half_pair": _why_rotate_half, "rotary_complex_pair": _why_rotary_complex}
     if op_name not in checks:
         return f"no Triton kernel for {op_name!r}"
@@ -152,12 +153,16 @@ def _why_same_dtype(*tensors) -> Optional[str]:
     return None
 
 
-def _why_bf16(*tensors) -> Optional[str]:
+def _why_bf16(*tensors, table=("silu", F.silu)) -> Optional[str]:
     if any(t.dtype != torch.bfloat16 for t in tensors):
-        return "bfloat16 only (a table of eager's SiLU)"
+        return f"bfloat16 only (a table of eager's {table[0]})"
     if _broadcast(*tensors) is None:
         return "shapes do not broadcast"
-    return unary_table("silu", F.silu, tensors[0].device)[1]
+    return unary_table(*table, tensors[0].device)[1]
+
+
+def _why_sigmoid_gate(x, gate) -> Optional[str]:
+    return _why_bf16(x, gate, table=("sigmoid", torch.sigmoid))
 
 
 def _why_scale_to_tokens(x, z, dtype) -> Optional[str]:
@@ -263,6 +268,13 @@ def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """bf16 ``x * silu(gate)`` (reference.glu_gate)."""
     table, _ = unary_table("silu", F.silu, x.device)
     (out,) = empty_like_eager(reference.glu_gate, (x, gate), x.device)
+    return _elementwise(_jit()._glu_gate_kernel, out, (x, gate), (table,))
+
+
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """bf16 ``x * sigmoid(gate)`` (reference.sigmoid_gate): glu_gate's kernel gathering from eager's sigmoid table."""
+    table, _ = unary_table("sigmoid", torch.sigmoid, x.device)
+    (out,) = empty_like_eager(reference.sigmoid_gate, (x, gate), x.device)
     return _elementwise(_jit()._glu_gate_kernel, out, (x, gate), (table,))
 
 
