@@ -5,7 +5,7 @@
   per-frame gates and the Block Attention Residuals stay the model's own.
 - ``blocks.N.attn``: the anchor and the gated linear attention processors with the complex128 RoPE of q and k
   (float64 products, then float64 → float32 → dtype, as ``type_as`` rounds) as one fused op, and the sigmoid
-  gates (the output gate; the linear attention's key gate β) as another, passed to the model's own
+  output gate as another, passed to the model's own
   ``anchor_qkv`` / ``anchor_output`` / ``gated_linear_attention`` (the ``high`` paths stacked above pass them too).
 """
 from __future__ import annotations

@@ -118,14 +118,16 @@ def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: tor
     Both GEMMs run on FP32 operands when ``fp32_attention`` is set (the release). ``first_gemm(v, k̃)``, given by a
     fast path, replaces the first one ([B, H, D, N] operands in the activations' dtype → [B, H, D, D] FP32); the
     second then runs on FP32 operands. ``rope_pair(q, k, freqs)`` applies the RoPE (:func:`apply_rope_pair`),
-    ``gate(x, logits)`` the two sigmoid gates (:func:`sigmoid_gate`)."""
+    ``gate(x, logits)`` the sigmoid output gate (:func:`sigmoid_gate`; the key gate β, a [B, N, H] sigmoid broadcast
+    over the head dim, stays eager: cheaper than any fused pass on CPU)."""
     batch, tokens, width = hidden_states.shape
     query, key, value = _qkv(attn, hidden_states)
     if rotary_emb is not None:
         query_rot, key_rot = rope_pair(query, key, rotary_emb)
     else:
         query_rot, key_rot = query, key
-    key_gated = gate(key_rot, attn.beta_proj(hidden_states)[..., None])  # key times sigmoid(β), β [B, N, H]
+    beta = torch.sigmoid(attn.beta_proj(hidden_states))  # [B, N, H]
+    key_gated = key_rot * beta[..., None]
     # channel-first per head: [B, H, D, N]
     query_rot, key_gated, value = (x.permute(0, 2, 3, 1) for x in (query_rot, key_gated, value))
     if first_gemm is not None:
