@@ -95,9 +95,12 @@ def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
     # in float32 the reference runs, counted with its reason)
     glu = {"glu_gate": {"fused": 2} if dtype == torch.bfloat16 else
            {"reference: float32 activations (fused for bfloat16 only)": 2}}
+    # per attention call: the RoPE pair and the sigmoid output gate (a bf16 table, as the SwiGLU gate)
+    gate = {"sigmoid_gate": {"fused": 2} if dtype == torch.bfloat16 else
+            {"reference: float32 activations (fused for bfloat16 only)": 2}}
     assert {s.path: s.fused_ops for s in _tier(rep, "lossless")} == {
         path: ({"modulate": {"fused": 2 * 2}, **glu} if kind == "sana_video2_fused_block"
-               else {"rotary_complex_pair": {"fused": 2}}) for path, kind in LOSSLESS_KINDS.items()}
+               else {"rotary_complex_pair": {"fused": 2}, **gate}) for path, kind in LOSSLESS_KINDS.items()}
 
 
 def test_high_on_cpu_falls_back_counts_it_and_strict_raises():
