@@ -41,6 +41,7 @@ class FusionReport:
 
     op: str
     description: str
+    #: the modules whose fast paths call the op
     sites: int
     fused_calls: int
     #: calls that ran the reference chain, by reason ("declined: ...", "reference: inside torch.compile ...")
@@ -359,11 +360,12 @@ def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
     from .verify import FUSED
 
     ops = {}
-    for site in patch_sites:
+    for site in patch_sites:  # sites stacked on one module count once: the module is where the op runs
         for op in site.fast_path.fused_ops:
-            ops.setdefault(op.name, [op, 0])[1] += 1
+            ops.setdefault(op.name, (op, set()))[1].add(site.path)
     out = []
-    for name, (op, count) in ops.items():
+    for name, (op, paths) in ops.items():
+        count = len(paths)
         calls = merge_counts(s.fused_ops.get(name, {}) for s in site_reports)
         verdicts = op.verdicts()
         verified = tuple((v.described, v.cost_s) for v in verdicts if v.verified)

@@ -247,16 +247,14 @@ class CacheCounters:
 # --- attaching ------------------------------------------------------------------------------------------------
 
 def _register_block(block_class: type) -> None:
-    """Register ``block_class`` with diffusers' block registry (its cache hooks look blocks up by class). A block
-    accelpatch gated (a lossless fused path) is registered under its gated class, with the original class's
-    forward as the one whose signature diffusers reads parameters from (the gated forward takes ``*args``)."""
+    """Register ``block_class`` with diffusers' block registry (its cache hooks look blocks up by class, and read
+    parameters by name from the class's forward: a gated class's forward carries the original's signature)."""
     from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
 
     TransformerBlockRegistry._register()
     if block_class not in TransformerBlockRegistry._registry:
-        metadata = TransformerBlockMetadata(return_hidden_states_index=0, return_encoder_hidden_states_index=None)
-        TransformerBlockRegistry.register(block_class, metadata)
-        metadata._cls = block_class.__dict__.get("_accelpatch_original_class", block_class)
+        TransformerBlockRegistry.register(block_class, TransformerBlockMetadata(return_hidden_states_index=0,
+                                                                                return_encoder_hidden_states_index=None))
 
 
 class _RemainingBlocksState:

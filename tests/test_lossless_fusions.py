@@ -239,3 +239,28 @@ def test_flushing_subnormals_is_part_of_the_cpu_signature():
     finally:
         torch.set_flush_denormal(False)
     assert plain != flushed and verify.signature((x,)) == plain
+
+
+def test_a_gated_forward_carries_the_original_signature_and_pickles_by_reference():
+    """diffusers reads parameters by name from inspect.signature(type(module).forward) (block registry for its cache
+    hooks, context-parallel split hooks: the README's torchrun example raised "Parameter 'adaln_indices' not found"
+    on a gated MiniMax-H3 block); the per-class forward must still pickle (by reference, in any process)."""
+    import inspect
+    import pickle
+    import subprocess
+    import sys
+
+    from accelpatch.testing import tiny_minimax_h3_transformer
+
+    model = tiny_minimax_h3_transformer()
+    original = type(model.transformer_blocks[0])
+    accelpatch.apply(model)
+    gated = type(model.transformer_blocks[0])
+    assert gated is not original
+    assert inspect.signature(gated.forward) == inspect.signature(original.forward)
+    assert pickle.loads(pickle.dumps(gated.forward)) is gated.forward
+    code = ("import inspect, pickle, sys; f = pickle.loads(sys.stdin.buffer.read()); "
+            "print(list(inspect.signature(f).parameters))")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(gated.forward), capture_output=True,
+                         timeout=120)
+    assert "adaln_indices" in out.stdout.decode(), out.stderr.decode()[-2000:]

@@ -7,9 +7,13 @@ unchanged and the reason is counted.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import copyreg
+import importlib
+import inspect
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -308,6 +312,45 @@ def _gated_forward(self, *args, **kwargs):
 _gated_forward.__name__ = "forward"
 _gated_forward._accelpatch_gated = True
 
+_FORWARD_PREFIX = "_gated_forward_of_"
+_FORWARDS: dict[str, Callable] = {}
+
+
+def _forward_name(original: type) -> str:
+    """A dot-free module attribute name that says which class's gated forward it is (pickle looks functions up
+    by module and qualified name, and splits that name at dots)."""
+    where = f"{original.__module__}:{original.__qualname__}".encode()
+    return _FORWARD_PREFIX + base64.urlsafe_b64encode(where).decode().rstrip("=")
+
+
+def _forward_for(original: type) -> Callable:
+    """The gated forward of ``original``'s gated classes: :func:`_gated_forward` under the original forward's
+    signature. diffusers reads parameters by name from ``inspect.signature(type(module).forward)`` (its cache
+    hooks' block registry, its context-parallel split hooks): they must see ``hidden_states``, not ``*args``."""
+    name = _forward_name(original)
+    forward = _FORWARDS.get(name)
+    if forward is None:
+        forward = types.FunctionType(_gated_forward.__code__, _gated_forward.__globals__, "forward")
+        forward.__qualname__ = name  # found again by module __getattr__ below, in any process
+        forward.__doc__ = _gated_forward.__doc__
+        forward.__signature__ = inspect.signature(original.forward)
+        forward._accelpatch_gated = True
+        forward = _FORWARDS.setdefault(name, forward)
+    return forward
+
+
+def __getattr__(name: str):
+    """Module attributes ``_gated_forward_of_<class>``: a pickled reference to a gated forward is resolved here,
+    also in a process that has not patched that class yet."""
+    if not name.startswith(_FORWARD_PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    encoded = name[len(_FORWARD_PREFIX):]
+    module_name, _, qualname = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode().partition(":")
+    original = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        original = getattr(original, part)
+    return _forward_for(original)
+
 
 def is_gated_forward(function: Any, module: torch.nn.Module) -> bool:
     """True when ``function`` is the gated forward bound to ``module`` (as a hook that captured it holds it)."""
@@ -372,7 +415,7 @@ def gated_class(original: type, fusions) -> type:
             namespace = {
                 "__module__": original.__module__,
                 "__doc__": f"{original.__name__} gated by accelpatch's {kinds}.",
-                "forward": _gated_forward,
+                "forward": _forward_for(original),
                 "_accelpatch_original_class": original,
                 "_accelpatch_fusion_names": key[1],
                 "__reduce_ex__": _gated_reduce_ex,
