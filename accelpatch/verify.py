@@ -252,13 +252,18 @@ class FusedOp:
         return self.reference(*args)
 
     def _declined(self, site: Any, args: tuple, reason: str):
+        self._refuse(site, reason)
+        return self.reference(*args)
+
+    def _refuse(self, site: Any, reason: str) -> None:
+        """A declined signature met: raise under strict mode, else warn once per model and reason, and count it."""
         outcome = f"declined: {reason}"
         if site.model.strict:
             raise FastPathUnavailableError(
                 f"lossless fusion {self.name} at {site.path} could not run: {reason}. "
                 "Patch with strict=False to run the reference chain instead.")
         site.model.warn_once(f"lossless {self.name}", outcome)
-        return self._reference(site, args, outcome)
+        _count(site, self.name, outcome)
 
     def _first_sight(self, site: Any, key: tuple, args: tuple, device: torch.device):
         start = time.perf_counter()
@@ -286,12 +291,7 @@ class FusedOp:
         with self._lock:
             self._verdicts[key] = verdict
         if reason is not None:
-            if site.model.strict:
-                raise FastPathUnavailableError(
-                    f"lossless fusion {self.name} at {site.path} could not run: {reason}. "
-                    "Patch with strict=False to run the reference chain instead.")
-            site.model.warn_once(f"lossless {self.name}", f"declined: {reason}")
-            _count(site, self.name, f"declined: {reason}")
+            self._refuse(site, reason)
         else:
             _count(site, self.name, FUSED)
         return reference_out
