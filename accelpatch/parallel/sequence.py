@@ -1,0 +1,94 @@
+"""The sequence group of a model split by diffusers' context parallelism, and the collectives its token-mixing
+layers need that diffusers' hooks do not provide.
+
+diffusers' ``enable_parallelism`` records a ``ParallelConfig`` on the model (``model._parallel_config``) and on every
+attention processor that has a ``_parallel_config`` attribute. Its split hooks shard tokens over the flattened
+ring × ulysses mesh; layers that mix tokens outside ``dispatch_attention_fn`` (linear attention, temporal
+convolutions) must combine shards themselves, over that same group: :func:`sequence_shards` names it.
+
+The collectives are for inference: they carry no backward (a model split over ranks runs under ``no_grad``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class SequenceShards:
+    """Where this process sits in the sequence split: the process group, this rank's index in it, its size."""
+
+    group: Any
+    rank: int
+    world: int
+
+
+def sequence_shards(parallel_config: Any) -> Optional[SequenceShards]:
+    """The sequence group of diffusers' ``ParallelConfig`` (or ``ContextParallelConfig``), or None when the config
+    has no context parallelism (None, tensor parallelism only, or not set up yet)."""
+    cp = getattr(parallel_config, "context_parallel_config", parallel_config)
+    mesh = getattr(cp, "_flattened_mesh", None)
+    if mesh is None:
+        return None
+    return SequenceShards(mesh.get_group(), mesh.get_local_rank(), mesh.size())
+
+
+def shards_of_group(group: Any = None) -> SequenceShards:
+    """A :class:`SequenceShards` over a plain process group (default: the world), for code and tests that split a
+    model without a diffusers config, e.g. on one process, where diffusers' configs refuse a degree of 1."""
+    return SequenceShards(group, dist.get_rank(group), dist.get_world_size(group))
+
+
+def sum_over_ranks(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
+    """The sum of ``x`` over the ranks of the group (a new tensor; ``x`` is left as it was). Summation order is
+    the backend's: equal on every rank, not equal to one process's single sum."""
+    out = x.contiguous().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=shards.group)
+    return out
+
+
+def exchange_halo(first: torch.Tensor, last: torch.Tensor,
+                  shards: SequenceShards) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Neighbour-only exchange along the split: send ``first`` to the previous rank and ``last`` to the next one;
+    return (the previous rank's last, the next rank's first), None at the ends of the sequence. Point to point:
+    each rank moves two slices whatever the world size."""
+    if shards.world == 1:
+        return None, None
+    ranks = dist.get_process_group_ranks(shards.group) if shards.group is not None else list(range(shards.world))
+    ops, previous, following = [], None, None
+    first, last = first.contiguous(), last.contiguous()
+    if shards.rank > 0:
+        previous = torch.empty_like(last)
+        ops += [dist.P2POp(dist.isend, first, ranks[shards.rank - 1], shards.group),
+                dist.P2POp(dist.irecv, previous, ranks[shards.rank - 1], shards.group)]
+    if shards.rank < shards.world - 1:
+        following = torch.empty_like(first)
+        ops += [dist.P2POp(dist.isend, last, ranks[shards.rank + 1], shards.group),
+                dist.P2POp(dist.irecv, following, ranks[shards.rank + 1], shards.group)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return previous, following
+
+
+def all_agree(flag: bool, shards: Optional[SequenceShards]) -> bool:
+    """True only when ``flag`` is true on every rank: a decision that changes which collectives run (a step cache
+    reusing a step) must be taken alike everywhere, or the ranks wait on each other for ever."""
+    if shards is None or shards.world == 1:
+        return flag
+    vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(vote, op=dist.ReduceOp.MIN, group=shards.group)
+    return bool(vote.item())
+
+
+def whole_frames_error(frames: int, world: int, model: str) -> Optional[str]:
+    """Why ``frames`` latent frames cannot be split over ``world`` ranks in whole, equal shards (None when they can),
+    naming the world sizes and frame counts that work."""
+    if frames % world == 0:
+        return None
+    sizes = [n for n in range(1, frames + 1) if frames % n == 0]
+    counts = [n * world for n in range(1, 4)]
+    return (f"{model}: {frames} latent frames do not split over {world} ranks in whole frames; use a world size "
+            f"in {sizes} for this clip, or a latent frame count divisible by {world} (e.g. {counts})")
