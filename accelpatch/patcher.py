@@ -16,6 +16,7 @@ from .backends import resolve_backend
 from .errors import FastPathUnavailableError
 from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
+from .parallel.lifecycle import ParallelGuard
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
 from .step_cache import StepCache, resolve_cache
@@ -51,6 +52,8 @@ class ModelPatch:
     #: fusion name -> why its sites did not mount (the first rejected site's reason)
     rejections: dict[str, str] = field(default_factory=dict)
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
+    #: checks a split model's ranks agree; undoes parallelism enabled after apply (accelpatch.parallel.lifecycle)
+    parallel_guard: Any = field(default=None, repr=False)
     _warned: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _token: int = field(default=-1, repr=False)
@@ -216,6 +219,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         _mount(model, patch, by_fusion)
         for site in patch.sites:
             site.prepare_counters()
+        patch.parallel_guard = ParallelGuard(model, patch)
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
@@ -266,6 +270,8 @@ def _remove_one(model: torch.nn.Module) -> None:
     patch = model.__dict__.pop(STATE_ATTR, None)
     if patch is None:
         return
+    if patch.parallel_guard is not None:  # diffusers' split hooks off first, while the gated classes are in place
+        patch.parallel_guard.remove(model)
     while patch.detach:
         patch.detach.pop()()
     for site in reversed(patch.sites):  # a module's stacked sites: the top one (SITE_ATTR) comes last

@@ -1,0 +1,112 @@
+"""What ``apply()`` and ``remove()`` do about a model that runs on several processes.
+
+- At ``apply()``: a model that an adapter gives a context-parallel plan must not be split already (diffusers would
+  have split it by a plan accelpatch did not write: its token-mixing layers would stay local or crash).
+- Before each forward of a split model, in eager code: once per parallel config, every rank must be patched alike
+  (same tier, backend, options and sites: a rank running another path waits in a collective the others never
+  reach); on every call, the calling context's tier must be the same on every rank.
+- At ``remove()``: parallelism enabled after ``apply()`` is undone too: diffusers' split and gather hooks come off,
+  ``_parallel_config`` is cleared on the model and its processors (diffusers has no inverse of
+  ``enable_parallelism``), and the model is the unsplit one it was before.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..tiers import Tier, effective_tier
+
+#: diffusers' names of its context-parallel hooks (diffusers/hooks/context_parallel.py)
+_CP_HOOK_PREFIXES = ("cp_input---", "cp_output---")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def parallel_config(model: torch.nn.Module) -> Any:
+    """The ``ParallelConfig`` diffusers recorded on ``model`` (None when it is not split)."""
+    return getattr(model, "_parallel_config", None)
+
+
+def refuse_split_model(model: torch.nn.Module, plan: Optional[dict]) -> None:
+    """Raise when ``model`` was split before ``apply()`` although accelpatch provides its plan."""
+    if plan is not None and parallel_config(model) is not None:
+        raise RuntimeError(
+            f"this {type(model).__name__} was parallelised (enable_parallelism) before accelpatch.apply(): its split "
+            "was not planned by accelpatch, and its linear attention and temporal convolutions would run on one "
+            "shard only. Load the model again, call accelpatch.apply() first, then enable_parallelism().")
+
+
+def fingerprint(patch: Any) -> str:
+    """What must be equal on every rank: the patch as asked for, and the sites it mounted."""
+    sites = sorted((s.path, s.kind, s.reject_reason is None) for s in patch.sites)
+    return _ADDRESS.sub("", repr((patch.model_class, patch.key(), sites)))
+
+
+def _gather(value: Any) -> list:
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+class ParallelGuard:
+    """Registered by ``apply()`` on every patched model: checks a split model's ranks agree, and undoes
+    parallelism enabled after ``apply()`` when the patch is removed."""
+
+    def __init__(self, model: torch.nn.Module, patch: Any) -> None:
+        self.patch = patch
+        self.split_at_apply = parallel_config(model) is not None
+        self.checked = None  # the parallel config whose ranks were compared
+        self.handle = model.register_forward_pre_hook(self.before_forward)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, checked=None)  # a process group does not pickle; a copy checks again
+
+    def before_forward(self, model: torch.nn.Module, args: tuple) -> None:
+        config = parallel_config(model)
+        if config is None or torch.compiler.is_compiling() or not dist.is_initialized():
+            return
+        if self.checked is not config:
+            prints = _gather(fingerprint(self.patch))
+            differing = [rank for rank, value in enumerate(prints) if value != prints[0]]
+            if differing:
+                raise RuntimeError(
+                    f"accelpatch: ranks {differing} are patched differently from rank 0 (call apply() with the same "
+                    f"arguments on every rank). Rank 0: {prints[0]}; rank {differing[0]}: {prints[differing[0]]}")
+            self.checked = config
+        tier = torch.tensor([int(effective_tier(self.patch.default_tier))])
+        tiers = [torch.empty_like(tier) for _ in range(dist.get_world_size())]
+        dist.all_gather(tiers, tier)
+        if len({int(t) for t in tiers}) > 1:
+            tiers = [str(Tier(int(t))) for t in tiers]
+            raise RuntimeError(f"accelpatch: the ranks run different tiers in this call ({tiers}, by rank): enter "
+                               "the same accelpatch.quality(...) block on every rank")
+
+    def remove(self, model: torch.nn.Module) -> None:
+        self.handle.remove()
+        if parallel_config(model) is not None and not self.split_at_apply:
+            undo_parallelism(model)
+
+
+def undo_parallelism(model: torch.nn.Module) -> None:
+    """Take diffusers' context-parallel hooks off ``model`` and clear the parallel config it recorded on the model
+    and on its attention processors."""
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is not None:
+            for name in [n for n in registry._hook_order if n.startswith(_CP_HOOK_PREFIXES)]:
+                registry.remove_hook(name, recurse=False)
+            if not registry.hooks:  # diffusers leaves the forward it wrapped as an instance attribute
+                del module._diffusers_hook
+                forward = module.__dict__.get("forward")
+                if getattr(forward, "__self__", None) is module and \
+                        getattr(forward, "__func__", None) is type(module).forward:
+                    del module.__dict__["forward"]
+        processor = getattr(module, "processor", None)
+        if processor is not None and getattr(processor, "_parallel_config", None) is not None:
+            processor._parallel_config = None
+    for module in model.modules():  # registries cache their descendants' registries: rebuild on next use
+        if hasattr(module, "_diffusers_hook"):
+            module._diffusers_hook._child_registries_cache = None
+    model._parallel_config = None

@@ -1,0 +1,86 @@
+"""apply()/remove() on a model split over processes (accelpatch.parallel.lifecycle), two real gloo processes on
+CPU with MiniMax-H3 (diffusers gives it a plan): remove() undoes parallelism enabled after apply and leaves the
+model as unpatched and unsplit as it was; ranks patched differently, or running different tiers in one call, are
+refused on every rank with the reason instead of hanging in a collective."""
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, warnings
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def worker(rank, world, port, folder):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.accelerator.device_count = lambda: 1  # diffusers computes rank % device_count (0 on CPU)
+        import accelpatch
+        from diffusers import ContextParallelConfig
+        from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
+        out = {}
+        model = tiny_minimax_h3_transformer()
+        inputs = minimax_h3_transformer_inputs(model, num_video=1100)
+        untouched = {name: type(m) for name, m in model.named_modules()}
+        forwards = {name for name, m in model.named_modules() if "forward" in m.__dict__}
+        with torch.no_grad():
+            out["one_process"] = model(**inputs).sample
+            accelpatch.apply(model)
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+            out["split"] = model(**inputs).sample
+            # a tier that differs between the ranks in one call: refused on every rank
+            try:
+                with accelpatch.quality("exact" if rank == 0 else "lossless"):
+                    model(**inputs)
+            except RuntimeError as error:
+                out["tier_error"] = str(error)
+            accelpatch.remove(model)
+            out["config_after_remove"] = model._parallel_config
+            out["hooks_after_remove"] = [n for n, m in model.named_modules() if hasattr(m, "_diffusers_hook")]
+            out["classes_restored"] = {n: type(m) for n, m in model.named_modules()} == untouched
+            out["forwards_after_remove"] = sorted(
+                {n for n, m in model.named_modules() if "forward" in m.__dict__} - forwards)
+            out["processor_configs"] = [n for n, m in model.named_modules()
+                                        if getattr(getattr(m, "processor", None), "_parallel_config", None)]
+            out["after_remove"] = model(**inputs).sample  # unsplit again: the whole sequence on this rank
+            # ranks patched differently: refused on every rank at the first split call
+            accelpatch.apply(model, tier="exact" if rank == 0 else "lossless")
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+            try:
+                model(**inputs)
+            except RuntimeError as error:
+                out["patch_error"] = str(error)
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+""")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remove_undoes_parallelism_and_mismatched_ranks_are_refused(tmp_path):
+    script = tmp_path / "lifecycle.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port())], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        out = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        torch.testing.assert_close(out["split"], out["one_process"], atol=1e-5, rtol=1e-5)  # really split, still right
+        assert "different tiers" in out["tier_error"] and "['exact', 'lossless']" in out["tier_error"]
+        assert out["config_after_remove"] is None and out["processor_configs"] == []
+        assert out["hooks_after_remove"] == [] and out["forwards_after_remove"] == []
+        assert out["classes_restored"]
+        assert torch.equal(out["after_remove"], out["one_process"])  # the untouched model, bit for bit
+        assert "ranks [1] are patched differently from rank 0" in out["patch_error"]
