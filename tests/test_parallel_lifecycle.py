@@ -84,3 +84,24 @@ def test_remove_undoes_parallelism_and_mismatched_ranks_are_refused(tmp_path):
         assert out["classes_restored"]
         assert torch.equal(out["after_remove"], out["one_process"])  # the untouched model, bit for bit
         assert "ranks [1] are patched differently from rank 0" in out["patch_error"]
+
+
+def test_a_split_that_leaves_processes_out_is_refused_before_any_collective(monkeypatch):
+    import types
+
+    from accelpatch.parallel import lifecycle
+
+    mesh = types.SimpleNamespace(get_group=lambda: None, get_local_rank=lambda: 0, size=lambda: 2)
+    config = types.SimpleNamespace(context_parallel_config=types.SimpleNamespace(_flattened_mesh=mesh))
+    monkeypatch.setattr(lifecycle.dist, "get_world_size", lambda group=None: 3)
+    model = torch.nn.Linear(1, 1)
+    try:
+        lifecycle.refuse_world_mismatch(model, config)
+    except RuntimeError as error:
+        message = str(error)
+    else:
+        raise AssertionError("a 2-way split of a 3-process job was accepted")
+    assert "split 2 ways over the sequence" in message and "the job has 3 processes" in message
+    assert "--nproc_per_node=2" in message
+    monkeypatch.setattr(lifecycle.dist, "get_world_size", lambda group=None: 2)
+    lifecycle.refuse_world_mismatch(model, config)  # every process used: accepted

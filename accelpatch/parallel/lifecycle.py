@@ -18,6 +18,12 @@ import torch
 import torch.distributed as dist
 
 from ..tiers import Tier, effective_tier
+from .sequence import sequence_shards
+
+
+def cfg_degree(model: torch.nn.Module) -> int:
+    """How many ranks share the CFG batch of ``model`` (1 unless CFG parallelism is on)."""
+    return int(getattr(model, "_accelpatch_cfg_degree", 1))
 
 #: diffusers' names of its context-parallel hooks (diffusers/hooks/context_parallel.py)
 _CP_HOOK_PREFIXES = ("cp_input---", "cp_output---")
@@ -50,6 +56,20 @@ def _gather(value: Any) -> list:
     return values
 
 
+def refuse_world_mismatch(model: torch.nn.Module, config: Any) -> None:
+    """Raise when the split does not use every process of the job: diffusers builds its mesh on the first ranks
+    only, and the others would wait in the first collective for ever."""
+    shards = sequence_shards(config)
+    degree = shards.world if shards is not None else 1
+    cfg = cfg_degree(model)
+    if degree * cfg != dist.get_world_size():
+        raise RuntimeError(
+            f"accelpatch: {type(model).__name__} is split {degree} ways over the sequence"
+            + (f" and {cfg} ways over CFG" if cfg > 1 else "")
+            + f", but the job has {dist.get_world_size()} processes: launch {degree * cfg} processes (torchrun "
+            f"--nproc_per_node={degree * cfg}), or give ContextParallelConfig a degree that uses all of them")
+
+
 class ParallelGuard:
     """Registered by ``apply()`` on every patched model: checks a split model's ranks agree, and undoes
     parallelism enabled after ``apply()`` when the patch is removed."""
@@ -68,6 +88,7 @@ class ParallelGuard:
         if config is None or torch.compiler.is_compiling() or not dist.is_initialized():
             return
         if self.checked is not config:
+            refuse_world_mismatch(model, config)  # before any collective: a rank left out would never answer
             prints = _gather(fingerprint(self.patch))
             differing = [rank for rank, value in enumerate(prints) if value != prints[0]]
             if differing:
