@@ -43,7 +43,7 @@ def _models():
     }
 
 
-def _split(mode: str, model: torch.nn.Module, world: int) -> None:
+def split_as(mode: str, model: torch.nn.Module, world: int) -> None:
     """Split ``model`` over the world as ``mode`` says, the way a user would."""
     import accelpatch
     from diffusers import ContextParallelConfig
@@ -103,7 +103,7 @@ def _worker(rank: int, world: int, port: int, mode: str, rounds: int, folder: st
     model = build().eval()
     inputs = make_inputs(model)
     unsplit = copy.deepcopy(model)
-    _split(mode, model, world)
+    split_as(mode, model, world)
     one, split = [], []
     with torch.no_grad():
         reference = unsplit(**inputs).sample  # warm-up of both
