@@ -7,6 +7,8 @@ call it is bitwise equal for MiniMax-H3 only: SANA-Video's patch-embedding Conv3
 kernels whose accumulation order differs, so one batch-1 branch differs from its half of the batch-2 call by a few
 ulps there (measured max |Δ| 7e-7 and 2.4e-7 in the first layer; after the whole pipeline see SCALED_TOLERANCE).
 """
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -136,11 +138,19 @@ def _free_port() -> int:
 
 
 def _run(tmp_path, script: str, world: int, timeout: int = 120) -> list[dict]:
+    """Run ``script`` (it spawns ``world`` ranks) and load each rank's results; a run that hangs (ranks waiting on
+    each other) fails at ``timeout`` with its whole process group killed."""
     path = tmp_path / "run.py"
     path.write_text(script)
-    done = subprocess.run([sys.executable, str(path), str(tmp_path), str(_free_port())], capture_output=True,
-                          text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-4000:]
+    proc = subprocess.Popen([sys.executable, str(path), str(tmp_path), str(_free_port())], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the ranks did not finish within {timeout} s (a hang)")
+    assert proc.returncode == 0, stderr[-4000:]
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -318,3 +328,101 @@ def test_undo_leaves_nothing_registered(two):
         for key in ("sana_undone", "minimax_undone"):
             before, after = rank[key]
             assert after == before and after[2] is False
+
+
+FOUR = COMMON + textwrap.dedent("""
+    def worker(rank, world, port, folder):
+        start(rank, world, port)
+        import accelpatch
+        from accelpatch import testing as T
+        from diffusers import ContextParallelConfig
+        from torch.distributed.device_mesh import init_device_mesh
+        out = {}
+        inputs = lambda model, seed=0: T.minimax_h3_transformer_inputs(  # noqa: E731
+            model, batch_size=2, num_video=40, seed=seed)
+        mesh = accelpatch.parallel_mesh(cfg=2, ulysses=2)
+
+        model = T.tiny_minimax_h3_transformer()
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
+        accelpatch.enable_cfg_parallel(model, mesh=mesh)
+        with torch.no_grad():
+            out["both"] = model(**inputs(model)).to_tuple()
+        out["no_mesh"] = error(lambda: accelpatch.enable_cfg_parallel(T.tiny_minimax_h3_transformer()))
+
+        # the step cache under CFG x sequence: alone, ranks 0 and 2 would reuse, 1 and 3 never
+        model = T.tiny_minimax_h3_transformer()
+        accelpatch.apply(model, tier="high", cache="first_block", cache_threshold=1e9 if rank % 2 == 0 else 0.0,
+                         cache_warmup_steps=0, cache_final_steps=0, cache_max_reuse=1)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
+        accelpatch.enable_cfg_parallel(model, mesh=mesh)
+        with torch.no_grad():
+            for step in range(4):
+                with accelpatch.denoising_step(step):
+                    out["cached"] = model(**inputs(model, seed=step)).to_tuple()  # the residual moves
+        out["cache_counts"] = accelpatch.report(model).models[0].cache
+
+        # a cfg mesh whose cfg slices are not diffusers' sequence groups: refused before any collective
+        other = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("ulysses", "cfg", "ring"))
+        model = T.tiny_minimax_h3_transformer()
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
+        accelpatch.enable_cfg_parallel(model, mesh=other)
+        with torch.no_grad():
+            out["other_mesh"] = error(lambda: model(**inputs(model)))
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
+""")
+
+
+def test_cfg_times_ulysses_on_four_processes(tmp_path):
+    """MiniMax-H3 (diffusers' own context-parallel plan) on a 2 (cfg) x 2 (ulysses) mesh: the output matches one
+    process (Ulysses reorders nothing within a head, but its all-to-all changes the batch of heads each attention
+    call sees: measured max |Δ| / max |reference| 1.4e-7), and a step cache whose ranks would decide differently
+    alone (a hang in the next all-to-all) decides together: the run finishes within the timeout."""
+    ranks = _run(tmp_path, FOUR, 4, timeout=150)
+    from accelpatch import testing as T
+
+    model = T.tiny_minimax_h3_transformer()
+    with torch.no_grad():
+        batched = model(**T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40)).to_tuple()
+    for rank in ranks:
+        for got, want in zip(rank["both"], batched):
+            _close(got, want)
+        assert "the world has 4" in rank["no_mesh"] and "parallel_mesh(cfg=2" in rank["no_mesh"]
+        assert "must be the ranks sharing this rank's cfg index" in rank["other_mesh"]
+        counts = rank["cache_counts"]
+        assert (counts["computed"], counts["reused"]) == (4, 0)
+    assert any("another rank computes" in reason for reason in ranks[0]["cache_counts"]["reasons"])
+    assert all(torch.equal(a, b) for r in ranks[1:] for a, b in zip(r["cached"], ranks[0]["cached"]))
+
+
+ONE = COMMON + textwrap.dedent("""
+    def worker(rank, world, port, folder):
+        start(rank, world, port)
+        import accelpatch
+        from accelpatch import testing as T
+        pipe = T.tiny_sana_video_pipeline()
+        out = {"plain": pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            accelpatch.enable_cfg_parallel(pipe)
+            out["enabled"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames
+        out["warnings"] = [str(w.message) for w in caught if "CFG parallelism" in str(w.message)]
+        out["counts"] = accelpatch.cfg_parallel_counts(pipe)
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(1, int(sys.argv[2]), sys.argv[1]), nprocs=1)
+""")
+
+
+def test_world_size_one_runs_unchanged_and_says_so(tmp_path):
+    from accelpatch.parallel import cfg
+
+    (rank,) = _run(tmp_path, ONE, 1)
+    assert _same_tensor(rank["enabled"], rank["plain"])
+    assert rank["counts"] == {"transformer": {"split": 0, "whole": {cfg.DEGREE_ONE: 2}}}
+    assert len(rank["warnings"]) == 1 and cfg.DEGREE_ONE in rank["warnings"][0]
