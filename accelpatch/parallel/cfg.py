@@ -9,9 +9,16 @@ runs the same guidance and scheduler step. The hooks sit outside diffusers' own 
 and gather run inside the local call), so a ``("cfg", "ring", "ulysses")`` mesh from :func:`parallel_mesh`, handed
 to ``ContextParallelConfig(mesh=...)`` too, composes CFG and sequence parallelism.
 
-Calls that do not split run whole on every rank, counted by reason in :func:`cfg_parallel_counts`: a pipeline
-without guidance, a batch of 1, a cfg degree of 1 (world size 1). Pipelines that call the transformer twice per
-step (once per branch) are not split: neither call carries the other branch's inputs.
+Calls that do not split run whole on every rank, counted by reason in :func:`cfg_parallel_counts` (and warned
+once): a pipeline without guidance, a batch of 1, a cfg degree of 1 (world size 1). Every rank must be given the
+same inputs (the same seeded generator): the gather carries a fingerprint of them and raises where they differ.
+
+A pipeline that calls the transformer twice per step (once per branch) cannot be split by a hook: at the first call
+rank 1 does not hold the second call's inputs yet. The smallest correct scheme defers: rank 1 returns an empty
+tensor from call 0 and fills it in place after call 1's gather. It holds only if the pipeline reads call 0's output
+after call 1 and keeps the very tensor (a ``.float()`` of a bf16 output copies it), so it is not offered: the three
+pipelines this serves batch their branches (SANA-Video T2V and I2V, SANA-Video 2.0), and diffusers' MiniMax-H3
+pipeline is guidance-distilled (one batch-1 call per step, run whole).
 """
 from __future__ import annotations
 
@@ -108,11 +115,11 @@ def _cfg_group(mesh: Any) -> tuple[SequenceShards, SequenceShards, list[int]]:
     return shards, everyone, ranks
 
 
-def _fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _fingerprint(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """One int64 per input: the sum of its bytes (exact, equal on every rank that holds the same tensor)."""
-    sums = [t.detach().contiguous().reshape(-1).view(torch.uint8).sum(dtype=torch.int64).reshape(1)
+    sums = [t.detach().contiguous().reshape(-1).view(torch.uint8).sum(dtype=torch.int64).reshape(1).to(device)
             for t in tensors]
-    return torch.cat(sums) if sums else torch.zeros(0, dtype=torch.int64)
+    return torch.cat(sums)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -195,7 +202,8 @@ class CfgParallel:
         return value if isinstance(value, bool) else None
 
     def _check_sequence_group(self, model: torch.nn.Module) -> None:
-        """Under diffusers' context parallelism too, its sequence group must be this rank's cfg slice."""
+        """Under diffusers' context parallelism too, its sequence group must be this rank's cfg slice (checked once
+        a context-parallel config is there: ``enable_parallelism`` may come after this)."""
         if self._checked_sequence:
             return
         sequence = sequence_shards(getattr(model, "_parallel_config", None))
@@ -207,7 +215,7 @@ class CfgParallel:
                                  f"must be the ranks sharing this rank's cfg index {sorted(self._slice)}; give the "
                                  "same accelpatch.parallel_mesh(...) to ContextParallelConfig(mesh=...) and to "
                                  "enable_cfg_parallel(mesh=...)")
-        self._checked_sequence = True
+            self._checked_sequence = True
 
     def _before(self, module, args, kwargs):
         self._split_call.set(None)
@@ -245,7 +253,7 @@ class CfgParallel:
 
         new_args = tuple(cut(n, v) for n, v in zip(self._names, args))
         new_kwargs = {n: cut(n, v) for n, v in kwargs.items()}
-        self._split_call.set((batch // self.degree, _fingerprint([v for _, v in tensors]),
+        self._split_call.set((batch // self.degree, _fingerprint([v for _, v in tensors], first.device),
                               [n for n, _ in tensors]))
         self.counts.add(None)
         return new_args, new_kwargs
@@ -266,7 +274,8 @@ class CfgParallel:
             fields = dict(output.items())
         gathered = {k: v for k, v in fields.items()
                     if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == local_batch}
-        pieces = [_as_bytes(v) for v in gathered.values()] + [_as_bytes(fingerprint)]
+        device = next(iter(gathered.values())).device if gathered else fingerprint.device
+        pieces = [_as_bytes(v) for v in gathered.values()] + [_as_bytes(fingerprint.to(device))]
         sizes = [p.numel() for p in pieces]
         buffer = torch.cat(pieces)
         received = [torch.empty_like(buffer) for _ in range(self.degree)]
@@ -318,8 +327,11 @@ def enable_cfg_parallel(target: Any, mesh: Any = None) -> None:
             raise ValueError(f"CFG parallelism is already enabled on this {type(model).__name__} with another mesh: "
                              "call accelpatch.disable_cfg_parallel() first")
     for model in models:
-        if cfg_parallel_of(model) is None:
+        current = cfg_parallel_of(model)
+        if current is None:
             model.__dict__[STATE_ATTR] = CfgParallel(model, mesh, pipeline)
+        elif pipeline is not None:  # the same transformer in another pipeline: read that one's guidance
+            current._pipeline = weakref.ref(pipeline)
 
 
 def disable_cfg_parallel(target: Any) -> None:
