@@ -426,3 +426,19 @@ def test_world_size_one_runs_unchanged_and_says_so(tmp_path):
     assert _same_tensor(rank["enabled"], rank["plain"])
     assert rank["counts"] == {"transformer": {"split": 0, "whole": {cfg.DEGREE_ONE: 2}}}
     assert len(rank["warnings"]) == 1 and cfg.DEGREE_ONE in rank["warnings"][0]
+
+
+def test_the_gathered_buffer_keeps_every_dtype_and_size():
+    """Outputs of odd byte counts and mixed dtypes travel in one buffer; each comes back bit for bit."""
+    from accelpatch.parallel.cfg import ALIGN, pack, unpack
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.tensor([3, -7], dtype=torch.int64), torch.randn(3, 5, generator=g).to(torch.bfloat16),
+               torch.randn(2, 3, 7, generator=g), torch.randn(1, generator=g).to(torch.float16),
+               torch.randn(4, 3, generator=g).t()]  # non-contiguous
+    buffer, sizes = pack(tensors)
+    assert buffer.dtype == torch.uint8 and all(size % ALIGN == 0 for size in sizes)
+    for got, want in zip(unpack(buffer.clone(), sizes, tensors), tensors):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        raw = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+        assert torch.equal(raw(got), raw(want))  # bit for bit

@@ -122,8 +122,28 @@ def _fingerprint(tensors: list[torch.Tensor], device: torch.device) -> torch.Ten
     return torch.cat(sums)
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+#: every piece of the gathered buffer starts at a multiple of this many bytes (a dtype view needs its alignment)
+ALIGN = 16
+
+
+def pack(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """The tensors' bytes in one uint8 buffer (each piece padded to :data:`ALIGN`), and each piece's padded size."""
+    pieces, sizes = [], []
+    for t in tensors:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        pad = -raw.numel() % ALIGN
+        pieces += [raw, raw.new_zeros(pad)] if pad else [raw]
+        sizes.append(raw.numel() + pad)
+    return torch.cat(pieces), sizes
+
+
+def unpack(buffer: torch.Tensor, sizes: list[int], like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inverse of :func:`pack`: views of ``buffer`` with the dtype and shape of each of ``like``."""
+    out = []
+    for piece, model in zip(buffer.split(sizes), like):
+        nbytes = model.numel() * model.element_size()
+        out.append(piece[:nbytes].view(model.dtype).view(model.shape))
+    return out
 
 
 def _keep_layout(full: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
@@ -275,20 +295,19 @@ class CfgParallel:
         gathered = {k: v for k, v in fields.items()
                     if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == local_batch}
         device = next(iter(gathered.values())).device if gathered else fingerprint.device
-        pieces = [_as_bytes(v) for v in gathered.values()] + [_as_bytes(fingerprint.to(device))]
-        sizes = [p.numel() for p in pieces]
-        buffer = torch.cat(pieces)
+        like = [fingerprint.to(device), *gathered.values()]
+        buffer, sizes = pack(like)
         received = [torch.empty_like(buffer) for _ in range(self.degree)]
         dist.all_gather(received, buffer, group=self.shards.group)
-        per_rank = [list(r.split(sizes)) for r in received]
-        prints = [p[-1].view(torch.int64) for p in per_rank]
+        per_rank = [unpack(r, sizes, like) for r in received]
+        prints = [p[0] for p in per_rank]
         if any(not torch.equal(p, prints[0]) for p in prints[1:]):
             differ = [n for i, n in enumerate(input_names) if any(p[i] != prints[0][i] for p in prints[1:])]
             raise RuntimeError(f"CFG parallelism: the ranks were given different transformer inputs ({differ}): "
                                "every rank must build the same latents and prompts; pass the same seeded generator "
                                "(e.g. generator=torch.Generator().manual_seed(0)) on every rank")
-        for i, (key, local) in enumerate(gathered.items()):
-            parts = [p[i].view(local.dtype).view(local.shape) for p in per_rank]
+        for i, (key, local) in enumerate(gathered.items(), start=1):
+            parts = [p[i] for p in per_rank]
             parts[self.shards.rank] = local
             fields[key] = _keep_layout(torch.cat(parts), local)
         if isinstance(output, torch.Tensor):
