@@ -88,6 +88,13 @@ TWO = COMMON + textwrap.dedent("""
         out["sana_cache"] = pipe(**T.sana_video_pipeline_call_kwargs(4, output_type="latent")).frames
         out["cache_counts"] = accelpatch.report(pipe).models[0].cache
         accelpatch.remove(pipe)
+        from diffusers import MagCacheConfig  # ratios of 1: alone, MagCache would skip whenever the guards allow
+        accelpatch.apply(pipe, tier="high", cache=MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4,
+                                                                 retention_ratio=0.0, max_skip_steps=2),
+                         cache_warmup_steps=0, cache_final_steps=0)
+        pipe(**T.sana_video_pipeline_call_kwargs(4, output_type="latent"))
+        out["mag_counts"] = accelpatch.report(pipe).models[0].cache
+        accelpatch.remove(pipe)
         accelpatch.disable_cfg_parallel(pipe)
         out["sana_undone"] = (before, hooks(pipe.transformer))
         i2v = SanaImageToVideoPipeline(**pipe.components)
@@ -302,6 +309,11 @@ def test_the_step_cache_decides_together(two):
     assert counts[0]["computed"] == counts[1]["computed"] == 4 and counts[0]["reused"] == counts[1]["reused"] == 0
     assert any("another rank computes" in reason for reason in counts[0]["reasons"])
     assert torch.equal(two[0]["sana_cache"], two[1]["sana_cache"])
+    from accelpatch.step_cache import MAG_SPLIT
+
+    for rank in two:  # MagCache decides inside diffusers' hook, per rank: on a split model it computes, saying why
+        assert (rank["mag_counts"]["computed"], rank["mag_counts"]["reused"]) == (4, 0)
+        assert rank["mag_counts"]["reasons"] == {MAG_SPLIT: 4}
 
 
 def test_misuse_gets_a_clear_error(two):
