@@ -120,6 +120,8 @@ TWO = COMMON + textwrap.dedent("""
             out["minimax_batch1"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=1, num_video=40))
             out["odd_batch"] = error(lambda: model(**T.minimax_h3_transformer_inputs(model, batch_size=3)))
         out["minimax_counts"] = cfg_parallel_counts(model)
+        import copy
+        out["copy"] = error(lambda: copy.deepcopy(model))
         out["no_cfg_dim"] = error(lambda: accelpatch.enable_cfg_parallel(model, mesh=accelpatch.parallel_mesh(
             cfg=1, ulysses=2)))
         accelpatch.disable_cfg_parallel(model)
@@ -323,6 +325,7 @@ def test_misuse_gets_a_clear_error(two):
         assert "same seeded generator" in rank["different_seeds"]
         assert "already enabled" in rank["no_cfg_dim"]
         assert "product of the degrees must equal the world size" in rank["bad_mesh"]
+        assert "cannot be copied or pickled" in rank["copy"] and "disable_cfg_parallel()" in rank["copy"]
 
 
 def test_no_process_group():

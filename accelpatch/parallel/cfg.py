@@ -199,6 +199,10 @@ class CfgParallel:
     def degree(self) -> int:
         return self.shards.world
 
+    def __reduce__(self):  # its process groups belong to this process
+        raise TypeError("a transformer with CFG parallelism cannot be copied or pickled (its process groups belong to "
+                        "this process): call accelpatch.disable_cfg_parallel() first, enable it again on the copy")
+
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
