@@ -19,7 +19,8 @@ import torch
 
 #: max |Δ| / max |reference| allowed against the batched call (fp32 eps 1.2e-7: a few ulps per call, amplified by
 #: the guidance scale (4.5 / 8) and the solver's steps). Measured: SANA-Video 4.3e-7, its image-to-video 3.7e-7,
-#: SANA-Video 2.0 6.4e-7
+#: SANA-Video 2.0 6.4e-7 (pipelines); one SANA-Video 2.0 call with per-frame timesteps 1.2e-6; MiniMax-H3 under
+#: Ulysses 1.4e-7
 SCALED_TOLERANCE = 5e-6
 
 #: SANA-Video 2.0's tiny tokenizer encodes the prompt and the negative prompt alike: the call gets distinct random
@@ -110,6 +111,9 @@ TWO = COMMON + textwrap.dedent("""
         seeds = sana2_kwargs(pipe2)
         seeds["generator"] = torch.Generator().manual_seed(rank)  # misuse: each rank its own noise
         out["different_seeds"] = error(lambda: pipe2(**seeds))
+        with torch.no_grad():  # per-frame timesteps [2B, 1, F, 1, 1] (image-to-video), straight into the model
+            out["sana2_per_frame"] = pipe2.transformer(**T.sana_video2_transformer_inputs(
+                pipe2.transformer, per_frame_timesteps=True), return_dict=False)
         accelpatch.disable_cfg_parallel(pipe2)
 
         model = T.tiny_minimax_h3_transformer()
@@ -238,6 +242,22 @@ def test_sana_video2_pipeline_matches_one_process(two):
     for rank in two:
         assert _same_tensor(rank["sana2"], per_branch)
         _close(rank["sana2"], batched)
+
+
+def test_sana_video2_per_frame_timesteps(two):
+    from accelpatch import testing as T
+
+    model = T.tiny_sana_video2_pipeline().transformer
+    inputs = T.sana_video2_transformer_inputs(model, per_frame_timesteps=True)
+    assert inputs["timestep"].shape[0] == 2 and inputs["timestep"].dim() == 5
+    with torch.no_grad():
+        (batched,) = model(**inputs, return_dict=False)
+        (per_branch,) = _per_branch(model)(**inputs, return_dict=False)
+    assert not batched.is_contiguous()  # channels-last 3-D: the split keeps it
+    per_branch = torch.empty_like(batched).copy_(per_branch)  # in the batched call's layout (cat's is contiguous)
+    for rank in two:
+        assert _same_tensor(rank["sana2_per_frame"][0], per_branch)
+        _close(rank["sana2_per_frame"][0], batched)
 
 
 def test_minimax_h3_transformer_is_bitwise_the_batched_call(two):
