@@ -9,6 +9,14 @@ runs the same guidance and scheduler step. The hooks sit outside diffusers' own 
 and gather run inside the local call), so a ``("cfg", "ring", "ulysses")`` mesh from :func:`parallel_mesh`, handed
 to ``ContextParallelConfig(mesh=...)`` too, composes CFG and sequence parallelism.
 
+Under ``torchrun --nproc-per-node 4`` (2-way CFG × 2-way Ulysses; every rank runs the same script)::
+
+    dist.init_process_group("nccl"); torch.cuda.set_device(dist.get_rank())
+    mesh = accelpatch.parallel_mesh(cfg=2, ulysses=2)
+    pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
+    accelpatch.enable_cfg_parallel(pipe, mesh=mesh)         # with 2 ranks and no sequence split: mesh=None
+    video = pipe(prompt, generator=torch.Generator().manual_seed(0)).frames   # the same seed on every rank
+
 Calls that do not split run whole on every rank, counted by reason in :func:`cfg_parallel_counts` (and warned
 once): a pipeline without guidance, a batch of 1, a cfg degree of 1 (world size 1). Every rank must be given the
 same inputs (the same seeded generator): the gather carries a fingerprint of them and raises where they differ.
