@@ -30,6 +30,7 @@ __all__ = [
     "Candidate",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
+    "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts",
 ]
 
 #: Models accelpatch ships (diffusers has no class for them), imported on first access: importing them imports
@@ -45,6 +46,11 @@ _LAZY = {
     "load_pipeline": "accelpatch.tools.pipelines",
     "Recipe": "accelpatch.recipes",
     "Candidate": "accelpatch.tools.candidates",
+    # several processes: CFG parallelism (torch.distributed)
+    "enable_cfg_parallel": "accelpatch.parallel.cfg",
+    "disable_cfg_parallel": "accelpatch.parallel.cfg",
+    "parallel_mesh": "accelpatch.parallel.cfg",
+    "cfg_parallel_counts": "accelpatch.parallel.cfg",
 }
 
 

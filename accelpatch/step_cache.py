@@ -33,12 +33,16 @@ import torch
 
 from . import steps
 from .errors import did_you_mean
+from .parallel.ranks import deciding_ranks
+from .parallel.sequence import all_agree
 from .tiers import Tier, effective_tier
 
 __all__ = ["StepCacheConfig", "resolve_cache", "StepCache", "CACHE_METHODS"]
 
 #: short names accepted by ``apply(..., cache=...)``
 CACHE_METHODS = ("first_block", "mag")
+#: MagCache decides inside diffusers' hook, from this rank's tensors alone: it computes every step on a split model
+MAG_SPLIT = "model split over ranks: MagCache's decision is local to each rank"
 
 
 @dataclass(frozen=True)
@@ -428,7 +432,8 @@ class StepCache:
         if self.config.final_steps and self._final_step_index() is None:
             self.counters.note("final-step guard off: no pipeline scheduler (apply() the pipeline to enable it)")
         if self.config.method == "mag":
-            self._blocked.set(self._blocked_reason(self.states.get_state(), "previous_residual"))
+            split = MAG_SPLIT if deciding_ranks(self._model) is not None else None
+            self._blocked.set(split or self._blocked_reason(self.states.get_state(), "previous_residual"))
         return None
 
     def _exit_call(self, module, args, output):
@@ -471,6 +476,9 @@ class StepCache:
         reason = self._blocked_reason(state, "head_block_residual")
         if reason is None and not unchanged():
             reason = "residual changed more than the threshold"
+        ranks = deciding_ranks(self._model)  # a model split over ranks: they reuse together or not at all
+        if ranks is not None and not all_agree(reason is None, ranks) and reason is None:
+            reason = "another rank computes this step (the ranks the model is split over decide together)"
         self._record(state, reused=reason is None, reason=reason)
         return reason is None
 
