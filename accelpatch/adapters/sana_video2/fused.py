@@ -127,11 +127,11 @@ class SanaVideo2FusedLinear(FusedOpsPath):
         return SanaVideo2LinearAttnProcessor
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ...modeling.sana_video2.attention import gated_linear_attention
+        from ...modeling.sana_video2.attention import gated_linear_attention, processor_shards
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
         return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], rope_pair=rope_pair(site),
-                                      gate=sigmoid_gate(site))
+                                      gate=sigmoid_gate(site), shards=processor_shards(attn.processor))
 
 
 FUSED_BLOCK = SanaVideo2FusedBlock()
