@@ -1,0 +1,288 @@
+"""SANA-Video 2.0 split over ranks through diffusers' own ``enable_parallelism`` (the model's ``_cp_plan``): real
+processes on gloo, fp32 tiny models, compared with the unsplit model run in this (single, non-distributed) process.
+
+Tolerance. The split changes one thing in the arithmetic: each linear-attention layer's token sums (the state
+Σ v·k̃ᵀ and Σ ReLU(k)) are taken per rank and then added by the all-reduce, a different summation order from one
+process's single sum (the anchors under Ulysses attend over the same whole sequence per head, and every other layer
+is per token, so they repeat one process's bits for the same inputs). A reordered fp32 sum of n terms differs by at
+most about n·u·Σ|terms| (u = 2^-24); with n = 96 tokens that is 6e-6 relative to the sums' magnitudes, a worst case
+that random rounding errors reach only as √n·u ≈ 6e-7. The three linear layers' differences then pass through the
+later layers, the o_norm and the output projection at O(1) gain on outputs of magnitude ≲ 2. Hence max |Δ| ≤ 1e-5
+(measured: about 1e-6); a layer left local is off by ~0.1 (checked below), four orders of magnitude away.
+"""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+TOLERANCE = 1e-5
+#: a layer left local (no all-reduce, misaligned per-frame modulation) is off by far more than this
+WRONG = 1e-2
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, warnings
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def run(name, world, build, inputs_of, *, apply=None, no_allreduce=False, whole_timesteps=False, pipeline=False):
+        import accelpatch
+        from diffusers import ContextParallelConfig
+        from accelpatch.modeling.sana_video2 import attention, transformer as sv2
+        target = build()
+        model = target.transformer if pipeline else target
+        if apply is not None:
+            accelpatch.apply(target, **apply)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        saved = attention.sum_over_ranks, sv2.local_frames
+        if no_allreduce:  # the linear attention's token sums deliberately left local
+            attention.sum_over_ranks = lambda x, shards: x
+        if whole_timesteps:  # the per-frame timesteps deliberately left whole: modulation misses its tokens
+            sv2.local_frames = lambda t, shards: t
+        try:
+            with torch.no_grad():
+                out = target(**inputs_of(model))
+            out = out.frames if pipeline else out.sample
+        finally:
+            attention.sum_over_ranks, sv2.local_frames = saved
+        result = {"out": out}
+        if apply is not None:
+            report = accelpatch.report(target)
+            result["sites"] = {(s.path, s.kind): (s.fast_calls, s.fallback_calls) for s in report.sites}
+            result["fast_calls"] = report.fast_calls
+        return result
+
+    def refused(call):
+        try:
+            call()
+        except (ValueError, RuntimeError) as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def worker(rank, world, port, folder, config):
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a wrong size fails here, not the machine
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.accelerator.device_count = lambda: 1  # diffusers computes rank % device_count (0 on CPU)
+        from diffusers import ContextParallelConfig
+        from accelpatch.testing import (SANA_VIDEO2_TINY_CONFIG, sana_video2_pipeline_call_kwargs,
+                                        sana_video2_transformer_inputs, tiny_sana_video2_pipeline,
+                                        tiny_sana_video2_transformer)
+        build = lambda: tiny_sana_video2_transformer(**config)
+        t2v = lambda model, **kw: sana_video2_transformer_inputs(model, frames=4, **kw)
+        ti2v = lambda model: t2v(model, per_frame_timesteps=True)
+        out = {}
+        out["t2v"] = run("t2v", world, build, t2v)
+        out["ti2v"] = run("ti2v", world, build, ti2v)
+        out["t2v_3_frames"] = run("t2v_3_frames", world, build,
+                                  lambda m: sana_video2_transformer_inputs(m, frames=3))  # a token split: fine
+        for tier in ("lossless", "high"):
+            for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)):
+                out[f"{tier}_{kind}"] = run(kind, world, build, inputs, apply={"tier": tier})
+        out["no_allreduce"] = run("t2v", world, build, t2v, no_allreduce=True)
+        out["whole_timesteps"] = run("ti2v", world, build, ti2v, whole_timesteps=True)
+        out["pipeline"] = run("pipeline", world, lambda: tiny_sana_video2_pipeline(
+                                  transformer_config={**SANA_VIDEO2_TINY_CONFIG, **config}),
+                              lambda model: sana_video2_pipeline_call_kwargs(), pipeline=True)
+        model = build()
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        with torch.no_grad():
+            out["ti2v_3_frames"] = refused(lambda: model(**sana_video2_transformer_inputs(
+                model, frames=3, per_frame_timesteps=True)))
+            out["t2v_odd_tokens"] = refused(lambda: model(**sana_video2_transformer_inputs(
+                model, frames=3, height=3, width=5)))
+        out["with_grad"] = refused(lambda: model(**t2v(model)))
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        import json
+        world = int(sys.argv[3])
+        mp.spawn(worker, args=(world, int(sys.argv[2]), sys.argv[1], json.loads(sys.argv[4])), nprocs=world)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(tmp_path, world: int, config: dict) -> list[dict]:
+    import json
+
+    script = tmp_path / "sp.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port()), str(world),
+                           json.dumps(config)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _one_process(config: dict) -> dict:
+    """The unsplit outputs, in this process (no process group at all)."""
+    import accelpatch
+    from accelpatch.testing import (SANA_VIDEO2_TINY_CONFIG, sana_video2_pipeline_call_kwargs,
+                                    sana_video2_transformer_inputs, tiny_sana_video2_pipeline,
+                                    tiny_sana_video2_transformer)
+
+    model = tiny_sana_video2_transformer(**config)
+    expected = {}
+    with torch.no_grad():
+        expected["t2v"] = model(**sana_video2_transformer_inputs(model, frames=4)).sample
+        expected["ti2v"] = model(**sana_video2_transformer_inputs(model, frames=4, per_frame_timesteps=True)).sample
+        expected["t2v_3_frames"] = model(**sana_video2_transformer_inputs(model, frames=3)).sample
+        expected["pipeline"] = tiny_sana_video2_pipeline(transformer_config={**SANA_VIDEO2_TINY_CONFIG, **config})(
+            **sana_video2_pipeline_call_kwargs()).frames
+    assert accelpatch.report  # imported: the reference never touches it
+    return expected
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    return (a - b).abs().max().item()
+
+
+def _check(ranks: list[dict], expected: dict) -> dict:
+    diffs = {}
+    for name in ("t2v", "ti2v", "t2v_3_frames", "lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v",
+                 "pipeline"):
+        reference = expected[name.split("_", 1)[1] if name.startswith(("lossless", "high")) else name]
+        for rank in ranks:
+            diffs[name] = max(diffs.get(name, 0.0), _max_diff(rank[name]["out"], reference))
+        assert all(torch.equal(rank[name]["out"], ranks[0][name]["out"]) for rank in ranks), name  # one gather
+    assert max(diffs.values()) <= TOLERANCE, diffs
+    print({name: ranks[0][name]["sites"] for name in ("lossless_t2v", "high_ti2v")})
+    for name in ("lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v"):
+        assert ranks[0][name]["fast_calls"] > 0, name
+        assert all(rank[name]["sites"] == ranks[0][name]["sites"] for rank in ranks), name  # the same paths
+    # a layer left local is caught
+    diffs["no_allreduce"] = _max_diff(ranks[0]["no_allreduce"]["out"], expected["t2v"])
+    diffs["whole_timesteps"] = _max_diff(ranks[0]["whole_timesteps"]["out"], expected["ti2v"])
+    assert diffs["no_allreduce"] > WRONG and diffs["whole_timesteps"] > WRONG, diffs
+    # inputs the split would get wrong are refused, with the counts that work
+    world = len(ranks)
+    assert "3 latent frames do not split over" in ranks[0]["ti2v_3_frames"], ranks[0]["ti2v_3_frames"]
+    assert "per-frame timesteps" in ranks[0]["ti2v_3_frames"]
+    assert f"45 latent tokens do not split evenly over {world} ranks" in ranks[0]["t2v_odd_tokens"]
+    assert "for inference only" in ranks[0]["with_grad"]
+    return diffs
+
+
+def test_two_processes_match_one(tmp_path):
+    config = {}
+    ranks = _run_ranks(tmp_path, 2, config)
+    diffs = _check(ranks, _one_process(config))
+    print("max |delta| vs one process, 2 ranks:", diffs)
+
+
+def test_four_processes_match_one(tmp_path):
+    config = {"softmax_head_dim": 16}  # 4 anchor heads, so Ulysses runs at degree 4
+    ranks = _run_ranks(tmp_path, 4, config)
+    diffs = _check(ranks, _one_process(config))
+    print("max |delta| vs one process, 4 ranks:", diffs)
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo group of this process alone (diffusers' ContextParallelConfig refuses a degree of 1, so world size 1
+    goes through the model's ``enable_sequence_shards``)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("per_frame", [False, True], ids=["t2v", "ti2v"])
+@pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "lossless"])
+def test_world_size_one_is_bit_identical(one_process_group, per_frame, patched):
+    import accelpatch
+    from accelpatch.modeling.sana_video2 import attention
+    from accelpatch.parallel.sequence import shards_of_group
+    from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
+
+    unsplit = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(unsplit, frames=4, per_frame_timesteps=per_frame)
+    with torch.no_grad():
+        expected = unsplit(**inputs).sample
+    model = tiny_sana_video2_transformer()
+    if patched:
+        accelpatch.apply(model)
+    model.enable_sequence_shards(shards_of_group())
+    reductions = []
+    original = attention.sum_over_ranks
+    attention.sum_over_ranks = lambda x, shards: reductions.append(shards.world) or original(x, shards)
+    try:
+        with torch.no_grad():
+            out = model(**inputs).sample
+    finally:
+        attention.sum_over_ranks = original
+    assert reductions == [1, 1, 1]  # the three linear layers went through the group's all-reduce
+    assert out.dtype == expected.dtype and out.shape == expected.shape and out.stride() == expected.stride()
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    if patched:
+        assert accelpatch.report(model).fast_calls > 0
+
+
+def test_a_perturbed_reduction_is_seen_at_world_size_one(one_process_group):
+    """The world-size-1 comparison can fail: a state all-reduce that adds a rounding-sized error is caught."""
+    from accelpatch.modeling.sana_video2 import attention
+    from accelpatch.parallel.sequence import shards_of_group
+    from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
+
+    model = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(model, frames=4)
+    with torch.no_grad():
+        expected = model(**inputs).sample
+    model.enable_sequence_shards(shards_of_group())
+    original = attention.sum_over_ranks
+    attention.sum_over_ranks = lambda x, shards: original(x, shards) * (1 + 2 ** -20)
+    try:
+        with torch.no_grad():
+            out = model(**inputs).sample
+    finally:
+        attention.sum_over_ranks = original
+    assert not torch.equal(out, expected)
+
+
+def test_anchor_heads_and_ring_are_checked_before_the_model_is_touched():
+    from diffusers import ContextParallelConfig
+
+    from accelpatch.testing import sana_video2_transformer_on_meta, tiny_sana_video2_transformer
+
+    release = sana_video2_transformer_on_meta()  # the 5B model: 10 anchor heads
+    with pytest.raises(ValueError, match=r"ulysses_degree=4 does not divide its 10 anchor heads .*\[2, 5, 10\]"):
+        release.enable_parallelism(config=ContextParallelConfig(ulysses_degree=4))
+    tiny = tiny_sana_video2_transformer()  # 2 anchor heads
+    with pytest.raises(ValueError, match=r"ulysses_degree=8 does not divide its 2 anchor heads .*\[2\]"):
+        tiny.enable_parallelism(config=ContextParallelConfig(ulysses_degree=8))
+    with pytest.raises(ValueError, match="ring_degree=2 cannot run its FP32 anchor attention"):
+        tiny.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+    assert tiny._parallel_config is None and release._parallel_config is None  # refused before diffusers ran
+
+
+def test_world_size_one_entry_point_refuses_more_ranks():
+    from accelpatch.parallel.sequence import SequenceShards
+    from accelpatch.testing import tiny_sana_video2_transformer
+
+    with pytest.raises(ValueError, match="enable_parallelism"):
+        tiny_sana_video2_transformer().enable_sequence_shards(SequenceShards(None, 0, 2))
+
+
+def test_every_linear_attention_caller_passes_its_shards():
+    """``shards`` has no default, so a fast path cannot silently call the linear attention unsplit."""
+    import inspect
+
+    from accelpatch.modeling.sana_video2.attention import gated_linear_attention
+
+    parameter = inspect.signature(gated_linear_attention).parameters["shards"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty
