@@ -164,7 +164,7 @@ class AnchorAttentionBF16(FastPath):
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
             return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
                            "anchor path takes 4-D q/k/v of equal shape")
-        return anchor_attention(site, attn, hidden_states, query, key, value)
+        return anchor_attention(site, attn, hidden_states, query, key, value, upcast=False)
 
 
 class LinearAttentionBF16GEMM(FastPath):

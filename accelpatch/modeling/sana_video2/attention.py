@@ -17,7 +17,7 @@ from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from torch import nn
 
-from ...parallel.sequence import SequenceShards, sequence_shards, sum_over_ranks
+from ...parallel.sequence import SequenceShards, heads_to_ranks, ranks_to_heads, sequence_shards, sum_over_ranks
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -92,6 +92,41 @@ def anchor_output(attn: "SanaVideo2SoftmaxAttention", out: torch.Tensor, hidden_
     return _gated_output(attn, out.flatten(2, 3), hidden_states, gate)
 
 
+def _narrow_ulysses(processor, query: torch.Tensor, upcast: bool) -> Optional[SequenceShards]:
+    """The group to run Ulysses' exchange over ourselves, before the upcast (None: leave it to diffusers): pure
+    Ulysses (no ring, even shards) on q/k/v narrower than FP32 that the release upcasts."""
+    config = getattr(processor, "_parallel_config", None)
+    cp = getattr(config, "context_parallel_config", None)
+    if not upcast or query.dtype not in (torch.bfloat16, torch.float16) or cp is None:
+        return None
+    if (cp.ring_degree or 1) > 1 or (cp.ulysses_degree or 1) < 2 or cp.ulysses_anything:
+        return None
+    return sequence_shards(config)
+
+
+def anchor_core(processor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                upcast: bool) -> torch.Tensor:
+    """Softmax attention of q, k, v [B, N, H, D] through diffusers' dispatcher with ``processor``'s backend and
+    parallel config; ``upcast``: in FP32 (the release's ``fp32_attention``). Shared by the reference processor
+    and the fast paths.
+
+    Under Ulysses with BF16/FP16 activations, q/k/v cross the ranks as they are and are upcast after the exchange,
+    and the output is cast back before its exchange: the casts are elementwise, so this gives diffusers' Ulysses
+    bits at half its bytes (its template moves the FP32 tensors it is handed). The result is then in the
+    activations' dtype, which is what the attention's tail casts it to anyway."""
+    shards = _narrow_ulysses(processor, query, upcast)
+    if shards is None:
+        if upcast:
+            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
+        return dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                     backend=processor._attention_backend, parallel_config=processor._parallel_config)
+    dtype = query.dtype
+    query, key, value = (heads_to_ranks(x, shards).float() for x in (query, key, value))
+    out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                backend=processor._attention_backend)
+    return ranks_to_heads(out.to(dtype), shards)
+
+
 class SanaVideo2SoftmaxAttnProcessor:
     """The anchor attention's reference math: softmax attention over all tokens with RoPE, in FP32 when the module's
     ``fp32_attention`` is set, then the sigmoid output gate and the projection."""
@@ -102,10 +137,7 @@ class SanaVideo2SoftmaxAttnProcessor:
     def __call__(self, attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
                  rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
         query, key, value = anchor_qkv(attn, hidden_states, rotary_emb)
-        if attn.fp32_attention:
-            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
-        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = anchor_core(self, query, key, value, upcast=attn.fp32_attention)
         return anchor_output(attn, out, hidden_states)
 
 
