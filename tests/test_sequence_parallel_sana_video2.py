@@ -1,14 +1,18 @@
 """SANA-Video 2.0 split over ranks through diffusers' own ``enable_parallelism`` (the model's ``_cp_plan``): real
 processes on gloo, fp32 tiny models, compared with the unsplit model run in this (single, non-distributed) process.
 
-Tolerance. The split changes one thing in the arithmetic: each linear-attention layer's token sums (the state
-Σ v·k̃ᵀ and Σ ReLU(k)) are taken per rank and then added by the all-reduce, a different summation order from one
-process's single sum (the anchors under Ulysses attend over the same whole sequence per head, and every other layer
-is per token, so they repeat one process's bits for the same inputs). A reordered fp32 sum of n terms differs by at
-most about n·u·Σ|terms| (u = 2^-24); with n = 96 tokens that is 6e-6 relative to the sums' magnitudes, a worst case
-that random rounding errors reach only as √n·u ≈ 6e-7. The three linear layers' differences then pass through the
-later layers, the o_norm and the output projection at O(1) gain on outputs of magnitude ≲ 2. Hence max |Δ| ≤ 1e-5
-(measured: about 1e-6); a layer left local is off by ~0.1 (checked below), four orders of magnitude away.
+Tolerance. The split changes the arithmetic in one place by design: each linear-attention layer's token sums (the
+state Σ v·k̃ᵀ and Σ ReLU(k)) are taken per rank and added by the all-reduce, another summation order than one
+process's single sum. Everything else is per token or per head over the whole sequence (the anchors under Ulysses),
+so it differs at most where a kernel blocks a shorter row count differently. A reordered fp32 sum of n terms
+differs by at most about n·u·Σ|terms| (u = 2^-24): with n = 96 tokens, 6e-6 relative to the sums' magnitudes, a
+worst case that random rounding reaches only as √n·u ≈ 6e-7. Three linear layers pass their differences through the
+later layers, the o_norm and the projections at O(1) gain, on outputs of magnitude ≲ 2 (the pipeline: two steps
+and the VAE). Hence max |Δ| ≤ 1e-5. Measured: ≤ 2.1e-6 on 2 ranks, ≤ 5.4e-6 on 4 (the pipeline's frames; the
+transformer alone ≤ 3.7e-6). A layer left local is off by 0.7–1.7 (checked below), five orders of magnitude away.
+
+BF16 anchors exchange BF16 q/k/v and upcast after (``attention.anchor_core``): compared bit for bit with diffusers'
+own Ulysses exchange of the FP32 tensors, run in the same processes.
 """
 import os
 import socket
@@ -27,7 +31,8 @@ SCRIPT = textwrap.dedent("""
     import os, sys, warnings
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
-    def run(name, world, build, inputs_of, *, apply=None, no_allreduce=False, whole_timesteps=False, pipeline=False):
+    def run(name, world, build, inputs_of, *, apply=None, no_allreduce=False, whole_timesteps=False, pipeline=False,
+            fp32_exchange=False, perturbed_exchange=False):
         import accelpatch
         from diffusers import ContextParallelConfig
         from accelpatch.modeling.sana_video2 import attention, transformer as sv2
@@ -36,7 +41,17 @@ SCRIPT = textwrap.dedent("""
         if apply is not None:
             accelpatch.apply(target, **apply)
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
-        saved = attention.sum_over_ranks, sv2.local_frames
+        saved = (attention.sum_over_ranks, sv2.local_frames, attention._narrow_ulysses, dist.all_to_all_single,
+                 attention.heads_to_ranks)
+        exchanged = []
+        def recording(output, input, *args, **kwargs):
+            exchanged.append((input.dtype, input.numel() * input.element_size()))
+            return saved[3](output, input, *args, **kwargs)
+        dist.all_to_all_single = recording  # the anchors' own exchange (diffusers' goes through funcol)
+        if fp32_exchange:  # the anchors' q/k/v upcast before diffusers' Ulysses exchange, as diffusers alone does
+            attention._narrow_ulysses = lambda *args: None
+        if perturbed_exchange:  # the anchors' exchange deliberately off by one BF16 step
+            attention.heads_to_ranks = lambda x, shards: saved[4](x, shards) * (1 + 2 ** -7)
         if no_allreduce:  # the linear attention's token sums deliberately left local
             attention.sum_over_ranks = lambda x, shards: x
         if whole_timesteps:  # the per-frame timesteps deliberately left whole: modulation misses its tokens
@@ -46,8 +61,9 @@ SCRIPT = textwrap.dedent("""
                 out = target(**inputs_of(model))
             out = out.frames if pipeline else out.sample
         finally:
-            attention.sum_over_ranks, sv2.local_frames = saved
-        result = {"out": out}
+            (attention.sum_over_ranks, sv2.local_frames, attention._narrow_ulysses, dist.all_to_all_single,
+             attention.heads_to_ranks) = saved
+        result = {"out": out, "exchanged": exchanged}
         if apply is not None:
             report = accelpatch.report(target)
             result["sites"] = {(s.path, s.kind): (s.fast_calls, s.fallback_calls) for s in report.sites}
@@ -61,7 +77,7 @@ SCRIPT = textwrap.dedent("""
             return f"{type(error).__name__}: {error}"
         return None
 
-    def worker(rank, world, port, folder, config):
+    def worker(rank, world, port, folder, config, full):
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a wrong size fails here, not the machine
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -81,14 +97,22 @@ SCRIPT = textwrap.dedent("""
         out["ti2v"] = run("ti2v", world, build, ti2v)
         out["t2v_3_frames"] = run("t2v_3_frames", world, build,
                                   lambda m: sana_video2_transformer_inputs(m, frames=3))  # a token split: fine
-        for tier in ("lossless", "high"):
+        for tier in ("lossless", "high") if full else ("lossless",):
             for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)):
                 out[f"{tier}_{kind}"] = run(kind, world, build, inputs, apply={"tier": tier})
+        bf16 = lambda: tiny_sana_video2_transformer(**config, dtype=torch.bfloat16)
+        for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)) if full else (("t2v", t2v),):
+            out[f"bf16_{kind}"] = run(kind, world, bf16, inputs)
+            out[f"bf16_{kind}_fp32_exchange"] = run(kind, world, bf16, inputs, fp32_exchange=True)
+        if full:
+            out["bf16_lossless_t2v"] = run("t2v", world, bf16, t2v, apply={})
+            out["bf16_t2v_perturbed"] = run("t2v", world, bf16, t2v, perturbed_exchange=True)
         out["no_allreduce"] = run("t2v", world, build, t2v, no_allreduce=True)
         out["whole_timesteps"] = run("ti2v", world, build, ti2v, whole_timesteps=True)
         out["pipeline"] = run("pipeline", world, lambda: tiny_sana_video2_pipeline(
                                   transformer_config={**SANA_VIDEO2_TINY_CONFIG, **config}),
-                              lambda model: sana_video2_pipeline_call_kwargs(), pipeline=True)
+                              lambda model: sana_video2_pipeline_call_kwargs(seed=rank), pipeline=True)
+        # (seeded per rank on purpose: the pipeline denoises rank 0's noise on every rank)
         model = build()
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
         with torch.no_grad():
@@ -103,7 +127,8 @@ SCRIPT = textwrap.dedent("""
     if __name__ == "__main__":
         import json
         world = int(sys.argv[3])
-        mp.spawn(worker, args=(world, int(sys.argv[2]), sys.argv[1], json.loads(sys.argv[4])), nprocs=world)
+        mp.spawn(worker, args=(world, int(sys.argv[2]), sys.argv[1], json.loads(sys.argv[4]), sys.argv[5] == "full"),
+                 nprocs=world)
 """)
 
 
@@ -113,14 +138,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(tmp_path, world: int, config: dict) -> list[dict]:
+def _run_ranks(tmp_path, world: int, config: dict, full: bool) -> list[dict]:
+    """Run the script on ``world`` processes; ``full`` adds the cases that one world size covers (the high tier,
+    TI2V in BF16, the lossless BF16 anchors, the perturbed exchange)."""
     import json
 
     script = tmp_path / "sp.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port()), str(world),
-                           json.dumps(config)], capture_output=True, text=True, timeout=300, env=env)
+                           json.dumps(config), "full" if full else "quick"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
@@ -153,13 +180,16 @@ def _check(ranks: list[dict], expected: dict) -> dict:
     diffs = {}
     for name in ("t2v", "ti2v", "t2v_3_frames", "lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v",
                  "pipeline"):
+        if name not in ranks[0]:
+            continue
         reference = expected[name.split("_", 1)[1] if name.startswith(("lossless", "high")) else name]
         for rank in ranks:
             diffs[name] = max(diffs.get(name, 0.0), _max_diff(rank[name]["out"], reference))
         assert all(torch.equal(rank[name]["out"], ranks[0][name]["out"]) for rank in ranks), name  # one gather
     assert max(diffs.values()) <= TOLERANCE, diffs
-    print({name: ranks[0][name]["sites"] for name in ("lossless_t2v", "high_ti2v")})
     for name in ("lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v"):
+        if name not in ranks[0]:
+            continue
         assert ranks[0][name]["fast_calls"] > 0, name
         assert all(rank[name]["sites"] == ranks[0][name]["sites"] for rank in ranks), name  # the same paths
     # a layer left local is caught
@@ -172,19 +202,32 @@ def _check(ranks: list[dict], expected: dict) -> dict:
     assert "per-frame timesteps" in ranks[0]["ti2v_3_frames"]
     assert f"45 latent tokens do not split evenly over {world} ranks" in ranks[0]["t2v_odd_tokens"]
     assert "for inference only" in ranks[0]["with_grad"]
+    # BF16 anchors: q/k/v and the output cross the ranks in BF16, with diffusers' FP32-exchange bits
+    for rank in ranks:
+        for kind in ("t2v", "ti2v") if "bf16_ti2v" in rank else ("t2v",):
+            narrow, wide = rank[f"bf16_{kind}"], rank[f"bf16_{kind}_fp32_exchange"]
+            assert narrow["out"].dtype == torch.bfloat16
+            assert torch.equal(narrow["out"].view(torch.int16), wide["out"].view(torch.int16)), kind
+            assert [dtype for dtype, _ in narrow["exchanged"]] == [torch.bfloat16] * 4 and wide["exchanged"] == []
+        if "bf16_lossless_t2v" not in rank:
+            continue
+        assert torch.equal(rank["bf16_lossless_t2v"]["out"].view(torch.int16),
+                           rank["bf16_t2v"]["out"].view(torch.int16))
+        assert len(rank["bf16_lossless_t2v"]["exchanged"]) == 4  # the lossless anchor path exchanges BF16 too
+        assert not torch.equal(rank["bf16_t2v_perturbed"]["out"], rank["bf16_t2v_fp32_exchange"]["out"])  # can fail
     return diffs
 
 
 def test_two_processes_match_one(tmp_path):
     config = {}
-    ranks = _run_ranks(tmp_path, 2, config)
+    ranks = _run_ranks(tmp_path, 2, config, full=True)
     diffs = _check(ranks, _one_process(config))
     print("max |delta| vs one process, 2 ranks:", diffs)
 
 
 def test_four_processes_match_one(tmp_path):
     config = {"softmax_head_dim": 16}  # 4 anchor heads, so Ulysses runs at degree 4
-    ranks = _run_ranks(tmp_path, 4, config)
+    ranks = _run_ranks(tmp_path, 4, config, full=False)
     diffs = _check(ranks, _one_process(config))
     print("max |delta| vs one process, 4 ranks:", diffs)
 
