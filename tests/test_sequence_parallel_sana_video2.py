@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
     def run(name, world, build, inputs_of, *, apply=None, no_allreduce=False, whole_timesteps=False, pipeline=False,
-            fp32_exchange=False, perturbed_exchange=False):
+            fp32_exchange=False, perturbed_exchange=False, anything=False):
         import accelpatch
         from diffusers import ContextParallelConfig
         from accelpatch.modeling.sana_video2 import attention, transformer as sv2
@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
         model = target.transformer if pipeline else target
         if apply is not None:
             accelpatch.apply(target, **apply)
-        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world, ulysses_anything=anything))
         saved = (attention.sum_over_ranks, sv2.local_frames, attention._narrow_ulysses, dist.all_to_all_single,
                  attention.heads_to_ranks)
         exchanged = []
@@ -104,7 +104,12 @@ SCRIPT = textwrap.dedent("""
         for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)) if full else (("t2v", t2v),):
             out[f"bf16_{kind}"] = run(kind, world, bf16, inputs)
             out[f"bf16_{kind}_fp32_exchange"] = run(kind, world, bf16, inputs, fp32_exchange=True)
-        if full:
+        odd = lambda m: sana_video2_transformer_inputs(m, frames=3, height=3, width=5)  # 45 tokens
+        if full:  # uneven token shards (diffusers' ulysses_anything) are refused, before diffusers' gather fails
+            out["anything_t2v_45_tokens"] = refused(lambda: run("t2v", world, build, odd, anything=True))
+            out["anything_ti2v_3_frames"] = refused(lambda: run("ti2v", world, build, lambda m: (
+                sana_video2_transformer_inputs(m, frames=3, per_frame_timesteps=True)), anything=True))
+            out["step_cache"] = refused(lambda: run("t2v", world, build, t2v, apply={"cache": "first_block"}))
             out["bf16_lossless_t2v"] = run("t2v", world, bf16, t2v, apply={})
             out["bf16_t2v_perturbed"] = run("t2v", world, bf16, t2v, perturbed_exchange=True)
         out["no_allreduce"] = run("t2v", world, build, t2v, no_allreduce=True)
@@ -182,7 +187,7 @@ def _check(ranks: list[dict], expected: dict) -> dict:
                  "pipeline"):
         if name not in ranks[0]:
             continue
-        reference = expected[name.split("_", 1)[1] if name.startswith(("lossless", "high")) else name]
+        reference = expected[name.split("_", 1)[1] if name.startswith(("lossless_", "high_")) else name]
         for rank in ranks:
             diffs[name] = max(diffs.get(name, 0.0), _max_diff(rank[name]["out"], reference))
         assert all(torch.equal(rank[name]["out"], ranks[0][name]["out"]) for rank in ranks), name  # one gather
@@ -202,6 +207,10 @@ def _check(ranks: list[dict], expected: dict) -> dict:
     assert "per-frame timesteps" in ranks[0]["ti2v_3_frames"]
     assert f"45 latent tokens do not split evenly over {world} ranks" in ranks[0]["t2v_odd_tokens"]
     assert "for inference only" in ranks[0]["with_grad"]
+    if "anything_ti2v_3_frames" in ranks[0]:
+        assert "3 latent frames do not split over" in ranks[0]["anything_ti2v_3_frames"]
+        assert "45 latent tokens do not split evenly" in ranks[0]["anything_t2v_45_tokens"]
+        assert "the step cache cannot run on a model split over ranks" in ranks[0]["step_cache"]
     # BF16 anchors: q/k/v and the output cross the ranks in BF16, with diffusers' FP32-exchange bits
     for rank in ranks:
         for kind in ("t2v", "ti2v") if "bf16_ti2v" in rank else ("t2v",):
@@ -300,7 +309,8 @@ def test_a_perturbed_reduction_is_seen_at_world_size_one(one_process_group):
 def test_anchor_heads_and_ring_are_checked_before_the_model_is_touched():
     from diffusers import ContextParallelConfig
 
-    from accelpatch.testing import sana_video2_transformer_on_meta, tiny_sana_video2_transformer
+    from accelpatch.testing import (SANA_VIDEO2_MEDIUM_CONFIG, sana_video2_transformer_on_meta,
+                                    tiny_sana_video2_transformer)
 
     release = sana_video2_transformer_on_meta()  # the 5B model: 10 anchor heads
     with pytest.raises(ValueError, match=r"ulysses_degree=4 does not divide its 10 anchor heads .*\[2, 5, 10\]"):
@@ -308,6 +318,9 @@ def test_anchor_heads_and_ring_are_checked_before_the_model_is_touched():
     tiny = tiny_sana_video2_transformer()  # 2 anchor heads
     with pytest.raises(ValueError, match=r"ulysses_degree=8 does not divide its 2 anchor heads .*\[2\]"):
         tiny.enable_parallelism(config=ContextParallelConfig(ulysses_degree=8))
+    medium = tiny_sana_video2_transformer(SANA_VIDEO2_MEDIUM_CONFIG)  # head dim 256 at width 256: one anchor head
+    with pytest.raises(ValueError, match="its 1 anchor heads .*a single head cannot be shared"):
+        medium.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
     with pytest.raises(ValueError, match="ring_degree=2 cannot run its FP32 anchor attention"):
         tiny.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
     assert tiny._parallel_config is None and release._parallel_config is None  # refused before diffusers ran

@@ -52,15 +52,19 @@ def check_parallel_config(model: torch.nn.Module, config: Any) -> None:
             "none. Use ulysses_degree instead (ring_degree=1).")
     heads = anchors[0].heads
     if ulysses > 1 and heads % ulysses and not getattr(cp, "ulysses_anything", False):
+        valid = (f"valid degrees: {_divisors(heads)}" if heads > 1 else
+                 "a single head cannot be shared, so this model cannot run under Ulysses (a smaller "
+                 "softmax_head_dim gives it more anchor heads)")
         raise ValueError(
             f"{MODEL}: ulysses_degree={ulysses} does not divide its {heads} anchor heads (Ulysses gives each rank a "
-            f"share of the heads); valid degrees: {_divisors(heads)}")
+            f"share of the heads); {valid}")
 
 
-def check_split(frames: int, tokens: int, per_frame: bool, shards: SequenceShards, parallel_config: Any) -> None:
+def check_split(frames: int, tokens: int, per_frame: bool, shards: SequenceShards) -> None:
     """Refuse an input the token split would get wrong, with the counts that work: per-frame timesteps
     (image-to-video) modulate whole frames, so each rank needs whole frames (``frames % world == 0``); otherwise
-    the tokens need only divide evenly (unless the config's ``*_anything`` mode splits them unevenly)."""
+    the tokens need only divide evenly. Uneven token shards (diffusers' ``ulysses_anything``) are refused too: on
+    gloo diffusers' uneven gather fails, so they could not be checked."""
     if shards.world == 1:
         return
     if per_frame:
@@ -68,11 +72,10 @@ def check_split(frames: int, tokens: int, per_frame: bool, shards: SequenceShard
         if reason is not None:
             raise ValueError(reason + " (per-frame timesteps modulate whole frames)")
         return
-    cp = getattr(parallel_config, "context_parallel_config", parallel_config)
-    uneven = getattr(cp, "ulysses_anything", False) or getattr(cp, "ring_anything", False)
-    if tokens % shards.world and not uneven:
-        raise ValueError(f"{MODEL}: {tokens} latent tokens do not split evenly over {shards.world} ranks; use a "
-                         f"world size that divides {tokens}, or a latent frame count divisible by {shards.world}")
+    if tokens % shards.world:
+        raise ValueError(f"{MODEL}: {tokens} latent tokens do not split evenly over {shards.world} ranks (uneven "
+                         f"shards are not supported, ulysses_anything included); use a world size that divides "
+                         f"{tokens}, or a latent frame count divisible by {shards.world}")
 
 
 def local_frames(t: torch.Tensor, shards: Optional[SequenceShards]) -> torch.Tensor:

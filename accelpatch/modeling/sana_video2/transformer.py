@@ -297,6 +297,11 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
     :class:`SanaVideo2LinearAttention`; ``fp32_attention`` (True in every release config) runs both attention cores
     in FP32. ``input_size`` only sizes the ``pos_embed`` buffer the release keeps, unused, for checkpoint
     compatibility; ``class_dropout_prob`` is the caption dropout applied in training mode.
+
+    Several processes (inference): ``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))``
+    splits the tokens over N ranks by :attr:`_cp_plan` (:mod:`.sequence_parallel`); every rank returns the whole
+    output. The Ulysses degree must divide the anchor heads (5B: 10 heads, so 2, 5 or 10); ring degrees are refused
+    for FP32 anchors; the latent tokens must divide by N, and with per-frame timesteps the latent frames.
     """
 
     #: diffusers' context-parallel plan (:mod:`.sequence_parallel`): ``model.enable_parallelism(config=
@@ -527,7 +532,7 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         t0 = self.t_block(t).unflatten(0, t_in.shape)  # [B, 6C] or [B, 1, F, 6C]
         t = t.unflatten(0, t_in.shape)
         if shards is not None:
-            check_split(grid[0], math.prod(grid), t_in.dim() == 3, shards, self._parallel_config)
+            check_split(grid[0], math.prod(grid), t_in.dim() == 3, shards)
             if t_in.dim() == 3:  # per frame: this rank's frames (the plan's hooks split the tokens)
                 t0, t = local_frames(t0, shards), local_frames(t, shards)
         y, mask = self._caption(encoder_hidden_states, encoder_attention_mask, dtype)
