@@ -152,7 +152,7 @@ def processor_shards(processor) -> Optional[SequenceShards]:
 def _state_over_ranks(scores: torch.Tensor, key_sum: torch.Tensor, shards: Optional[SequenceShards]):
     """The token sums of the whole sequence from this rank's partial ones, in one all-reduce: the state
     ``scores`` = Σ v·k̃ᵀ [B, H, D, D] and the normaliser's ``key_sum`` = Σ ReLU(k) [B, H, D, 1] (carried in the
-    state's dtype and cast back; exact when both are FP32, and at world size 1 in any dtype). Unsplit: as given."""
+    state's dtype and cast back: no extra rounding when both are FP32, or at world size 1). Unsplit: as given."""
     if shards is None:
         return scores, key_sum
     packed = torch.cat([scores.flatten(), key_sum.to(scores.dtype).flatten()])
