@@ -10,6 +10,8 @@ worst case that random rounding reaches only as √n·u ≈ 6e-7. Three linear l
 later layers, the o_norm and the projections at O(1) gain, on outputs of magnitude ≲ 2 (the pipeline: two steps
 and the VAE). Hence max |Δ| ≤ 1e-5. Measured: ≤ 2.1e-6 on 2 ranks, ≤ 5.4e-6 on 4 (the pipeline's frames; the
 transformer alone ≤ 3.7e-6). A layer left local is off by 0.7–1.7 (checked below), five orders of magnitude away.
+The same models in float64 agree to ≤ 1e-13 (measured 3.9e-15): the split is exact arithmetic, only its rounding
+differs.
 
 BF16 anchors exchange BF16 q/k/v and upcast after (``attention.anchor_core``): compared bit for bit with diffusers'
 own Ulysses exchange of the FP32 tensors, run in the same processes.
@@ -24,6 +26,8 @@ import pytest
 import torch
 
 TOLERANCE = 1e-5
+#: float64: the same reordering argument at u = 2^-53
+F64_TOLERANCE = 1e-13
 #: a layer left local (no all-reduce, misaligned per-frame modulation) is off by far more than this
 WRONG = 1e-2
 
@@ -104,6 +108,9 @@ SCRIPT = textwrap.dedent("""
         for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)) if full else (("t2v", t2v),):
             out[f"bf16_{kind}"] = run(kind, world, bf16, inputs)
             out[f"bf16_{kind}_fp32_exchange"] = run(kind, world, bf16, inputs, fp32_exchange=True)
+        f64 = lambda: tiny_sana_video2_transformer(**config, dtype=torch.float64)
+        for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)):
+            out[f"f64_{kind}"] = run(kind, world, f64, inputs)
         odd = lambda m: sana_video2_transformer_inputs(m, frames=3, height=3, width=5)  # 45 tokens
         if full:  # uneven token shards (diffusers' ulysses_anything) are refused, before diffusers' gather fails
             out["anything_t2v_45_tokens"] = refused(lambda: run("t2v", world, build, odd, anything=True))
@@ -167,6 +174,9 @@ def _one_process(config: dict) -> dict:
     model = tiny_sana_video2_transformer(**config)
     expected = {}
     with torch.no_grad():
+        f64 = tiny_sana_video2_transformer(**config, dtype=torch.float64)
+        expected["f64_t2v"] = f64(**sana_video2_transformer_inputs(f64, frames=4)).sample
+        expected["f64_ti2v"] = f64(**sana_video2_transformer_inputs(f64, frames=4, per_frame_timesteps=True)).sample
         expected["t2v"] = model(**sana_video2_transformer_inputs(model, frames=4)).sample
         expected["ti2v"] = model(**sana_video2_transformer_inputs(model, frames=4, per_frame_timesteps=True)).sample
         expected["t2v_3_frames"] = model(**sana_video2_transformer_inputs(model, frames=3)).sample
@@ -192,6 +202,10 @@ def _check(ranks: list[dict], expected: dict) -> dict:
             diffs[name] = max(diffs.get(name, 0.0), _max_diff(rank[name]["out"], reference))
         assert all(torch.equal(rank[name]["out"], ranks[0][name]["out"]) for rank in ranks), name  # one gather
     assert max(diffs.values()) <= TOLERANCE, diffs
+    for name in ("f64_t2v", "f64_ti2v"):  # the split is exact arithmetic: in float64 only rounding at 1e-16 is left
+        if name in ranks[0]:
+            diffs[name] = max(_max_diff(rank[name]["out"], expected[name]) for rank in ranks)
+            assert ranks[0][name]["out"].dtype == torch.float64 and diffs[name] <= F64_TOLERANCE, diffs
     for name in ("lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v"):
         if name not in ranks[0]:
             continue
