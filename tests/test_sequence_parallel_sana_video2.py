@@ -97,19 +97,26 @@ SCRIPT = textwrap.dedent("""
         t2v = lambda model, **kw: sana_video2_transformer_inputs(model, frames=4, **kw)
         ti2v = lambda model: t2v(model, per_frame_timesteps=True)
         out = {}
+        from accelpatch.parallel.sequence import heads_to_ranks, ranks_to_heads, shards_of_group
+        whole = torch.randn(2, 3 * world, 2 * world, 4, generator=torch.Generator().manual_seed(0)).bfloat16()
+        shard = whole.chunk(world, dim=1)[rank]  # [B, N/W, H, D]: this rank's tokens of every head
+        heads = heads_to_ranks(shard, shards_of_group())
+        out["exchange"] = (torch.equal(heads, whole[:, :, 2 * rank:2 * rank + 2]),
+                           torch.equal(ranks_to_heads(heads, shards_of_group()), shard), heads.dtype)
         out["t2v"] = run("t2v", world, build, t2v)
         out["ti2v"] = run("ti2v", world, build, ti2v)
         out["t2v_3_frames"] = run("t2v_3_frames", world, build,
                                   lambda m: sana_video2_transformer_inputs(m, frames=3))  # a token split: fine
+        both = (("t2v", t2v), ("ti2v", ti2v))
         for tier in ("lossless", "high") if full else ("lossless",):
-            for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)):
+            for kind, inputs in both if full else both[:1]:
                 out[f"{tier}_{kind}"] = run(kind, world, build, inputs, apply={"tier": tier})
         bf16 = lambda: tiny_sana_video2_transformer(**config, dtype=torch.bfloat16)
-        for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)) if full else (("t2v", t2v),):
+        for kind, inputs in both if full else both[:1]:
             out[f"bf16_{kind}"] = run(kind, world, bf16, inputs)
             out[f"bf16_{kind}_fp32_exchange"] = run(kind, world, bf16, inputs, fp32_exchange=True)
         f64 = lambda: tiny_sana_video2_transformer(**config, dtype=torch.float64)
-        for kind, inputs in (("t2v", t2v), ("ti2v", ti2v)):
+        for kind, inputs in both if full else ():
             out[f"f64_{kind}"] = run(kind, world, f64, inputs)
         odd = lambda m: sana_video2_transformer_inputs(m, frames=3, height=3, width=5)  # 45 tokens
         if full:  # uneven token shards (diffusers' ulysses_anything) are refused, before diffusers' gather fails
@@ -211,6 +218,7 @@ def _check(ranks: list[dict], expected: dict) -> dict:
             continue
         assert ranks[0][name]["fast_calls"] > 0, name
         assert all(rank[name]["sites"] == ranks[0][name]["sites"] for rank in ranks), name  # the same paths
+    assert all(rank["exchange"] == (True, True, torch.bfloat16) for rank in ranks)  # the Ulysses exchange
     # a layer left local is caught
     diffs["no_allreduce"] = _max_diff(ranks[0]["no_allreduce"]["out"], expected["t2v"])
     diffs["whole_timesteps"] = _max_diff(ranks[0]["whole_timesteps"]["out"], expected["ti2v"])
