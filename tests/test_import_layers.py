@@ -17,7 +17,8 @@ ALLOWED = {
     "accelpatch.tiers": {"accelpatch.call_context"},
     "accelpatch.steps": {"accelpatch.call_context"},
     "accelpatch.ops": {"accelpatch.errors"},
-    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops"},
+    # our own models' token-mixing layers combine sequence shards with the generic collectives (which import nothing)
+    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.parallel.sequence"},
     # the gate keeps the fusion registry: fusions register where they are defined, and a pickle names that module
     "accelpatch.gate": {"accelpatch.tiers", "accelpatch.call_context"},
 }

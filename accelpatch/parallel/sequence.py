@@ -92,3 +92,25 @@ def whole_frames_error(frames: int, world: int, model: str) -> Optional[str]:
     counts = [n * world for n in range(1, 4)]
     return (f"{model}: {frames} latent frames do not split over {world} ranks in whole frames; use a world size "
             f"in {sizes} for this clip, or a latent frame count divisible by {world} (e.g. {counts})")
+
+
+def heads_to_ranks(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
+    """Ulysses' first exchange: this rank's sequence shard of every head [B, N/W, H, D] → the whole sequence of its
+    share of the heads [B, N, H/W, D] (rank r gets heads r·H/W … (r+1)·H/W − 1), one all-to-all in ``x``'s dtype.
+    H must divide by the world size (the caller checks, naming the valid degrees)."""
+    batch, tokens, heads, dim = x.shape
+    world = shards.world
+    send = x.reshape(batch, tokens, world, heads // world, dim).permute(2, 0, 1, 3, 4).contiguous()
+    received = torch.empty_like(send)  # [W, B, N/W, H/W, D]: block j is rank j's tokens of this rank's heads
+    dist.all_to_all_single(received, send, group=shards.group)
+    return received.permute(1, 0, 2, 3, 4).reshape(batch, world * tokens, heads // world, dim)
+
+
+def ranks_to_heads(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
+    """The inverse of :func:`heads_to_ranks`: [B, N, H/W, D] → [B, N/W, H, D]."""
+    batch, tokens, heads, dim = x.shape
+    world = shards.world
+    send = x.reshape(batch, world, tokens // world, heads, dim).permute(1, 0, 2, 3, 4).contiguous()
+    received = torch.empty_like(send)  # [W, B, N/W, H/W, D]: block j is rank j's heads of this rank's tokens
+    dist.all_to_all_single(received, send, group=shards.group)
+    return received.permute(1, 2, 0, 3, 4).reshape(batch, tokens // world, world * heads, dim)

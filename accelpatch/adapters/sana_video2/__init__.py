@@ -164,7 +164,7 @@ class AnchorAttentionBF16(FastPath):
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
             return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
                            "anchor path takes 4-D q/k/v of equal shape")
-        return anchor_attention(site, attn, hidden_states, query, key, value)
+        return anchor_attention(site, attn, hidden_states, query, key, value, upcast=False)
 
 
 class LinearAttentionBF16GEMM(FastPath):
@@ -182,13 +182,14 @@ class LinearAttentionBF16GEMM(FastPath):
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ...modeling.sana_video2.attention import gated_linear_attention
+        from ...modeling.sana_video2.attention import gated_linear_attention, processor_shards
 
         call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16-input GEMM")
         if verdict is not None:
             return verdict
         return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], first_gemm=key_value_state_bf16,
-                                      rope_pair=rope_pair(site), gate=sigmoid_gate(site))
+                                      rope_pair=rope_pair(site), gate=sigmoid_gate(site),
+                                      shards=processor_shards(attn.processor))
 
 
 class AnchorSolAttention(SolAttnFastPath):

@@ -35,18 +35,14 @@ def sigmoid_gate(site: Site):
     return functools.partial(SIGMOID_GATE, site)
 
 
-def anchor_attention(site: Site, attn: torch.nn.Module, hidden_states: torch.Tensor, query, key, value
-                     ) -> torch.Tensor:
-    """The anchor processor's attention and tail on q, k, v as given (the lossless path passes the release's
-    upcast ones, the BF16 path the activations' dtype): diffusers' dispatcher with the processor's backend and
-    parallel config, then the gate and projection."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
+def anchor_attention(site: Site, attn: torch.nn.Module, hidden_states: torch.Tensor, query, key, value, *,
+                     upcast: bool) -> torch.Tensor:
+    """The anchor processor's attention and tail on q, k, v in the activations' dtype (``upcast``: the release's
+    FP32 core, as the lossless path runs it; the BF16 path passes False): the model's ``anchor_core`` (diffusers'
+    dispatcher with the processor's backend and parallel config), then the gate and projection."""
+    from ...modeling.sana_video2.attention import anchor_core, anchor_output
 
-    from ...modeling.sana_video2.attention import anchor_output
-
-    processor = attn.processor
-    out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
-                                backend=processor._attention_backend, parallel_config=processor._parallel_config)
+    out = anchor_core(attn.processor, query, key, value, upcast=upcast)
     return anchor_output(attn, out, hidden_states, sigmoid_gate(site))
 
 
@@ -106,14 +102,12 @@ class SanaVideo2FusedAnchor(FusedOpsPath):
         return SanaVideo2SoftmaxAttnProcessor
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ...modeling.sana_video2.attention import anchor_qkv, at_least_fp32
+        from ...modeling.sana_video2.attention import anchor_qkv
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
         hidden_states = call["hidden_states"]
         query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
-        if attn.fp32_attention:
-            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
-        return anchor_attention(site, attn, hidden_states, query, key, value)
+        return anchor_attention(site, attn, hidden_states, query, key, value, upcast=attn.fp32_attention)
 
 
 class SanaVideo2FusedLinear(FusedOpsPath):
@@ -127,11 +121,11 @@ class SanaVideo2FusedLinear(FusedOpsPath):
         return SanaVideo2LinearAttnProcessor
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ...modeling.sana_video2.attention import gated_linear_attention
+        from ...modeling.sana_video2.attention import gated_linear_attention, processor_shards
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
         return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], rope_pair=rope_pair(site),
-                                      gate=sigmoid_gate(site))
+                                      gate=sigmoid_gate(site), shards=processor_shards(attn.processor))
 
 
 FUSED_BLOCK = SanaVideo2FusedBlock()

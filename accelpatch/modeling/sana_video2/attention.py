@@ -17,6 +17,8 @@ from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from torch import nn
 
+from ...parallel.sequence import SequenceShards, heads_to_ranks, ranks_to_heads, sequence_shards, sum_over_ranks
+
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """``x`` in FP32, or as it is when already wider (the release's ``.float()``; a float64 model stays float64)."""
@@ -90,6 +92,41 @@ def anchor_output(attn: "SanaVideo2SoftmaxAttention", out: torch.Tensor, hidden_
     return _gated_output(attn, out.flatten(2, 3), hidden_states, gate)
 
 
+def _narrow_ulysses(processor, query: torch.Tensor, upcast: bool) -> Optional[SequenceShards]:
+    """The group to run Ulysses' exchange over ourselves, before the upcast (None: leave it to diffusers): pure
+    Ulysses (no ring, even shards) on q/k/v narrower than FP32 that the release upcasts."""
+    config = getattr(processor, "_parallel_config", None)
+    cp = getattr(config, "context_parallel_config", None)
+    if not upcast or query.dtype not in (torch.bfloat16, torch.float16) or cp is None:
+        return None
+    if (cp.ring_degree or 1) > 1 or (cp.ulysses_degree or 1) < 2 or cp.ulysses_anything:
+        return None
+    return sequence_shards(config)
+
+
+def anchor_core(processor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                upcast: bool) -> torch.Tensor:
+    """Softmax attention of q, k, v [B, N, H, D] through diffusers' dispatcher with ``processor``'s backend and
+    parallel config; ``upcast``: in FP32 (the release's ``fp32_attention``). Shared by the reference processor
+    and the fast paths.
+
+    Under Ulysses with BF16/FP16 activations, q/k/v cross the ranks as they are and are upcast after the exchange,
+    and the output is cast back before its exchange: the casts are elementwise, so this gives diffusers' Ulysses
+    bits at half its bytes (its template moves the FP32 tensors it is handed). The result is then in the
+    activations' dtype, which is what the attention's tail casts it to anyway."""
+    shards = _narrow_ulysses(processor, query, upcast)
+    if shards is None:
+        if upcast:
+            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
+        return dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                     backend=processor._attention_backend, parallel_config=processor._parallel_config)
+    dtype = query.dtype
+    query, key, value = (heads_to_ranks(x, shards).float() for x in (query, key, value))
+    out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                backend=processor._attention_backend)
+    return ranks_to_heads(out.to(dtype), shards)
+
+
 class SanaVideo2SoftmaxAttnProcessor:
     """The anchor attention's reference math: softmax attention over all tokens with RoPE, in FP32 when the module's
     ``fp32_attention`` is set, then the sigmoid output gate and the projection."""
@@ -100,16 +137,34 @@ class SanaVideo2SoftmaxAttnProcessor:
     def __call__(self, attn: "SanaVideo2SoftmaxAttention", hidden_states: torch.Tensor,
                  rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
         query, key, value = anchor_qkv(attn, hidden_states, rotary_emb)
-        if attn.fp32_attention:
-            query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
-        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = anchor_core(self, query, key, value, upcast=attn.fp32_attention)
         return anchor_output(attn, out, hidden_states)
+
+
+def processor_shards(processor) -> Optional[SequenceShards]:
+    """The sequence split a linear-attention processor runs under: the group of the diffusers config that
+    ``enable_parallelism`` recorded on it (``_parallel_config``), or the :class:`SequenceShards` that
+    ``SanaVideo2Transformer3DModel.enable_sequence_shards`` set there; None when unsplit."""
+    config = getattr(processor, "_parallel_config", None)
+    return config if isinstance(config, SequenceShards) else sequence_shards(config)
+
+
+def _state_over_ranks(scores: torch.Tensor, key_sum: torch.Tensor, shards: Optional[SequenceShards]):
+    """The token sums of the whole sequence from this rank's partial ones, in one all-reduce: the state
+    ``scores`` = Σ v·k̃ᵀ [B, H, D, D] and the normaliser's ``key_sum`` = Σ ReLU(k) [B, H, D, 1] (carried in the
+    state's dtype and cast back: no extra rounding when both are FP32, or at world size 1). Unsplit: as given."""
+    if shards is None:
+        return scores, key_sum
+    packed = torch.cat([scores.flatten(), key_sum.to(scores.dtype).flatten()])
+    total = sum_over_ranks(packed, shards)
+    return (total[:scores.numel()].view_as(scores),
+            total[scores.numel():].view_as(key_sum).to(key_sum.dtype))
 
 
 def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
                            rotary_emb: Optional[torch.Tensor], first_gemm: Optional[Callable] = None,
-                           rope_pair: Callable = apply_rope_pair, gate: Callable = sigmoid_gate) -> torch.Tensor:
+                           rope_pair: Callable = apply_rope_pair, gate: Callable = sigmoid_gate, *,
+                           shards: Optional[SequenceShards]) -> torch.Tensor:
     """The gated linear attention: out = (v·k̃ᵀ)·RoPE(q) per head with k̃ = RoPE(k)·sigmoid(β), times the
     ReLU-kernel normaliser 1/(Σ ReLU(k)ᵀReLU(q) + 1e-8) of the release (computed in the input dtype from the
     un-rotated q and k; the RMSNorm that follows cancels it except for its epsilon, and later upstream code drops
@@ -119,7 +174,11 @@ def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: tor
     fast path, replaces the first one ([B, H, D, N] operands in the activations' dtype → [B, H, D, D] FP32); the
     second then runs on FP32 operands. ``rope_pair(q, k, freqs)`` applies the RoPE (:func:`apply_rope_pair`),
     ``gate(x, logits)`` the sigmoid output gate (:func:`sigmoid_gate`; the key gate β, a [B, N, H] sigmoid broadcast
-    over the head dim, stays eager: cheaper than any fused pass on CPU)."""
+    over the head dim, stays eager: cheaper than any fused pass on CPU).
+
+    ``shards`` (required, so that no caller forgets it: pass :func:`processor_shards` of the module's processor):
+    under a sequence split each rank holds some tokens, and the two token sums, the state and Σ ReLU(k), are summed
+    over the ranks (:func:`_state_over_ranks`) before they meet the local queries. None: unsplit, the same ops."""
     batch, tokens, width = hidden_states.shape
     query, key, value = _qkv(attn, hidden_states)
     if rotary_emb is not None:
@@ -137,22 +196,27 @@ def gated_linear_attention(attn: "SanaVideo2LinearAttention", hidden_states: tor
         if attn.fp32_attention:
             query_rot, key_gated, value = at_least_fp32(query_rot), at_least_fp32(key_gated), at_least_fp32(value)
         scores = torch.matmul(value, key_gated.transpose(-1, -2))
-    out = torch.matmul(scores, query_rot)  # [B, H, D, N]
-
     relu_q = F.relu(query).permute(0, 2, 3, 1)  # un-rotated, un-gated, input dtype
     relu_k = F.relu(key).permute(0, 2, 3, 1)
-    normaliser = 1.0 / (relu_k.sum(-1, keepdim=True).transpose(-1, -2) @ relu_q + attn.eps)  # [B, H, 1, N]
+    scores, key_sum = _state_over_ranks(scores, relu_k.sum(-1, keepdim=True), shards)
+    out = torch.matmul(scores, query_rot)  # [B, H, D, N]
+
+    normaliser = 1.0 / (key_sum.transpose(-1, -2) @ relu_q + attn.eps)  # [B, H, 1, N]
     out = attn.o_norm(out * normaliser)
     out = out.to(hidden_states.dtype).reshape(batch, width, tokens).transpose(1, 2)
     return _gated_output(attn, out, hidden_states, gate)
 
 
 class SanaVideo2LinearAttnProcessor:
-    """The gated linear attention's reference math (:func:`gated_linear_attention`)."""
+    """The gated linear attention's reference math (:func:`gated_linear_attention`). ``_parallel_config``: set by
+    diffusers' ``enable_parallelism`` on processors that have the attribute; it makes the token sums span the
+    sequence group (:func:`processor_shards`)."""
+
+    _parallel_config = None
 
     def __call__(self, attn: "SanaVideo2LinearAttention", hidden_states: torch.Tensor,
                  rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return gated_linear_attention(attn, hidden_states, rotary_emb)
+        return gated_linear_attention(attn, hidden_states, rotary_emb, shards=processor_shards(self))
 
 
 class _GatedSelfAttention(nn.Module, AttentionModuleMixin):

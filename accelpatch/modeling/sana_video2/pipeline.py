@@ -103,6 +103,19 @@ def _vae_strides(vae: Any) -> tuple[int, int]:
     return int(temporal or RELEASE_VAE_STRIDE[0]), int(spatial or RELEASE_VAE_STRIDE[1])
 
 
+def _from_first_rank(latents: torch.Tensor, shards: Any) -> torch.Tensor:
+    """``latents`` as the sequence group's first rank has them (every rank must denoise the same noise: each holds
+    a share of its tokens). Unsplit: as given."""
+    if shards is None or shards.world == 1:
+        return latents
+    import torch.distributed as dist
+
+    latents = latents.contiguous()
+    source = 0 if shards.group is None else dist.get_global_rank(shards.group, 0)
+    dist.broadcast(latents, src=source, group=shards.group)
+    return latents
+
+
 class SanaVideo2Pipeline(DiffusionPipeline):
     r"""Text-to-video generation with SANA-Video 2.0 (NVlabs/Sana), in the shape of diffusers' ``SanaVideoPipeline``.
 
@@ -162,6 +175,11 @@ class SanaVideo2Pipeline(DiffusionPipeline):
     Where the release leaves a choice open, this follows diffusers' ``SanaVideoPipeline``: output types, the output
     dataclass, ``num_videos_per_prompt``, callbacks, the progress bar, custom ``timesteps``/``sigmas``.
     Image-to-video (the release's LTX Euler path with a clean first frame) is not implemented.
+
+    **Several processes.** With the transformer split over ranks (``pipe.transformer.enable_parallelism(config=
+    ContextParallelConfig(ulysses_degree=N))`` under ``torchrun``), every rank runs the whole call and returns the
+    whole, identical output (diffusers' convention: decode on every rank, save on rank 0 only). The initial noise is
+    rank 0's, sent to the others, so ranks seeded differently (or not at all) still denoise one video.
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vae"
@@ -524,6 +542,7 @@ class SanaVideo2Pipeline(DiffusionPipeline):
         latent_channels = self.transformer.config.in_channels
         latents = self.prepare_latents(batch_size, latent_channels, height, width, frames, torch.float32, device,
                                        generator, latents)
+        latents = _from_first_rank(latents, getattr(self.transformer, "sequence_split", lambda: None)())
         accepts_generator = "generator" in inspect.signature(self.scheduler.step).parameters
         step_kwargs = {"generator": generator} if accepts_generator else {}
 

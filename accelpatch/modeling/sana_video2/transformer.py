@@ -23,8 +23,11 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from ...parallel.sequence import SequenceShards, sequence_shards
 from ..sana_video2_release import anchor_layer_indices
-from .attention import RMSNorm, SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
+from .attention import (RMSNorm, SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2LinearAttnProcessor,
+                        SanaVideo2SoftmaxAttention)
+from .sequence_parallel import CP_PLAN, check_parallel_config, check_split, inference_only_error, local_frames
 
 SOFTMAX, LINEAR = "softmax", "linear"
 
@@ -294,7 +297,18 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
     :class:`SanaVideo2LinearAttention`; ``fp32_attention`` (True in every release config) runs both attention cores
     in FP32. ``input_size`` only sizes the ``pos_embed`` buffer the release keeps, unused, for checkpoint
     compatibility; ``class_dropout_prob`` is the caption dropout applied in training mode.
+
+    Several processes (inference): ``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))``
+    splits the tokens over N ranks by :attr:`_cp_plan` (:mod:`.sequence_parallel`); every rank returns the whole
+    output. The Ulysses degree must divide the anchor heads (5B: 10 heads, so 2, 5 or 10); ring degrees are refused
+    for FP32 anchors; the latent tokens must divide by N, and with per-frame timesteps the latent frames.
     """
+
+    #: diffusers' context-parallel plan (:mod:`.sequence_parallel`): ``model.enable_parallelism(config=
+    #: ContextParallelConfig(ulysses_degree=N))`` splits the tokens over N ranks
+    _cp_plan = CP_PLAN
+    #: the sequence split set by :meth:`enable_sequence_shards` (world size 1); None: diffusers' config, if any
+    _sequence_shards: Optional[SequenceShards] = None
 
     #: a step cache's hook point (accelpatch.step_cache): after the first block, ``reuse(delta)`` may return the
     #: remaining blocks' cached contribution, skipping them; ``store(tail)`` keeps it. None: every block runs.
@@ -420,6 +434,37 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
                              f"{type(self).__name__} has none, so it would cache nothing")
         super().enable_cache(config)
 
+    # -- sequence parallelism -----------------------------------------------------------------------------------
+
+    def enable_parallelism(self, *, config, cp_plan=None):
+        """diffusers' ``enable_parallelism``, after refusing the context-parallel configs the anchors cannot run
+        under (ring degree > 1 with FP32 anchors, a Ulysses degree that does not divide the anchor heads), so that a
+        refused call leaves the model untouched. The plan is :attr:`_cp_plan`; the linear attention's processors
+        take the config too (their ``_parallel_config``) and sum their token statistics over the group."""
+        check_parallel_config(self, config)
+        return super().enable_parallelism(config=config, cp_plan=cp_plan)
+
+    def enable_sequence_shards(self, shards: SequenceShards) -> None:
+        """The model's side of the sequence split over a plain one-process group (``accelpatch.parallel.sequence.
+        shards_of_group()``), where diffusers' ``ContextParallelConfig`` refuses a degree of 1: the linear attention
+        sums its statistics through the group's all-reduce and the split's checks and frame selection run; no split
+        hooks are needed, since the one rank holds every token. More ranks go through :meth:`enable_parallelism`,
+        whose hooks split the tokens."""
+        if shards.world != 1:
+            raise ValueError(f"enable_sequence_shards takes a group of one process (got {shards.world}); split over "
+                             "more ranks with model.enable_parallelism(config=ContextParallelConfig(ulysses_degree="
+                             f"{shards.world}))")
+        if self._parallel_config is not None:
+            raise RuntimeError("this model is already split by enable_parallelism")
+        self._sequence_shards = shards
+        for module in self.modules():
+            if isinstance(getattr(module, "processor", None), SanaVideo2LinearAttnProcessor):
+                module.processor._parallel_config = shards
+
+    def sequence_split(self) -> Optional[SequenceShards]:
+        """Where this process sits in the sequence split (None: unsplit)."""
+        return self._sequence_shards if self._sequence_shards is not None else sequence_shards(self._parallel_config)
+
     # -- inputs -------------------------------------------------------------------------------------------------
 
     def _timesteps(self, timestep: Any, batch: int, frames: int, device) -> torch.Tensor:
@@ -476,12 +521,24 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         if height % ph or width % pw:
             raise ValueError(f"latent height/width {height}x{width} must be multiples of the patch {self.patch}")
         grid = (frames // pt, height // ph, width // pw)
+        shards = self.sequence_split()
+        reason = inference_only_error(shards)
+        if reason is not None:
+            raise RuntimeError(reason)
+        if self._remaining_blocks_cache is not None and shards is not None and shards.world > 1:
+            raise ValueError("the step cache cannot run on a model split over ranks yet: each rank would decide "
+                             "reuse from its own tokens, and ranks that decide differently wait on each other for "
+                             "ever; apply without cache=")
 
         dtype = self.dtype  # the compute dtype (under layerwise casting, not the weights' storage dtype)
         t_in = self._timesteps(timestep, batch, frames, hidden_states.device)
         t = self.t_embedder(t_in.flatten(), dtype)
         t0 = self.t_block(t).unflatten(0, t_in.shape)  # [B, 6C] or [B, 1, F, 6C]
         t = t.unflatten(0, t_in.shape)
+        if shards is not None:
+            check_split(grid[0], math.prod(grid), t_in.dim() == 3, shards)
+            if t_in.dim() == 3:  # per frame: this rank's frames (the plan's hooks split the tokens)
+                t0, t = local_frames(t0, shards), local_frames(t, shards)
         y, mask = self._caption(encoder_hidden_states, encoder_attention_mask, dtype)
 
         x = self.x_embedder(hidden_states.to(dtype))
