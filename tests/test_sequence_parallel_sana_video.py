@@ -157,7 +157,7 @@ SCRIPT = textwrap.dedent("""
         out["removed"] = dict(
             processors=[(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks] == originals,
             plan="_cp_plan" not in vars(model),
-            hooks=not any(isinstance(h, ours) for m in model.modules()
+            hooks=not any(isinstance(getattr(h, "__self__", h), ours) for m in model.modules()
                           for h in [*m._forward_pre_hooks.values(), *m._forward_hooks.values()]))
 
         if not full:  # the checks below do not depend on the world size: run once, at 2 processes

@@ -13,9 +13,9 @@ count F divides by the world size; other counts are refused at the first split f
   timestep (the step clock);
 - each block (:class:`LocalFrames`, a forward pre-hook): the local frame count in place of the global ``frames``
   the block unflattens its tokens with before ``ff``;
-- ``ff.conv_temp`` (:class:`TemporalHalo`, a forward hook): kernel (3, 1) over frames, so each rank's first and
-  last frame get the missing tap of the neighbouring rank's boundary frame (:func:`exchange_halo`; the zero padding
-  stays at the global ends);
+- ``ff.conv_temp`` (:class:`TemporalHalo`, forward pre- and post-hooks): kernel (3, 1) over frames, so each rank's
+  conv input gets the neighbouring ranks' boundary frames (:func:`exchange_halo`) and the extra outputs are dropped
+  (the zero padding stays at the global ends);
 - the attention processors (:mod:`.split_processors`): attn1's linear attention all-reduces its token sums (also in
   the fast paths, :mod:`.linear_attention`); attn2 stays local.
 
@@ -119,24 +119,35 @@ class LocalFrames:
 
 
 class TemporalHalo:
-    """``ff.conv_temp``'s forward hook: under a split, add to the first and last local frame the tap of the
-    neighbouring rank's boundary frame that the conv's zero padding left out. The conv is linear, so this equals the
-    unsplit conv up to the order of one addition (in low precision, the boundary frames round once more)."""
+    """``ff.conv_temp``'s hooks: under a split, the neighbouring ranks' boundary frames (:func:`exchange_halo`) are
+    put around the local frames before the conv (:meth:`before`) and the outputs they produce are dropped after it
+    (:meth:`after`). The conv thus computes every local frame from the same three frames as unsplit, in its own
+    accumulation; at the global ends its zero padding stays. Costs one or two extra output frames per rank, and reads
+    no weight outside the conv's own forward (an offloading hook may load the weights only there)."""
 
     def __init__(self, attn: torch.nn.Module) -> None:
         self.attn = attn  # the block's attn1: its processor sees the split
+        self._added: Optional[tuple[int, int]] = None  # frames put before / after the local ones by this call
 
-    def __call__(self, conv: torch.nn.Module, args: tuple, output: torch.Tensor):
+    def before(self, conv: torch.nn.Module, args: tuple):
+        self._added = None
         shards = processor_shards(self.attn.processor)
         if shards is None:
             return None
         x = args[0]  # [B, C, F_local, H'·W']
         previous, following = exchange_halo(x[:, :, 0], x[:, :, -1], shards)
-        if previous is not None:
-            output[:, :, 0] += torch.matmul(conv.weight[:, :, 0, 0], previous)
-        if following is not None:
-            output[:, :, -1] += torch.matmul(conv.weight[:, :, 2, 0], following)
-        return output
+        if previous is None and following is None:
+            return None
+        self._added = (int(previous is not None), int(following is not None))
+        frames = [f.unsqueeze(2) for f in (previous,) if f is not None] + [x]
+        frames += [f.unsqueeze(2) for f in (following,) if f is not None]
+        return (torch.cat(frames, dim=2),) + tuple(args[1:])
+
+    def after(self, conv: torch.nn.Module, args: tuple, output: torch.Tensor):
+        added, self._added = self._added, None
+        if added is None:
+            return None
+        return output[:, :, added[0]:output.shape[2] - added[1]].contiguous()
 
 
 class SplitLayers:
@@ -178,7 +189,9 @@ def split_layers(model: torch.nn.Module) -> Optional[Callable[[], None]]:
             if getattr(block, "attn2", None) is not None:
                 _swap(block.attn2, SanaAttnProcessor2_0, LocalCrossAttnProcessor, undo)
             undo.handles.append(block.register_forward_pre_hook(LocalFrames(), with_kwargs=True))
-            undo.handles.append(block.ff.conv_temp.register_forward_hook(TemporalHalo(block.attn1)))
+            halo = TemporalHalo(block.attn1)
+            undo.handles.append(block.ff.conv_temp.register_forward_pre_hook(halo.before))
+            undo.handles.append(block.ff.conv_temp.register_forward_hook(halo.after))
         undo.handles.append(model.register_forward_pre_hook(SplitEntry(), with_kwargs=True))
     except BaseException:
         undo()
