@@ -1,6 +1,7 @@
 """``apply`` and ``remove``: find the model adapter, swap site classes, attach hooks, and undo all of it."""
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import warnings
@@ -225,11 +226,24 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
             patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks)
             patch.detach.append(patch.step_cache.remove)
+        # diffusers' context parallelism: the family's plan where diffusers' class has none, and its split-aware
+        # layers (after the model hooks above: their pre-hooks read the unsplit inputs first); remove() undoes both
+        plan = adapter.cp_plan(model)
+        if plan is not None and getattr(type(model), "_cp_plan", None) is None:
+            model._cp_plan = plan
+            patch.detach.append(functools.partial(_drop_cp_plan, model))
+        undo_parallel = adapter.prepare_parallel(model)
+        if undo_parallel is not None:
+            patch.detach.append(undo_parallel)
     except BaseException:
         _remove_one(model)
         raise
     for kind in patch.rejections:
         patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
+
+
+def _drop_cp_plan(model: torch.nn.Module) -> None:
+    model.__dict__.pop("_cp_plan", None)
 
 
 def _stacks(found) -> list[tuple[str, torch.nn.Module, list]]:

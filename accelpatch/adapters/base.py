@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 
@@ -88,6 +88,16 @@ class ModelAdapter:
                    backend_config: Any) -> Iterator[tuple[str, torch.nn.Module, FastPath, Any]]:
         """Yield (module path, module, fast path, layer index or None) for every site of ``model``."""
         raise NotImplementedError
+
+    def cp_plan(self, model: torch.nn.Module) -> Optional[dict]:
+        """diffusers' context-parallel plan for ``model``, which ``apply`` sets as ``model._cp_plan`` (read by
+        ``enable_parallelism``) where diffusers' class has none; None: this family adds no plan."""
+        return None
+
+    def prepare_parallel(self, model: torch.nn.Module) -> Optional[Callable[[], None]]:
+        """Called once by ``apply``: make the layers diffusers' context-parallel hooks do not reach split-aware
+        (idle, and bit-identical, while the model is not split). Returns the undo ``remove()`` runs, or None."""
+        return None
 
     #: step caches (accelpatch.step_cache) this family runs: "first_block", "mag"
     cache_methods: tuple[str, ...] = ()

@@ -9,11 +9,14 @@ Sites, per block ``transformer_blocks.N``:
 
 The cross-attention ``attn2`` goes through diffusers' dispatcher and is left alone. Every lossless path is
 bit-identical to diffusers: its fused ops are verified against the eager chain on first sight (accelpatch.verify).
+
+Sequence parallelism through diffusers' ``enable_parallelism`` (after ``apply``): the plan (:meth:`cp_plan`) and the
+split-aware layers (:meth:`prepare_parallel`) of :mod:`.sequence_parallel`, idle until the model is split.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -30,6 +33,16 @@ class SanaVideoAdapter(ModelAdapter):
     cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "SanaVideoTransformer3DModel"),)
     backends = ()
+
+    def cp_plan(self, model: torch.nn.Module) -> dict:
+        from .sequence_parallel import cp_plan
+
+        return cp_plan(model)
+
+    def prepare_parallel(self, model: torch.nn.Module) -> Optional[Callable[[], None]]:
+        from .sequence_parallel import split_layers
+
+        return split_layers(model)
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         for path, module in model.named_modules():
