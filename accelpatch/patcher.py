@@ -17,7 +17,8 @@ from .backends import resolve_backend
 from .errors import FastPathUnavailableError
 from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
-from .parallel.lifecycle import ParallelGuard
+from .parallel.cfg import disable_cfg_parallel
+from .parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
 from .step_cache import StepCache, resolve_cache
@@ -171,6 +172,11 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
             raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
         requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
                      default_tier, cache_config)
+        existing = model.__dict__.get(STATE_ATTR)
+        if existing is None:
+            refuse_split_model(model, adapter.cp_plan(model))
+        elif existing.key() != requested:
+            refuse_repatching_split_model(model, existing)
         plans.append((model, adapter, backend_config, family_options, requested, noops))
     pipeline = None if isinstance(target, torch.nn.Module) else target
     for model, adapter, backend_config, family_options, requested, noops in plans:
@@ -178,7 +184,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         if existing is not None:
             if existing.key() == requested:
                 continue  # applying twice is the same as applying once
-            _remove_one(model)
+            _remove_one(model, keep_cfg_parallel=True)
         _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier,
                    cache_config)
         for noop in noops:  # said once, at apply(): the report counts each call's reason too
@@ -236,7 +242,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         if undo_parallel is not None:
             patch.detach.append(undo_parallel)
     except BaseException:
-        _remove_one(model)
+        _remove_one(model, keep_cfg_parallel=True)  # a failed apply leaves the rest as it was
         raise
     for kind in patch.rejections:
         patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
@@ -280,7 +286,9 @@ def remove(target: Any) -> None:
         _remove_one(model)
 
 
-def _remove_one(model: torch.nn.Module) -> None:
+def _remove_one(model: torch.nn.Module, *, keep_cfg_parallel: bool = False) -> None:
+    if not keep_cfg_parallel:  # back to one process's model, also where CFG parallelism came without apply()
+        disable_cfg_parallel(model)
     patch = model.__dict__.pop(STATE_ATTR, None)
     if patch is None:
         return

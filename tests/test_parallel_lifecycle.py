@@ -31,6 +31,11 @@ SCRIPT = textwrap.dedent("""
             accelpatch.apply(model)
             model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
             out["split"] = model(**inputs).sample
+            try:  # re-patching in place would lose the split half-way: refused, the model left as it is
+                accelpatch.apply(model, tier="exact")
+            except RuntimeError as error:
+                out["repatch_error"] = str(error)
+            out["still_split"] = torch.equal(model(**inputs).sample, out["split"])
             # a tier that differs between the ranks in one call: refused on every rank
             try:
                 with accelpatch.quality("exact" if rank == 0 else "lossless"):
@@ -53,6 +58,25 @@ SCRIPT = textwrap.dedent("""
                 model(**inputs)
             except RuntimeError as error:
                 out["patch_error"] = str(error)
+        # a SANA-Video split by a plan of the user's before apply(): refused, naming the order that works
+        from accelpatch.testing import tiny_sana_video_transformer
+        from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+        sana = tiny_sana_video_transformer()
+        sana.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world), cp_plan={
+            "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)})
+        try:
+            accelpatch.apply(sana)
+        except RuntimeError as error:
+            out["foreign_plan_error"] = str(error)
+        out["foreign_untouched"] = "_accelpatch_state" not in sana.__dict__
+        # remove() also takes CFG parallelism off
+        cfg_model = tiny_minimax_h3_transformer()
+        accelpatch.apply(cfg_model)
+        accelpatch.enable_cfg_parallel(cfg_model)
+        accelpatch.remove(cfg_model)
+        out["cfg_after_remove"] = accelpatch.parallel.cfg.cfg_parallel_of(cfg_model)
+        out["cfg_hooks_after_remove"] = len(cfg_model._forward_pre_hooks) + len(cfg_model._forward_hooks)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
 
@@ -84,6 +108,11 @@ def test_remove_undoes_parallelism_and_mismatched_ranks_are_refused(tmp_path):
         assert out["classes_restored"]
         assert torch.equal(out["after_remove"], out["one_process"])  # the untouched model, bit for bit
         assert "ranks [1] are patched differently from rank 0" in out["patch_error"]
+        assert "after accelpatch.apply(): apply() with other arguments cannot re-patch" in out["repatch_error"]
+        assert out["still_split"]
+        assert "parallelised (enable_parallelism) before accelpatch.apply()" in out["foreign_plan_error"]
+        assert out["foreign_untouched"]
+        assert out["cfg_after_remove"] is None and out["cfg_hooks_after_remove"] == 0
 
 
 def test_a_split_that_leaves_processes_out_is_refused_before_any_collective(monkeypatch):

@@ -2,7 +2,7 @@
 
 - At ``apply()``: a model that an adapter gives a context-parallel plan must not be split already (diffusers would
   have split it by a plan accelpatch did not write: its token-mixing layers would stay local or crash).
-- Before each forward of a split model, in eager code: once per parallel config, every rank must be patched alike
+- Before each forward of a split model (sequence or CFG parallelism), in eager code: once per parallel config, every rank must be patched alike
   (same tier, backend, options and sites: a rank running another path waits in a collective the others never
   reach); on every call, the calling context's tier must be the same on every rank.
 - At ``remove()``: parallelism enabled after ``apply()`` is undone too: diffusers' split and gather hooks come off,
@@ -18,12 +18,14 @@ import torch
 import torch.distributed as dist
 
 from ..tiers import Tier, effective_tier
+from .cfg import cfg_parallel_of
 from .sequence import sequence_shards
 
 
 def cfg_degree(model: torch.nn.Module) -> int:
     """How many ranks share the CFG batch of ``model`` (1 unless CFG parallelism is on)."""
-    return int(getattr(model, "_accelpatch_cfg_degree", 1))
+    state = cfg_parallel_of(model)
+    return state.degree if state is not None else 1
 
 #: diffusers' names of its context-parallel hooks (diffusers/hooks/context_parallel.py)
 _CP_HOOK_PREFIXES = ("cp_input---", "cp_output---")
@@ -42,6 +44,17 @@ def refuse_split_model(model: torch.nn.Module, plan: Optional[dict]) -> None:
             f"this {type(model).__name__} was parallelised (enable_parallelism) before accelpatch.apply(): its split "
             "was not planned by accelpatch, and its linear attention and temporal convolutions would run on one "
             "shard only. Load the model again, call accelpatch.apply() first, then enable_parallelism().")
+
+
+def refuse_repatching_split_model(model: torch.nn.Module, patch: Any) -> None:
+    """Raise when ``apply()`` with other arguments would re-patch a model split after the first ``apply()``: the
+    re-patch starts from the unsplit model, and the split made for the old patch would be lost half-way."""
+    guard = patch.parallel_guard
+    if guard is not None and not guard.split_at_apply and parallel_config(model) is not None:
+        raise RuntimeError(
+            f"this {type(model).__name__} was parallelised (enable_parallelism) after accelpatch.apply(): apply() "
+            "with other arguments cannot re-patch it in place. Call accelpatch.remove() (it undoes the split too), "
+            "then apply() with the new arguments and enable_parallelism() again.")
 
 
 def fingerprint(patch: Any) -> str:
@@ -84,18 +97,19 @@ class ParallelGuard:
         return dict(self.__dict__, checked=None)  # a process group does not pickle; a copy checks again
 
     def before_forward(self, model: torch.nn.Module, args: tuple) -> None:
-        config = parallel_config(model)
-        if config is None or torch.compiler.is_compiling() or not dist.is_initialized():
+        config, cfg = parallel_config(model), cfg_parallel_of(model)
+        if config is None and cfg is None or torch.compiler.is_compiling() or not dist.is_initialized():
             return
-        if self.checked is not config:
-            refuse_world_mismatch(model, config)  # before any collective: a rank left out would never answer
+        if self.checked != (id(config), id(cfg)):
+            if config is not None:
+                refuse_world_mismatch(model, config)  # before any collective: a rank left out would never answer
             prints = _gather(fingerprint(self.patch))
             differing = [rank for rank, value in enumerate(prints) if value != prints[0]]
             if differing:
                 raise RuntimeError(
                     f"accelpatch: ranks {differing} are patched differently from rank 0 (call apply() with the same "
                     f"arguments on every rank). Rank 0: {prints[0]}; rank {differing[0]}: {prints[differing[0]]}")
-            self.checked = config
+            self.checked = (id(config), id(cfg))
         tier = torch.tensor([int(effective_tier(self.patch.default_tier))])
         tiers = [torch.empty_like(tier) for _ in range(dist.get_world_size())]
         dist.all_gather(tiers, tier)
