@@ -69,6 +69,11 @@ TWO = COMMON + textwrap.dedent("""
         from diffusers import SanaImageToVideoPipeline
         out = {}
 
+        def counts(target):
+            report = accelpatch.report(target)
+            return (report.fast_calls, report.fallback_calls,
+                    {(s.path, s.kind): (s.fast_calls, s.reference_calls) for s in report.sites})
+
         pipe = T.tiny_sana_video_pipeline()
         before = hooks(pipe.transformer)
         accelpatch.enable_cfg_parallel(pipe)
@@ -79,9 +84,7 @@ TWO = COMMON + textwrap.dedent("""
         out["sana_counts"] = cfg_parallel_counts(pipe)
         accelpatch.apply(pipe)  # the default tier: bit-identical, the same fast-path counts on both ranks
         out["sana_applied"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames
-        report = accelpatch.report(pipe)
-        out["sana_report"] = (report.fast_calls, report.fallback_calls,
-                              {(s.path, s.kind): (s.fast_calls, s.reference_calls) for s in report.sites})
+        out["sana_report"] = counts(pipe)
         accelpatch.remove(pipe)
         # the step cache: rank 0 alone would reuse (huge threshold), rank 1 alone never (threshold 0)
         accelpatch.apply(pipe, tier="high", cache="first_block", cache_threshold=1e9 if rank == 0 else 0.0,
@@ -107,7 +110,10 @@ TWO = COMMON + textwrap.dedent("""
 
         pipe2 = T.tiny_sana_video2_pipeline()
         accelpatch.enable_cfg_parallel(pipe2)
+        accelpatch.apply(pipe2)  # the default tier: bit-identical to the unpatched per-branch reference
         out["sana2"] = pipe2(**sana2_kwargs(pipe2)).frames
+        out["sana2_report"] = counts(pipe2)
+        accelpatch.remove(pipe2)
         seeds = sana2_kwargs(pipe2)
         seeds["generator"] = torch.Generator().manual_seed(rank)  # misuse: each rank its own noise
         out["different_seeds"] = error(lambda: pipe2(**seeds))
@@ -119,8 +125,12 @@ TWO = COMMON + textwrap.dedent("""
         model = T.tiny_minimax_h3_transformer()
         before = hooks(model)
         accelpatch.enable_cfg_parallel(model)
+        accelpatch.apply(model)
         with torch.no_grad():
             out["minimax"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40))
+        out["minimax_report"] = counts(model)
+        accelpatch.remove(model)
+        with torch.no_grad():
             out["minimax_batch1"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=1, num_video=40))
             out["odd_batch"] = error(lambda: model(**T.minimax_h3_transformer_inputs(model, batch_size=3)))
         out["minimax_counts"] = cfg_parallel_counts(model)
@@ -320,9 +330,10 @@ def test_calls_without_branches_run_whole_and_are_counted(two):
     assert torch.equal(two[0]["sana_no_guidance"], two[1]["sana_no_guidance"])
 
 
-def test_every_rank_reports_the_same_counts(two):
-    assert two[0]["sana_report"] == two[1]["sana_report"]
-    assert two[0]["sana_report"][0] > 0  # fast paths ran
+@pytest.mark.parametrize("model", ["sana", "sana2", "minimax"])
+def test_every_rank_reports_the_same_counts(two, model):
+    assert two[0][f"{model}_report"] == two[1][f"{model}_report"]
+    assert two[0][f"{model}_report"][0] > 0  # fast paths ran
 
 
 def test_the_step_cache_decides_together(two):
