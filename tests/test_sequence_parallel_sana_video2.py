@@ -31,6 +31,9 @@ F64_TOLERANCE = 1e-13
 #: a layer left local (no all-reduce, misaligned per-frame modulation) is off by far more than this
 WRONG = 1e-2
 
+#: the sol_attn backend with every anchor call sparse
+SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "tau": 3.0}
+
 SCRIPT = textwrap.dedent("""
     import os, sys, warnings
     import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -81,6 +84,8 @@ SCRIPT = textwrap.dedent("""
             return f"{type(error).__name__}: {error}"
         return None
 
+    SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "tau": 3.0}
+
     def worker(rank, world, port, folder, config, full):
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a wrong size fails here, not the machine
@@ -115,6 +120,8 @@ SCRIPT = textwrap.dedent("""
         for kind, inputs in both if full else both[:1]:
             out[f"bf16_{kind}"] = run(kind, world, bf16, inputs)
             out[f"bf16_{kind}_fp32_exchange"] = run(kind, world, bf16, inputs, fp32_exchange=True)
+        if full:  # Sol-Attn on the anchors: per rank, on the whole sequence of its heads
+            out["sol_attn_t2v"] = run("t2v", world, build, lambda m: t2v(m, height=16, width=16), apply=SOL_ATTN)
         f64 = lambda: tiny_sana_video2_transformer(**config, dtype=torch.float64)
         for kind, inputs in both if full else ():
             out[f"f64_{kind}"] = run(kind, world, f64, inputs)
@@ -187,6 +194,11 @@ def _one_process(config: dict) -> dict:
         expected["t2v"] = model(**sana_video2_transformer_inputs(model, frames=4)).sample
         expected["ti2v"] = model(**sana_video2_transformer_inputs(model, frames=4, per_frame_timesteps=True)).sample
         expected["t2v_3_frames"] = model(**sana_video2_transformer_inputs(model, frames=3)).sample
+        sparse = tiny_sana_video2_transformer(**config)
+        accelpatch.apply(sparse, **SOL_ATTN)
+        large = sana_video2_transformer_inputs(sparse, frames=4, height=16, width=16)  # 1024 tokens: sparse blocks
+        expected["sol_attn_t2v"] = sparse(**large).sample
+        expected["sol_attn_dense"] = model(**large).sample
         expected["pipeline"] = tiny_sana_video2_pipeline(transformer_config={**SANA_VIDEO2_TINY_CONFIG, **config})(
             **sana_video2_pipeline_call_kwargs()).frames
     assert accelpatch.report  # imported: the reference never touches it
@@ -201,7 +213,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def _check(ranks: list[dict], expected: dict) -> dict:
     diffs = {}
     for name in ("t2v", "ti2v", "t2v_3_frames", "lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v",
-                 "pipeline"):
+                 "pipeline", "sol_attn_t2v"):
         if name not in ranks[0]:
             continue
         reference = expected[name.split("_", 1)[1] if name.startswith(("lossless_", "high_")) else name]
@@ -213,7 +225,9 @@ def _check(ranks: list[dict], expected: dict) -> dict:
         if name in ranks[0]:
             diffs[name] = max(_max_diff(rank[name]["out"], expected[name]) for rank in ranks)
             assert ranks[0][name]["out"].dtype == torch.float64 and diffs[name] <= F64_TOLERANCE, diffs
-    for name in ("lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v"):
+    if "sol_attn_t2v" in ranks[0]:
+        assert not torch.allclose(ranks[0]["sol_attn_t2v"]["out"], expected["sol_attn_dense"], atol=1e-3)  # sparse
+    for name in ("lossless_t2v", "lossless_ti2v", "high_t2v", "high_ti2v", "sol_attn_t2v"):
         if name not in ranks[0]:
             continue
         assert ranks[0][name]["fast_calls"] > 0, name
