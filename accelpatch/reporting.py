@@ -111,6 +111,20 @@ class ModelReport(_Tally):
     cache: Optional[dict[str, Any]] = None
     #: the lossless fused ops of this model's sites (accelpatch.verify)
     fusions: tuple[FusionReport, ...] = ()
+    #: several processes: "sequence" (ranks the tokens are split over, 1 when not split) and "cfg" (CFG
+    #: parallelism's calls split / run whole by reason, None when it is off); None on one process
+    parallel: Optional[dict[str, Any]] = None
+
+    def parallel_line(self) -> Optional[str]:
+        if self.parallel is None:
+            return None
+        line = f"split over {self.parallel['sequence']} ranks by tokens" if self.parallel["sequence"] > 1 else ""
+        cfg = self.parallel["cfg"]
+        if cfg is not None:
+            whole = ", ".join(f"{r} ×{n}" for r, n in cfg["whole"].items())
+            line += ("; " if line else "") + f"CFG parallel: {cfg['split']} calls split" + (
+                f", run whole: {whole}" if whole else "")
+        return line or None
 
     def fusion_lines(self) -> list[str]:
         """What the lossless fusions did: per op its calls and verdicts, each declined signature with its reason."""
@@ -273,7 +287,7 @@ class Report(_Tally):
         lines = []
         for m in self.models:
             lines.append(m.headline())
-            for extra in (m.uncounted_line(), m.step_line(), m.cache_line()):
+            for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):
                 if extra:
                     lines.append("  " + extra)
             lines.extend("  " + line for line in m.fusion_lines())
@@ -295,7 +309,7 @@ class Report(_Tally):
         parts = []
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
-            for extra in (m.uncounted_line(), m.step_line(), m.cache_line()):
+            for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):
                 if extra:
                     parts.append(f"<p>{escape(extra)}</p>")
             if m.fusion_lines():
@@ -342,8 +356,19 @@ def build_report(models, *, reset: bool = False) -> Report:
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
                                step_sources=step_sources, options=options, cache=cache,
-                               fusions=_fusions(patch.sites, sites)))
+                               fusions=_fusions(patch.sites, sites), parallel=_parallel(model, reset)))
     return Report(models=tuple(out))
+
+
+def _parallel(model: torch.nn.Module, reset: bool) -> Optional[dict[str, Any]]:
+    from .parallel.cfg import cfg_parallel_of
+    from .parallel.sequence import sequence_shards
+
+    shards, cfg = sequence_shards(getattr(model, "_parallel_config", None)), cfg_parallel_of(model)
+    if shards is None and cfg is None:
+        return None
+    return {"sequence": shards.world if shards is not None else 1,
+            "cfg": cfg.counts.read(reset) if cfg is not None else None}
 
 
 def _by_op(chains: dict[str, int]) -> dict[str, dict[str, int]]:

@@ -52,6 +52,13 @@ COMMON = HELPERS + textwrap.dedent("""
     def hooks(model):
         return (list(model._forward_pre_hooks), list(model._forward_hooks), "_accelpatch_cfg_parallel" in vars(model))
 
+    def decide_alone(would_reuse):
+        # this rank's own threshold test says would_reuse (the same cache settings everywhere: ranks patched
+        # differently are refused); the ranks then decide together
+        from accelpatch.step_cache import StepCache
+        original = StepCache._may_reuse
+        StepCache._may_reuse = lambda self, state, unchanged: original(self, state, lambda: would_reuse)
+
     def error(fn):
         try:
             fn()
@@ -85,13 +92,16 @@ TWO = COMMON + textwrap.dedent("""
         accelpatch.apply(pipe)  # the default tier: bit-identical, the same fast-path counts on both ranks
         out["sana_applied"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames
         out["sana_report"] = counts(pipe)
-        accelpatch.remove(pipe)
-        # the step cache: rank 0 alone would reuse (huge threshold), rank 1 alone never (threshold 0)
-        accelpatch.apply(pipe, tier="high", cache="first_block", cache_threshold=1e9 if rank == 0 else 0.0,
-                         cache_warmup_steps=0, cache_final_steps=0, cache_max_reuse=1)
+        accelpatch.remove(pipe)  # CFG parallelism off too: on again
+        accelpatch.enable_cfg_parallel(pipe)
+        # the step cache: rank 0 alone would reuse, rank 1 alone never
+        decide_alone(rank == 0)
+        accelpatch.apply(pipe, tier="high", cache="first_block", cache_warmup_steps=0, cache_final_steps=0,
+                         cache_max_reuse=1)
         out["sana_cache"] = pipe(**T.sana_video_pipeline_call_kwargs(4, output_type="latent")).frames
         out["cache_counts"] = accelpatch.report(pipe).models[0].cache
         accelpatch.remove(pipe)
+        accelpatch.enable_cfg_parallel(pipe)
         from diffusers import MagCacheConfig  # ratios of 1: alone, MagCache would skip whenever the guards allow
         accelpatch.apply(pipe, tier="high", cache=MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4,
                                                                  retention_ratio=0.0, max_skip_steps=2),
@@ -113,7 +123,8 @@ TWO = COMMON + textwrap.dedent("""
         accelpatch.apply(pipe2)  # the default tier: bit-identical to the unpatched per-branch reference
         out["sana2"] = pipe2(**sana2_kwargs(pipe2)).frames
         out["sana2_report"] = counts(pipe2)
-        accelpatch.remove(pipe2)
+        accelpatch.remove(pipe2)  # CFG parallelism off too: on again
+        accelpatch.enable_cfg_parallel(pipe2)
         seeds = sana2_kwargs(pipe2)
         seeds["generator"] = torch.Generator().manual_seed(rank)  # misuse: each rank its own noise
         out["different_seeds"] = error(lambda: pipe2(**seeds))
@@ -129,7 +140,8 @@ TWO = COMMON + textwrap.dedent("""
         with torch.no_grad():
             out["minimax"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40))
         out["minimax_report"] = counts(model)
-        accelpatch.remove(model)
+        accelpatch.remove(model)  # CFG parallelism off too: on again
+        accelpatch.enable_cfg_parallel(model)
         with torch.no_grad():
             out["minimax_batch1"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=1, num_video=40))
             out["odd_batch"] = error(lambda: model(**T.minimax_h3_transformer_inputs(model, batch_size=3)))
@@ -325,7 +337,7 @@ def test_calls_without_branches_run_whole_and_are_counted(two):
 
     for rank in two:
         assert rank["sana_counts"] == {"transformer": {"split": 2, "whole": {cfg.NO_GUIDANCE: 2}}}
-        assert rank["minimax_counts"] == {"": {"split": 1, "whole": {cfg.BATCH_OF_ONE: 1}}}
+        assert rank["minimax_counts"] == {"": {"split": 0, "whole": {cfg.BATCH_OF_ONE: 1}}}  # enabled again after remove()
         assert rank["degree1_counts"] == {"": {"split": 0, "whole": {cfg.DEGREE_ONE: 1}}}
     assert torch.equal(two[0]["sana_no_guidance"], two[1]["sana_no_guidance"])
 
@@ -337,7 +349,7 @@ def test_every_rank_reports_the_same_counts(two, model):
 
 
 def test_the_step_cache_decides_together(two):
-    """Alone, rank 0 would reuse (threshold 1e9) and rank 1 never (threshold 0): together, both compute."""
+    """Alone, rank 0 would reuse and rank 1 never (their threshold tests forced so): together, both compute."""
     counts = [rank["cache_counts"] for rank in two]
     assert counts[0]["computed"] == counts[1]["computed"] == 4 and counts[0]["reused"] == counts[1]["reused"] == 0
     assert any("another rank computes" in reason for reason in counts[0]["reasons"])
@@ -397,8 +409,9 @@ FOUR = COMMON + textwrap.dedent("""
 
         # the step cache under CFG x sequence: alone, ranks 0 and 2 would reuse, 1 and 3 never
         model = T.tiny_minimax_h3_transformer()
-        accelpatch.apply(model, tier="high", cache="first_block", cache_threshold=1e9 if rank % 2 == 0 else 0.0,
-                         cache_warmup_steps=0, cache_final_steps=0, cache_max_reuse=1)
+        decide_alone(rank % 2 == 0)
+        accelpatch.apply(model, tier="high", cache="first_block", cache_warmup_steps=0, cache_final_steps=0,
+                         cache_max_reuse=1)
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
         accelpatch.enable_cfg_parallel(model, mesh=mesh)
         with torch.no_grad():

@@ -177,11 +177,8 @@ def _swap(module: torch.nn.Module, stock: type, ours: type, undo: SplitLayers) -
 
 def split_layers(model: torch.nn.Module) -> Optional[Callable[[], None]]:
     """Make ``model``'s layers split-aware (idle until it is split; no bit changes before): the processor swaps and
-    hooks of the module docstring. Returns the undo. Refuses a model already split by ``enable_parallelism``: its
-    processors recorded the config before ours were there."""
-    if getattr(model, "_parallel_config", None) is not None:
-        raise RuntimeError(f"this {MODEL} transformer was parallelised (enable_parallelism) before accelpatch.apply; "
-                           "apply first, then call enable_parallelism, so that every layer sees the split")
+    hooks of the module docstring. Returns the undo. (A model split before ``apply`` never gets here: apply
+    refuses it, accelpatch.parallel.lifecycle.)"""
     undo = SplitLayers()
     try:
         for block in model.transformer_blocks:

@@ -525,10 +525,6 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         reason = inference_only_error(shards)
         if reason is not None:
             raise RuntimeError(reason)
-        if self._remaining_blocks_cache is not None and shards is not None and shards.world > 1:
-            raise ValueError("the step cache cannot run on a model split over ranks yet: each rank would decide "
-                             "reuse from its own tokens, and ranks that decide differently wait on each other for "
-                             "ever; apply without cache=")
 
         dtype = self.dtype  # the compute dtype (under layerwise casting, not the weights' storage dtype)
         t_in = self._timesteps(timestep, batch, frames, hidden_states.device)
