@@ -107,6 +107,7 @@ class ModelForwardHooks:
         self._step_sources = patch.step_sources
         self._bind = self._clock is not None or adapter.captures(backend)
         self._checkpointing = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        self._parallel_guard = patch.parallel_guard
         self.handles = [model.register_forward_pre_hook(self.pre, with_kwargs=True),
                         model.register_forward_hook(self.post, always_call=True)]
 
@@ -123,6 +124,8 @@ class ModelForwardHooks:
         return self._clock.advance(steps.timestep_values(bound.get(self._adapter.timestep_argument)))
 
     def pre(self, module, args, kwargs):
+        if self._parallel_guard is not None:  # a split model: its ranks must agree before any collective runs
+            self._parallel_guard.before_forward(module, args)
         for m in self._checkpointing:
             call_context.preserve_context_in_checkpointing(m)
         if not self._bind:

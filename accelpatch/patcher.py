@@ -224,6 +224,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
             warnings.warn(f"accelpatch: this {patch.model_class} has no module accelpatch patches{backends}; it runs "
                           "unchanged", RuntimeWarning, stacklevel=3)
         _mount(model, patch, by_fusion)
+        _name_gated_repeated_blocks(model, patch)
         for site in patch.sites:
             site.prepare_counters()
         patch.parallel_guard = ParallelGuard(model, patch)
@@ -246,6 +247,23 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         raise
     for kind in patch.rejections:
         patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
+
+
+def _name_gated_repeated_blocks(model: torch.nn.Module, patch: ModelPatch) -> None:
+    """diffusers' ``compile_repeated_blocks`` finds blocks by class name in ``_repeated_blocks``: list the gated
+    classes of those blocks too (on the instance, until ``remove()``), so regional compilation still finds them."""
+    repeated = getattr(model, "_repeated_blocks", None)
+    if not repeated:
+        return
+    gated = sorted({type(m).__name__ for m in model.modules() if is_gated(m)
+                    and type(m).__dict__.get("_accelpatch_original_class", type(m)).__name__ in repeated})
+    if gated:
+        model._repeated_blocks = list(repeated) + gated
+        patch.detach.append(functools.partial(_drop_instance_attribute, model, "_repeated_blocks"))
+
+
+def _drop_instance_attribute(model: torch.nn.Module, name: str) -> None:
+    model.__dict__.pop(name, None)
 
 
 def _drop_cp_plan(model: torch.nn.Module) -> None:

@@ -254,3 +254,24 @@ def test_a_whole_model_compile_that_runs_dense_says_so_once(fullgraph):
     assert len(said) == 1 and "packed layout" in said[0] and "sink_tokens" in said[0], said
     assert sum(accelpatch.report(model).fallback_calls.values()) == 3 * 2
     assert not counters["graph_break"]
+
+
+def test_compile_repeated_blocks_finds_the_gated_blocks_after_apply():
+    """diffusers' regional compilation matches blocks by class name: apply() lists the gated block classes too
+    (an instance attribute that remove() takes away), so compile_repeated_blocks still compiles the blocks."""
+    import accelpatch
+    from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
+
+    model = tiny_sana_video2_transformer()
+    inputs = sana_video2_transformer_inputs(model)
+    accelpatch.apply(model)
+    gated = {type(block).__name__ for block in model.blocks}
+    assert all(name.startswith("Gated") for name in gated) and gated <= set(model._repeated_blocks)
+    with torch.no_grad():
+        eager = model(**inputs).sample
+        model.compile_repeated_blocks(backend="eager", fullgraph=True)
+        assert all(hasattr(block, "_compiled_call_impl") and block._compiled_call_impl is not None
+                   for block in model.blocks)
+        assert torch.equal(model(**inputs).sample, eager)
+    accelpatch.remove(model)
+    assert "_repeated_blocks" not in model.__dict__ and model._repeated_blocks == type(model)._repeated_blocks

@@ -84,21 +84,22 @@ def refuse_world_mismatch(model: torch.nn.Module, config: Any) -> None:
 
 
 class ParallelGuard:
-    """Registered by ``apply()`` on every patched model: checks a split model's ranks agree, and undoes
-    parallelism enabled after ``apply()`` when the patch is removed."""
+    """Made by ``apply()`` for every patched model and asked by its forward pre-hook (accelpatch.model_hooks):
+    checks a split model's ranks agree; undoes parallelism enabled after ``apply()`` when the patch is removed."""
 
     def __init__(self, model: torch.nn.Module, patch: Any) -> None:
         self.patch = patch
         self.split_at_apply = parallel_config(model) is not None
         self.checked = None  # the parallel config whose ranks were compared
-        self.handle = model.register_forward_pre_hook(self.before_forward)
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, checked=None)  # a process group does not pickle; a copy checks again
 
     def before_forward(self, model: torch.nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():
+            return
         config, cfg = parallel_config(model), cfg_parallel_of(model)
-        if config is None and cfg is None or torch.compiler.is_compiling() or not dist.is_initialized():
+        if config is None and cfg is None or not dist.is_initialized():
             return
         if self.checked != (id(config), id(cfg)):
             if config is not None:
@@ -119,7 +120,6 @@ class ParallelGuard:
                                "the same accelpatch.quality(...) block on every rank")
 
     def remove(self, model: torch.nn.Module) -> None:
-        self.handle.remove()
         if parallel_config(model) is not None and not self.split_at_apply:
             undo_parallelism(model)
 
