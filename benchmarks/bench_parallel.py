@@ -36,7 +36,7 @@ def _models(frames: int = 16):
         "sana_video": (lambda: t.tiny_sana_video_transformer(t.SANA_VIDEO_MEDIUM_CONFIG),
                        lambda m: t.sana_video_transformer_inputs(m, batch_size=2, num_frames=frames, height=16,
                                                                  width=16, with_mask=True)),
-        # two anchor heads (the medium config has one, which Ulysses cannot split)
+        # two anchor heads (the medium config has one: Ulysses would pad it to two, half the anchor work wasted)
         "sana_video2": (lambda: t.tiny_sana_video2_transformer(t.SANA_VIDEO2_MEDIUM_CONFIG, softmax_head_dim=128),
                         lambda m: t.sana_video2_transformer_inputs(m, batch_size=2, frames=frames, height=8,
                                                                    width=8)),

@@ -11,7 +11,7 @@ Per rank and step, batched CFG (B = 2) or CFG parallel (B = 1 per rank, one outp
 - the output gather at the end: (P−1)/P of the latent-sized prediction.
 
 The implied time: T(P) = T(1)/P + bytes/bandwidth + collectives × latency (compute assumed to split perfectly;
-the text encoder and VAE are not counted); the last column splits whole frames, so the rank with ceil(F/P) frames sets
+the text encoder and VAE are not counted, nor the padded anchor heads' compute, only their bytes); the last column splits whole frames, so the rank with ceil(F/P) frames sets
 the pace (25 latent frames at 720p divide by none of 2, 4, 8). T(1) for the 5B model is the prior art's 364 s / 50 steps on one H200
 at the exact tier; the 14B figure is scaled by parameter count (inferred, not measured).
 
@@ -41,7 +41,9 @@ def per_step(model: dict, world: int, *, batch: int, bf16_anchors: bool, cfg_par
     if world > 1:
         sent += linear_layers * batch * state * 2 * (world - 1) / world
         anchor_bytes = 2 if bf16_anchors else 4
-        sent += model["anchors"] * batch * 4 * tokens * width * anchor_bytes * (world - 1) / world ** 2
+        heads = width // model["softmax_dim"]
+        padding = -(-heads // world) * world / heads  # zero heads where the degree does not divide them
+        sent += model["anchors"] * batch * 4 * tokens * width * padding * anchor_bytes * (world - 1) / world ** 2
         sent += batch * tokens * OUT_CHANNELS * 2 * (world - 1) / world
         collectives += linear_layers + model["anchors"] * 4 + 1
     if cfg_parallel:
@@ -74,10 +76,9 @@ def main() -> None:
                 sent, calls = per_step(model, sp, batch=batch, bf16_anchors=bf16, cfg_parallel=cfg)
                 comm = sent / (args.bandwidth_gbs * 1e9) + calls * args.latency_us * 1e-6
                 step = model["step_s"] / world + comm
-                note = "" if sp == 1 or heads % sp == 0 else (
-                    f" ({heads} anchor heads: Ulysses needs padding to {-(-heads // sp) * sp}"
-                    + (", which diffusers refuses at this degree" if -(-heads // sp) * sp - heads >= -(-heads // sp)
-                       else "") + ")")
+                padded = -(-heads // sp) * sp
+                note = "" if padded == heads else (
+                    f" ({heads} anchor heads padded to {padded}: +{(padded / heads - 1) * 100:.0f} % anchor compute)")
                 # whole frames per rank: the largest shard, ceil(F / SP) frames, sets the step time
                 framed = model["step_s"] / world * (-(-FRAMES // sp) * sp / FRAMES) + comm
                 print(f"| {name} | {world} | {label}{note} | {sent / 1e6:,.0f} | {comm * 1e3:.1f} | "

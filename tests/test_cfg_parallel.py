@@ -7,15 +7,11 @@ call it is bitwise equal for MiniMax-H3 only: SANA-Video's patch-embedding Conv3
 kernels whose accumulation order differs, so one batch-1 branch differs from its half of the batch-2 call by a few
 ulps there (measured max |Δ| 7e-7 and 2.4e-7 in the first layer; after the whole pipeline see SCALED_TOLERANCE).
 """
-import os
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from _multiprocess import run_ranks
 
 #: max |Δ| / max |reference| allowed against the batched call (fp32 eps 1.2e-7: a few ulps per call, amplified by
 #: the guidance scale (4.5 / 8) and the solver's steps). Measured: SANA-Video 4.3e-7, its image-to-video 3.7e-7,
@@ -166,32 +162,9 @@ TWO = COMMON + textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(tmp_path, script: str, world: int, timeout: int = 120) -> list[dict]:
-    """Run ``script`` (it spawns ``world`` ranks) and load each rank's results; a run that hangs (ranks waiting on
-    each other) fails at ``timeout`` with its whole process group killed."""
-    path = tmp_path / "run.py"
-    path.write_text(script)
-    proc = subprocess.Popen([sys.executable, str(path), str(tmp_path), str(_free_port())], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"the ranks did not finish within {timeout} s (a hang)")
-    assert proc.returncode == 0, stderr[-4000:]
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("cfg2"), TWO, 2)
+    return run_ranks(tmp_path_factory.mktemp("cfg2"), TWO, 2, timeout=120)
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -440,7 +413,7 @@ def test_cfg_times_ulysses_on_four_processes(tmp_path):
     process (Ulysses reorders nothing within a head, but its all-to-all changes the batch of heads each attention
     call sees: measured max |Δ| / max |reference| 1.4e-7), and a step cache whose ranks would decide differently
     alone (a hang in the next all-to-all) decides together: the run finishes within the timeout."""
-    ranks = _run(tmp_path, FOUR, 4, timeout=150)
+    ranks = run_ranks(tmp_path, FOUR, 4, timeout=150)
     from accelpatch import testing as T
 
     model = T.tiny_minimax_h3_transformer()
@@ -481,7 +454,7 @@ ONE = COMMON + textwrap.dedent("""
 def test_world_size_one_runs_unchanged_and_says_so(tmp_path):
     from accelpatch.parallel import cfg
 
-    (rank,) = _run(tmp_path, ONE, 1)
+    (rank,) = run_ranks(tmp_path, ONE, 1, timeout=120)
     assert _same_tensor(rank["enabled"], rank["plain"])
     assert rank["counts"] == {"transformer": {"split": 0, "whole": {cfg.DEGREE_ONE: 2}}}
     assert len(rank["warnings"]) == 1 and cfg.DEGREE_ONE in rank["warnings"][0]

@@ -2,14 +2,13 @@
 share of the heads, so Sol-Attn runs per rank unchanged (once, every call declined with "context parallelism is
 configured"), and the lossless fused sites run on every rank alike. Two real processes with the gloo backend on
 CPU."""
-import subprocess
-import sys
 import textwrap
 import types
 
 import pytest
 import torch
 
+from _multiprocess import run_ranks
 from accelpatch.sites import sol_attention
 
 SCRIPT = textwrap.dedent("""
@@ -65,21 +64,8 @@ LOSSLESS_SITES = {key: counts for n in (0, 1) for key, counts in (
      (0, {EXACT_NO_LOSSLESS: 1, "activations are torch.float32: the fused SiLU tables are bfloat16": 2})))}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
-    script = tmp_path / "cp.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port())], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    ranks = run_ranks(tmp_path, SCRIPT, 2)
 
     import accelpatch
     from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer

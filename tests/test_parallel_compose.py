@@ -5,12 +5,10 @@
 - torch.compile of the blocks (diffusers' regional ``compile_repeated_blocks``) on a split SANA-Video 2.0: the same
   output as the eager split (within fp32 noise: Inductor reorders arithmetic), the counts of the eager split.
 """
-import socket
-import subprocess
-import sys
 import textwrap
 
 import torch
+from _multiprocess import run_ranks
 
 COMMON = textwrap.dedent("""
     import os, sys, warnings
@@ -75,26 +73,11 @@ COMPILED = COMMON + textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(tmp_path, script: str, world: int) -> list[dict]:
-    path = tmp_path / "script.py"
-    path.write_text(script)
-    done = subprocess.run([sys.executable, str(path), str(tmp_path), str(_free_port())], capture_output=True,
-                          text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
 def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
     import accelpatch
     from accelpatch.testing import sana_video_pipeline_call_kwargs, tiny_sana_video_pipeline
 
-    ranks = _run(tmp_path, BOTH, 4)
+    ranks = run_ranks(tmp_path, BOTH, 4)
     pipe = tiny_sana_video_pipeline()
     one = pipe(**sana_video_pipeline_call_kwargs(frames=13, output_type="latent")).frames
     for rank in ranks:
@@ -110,7 +93,7 @@ def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
 
 
 def test_compiled_blocks_on_a_split_model_match_the_eager_split(tmp_path):
-    for rank in _run(tmp_path, COMPILED, 2):
+    for rank in run_ranks(tmp_path, COMPILED, 2):
         # Inductor fuses and reorders arithmetic (README, torch.compile): equal to the eager split within fp32 noise
         torch.testing.assert_close(rank["compiled"], rank["eager"], atol=1e-5, rtol=1e-5)
         assert rank["counts"][0] == rank["counts"][1]

@@ -2,11 +2,10 @@
 CPU with MiniMax-H3 (diffusers gives it a plan): remove() undoes parallelism enabled after apply and leaves the
 model as unpatched and unsplit as it was; ranks patched differently, or running different tiers in one call, are
 refused on every rank with the reason instead of hanging in a collective."""
-import subprocess
-import sys
 import textwrap
 
 import torch
+from _multiprocess import run_ranks
 
 SCRIPT = textwrap.dedent("""
     import os, sys, warnings
@@ -85,22 +84,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_remove_undoes_parallelism_and_mismatched_ranks_are_refused(tmp_path):
-    script = tmp_path / "lifecycle.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port())], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for rank in (0, 1):
-        out = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+    for out in run_ranks(tmp_path, SCRIPT, 2):
         torch.testing.assert_close(out["split"], out["one_process"], atol=1e-5, rtol=1e-5)  # really split, still right
         assert "different tiers" in out["tier_error"] and "['exact', 'lossless']" in out["tier_error"]
         assert out["config_after_remove"] is None and out["processor_configs"] == []

@@ -15,14 +15,12 @@ run on fewer rows. Each reordered sum moves its result by a few units of roundof
 carry that to outputs of magnitude ≤ 2.5 (ulp 2.4e-7): we allow 1e-5, about 40 ulps of the largest output. Measured:
 ≤ 6e-7 at 2 and 4 processes; a layer left local moves outputs by ≥ 5e-3 (no halo) and ~0.13 (no all-reduce).
 """
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.distributed as dist
+from _multiprocess import run_ranks
 
 import accelpatch
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
@@ -196,12 +194,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _max_diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
@@ -210,12 +202,7 @@ def _max_diff(a, b) -> float:
 def test_split_over_processes_matches_one_process(tmp_path, world):
     from pathlib import Path
 
-    script = tmp_path / "sp.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(_free_port()), str(world),
-                           str(Path(__file__).parent)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    ranks = run_ranks(tmp_path, SCRIPT, world, str(world), str(Path(__file__).parent), timeout=300)
     for out in ranks:
         for name, expected in out["one_process"].items():
             for tier in ("exact", "lossless", "high"):

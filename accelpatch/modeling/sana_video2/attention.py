@@ -92,16 +92,24 @@ def anchor_output(attn: "SanaVideo2SoftmaxAttention", out: torch.Tensor, hidden_
     return _gated_output(attn, out.flatten(2, 3), hidden_states, gate)
 
 
-def _narrow_ulysses(processor, query: torch.Tensor, upcast: bool) -> Optional[SequenceShards]:
-    """The group to run Ulysses' exchange over ourselves, before the upcast (None: leave it to diffusers): pure
-    Ulysses (no ring, even shards) on q/k/v narrower than FP32 that the release upcasts."""
+def _own_ulysses(processor, query: torch.Tensor, upcast: bool) -> Optional[SequenceShards]:
+    """The group to run Ulysses' exchange over ourselves (None: leave it to diffusers), under pure Ulysses (no ring,
+    even shards): where q/k/v are narrower than the FP32 the release upcasts them to, and where the heads do not
+    divide by the degree (diffusers' template would fail in a reshape)."""
     config = getattr(processor, "_parallel_config", None)
     cp = getattr(config, "context_parallel_config", None)
-    if not upcast or query.dtype not in (torch.bfloat16, torch.float16) or cp is None:
+    if cp is None or (cp.ring_degree or 1) > 1 or (cp.ulysses_degree or 1) < 2 or cp.ulysses_anything:
         return None
-    if (cp.ring_degree or 1) > 1 or (cp.ulysses_degree or 1) < 2 or cp.ulysses_anything:
+    narrow = upcast and query.dtype in (torch.bfloat16, torch.float16)
+    if not narrow and query.shape[2] % cp.ulysses_degree == 0:
         return None
     return sequence_shards(config)
+
+
+def _pad_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, N, H, D] with zero heads appended up to ``heads``: a zero query over zero keys and values attends
+    uniformly to zeros, so a padded head's output is 0 and the real heads are untouched (attention is per head)."""
+    return torch.cat([x, x.new_zeros(*x.shape[:2], heads - x.shape[2], x.shape[3])], dim=2)
 
 
 def anchor_core(processor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
@@ -110,21 +118,29 @@ def anchor_core(processor, query: torch.Tensor, key: torch.Tensor, value: torch.
     parallel config; ``upcast``: in FP32 (the release's ``fp32_attention``). Shared by the reference processor
     and the fast paths.
 
-    Under Ulysses with BF16/FP16 activations, q/k/v cross the ranks as they are and are upcast after the exchange,
-    and the output is cast back before its exchange: the casts are elementwise, so this gives diffusers' Ulysses
-    bits at half its bytes (its template moves the FP32 tensors it is handed). The result is then in the
-    activations' dtype, which is what the attention's tail casts it to anyway."""
-    shards = _narrow_ulysses(processor, query, upcast)
+    Under Ulysses we exchange the heads ourselves in two cases. With BF16/FP16 activations, q/k/v cross the ranks
+    as they are and are upcast after the exchange, the output cast back before its exchange: the casts are
+    elementwise, so this gives diffusers' Ulysses bits at half its bytes (its template moves the FP32 tensors it is
+    handed), in the activations' dtype, which the attention's tail casts to anyway. With heads that do not divide by
+    the degree (the 5B model's 10 on 4 or 8 ranks), zero heads pad them to the next multiple (12 or 16: that much
+    more anchor compute) and are dropped after the return exchange."""
+    shards = _own_ulysses(processor, query, upcast)
     if shards is None:
         if upcast:
             query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
         return dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
                                      backend=processor._attention_backend, parallel_config=processor._parallel_config)
-    dtype = query.dtype
-    query, key, value = (heads_to_ranks(x, shards).float() for x in (query, key, value))
+    dtype, heads = query.dtype, query.shape[2]
+    padded = -(-heads // shards.world) * shards.world
+    if padded != heads:
+        query, key, value = (_pad_heads(x, padded) for x in (query, key, value))
+    query, key, value = (heads_to_ranks(x, shards) for x in (query, key, value))
+    if upcast:
+        query, key, value = at_least_fp32(query), at_least_fp32(key), at_least_fp32(value)
     out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
                                 backend=processor._attention_backend)
-    return ranks_to_heads(out.to(dtype), shards)
+    out = ranks_to_heads(out.to(dtype), shards)
+    return out[:, :, :heads] if padded != heads else out
 
 
 class SanaVideo2SoftmaxAttnProcessor:

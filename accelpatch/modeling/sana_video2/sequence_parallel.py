@@ -4,7 +4,8 @@ applies, and the checks and the one split its hooks cannot make.
 Tokens are split after the patch embedding. They are in (frame, height, width) raster order, so an equal token
 split is a split into whole frames exactly when the frame count divides by the world size. The linear attention
 sums its token statistics over the ranks (``attention.gated_linear_attention``), the anchors exchange heads through
-diffusers' Ulysses attention, the cross-attention stays local (the text is on every rank), the MLPs and the Block
+diffusers' Ulysses attention (or their own exchange: BF16 on the wire, zero heads padding a degree that does not
+divide them), the cross-attention stays local (the text is on every rank), the MLPs and the Block
 Attention Residuals are per token, and the output is gathered before the unpatchify. Inference only: the
 collectives carry no gradient.
 """
@@ -31,17 +32,13 @@ CP_PLAN = {
 MODEL = "SanaVideo2Transformer3DModel"
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(2, n + 1) if n % d == 0]
-
-
 def check_parallel_config(model: torch.nn.Module, config: Any) -> None:
     """Refuse, before diffusers touches the model, a context-parallel config the anchors cannot run under: ring
     attention for FP32 anchors (it merges partial results by their log-sum-exp, and ``native``, the only
-    context-parallel backend that takes FP32, returns none), and a Ulysses degree that does not divide the anchor
-    heads (diffusers would fail in a reshape; ``ulysses_anything`` pads heads itself)."""
+    context-parallel backend that takes FP32, returns none). A Ulysses degree that does not divide the anchor heads
+    runs: the anchors pad their heads with zero heads (``attention.anchor_core``)."""
     cp = getattr(config, "context_parallel_config", config)
-    ring, ulysses = getattr(cp, "ring_degree", 1) or 1, getattr(cp, "ulysses_degree", 1) or 1
+    ring = getattr(cp, "ring_degree", 1) or 1
     anchors = [block.attn for block in model.blocks if block.attention_type == "softmax"]
     if not anchors:
         return
@@ -50,14 +47,6 @@ def check_parallel_config(model: torch.nn.Module, config: Any) -> None:
             f"{MODEL}: ring_degree={ring} cannot run its FP32 anchor attention: ring attention merges partial "
             "results by their log-sum-exp, and the only context-parallel backend that takes FP32 (native) returns "
             "none. Use ulysses_degree instead (ring_degree=1).")
-    heads = anchors[0].heads
-    if ulysses > 1 and heads % ulysses and not getattr(cp, "ulysses_anything", False):
-        valid = (f"valid degrees: {_divisors(heads)}" if heads > 1 else
-                 "a single head cannot be shared, so this model cannot run under Ulysses (a smaller "
-                 "softmax_head_dim gives it more anchor heads)")
-        raise ValueError(
-            f"{MODEL}: ulysses_degree={ulysses} does not divide its {heads} anchor heads (Ulysses gives each rank a "
-            f"share of the heads); {valid}")
 
 
 def check_split(frames: int, tokens: int, per_frame: bool, shards: SequenceShards) -> None:

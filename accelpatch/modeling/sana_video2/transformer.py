@@ -300,8 +300,9 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
 
     Several processes (inference): ``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N))``
     splits the tokens over N ranks by :attr:`_cp_plan` (:mod:`.sequence_parallel`); every rank returns the whole
-    output. The Ulysses degree must divide the anchor heads (5B: 10 heads, so 2, 5 or 10); ring degrees are refused
-    for FP32 anchors; the latent tokens must divide by N, and with per-frame timesteps the latent frames.
+    output. Any Ulysses degree runs: where it does not divide the anchor heads (5B: 10 heads on 4 or 8 ranks) they
+    are padded with zero heads (12 or 16: that much more anchor compute); ring degrees are refused for FP32 anchors;
+    the latent tokens must divide by N, and with per-frame timesteps the latent frames.
     """
 
     #: diffusers' context-parallel plan (:mod:`.sequence_parallel`): ``model.enable_parallelism(config=
@@ -438,8 +439,7 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
 
     def enable_parallelism(self, *, config, cp_plan=None):
         """diffusers' ``enable_parallelism``, after refusing the context-parallel configs the anchors cannot run
-        under (ring degree > 1 with FP32 anchors, a Ulysses degree that does not divide the anchor heads), so that a
-        refused call leaves the model untouched. The plan is :attr:`_cp_plan`; the linear attention's processors
+        under (ring degree > 1 with FP32 anchors), so that a refused call leaves the model untouched. The plan is :attr:`_cp_plan`; the linear attention's processors
         take the config too (their ``_parallel_config``) and sum their token statistics over the group."""
         check_parallel_config(self, config)
         return super().enable_parallelism(config=config, cp_plan=cp_plan)

@@ -1,0 +1,40 @@
+"""Tests on several real processes (gloo on CPU): a free port, and a script run that spawns the ranks.
+
+A script gets ``folder port *extra`` on its command line and saves each rank's results as ``folder/rank{r}.pt``.
+A run that hangs (ranks waiting on each other in a collective) fails at its timeout with its whole process group
+killed, instead of holding the test session.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(folder: Path, script: str, world: int, *extra: str, timeout: int = 240) -> list[dict]:
+    """Write ``script`` into ``folder``, run it, and load every rank's results (rank order)."""
+    path = folder / "ranks.py"
+    path.write_text(script)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(path), str(folder), str(free_port()), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the ranks did not finish within {timeout} s (a hang)")
+    assert proc.returncode == 0, stderr[-4000:]
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
