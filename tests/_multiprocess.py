@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import textwrap
 import socket
 import subprocess
 import sys
@@ -15,6 +16,20 @@ from pathlib import Path
 
 import pytest
 import torch
+
+
+#: the start of a rank script: ``start(rank, world, port)`` joins the gloo group on this machine, one thread per rank
+START = textwrap.dedent("""
+    import os, sys, warnings
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def start(rank, world, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        warnings.simplefilter("ignore")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        torch.accelerator.device_count = lambda: 1  # diffusers computes rank % device_count (0 on CPU)
+""")
 
 
 def free_port() -> int:

@@ -8,19 +8,12 @@ import types
 import pytest
 import torch
 
-from _multiprocess import run_ranks
+from _multiprocess import START, run_ranks
 from accelpatch.sites import sol_attention
 
-SCRIPT = textwrap.dedent("""
-    import os, sys, warnings
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-
+SCRIPT = START + textwrap.dedent("""
     def worker(rank, world, port, folder):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        warnings.simplefilter("ignore")
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        torch.accelerator.device_count = lambda: 1  # diffusers computes rank % device_count (0 on CPU)
+        start(rank, world, port)
         import accelpatch
         from diffusers import ContextParallelConfig
         from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer

@@ -8,21 +8,9 @@
 import textwrap
 
 import torch
-from _multiprocess import run_ranks
+from _multiprocess import START, run_ranks
 
-COMMON = textwrap.dedent("""
-    import os, sys, warnings
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
-
-    def start(rank, world, port):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        warnings.simplefilter("ignore")
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        torch.accelerator.device_count = lambda: 1  # diffusers computes rank % device_count (0 on CPU)
-""")
-
-BOTH = COMMON + textwrap.dedent("""
+BOTH = START + textwrap.dedent("""
     def worker(rank, world, port, folder):
         start(rank, world, port)
         import accelpatch
@@ -46,7 +34,7 @@ BOTH = COMMON + textwrap.dedent("""
         mp.spawn(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
 """)
 
-COMPILED = COMMON + textwrap.dedent("""
+COMPILED = START + textwrap.dedent("""
     def worker(rank, world, port, folder):
         start(rank, world, port)
         import accelpatch

@@ -63,7 +63,7 @@ def one_process_group():
 
 
 def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
-    from accelpatch.adapters.sana_video import linear_attention, sequence_parallel
+    from accelpatch.adapters.sana_video import restated_attention, sequence_parallel
     from accelpatch.adapters.sana_video.split_processors import forced_split
     from accelpatch.parallel.sequence import shards_of_group, sum_over_ranks
 
@@ -72,7 +72,7 @@ def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
     reference = {name: _run(model, inputs) for name, inputs in cases.items()}
     accelpatch.apply(model)
     reduced, halos = [], []
-    monkeypatch.setattr(linear_attention, "sum_over_ranks", lambda x, s: reduced.append(s) or sum_over_ranks(x, s))
+    monkeypatch.setattr(restated_attention, "sum_over_ranks", lambda x, s: reduced.append(s) or sum_over_ranks(x, s))
     monkeypatch.setattr(sequence_parallel, "exchange_halo", lambda f, l, s: halos.append(s) or (None, None))
     for tier in ("exact", "lossless", "high"):
         for name, inputs in cases.items():
@@ -116,7 +116,7 @@ SCRIPT = textwrap.dedent("""
         sys.path.insert(0, tests)
         import accelpatch
         from diffusers import ContextParallelConfig
-        from accelpatch.adapters.sana_video import linear_attention, sequence_parallel
+        from accelpatch.adapters.sana_video import linear_attention, restated_attention, sequence_parallel
         from accelpatch.adapters.sana_video.split_processors import SplitLinearAttnProcessor
         from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
         from test_sequence_parallel_sana_video import FRAMES, _cases, _run
@@ -136,11 +136,11 @@ SCRIPT = textwrap.dedent("""
         out["sites"] = {(s.path, s.kind): (s.fast_calls, s.reference_calls) for s in report.sites}
         out["fusions"] = {f.op: f.fused_calls for f in report.models[0].fusions}
 
-        sum_over_ranks, exchange_halo = linear_attention.sum_over_ranks, sequence_parallel.exchange_halo
-        linear_attention.sum_over_ranks = lambda x, shards: x  # deliberately local linear attention
+        sum_over_ranks, exchange_halo = restated_attention.sum_over_ranks, sequence_parallel.exchange_halo
+        restated_attention.sum_over_ranks = lambda x, shards: x  # deliberately local linear attention
         with accelpatch.quality("exact"):
             out["no_all_reduce"] = {name: _run(model, inputs) for name, inputs in cases.items()}
-        linear_attention.sum_over_ranks = sum_over_ranks
+        restated_attention.sum_over_ranks = sum_over_ranks
         sequence_parallel.exchange_halo = lambda first, last, shards: (None, None)  # deliberately no halo
         out["no_halo"] = {name: _run(model, inputs) for name, inputs in cases.items()}
         sequence_parallel.exchange_halo = exchange_halo

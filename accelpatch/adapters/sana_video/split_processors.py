@@ -2,7 +2,7 @@
 
 - ``attn1``: :class:`SplitLinearAttnProcessor`, diffusers' ``SanaLinearAttnProcessor3_0`` that also knows the
   sequence split. Unsplit, it *is* diffusers' processor (``super().__call__``, bit for bit). Split, it runs the
-  restatement of :mod:`.linear_attention` with the eager reference chains and the two token sums all-reduced: the
+  restatement of :mod:`.restated_attention` with the eager reference chains and the two token sums all-reduced: the
   exact tier's linear attention would otherwise stay silently local, as diffusers' processor never reaches its
   attention dispatcher.
 - ``attn2``: :class:`LocalCrossAttnProcessor`, diffusers' ``SanaAttnProcessor2_0`` that never sees a parallel
@@ -72,7 +72,7 @@ class SplitLinearAttnProcessor(SanaLinearAttnProcessor3_0):
             raise ValueError("SANA-Video's split linear attention covers self-attention with rotary_emb, as "
                              "SanaVideoTransformerBlock calls it; got "
                              + ("encoder_hidden_states" if encoder_hidden_states is not None else "no rotary_emb"))
-        from .linear_attention import linear_attention
+        from .restated_attention import linear_attention
 
         return linear_attention(attn, None, hidden_states, rotary_emb, bf16_first_gemm=False, shards=shards)
 
