@@ -2,8 +2,9 @@
 
 - 2 × 2: the SANA-Video pipeline on a ``parallel_mesh(cfg=2, ulysses=2)``, diffusers' sequence split and
   accelpatch's CFG split on one mesh, against one process (fp32, relative to the output's magnitude).
-- torch.compile of the blocks (diffusers' regional ``compile_repeated_blocks``) on a split SANA-Video 2.0: the same
-  output as the eager split (within fp32 noise: Inductor reorders arithmetic), the counts of the eager split.
+- torch.compile of the blocks (diffusers' regional ``compile_repeated_blocks``, Dynamo with the eager backend) on a
+  split SANA-Video 2.0: the eager split's bits and counts (the collectives in compiled blocks are traced or broken
+  around as Dynamo decides; Inductor on a split model ran once by hand, within 1e-5 of the eager split).
 """
 import textwrap
 
@@ -48,8 +49,9 @@ COMPILED = START + textwrap.dedent("""
         with torch.no_grad():
             out["eager"] = model(**inputs).sample
             eager = accelpatch.report(model, reset=True)
-            model.compile_repeated_blocks()
+            model.compile_repeated_blocks(backend="eager")  # Dynamo's tracing of the split; Inductor is not the point
             out["compiled"] = model(**inputs).sample
+            out["blocks_compiled"] = all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks)
             compiled = accelpatch.report(model)
         out["counts"] = [{(s.path, s.kind): (s.fast_calls, sorted(s.reference_calls)) for s in r.sites}
                          for r in (eager, compiled)]
@@ -82,6 +84,6 @@ def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
 
 def test_compiled_blocks_on_a_split_model_match_the_eager_split(tmp_path):
     for rank in run_ranks(tmp_path, COMPILED, 2):
-        # Inductor fuses and reorders arithmetic (README, torch.compile): equal to the eager split within fp32 noise
-        torch.testing.assert_close(rank["compiled"], rank["eager"], atol=1e-5, rtol=1e-5)
+        assert rank["blocks_compiled"]
+        assert torch.equal(rank["compiled"], rank["eager"])  # the eager backend: the same ops, the same bits
         assert rank["counts"][0] == rank["counts"][1]
