@@ -96,6 +96,33 @@ class PayloadCounter:
         return counted
 
 
+def side_by_side(unsplit, model, inputs: dict, rounds: int, sync=lambda: None, device: str = "cpu"):
+    """Per round: rank 0 runs ``unsplit`` alone (the others wait at a barrier), then every rank runs the split
+    ``model``. Returns (unsplit s, split s, unsplit CPU s, split CPU s) per round, the split ones the slowest
+    rank's; ``sync`` waits for the device (a CUDA synchronize) around each timed call."""
+    rank = dist.get_rank()
+    one, split, one_cpu, split_cpu = [], [], [], []
+    for _ in range(rounds):
+        dist.barrier()
+        if rank == 0:
+            sync()
+            start, cpu = time.perf_counter(), time.thread_time()
+            unsplit(**inputs)
+            sync()
+            one.append(time.perf_counter() - start)
+            one_cpu.append(time.thread_time() - cpu)
+        dist.barrier()
+        sync()
+        start, cpu = time.perf_counter(), time.thread_time()
+        model(**inputs)
+        sync()
+        elapsed = torch.tensor([time.perf_counter() - start, time.thread_time() - cpu], device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        split.append(float(elapsed[0]))
+        split_cpu.append(float(elapsed[1]))
+    return one, split, one_cpu, split_cpu
+
+
 def _worker(rank: int, world: int, port: int, mode: str, rounds: int, frames: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -108,24 +135,10 @@ def _worker(rank: int, world: int, port: int, mode: str, rounds: int, frames: in
     inputs = make_inputs(model)
     unsplit = copy.deepcopy(model)
     split_as(mode, model, world)
-    one, split, one_cpu, split_cpu = [], [], [], []
     with torch.no_grad():
         reference = unsplit(**inputs).sample  # warm-up of both
         model(**inputs)
-        for _ in range(rounds):
-            dist.barrier()
-            if rank == 0:
-                start, cpu = time.perf_counter(), time.thread_time()
-                unsplit(**inputs)
-                one.append(time.perf_counter() - start)
-                one_cpu.append(time.thread_time() - cpu)
-            dist.barrier()
-            start, cpu = time.perf_counter(), time.thread_time()
-            model(**inputs)
-            elapsed = torch.tensor([time.perf_counter() - start, time.thread_time() - cpu])
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            split.append(float(elapsed[0]))
-            split_cpu.append(float(elapsed[1]))
+        one, split, one_cpu, split_cpu = side_by_side(unsplit, model, inputs, rounds)
         counter.counting = True
         out = model(**inputs).sample
         counter.counting = False

@@ -18,14 +18,13 @@ import json
 import os
 import statistics
 import sys
-import time
 import warnings
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_parallel import split_as  # noqa: E402 - the benchmarks folder, for the one way a mode splits a model
+from bench_parallel import side_by_side, split_as  # noqa: E402 - the benchmarks folder: one split, one timing loop
 
 MODES = ("sana_video_sp", "sana_video2_sp", "sana_video_cfg", "sana_video2_cfg", "minimax_h3_cfg")
 
@@ -84,26 +83,10 @@ def main() -> None:
         model, inputs = _case(mode.rsplit("_", 1)[0], args.dry_run, device)
         unsplit = copy.deepcopy(model)
         split_as(mode, model, world)
-        one, split = [], []
         with torch.no_grad():
             reference = unsplit(**inputs).sample
             out = model(**inputs).sample
-            for _ in range(args.rounds):
-                dist.barrier()
-                if rank == 0:
-                    _sync(device)
-                    start = time.perf_counter()
-                    unsplit(**inputs)
-                    _sync(device)
-                    one.append(time.perf_counter() - start)
-                dist.barrier()
-                _sync(device)
-                start = time.perf_counter()
-                model(**inputs)
-                _sync(device)
-                elapsed = torch.tensor([time.perf_counter() - start], device=device)
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                split.append(float(elapsed))
+            one, split, _, _ = side_by_side(unsplit, model, inputs, args.rounds, lambda: _sync(device), device)
         del unsplit, model
         if rank == 0:
             rows.append(dict(mode=mode, world=world, unsplit_s=statistics.median(one),
