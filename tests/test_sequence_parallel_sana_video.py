@@ -1,7 +1,7 @@
 """SANA-Video split by whole frames through diffusers' own ``enable_parallelism`` after ``accelpatch.apply``.
 
 - World size 1: diffusers' ``ContextParallelConfig`` refuses a degree of 1, so the split layers are turned on with
-  ``split_processors.forced_split(shards_of_group())`` on a one-process gloo group: every tier equals the unpatched
+  ``sequence_parallel.one_process_split(model, shards_of_group())`` on a one-process gloo group: every tier equals the unpatched
   model bit for bit, text-to-video and image-to-video (per-token timesteps), and the split code really ran.
 - 2 and 4 real processes on gloo (``ContextParallelConfig(ulysses_degree=N)``), fp32 tiny model, CFG batch 2 with the
   text mask: every tier equals one process within :data:`TOLERANCE`; the same fast-path counts on every rank; with the
@@ -64,7 +64,6 @@ def one_process_group():
 
 def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
     from accelpatch.adapters.sana_video import restated_attention, sequence_parallel
-    from accelpatch.adapters.sana_video.split_processors import forced_split
     from accelpatch.parallel.sequence import shards_of_group, sum_over_ranks
 
     model = tiny_sana_video_transformer()
@@ -74,18 +73,21 @@ def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
     reduced, halos = [], []
     monkeypatch.setattr(restated_attention, "sum_over_ranks", lambda x, s: reduced.append(s) or sum_over_ranks(x, s))
     monkeypatch.setattr(sequence_parallel, "exchange_halo", lambda f, l, s: halos.append(s) or (None, None))
+    sequence_parallel.one_process_split(model, shards_of_group())
     for tier in ("exact", "lossless", "high"):
         for name, inputs in cases.items():
-            with forced_split(shards_of_group()), accelpatch.quality(tier):
+            with accelpatch.quality(tier):
                 out = _run(model, inputs)
             assert out.dtype == reference[name].dtype and out.stride() == reference[name].stride()
             assert torch.equal(out.view(torch.int32), reference[name].view(torch.int32)), (tier, name)
     runs = 3 * len(cases) * len(model.transformer_blocks)
     assert len(reduced) == 2 * runs and len(halos) == runs  # the split layers ran: two sums, one halo per block
-    unsplit = {name: _run(model, inputs) for name, inputs in cases.items()}  # outside forced_split: idle again
-    assert len(reduced) == 2 * runs and all(torch.equal(unsplit[n], reference[n]) for n in cases)
-    with forced_split(shards_of_group()), pytest.raises(RuntimeError, match="inference only"):
+    with pytest.raises(RuntimeError, match="inference only"):
         model(**cases["t2v"])  # autograd on
+    accelpatch.remove(model)  # undoes the one-process split with the rest
+    assert "_sequence_shards" not in vars(model)
+    unsplit = {name: _run(model, inputs) for name, inputs in cases.items()}
+    assert len(reduced) == 2 * runs and all(torch.equal(unsplit[n], reference[n]) for n in cases)
 
 
 def test_apply_and_remove_leave_the_unsplit_model_alone():
@@ -141,7 +143,10 @@ SCRIPT = textwrap.dedent("""
         with accelpatch.quality("exact"):
             out["no_all_reduce"] = {name: _run(model, inputs) for name, inputs in cases.items()}
         restated_attention.sum_over_ranks = sum_over_ranks
-        sequence_parallel.exchange_halo = lambda first, last, shards: (None, None)  # deliberately no halo
+        # deliberately no halo: zero frames from the neighbours, as a conv left local would pad its shard
+        sequence_parallel.exchange_halo = lambda first, last, shards: (
+            torch.zeros_like(last) if shards.rank > 0 else None,
+            torch.zeros_like(first) if shards.rank < shards.world - 1 else None)
         out["no_halo"] = {name: _run(model, inputs) for name, inputs in cases.items()}
         sequence_parallel.exchange_halo = exchange_halo
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..tiers import Tier, effective_tier
 from .cfg import cfg_parallel_of
-from .sequence import sequence_shards
+from .sequence import sequence_shards, unsplit_in_one_process
 
 
 def cfg_degree(model: torch.nn.Module) -> int:
@@ -120,6 +120,7 @@ class ParallelGuard:
                                "the same accelpatch.quality(...) block on every rank")
 
     def remove(self, model: torch.nn.Module) -> None:
+        unsplit_in_one_process(model)
         if parallel_config(model) is not None and not self.split_at_apply:
             undo_parallelism(model)
 

@@ -42,6 +42,56 @@ def shards_of_group(group: Any = None) -> SequenceShards:
     return SequenceShards(group, dist.get_rank(group), dist.get_world_size(group))
 
 
+def split_of(recorded: Any) -> Optional[SequenceShards]:
+    """The split a model or processor runs under, from what was recorded on it: a diffusers ``ParallelConfig`` (its
+    sequence group), a :class:`SequenceShards` put there by :func:`split_in_one_process`, or None (unsplit)."""
+    return recorded if isinstance(recorded, SequenceShards) else sequence_shards(recorded)
+
+
+def processor_shards(processor: Any) -> Optional[SequenceShards]:
+    """The split an attention processor sees (its ``_parallel_config``: see :func:`split_of`)."""
+    return split_of(getattr(processor, "_parallel_config", None))
+
+
+def model_split(model: torch.nn.Module) -> Optional[SequenceShards]:
+    """The split a whole model runs under: diffusers' config on it, or the one-process split of
+    :func:`split_in_one_process` (``model._sequence_shards``); None when unsplit."""
+    return getattr(model, "_sequence_shards", None) or sequence_shards(getattr(model, "_parallel_config", None))
+
+
+def split_in_one_process(model: torch.nn.Module, shards: SequenceShards, processors: type | tuple) -> None:
+    """Split ``model`` over a group of one process (:func:`shards_of_group` of a one-process group), where diffusers'
+    ``ContextParallelConfig`` refuses a degree of 1: ``shards`` is recorded on the model and on every processor of
+    the types ``processors`` (the token-mixing layers that read their split from there), so the split layers run
+    their collectives and checks over the one rank, which holds every token (no split hooks are needed). This is
+    the world-size-1 check that a split changes no bit; ``accelpatch.remove`` (or :func:`unsplit_in_one_process`)
+    undoes it. More ranks go through diffusers' ``enable_parallelism``, whose hooks split the tokens."""
+    if shards.world != 1:
+        raise ValueError(f"a one-process split takes a group of one process (got {shards.world}); split over more "
+                         "ranks with model.enable_parallelism(config=ContextParallelConfig(ulysses_degree="
+                         f"{shards.world}))")
+    if getattr(model, "_parallel_config", None) is not None:
+        raise RuntimeError(f"this {type(model).__name__} is already split by enable_parallelism")
+    found = [m.processor for m in model.modules() if isinstance(getattr(m, "processor", None), processors)]
+    if not found:
+        names = processors.__name__ if isinstance(processors, type) else ", ".join(p.__name__ for p in processors)
+        raise RuntimeError(f"{type(model).__name__} has no {names} processor to split (for SANA-Video: call "
+                           "accelpatch.apply first)")
+    model._sequence_shards = shards
+    for processor in found:
+        processor._parallel_config = shards
+
+
+def unsplit_in_one_process(model: torch.nn.Module) -> None:
+    """Undo :func:`split_in_one_process` (a no-op on a model it did not split)."""
+    if model.__dict__.pop("_sequence_shards", None) is None:
+        return
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if isinstance(getattr(processor, "_parallel_config", None), SequenceShards):
+            processor._parallel_config = None
+
+
 def sum_over_ranks(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
     """The sum of ``x`` over the ranks of the group (a new tensor; ``x`` is left as it was). Summation order is
     the backend's: equal on every rank, not equal to one process's single sum."""

@@ -21,8 +21,8 @@ count F divides by the world size; other counts are refused at the first split f
 
 Every piece is idle unless the model is split: the split is read from what ``enable_parallelism`` recorded on the
 blocks' attn1 processors (``_parallel_config``); the entry also reads ``model._parallel_config``, to refuse a split
-model whose processors cannot see it. At world size 1, :func:`split_processors.forced_split` turns the pieces on
-without diffusers (whose config refuses a degree of 1). Inference only: the collectives carry no backward.
+model whose processors cannot see it. At world size 1, :func:`one_process_split` turns the pieces on without diffusers
+(whose config refuses a degree of 1). Inference only: the collectives carry no backward.
 """
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...parallel.sequence import exchange_halo, whole_frames_error
+from ...parallel.sequence import (SequenceShards, exchange_halo, model_split, processor_shards,
+                                  split_in_one_process, whole_frames_error)
 from .split_processors import (LocalCrossAttnProcessor, SanaAttnProcessor2_0, SanaLinearAttnProcessor3_0,
-                               SplitLinearAttnProcessor, forced_split, processor_shards, split_of)
+                               SplitLinearAttnProcessor)
 
-__all__ = ["cp_plan", "split_layers", "forced_split"]
+__all__ = ["cp_plan", "split_layers", "one_process_split"]
 
 MODEL = "SANA-Video"
 #: the temporal convolution the one-frame halo is right for
@@ -53,6 +54,19 @@ def cp_plan(model: torch.nn.Module) -> dict:
     }
 
 
+def one_process_split(model: torch.nn.Module, shards: SequenceShards) -> None:
+    """Split a patched SANA-Video over a group of one process (the world-size-1 check that the split layers change no
+    bit): :func:`accelpatch.parallel.sequence.split_in_one_process` on the attn1 processors ``apply`` put in."""
+    split_in_one_process(model, shards, SplitLinearAttnProcessor)
+
+
+def _attn1_split(attn1: torch.nn.Module) -> Optional[SequenceShards]:
+    """The split a block's linear attention ``attn1`` sees: None unless its processor is ours (a processor of the
+    user's own never does the all-reduce, whatever config diffusers recorded on it)."""
+    processor = attn1.processor
+    return processor_shards(processor) if isinstance(processor, SplitLinearAttnProcessor) else None
+
+
 def _argument(args: tuple, kwargs: dict, name: str, index: int) -> Any:
     return kwargs[name] if name in kwargs else (args[index] if len(args) > index else None)
 
@@ -67,7 +81,7 @@ class SplitEntry:
     """The model's forward pre-hook: see the module docstring."""
 
     def __call__(self, model: torch.nn.Module, args: tuple, kwargs: dict):
-        shards = split_of(getattr(model, "_parallel_config", None))
+        shards = model_split(model)
         if shards is None:
             return None
         if torch.is_grad_enabled():
@@ -93,7 +107,7 @@ def _check_layers(model: torch.nn.Module, shards) -> None:
     """Refuse a split model with a layer that would stay local (a processor not ours: set after ``apply``) or a
     temporal conv the one-frame halo does not cover."""
     for index, block in enumerate(model.transformer_blocks):
-        seen = processor_shards(block.attn1.processor)
+        seen = _attn1_split(block.attn1)
         if seen is None or (seen.rank, seen.world) != (shards.rank, shards.world):
             raise RuntimeError(
                 f"{MODEL} is split over {shards.world} ranks but transformer_blocks.{index}.attn1's processor "
@@ -111,7 +125,7 @@ class LocalFrames:
     sure F divides by the world size; at block 0 diffusers' split hook runs after this, inside the forward)."""
 
     def __call__(self, block: torch.nn.Module, args: tuple, kwargs: dict):
-        shards = processor_shards(block.attn1.processor)
+        shards = _attn1_split(block.attn1)
         if shards is None:
             return None
         frames = _argument(args, kwargs, "frames", 5)
@@ -126,28 +140,27 @@ class TemporalHalo:
     no weight outside the conv's own forward (an offloading hook may load the weights only there)."""
 
     def __init__(self, attn: torch.nn.Module) -> None:
-        self.attn = attn  # the block's attn1: its processor sees the split
-        self._added: Optional[tuple[int, int]] = None  # frames put before / after the local ones by this call
+        self.attn = attn  # the block's attn1: its processor sees the split (no per-call state here: thread-safe)
 
     def before(self, conv: torch.nn.Module, args: tuple):
-        self._added = None
-        shards = processor_shards(self.attn.processor)
+        shards = _attn1_split(self.attn)
         if shards is None:
             return None
         x = args[0]  # [B, C, F_local, H'·W']
         previous, following = exchange_halo(x[:, :, 0], x[:, :, -1], shards)
         if previous is None and following is None:
             return None
-        self._added = (int(previous is not None), int(following is not None))
         frames = [f.unsqueeze(2) for f in (previous,) if f is not None] + [x]
         frames += [f.unsqueeze(2) for f in (following,) if f is not None]
         return (torch.cat(frames, dim=2),) + tuple(args[1:])
 
     def after(self, conv: torch.nn.Module, args: tuple, output: torch.Tensor):
-        added, self._added = self._added, None
-        if added is None:
+        shards = _attn1_split(self.attn)
+        if shards is None or shards.world == 1:  # one rank: no neighbours, nothing was added
             return None
-        return output[:, :, added[0]:output.shape[2] - added[1]].contiguous()
+        # exchange_halo gave one frame from each neighbour: none before rank 0, none after the last rank
+        before, after = int(shards.rank > 0), int(shards.rank < shards.world - 1)
+        return output[:, :, before:output.shape[2] - after].contiguous()
 
 
 class SplitLayers:

@@ -182,7 +182,8 @@ class LinearAttentionBF16GEMM(FastPath):
         return bmm_bf16_fp32_reject_reason()
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ...modeling.sana_video2.attention import gated_linear_attention, processor_shards
+        from ...modeling.sana_video2.attention import gated_linear_attention
+        from ...parallel.sequence import processor_shards
 
         call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16-input GEMM")
         if verdict is not None:

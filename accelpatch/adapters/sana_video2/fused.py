@@ -121,7 +121,8 @@ class SanaVideo2FusedLinear(FusedOpsPath):
         return SanaVideo2LinearAttnProcessor
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from ...modeling.sana_video2.attention import gated_linear_attention, processor_shards
+        from ...modeling.sana_video2.attention import gated_linear_attention
+        from ...parallel.sequence import processor_shards
 
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
         return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], rope_pair=rope_pair(site),

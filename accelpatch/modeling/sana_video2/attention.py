@@ -17,7 +17,8 @@ from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from torch import nn
 
-from ...parallel.sequence import SequenceShards, heads_to_ranks, ranks_to_heads, sequence_shards, sum_over_ranks
+from ...parallel.sequence import (SequenceShards, heads_to_ranks, processor_shards, ranks_to_heads, sequence_shards,
+                                 sum_over_ranks)
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -155,14 +156,6 @@ class SanaVideo2SoftmaxAttnProcessor:
         query, key, value = anchor_qkv(attn, hidden_states, rotary_emb)
         out = anchor_core(self, query, key, value, upcast=attn.fp32_attention)
         return anchor_output(attn, out, hidden_states)
-
-
-def processor_shards(processor) -> Optional[SequenceShards]:
-    """The sequence split a linear-attention processor runs under: the group of the diffusers config that
-    ``enable_parallelism`` recorded on it (``_parallel_config``), or the :class:`SequenceShards` that
-    ``SanaVideo2Transformer3DModel.enable_sequence_shards`` set there; None when unsplit."""
-    config = getattr(processor, "_parallel_config", None)
-    return config if isinstance(config, SequenceShards) else sequence_shards(config)
 
 
 def _state_over_ranks(scores: torch.Tensor, key_sum: torch.Tensor, shards: Optional[SequenceShards]):

@@ -23,7 +23,7 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from ...parallel.sequence import SequenceShards, sequence_shards
+from ...parallel.sequence import SequenceShards, model_split, split_in_one_process
 from ..sana_video2_release import anchor_layer_indices
 from .attention import (RMSNorm, SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2LinearAttnProcessor,
                         SanaVideo2SoftmaxAttention)
@@ -308,7 +308,7 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
     #: diffusers' context-parallel plan (:mod:`.sequence_parallel`): ``model.enable_parallelism(config=
     #: ContextParallelConfig(ulysses_degree=N))`` splits the tokens over N ranks
     _cp_plan = CP_PLAN
-    #: the sequence split set by :meth:`enable_sequence_shards` (world size 1); None: diffusers' config, if any
+    #: the one-process split of :meth:`enable_sequence_shards`; None: diffusers' config, if any
     _sequence_shards: Optional[SequenceShards] = None
 
     #: a step cache's hook point (accelpatch.step_cache): after the first block, ``reuse(delta)`` may return the
@@ -445,25 +445,15 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         return super().enable_parallelism(config=config, cp_plan=cp_plan)
 
     def enable_sequence_shards(self, shards: SequenceShards) -> None:
-        """The model's side of the sequence split over a plain one-process group (``accelpatch.parallel.sequence.
-        shards_of_group()``), where diffusers' ``ContextParallelConfig`` refuses a degree of 1: the linear attention
-        sums its statistics through the group's all-reduce and the split's checks and frame selection run; no split
-        hooks are needed, since the one rank holds every token. More ranks go through :meth:`enable_parallelism`,
-        whose hooks split the tokens."""
-        if shards.world != 1:
-            raise ValueError(f"enable_sequence_shards takes a group of one process (got {shards.world}); split over "
-                             "more ranks with model.enable_parallelism(config=ContextParallelConfig(ulysses_degree="
-                             f"{shards.world}))")
-        if self._parallel_config is not None:
-            raise RuntimeError("this model is already split by enable_parallelism")
-        self._sequence_shards = shards
-        for module in self.modules():
-            if isinstance(getattr(module, "processor", None), SanaVideo2LinearAttnProcessor):
-                module.processor._parallel_config = shards
+        """Split over a group of one process (``accelpatch.parallel.sequence.shards_of_group()``), where diffusers'
+        ``ContextParallelConfig`` refuses a degree of 1: the linear attention sums its statistics through the group's
+        all-reduce and the split's checks and frame selection run (:func:`~accelpatch.parallel.sequence.
+        split_in_one_process`, shared with SANA-Video). More ranks go through :meth:`enable_parallelism`."""
+        split_in_one_process(self, shards, SanaVideo2LinearAttnProcessor)
 
     def sequence_split(self) -> Optional[SequenceShards]:
         """Where this process sits in the sequence split (None: unsplit)."""
-        return self._sequence_shards if self._sequence_shards is not None else sequence_shards(self._parallel_config)
+        return model_split(self)
 
     # -- inputs -------------------------------------------------------------------------------------------------
 
