@@ -263,3 +263,161 @@ def test_the_independent_check_catches_a_deliberately_wrong_metric(monkeypatch):
         assert_matches_independent(compare_audio(ref, cand, SR), ref, cand, SR)
     monkeypatch.undo()
     assert_matches_independent(compare_audio(ref, cand, SR), ref, cand, SR)
+
+
+# --- validate's audio gates on the tiny MiniMax-H3 pipeline -----------------------------------------------------
+
+import warnings  # noqa: E402
+
+import accelpatch  # noqa: E402
+from accelpatch import testing  # noqa: E402
+from accelpatch.recipes import Gates  # noqa: E402
+from accelpatch.tools.candidates import audio_of  # noqa: E402
+from accelpatch.tools.preflight import check_audio_request, pipeline_makes_audio  # noqa: E402
+from accelpatch.tools.validate import validate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def h3():
+    """The tiny MiniMax-H3 t2va pipeline and a 2-step call (one transformer forward) at 32x32, 124 frames: its
+    stereo audio is 828 samples at 160 Hz (5.2 s: five windows)."""
+    torch.set_num_threads(1)
+    pipe = testing.tiny_minimax_h3_pipeline()
+    kwargs = testing.minimax_h3_pipeline_call_kwargs(num_inference_steps=2, pipeline=pipe)
+    kwargs.pop("generator")
+    kwargs["output"] = "videos"  # as the recipes call it: validate still asks for the audio
+    yield pipe, kwargs
+    accelpatch.remove(pipe)
+
+
+def corrupt_audio_under(monkeypatch, pipe, tier, *, start=320, stop=480, scale=0.2, every=1):
+    """Add seeded noise to samples [start, stop) of the audio VAE's output when the call runs under ``tier`` (on
+    every ``every``-th such decode): audio made worse on purpose, the video untouched."""
+    original = pipe.audio_vae.decode
+    calls = []
+
+    def decode(latents, return_dict=True):
+        out = original(latents, return_dict=return_dict)
+        if accelpatch.current_quality() != tier:
+            return out
+        calls.append(1)
+        if len(calls) % every:
+            return out
+        wave = out[0] if not return_dict else out.sample
+        noise = torch.randn(wave.shape, generator=torch.Generator().manual_seed(7), dtype=wave.dtype)
+        wave = wave.clone()
+        wave[..., start:stop] += scale * noise[..., start:stop]
+        return (wave,) if not return_dict else type(out)(sample=wave)
+
+    monkeypatch.setattr(pipe.audio_vae, "decode", decode)
+
+
+def quiet_validate(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return validate(*args, progress=False, **kwargs)
+
+
+def test_the_pipeline_audio_is_read_with_its_sample_rate(h3):
+    pipe, kwargs = h3
+    assert pipeline_makes_audio(pipe) is True
+    state = pipe(**kwargs | {"output": None}, generator=torch.Generator().manual_seed(0))
+    audio = audio_of(state, pipe)
+    assert audio.sample_rate == 160 == pipe.audio_vae.config.sampling_rate
+    assert audio.waveform.shape == (1, 2, 828) and audio.waveform.dtype == torch.float32
+    assert audio_of(state.get("videos"), pipe) is None  # a bare video tensor has no audio
+
+
+def test_audio_corrupted_in_one_second_fails_the_audio_gate_while_the_video_passes(h3, monkeypatch, tmp_path):
+    pipe, kwargs = h3
+    corrupt_audio_under(monkeypatch, pipe, "high")
+    report = quiet_validate(pipe, kwargs, ["lossless", "high"], seeds=(0,))
+    lossless, high = report.candidates
+    # lossless: bit-identical, audio included (its SHA-256)
+    assert lossless.passed and lossless.gate == "bit-identical" and lossless.identical
+    assert lossless.scores[0].audio_sha256 == lossless.scores[0].reference_audio_sha256 is not None
+    assert lossless.min_audio_snr == math.inf and lossless.min_audio_corr == 1.0
+    # high: the video is untouched (every frame bit-identical) and passes; the audio fails, in its worst second
+    assert high.scores[0].frames_identical and high.min_ssim == 1.0
+    assert not high.passed and high.gate == "floors"
+    assert not any("frame" in r for r in high.reasons), high.reasons  # only the audio gate fails
+    assert any("audio 2.00-3.00 s (window 2): SNR" in r and "below the audio_snr_floor 10.0 dB" in r
+               for r in high.reasons), high.reasons
+    assert high.min_audio_snr < 10.0 and high.min_audio_corr < 0.95
+    assert high.scores[0].audio.worst_window == 2
+    assert report.noise_floor.audio_identical is True and not report.passed
+    text = str(report)
+    assert "min audio SNR" in text and "audio every second SNR >= 10.0 dB and correlation >= 0.95" in text
+    assert "worst audio second: seed 0, 2.00-3.00 s" in text
+    data = json.loads(report.to_json())
+    assert data["candidates"][1]["min_audio_snr_db"] == pytest.approx(high.min_audio_snr)
+    assert data["candidates"][0]["min_audio_snr_db"] is None and data["noise_floor"]["audio_identical"] is True
+    assert data["candidates"][1]["seeds"][0]["audio"]["worst_window"] == 2
+    report.plot(str(tmp_path / "v.png"))
+    assert (tmp_path / "v.png").stat().st_size > 0
+    # audio: off reports the audio without gating it
+    off = quiet_validate(pipe, kwargs, ["high"], seeds=(0,), gates={"audio": "off"})
+    assert off.passed and off.candidates[0].min_audio_snr < 10.0 and "audio reported, not gated" in str(off)
+
+
+def test_a_lossless_candidate_whose_audio_differs_is_not_bit_identical(h3, monkeypatch):
+    pipe, kwargs = h3
+    corrupt_audio_under(monkeypatch, pipe, "lossless", scale=1e-6)
+    report = quiet_validate(pipe, kwargs, ["lossless"], seeds=(0,))
+    (lossless,) = report.candidates
+    assert lossless.scores[0].frames_identical and not lossless.identical and not lossless.passed
+    assert lossless.reasons == ["audio differs from the reference for seeds [0] (a lossless candidate must be "
+                                "bit-identical, its audio too)"]
+
+
+def test_a_reference_whose_audio_does_not_reproduce_shows_its_audio_noise_floor(h3, monkeypatch):
+    pipe, kwargs = h3
+    corrupt_audio_under(monkeypatch, pipe, "exact", scale=1e-3, every=2)  # every second reference run differs
+    report = quiet_validate(pipe, kwargs, ["lossless"], seeds=(0,))
+    floor = report.noise_floor
+    assert not floor.identical and floor.audio_identical is False and floor.audio_min_snr > 10
+    assert "audio min SNR" in floor.describe()
+    (lossless,) = report.candidates
+    assert lossless.gate == "floors" and lossless.passed  # no bit identity when the reference is not reproducible
+
+
+def test_explicit_audio_gates_on_a_pipeline_without_audio_are_refused():
+    torch.set_num_threads(1)
+    pipe = testing.tiny_sana_video_pipeline()
+    kwargs = testing.sana_video_pipeline_call_kwargs(num_inference_steps=2)
+    kwargs.pop("generator")
+    calls = []
+    handle = pipe.transformer.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"gates ask for audio gates \(audio_snr_floor=12\.0\), but "
+                                             r"SanaVideoPipeline returned no audio \(on the first reference call\)"):
+            quiet_validate(pipe, kwargs, ["high"], gates={"audio_snr_floor": 12.0})
+        assert len(calls) <= 2  # one reference call (2 steps), no candidate ran
+        with pytest.raises(ValueError, match=r"audio: required.*returned no audio"):
+            quiet_validate(pipe, kwargs, ["high"], gates=Gates(audio="required"))
+        # the defaults gate audio only where there is some: a video-only pipeline validates as before
+        report = quiet_validate(pipe, kwargs, ["lossless"])
+        assert report.passed and not report.has_audio and "audio" not in str(report)
+        assert "min_audio_snr_db" not in report.to_dict()["candidates"][0]
+        assert report.candidates[0].min_audio_snr is None and report.candidates[0].min_audio_corr is None
+    finally:
+        handle.remove()
+        accelpatch.remove(pipe)
+
+
+def test_a_modular_pipeline_that_declares_no_audio_is_refused_before_any_call():
+    class Output:
+        def __init__(self, name):
+            self.name = name
+
+    class Blocks:
+        outputs = [Output("videos")]
+
+    class VideoOnly:
+        blocks = Blocks()
+
+    assert pipeline_makes_audio(VideoOnly()) is False
+    with pytest.raises(ValueError, match=r"audio_corr_floor=0\.9.*VideoOnly returned no audio \(its blocks declare "
+                                         r"the outputs videos\)"):
+        check_audio_request(VideoOnly(), Gates(audio_corr_floor=0.9))
+    check_audio_request(VideoOnly(), Gates())  # the defaults ask for nothing
