@@ -331,10 +331,11 @@ def test_the_pipeline_audio_is_read_with_its_sample_rate(h3):
 def test_audio_corrupted_in_one_second_fails_the_audio_gate_while_the_video_passes(h3, monkeypatch, tmp_path):
     pipe, kwargs = h3
     corrupt_audio_under(monkeypatch, pipe, "high")
-    report = quiet_validate(pipe, kwargs, ["lossless", "high"], seeds=(0,))
-    lossless, high = report.candidates
-    # lossless: bit-identical, audio included (its SHA-256)
+    report = quiet_validate(pipe, kwargs, ["lossless", "unpatched", "high"], seeds=(0,))
+    lossless, unpatched, high = report.candidates
+    # lossless and unpatched: bit-identical, audio included (its SHA-256)
     assert lossless.passed and lossless.gate == "bit-identical" and lossless.identical
+    assert unpatched.passed and unpatched.gate == "bit-identical" and unpatched.scores[0].audio_identical
     assert lossless.scores[0].audio_sha256 == lossless.scores[0].reference_audio_sha256 is not None
     assert lossless.min_audio_snr == math.inf and lossless.min_audio_corr == 1.0
     # high: the video is untouched (every frame bit-identical) and passes; the audio fails, in its worst second
@@ -350,9 +351,9 @@ def test_audio_corrupted_in_one_second_fails_the_audio_gate_while_the_video_pass
     assert "min audio SNR" in text and "audio every second SNR >= 10.0 dB and correlation >= 0.95" in text
     assert "worst audio second: seed 0, 2.00-3.00 s" in text
     data = json.loads(report.to_json())
-    assert data["candidates"][1]["min_audio_snr_db"] == pytest.approx(high.min_audio_snr)
+    assert data["candidates"][2]["min_audio_snr_db"] == pytest.approx(high.min_audio_snr)
     assert data["candidates"][0]["min_audio_snr_db"] is None and data["noise_floor"]["audio_identical"] is True
-    assert data["candidates"][1]["seeds"][0]["audio"]["worst_window"] == 2
+    assert data["candidates"][2]["seeds"][0]["audio"]["worst_window"] == 2
     report.plot(str(tmp_path / "v.png"))
     assert (tmp_path / "v.png").stat().st_size > 0
     # audio: off reports the audio without gating it

@@ -48,7 +48,8 @@ def _plot_audio(report: "ValidationReport", snr_axis, corr_axis) -> None:
             quality = scores.audio
             label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
             starts = [start / quality.sample_rate for start, _ in quality.windows]
-            snr_axis.plot(starts, _clamped(quality.window_snr_db, SNR_BOTTOM, SNR_CEILING), marker="o", markersize=3, label=label)
+            snr = _clamped(quality.window_snr_db, SNR_BOTTOM, SNR_CEILING)
+            snr_axis.plot(starts, snr, marker="o", markersize=3, label=label)
             corr = [math.nan if c is None else c for c in quality.window_corr]  # a gap where it means nothing
             corr_axis.plot(starts, corr, marker="o", markersize=3, label=label)
     gates = report.gates
