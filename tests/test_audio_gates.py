@@ -2,13 +2,20 @@
 delay, silence, clipping, NaN, a corrupted second), and validate's audio gates on the tiny MiniMax-H3 pipeline."""
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
+import accelpatch
+from accelpatch import testing
+from accelpatch.recipes import Gates
 from accelpatch.tools import audio_metrics
 from accelpatch.tools.audio_metrics import compare_audio, window_bounds
+from accelpatch.tools.candidates import audio_of
+from accelpatch.tools.preflight import check_audio_request, pipeline_makes_audio
+from accelpatch.tools.validate import validate
 
 SR = 1000  # 1-second windows of 1000 samples; 10 Hz sines fit whole periods in each
 
@@ -266,16 +273,6 @@ def test_the_independent_check_catches_a_deliberately_wrong_metric(monkeypatch):
 
 
 # --- validate's audio gates on the tiny MiniMax-H3 pipeline -----------------------------------------------------
-
-import warnings  # noqa: E402
-
-import accelpatch  # noqa: E402
-from accelpatch import testing  # noqa: E402
-from accelpatch.recipes import Gates  # noqa: E402
-from accelpatch.tools.candidates import audio_of  # noqa: E402
-from accelpatch.tools.preflight import check_audio_request, pipeline_makes_audio  # noqa: E402
-from accelpatch.tools.validate import validate  # noqa: E402
-
 
 @pytest.fixture(scope="module")
 def h3():
