@@ -49,11 +49,73 @@ class _Strict(BaseModel):
 
 
 class Gates(_Strict):
-    """Pass/fail floors for approximate candidates, applied to the worst frame of every seed."""
+    """Pass/fail floors for approximate candidates, applied to the worst frame and the worst second of audio of
+    every seed.
+
+    Audio gates apply by default whenever the pipeline returns audio (``audio: auto``): a pipeline with sound gets
+    its sound checked. Setting any ``audio_*`` threshold, or ``audio: required``, asks for them: a pipeline that
+    returns no audio is then refused with the reason (before the candidates run). ``audio: off`` reports the audio
+    scores without gating them. The audio metrics are defined in :mod:`accelpatch.tools.audio_metrics`.
+
+    Why the audio defaults (engineering choices by analogy, not perceptual thresholds): ``audio_snr_floor`` 10 dB
+    lets the error carry at most a tenth of the signal's power in the worst second (per track), the audio
+    counterpart of "clearly below the signal" that the video floors ask; ``audio_corr_floor`` 0.95 is the
+    correlation that independent error at that SNR leaves, 1/sqrt(1 + 10^(-10/10)) = 0.953, so the two agree for
+    added noise and differ where they should (a gain change costs SNR only; a change of waveform shape costs
+    correlation at any gain). Both are waveform measures and punish phase shifts a listener may not hear, so they
+    are strict for generated audio: the prior art's best sparse-attention setting on MiniMax-H3 (correlation 0.82)
+    fails them. Loosen them per model in a recipe, against the reference's own noise floor (two reference runs,
+    in the report). The log-spectral distance is phase-blind but has no agreed threshold for generated audio, so
+    it is reported and gated only when ``audio_lsd_ceiling`` is set.
+    """
 
     ssim_floor: float = Field(0.92, ge=0.0, le=1.0, description="every frame's SSIM against the reference")
     psnr_floor: float = Field(24.0, ge=0.0, description="every frame's PSNR (dB) against the reference")
     require_fast_path: bool = Field(False, description="fail an approximate candidate when no fast path ran")
+    audio: Literal["auto", "required", "off"] = Field(
+        "auto", description="auto: gate the audio when the pipeline returns some; required: refuse a pipeline that "
+                            "returns none; off: report the audio, do not gate it")
+    audio_snr_floor: float = Field(
+        10.0, allow_inf_nan=False, description="every 1-second window's audio SNR (dB, per track) against the "
+        "reference: 10 dB = error power at most a tenth of the signal's")
+    audio_corr_floor: float = Field(
+        0.95, ge=-1.0, le=1.0, description="every track's audio correlation (Pearson, whole clip and every "
+        "1-second window with sound): 0.95 is what independent error at the 10 dB SNR floor leaves")
+    audio_lsd_ceiling: Optional[float] = Field(
+        None, ge=0.0, allow_inf_nan=False, description="every 1-second window's log-spectral distance (dB) at most "
+        "this; null (default): reported, not gated")
+
+    @model_validator(mode="after")
+    def _audio_off_takes_no_thresholds(self) -> "Gates":
+        if self.audio == "off" and self.explicit_audio_gates():
+            raise ValueError(f"audio: off contradicts the audio gate(s) set: {', '.join(self.explicit_audio_gates())}"
+                             "; drop them or set audio: auto/required")
+        return self
+
+    def explicit_audio_gates(self) -> list[str]:
+        """The audio thresholds given explicitly (in YAML, a mapping or as keyword arguments), not by default."""
+        return [name for name in AUDIO_THRESHOLDS if name in self.model_fields_set]
+
+    @property
+    def audio_required(self) -> bool:
+        """Whether audio gates were asked for explicitly: ``audio: required`` or an ``audio_*`` threshold set."""
+        return self.audio == "required" or bool(self.explicit_audio_gates())
+
+    @property
+    def gates_audio(self) -> bool:
+        """Whether audio, when the pipeline returns some, decides the verdict (``audio`` is not ``off``)."""
+        return self.audio != "off"
+
+    def describe_audio_request(self) -> str:
+        """What asked for audio gates, for the refusal message (``audio_snr_floor=12.0``, ``audio: required``)."""
+        asked = [f"{name}={getattr(self, name)}" for name in self.explicit_audio_gates()]
+        if self.audio == "required":
+            asked.insert(0, "audio: required")
+        return ", ".join(asked)
+
+
+#: the audio thresholds of :class:`Gates` (setting one asks for audio gates)
+AUDIO_THRESHOLDS = ("audio_snr_floor", "audio_corr_floor", "audio_lsd_ceiling")
 
 
 class CandidateSpec(_Strict):

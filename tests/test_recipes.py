@@ -32,7 +32,13 @@ def test_the_promised_recipes_ship_and_load():
 @pytest.mark.parametrize("data, message", [
     ({"model": "tiny:sana-vidoe"}, "model: unknown tiny model 'tiny:sana-vidoe' (did you mean tiny:sana-video?)"),
     ({"model": "m", "gates": {"ssim_flor": 0.9}}, "gates.ssim_flor: unknown field (did you mean 'ssim_floor'?); "
-                                                   "allowed here: psnr_floor, require_fast_path, ssim_floor"),
+                                                   "allowed here: audio, audio_corr_floor, audio_lsd_ceiling, "
+                                                   "audio_snr_floor, psnr_floor, require_fast_path, ssim_floor"),
+    ({"model": "m", "gates": {"audio": "off", "audio_snr_floor": 5}},
+     "gates: audio: off contradicts the audio gate(s) set: audio_snr_floor; drop them or set audio: auto/required"),
+    ({"model": "m", "gates": {"audio": "on"}}, "gates.audio: Input should be 'auto', 'required' or 'off'"),
+    ({"model": "m", "gates": {"audio_corr_floor": 1.5}}, "gates.audio_corr_floor: Input should be less than or "
+                                                         "equal to 1"),
     ({"model": "m", "tier": "fast"}, "tier: unknown quality tier 'fast'; valid tiers are exact, lossless, high"),
     ({"model": "m", "dtype": "int8"}, "dtype: Input should be 'bf16', 'fp16' or 'fp32' (got 'int8')"),
     ({"model": "m", "backend": "sol"}, "backend: unknown backend 'sol'; backends: sol_attn"),
@@ -188,3 +194,28 @@ def test_cli_a_misspelled_call_argument_is_refused_before_the_first_call(tmp_pat
     line = _one_error_line(capsys)
     assert "SanaVideoPipeline does not take the call argument(s) 'frame' (did you mean 'frames'?)" in line
     assert "it takes: " in line and "num_inference_steps" in line
+
+
+def test_audio_gates_given_in_a_recipe_are_explicit_and_the_defaults_are_not(tmp_path):
+    """Only thresholds written in the recipe ask for audio (and are refused on a pipeline without it); the
+    defaults gate audio wherever a pipeline returns some."""
+    default = load_recipe({"name": "x", "model": "m"})
+    assert not default.gates.audio_required and default.gates.gates_audio
+    assert (default.gates.audio_snr_floor, default.gates.audio_corr_floor, default.gates.audio_lsd_ceiling) == \
+        (10.0, 0.95, None)
+    path = _write(tmp_path, gates={"audio_snr_floor": 12.0, "ssim_floor": 0.9})
+    asked = load_recipe(path).gates
+    assert asked.audio_required and asked.explicit_audio_gates() == ["audio_snr_floor"]
+    assert not load_recipe(_write(tmp_path, gates={"ssim_floor": 0.9})).gates.audio_required
+    assert load_recipe(_write(tmp_path, gates={"audio": "required"})).gates.audio_required
+
+
+def test_cli_validate_refuses_recipe_audio_gates_on_a_pipeline_without_audio(tmp_path, capsys):
+    path = _write(tmp_path, candidates=[{"tier": "lossless"}], gates={"audio_corr_floor": 0.9})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["validate", "--recipe", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert ("gates ask for audio gates (audio_corr_floor=0.9), but SanaVideoPipeline returned no audio (on the first "
+            "reference call)") in err

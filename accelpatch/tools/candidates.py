@@ -3,8 +3,8 @@
 A candidate is a tier, optionally with a backend and options (``apply()`` arguments), or ``"unpatched"``.
 :class:`PatchSwitcher` puts a pipeline into each candidate's patch state and, at the end, back into exactly the one
 it had (also after an exception). :func:`run_call` makes one call with a fresh seeded generator under the
-candidate's tier and returns the frames, timings (transformer time per denoising step and the whole call) and what
-the counters say ran.
+candidate's tier and returns the frames, the audio when the pipeline makes sound (:func:`audio_of`), timings
+(transformer time per denoising step and the whole call) and what the counters say ran.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Union
 
 import torch
 
@@ -21,7 +21,7 @@ from ..errors import did_you_mean
 from ..recipes import CandidateSpec
 
 __all__ = ["Candidate", "parse_candidate", "parse_candidates", "PatchSwitcher", "CallResult", "run_call",
-           "frames_of", "CallTimer"]
+           "frames_of", "audio_of", "PipelineAudio", "CallTimer"]
 
 #: the public name of a candidate (a pydantic model: ``Candidate(tier="high", backend="sol_attn")``)
 Candidate = CandidateSpec
@@ -161,6 +161,84 @@ def frames_of(result: Any) -> torch.Tensor:
     return video.detach().float().cpu()
 
 
+class PipelineAudio(NamedTuple):
+    """A pipeline call's soundtrack: a float32 CPU waveform, (B, C, S) as the pipeline returned it (or (C, S),
+    (S,)), and its sample rate in Hz."""
+
+    waveform: torch.Tensor
+    sample_rate: int
+
+
+#: where pipelines put their audio (MiniMax-H3's modular state: ``audio``; diffusers outputs: ``audio``/``audios``)
+_AUDIO_KEYS = ("audio", "audios")
+#: where they put its sample rate (MiniMax-H3's state: ``sampling_rate``)
+_RATE_KEYS = ("sampling_rate", "sample_rate", "audio_sampling_rate", "audio_sample_rate")
+
+
+def _lookup(result: Any, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if hasattr(result, "get") and not isinstance(result, torch.Tensor):
+            value = result.get(key)
+        else:
+            value = getattr(result, key, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _pipeline_sample_rate(pipe: Any) -> Optional[int]:
+    """The sample rate a pipeline's components declare: MiniMax-H3's ``audio_sampling_rate`` (its audio VAE's
+    ``sampling_rate``), else a ``vocoder``'s or ``audio_vae``'s config."""
+    rate = getattr(pipe, "audio_sampling_rate", None)
+    if rate is not None:
+        return rate
+    for name in ("vocoder", "audio_vae"):
+        config = getattr(getattr(pipe, name, None), "config", None) or {}
+        for key in ("output_sampling_rate", "sampling_rate", "sample_rate"):
+            value = config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+            if value is not None:
+                return value
+    return None
+
+
+def audio_of(result: Any, pipe: Any = None) -> Optional[PipelineAudio]:
+    """A pipeline call's audio and sample rate, or None when it returned none (a video-only pipeline).
+
+    Read from a modular pipeline's state or a dict of its outputs (``audio``, ``sampling_rate``: MiniMax-H3) or a
+    diffusers output's ``audio``/``audios``; the sample rate from the result, else from ``pipe``'s audio VAE or
+    vocoder. Audio without a sample rate anywhere is an error (it cannot be windowed in seconds)."""
+    if isinstance(result, torch.Tensor) or result is None:
+        return None
+    audio = _lookup(result, _AUDIO_KEYS)
+    if audio is None:
+        return None
+    if isinstance(audio, (list, tuple)):
+        audio = torch.stack([torch.as_tensor(a) for a in audio]) if audio else None
+        if audio is None:
+            return None
+    if not isinstance(audio, torch.Tensor):
+        try:
+            audio = torch.from_numpy(audio)
+        except TypeError:
+            raise ValueError(f"cannot read the audio of a pipeline result: got {type(audio).__name__}, expected a "
+                             "tensor or an array shaped (batch, channels, samples)") from None
+    rate = _lookup(result, _RATE_KEYS)
+    if rate is None and pipe is not None:
+        rate = _pipeline_sample_rate(pipe)
+    if rate is None:
+        raise ValueError("the pipeline returned audio but no sample rate (looked for sampling_rate/sample_rate on "
+                         "the result and on the pipeline's audio_vae/vocoder config)")
+    return PipelineAudio(audio.detach().float().cpu(), int(rate))
+
+
+def _ask_for_audio(pipe: Any, kwargs: dict) -> None:
+    """A modular pipeline asked for ``output="videos"`` returns the video alone: ask for its audio and sample rate
+    too (absent ones come back as None), so the soundtrack is not dropped on the floor."""
+    output = kwargs.get("output")
+    if isinstance(output, str) and output == "videos" and hasattr(pipe, "blocks"):
+        kwargs["output"] = [output, *_AUDIO_KEYS[:1], _RATE_KEYS[0]]
+
+
 class CallTimer:
     """Times the transformer forwards of one pipeline call and counts its denoising steps.
 
@@ -241,6 +319,9 @@ class CallResult:
     stats: dict[str, float] = field(default_factory=dict)
     #: fast calls by the tier of the site that ran them (step-cache reuses count as "high", the cache's tier)
     fast_by_tier: dict[str, int] = field(default_factory=dict)
+    #: the call's soundtrack (float32, CPU) and its sample rate; None when the pipeline returned no audio
+    audio: Optional[torch.Tensor] = None
+    sample_rate: Optional[int] = None
 
     @property
     def seconds_per_step(self) -> float:
@@ -300,6 +381,7 @@ def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, see
     timer.reset()
     kwargs = dict(call_kwargs)
     kwargs["generator"] = torch.Generator(device="cpu").manual_seed(int(seed))
+    _ask_for_audio(pipe, kwargs)
     _counters(models)  # zero what ran before this call
     with timer, accelpatch.quality(spec.tier):
         if device.type == "cuda":
@@ -310,7 +392,9 @@ def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, see
             torch.cuda.synchronize()
         call_seconds = time.perf_counter() - start
     fast, by_kind, fallbacks, stats, by_tier = _counters(models)
+    audio = audio_of(output, pipe)
     return CallResult(frames=frames_of(output), call_seconds=call_seconds,
                       transformer_seconds=timer.transformer_seconds(), steps=timer.steps, forwards=timer.forwards,
                       fast_calls=fast, fast_by_kind=by_kind, fallbacks=fallbacks, stats=stats,
-                      fast_by_tier=by_tier)
+                      fast_by_tier=by_tier, audio=None if audio is None else audio.waveform,
+                      sample_rate=None if audio is None else audio.sample_rate)

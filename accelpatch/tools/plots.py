@@ -1,7 +1,9 @@
-"""Pictures of a validation: PSNR/SSIM per frame per candidate (matplotlib), and the worst frames side by side.
+"""Pictures of a validation: PSNR/SSIM per frame per candidate (matplotlib), the audio SNR and correlation per
+second next to them when the pipeline returned audio, and the worst frames side by side.
 
 matplotlib is optional (``pip install matplotlib``, in the ``plots`` and ``dev`` extras); the frame strip needs only
-Pillow. Identical frames have infinite PSNR and are drawn at the top of the PSNR axis.
+Pillow. Identical frames (and seconds of audio) have infinite PSNR (SNR) and are drawn at the top of the axis; a
+second of audio with non-finite samples (SNR -inf) at its bottom.
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ __all__ = ["plot_validation", "worst_frame_strip"]
 
 #: where frames with infinite PSNR (bit-identical) are drawn
 PSNR_CEILING = 100.0
+#: where seconds of audio with infinite SNR (bit-identical) are drawn: above float32 rounding (~140 dB)
+SNR_CEILING = 160.0
+#: where seconds of audio with SNR -inf (non-finite candidate samples) are drawn
+SNR_BOTTOM = -40.0
 
 
 def _new_figure(**kwargs):
@@ -29,10 +35,41 @@ def _new_figure(**kwargs):
     return Figure(**kwargs)
 
 
+def _clamped(values, bottom, top):
+    return [top if math.isnan(v) or v > top else max(v, bottom) for v in values]
+
+
+def _plot_audio(report: "ValidationReport", snr_axis, corr_axis) -> None:
+    """Audio SNR and correlation per 1-second window, one line per candidate and seed, the audio gates dashed."""
+    for candidate in report.candidates:
+        for scores in candidate.scores:
+            if scores.audio is None:
+                continue
+            quality = scores.audio
+            label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
+            starts = [start / quality.sample_rate for start, _ in quality.windows]
+            snr = _clamped(quality.window_snr_db, SNR_BOTTOM, SNR_CEILING)
+            snr_axis.plot(starts, snr, marker="o", markersize=3, label=label)
+            corr = [math.nan if c is None else c for c in quality.window_corr]  # a gap where it means nothing
+            corr_axis.plot(starts, corr, marker="o", markersize=3, label=label)
+    gates = report.gates
+    style = dict(color="red", linestyle="--") if gates.gates_audio else dict(color="grey", linestyle=":")
+    snr_axis.axhline(gates.audio_snr_floor, label=f"audio_snr_floor {gates.audio_snr_floor} dB", **style)
+    corr_axis.axhline(gates.audio_corr_floor, label=f"audio_corr_floor {gates.audio_corr_floor}", **style)
+    off = "" if gates.gates_audio else " (audio: off, not gated)"
+    snr_axis.set(title=f"audio SNR per second, worst track (identical at {SNR_CEILING:.0f} dB){off}",
+                 xlabel="window start (s)", ylabel="dB")
+    corr_axis.set(title=f"audio correlation per second, worst track{off}", xlabel="window start (s)",
+                  ylabel="Pearson r")
+
+
 def plot_validation(report: "ValidationReport", path: Optional[str] = None):
-    """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed."""
-    figure = _new_figure(figsize=(11, 4), constrained_layout=True)
-    psnr_axis, ssim_axis = figure.subplots(1, 2)
+    """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed; with
+    audio, two more below: audio SNR and correlation per second with the audio gates."""
+    audio = report.has_audio
+    figure = _new_figure(figsize=(11, 8 if audio else 4), constrained_layout=True)
+    axes = figure.subplots(2 if audio else 1, 2)
+    psnr_axis, ssim_axis = axes[0] if audio else axes
     for candidate in report.candidates:
         for scores in candidate.scores:
             label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
@@ -45,7 +82,9 @@ def plot_validation(report: "ValidationReport", path: Optional[str] = None):
     psnr_axis.set(title=f"PSNR vs {report.reference} (identical frames at {PSNR_CEILING:.0f} dB)", xlabel="frame",
                   ylabel="dB")
     ssim_axis.set(title=f"SSIM vs {report.reference}", xlabel="frame", ylabel="SSIM")
-    for axis in (psnr_axis, ssim_axis):
+    if audio:
+        _plot_audio(report, *axes[1])
+    for axis in (axes.flatten() if audio else (psnr_axis, ssim_axis)):
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="small")
     if path is not None:

@@ -4,7 +4,9 @@ argument that was wrong from the start.
 The target must be a pipeline (not its transformer), the seeds integers, every call argument one the pipeline's
 ``__call__`` (or a modular pipeline's blocks) takes, the gates a :class:`~accelpatch.recipes.Gates`, and every
 candidate's backend and options must apply: :func:`check_candidates` applies each one as the run will, then puts
-the pipeline back. Each error names the bad value and the valid choices, with a close match where one exists.
+the pipeline back. Audio gates asked for explicitly on a pipeline that makes no sound are refused
+(:func:`check_audio_request` before the run when the pipeline declares its outputs, else after the first reference
+call). Each error names the bad value and the valid choices, with a close match where one exists.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ..errors import did_you_mean
 from ..recipes import CandidateSpec, Gates, schema_errors
 
 __all__ = ["require_pipeline", "check_seeds", "check_seed", "accepted_call_arguments", "check_call_arguments",
-           "parse_gates", "check_candidates"]
+           "parse_gates", "check_candidates", "pipeline_makes_audio", "check_audio_request", "refuse_audio_request"]
 
 
 def require_pipeline(pipe: Any, verb: str) -> None:
@@ -137,3 +139,35 @@ def check_candidates(target: Any, specs: list[CandidateSpec], switcher: Any = No
         lines = "; ".join(f"candidate {label!r}: {' '.join(str(error).split())}" for label, error in problems)
         raise ValueError(f"{len(problems)} of {len(specs)} candidate(s) cannot be applied to "
                          f"{type(target).__name__} (nothing was run): {lines}") from problems[0][1]
+
+
+def pipeline_makes_audio(pipe: Any) -> Optional[bool]:
+    """Whether ``pipe`` returns audio, when it can be known without a call: a modular pipeline from its blocks'
+    declared outputs (``audio``/``audios``: MiniMax-H3 ``t2va``); a pipeline with an ``audio_vae`` or ``vocoder``
+    component: True. Otherwise None (the first reference call tells)."""
+    outputs = getattr(getattr(pipe, "blocks", None), "outputs", None)
+    if outputs is not None:
+        names = {getattr(o, "name", None) for o in outputs}
+        return bool(names & {"audio", "audios"})
+    components = getattr(pipe, "components", None)
+    if isinstance(components, Mapping) and any(("audio" in name or "vocoder" in name) and value is not None
+                                               for name, value in components.items()):
+        return True
+    return None
+
+
+def refuse_audio_request(pipe: Any, gates: Gates, when: str) -> None:
+    """Raise the ValueError for audio gates asked of a pipeline that returns no audio (``when``: how we know)."""
+    raise ValueError(f"gates ask for audio gates ({gates.describe_audio_request()}), but {type(pipe).__name__} "
+                     f"returned no audio ({when}): audio gates need a pipeline that makes sound (MiniMax-H3); drop "
+                     f"them for a video-only pipeline (leave audio: auto, the default, to gate audio only when there "
+                     f"is some)")
+
+
+def check_audio_request(pipe: Any, gates: Gates) -> None:
+    """Refuse, before any call, audio gates asked for explicitly (:attr:`Gates.audio_required`) on a pipeline
+    whose declared outputs hold no audio. A pipeline that declares nothing is checked on its first reference call
+    (:func:`refuse_audio_request`)."""
+    if gates.audio_required and pipeline_makes_audio(pipe) is False:
+        refuse_audio_request(pipe, gates, "its blocks declare the outputs "
+                             + ", ".join(sorted(o.name for o in pipe.blocks.outputs)))

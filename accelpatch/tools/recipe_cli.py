@@ -28,7 +28,9 @@ def _recipe_argument(parser: argparse.ArgumentParser) -> None:
 def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     _recipe_argument(parser)
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the recipe's seeds")
-    parser.add_argument("--plot", metavar="OUT.png", default=None, help="PSNR/SSIM per frame per candidate (PNG)")
+    parser.add_argument("--plot", metavar="OUT.png", default=None,
+                        help="PSNR/SSIM per frame per candidate, and audio SNR/correlation per second when the "
+                             "pipeline returns audio (PNG)")
     parser.add_argument("--frames", metavar="OUT.png", default=None,
                         help="worst frame of each candidate: reference | candidate | difference (PNG)")
 
