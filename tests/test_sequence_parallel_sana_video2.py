@@ -137,8 +137,10 @@ SCRIPT = textwrap.dedent("""
         out["whole_timesteps"] = run("ti2v", world, build, ti2v, whole_timesteps=True)
         out["pipeline"] = run("pipeline", world, lambda: tiny_sana_video2_pipeline(
                                   transformer_config={**SANA_VIDEO2_TINY_CONFIG, **config}),
-                              lambda model: sana_video2_pipeline_call_kwargs(seed=rank), pipeline=True)
-        # (seeded per rank on purpose: the pipeline denoises rank 0's noise on every rank)
+                              lambda model: dict(sana_video2_pipeline_call_kwargs(seed=rank), decode_on_every_rank=True),
+                              pipeline=True)
+        # (seeded per rank on purpose: the pipeline denoises rank 0's noise on every rank; every rank decodes here,
+        # to compare them all: by default only the first does, tested in test_cfg_parallel.py)
         model = build()
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
         with torch.no_grad():

@@ -31,6 +31,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 from transformers import Gemma2PreTrainedModel, GemmaTokenizer, GemmaTokenizerFast
 
+from ...parallel.ranks import deciding_ranks
 from .transformer import SanaVideo2Transformer3DModel
 
 # -- release defaults (sources in SanaVideo2Pipeline's docstring) ---------------------------------------------------
@@ -74,7 +75,8 @@ class SanaVideo2PipelineOutput(BaseOutput):
     Args:
         frames (`torch.Tensor`, `np.ndarray` or `list[list[PIL.Image.Image]]`): the videos: ``"pt"`` gives
             ``(batch, frames, 3, height, width)`` in [0, 1], ``"np"`` ``(batch, frames, height, width, 3)``, ``"pil"``
-            one list of frames per video, ``"latent"`` the final latents ``(batch, C, latent frames, h, w)``.
+            one list of frames per video, ``"latent"`` the final latents ``(batch, C, latent frames, h, w)``. None on
+            every rank but the first when the transformer is split over several processes (the first decodes).
     """
 
     frames: Union[torch.Tensor, np.ndarray, list[list[PIL.Image.Image]]]
@@ -104,8 +106,8 @@ def _vae_strides(vae: Any) -> tuple[int, int]:
 
 
 def _from_first_rank(latents: torch.Tensor, shards: Any) -> torch.Tensor:
-    """``latents`` as the sequence group's first rank has them (every rank must denoise the same noise: each holds
-    a share of its tokens). Unsplit: as given."""
+    """``latents`` as the first of the ranks the transformer is split over has them (every rank must denoise the
+    same noise: each holds a share of its tokens, or one CFG branch). Unsplit: as given."""
     if shards is None or shards.world == 1:
         return latents
     import torch.distributed as dist
@@ -177,9 +179,11 @@ class SanaVideo2Pipeline(DiffusionPipeline):
     Image-to-video (the release's LTX Euler path with a clean first frame) is not implemented.
 
     **Several processes.** With the transformer split over ranks (``pipe.transformer.enable_parallelism(config=
-    ContextParallelConfig(ulysses_degree=N))`` under ``torchrun``), every rank runs the whole call and returns the
-    whole, identical output (diffusers' convention: decode on every rank, save on rank 0 only). The initial noise is
-    rank 0's, sent to the others, so ranks seeded differently (or not at all) still denoise one video.
+    ContextParallelConfig(ulysses_degree=N))`` under ``torchrun``, or ``accelpatch.enable_cfg_parallel(pipe)``),
+    every rank runs the whole call, and only the first rank decodes: the others return ``frames=None`` (the VAE
+    would repeat the same decode on every GPU), unless ``decode_on_every_rank=True``; ``output_type="latent"``
+    returns the latents everywhere. The initial noise is the first rank's, sent to the others, so ranks seeded
+    differently (or not at all) still denoise one video.
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vae"
@@ -468,6 +472,7 @@ class SanaVideo2Pipeline(DiffusionPipeline):
         complex_human_instruction: Optional[Sequence[str]] = RELEASE_CHI_PROMPT,
         motion_score: Optional[int] = RELEASE_MOTION_SCORE,
         high_motion: bool = False,
+        decode_on_every_rank: bool = False,
     ) -> Union[SanaVideo2PipelineOutput, tuple]:
         r"""Generate videos.
 
@@ -499,9 +504,12 @@ class SanaVideo2Pipeline(DiffusionPipeline):
                 turns it off.
             motion_score, high_motion: the motion text appended to positive prompts (:func:`motion_prompt_suffix`;
                 release: 20); None appends nothing.
+            decode_on_every_rank: with the transformer split over several processes, decode on every rank too
+                (default: only on the first, the others return ``frames=None``).
 
         Returns:
-            :class:`SanaVideo2PipelineOutput` with ``frames``, or ``(frames,)`` when ``return_dict`` is False.
+            :class:`SanaVideo2PipelineOutput` with ``frames``, or ``(frames,)`` when ``return_dict`` is False
+            (``frames`` is None on a split transformer's other ranks: see ``decode_on_every_rank``).
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
@@ -542,7 +550,8 @@ class SanaVideo2Pipeline(DiffusionPipeline):
         latent_channels = self.transformer.config.in_channels
         latents = self.prepare_latents(batch_size, latent_channels, height, width, frames, torch.float32, device,
                                        generator, latents)
-        latents = _from_first_rank(latents, getattr(self.transformer, "sequence_split", lambda: None)())
+        split = deciding_ranks(self.transformer)
+        latents = _from_first_rank(latents, split)
         accepts_generator = "generator" in inspect.signature(self.scheduler.step).parameters
         step_kwargs = {"generator": generator} if accepts_generator else {}
 
@@ -582,6 +591,8 @@ class SanaVideo2Pipeline(DiffusionPipeline):
         # 4. decode
         if output_type == "latent":
             video = latents
+        elif split is not None and split.rank != 0 and not decode_on_every_rank:
+            video = None  # the first rank decodes the video all the ranks denoised
         else:
             video = self.video_processor.postprocess_video(self.decode_latents(latents), output_type=output_type)
         self.maybe_free_model_hooks()
