@@ -177,3 +177,22 @@ def test_bad_dense_rows_are_refused_before_any_module_is_touched(value, match):
     assert all(type(m).__name__ == "MiniMaxH3Attention" for n, m in model.named_modules() if n.endswith(".attn"))
     with pytest.raises(TypeError, match=r"did you mean 'dense_row' → 'dense_rows'"):
         accelpatch.SolAttnConfig(dense_row="none")
+
+
+def test_a_recipe_with_a_yaml_boolean_dense_rows_is_refused_with_the_fix():
+    import yaml
+
+    from accelpatch.recipes import load_recipe
+
+    recipe = load_recipe({"name": "rows", "model": "tiny:minimax-h3", "backend": "sol_attn",
+                          "options": yaml.safe_load("{dense_steps: 0, dense_rows: false}")})
+    model = tiny_minimax_h3_transformer()
+    with pytest.raises(ValueError, match=r"dense_rows must be one of 'text_audio', 'none' .*got False .*in YAML"):
+        accelpatch.apply(model, recipe=recipe)
+    assert not hasattr(model, "_accelpatch_state")
+    accelpatch.apply(model, recipe=load_recipe({**recipe.model_dump(exclude_defaults=True),
+                                                "options": {"dense_rows": "none", "dense_layers": ""}}))
+    from accelpatch.patcher import patch_of
+
+    assert patch_of(model).backend.dense_rows == "none"
+    accelpatch.remove(model)
