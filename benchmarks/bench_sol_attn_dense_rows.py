@@ -136,8 +136,8 @@ def main() -> None:
     for seed_index, seed in enumerate(args.seeds):
         a, b = scores["none"][seed_index], scores["text_audio"][seed_index]
         print(f"seed {seed}: final-second nMSE {a['last_nmse']:.3e} -> {b['last_nmse']:.3e} "
-              f"({100 * (1 - b['last_nmse'] / a['last_nmse']):.3f} % lower, {a['last_nmse'] / b['last_nmse']:.0f}x), whole-clip corr {a['corr']:.5f} -> "
-              f"{b['corr']:.5f}")
+              f"({100 * (1 - b['last_nmse'] / a['last_nmse']):.3f} % lower, {a['last_nmse'] / b['last_nmse']:.0f}x), "
+              f"whole-clip corr {a['corr']:.5f} -> {b['corr']:.5f}")
 
     candidates = ["exact"] + [dict(name=f"sol_attn dense_rows={v}", tier="high", backend="sol_attn",
                                    options=dict(dense_rows=v, **options)) for v in VARIANTS]

@@ -9,9 +9,9 @@ the report counts them too.
 Per call, the model's pre-forward hook (accelpatch.model_hooks) captures the packed layout (the hull of the
 text/audio rows becomes the always-exact key sink, and with ``dense_rows="text_audio"``, the default, their query
 rows are recomputed with dense attention over every key, as in the prior art for such models: only video query rows
-are sparse; text/audio rows that are not one contiguous range are gathered, counted as a note) and the step (accelpatch.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means
-clean). Dense steps and dense layers, and every call that does not fit the sparse path, run the original processor
-unchanged. The op has a backward, so training through the sparse path works (gradients of the sparse function).
+are sparse; text/audio rows that are not one contiguous range are gathered, counted as a note) and the step
+(accelpatch.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means clean). Dense steps and
+dense layers, and every call that does not fit the sparse path, run the original processor unchanged. The op has a backward, so training through the sparse path works (gradients of the sparse function).
 """
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ REFINER_DENSE = "text-only token refiner stays dense"
 LAYOUT_IN_COMPILED_REGION = ("the packed layout (the text/audio sink and dense rows) cannot be read inside a "
                              "compiled region: the call runs dense; compile the transformer blocks instead of the "
                              "whole model, or pass sink_tokens/sink_start with dense_rows='none'")
-NO_LAYOUT_ROWS = ("dense_rows='text_audio': no packed layout is known for this call (no token_tags reached the "
-                  "model's forward), so every query row ran sparse; call the model with token_tags, or set "
-                  "dense_rows='none' to say so")
+NO_LAYOUT_ROWS = ("dense_rows='text_audio': no packed layout fits this call (no token_tags reached the model's "
+                  "forward, or they describe another sequence length), so every query row ran sparse; call the model "
+                  "with token_tags, or set dense_rows='none' to say so")
 GATHERED_ROWS = ("dense_rows='text_audio': the text/audio rows are not one contiguous range, so they were gathered "
                  "and recomputed densely (exact); the sink covers their hull, video rows inside it included")
 #: the prior art's dense layers for MiniMax-H3 (sol_attn.md §3): ``SolAttnConfig(dense_layers=None)`` means these
