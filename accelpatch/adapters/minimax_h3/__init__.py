@@ -11,7 +11,8 @@ text/audio rows becomes the always-exact key sink, and with ``dense_rows="text_a
 rows are recomputed with dense attention over every key, as in the prior art for such models: only video query rows
 are sparse; text/audio rows that are not one contiguous range are gathered, counted as a note) and the step
 (accelpatch.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means clean). Dense steps and
-dense layers, and every call that does not fit the sparse path, run the original processor unchanged. The op has a backward, so training through the sparse path works (gradients of the sparse function).
+dense layers, and every call that does not fit the sparse path, run the original processor unchanged. The op has a
+backward, so training through the sparse path works (gradients of the sparse function).
 """
 from __future__ import annotations
 
