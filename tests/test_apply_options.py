@@ -15,7 +15,8 @@ from accelpatch.testing import (minimax_h3_transformer_inputs, tiny_minimax_h3_t
 
 CACHE_GROUP = ("step cache (with cache='first_block' or a diffusers config): cache_threshold, cache_warmup_steps, "
                "cache_max_reuse, cache_final_steps")
-SOL_NAMES = "tau, thresh_type, dense_steps, dense_layers, sink_tokens, sink_start, kv_splits, impl, strict"
+SOL_NAMES = ("tau, thresh_type, dense_steps, dense_layers, sink_tokens, sink_start, kv_splits, impl, strict, "
+             "dense_rows")
 FACTORIES = {"sana": tiny_sana_video_transformer, "sana2": tiny_sana_video2_transformer,
              "h3": tiny_minimax_h3_transformer}
 

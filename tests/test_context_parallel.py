@@ -29,7 +29,8 @@ SCRIPT = START + textwrap.dedent("""
                     out[tier] = model(**inputs).sample
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                out["high"] = model(**inputs).sample
+                high = model(**inputs)
+                out["high"], out["high_audio"] = high.sample, high.audio_sample
         out["deprecations"] = [str(w.message) for w in caught if "torch.distributed.nn.functional" in str(w.message)]
         report = accelpatch.report(model)
         out["fast_calls"] = report.fast_calls
@@ -67,11 +68,14 @@ def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
     inputs = minimax_h3_transformer_inputs(model, num_video=1100)
     accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
     with torch.no_grad():
-        one_process = model(**inputs).sample
+        one = model(**inputs)
+        one_process, one_process_audio = one.sample, one.audio_sample
     assert ranks[0]["sites"] == ranks[1]["sites"] and ranks[0]["fusions"] == ranks[1]["fusions"]  # one path
     for out in ranks:
         assert torch.equal(out["exact"], out["unpatched"]) and torch.equal(out["lossless"], out["unpatched"])
         torch.testing.assert_close(out["high"], one_process, atol=1e-5, rtol=1e-5)
+        # the audio rows are dense (dense_rows="text_audio") on every rank as in one process: the layout holds there
+        torch.testing.assert_close(out["high_audio"], one_process_audio, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(out["high"], out["unpatched"], atol=1e-4, rtol=1e-4)  # really sparse
         assert out["fallbacks"] == {}
         sites = out["sites"]

@@ -195,7 +195,8 @@ def test_sink_rows_stay_exact_at_the_attention_level(model):
 
 def test_layout_hull_covers_every_non_video_row():
     tags = torch.tensor([0, 0, 1, 1, 0, 2, 2, 0, 0])
-    assert h3_adapter.layout_from_token_tags(tags) == h3_adapter.PackedLayout(9, 2, 5)
+    assert h3_adapter.layout_from_token_tags(tags) == h3_adapter.PackedLayout(9, 2, 5, rows=(2, 3, 5, 6))
+    assert h3_adapter.layout_from_token_tags(torch.tensor([0, 1, 2, 2, 0])) == h3_adapter.PackedLayout(5, 1, 3)
     assert h3_adapter.layout_from_token_tags(torch.zeros(5, dtype=torch.long)).sink_tokens == 0
 
 

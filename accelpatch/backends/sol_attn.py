@@ -3,7 +3,10 @@
 Sparse attention is approximate, so a model patched with this backend runs it at the ``high`` tier (its default
 tier becomes ``high``); ``quality("exact")``/``("lossless")`` run the original dense attention. The dense guards
 follow the integration policy of the prior art: the first ``dense_steps`` denoising steps and every layer in
-``dense_layers`` run the original processor unchanged.
+``dense_layers`` run the original processor unchanged. ``dense_rows`` says which query rows of a sparse call are
+recomputed with dense attention over all keys: ``"text_audio"`` (the default) keeps a packed model's non-video rows
+(MiniMax-H3's text and audio) exact, so that only the video query rows are sparse; ``"none"`` leaves every query row
+to Sol-Attn.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from typing import Any, Iterable, Optional, Union
 THRESH_TYPES = ("diag", "exact")
 KV_SPLITS = (1, 2, 4)
 IMPLS = ("auto", "torch", "triton", "upstream")
+#: ``dense_rows`` choices: the model's text/audio query rows dense (only video rows sparse), or no row dense
+DENSE_ROWS = ("text_audio", "none")
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
@@ -95,6 +100,13 @@ class SolAttnConfig:
     first anchor layer). ``sink_tokens``/``sink_start`` default to None: the model derives the sink per call
     (MiniMax-H3: the text/audio rows of the packed layout; SANA-Video 2.0: none, text enters by cross-attention).
     ``kv_splits="auto"`` picks 4 on SM 9.0 for T ≥ 65,536, else 1.
+
+    ``dense_rows="text_audio"`` (default) recomputes the text and audio query rows of MiniMax-H3's packed sequence
+    with the model's dense attention over every key, so only video query rows are sparse: the prior art found that
+    restricting sparse attention to the video rows cut the final-second audio nMSE by 87.7-97.4 % and raised the
+    audio correlation from 0.57 to 0.82, for a dense pass over those rows only. ``"none"``: every query row runs
+    Sol-Attn (the text/audio keys stay the exact sink). Models without such rows (SANA-Video 2.0's anchors) are
+    unaffected by either value.
     """
 
     tau: float = 1.0
@@ -106,6 +118,7 @@ class SolAttnConfig:
     kv_splits: Union[str, int] = "auto"
     impl: str = "auto"
     strict: bool = False
+    dense_rows: str = "text_audio"
 
     name = "sol_attn"
 
@@ -130,6 +143,11 @@ class SolAttnConfig:
             raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
         if not isinstance(self.strict, bool):
             raise ValueError(f"strict must be True or False, got {self.strict!r}")
+        if not isinstance(self.dense_rows, str) or self.dense_rows not in DENSE_ROWS:
+            hint = " (a string: in YAML write dense_rows: none or dense_rows: text_audio)" if isinstance(
+                self.dense_rows, bool) or self.dense_rows is None else ""
+            raise ValueError(f"dense_rows must be one of {', '.join(map(repr, DENSE_ROWS))} (text/audio query rows "
+                             f"dense, or none), got {self.dense_rows!r}{hint}")
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -6,7 +6,8 @@ attention core (:meth:`SolAttnFastPath.prepare`: q, k, v and what to do with the
 derives itself). Everything else is here, in this order: the dense policy (the first ``dense_steps`` steps by the
 step clock, an unknown step declining; the layers in ``dense_layers``), the processor it restates, context
 parallelism, float activations, a configured sink inside the sequence; then the op with per-call exact-fraction
-statistics and ``impl="upstream"`` notes, and the dense recomputation of the sink's own query rows.
+statistics and ``impl="upstream"`` notes, and the dense recomputation of the query rows the model names
+(``dense_rows="text_audio"``: MiniMax-H3's text and audio rows), counted as the ``sparse_row_fraction``.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ ULYSSES_ONLY = ("context parallelism with ring attention (ring_degree > 1) split
 class SparseCall:
     """One call's attention, split around its core: q, k, v [B, T, H, D]; ``finish`` maps the core's output
     [B, T, H, D] to the module's output. A model may bring its own sink (``sink_tokens``/``sink_start``) and the
-    query rows to recompute densely (``dense_rows``, with ``dense_attention(q_rows, k, v)``: the model's own dense
-    attention call)."""
+    query rows to recompute densely over every key (``dense_rows``: a slice of rows, or the sorted row indices when
+    they are not one contiguous range; with ``dense_attention(q_rows, k, v)``: the model's own dense attention
+    call)."""
 
     query: torch.Tensor
     key: torch.Tensor
@@ -42,7 +44,7 @@ class SparseCall:
     finish: Callable[[torch.Tensor], torch.Tensor]
     sink_tokens: int = 0
     sink_start: Optional[int] = None
-    dense_rows: Optional[slice] = None
+    dense_rows: Optional[Union[slice, tuple]] = None
     dense_attention: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = None
     dense_backend: object = None
 
@@ -70,7 +72,9 @@ class SolAttnFastPath(FastPath):
     """Sol-Attn with the ``sol_attn`` backend's policy in front; subclasses implement :meth:`prepare`."""
 
     policy_reasons = (DENSE_STEP, DENSE_LAYER, STEP_UNKNOWN, ULYSSES_ONLY)
-    stat_names = ("exact_fraction",)
+    #: exact_fraction: of the (query block, key block) pairs the kernel routed, all query blocks; sparse_row_fraction:
+    #: of the query rows, those whose output is the sparse kernel's (the rest were recomputed densely)
+    stat_names = ("exact_fraction", "sparse_row_fraction")
 
     def keeps_reference_layer(self, site: Site) -> bool:
         return site.layer_index in site.model.backend.dense_layers
@@ -112,18 +116,19 @@ class SolAttnFastPath(FastPath):
             # Each rank trades its sequence shard of all heads for the whole sequence of its share of the heads:
             # Sol-Attn then runs per rank unchanged, over whole sequences.
             call.query, call.key, call.value = (heads_to_ranks(x, group, world) for x in (q, k, v))
-            call = self.localize(call)  # the model's own sink rows refer to the whole sequence
             finish = call.finish
             call.finish = lambda out: finish(ranks_to_heads(out, group, world))
+        call = self.localize(call, site)  # the model's own sink and dense rows refer to the whole sequence
         sink_reason = configured_sink_reason(config, call.query.shape[1])
         if sink_reason is not None:
             return Decline(sink_reason)
-        if config.sink_tokens is not None:
-            call.sink_tokens, call.sink_start, call.dense_rows = config.sink_tokens, config.sink_start, None
+        if config.sink_tokens is not None:  # a configured sink replaces the model's; its dense rows stay (dense_rows)
+            call.sink_tokens, call.sink_start = config.sink_tokens, config.sink_start
         return call.finish(sparse_attention(config, site, call))
 
-    def localize(self, call: SparseCall) -> SparseCall:
-        """Adjust a call whose q/k/v now hold whole sequences (under Ulysses) before it runs; by default as is."""
+    def localize(self, call: SparseCall, site: Site) -> SparseCall:
+        """Add the model's own sink and dense rows to a call whose q/k/v hold whole sequences (after Ulysses'
+        exchange, if any); by default as is."""
         return call
 
 
@@ -190,9 +195,17 @@ def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> tor
     if counting:
         site.counters.add_stat("exact_fraction",
                                stats.exact_pairs.detach().sum() / (stats.total_pairs * stats.exact_pairs.numel()))
+    dense = 0
     if call.dense_rows is not None:
-        # The sink's own query rows attend densely to every key, the model's way; the op's output is a fresh
-        # tensor, so it is written in place.
+        # The model's dense query rows attend to every key, the model's way (all keys, no sink or routing); the
+        # op's output is a fresh tensor, so they are written in place.
         rows = call.dense_rows
+        if not isinstance(rows, slice):
+            rows = torch.tensor(rows, dtype=torch.long, device=query.device)
         out[:, rows] = call.dense_attention(query[:, rows], key, value).to(out.dtype)
+        dense = len(range(*call.dense_rows.indices(query.shape[1]))) if isinstance(call.dense_rows, slice) \
+            else len(call.dense_rows)
+    if counting:
+        site.counters.add_stat("sparse_row_fraction",
+                               torch.tensor(1.0 - dense / query.shape[1], dtype=torch.float64))
     return out

@@ -6,11 +6,13 @@ self-attention over the packed text/audio/video sequence) also carry the Sol-Att
 above the lossless one; ``token_refiner.refiner_blocks.N.attn`` (text only) are sites that always stay dense, so
 the report counts them too.
 
-Per call, the model's pre-forward hook (accelpatch.model_hooks) captures the packed layout (the text/audio rows
-become the always-exact key sink, and their query rows are recomputed densely, as in the prior art for such
-models) and the step (accelpatch.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means
-clean). Dense steps and dense layers, and every call that does not fit the sparse path, run the original processor
-unchanged. The op has a backward, so training through the sparse path works (gradients of the sparse function).
+Per call, the model's pre-forward hook (accelpatch.model_hooks) captures the packed layout (the hull of the
+text/audio rows becomes the always-exact key sink, and with ``dense_rows="text_audio"``, the default, their query
+rows are recomputed with dense attention over every key, as in the prior art for such models: only video query rows
+are sparse; text/audio rows that are not one contiguous range are gathered, counted as a note) and the step
+(accelpatch.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means clean). Dense steps and
+dense layers, and every call that does not fit the sparse path, run the original processor unchanged. The op has a
+backward, so training through the sparse path works (gradients of the sparse function).
 """
 from __future__ import annotations
 
@@ -44,27 +46,40 @@ _SWIGLU = re.compile(r"transformer_blocks\.(\d+)\.ff\.net\.0")
 _REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 REFINER_DENSE = "text-only token refiner stays dense"
-LAYOUT_IN_COMPILED_REGION = ("the packed layout (the text/audio sink) cannot be read inside a compiled region: the "
-                             "call runs dense; compile the transformer blocks instead of the whole model, or pass "
-                             "sink_tokens/sink_start")
+LAYOUT_IN_COMPILED_REGION = ("the packed layout (the text/audio sink and dense rows) cannot be read inside a "
+                             "compiled region: the call runs dense; compile the transformer blocks instead of the "
+                             "whole model, or pass sink_tokens/sink_start with dense_rows='none'")
+NO_LAYOUT_ROWS = ("dense_rows='text_audio': no packed layout fits this call (no token_tags reached the model's "
+                  "forward, or they describe another sequence length), so every query row ran sparse; call the model "
+                  "with token_tags, or set dense_rows='none' to say so")
+GATHERED_ROWS = ("dense_rows='text_audio': the text/audio rows are not one contiguous range, so they were gathered "
+                 "and recomputed densely (exact); the sink covers their hull, video rows inside it included")
 #: the prior art's dense layers for MiniMax-H3 (sol_attn.md §3): ``SolAttnConfig(dense_layers=None)`` means these
 DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """Where the non-video (text/audio) rows of the packed sequence lie: one contiguous hull used as the sink."""
+    """Where the non-video (text/audio) rows of the packed sequence lie: one contiguous hull used as the sink, and
+    ``rows``, their sorted indices when they do not fill the hull (None when the hull is exactly those rows)."""
 
     seq_len: int
     sink_start: int
     sink_tokens: int
+    rows: Optional[tuple[int, ...]] = None
+
+    def dense_rows(self):
+        """The text/audio query rows: a slice when contiguous, else their indices (None when there are none)."""
+        if self.sink_tokens == 0:
+            return None
+        return slice(self.sink_start, self.sink_start + self.sink_tokens) if self.rows is None else self.rows
 
 
 _layout: contextvars.ContextVar[Optional[PackedLayout]] = call_context.register(
     contextvars.ContextVar("accelpatch_h3_layout", default=None))
 
 
-_LAYOUTS: dict[tuple[int, int, int], PackedLayout] = {}
+_LAYOUTS: dict[tuple, PackedLayout] = {}
 
 
 def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
@@ -74,10 +89,10 @@ def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
     seq_len = int(token_tags.shape[0])
     rows = torch.nonzero(token_tags != 0).flatten()
     if rows.numel() == 0:
-        key = (seq_len, 0, 0)
+        key = (seq_len, 0, 0, None)
     else:
         start, end = int(rows.min()), int(rows.max()) + 1
-        key = (seq_len, start, end - start)
+        key = (seq_len, start, end - start, None if rows.numel() == end - start else tuple(rows.tolist()))
     return _LAYOUTS.setdefault(key, PackedLayout(*key))
 
 
@@ -95,11 +110,11 @@ def _processor_class() -> type:
 
 
 class MiniMaxH3SolAttention(SolAttnFastPath):
-    """Sol-Attn over the packed sequence; the text/audio hull of the layout is the always-exact key sink, and its
-    query rows are recomputed densely through diffusers' dispatcher."""
+    """Sol-Attn over the packed sequence; the text/audio hull of the layout is the always-exact key sink, and with
+    ``dense_rows="text_audio"`` the text/audio query rows are recomputed densely through diffusers' dispatcher."""
 
     fusion = SOL_FUSION
-    description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink and dense queries"
+    description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink (and dense queries)"
     policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
     fused_ops = (ROTATE_HALF_PAIR,)  # through project_qkv
 
@@ -110,8 +125,10 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
         if call["attention_mask"] is not None:
             return Decline("an attention_mask was given: the sparse path covers unmasked attention only")
+        config = site.model.backend
         layout = current_layout()
-        if layout is None and torch.compiler.is_compiling() and site.model.backend.sink_tokens is None:
+        if layout is None and torch.compiler.is_compiling() and (config.sink_tokens is None
+                                                                 or config.dense_rows != "none"):
             return Decline(LAYOUT_IN_COMPILED_REGION)
         query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
 
@@ -119,21 +136,32 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
             out = out.flatten(2, 3).type_as(query)
             return attn.to_out[1](attn.to_out[0](out))
 
-        return self.localize(SparseCall(query, key, value, finish, dense_backend=attn.processor._attention_backend))
+        return SparseCall(query, key, value, finish, dense_backend=attn.processor._attention_backend)
 
-    def localize(self, call: SparseCall) -> SparseCall:
-        """The layout's text/audio hull as the sink and its query rows recomputed densely, once q/k/v cover the
-        whole packed sequence (at once, or after Ulysses' exchange)."""
+    def localize(self, call: SparseCall, site: Site) -> SparseCall:
+        """The layout's text/audio hull as the sink and, with ``dense_rows="text_audio"``, the text/audio query rows
+        to recompute densely, once q/k/v cover the whole packed sequence (at once, or after Ulysses' exchange: the
+        heads are split across ranks, the rows are not, so the layout's rows hold on every rank)."""
         layout = current_layout()
-        if layout is None or layout.seq_len != call.query.shape[1] or layout.sink_tokens == 0:
+        wants_rows = site.model.backend.dense_rows == "text_audio"
+        counting = not call_context.recomputing()
+        if layout is None or layout.seq_len != call.query.shape[1]:
+            if wants_rows and counting:
+                site.counters.count_note(NO_LAYOUT_ROWS)
+            return call
+        if layout.sink_tokens == 0:
+            return call  # video rows only: nothing to keep dense, nothing to sink
+        call.sink_tokens, call.sink_start = layout.sink_tokens, layout.sink_start
+        if not wants_rows:
             return call
         from diffusers.models.transformers import transformer_minimax_h3 as h3
 
         backend = call.dense_backend
-        call.sink_tokens, call.sink_start = layout.sink_tokens, layout.sink_start
-        call.dense_rows = slice(layout.sink_start, layout.sink_start + layout.sink_tokens)
+        call.dense_rows = layout.dense_rows()
         call.dense_attention = lambda q, k, v: h3.dispatch_attention_fn(
             q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, backend=backend, parallel_config=None)
+        if layout.rows is not None and counting:
+            site.counters.count_note(GATHERED_ROWS)
         return call
 
 
