@@ -417,3 +417,65 @@ def test_cli_tune_writes_a_recipe_that_loads(tmp_path, capsys):
         main(["tune", "--recipe", str(source), "--out", str(out), "--budget", "ten minutes"])
     assert exit_info.value.code == 2
     assert "not a duration" in capsys.readouterr().err
+
+
+def test_a_winner_failing_on_held_out_seeds_falls_back_to_the_next_fastest(sana2, monkeypatch):
+    from accelpatch.tools import tune as tune_module
+
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
+    timer = FakeTimer(grid)
+    fastest = {"cache_threshold": 0.1, "cache_max_reuse": 2}
+    real = tune_module._Setup.validate
+
+    def validate(self, specs, seeds):  # the fastest setting fails on the held-out seeds only
+        report = real(self, specs, seeds)
+        for result in report.candidates:
+            if list(seeds) == [1] and all(result.spec.options[k] == v for k, v in fastest.items()):
+                result.passed, result.reasons = False, ["held-out failure made by the test"]
+        return report
+
+    monkeypatch.setattr(tune_module._Setup, "validate", validate)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=timer)
+    failed = [t for t in result.trials if t.held_out_passed is False]
+    assert [t.setting for t in failed] == [fastest] and failed[0].passed
+    assert result.winner is not None and result.winner.setting != fastest and result.winner.held_out_passed
+    others = [t for t in result.passing if t.setting != fastest]
+    assert timer.value(result.winner.spec.options) == max(timer.value(t.spec.options) for t in others)
+    assert any("failed on the held-out seeds" in note for note in result.notes)
+
+
+def test_a_deliberately_slow_winner_is_caught(sana2, monkeypatch):
+    # the check used above must fail on a tune that returns the slowest passing setting instead of the fastest
+    from accelpatch.tools import tune as tune_module
+
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
+    timer = FakeTimer(grid)
+    real = tune_module._held_out_winner
+
+    def slowest(setup, trials, held_out, notes, bar):
+        for t in trials:
+            t.speedup = -t.speedup if t.speedup is not None else None
+        winner = real(setup, trials, held_out, notes, bar)
+        for t in trials:
+            t.speedup = -t.speedup if t.speedup is not None else None
+        return winner
+
+    monkeypatch.setattr(tune_module, "_held_out_winner", slowest)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=timer)
+    with pytest.raises(AssertionError):
+        check_winner(pipe, kwargs, result, timer)
+
+
+def test_explore_finds_what_bisection_stepped_over():
+    # not monotone: knob 0 at 3 fails with knob 1 at 0, but passes with knob 1 at 2 (a cache guard that moves which
+    # steps are reused does this); bisection alone never sees (3, 2), exploring does
+    rule = lambda p: p in {(0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (3, 2)}  # noqa: E731
+    oracle = Synthetic(rule, [1.0, 1.0])
+    plain = tune_search.search((4, 3), oracle)
+    assert (3, 2) not in plain.passing
+    explored = tune_search.search((4, 3), Synthetic(rule, [1.0, 1.0]), explore=True)
+    assert (3, 2) in explored.passing
+    for point, passed in explored.results.items():
+        assert passed == rule(point)

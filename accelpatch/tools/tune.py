@@ -131,7 +131,7 @@ class _PipelineOracle:
     """The search's oracle on a real pipeline: validate in batches, bench for speed, the clock for the budget."""
 
     def __init__(self, setup: _Setup, space: SearchSpace, *, budget_s: Optional[float], clock: Callable[[], float],
-                 timer: Optional[Callable], bar: Any, orders: int) -> None:
+                 timer: Optional[Callable], bar: Any, orders: Optional[int]) -> None:
         self.setup, self.space, self.budget_s, self.clock, self.bar = setup, space, budget_s, clock, bar
         self.timer = timer
         self.start = clock()
@@ -391,7 +391,8 @@ def _check_space_values(pipe: Any, space: SearchSpace) -> None:
 def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | Mapping] = None,
          seeds: Sequence[int] = (0,), budget: Any = "30m", space: Any = None,
          held_out_seeds: Optional[Sequence[int]] = None, progress: bool = True, reference: str = "exact",
-         rounds: int = 6, warmup: int = 1, orders: int = 2, description: str = "",
+         rounds: int = 6, warmup: int = 1, orders: Optional[int] = None, explore: bool = False,
+         description: str = "",
          _timer: Optional[Callable] = None, _clock: Callable[[], float] = time.monotonic) -> TuneResult:
     """Search the settings of the patched ``pipe`` for the fastest one that passes ``gates`` on every seed.
 
@@ -400,7 +401,9 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     ``"90s"``/``"1h"`` (None: no limit); the search stops when the next batch and the end (timing everything
     tried, ``rounds`` interleaved rounds after ``warmup``, and the held-out validation) would not fit, and returns
     the best passing setting so far. ``held_out_seeds`` (default: one seed after ``seeds``) must not overlap
-    ``seeds``. ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it
+    ``seeds``. ``explore``: after the bisections, keep validating untried points (fastest predicted first) until
+    the budget ends: knobs are not always monotone on a real model (a guard that moves which steps a cache reuses).
+    ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it
     started in, also after KeyboardInterrupt or an error. ``_timer(specs) -> {name: speedup or (speedup, low,
     high)}`` and ``_clock`` replace bench and the clock (tests).
     """
@@ -421,8 +424,8 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 2:
         raise ValueError(f"rounds must be an integer >= 2 (bench needs two samples; 6 for a 95 % interval), got "
                          f"{rounds!r}")
-    if not isinstance(orders, int) or isinstance(orders, bool) or orders < 1:
-        raise ValueError(f"orders must be an integer >= 1, got {orders!r}")
+    if orders is not None and (not isinstance(orders, int) or isinstance(orders, bool) or orders < 1):
+        raise ValueError(f"orders must be None (one greedy pass per knob) or an integer >= 1, got {orders!r}")
     check_call_arguments(pipe, call_kwargs, "tune")
     space = derive_space(pipe, call_kwargs) if space is None else parse_space(pipe, space)
     switcher = PatchSwitcher(pipe)  # the state to end in, whatever happens below
@@ -437,7 +440,7 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
         _check_space_values(pipe, space)
         oracle = _PipelineOracle(setup, space, budget_s=budget_s, clock=_clock, timer=_timer, bar=bar,
                                  orders=orders)
-        log: SearchLog = search(space.sizes, oracle, orders=orders)
+        log: SearchLog = search(space.sizes, oracle, orders=orders, explore=explore)
         trials = list(oracle.trials.values())
         if trials:
             for point, speed in oracle.measure([t.point for t in trials]).items():
