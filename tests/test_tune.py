@@ -479,3 +479,32 @@ def test_explore_finds_what_bisection_stepped_over():
     assert (3, 2) in explored.passing
     for point, passed in explored.results.items():
         assert passed == rule(point)
+
+
+def test_audio_scores_are_reported_and_plotted_when_validate_has_them(tmp_path):
+    # validate's audio gates land separately: tune reads min_audio_snr/min_audio_corr with getattr, so a result
+    # that has them shows them (JSON, table, a second plot panel) and one without them works as before
+    from accelpatch.recipes import CandidateSpec, Gates
+    from accelpatch.tools.tune import Trial, TuneResult, _scores
+    from accelpatch.tools.tune_space import Knob, SearchSpace
+
+    class Result:  # a CandidateResult as it is after the audio merge
+        min_ssim, min_psnr, min_audio_snr, min_audio_corr = 0.95, 30.0, 18.5, 0.9
+
+    class Before:  # and before it
+        min_ssim, min_psnr = 0.95, 30.0
+
+    assert _scores(Result())["min_audio_snr"] == 18.5 and _scores(Before())["min_audio_snr"] is None
+    space = SearchSpace(backend="sol_attn", knobs=(Knob("tau", (0.0, 2.0), "sol_attn"),))
+    trials = [Trial(point=(i,), setting={"tau": tau}, spec=CandidateSpec(name=f"tau={tau}", backend="sol_attn",
+                                                                         options={"tau": tau}),
+                    passed=ok, min_ssim=ssim, min_psnr=30.0, min_audio_snr=snr, min_audio_corr=0.9,
+                    speedup=speed, speed_low=speed - 0.1, speed_high=speed + 0.1)
+              for i, (tau, ok, ssim, snr, speed) in enumerate([(0.0, True, 0.99, 25.0, 1.2),
+                                                               (2.0, False, 0.9, 8.0, 1.6)])]
+    result = TuneResult(winner=trials[0], trials=trials, space=space, gates=Gates(), reference="exact", seeds=[0],
+                        held_out_seeds=[1], elapsed_s=1.0, budget_s=None, stopped_by_budget=False, grid_points=2)
+    assert json.loads(result.to_json())["trials"][1]["min_audio_snr"] == 8.0
+    assert "25.0" in str(result)
+    figure = result.plot(str(tmp_path / "audio.png"))
+    assert len(figure.axes) == 2 and (tmp_path / "audio.png").stat().st_size > 0

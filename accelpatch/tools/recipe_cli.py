@@ -135,7 +135,8 @@ def run_recipes(args: argparse.Namespace) -> int:
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", required=True, metavar="R",
-                        help="the recipe to start from (its model, call, seeds, gates and patch): a name or a YAML path")
+                        help="the recipe to start from (its model, call, seeds, gates and patch): a name or a YAML "
+                             "path")
     parser.add_argument("--out", required=True, metavar="TUNED.yaml", help="write the winning setting as a recipe here")
     parser.add_argument("--budget", default="30m", help="time for the search: seconds or 90s, 30m, 1h (default 30m)")
     parser.add_argument("--space", default=None, metavar="YAML",

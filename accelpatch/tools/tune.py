@@ -297,7 +297,8 @@ class TuneResult(TextReport):
         measured = {"by": "accelpatch tune", "speedup": w.speedup, "speedup_interval": [w.speed_low, w.speed_high],
                     "versus": self.reference, "min_ssim": _finite(w.min_ssim), "min_psnr": _finite(w.min_psnr),
                     "seeds": self.seeds, "held_out_seeds": self.held_out_seeds,
-                    "held_out_min_ssim": _finite(w.held_out_min_ssim), "held_out_min_psnr": _finite(w.held_out_min_psnr),
+                    "held_out_min_ssim": _finite(w.held_out_min_ssim),
+                    "held_out_min_psnr": _finite(w.held_out_min_psnr),
                     "tried": len(self.trials), "passing": len(self.passing), "grid_points": self.grid_points,
                     "device": self.device, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         for audio in ("min_audio_snr", "min_audio_corr"):
@@ -367,7 +368,8 @@ def _plain_call(call_kwargs: Mapping[str, Any]) -> tuple[dict, list[str]]:
     plain, other = {}, []
     scalar = (str, int, float, bool, type(None))
     for key, value in call_kwargs.items():
-        if isinstance(value, scalar) or (isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value)):
+        listed = isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value)
+        if isinstance(value, scalar) or listed:
             plain[key] = list(value) if isinstance(value, tuple) else value
         else:
             other.append(key)
