@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
     "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "load_pipeline", "Recipe",
-    "Candidate",
+    "Candidate", "tune", "TuneResult",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
     "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts",
@@ -42,6 +42,7 @@ _LAZY = {
     # the instruments import torch-heavy modules only when used
     "validate": "accelpatch.tools.validate",
     "bench": "accelpatch.tools.bench",
+    "tune": "accelpatch.tools.tune", "TuneResult": "accelpatch.tools.tune",
     "load_recipe": "accelpatch.recipes",
     "load_pipeline": "accelpatch.tools.pipelines",
     "Recipe": "accelpatch.recipes",

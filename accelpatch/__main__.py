@@ -1,5 +1,5 @@
-"""The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``recipes`` and
-``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
+"""The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``tune --recipe R --out F``,
+``recipes`` and ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_cli.add_bench_arguments(bench_parser)
     bench_parser.set_defaults(check=lambda args: recipe_cli.check_outputs(args, bench_parser),
                               run=recipe_cli.run_bench)
+    tune_parser = commands.add_parser(
+        "tune", help="search a recipe's knobs for the fastest setting that passes its gates; write it as a recipe",
+        description="Search the knobs of the recipe's patch (step cache, sol_attn, SANA-Video 2.0 anchors) for the "
+                    "fastest setting that passes every gate on every seed (validate for quality, bench for speed), "
+                    "check it on held-out seeds and write it to --out as a recipe. Exit code 1 when nothing passes.")
+    recipe_cli.add_tune_arguments(tune_parser)
+    tune_parser.set_defaults(check=lambda args: recipe_cli.check_tune_arguments(args, tune_parser),
+                             run=recipe_cli.run_tune)
     recipes_parser = commands.add_parser("recipes", help="list the known recipes",
                                          description="List the known recipes: $ACCELPATCH_RECIPES folders, "
                                          "./recipes, then the ones shipped with accelpatch.")

@@ -179,6 +179,9 @@ class Recipe(_Strict):
     candidates: Optional[list[CandidateSpec]] = None
     gates: Gates = Field(default_factory=Gates)
     bench: BenchSettings = Field(default_factory=BenchSettings)
+    #: what ``accelpatch tune`` measured for this setting (speed-up and interval, worst-case quality, seeds, device):
+    #: a record for people, read by nothing
+    measured: Optional[dict[str, Any]] = Field(None, description="written by accelpatch tune; informational")
 
     @field_validator("tier", "reference")
     @classmethod

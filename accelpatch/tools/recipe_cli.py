@@ -131,3 +131,91 @@ def run_recipes(args: argparse.Namespace) -> int:
         recipe = load_recipe(path)
         print(f"{name:<34} {recipe.model:<48} {recipe.description}")
     return 0
+
+
+# --- tune (its own block: the validate/bench code above is shared with other commands) --------------------------
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", required=True, metavar="R",
+                        help="the recipe to start from (its model, call, seeds, gates and patch): a name or a YAML "
+                             "path")
+    parser.add_argument("--out", required=True, metavar="TUNED.yaml", help="write the winning setting as a recipe here")
+    parser.add_argument("--budget", default="30m", help="time for the search: seconds or 90s, 30m, 1h (default 30m)")
+    parser.add_argument("--space", default=None, metavar="YAML",
+                        help="knobs to search, inline YAML/JSON: '{tau: [0.5, 1, 2], dense_steps: [4, 0]}' "
+                             "(default: the knobs of the recipe's patch)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="search seeds (default: the recipe's)")
+    parser.add_argument("--held-out-seeds", type=int, nargs="+", default=None,
+                        help="seeds the winner must also pass (default: one after the search seeds)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed interleaved rounds (default: the recipe's)")
+    parser.add_argument("--device", default=None, help="override the recipe's device (auto, cpu, cuda, cuda:N)")
+    parser.add_argument("--json", metavar="OUT", nargs="?", const="-", default=None,
+                        help="the result as JSON: to OUT, or alone on stdout with a bare --json")
+    parser.add_argument("--plot", metavar="OUT.png", default=None, help="speed against worst quality (PNG)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def check_tune_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Usage errors before anything is built: the budget, the space, and every output path (as check_outputs)."""
+    from .tune_space import parse_budget
+
+    problems = []
+    try:
+        parse_budget(args.budget)
+    except ValueError as error:
+        problems.append(f"--budget: {error}")
+    if args.space is not None:
+        import yaml
+
+        try:
+            args.space = yaml.safe_load(args.space)
+        except yaml.YAMLError as error:
+            problems.append(f"--space is not valid YAML/JSON: {' '.join(str(error).split())}")
+        else:
+            if not isinstance(args.space, dict):
+                problems.append(f"--space must be a mapping of knob to values, got {args.space!r}")
+    for option, path in (("json", None if args.json == "-" else args.json), ("plot", args.plot)):
+        problem = None if path is None else output_problem(option, path)
+        if problem:
+            problems.append(problem)
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        problems.append(f"--out {args.out}: is a folder; give a file name")
+    elif not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        problems.append(f"--out {args.out}: folder {str(out.parent)!r} does not exist or is not writable")
+    if problems:
+        parser.exit(2, f"{parser.prog}: error: {problems[0]}\n")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Tune from a recipe: patch the pipeline as the recipe says, search, write ``--out`` when a setting passed
+    (exit 0), else exit 1 with the closest failing settings."""
+    import sys
+    import warnings
+
+    import accelpatch
+
+    from .tune import tune
+
+    recipe, loaded = _load(args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # apply-time notes (a fast path that cannot run here) are in the report
+        accelpatch.apply(loaded.pipe, **recipe.apply_arguments())
+    result = tune(loaded.pipe, loaded.call_kwargs, gates=recipe.gates, seeds=args.seeds or recipe.seeds,
+                  held_out_seeds=args.held_out_seeds, budget=args.budget, space=args.space,
+                  reference=recipe.reference, rounds=args.rounds if args.rounds is not None else recipe.bench.rounds,
+                  warmup=recipe.bench.warmup, progress=not args.no_progress,
+                  description=f"recipe {recipe.name}: {loaded.description}")
+    if args.json == "-":
+        print(result.to_json())
+    else:
+        print(result)
+        if args.json:
+            result.to_json(args.json)
+    if args.plot:
+        result.plot(args.plot)
+    if not result.passed:
+        return 1
+    result.save_recipe(args.out, template=recipe)
+    print(f"wrote {args.out}", file=sys.stderr if args.json == "-" else sys.stdout)
+    return 0

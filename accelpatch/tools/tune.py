@@ -1,0 +1,505 @@
+"""``accelpatch.tune``: the fastest setting of a patched pipeline that passes every gate on every seed.
+
+The knobs come from what the pipeline is patched with (:mod:`accelpatch.tools.tune_space`), the search from
+:mod:`accelpatch.tools.tune_search` (bisection on monotone knobs, then a greedy combination). Quality verdicts are
+:func:`accelpatch.validate`'s (several candidates per call share its reference runs), speed is
+:func:`accelpatch.bench`'s (interleaved rounds, a ratio interval against the reference). Everything tried is timed
+together at the end; the fastest passing setting is validated again on held-out seeds before it is returned (if it
+fails there, the next fastest is, and the result says so). An impossible gate returns no winner and the failing
+settings closest to passing. The pipeline ends in the patch state it started in, also after an interrupt or an
+error.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ..recipes import CandidateSpec, Gates, Recipe
+from ._report_text import TextReport, format_table
+from .tune_search import Point, SearchLog, search
+from .tune_space import SearchSpace, derive_space, parse_budget, parse_space
+
+__all__ = ["tune", "TuneResult", "Trial", "NoPassingSetting"]
+
+REFERENCE_NAME = "reference"
+
+
+class NoPassingSetting(ValueError):
+    """``save_recipe`` on a result without a winner: no setting passed every gate (on the held-out seeds too)."""
+
+
+def _finite(value: Optional[float]) -> Optional[float]:
+    return value if value is not None and math.isfinite(value) else None
+
+
+@dataclass
+class Trial:
+    """One validated setting: its knob values, verdict, worst-case quality, and speed against the reference."""
+
+    point: Point
+    setting: dict
+    spec: CandidateSpec
+    passed: bool
+    min_ssim: Optional[float] = None
+    min_psnr: Optional[float] = None
+    min_audio_snr: Optional[float] = None
+    min_audio_corr: Optional[float] = None
+    reasons: list[str] = field(default_factory=list)
+    error: Optional[str] = None
+    speedup: Optional[float] = None
+    speed_low: Optional[float] = None
+    speed_high: Optional[float] = None
+    held_out_passed: Optional[bool] = None
+    held_out_min_ssim: Optional[float] = None
+    held_out_min_psnr: Optional[float] = None
+    held_out_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.spec.name or self.spec.label
+
+    def speed_text(self) -> str:
+        if self.speedup is None:
+            return "-"
+        if self.speed_low is None or self.speed_high is None:
+            return f"{self.speedup:.2f}x (interval: too few rounds)"
+        return f"{self.speedup:.2f}x ({self.speed_low:.2f}-{self.speed_high:.2f})"
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "setting": self.setting, "spec": self.spec.model_dump(), "passed": self.passed,
+                "min_ssim": _finite(self.min_ssim), "min_psnr": _finite(self.min_psnr),
+                "min_audio_snr": _finite(self.min_audio_snr), "min_audio_corr": _finite(self.min_audio_corr),
+                "reasons": self.reasons, "error": self.error, "speedup": self.speedup,
+                "speedup_interval": [_finite(self.speed_low), _finite(self.speed_high)],
+                "held_out_passed": self.held_out_passed, "held_out_min_ssim": _finite(self.held_out_min_ssim),
+                "held_out_min_psnr": _finite(self.held_out_min_psnr), "held_out_reasons": self.held_out_reasons}
+
+
+def _short_label(setting: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in setting.items())
+
+
+def _scores(result: Any) -> dict:
+    """The worst-case scores of one validate CandidateResult (audio ones where validate measures audio)."""
+    return {"min_ssim": result.min_ssim, "min_psnr": result.min_psnr,
+            "min_audio_snr": getattr(result, "min_audio_snr", None),
+            "min_audio_corr": getattr(result, "min_audio_corr", None)}
+
+
+@dataclass
+class _Setup:
+    """What every validate/bench call of one tune shares."""
+
+    pipe: Any
+    call_kwargs: Mapping[str, Any]
+    gates: Gates
+    seeds: list[int]
+    reference: str
+    rounds: int
+    warmup: int
+
+    def validate(self, specs: list[CandidateSpec], seeds: Sequence[int]):
+        """One validate call for ``specs`` (they share its reference runs). When validate can take precomputed
+        references, pass ``references=`` here: the only line that changes."""
+        from .validate import validate
+
+        return validate(self.pipe, self.call_kwargs, specs, reference=self.reference, seeds=list(seeds),
+                        gates=self.gates, progress=False)
+
+    def bench(self, specs: list[CandidateSpec]) -> dict[str, tuple[float, Optional[float], Optional[float]]]:
+        """Speed-up of each spec over the reference (median of interleaved rounds, 95 % interval)."""
+        from .bench import bench
+
+        reference = CandidateSpec(name=REFERENCE_NAME, tier=self.reference)
+        report = bench(self.pipe, self.call_kwargs, [reference, *specs], baseline=REFERENCE_NAME,
+                       rounds=self.rounds, warmup=self.warmup, seed=self.seeds[0], progress=False)
+        return {c.label: (c.vs_baseline.speedup, _finite(c.vs_baseline.low), _finite(c.vs_baseline.high))
+                for c in report.candidates if c.vs_baseline is not None}
+
+
+def _as_speed(value: Any) -> tuple[float, Optional[float], Optional[float]]:
+    if isinstance(value, (int, float)):
+        return float(value), None, None
+    speedup, low, high = value
+    return float(speedup), _finite(low), _finite(high)
+
+
+class _PipelineOracle:
+    """The search's oracle on a real pipeline: validate in batches, bench for speed, the clock for the budget."""
+
+    def __init__(self, setup: _Setup, space: SearchSpace, *, budget_s: Optional[float], clock: Callable[[], float],
+                 timer: Optional[Callable], bar: Any, orders: Optional[int]) -> None:
+        self.setup, self.space, self.budget_s, self.clock, self.bar = setup, space, budget_s, clock, bar
+        self.timer = timer
+        self.start = clock()
+        self.trials: dict[Point, Trial] = {}
+        self.run_seconds: list[float] = []  # seconds per pipeline call, from the validate calls so far
+        self.orders = orders
+
+    # -- quality ------------------------------------------------------------------------------------------------
+    def spec(self, point: Point) -> CandidateSpec:
+        setting = self.space.setting(point)
+        return self.space.spec(point).model_copy(update={"name": _short_label(setting)})
+
+    def passes(self, points: list[Point]) -> dict[Point, bool]:
+        specs = [self.spec(p) for p in points]
+        more = f" (+{len(specs) - 1} more)" if len(specs) > 1 else ""
+        self.bar.set_postfix_str(f"validate {specs[0].name}{more}")
+        began = self.clock()
+        try:
+            results = self.setup.validate(specs, self.setup.seeds).candidates
+        except Exception as error:  # noqa: BLE001 - a candidate that raises fails; KeyboardInterrupt propagates
+            results = self._one_by_one(specs, error)
+        calls = len(self.setup.seeds) * (2 + len(specs))
+        self.run_seconds.append((self.clock() - began) / calls)
+        for point, spec, result in zip(points, specs, results):
+            trial = Trial(point=point, setting=self.space.setting(point), spec=spec, passed=False)
+            if isinstance(result, BaseException):
+                trial.error = f"{type(result).__name__}: {' '.join(str(result).split())}"
+                trial.reasons = [f"raised {trial.error}"]
+            else:
+                trial.passed = bool(result.passed)
+                trial.reasons = list(result.reasons)
+                for name, value in _scores(result).items():
+                    setattr(trial, name, value)
+            self.trials[point] = trial
+        self.bar.update(len(points))
+        return {p: self.trials[p].passed for p in points}
+
+    def _one_by_one(self, specs: list[CandidateSpec], error: Exception) -> list:
+        """A batch raised: validate each candidate alone, so one that raises fails without sinking the others;
+        when every one raises (the reference or the call itself is broken), the error propagates."""
+        if len(specs) == 1:
+            return [error]
+        results, errors = [], 0
+        for spec in specs:
+            try:
+                results.append(self.setup.validate([spec], self.setup.seeds).candidates[0])
+            except Exception as one:  # noqa: BLE001
+                results.append(one)
+                errors += 1
+        if errors == len(specs):
+            raise error
+        return results
+
+    # -- speed ----------------------------------------------------------------------------------------------------
+    def measure(self, points: list[Point]) -> dict[Point, tuple[float, Optional[float], Optional[float]]]:
+        specs = [self.trials[p].spec if p in self.trials else self.spec(p) for p in points]
+        self.bar.set_postfix_str(f"bench {len(specs)} setting(s) against the reference")
+        raw = self.timer(specs) if self.timer is not None else self.setup.bench(specs)
+        return {p: _as_speed(raw[s.name]) for p, s in zip(points, specs)}
+
+    def speed(self, points: list[Point]) -> dict[Point, float]:
+        return {p: s[0] for p, s in self.measure(points).items()}
+
+    # -- budget ---------------------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def reserve(self) -> float:
+        """Seconds the end needs after the search (timing everything tried, the held-out validation), estimated
+        from the calls so far."""
+        per_call = sum(self.run_seconds) / len(self.run_seconds) if self.run_seconds else 0.0
+        timing = 0.0 if self.timer is not None else (self.setup.rounds + self.setup.warmup) * (len(self.trials) + 2)
+        return per_call * (timing + 3 * max(1, len(self.setup.seeds)))
+
+    def out_of_budget(self) -> bool:
+        if self.budget_s is None:
+            return False
+        per_call = sum(self.run_seconds) / len(self.run_seconds) if self.run_seconds else 0.0
+        next_batch = per_call * len(self.setup.seeds) * (2 + len(self.space.knobs))
+        return self.elapsed() + next_batch + self.reserve() > self.budget_s
+
+
+@dataclass(repr=False)  # repr is the table (TextReport)
+class TuneResult(TextReport):
+    """The result of :func:`tune`: ``winner`` (None when nothing passed), every ``trials`` entry, ``to_dict()``/
+    ``to_json()``, ``save_recipe(path)`` and ``plot(path)`` (speed against worst quality)."""
+
+    winner: Optional[Trial]
+    trials: list[Trial]
+    space: SearchSpace
+    gates: Gates
+    reference: str
+    seeds: list[int]
+    held_out_seeds: list[int]
+    elapsed_s: float
+    budget_s: Optional[float]
+    stopped_by_budget: bool
+    grid_points: int
+    notes: list[str] = field(default_factory=list)
+    call: dict = field(default_factory=dict)
+    model: Optional[str] = None
+    dtype: Optional[str] = None
+    device: Optional[str] = None
+    description: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.winner is not None
+
+    @property
+    def passing(self) -> list[Trial]:
+        return [t for t in self.trials if t.passed]
+
+    @property
+    def best_failing(self) -> list[Trial]:
+        """The failing settings closest to passing (highest worst SSIM, then PSNR), at most three."""
+        failing = [t for t in self.trials if not t.passed and t.error is None]
+        key = lambda t: (t.min_ssim if t.min_ssim is not None else -1.0,  # noqa: E731
+                         t.min_psnr if t.min_psnr is not None else -1.0)
+        return sorted(failing, key=key, reverse=True)[:3]
+
+    def to_dict(self) -> dict:
+        return {"kind": "accelpatch.tune", "version": 1, "description": self.description, "passed": self.passed,
+                "winner": None if self.winner is None else self.winner.to_dict(), "reference": self.reference,
+                "seeds": self.seeds, "held_out_seeds": self.held_out_seeds, "gates": self.gates.model_dump(),
+                "space": self.space.to_dict(), "grid_points": self.grid_points, "tried": len(self.trials),
+                "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "stopped_by_budget": self.stopped_by_budget,
+                "notes": self.notes, "trials": [t.to_dict() for t in self.trials],
+                "best_failing": [t.label for t in self.best_failing] if self.winner is None else []}
+
+    def __str__(self) -> str:
+        knobs = ", ".join(f"{k.name} {list(k.values)}" for k in self.space.knobs)
+        head = (f"accelpatch tune: {self.description or 'pipeline'}; {len(self.trials)} of {self.grid_points} grid "
+                f"points validated on seeds {self.seeds} in {self.elapsed_s:.1f} s"
+                + (f" (budget {self.budget_s:.0f} s{', reached' if self.stopped_by_budget else ''})"
+                   if self.budget_s is not None else ""))
+        rows = [("setting", "verdict", "min SSIM", "min PSNR", "audio SNR", "speed vs reference", "held out")]
+        for t in sorted(self.trials, key=lambda t: -(t.speedup or 0.0)):
+            held = "-" if t.held_out_passed is None else ("PASS" if t.held_out_passed else "FAIL")
+            rows.append((t.label + (" *" if t is self.winner else ""), "PASS" if t.passed else "FAIL",
+                         "-" if t.min_ssim is None else f"{t.min_ssim:.4f}",
+                         "-" if t.min_psnr is None else ("inf" if t.min_psnr == math.inf else f"{t.min_psnr:.2f}"),
+                         "-" if t.min_audio_snr is None else f"{t.min_audio_snr:.1f}", t.speed_text(), held))
+        lines = [head, f"  knobs (safe → fast): {knobs}"] + format_table(rows)
+        lines += [f"  note: {note}" for note in self.notes]
+        if self.winner is not None:
+            lines.append(f"winner: {self.winner.label} ({self.winner.speed_text()} vs {self.reference})")
+        else:
+            closest = ", ".join(t.label for t in self.best_failing) or "none"
+            lines.append(f"no passing setting; closest failing: {closest}")
+        return "\n".join(lines)
+
+    def recipe(self, *, template: Optional[Recipe] = None, name: Optional[str] = None,
+               model: Optional[str] = None) -> Recipe:
+        """The winner as a :class:`Recipe`: ``template`` (the recipe tune ran from) gives the model, call and the
+        rest; else ``model``, the pipeline's own name, and the call arguments that fit a YAML file. Raises
+        :class:`NoPassingSetting` without a winner."""
+        if self.winner is None:
+            raise NoPassingSetting("tune found no passing setting, so there is no recipe to write; closest failing: "
+                                   + (", ".join(t.label for t in self.best_failing) or "none")
+                                   + " (loosen the gates, or widen the space towards safer values)")
+        w = self.winner
+        measured = {"by": "accelpatch tune", "speedup": w.speedup, "speedup_interval": [w.speed_low, w.speed_high],
+                    "versus": self.reference, "min_ssim": _finite(w.min_ssim), "min_psnr": _finite(w.min_psnr),
+                    "seeds": self.seeds, "held_out_seeds": self.held_out_seeds,
+                    "held_out_min_ssim": _finite(w.held_out_min_ssim),
+                    "held_out_min_psnr": _finite(w.held_out_min_psnr),
+                    "tried": len(self.trials), "passing": len(self.passing), "grid_points": self.grid_points,
+                    "device": self.device, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        for audio in ("min_audio_snr", "min_audio_corr"):
+            if getattr(w, audio) is not None:
+                measured[audio] = _finite(getattr(w, audio))
+        options = {k: v for k, v in w.spec.options.items()}
+        description = (f"tuned by accelpatch tune: {w.label}; {w.speed_text()} vs {self.reference}, worst SSIM "
+                       f"{w.min_ssim:.4f}" if w.min_ssim is not None else f"tuned by accelpatch tune: {w.label}")
+        fields: dict[str, Any] = {"name": name or (f"{template.name}-tuned" if template is not None else "tuned"),
+                                  "description": description, "tier": "high", "backend": w.spec.backend,
+                                  "options": options, "reference": self.reference, "gates": self.gates,
+                                  "seeds": self.seeds, "measured": measured, "candidates": None}
+        if template is not None:
+            return template.model_copy(update=fields)
+        model = model or self.model
+        if not model:
+            raise ValueError("the recipe needs the model it is for: save_recipe(path, model='org/name' or a folder)")
+        extra = {"model": model, "call": self.call}
+        if self.dtype:
+            extra["dtype"] = self.dtype
+        if self.device:
+            extra["device"] = self.device
+        return Recipe.model_validate({**fields, **extra, "gates": self.gates.model_dump()})
+
+    def save_recipe(self, path: str, *, template: Optional[Recipe] = None, name: Optional[str] = None,
+                    model: Optional[str] = None) -> Recipe:
+        """Write the winner as a recipe YAML file that ``accelpatch.apply(pipe, recipe=path)`` loads; the speed and
+        worst-case quality measured go in its ``measured`` block. Raises :class:`NoPassingSetting` without a
+        winner."""
+        import yaml
+
+        recipe = self.recipe(template=template, name=name, model=model)
+        data = recipe.model_dump(exclude_none=True, exclude={"name"})
+        data = {k: v for k, v in data.items() if k != "candidates"}
+        text = (f"# written by accelpatch tune: the fastest setting that passed every gate on seeds {self.seeds} "
+                f"(and held-out seeds {self.held_out_seeds}) of {len(self.trials)} tried\n")
+        text += yaml.safe_dump(data, sort_keys=False)
+        with open(path, "w") as handle:
+            handle.write(text)
+        return recipe
+
+    def plot(self, path: Optional[str] = None):
+        """Speed-up against worst SSIM (and audio SNR when measured) of every setting tried (matplotlib figure)."""
+        from .tune_plot import plot_tune
+
+        return plot_tune(self, path)
+
+
+def _default_held_out(seeds: list[int]) -> list[int]:
+    return [max(seeds) + 1]
+
+
+def _dtype_name(pipe: Any) -> tuple[Optional[str], Optional[str]]:
+    import torch
+
+    from ..patcher import transformers_of
+
+    parameter = next(transformers_of(pipe, verb="tune")[0].parameters(), None)
+    if parameter is None:
+        return None, None
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    return names.get(parameter.dtype), parameter.device.type
+
+
+def _plain_call(call_kwargs: Mapping[str, Any]) -> tuple[dict, list[str]]:
+    """The call arguments a YAML recipe can hold (numbers, strings, booleans, lists of those), and the others."""
+    plain, other = {}, []
+    scalar = (str, int, float, bool, type(None))
+    for key, value in call_kwargs.items():
+        listed = isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value)
+        if isinstance(value, scalar) or listed:
+            plain[key] = list(value) if isinstance(value, tuple) else value
+        else:
+            other.append(key)
+    return plain, other
+
+
+def _check_space_values(pipe: Any, space: SearchSpace) -> None:
+    """Every knob value applies to this model (each alone, the others at their safest), before any call runs."""
+    from .preflight import check_candidates
+
+    specs, seen = [], set()
+    for k, knob in enumerate(space.knobs):
+        for i in range(len(knob.values)):
+            point = tuple(i if j == k else 0 for j in range(len(space.knobs)))
+            if point not in seen:
+                seen.add(point)
+                specs.append(space.spec(point).model_copy(update={"name": _short_label(space.setting(point))}))
+    check_candidates(pipe, specs)
+
+
+def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | Mapping] = None,
+         seeds: Sequence[int] = (0,), budget: Any = "30m", space: Any = None,
+         held_out_seeds: Optional[Sequence[int]] = None, progress: bool = True, reference: str = "exact",
+         rounds: int = 6, warmup: int = 1, orders: Optional[int] = None, explore: bool = False,
+         description: str = "",
+         _timer: Optional[Callable] = None, _clock: Callable[[], float] = time.monotonic) -> TuneResult:
+    """Search the settings of the patched ``pipe`` for the fastest one that passes ``gates`` on every seed.
+
+    ``space`` None: the knobs of what ``pipe`` is patched with (step cache, ``sol_attn``, SANA-Video 2.0 anchors;
+    see :mod:`accelpatch.tools.tune_space`), else a mapping knob → values. ``budget``: seconds or ``"30m"``/
+    ``"90s"``/``"1h"`` (None: no limit); the search stops when the next batch and the end (timing everything
+    tried, ``rounds`` interleaved rounds after ``warmup``, and the held-out validation) would not fit, and returns
+    the best passing setting so far. ``held_out_seeds`` (default: one seed after ``seeds``) must not overlap
+    ``seeds``. ``explore``: after the bisections, keep validating untried points (fastest predicted first) until
+    the budget ends: knobs are not always monotone on a real model (a guard that moves which steps a cache reuses).
+    ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it
+    started in, also after KeyboardInterrupt or an error. ``_timer(specs) -> {name: speedup or (speedup, low,
+    high)}`` and ``_clock`` replace bench and the clock (tests).
+    """
+    from tqdm import tqdm
+
+    from .candidates import PatchSwitcher
+    from .preflight import check_call_arguments, check_seeds, parse_gates, require_pipeline
+
+    require_pipeline(pipe, "tune")
+    budget_s = None if budget is None else parse_budget(budget)
+    gates = parse_gates(gates)
+    seeds = check_seeds(seeds)
+    held_out = _default_held_out(seeds) if held_out_seeds is None else check_seeds(held_out_seeds)
+    overlap = sorted(set(seeds) & set(held_out))
+    if overlap:
+        raise ValueError(f"held_out_seeds must not overlap seeds (a held-out check on a search seed checks nothing); "
+                         f"both have {overlap}")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 2:
+        raise ValueError(f"rounds must be an integer >= 2 (bench needs two samples; 6 for a 95 % interval), got "
+                         f"{rounds!r}")
+    if orders is not None and (not isinstance(orders, int) or isinstance(orders, bool) or orders < 1):
+        raise ValueError(f"orders must be None (one greedy pass per knob) or an integer >= 1, got {orders!r}")
+    check_call_arguments(pipe, call_kwargs, "tune")
+    space = derive_space(pipe, call_kwargs) if space is None else parse_space(pipe, space)
+    switcher = PatchSwitcher(pipe)  # the state to end in, whatever happens below
+    setup = _Setup(pipe=pipe, call_kwargs=call_kwargs, gates=gates, seeds=seeds, reference=reference,
+                   rounds=rounds, warmup=warmup)
+    bar = tqdm(desc="accelpatch tune", unit="setting", disable=not progress)
+    notes: list[str] = []
+    caught = warnings.catch_warnings(record=True)  # each validate/bench call warns anew: shown once, at the end
+    seen = caught.__enter__()
+    warnings.simplefilter("always")
+    try:
+        _check_space_values(pipe, space)
+        oracle = _PipelineOracle(setup, space, budget_s=budget_s, clock=_clock, timer=_timer, bar=bar,
+                                 orders=orders)
+        log: SearchLog = search(space.sizes, oracle, orders=orders, explore=explore)
+        trials = list(oracle.trials.values())
+        if trials:
+            for point, speed in oracle.measure([t.point for t in trials]).items():
+                trial = oracle.trials[point]
+                trial.speedup, trial.speed_low, trial.speed_high = speed
+        winner = _held_out_winner(setup, trials, held_out, notes, bar)
+        if log.stopped_by_budget:
+            notes.append(f"the budget ({budget_s:.0f} s) stopped the search after {len(trials)} setting(s): the "
+                         "winner is the best found so far")
+        if not log.passing:
+            notes.append("no setting tried passed on the search seeds" + (
+                " (the safest setting of the space fails: every looser one is taken to fail too)"
+                if log.results and not next(iter(log.results.values())) else ""))
+        elapsed = oracle.elapsed()
+    finally:
+        bar.close()
+        try:
+            switcher.restore()
+        finally:
+            caught.__exit__(None, None, None)
+            _warn_once(seen)
+    call, omitted = _plain_call(call_kwargs)
+    if omitted:
+        notes.append(f"call arguments not written to a recipe (not plain values): {', '.join(omitted)}")
+    dtype, device = _dtype_name(pipe)
+    model = getattr(getattr(pipe, "config", None), "_name_or_path", None) or getattr(pipe, "name_or_path", None)
+    return TuneResult(winner=winner, trials=trials, space=space, gates=gates, reference=reference, seeds=seeds,
+                      held_out_seeds=held_out, elapsed_s=elapsed, budget_s=budget_s,
+                      stopped_by_budget=log.stopped_by_budget, grid_points=space.size(), notes=notes, call=call,
+                      model=model or None, dtype=dtype, device=device, description=description)
+
+
+def _warn_once(caught: list) -> None:
+    """Show each distinct warning recorded during a tune once."""
+    shown = set()
+    for warning in caught:
+        key = (warning.category, str(warning.message))
+        if key not in shown:
+            shown.add(key)
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def _held_out_winner(setup: _Setup, trials: list[Trial], held_out: list[int], notes: list[str],
+                     bar: Any) -> Optional[Trial]:
+    """The fastest passing trial that also passes on the held-out seeds; falls back in speed order, noting why."""
+    passing = sorted((t for t in trials if t.passed), key=lambda t: -(t.speedup if t.speedup is not None else 0.0))
+    for rank, trial in enumerate(passing):
+        bar.set_postfix_str(f"held-out seeds {held_out}: {trial.label}")
+        result = setup.validate([trial.spec], held_out).candidates[0]
+        trial.held_out_passed = bool(result.passed)
+        trial.held_out_min_ssim, trial.held_out_min_psnr = result.min_ssim, result.min_psnr
+        trial.held_out_reasons = list(result.reasons)
+        if trial.held_out_passed:
+            if rank:
+                notes.append(f"{rank} faster setting(s) failed on the held-out seeds {held_out}; the winner is the "
+                             f"next fastest that passed there: {trial.label}")
+            return trial
+        notes.append(f"{trial.label} passed on seeds {setup.seeds} but failed on the held-out seeds {held_out}: "
+                     + ("; ".join(trial.held_out_reasons[:2]) or "gate failed"))
+    return None

@@ -1,0 +1,510 @@
+"""accelpatch.tune: the search on synthetic monotone problems (against an exhaustive answer, and a broken bisection
+caught), tune on the tiny SANA-Video (step cache), MiniMax-H3 (sol_attn + cache) and SANA-Video 2.0 pipelines
+(winner passes held-out seeds, fastest of the passing ones, model restored bit for bit, recipe round trip),
+impossible gates, interrupts and raising candidates, budget and space errors, and the CLI.
+
+Speed is never measured here: a fake timer (a speed-up computed from the setting) stands in for bench, so "fastest"
+is deterministic; the real bench runs only in the CLI test, with no assertion on its numbers.
+"""
+import itertools
+import json
+import random
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch import testing
+from accelpatch.patcher import patch_of
+from accelpatch.tools import tune_search
+from accelpatch.tools.tune import NoPassingSetting
+from accelpatch.tools.tune_space import derive_space, parse_budget
+
+# --- the search alone, on synthetic monotone problems -----------------------------------------------------------
+
+
+class Synthetic:
+    """A monotone problem: a point passes when ``passes(point)``; speed is a weighted sum of the indices."""
+
+    def __init__(self, passes, weights):
+        self.rule, self.weights, self.calls, self.batches = passes, weights, [], 0
+
+    def passes(self, points):
+        self.batches += 1
+        self.calls += points
+        return {p: self.rule(p) for p in points}
+
+    def speed(self, points):
+        return {p: 1.0 + sum(w * i for w, i in zip(self.weights, p)) for p in points}
+
+    def out_of_budget(self):
+        return False
+
+
+def check_log(log, sizes, rule):
+    """What the search claims is true: each point it calls passing passes (and failing fails), and each maximal
+    point passes and cannot be loosened in any single knob (independent check against the rule)."""
+    for point, passed in log.results.items():
+        assert passed == rule(point), point
+    assert log.maximal, "the search ended without a maximal point"
+    for point in log.maximal:
+        assert rule(point)
+        for k, n in enumerate(sizes):
+            if point[k] + 1 < n:
+                looser = point[:k] + (point[k] + 1,) + point[k + 1:]
+                assert not rule(looser), f"{point} is not maximal: {looser} passes"
+
+
+def test_box_constraints_find_the_corner_with_few_validations():
+    # pass iff every knob is at or below its own limit: the best point is the corner of limits (computed here)
+    rng = random.Random(0)
+    for _ in range(30):
+        sizes = tuple(rng.randint(2, 7) for _ in range(rng.randint(1, 4)))
+        limits = tuple(rng.randint(0, n - 1) for n in sizes)
+        rule = lambda p, limits=limits: all(i <= t for i, t in zip(p, limits))  # noqa: E731
+        oracle = Synthetic(rule, [1.0] * len(sizes))
+        log = tune_search.search(sizes, oracle)
+        check_log(log, sizes, rule)
+        assert limits in log.maximal
+        assert len(log.results) < max(8, len(tune_search.all_points(sizes)))
+        assert len(set(oracle.calls)) == len(oracle.calls), "a point was validated twice"
+
+
+def test_coupled_constraints_end_at_maximal_points():
+    rng = random.Random(1)
+    for _ in range(30):
+        sizes = tuple(rng.randint(2, 6) for _ in range(rng.randint(2, 4)))
+        weights = [rng.uniform(0.2, 2.0) for _ in sizes]
+        budget = rng.uniform(0.5, sum(w * (n - 1) for w, n in zip(weights, sizes)))
+        rule = lambda p, w=weights, b=budget: sum(a * i for a, i in zip(w, p)) <= b  # noqa: E731
+        check_log(tune_search.search(sizes, Synthetic(rule, weights)), sizes, rule)
+
+
+def test_a_failing_safe_point_stops_at_once():
+    oracle = Synthetic(lambda p: False, [1, 1])
+    log = tune_search.search((4, 4), oracle)
+    assert oracle.batches == 1 and not log.passing and not log.maximal
+
+
+def test_a_deliberately_wrong_bisection_is_caught(monkeypatch):
+    # keeping the first failing index as "passing" is the classic off-by-one: the check above must catch it
+    def wrong_update(self, index, passed):
+        if passed or self.hi is not None:
+            self.lo = index
+        else:
+            self.hi = index
+
+    monkeypatch.setattr(tune_search._Line, "update", wrong_update)
+    sizes, limits = (6, 6), (2, 3)
+    rule = lambda p: all(i <= t for i, t in zip(p, limits))  # noqa: E731
+    with pytest.raises(AssertionError):
+        check_log(tune_search.search(sizes, Synthetic(rule, [1, 1])), sizes, rule)
+
+
+# --- helpers for the pipelines -------------------------------------------------------------------------------------
+
+
+class FakeTimer:
+    """Speed-up from the setting, higher for looser values (index in the test's own safe-to-fast grid), with an
+    interval of ±2 %; records what it was asked."""
+
+    def __init__(self, grid):
+        self.grid, self.asked = grid, []
+
+    def value(self, options):
+        return 1.0 + sum((1.0 + k) * values.index(options[name]) / len(values)
+                         for k, (name, values) in enumerate(self.grid.items()) if name in options)
+
+    def __call__(self, specs):
+        self.asked.append([s.name for s in specs])
+        return {s.name: (self.value(s.options), 0.98 * self.value(s.options), 1.02 * self.value(s.options))
+                for s in specs}
+
+
+def patch_state(pipe):
+    """What must be the same after tune: the patch as asked for, its tier and options, the tier in force."""
+    patch = patch_of(pipe.transformer)
+    frozen = None if patch is None else (patch.requested, patch.default_tier, patch.options,
+                                         type(pipe.transformer).__name__)
+    return frozen, accelpatch.current_quality(pipe)
+
+
+def frames(pipe, kwargs, seed=0):
+    out = pipe(**kwargs, generator=torch.Generator().manual_seed(seed))
+    video = out.frames if hasattr(out, "frames") else out
+    return video.detach().clone()
+
+
+def assert_bit_identical(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def check_winner(pipe, kwargs, result, timer):
+    """The winner passes validate on the held-out seeds (run here, independently), is at least as fast as every
+    passing setting tried (by the fake timer's own formula), and never came from an unvalidated point."""
+    winner = result.winner
+    assert winner is not None and winner.passed and winner.held_out_passed
+    report = quiet(accelpatch.validate, pipe, kwargs, [winner.spec], seeds=result.held_out_seeds,
+                   gates=result.gates, progress=False)
+    assert report.passed
+    fastest = max(timer.value(t.spec.options) for t in result.trials if t.passed)
+    assert timer.value(winner.spec.options) == fastest
+    for trial in result.passing:
+        assert trial.speed_high >= 0.98 * trial.speedup  # the interval came through
+        assert winner.speed_high >= trial.speed_low  # within the noise, nothing passing is faster
+
+
+def check_recipe_round_trip(pipe, result, tmp_path, model):
+    path = tmp_path / "tuned.yaml"
+    result.save_recipe(str(path), model=model)
+    recipe = accelpatch.load_recipe(str(path))
+    assert recipe.measured["speedup"] == pytest.approx(result.winner.speedup)
+    assert recipe.measured["min_ssim"] == pytest.approx(result.winner.min_ssim)
+    before = patch_state(pipe)
+    original = patch_of(pipe.transformer).reapply_arguments()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            accelpatch.remove(pipe)
+            accelpatch.apply(pipe, recipe=str(path))
+            from_recipe = patch_of(pipe.transformer).requested
+            accelpatch.remove(pipe)
+            accelpatch.apply(pipe, backend=result.winner.spec.backend, tier="high", **result.winner.spec.options)
+            direct = patch_of(pipe.transformer).requested
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            accelpatch.remove(pipe)
+            accelpatch.apply(pipe, **original)
+    assert from_recipe == direct
+    assert patch_state(pipe) == before
+
+
+def quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU: the CUDA-only fast paths say they cannot mount
+        return fn(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def sana():
+    torch.set_num_threads(1)
+    pipe = testing.tiny_sana_video_pipeline()
+    kwargs = testing.sana_video_pipeline_call_kwargs(num_inference_steps=6)
+    kwargs.pop("generator")
+    quiet(accelpatch.apply, pipe, cache="first_block", cache_warmup_steps=1)
+    yield pipe, kwargs
+    accelpatch.remove(pipe)
+
+
+@pytest.fixture(scope="module")
+def sana2():
+    torch.set_num_threads(1)
+    pipe = testing.tiny_sana_video2_pipeline()
+    kwargs = testing.sana_video2_pipeline_call_kwargs(num_inference_steps=4)
+    kwargs.pop("generator")
+    quiet(accelpatch.apply, pipe, cache="first_block", cache_warmup_steps=1)
+    yield pipe, kwargs
+    accelpatch.remove(pipe)
+
+
+SANA_GRID = {"cache_threshold": [0.02, 0.05, 0.2, 0.5], "cache_max_reuse": [1, 2, 4]}
+
+
+# --- the pipelines -------------------------------------------------------------------------------------------------
+
+
+def test_sana_video_step_cache(sana, tmp_path):
+    pipe, kwargs = sana
+    before, out_before = patch_state(pipe), frames(pipe, kwargs)
+    timer = FakeTimer(SANA_GRID)
+    # PSNR 60 dB: thresholds of 0.2 and up reuse a step too many on this model (42.9 dB), 0.05 keeps 108 dB
+    result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 60.0}, space=SANA_GRID, progress=False,
+                   _timer=timer)
+    assert patch_state(pipe) == before
+    assert_bit_identical(frames(pipe, kwargs), out_before)
+    check_winner(pipe, kwargs, result, timer)
+    assert result.winner.setting == {"cache_threshold": 0.05, "cache_max_reuse": 4}
+    # the verdicts it reports are validate's: one failing trial checked independently
+    failing = [t for t in result.trials if not t.passed]
+    assert failing and all(t.min_psnr < 60.0 for t in failing)
+    assert len(result.trials) < result.grid_points
+    check_recipe_round_trip(pipe, result, tmp_path, "tiny:sana-video")
+    data = json.loads(result.to_json())
+    assert data["winner"]["setting"] == result.winner.setting and data["tried"] == len(result.trials)
+    result.plot(str(tmp_path / "tune.png"))
+    assert (tmp_path / "tune.png").stat().st_size > 0
+    assert "winner: cache_threshold=0.05" in str(result)
+
+
+def test_minimax_h3_sol_attn_and_cache(tmp_path):
+    torch.set_num_threads(1)
+    pipe = testing.tiny_minimax_h3_pipeline()
+    kwargs = testing.minimax_h3_pipeline_call_kwargs(num_inference_steps=3, pipeline=pipe, height=64, width=32)
+    kwargs.pop("generator")
+    kwargs["output"] = "videos"
+    quiet(accelpatch.apply, pipe, backend="sol_attn", dense_steps=0, dense_layers="", cache="first_block",
+          cache_warmup_steps=0, cache_final_steps=0)
+    before, out_before = patch_state(pipe), frames(pipe, kwargs)
+    grid = {"tau": [0.0, 4.0], "cache_threshold": [0.05, 5.0]}
+    timer = FakeTimer(grid)
+    # reusing every step (threshold 5) costs 64.5 dB here; 70 dB keeps the cache at 0.05 and lets tau loosen
+    result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 70.0}, space=grid, progress=False,
+                   _timer=timer)
+    assert patch_state(pipe) == before
+    assert_bit_identical(frames(pipe, kwargs), out_before)
+    check_winner(pipe, kwargs, result, timer)
+    assert result.winner.setting == {"tau": 4.0, "cache_threshold": 0.05}
+    assert result.winner.spec.backend == "sol_attn"
+    check_recipe_round_trip(pipe, result, tmp_path, "tiny:minimax-h3")
+    accelpatch.remove(pipe)
+
+
+def test_sana_video2_derived_space(sana2, tmp_path):
+    pipe, kwargs = sana2
+    before, out_before = patch_state(pipe), frames(pipe, kwargs)
+    space = derive_space(pipe, kwargs)
+    names = [k.name for k in space.knobs]
+    assert names == ["cache_threshold", "cache_max_reuse", "cache_warmup_steps", "anchor_fp32_steps",
+                     "anchor_fp32_layers"]
+    assert [k.values for k in space.knobs][3:] == [(4, 3, 2, 1, 0), ("3", "")]  # 4 steps; the tiny model's anchor
+    grid = {k.name: list(k.values) for k in space.knobs}
+    timer = FakeTimer(grid)
+    result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 55.0}, progress=False, _timer=timer)
+    assert patch_state(pipe) == before
+    assert_bit_identical(frames(pipe, kwargs), out_before)
+    check_winner(pipe, kwargs, result, timer)
+    assert len(result.trials) < result.grid_points / 4
+    check_recipe_round_trip(pipe, result, tmp_path, "tiny:sana-video2")
+
+
+def test_impossible_gate_gives_no_recipe_and_the_closest_failing(sana2, tmp_path):
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 1.0], "cache_max_reuse": [1, 2]}
+    # frames bit-identical to the reference when nothing is reused, changed when something is: both fail
+    gates = {"psnr_floor": 1000.0, "require_fast_path": True}
+    result = quiet(accelpatch.tune, pipe, kwargs, gates=gates, space=grid, progress=False, _timer=FakeTimer(grid))
+    assert result.winner is None and not result.passed
+    assert result.best_failing and all(not t.passed for t in result.best_failing)
+    ssims = [t.min_ssim for t in result.best_failing]
+    assert ssims == sorted(ssims, reverse=True)
+    with pytest.raises(NoPassingSetting, match="no passing setting"):
+        result.save_recipe(str(tmp_path / "never.yaml"), model="tiny:sana-video2")
+    assert not (tmp_path / "never.yaml").exists()
+    assert "no passing setting" in str(result)
+
+
+def _interrupting_run_call(monkeypatch, when, error):
+    """Make validate's pipeline call raise ``error`` whenever ``when(spec)`` holds, after checking the model is
+    then in the candidate's state (so that the restore under test has something to undo)."""
+    import accelpatch.tools.validate as validate_module
+
+    real = validate_module.run_call
+    seen = {"raised": 0}
+
+    def run_call(pipe, call_kwargs, spec, seed, timer=None):
+        if when(spec):
+            seen["raised"] += 1
+            assert patch_of(pipe.transformer).requested != seen["original"]
+            raise error
+        return real(pipe, call_kwargs, spec, seed, timer)
+
+    monkeypatch.setattr(validate_module, "run_call", run_call)
+    return seen
+
+
+def test_keyboard_interrupt_mid_search_leaves_the_model_as_it_was(sana2, monkeypatch):
+    pipe, kwargs = sana2
+    before, out_before = patch_state(pipe), frames(pipe, kwargs)
+    seen = _interrupting_run_call(monkeypatch, lambda spec: spec.options.get("cache_threshold") == 1.0,
+                                  KeyboardInterrupt())
+    seen["original"] = patch_of(pipe.transformer).requested
+    grid = {"cache_threshold": [0.02, 0.1, 1.0], "cache_max_reuse": [1, 2]}
+    with pytest.raises(KeyboardInterrupt):
+        quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=FakeTimer(grid))
+    assert seen["raised"] == 1  # KeyboardInterrupt is not retried
+    assert patch_state(pipe) == before
+    assert_bit_identical(frames(pipe, kwargs), out_before)
+
+
+def test_a_candidate_that_raises_fails_and_the_search_goes_on(sana2, monkeypatch):
+    pipe, kwargs = sana2
+    before, out_before = patch_state(pipe), frames(pipe, kwargs)
+    seen = _interrupting_run_call(monkeypatch, lambda spec: spec.options.get("cache_max_reuse") == 2,
+                                  RuntimeError("boom"))
+    seen["original"] = patch_of(pipe.transformer).requested
+    grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=FakeTimer(grid))
+    raised = [t for t in result.trials if t.error is not None]
+    assert len(raised) == 1 and "boom" in raised[0].error and not raised[0].passed
+    assert raised[0].setting["cache_max_reuse"] == 2 and seen["raised"] == 2  # in its batch, then alone
+    assert result.winner is not None and result.winner.error is None
+    assert patch_state(pipe) == before
+    assert_bit_identical(frames(pipe, kwargs), out_before)
+
+
+def test_the_budget_stops_the_search_with_the_best_so_far(sana2):
+    pipe, kwargs = sana2
+    ticks = itertools.count()
+    clock = lambda: 100.0 * next(ticks)  # noqa: E731 - every clock reading is 100 s later
+    grid = {"cache_threshold": [0.02, 0.05, 0.1, 0.2, 1.0], "cache_max_reuse": [1, 2, 3, 4]}
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget="5m", progress=False, _timer=FakeTimer(grid),
+                   _clock=clock, gates={"psnr_floor": 55.0})
+    assert result.stopped_by_budget and result.budget_s == 300.0
+    assert 0 < len(result.trials) <= 3  # the first batch only: the safe point and each knob's loosest value
+    assert result.winner is not None and result.winner.passed and result.winner.held_out_passed
+    assert any("budget" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("budget, match", [("30 minutes", "not a duration"), ("m", "not a duration"),
+                                           (0, "positive"), (-5, "positive"), (True, "positive"),
+                                           ([30], "positive"), ("1h30x", "not a duration")])
+def test_bad_budgets_are_refused(budget, match):
+    with pytest.raises(ValueError, match=match):
+        parse_budget(budget)
+
+
+def test_budget_forms():
+    assert parse_budget("90s") == 90 and parse_budget("30m") == 1800 and parse_budget("1h30m") == 5400
+    assert parse_budget(12.5) == 12.5 and parse_budget("45") == 45
+
+
+def test_bad_spaces_and_seeds_are_refused(sana2):
+    pipe, kwargs = sana2
+    before = patch_state(pipe)
+    with pytest.raises(ValueError, match=r"unknown knob 'cache_treshold'.*did you mean.*cache_threshold.*"
+                                         r"anchor_fp32_steps"):
+        accelpatch.tune(pipe, kwargs, space={"cache_treshold": [0.1, 0.2]}, progress=False)
+    with pytest.raises(ValueError, match="cache_max_reuse has no values"):
+        accelpatch.tune(pipe, kwargs, space={"cache_max_reuse": []}, progress=False)
+    with pytest.raises(ValueError, match="takes numbers"):
+        accelpatch.tune(pipe, kwargs, space={"cache_max_reuse": ["two", 3]}, progress=False)
+    with pytest.raises(ValueError, match="cannot be applied"):
+        quiet(accelpatch.tune, pipe, kwargs, space={"cache_max_reuse": [1, -2]}, progress=False)
+    with pytest.raises(ValueError, match="must not overlap"):
+        accelpatch.tune(pipe, kwargs, seeds=[0, 1], held_out_seeds=[1], progress=False)
+    with pytest.raises(ValueError, match="budget"):
+        accelpatch.tune(pipe, kwargs, budget="soon", progress=False)
+    assert patch_state(pipe) == before
+
+
+def test_nothing_to_tune_says_what_to_patch():
+    pipe = testing.tiny_sana_video_pipeline()
+    kwargs = testing.sana_video_pipeline_call_kwargs(num_inference_steps=2)
+    kwargs.pop("generator")
+    with pytest.raises(ValueError, match="nothing to tune.*cache='first_block'"):
+        accelpatch.tune(pipe, kwargs, progress=False)
+
+
+def test_cli_tune_writes_a_recipe_that_loads(tmp_path, capsys):
+    from accelpatch.__main__ import main
+
+    source = tmp_path / "start.yaml"
+    source.write_text("model: tiny:sana-video2\ndtype: fp32\ndevice: cpu\ncall: {num_inference_steps: 3}\n"
+                      "seeds: [0]\ntier: high\noptions: {cache: first_block, cache_warmup_steps: 1}\n"
+                      "gates: {psnr_floor: 30.0}\n")
+    out, report = tmp_path / "tuned.yaml", tmp_path / "tune.json"
+    code = main(["tune", "--recipe", str(source), "--out", str(out), "--budget", "3m", "--rounds", "2",
+                 "--no-progress", "--space", "{cache_threshold: [0.05, 1.0]}", "--json", str(report)])
+    assert code == 0, capsys.readouterr()
+    recipe = accelpatch.load_recipe(str(out))
+    assert recipe.model == "tiny:sana-video2" and recipe.options["cache"] == "first_block"
+    assert recipe.measured["by"] == "accelpatch tune" and recipe.measured["tried"] >= 2
+    assert json.loads(report.read_text())["kind"] == "accelpatch.tune"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--recipe", str(source), "--out", str(out), "--budget", "ten minutes"])
+    assert exit_info.value.code == 2
+    assert "not a duration" in capsys.readouterr().err
+
+
+def test_a_winner_failing_on_held_out_seeds_falls_back_to_the_next_fastest(sana2, monkeypatch):
+    from accelpatch.tools import tune as tune_module
+
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
+    timer = FakeTimer(grid)
+    fastest = {"cache_threshold": 0.1, "cache_max_reuse": 2}
+    real = tune_module._Setup.validate
+
+    def validate(self, specs, seeds):  # the fastest setting fails on the held-out seeds only
+        report = real(self, specs, seeds)
+        for result in report.candidates:
+            if list(seeds) == [1] and all(result.spec.options[k] == v for k, v in fastest.items()):
+                result.passed, result.reasons = False, ["held-out failure made by the test"]
+        return report
+
+    monkeypatch.setattr(tune_module._Setup, "validate", validate)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=timer)
+    failed = [t for t in result.trials if t.held_out_passed is False]
+    assert [t.setting for t in failed] == [fastest] and failed[0].passed
+    assert result.winner is not None and result.winner.setting != fastest and result.winner.held_out_passed
+    others = [t for t in result.passing if t.setting != fastest]
+    assert timer.value(result.winner.spec.options) == max(timer.value(t.spec.options) for t in others)
+    assert any("failed on the held-out seeds" in note for note in result.notes)
+
+
+def test_a_deliberately_slow_winner_is_caught(sana2, monkeypatch):
+    # the check used above must fail on a tune that returns the slowest passing setting instead of the fastest
+    from accelpatch.tools import tune as tune_module
+
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
+    timer = FakeTimer(grid)
+    real = tune_module._held_out_winner
+
+    def slowest(setup, trials, held_out, notes, bar):
+        for t in trials:
+            t.speedup = -t.speedup if t.speedup is not None else None
+        winner = real(setup, trials, held_out, notes, bar)
+        for t in trials:
+            t.speedup = -t.speedup if t.speedup is not None else None
+        return winner
+
+    monkeypatch.setattr(tune_module, "_held_out_winner", slowest)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=timer)
+    with pytest.raises(AssertionError):
+        check_winner(pipe, kwargs, result, timer)
+
+
+def test_explore_finds_what_bisection_stepped_over():
+    # not monotone: knob 0 at 3 fails with knob 1 at 0, but passes with knob 1 at 2 (a cache guard that moves which
+    # steps are reused does this); bisection alone never sees (3, 2), exploring does
+    rule = lambda p: p in {(0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (3, 2)}  # noqa: E731
+    oracle = Synthetic(rule, [1.0, 1.0])
+    plain = tune_search.search((4, 3), oracle)
+    assert (3, 2) not in plain.passing
+    explored = tune_search.search((4, 3), Synthetic(rule, [1.0, 1.0]), explore=True)
+    assert (3, 2) in explored.passing
+    for point, passed in explored.results.items():
+        assert passed == rule(point)
+
+
+def test_audio_scores_are_reported_and_plotted_when_validate_has_them(tmp_path):
+    # validate's audio gates land separately: tune reads min_audio_snr/min_audio_corr with getattr, so a result
+    # that has them shows them (JSON, table, a second plot panel) and one without them works as before
+    from accelpatch.recipes import CandidateSpec, Gates
+    from accelpatch.tools.tune import Trial, TuneResult, _scores
+    from accelpatch.tools.tune_space import Knob, SearchSpace
+
+    class Result:  # a CandidateResult as it is after the audio merge
+        min_ssim, min_psnr, min_audio_snr, min_audio_corr = 0.95, 30.0, 18.5, 0.9
+
+    class Before:  # and before it
+        min_ssim, min_psnr = 0.95, 30.0
+
+    assert _scores(Result())["min_audio_snr"] == 18.5 and _scores(Before())["min_audio_snr"] is None
+    space = SearchSpace(backend="sol_attn", knobs=(Knob("tau", (0.0, 2.0), "sol_attn"),))
+    trials = [Trial(point=(i,), setting={"tau": tau}, spec=CandidateSpec(name=f"tau={tau}", backend="sol_attn",
+                                                                         options={"tau": tau}),
+                    passed=ok, min_ssim=ssim, min_psnr=30.0, min_audio_snr=snr, min_audio_corr=0.9,
+                    speedup=speed, speed_low=speed - 0.1, speed_high=speed + 0.1)
+              for i, (tau, ok, ssim, snr, speed) in enumerate([(0.0, True, 0.99, 25.0, 1.2),
+                                                               (2.0, False, 0.9, 8.0, 1.6)])]
+    result = TuneResult(winner=trials[0], trials=trials, space=space, gates=Gates(), reference="exact", seeds=[0],
+                        held_out_seeds=[1], elapsed_s=1.0, budget_s=None, stopped_by_budget=False, grid_points=2)
+    assert json.loads(result.to_json())["trials"][1]["min_audio_snr"] == 8.0
+    assert "25.0" in str(result)
+    figure = result.plot(str(tmp_path / "audio.png"))
+    assert len(figure.axes) == 2 and (tmp_path / "audio.png").stat().st_size > 0
