@@ -177,6 +177,28 @@ def test_a_reference_that_does_not_reproduce_itself_is_reported_and_floors_apply
     assert "does NOT reproduce itself" in str(report)
 
 
+def test_reference_runs_are_reused_by_a_later_validate_and_change_no_verdict(sana):
+    """tune validates many candidates against one reference: the second call runs only the candidates (and the
+    reference for a seed it has not seen), with the same verdicts and scores as a call that reruns everything."""
+    pipe, kwargs = sana
+    calls = []
+    counting = pipe.transformer.register_forward_pre_hook(lambda module, args: calls.append(1))
+    first = quiet_validate(pipe, kwargs, ["lossless"], seeds=(0,))
+    per_call = len(calls) // 3  # two reference runs and one candidate: forwards per pipeline call
+    del calls[:]
+    again = quiet_validate(pipe, kwargs, ["lossless", "high"], seeds=(0, 1), references=first.references,
+                           hooks=[counting, perturb_under(pipe, "high", 0.5)])
+    assert len(calls) == per_call * (2 + 2 * 2)  # seed 1's two reference runs, two candidates on two seeds
+    fresh = quiet_validate(pipe, kwargs, ["lossless", "high"], seeds=(0, 1), hooks=[perturb_under(pipe, "high", 0.5)])
+    assert [c.passed for c in again.candidates] == [c.passed for c in fresh.candidates] == [True, False]
+    assert [s.sha256 for c in again.candidates for s in c.scores] == [s.sha256 for c in fresh.candidates
+                                                                      for s in c.scores]
+    assert again.candidates[1].min_psnr == fresh.candidates[1].min_psnr
+    assert set(again.references.runs) == {0, 1}
+    with pytest.raises(ValueError, match="reference='exact'"):
+        quiet_validate(pipe, kwargs, ["high"], reference="lossless", references=first.references)
+
+
 def test_validate_leaves_the_pipeline_in_the_state_it_came_in_also_after_an_error(sana):
     pipe, kwargs = sana
     with warnings.catch_warnings():

@@ -100,14 +100,17 @@ class _Setup:
     reference: str
     rounds: int
     warmup: int
+    #: the reference runs so far (validate's ReferenceRuns), shared by every validate call of this tune
+    references: Any = None
 
     def validate(self, specs: list[CandidateSpec], seeds: Sequence[int]):
-        """One validate call for ``specs`` (they share its reference runs). When validate can take precomputed
-        references, pass ``references=`` here: the only line that changes."""
+        """One validate call for ``specs``; the reference runs of every seed are made once per tune and reused."""
         from .validate import validate
 
-        return validate(self.pipe, self.call_kwargs, specs, reference=self.reference, seeds=list(seeds),
-                        gates=self.gates, progress=False)
+        report = validate(self.pipe, self.call_kwargs, specs, reference=self.reference, seeds=list(seeds),
+                          gates=self.gates, progress=False, references=self.references)
+        self.references = report.references
+        return report
 
     def bench(self, specs: list[CandidateSpec]) -> dict[str, tuple[float, Optional[float], Optional[float]]]:
         """Speed-up of each spec over the reference (median of interleaved rounds, 95 % interval)."""

@@ -34,7 +34,7 @@ from .preflight import (check_audio_request, check_call_arguments, check_candida
                         refuse_audio_request, require_pipeline)
 from ._report_text import TextReport, format_table
 
-__all__ = ["validate", "ValidationReport", "CandidateResult", "SeedScores", "NoiseFloor", "video_sha256",
+__all__ = ["validate", "ValidationReport", "ReferenceRuns", "CandidateResult", "SeedScores", "NoiseFloor", "video_sha256",
            "audio_sha256"]
 
 
@@ -265,6 +265,18 @@ def _corr_text(value: Optional[float], has_audio: bool) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+@dataclass
+class ReferenceRuns:
+    """The reference's runs of one :func:`validate` call (per seed: the first run, its score against the second,
+    the second's time), for later calls on the same pipeline and call arguments to reuse through
+    ``validate(..., references=report.references)``: ``tune`` validates many candidates against one reference."""
+
+    reference: str
+    runs: dict[int, CallResult] = field(default_factory=dict)
+    floor_scores: dict[int, SeedScores] = field(default_factory=dict)
+    seconds_per_step: dict[int, float] = field(default_factory=dict)
+
+
 @dataclass(repr=False)  # repr is the table (TextReport)
 class ValidationReport(TextReport):
     """The result of :func:`validate`: ``passed``, a table (``str()``), ``to_dict()``/``to_json()``, ``plot()``
@@ -277,6 +289,8 @@ class ValidationReport(TextReport):
     reference_seconds_per_step: list[float]
     candidates: list[CandidateResult]
     description: str = ""
+    #: the reference runs, for another validate call to reuse (not part of to_dict())
+    references: Optional[ReferenceRuns] = field(default=None, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -414,7 +428,8 @@ def _worst(reference: torch.Tensor, candidate: torch.Tensor, scores: SeedScores,
 
 def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[CandidateLike] = ("high",), *,
              reference: str = "exact", seeds: Sequence[int] = (0,), gates: Optional[Gates | Mapping] = None,
-             progress: bool = True, description: str = "") -> ValidationReport:
+             progress: bool = True, description: str = "",
+             references: Optional[ReferenceRuns] = None) -> ValidationReport:
     """Run ``pipe(**call_kwargs)`` under ``reference`` (twice) and each candidate, for each seed, and judge them.
 
     ``candidates``: tier names (``"high"``), ``"unpatched"``, mappings or :class:`accelpatch.Candidate` objects
@@ -428,6 +443,8 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
     the patch state it started in. Everything is checked before the first call: the pipeline (not a transformer),
     the seeds (a list of integers), the call arguments (against the pipeline's ``__call__``), the gates, and that
     every candidate's patch applies. No speed is compared here: see :func:`accelpatch.bench`.
+    ``references``: a previous report's :attr:`ValidationReport.references` (same pipeline, call arguments and
+    reference tier): the seeds it ran are not run again.
     """
     from tqdm import tqdm  # plain text bar: tqdm.auto needs ipywidgets in a notebook
 
@@ -440,22 +457,36 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
     check_call_arguments(pipe, call_kwargs, "validate")
     switcher = PatchSwitcher(pipe)
     check_candidates(pipe, specs, switcher)
-    bar = tqdm(total=len(seeds) * (2 + len(specs)), desc="accelpatch validate", unit="call", disable=not progress)
+    if references is not None and references.reference != reference_spec.tier:
+        raise ValueError(f"the references given were run at {references.reference!r}, this validate's reference is "
+                         f"{reference_spec.tier!r}: pass reference={references.reference!r} or no references")
+    kept = ReferenceRuns(reference=reference_spec.tier)
+    if references is not None:  # every seed it holds is kept: one object can serve a whole search
+        kept.runs.update(references.runs)
+        kept.floor_scores.update(references.floor_scores)
+        kept.seconds_per_step.update(references.seconds_per_step)
+    calls = 2 * sum(seed not in kept.runs for seed in seeds) + len(seeds) * len(specs)
+    bar = tqdm(total=calls, desc="accelpatch validate", unit="call", disable=not progress)
     try:
-        references: dict[int, CallResult] = {}
-        reference_times: list[float] = []
-        floor_scores = []
-        switcher.enter(reference_spec)
+        if any(seed not in kept.runs for seed in seeds):
+            switcher.enter(reference_spec)
         for seed in seeds:
-            first = run_call(pipe, call_kwargs, reference_spec, seed)
-            bar.update(1)
+            if seed in kept.runs:
+                first = kept.runs[seed]
+            else:
+                first = run_call(pipe, call_kwargs, reference_spec, seed)
+                bar.update(1)
             if gates.audio_required and first.audio is None:
                 refuse_audio_request(pipe, gates, "on the first reference call")
-            second = run_call(pipe, call_kwargs, reference_spec, seed)
-            bar.update(1)
-            references[seed] = first
-            reference_times.append(second.seconds_per_step)  # the first run of the first seed includes warm-up
-            floor_scores.append(_score(seed, first, second))
+            if seed not in kept.runs:
+                second = run_call(pipe, call_kwargs, reference_spec, seed)
+                bar.update(1)
+                kept.runs[seed] = first
+                kept.seconds_per_step[seed] = second.seconds_per_step  # the first run includes warm-up
+                kept.floor_scores[seed] = _score(seed, first, second)
+        references = {seed: kept.runs[seed] for seed in seeds}
+        reference_times = [kept.seconds_per_step[seed] for seed in seeds]
+        floor_scores = [kept.floor_scores[seed] for seed in seeds]
         noise = _noise_floor(floor_scores)
         results = []
         for spec in specs:
@@ -482,4 +513,5 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
         bar.close()
         switcher.restore()
     return ValidationReport(reference=str(parse_tier(reference)), seeds=seeds, gates=gates, noise_floor=noise,
-                            reference_seconds_per_step=reference_times, candidates=results, description=description)
+                            reference_seconds_per_step=reference_times, candidates=results, description=description,
+                            references=kept)
