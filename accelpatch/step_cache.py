@@ -33,7 +33,7 @@ import torch
 
 from . import steps
 from .errors import did_you_mean
-from .parallel.ranks import deciding_ranks
+from .parallel.sequence import deciding_ranks
 from .parallel.sequence import all_agree
 from .tiers import Tier, effective_tier
 

@@ -2,9 +2,13 @@
 
 - 2 × 2: the SANA-Video pipeline on a ``parallel_mesh(cfg=2, ulysses=2)``, diffusers' sequence split and
   accelpatch's CFG split on one mesh, against one process (fp32, relative to the output's magnitude).
-- torch.compile of the blocks (diffusers' regional ``compile_repeated_blocks``, Dynamo with the eager backend) on a
-  split SANA-Video 2.0: the eager split's bits and counts (the collectives in compiled blocks are traced or broken
-  around as Dynamo decides; Inductor on a split model ran once by hand, within 1e-5 of the eager split).
+- torch.compile of the blocks (Dynamo with the eager backend; diffusers' regional ``compile_repeated_blocks`` on a
+  split SANA-Video 2.0, ``block.compile()`` per block on a split SANA-Video, whose diffusers class names none): the eager split's bits and counts (the collectives in compiled blocks
+  are traced or broken around as Dynamo decides; Inductor on a split model ran once by hand, within 1e-5 of the
+  eager split).
+- offloading on each rank: diffusers' group offloading to disk, block by block, on a split SANA-Video (the weights
+  come back from disk at every onload, its hooks wrap the blocks' forwards around the split's): the eager split's
+  bits.
 """
 import textwrap
 
@@ -55,6 +59,31 @@ COMPILED = START + textwrap.dedent("""
             compiled = accelpatch.report(model)
         out["counts"] = [{(s.path, s.kind): (s.fast_calls, sorted(s.reference_calls)) for s in r.sites}
                          for r in (eager, compiled)]
+
+        from diffusers.hooks import apply_group_offloading
+        from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
+        sana = {}
+        for name in ("compiled", "offloaded"):
+            model = tiny_sana_video_transformer()
+            accelpatch.apply(model)
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+            inputs = sana_video_transformer_inputs(model, num_frames=4)
+            with torch.no_grad():
+                sana[name + "_eager"] = model(**inputs).sample
+                if name == "compiled":  # diffusers' SANA-Video declares no _repeated_blocks: compile each block
+                    for block in model.transformer_blocks:
+                        block.compile(backend="eager")
+                    sana["blocks_compiled"] = all(getattr(b, "_compiled_call_impl", None) is not None
+                                                  for b in model.transformer_blocks)
+                else:
+                    apply_group_offloading(model, onload_device=torch.device("cpu"), offload_type="block_level",
+                                           num_blocks_per_group=1,
+                                           offload_to_disk_path=os.path.join(folder, f"offload{rank}"))
+                sana[name] = model(**inputs).sample
+                if name == "offloaded":  # the blocks went to disk after their first use and come back from it
+                    sana["offloaded_files"] = len(os.listdir(os.path.join(folder, f"offload{rank}")))
+                sana[name + "_again"] = model(**inputs).sample
+        out["sana_video"] = sana
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
 
@@ -82,8 +111,12 @@ def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
     del accelpatch
 
 
-def test_compiled_blocks_on_a_split_model_match_the_eager_split(tmp_path):
+def test_compiled_and_offloaded_blocks_on_a_split_model_match_the_eager_split(tmp_path):
     for rank in run_ranks(tmp_path, COMPILED, 2):
         assert rank["blocks_compiled"]
         assert torch.equal(rank["compiled"], rank["eager"])  # the eager backend: the same ops, the same bits
         assert rank["counts"][0] == rank["counts"][1]
+        sana = rank["sana_video"]
+        assert sana["blocks_compiled"] and sana["offloaded_files"] >= 2  # a safetensors file per block group
+        for name in ("compiled", "compiled_again", "offloaded", "offloaded_again"):
+            assert torch.equal(sana[name], sana[name.split("_")[0] + "_eager"]), name

@@ -40,12 +40,12 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .sequence import SequenceShards, sequence_shards
+from .sequence import CFG_STATE_ATTR, SequenceShards, sequence_shards
 
 __all__ = ["enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts", "cfg_parallel_of",
            "SHARED_ARGUMENTS"]
 
-STATE_ATTR = "_accelpatch_cfg_parallel"
+STATE_ATTR = CFG_STATE_ATTR
 
 #: per transformer class: forward arguments shared by the whole batch (never split, whatever their first dim).
 #: MiniMax-H3 describes one packed layout for every sample: its ``timestep`` holds the distinct noise levels, not

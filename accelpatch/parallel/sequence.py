@@ -92,6 +92,23 @@ def unsplit_in_one_process(model: torch.nn.Module) -> None:
             processor._parallel_config = None
 
 
+#: where :func:`accelpatch.enable_cfg_parallel` keeps its state on a transformer (named here, on the ground floor,
+#: so that the model code can see every split a model is in without importing the CFG machinery)
+CFG_STATE_ATTR = "_accelpatch_cfg_parallel"
+
+
+def deciding_ranks(model: Any) -> Optional[SequenceShards]:
+    """The group of every rank ``model`` is split over, which must take its data-dependent decisions together (a
+    step cache reusing a step instead of running the blocks: ranks that decide differently wait on each other for
+    ever) and start from one noise: with CFG parallelism, all ranks of its mesh (cfg × sequence; the world without
+    a mesh); under diffusers' context parallelism alone, its sequence group; None when the model runs whole here."""
+    state = model.__dict__.get(CFG_STATE_ATTR) if hasattr(model, "__dict__") else None
+    if state is not None and state.everyone.world > 1:
+        return state.everyone
+    shards = sequence_shards(getattr(model, "_parallel_config", None))
+    return shards if shards is not None and shards.world > 1 else None
+
+
 def sum_over_ranks(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
     """The sum of ``x`` over the ranks of the group (a new tensor; ``x`` is left as it was). Summation order is
     the backend's: equal on every rank, not equal to one process's single sum."""

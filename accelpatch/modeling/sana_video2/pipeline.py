@@ -31,7 +31,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 from transformers import Gemma2PreTrainedModel, GemmaTokenizer, GemmaTokenizerFast
 
-from ...parallel.ranks import deciding_ranks
+from ...parallel.sequence import deciding_ranks
 from .transformer import SanaVideo2Transformer3DModel
 
 # -- release defaults (sources in SanaVideo2Pipeline's docstring) ---------------------------------------------------
