@@ -53,8 +53,8 @@ class Gates(_Strict):
     every seed.
 
     Audio gates apply by default whenever the pipeline returns audio (``audio: auto``): a pipeline with sound gets
-    its sound checked. Setting any ``audio_*`` threshold, or ``audio: required``, asks for them: a pipeline that
-    returns no audio is then refused with the reason (before the candidates run). ``audio: off`` reports the audio
+    its sound checked. Setting any ``audio_*`` threshold (to other than its default), or ``audio: required``, asks
+    for them: a pipeline that returns no audio is then refused with the reason (before the candidates run). ``audio: off`` reports the audio
     scores without gating them. The audio metrics are defined in :mod:`accelpatch.tools.audio_metrics`.
 
     Why the audio defaults (engineering choices by analogy, not perceptual thresholds): ``audio_snr_floor`` 10 dB
@@ -93,8 +93,11 @@ class Gates(_Strict):
         return self
 
     def explicit_audio_gates(self) -> list[str]:
-        """The audio thresholds given explicitly (in YAML, a mapping or as keyword arguments), not by default."""
-        return [name for name in AUDIO_THRESHOLDS if name in self.model_fields_set]
+        """The audio thresholds given explicitly (in YAML, a mapping or as keyword arguments) at a value other than
+        their default: ``{**gates.model_dump(), "ssim_floor": 0.9}`` restates the defaults and asks for nothing."""
+        fields = type(self).model_fields
+        return [name for name in AUDIO_THRESHOLDS
+                if name in self.model_fields_set and getattr(self, name) != fields[name].default]
 
     @property
     def audio_required(self) -> bool:

@@ -11,7 +11,7 @@ import yaml
 import accelpatch
 from accelpatch import testing
 from accelpatch.__main__ import main
-from accelpatch.recipes import SHIPPED_RECIPES, RecipeError, available_recipes, load_recipe
+from accelpatch.recipes import SHIPPED_RECIPES, Gates, RecipeError, available_recipes, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
@@ -207,6 +207,8 @@ def test_audio_gates_given_in_a_recipe_are_explicit_and_the_defaults_are_not(tmp
     asked = load_recipe(path).gates
     assert asked.audio_required and asked.explicit_audio_gates() == ["audio_snr_floor"]
     assert not load_recipe(_write(tmp_path, gates={"ssim_floor": 0.9})).gates.audio_required
+    restated = Gates(**{**Gates().model_dump(), "ssim_floor": 0.9})  # the defaults written out: no request
+    assert not restated.audio_required and restated.explicit_audio_gates() == []
     assert load_recipe(_write(tmp_path, gates={"audio": "required"})).gates.audio_required
 
 
