@@ -32,7 +32,8 @@ def tiny_wan(seed=0, dtype=torch.float32):
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
-    return WanTransformer3DModel(**WAN).to(dtype).eval()
+    model = WanTransformer3DModel(**WAN).eval()
+    return model if dtype == torch.float32 else model.to(dtype)
 
 
 def wan_inputs(dtype=torch.float32, seed=1):
@@ -247,6 +248,7 @@ def test_ineligible_calls_run_dense_with_their_reason():
             ab.sol_attn_backend(q, q, q)
     counts = accelpatch.attention_backend_report()
     assert counts.dense_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1, ab.DENSE_STEP: 1}
+    assert counts.fallback_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1}
     assert counts.sparse_calls == 1
 
 
@@ -259,6 +261,8 @@ def test_bad_options_are_refused_naming_the_choices():
         accelpatch.configure_sol_attn_backend(dense_backend="fa5")
     with pytest.raises(ValueError, match="cannot be 'sol_attn'"):
         accelpatch.configure_sol_attn_backend(dense_backend="sol_attn")
+    with pytest.raises(RuntimeError, match="flash-attn"):  # diffusers' own requirement check, at configure time
+        accelpatch.configure_sol_attn_backend(dense_backend="flash")
     assert ab.current_config() == ab.SolAttnBackendConfig()
 
 
@@ -338,3 +342,43 @@ def test_compiled_model_keeps_the_contract_and_the_counts():
         assert counts.sparse_calls == 4 and counts.dense_calls == {ab.TIER: 4, ab.SHAPES: 4}
     finally:
         torch._dynamo.reset()
+
+
+def test_threads_each_run_their_own_tier():
+    """The tier is context-local: two threads sharing one model, one under high, one at the default."""
+    import threading
+
+    inputs = wan_inputs()
+    model = tiny_wan()
+    model.set_attention_backend("sol_attn")
+    dense = forward(model, inputs)
+    with accelpatch.quality("high"):
+        sparse = forward(model, inputs)
+    wrong = []
+
+    def work(tier, expected):
+        for _ in range(3):
+            with accelpatch.quality(tier):
+                if not torch.equal(forward(model, inputs), expected):
+                    wrong.append(tier)
+
+    threads = [threading.Thread(target=work, args=args) for args in (("high", sparse), ("lossless", dense))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_a_model_set_to_sol_attn_copies_and_pickles():
+    import copy
+    import pickle
+
+    inputs = wan_inputs()
+    model = tiny_wan()
+    model.set_attention_backend("sol_attn")
+    with accelpatch.quality("high"):
+        expected = forward(model, inputs)
+        for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert ab.uses_sol_attn([clone])
+            assert torch.equal(forward(clone, inputs), expected)

@@ -157,6 +157,12 @@ def prime_dense(config: Optional[SolAttnBackendConfig] = None) -> tuple:
 
     config = _config if config is None else config
     member, fn = resolve_dense(config)
+    if config.dense_backend is not None:  # what set_attention_backend checks: a missing package fails here
+        from diffusers.models.attention_dispatch import (_check_attention_backend_requirements,
+                                                         _maybe_download_kernel_for_backend)
+
+        _check_attention_backend_requirements(member)
+        _maybe_download_kernel_for_backend(member)
     target = (config, fn, frozenset(_AttentionBackendRegistry._supported_arg_names[member]))
     _dense_target = target
     return target
@@ -213,8 +219,8 @@ def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return _dense(config, kwargs)
     reason = ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                                _parallel_config, config)
-    if reason is not None:
-        COUNTERS.count_reference(reason, fallback=True)
+    if reason is not None:  # a dense step is the policy; any other reason: sparse was asked for but cannot run
+        COUNTERS.count_reference(reason, fallback=reason != DENSE_STEP)
         return _dense(config, kwargs)
     return run_sparse(config, query, key, value)
 
