@@ -382,3 +382,21 @@ def test_a_model_set_to_sol_attn_copies_and_pickles():
         for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             assert ab.uses_sol_attn([clone])
             assert torch.equal(forward(clone, inputs), expected)
+
+
+def test_minimax_h3_takes_the_switch_too():
+    """MiniMax-H3's processor goes through dispatch_attention_fn: same contract. (Its text/audio rows and refiner
+    are not kept dense here: the backend sees no layout; apply(pipe, backend="sol_attn") does that.)"""
+    from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
+
+    model = tiny_minimax_h3_transformer()
+    inputs = minimax_h3_transformer_inputs(model, num_video=300)
+    with torch.no_grad():
+        reference = model(**inputs).sample
+        model.set_attention_backend("sol_attn")
+        assert_same_bits(model(**inputs).sample, reference)
+        with accelpatch.quality("high"):
+            sparse = model(**inputs).sample
+    assert not torch.equal(sparse, reference)
+    counts = accelpatch.attention_backend_report()
+    assert counts.sparse_calls == 4 and counts.dense_calls == {ab.TIER: 4} and counts.exact_fraction < 1
