@@ -7,6 +7,7 @@
     print(accelpatch.report(pipe))              # which fast paths ran, which fell back and why
     accelpatch.apply(pipe, backend="sol_attn")  # MiniMax-H3: block-sparse Sol-Attn with dense guards
     accelpatch.remove(pipe)                     # back to the untouched model, bit for bit
+    pipe.transformer.set_attention_backend("sol_attn")  # diffusers' own switch, no apply(): sparse under "high"
 
 Tiers nest ``exact`` ⊂ ``lossless`` (default) ⊂ ``high``; ``exact`` and ``lossless`` are bit-identical to the
 unpatched model.

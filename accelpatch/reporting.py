@@ -311,9 +311,10 @@ class Report(_Tally):
         return str(self)
 
     def _repr_html_(self) -> str:
+        backend = [] if self.attention_backend is None else [f"<p>{escape(str(self.attention_backend))}</p>"]
         if not self.models:
-            return "<p>accelpatch: nothing is patched</p>"
-        parts = []
+            return "\n".join(backend or ["<p>accelpatch: nothing is patched</p>"])
+        parts = backend
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
             for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):

@@ -299,6 +299,7 @@ def test_a_model_that_did_not_ask_for_sol_attn_never_runs_it():
     assert accelpatch.report(other).attention_backend is None  # `other` uses no sol_attn processor
     report = accelpatch.report(model)
     assert report.attention_backend.sparse_calls == 2 and "2 sparse calls" in str(report)
+    assert "2 sparse calls" in report._repr_html_() and report.to_dict()["attention_backend"]["sparse_calls"] == 2
 
 
 def test_report_reset_and_back_to_native_leaves_no_trace():
