@@ -170,8 +170,15 @@ def test_import_accelpatch_then_diffusers_registers_through_the_import_hook():
         "assert ad.AttentionBackendName('sol_attn').value == 'sol_attn'\n"
         "assert not any(type(f).__name__ == '_Finder' for f in sys.meta_path)\n"
         "from diffusers.models.attention import AttentionModuleMixin\n"
+        "assert accelpatch.__file__.startswith(sys.argv[1])\n"
         "print('ok', accelpatch.attention_backend_report().registered)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's accelpatch, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok True"
 
