@@ -7,6 +7,7 @@
     print(accelpatch.report(pipe))              # which fast paths ran, which fell back and why
     accelpatch.apply(pipe, backend="sol_attn")  # MiniMax-H3: block-sparse Sol-Attn with dense guards
     accelpatch.remove(pipe)                     # back to the untouched model, bit for bit
+    pipe.transformer.set_attention_backend("sol_attn")  # diffusers' own switch, no apply(): sparse under "high"
 
 Tiers nest ``exact`` ⊂ ``lossless`` (default) ⊂ ``high``; ``exact`` and ``lossless`` are bit-identical to the
 unpatched model.
@@ -14,6 +15,7 @@ unpatched model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from typing import Any, Iterator
 
@@ -31,6 +33,7 @@ __all__ = [
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
     "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts",
+    "configure_sol_attn_backend", "attention_backend_report", "register_sol_attn_backend",
 ]
 
 #: Models accelpatch ships (diffusers has no class for them), imported on first access: importing them imports
@@ -52,7 +55,17 @@ _LAZY = {
     "disable_cfg_parallel": "accelpatch.parallel.cfg",
     "parallel_mesh": "accelpatch.parallel.cfg",
     "cfg_parallel_counts": "accelpatch.parallel.cfg",
+    # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.backends.attention_registry)
+    "configure_sol_attn_backend": "accelpatch.backends.attention_backend",
+    "attention_backend_report": "accelpatch.backends.attention_backend",
+    "register_sol_attn_backend": "accelpatch.backends.attention_registry",
 }
+
+# ``sol_attn`` joins diffusers' attention backends when diffusers' dispatcher is imported (now, if it already is):
+# importing accelpatch still imports neither diffusers nor torch.
+from .backends import attention_registry as _attention_registry  # noqa: E402
+
+_attention_registry.install()
 
 
 def __getattr__(name: str) -> Any:
@@ -153,11 +166,20 @@ def remove(target: Any) -> None:
 
 def report(target: Any, *, reset: bool = False):
     """Sites (path, kind, tier, mounted or rejected with reason) and per-site call counters of a patched
-    pipeline or transformer. ``reset=True`` zeroes the counters after reading them."""
+    pipeline or transformer; for a model set to ``set_attention_backend("sol_attn")`` (patched or not), also the
+    backend's counts (``report.attention_backend``: process-wide, see :func:`attention_backend_report`).
+    ``reset=True`` zeroes the counters after reading them."""
     from .patcher import transformers_of
     from .reporting import build_report
 
-    return build_report(transformers_of(target, verb="report"), reset=reset)
+    models = transformers_of(target, verb="report")
+    report = build_report(models, reset=reset)
+    if _attention_registry.is_registered():
+        from .backends.attention_backend import attention_backend_report, uses_sol_attn
+
+        if uses_sol_attn(models):  # counted process-wide: diffusers passes the backend no module
+            report = dataclasses.replace(report, attention_backend=attention_backend_report(reset=reset))
+    return report
 
 
 def supported_models() -> dict[str, tuple[str, ...]]:

@@ -242,6 +242,9 @@ class Report(_Tally):
     models: tuple[ModelReport, ...]
     #: set on the report apply() returns: undoes that apply (see __enter__)
     _undo: Optional[Callable[[], None]] = field(default=None, repr=False, compare=False)
+    #: the process-wide counts of the ``sol_attn`` attention backend (``set_attention_backend("sol_attn")``), where
+    #: the reported models have processors set to it (accelpatch.backends.attention_backend)
+    attention_backend: Optional[Any] = None
 
     def undone_by(self, undo: Callable[[], None]) -> "Report":
         return dataclasses.replace(self, _undo=undo)
@@ -279,12 +282,16 @@ class Report(_Tally):
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {"models": [asdict(m) for m in self.models]}
+        out = {"models": [asdict(m) for m in self.models]}
+        if self.attention_backend is not None:
+            out["attention_backend"] = asdict(self.attention_backend)
+        return out
 
     def __str__(self) -> str:
+        backend = [] if self.attention_backend is None else [str(self.attention_backend)]
         if not self.models:
-            return "accelpatch: nothing is patched"
-        lines = []
+            return "\n".join(backend or ["accelpatch: nothing is patched"])
+        lines = backend
         for m in self.models:
             lines.append(m.headline())
             for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):
@@ -304,9 +311,10 @@ class Report(_Tally):
         return str(self)
 
     def _repr_html_(self) -> str:
+        backend = [] if self.attention_backend is None else [f"<p>{escape(str(self.attention_backend))}</p>"]
         if not self.models:
-            return "<p>accelpatch: nothing is patched</p>"
-        parts = []
+            return "\n".join(backend or ["<p>accelpatch: nothing is patched</p>"])
+        parts = backend
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
             for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):
