@@ -1,0 +1,295 @@
+"""Wan 2.x with backend="sol_attn": the exact/lossless tiers and dense guards are diffusers' bits, remove()
+restores, high runs sparse with its exact fraction counted, cross-attention stays dense with its reason, strict
+mode, unknown layouts refused at apply(), Wan 2.2's two transformers, compile, pickling, backward, checkpointing,
+the step cache; and a check that catches a wrong kernel."""
+import copy
+import io
+import types
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch.adapters import wan as wan_adapter
+from accelpatch.errors import FastPathUnavailableError
+from accelpatch.sites import sol_attention
+from accelpatch.sites.base import SITE_ATTR
+from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
+                                wan_transformer_inputs)
+
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _bits_equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
+        a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.fixture(scope="module")
+def model_and_reference():
+    torch.set_num_threads(1)
+    m = tiny_wan_transformer()
+    inputs = wan_transformer_inputs(m)
+    return m, inputs, _forward(m, inputs)
+
+
+@pytest.fixture
+def model(model_and_reference):
+    m, inputs, reference = model_and_reference
+    yield m, inputs, reference
+    accelpatch.remove(m)
+
+
+@pytest.fixture(scope="module")
+def pipe_and_reference():
+    pipe = tiny_wan_pipeline()
+    return pipe, pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
+
+
+def _sol(report):
+    return [s for s in report.sites if s.kind == "wan_sol_attn"]
+
+
+def _cross(report):
+    return [s for s in report.sites if s.kind == "wan_cross_attention"]
+
+
+def test_exact_lossless_and_dense_guards_are_bit_identical(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    assert accelpatch.report(m).models[0].default_tier == "high"
+    for tier in ("exact", "lossless"):
+        with accelpatch.quality(tier):
+            assert _bits_equal(_forward(m, inputs), reference)
+    with pytest.warns(RuntimeWarning, match="never runs sparse"):  # the default dense layers 0, 1: all of them
+        accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
+    assert _bits_equal(_forward(m, inputs), reference)
+    assert {s.path: s.reference_calls for s in _sol(accelpatch.report(m))} == {
+        f"blocks.{i}.attn1": {sol_attention.DENSE_LAYER: 1} for i in (0, 1)}
+
+
+def test_high_runs_sparse_with_its_exact_fraction_and_cross_attention_stays_dense(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    out = _forward(m, inputs)
+    assert torch.isfinite(out).all() and not torch.equal(out, reference)
+    rep = accelpatch.report(m)
+    assert [(s.path, s.fast_calls) for s in _sol(rep)] == [("blocks.0.attn1", 1), ("blocks.1.attn1", 1)]
+    assert all(0 < s.stats["exact_fraction"] < 1 for s in _sol(rep)), _sol(rep)
+    assert [(s.path, s.fast_calls, s.reference_calls) for s in _cross(rep)] == [
+        (f"blocks.{i}.attn2", 0, {wan_adapter.CROSS_DENSE: 1}) for i in (0, 1)]
+    assert rep.fallback_calls == {} and "exact_fraction" in str(rep)
+    # all blocks exact (tau -> -inf) is dense attention up to rounding: an independent check of the projection
+    accelpatch.apply(m, **SPARSE, tau=-1e9)
+    torch.testing.assert_close(_forward(m, inputs), reference, atol=1e-4, rtol=1e-4)
+    assert all(s.stats["exact_fraction"] == 1.0 for s in _sol(accelpatch.report(m)))
+
+
+def _dense_kernel(perturb=False):
+    """A stand-in for the Sol-Attn op: dense SDPA the way diffusers' native dispatch runs it (so the sparse path's
+    restated projection must give the reference bit for bit), optionally perturbed in one element."""
+    def kernel(q, k, v, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+        if perturb:
+            out = out.clone()
+            out[0, 5, 1, 7] += 1e-3
+        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=1)
+    return kernel
+
+
+def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch):
+    m, inputs, reference = model
+    import accelpatch.ops as ops
+
+    accelpatch.apply(m, **SPARSE)
+    monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+    assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE and to_out exactly as WanAttnProcessor's
+    monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+    assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
+    assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+
+
+def test_remove_restores_classes_processors_hooks_and_bits(model):
+    m, inputs, reference = model
+    processors = [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks]
+    classes = [type(mod) for mod in m.modules()]
+    accelpatch.apply(m, **SPARSE)
+    _forward(m, inputs)
+    accelpatch.remove(m)
+    assert [type(mod) for mod in m.modules()] == classes
+    assert [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks] == processors
+    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
+                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
+    assert _bits_equal(_forward(m, inputs), reference)
+
+
+def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
+    m, inputs, reference = model
+    import accelpatch.ops as ops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    accelpatch.apply(m, **SPARSE, strict=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(ops, "sol_attn", broken)
+        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
+            _forward(m, inputs)
+        accelpatch.apply(m, **SPARSE)
+        with pytest.warns(RuntimeWarning, match="kernel exploded"):
+            assert _bits_equal(_forward(m, inputs), reference)
+        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": 2}
+    accelpatch.apply(m, **SPARSE, strict=True)
+    attn = m.blocks[0].attn1
+    x = torch.randn(1, 64, m.config.num_attention_heads * m.config.attention_head_dim)
+    with pytest.raises(FastPathUnavailableError, match="attention_mask"):
+        attn(x, None, torch.zeros(1, 1, 64, 64))
+    accelpatch.apply(m, **SPARSE)
+    with pytest.warns(RuntimeWarning, match="attention_mask"):
+        out = attn(x, None, torch.zeros(1, 1, 64, 64))
+    accelpatch.remove(m)
+    assert torch.equal(out, attn(x, None, torch.zeros(1, 1, 64, 64)))  # the fallback is the processor's output
+
+
+def test_unknown_layouts_and_unsupported_models_are_refused_at_apply(model):
+    m, inputs, reference = model
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    original = m.blocks[1].attn1.processor
+    m.blocks[1].attn1.processor = AttnProcessor2_0()
+    try:
+        with pytest.raises(ValueError, match="blocks.1.attn1.processor is AttnProcessor2_0, expected WanAttnProcessor"):
+            accelpatch.apply(m, **SPARSE)
+        assert not any(SITE_ATTR in mod.__dict__ for mod in m.modules())
+    finally:
+        m.blocks[1].attn1.processor = original
+    with pytest.raises(ValueError, match="supported model classes: .*WanTransformer3DModel"):
+        accelpatch.apply(torch.nn.Linear(2, 2), backend="sol_attn")
+    with pytest.raises(ValueError, match="valid layer indices are 0-1"):
+        accelpatch.apply(m, backend="sol_attn", dense_layers="0,5")
+
+
+def test_pipeline_default_is_bit_identical_and_counts_its_dense_steps(pipe_and_reference):
+    pipe, reference = pipe_and_reference
+    accelpatch.apply(pipe, backend="sol_attn", dense_layers="")  # dense_steps=10 covers both steps
+    try:
+        out = pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
+        assert _bits_equal(out, reference)
+        rep = accelpatch.report(pipe)
+        assert all(s.reference_calls == {sol_attention.DENSE_STEP: 4} for s in _sol(rep))  # 2 steps x CFG
+        accelpatch.apply(pipe, **SPARSE)
+        with accelpatch.quality("exact"):
+            assert _bits_equal(pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames, reference)
+        out = pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
+        assert not torch.equal(out, reference) and torch.isfinite(out).all()
+        assert all(s.fast_calls == 4 and s.stats["exact_fraction"] < 1 for s in _sol(accelpatch.report(pipe)))
+    finally:
+        accelpatch.remove(pipe)
+    assert _bits_equal(pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames, reference)
+
+
+def test_wan22_two_transformers_are_both_patched():
+    pipe = tiny_wan_pipeline(two_transformers=True, boundary_ratio=0.9)
+    call = lambda: wan_pipeline_call_kwargs(num_inference_steps=3, output_type="latent")  # noqa: E731
+    reference = pipe(**call()).frames
+    accelpatch.apply(pipe, **SPARSE)
+    try:
+        out = pipe(**call()).frames
+        reports = [accelpatch.report(t) for t in (pipe.transformer, pipe.transformer_2)]
+        fast = [sum(s.fast_calls for s in _sol(r)) for r in reports]
+        assert all(f > 0 for f in fast) and sum(fast) == 3 * 2 * 2, fast  # 3 steps x CFG x 2 blocks
+        assert not torch.equal(out, reference)
+        with accelpatch.quality("exact"):
+            assert _bits_equal(pipe(**call()).frames, reference)
+    finally:
+        accelpatch.remove(pipe)
+    assert _bits_equal(pipe(**call()).frames, reference)
+
+
+def test_regional_compile_equals_eager_at_every_tier(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    eager = {tier: None for tier in ("exact", "high")}
+    for tier in eager:
+        with accelpatch.quality(tier):
+            eager[tier] = _forward(m, inputs)
+    torch._dynamo.reset()
+    try:
+        for block in m.blocks:
+            block.compile(backend="eager", fullgraph=True)
+        for tier in eager:
+            with accelpatch.quality(tier):
+                assert torch.equal(_forward(m, inputs), eager[tier]), tier
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+    finally:
+        for block in m.blocks:
+            block._compiled_call_impl = None
+        torch._dynamo.reset()
+    assert torch.equal(eager["exact"], reference)
+
+
+def test_pickle_and_deepcopy_keep_the_sparse_path(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+    sparse = _forward(m, inputs)
+    twin = copy.deepcopy(m)
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (twin, loaded):
+        assert torch.equal(_forward(other, inputs), sparse)
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(other))) >= 2
+        accelpatch.remove(other)
+        assert _bits_equal(_forward(other, inputs), reference)
+
+
+def test_backward_through_the_sparse_path_and_gradient_checkpointing():
+    m = tiny_wan_transformer(num_layers=1)
+    inputs = wan_transformer_inputs(m)
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+
+    def grads():
+        m.zero_grad()
+        m(**inputs).sample.square().mean().backward()
+        return m.blocks[0].attn1.to_q.weight.grad.clone()
+
+    plain = grads()
+    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
+    assert _sol(accelpatch.report(m))[0].fast_calls == 1
+    m.enable_gradient_checkpointing()
+    m.train()
+    try:
+        assert torch.equal(grads(), plain)
+        assert _sol(accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
+    finally:
+        m.disable_gradient_checkpointing()
+        m.eval()
+    accelpatch.remove(m)
+
+
+def test_step_cache_serves_wan(pipe_and_reference):
+    from diffusers import FirstBlockCacheConfig
+
+    pipe, reference = pipe_and_reference
+    call = lambda: wan_pipeline_call_kwargs(num_inference_steps=4, output_type="latent")  # noqa: E731
+    plain = pipe(**call()).frames
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Wan has no lossless fusion: "no module accelpatch patches"
+        accelpatch.apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1)
+    try:
+        assert _bits_equal(pipe(**call()).frames, plain)  # default tier: lossless, nothing reused
+        with accelpatch.quality("high"):
+            cached = pipe(**call()).frames
+        cache = accelpatch.report(pipe).models[0].cache
+        assert cache["reused"] > 0 and not torch.equal(cached, plain), cache
+    finally:
+        accelpatch.remove(pipe)
+    assert _bits_equal(pipe(**call()).frames, plain)
