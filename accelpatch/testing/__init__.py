@@ -20,6 +20,7 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
   :func:`sana_video2_transformer_on_meta`, :func:`tiny_sana_video2_pipeline`,
   :func:`sana_video2_pipeline_call_kwargs`.
 * ``wan``: config dicts ``WAN_*_CONFIG``, :func:`tiny_wan_transformer`, :func:`wan_transformer_inputs`,
+  :func:`wan_transformer_on_meta`,
   :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
@@ -74,6 +75,7 @@ from .wan import (
     tiny_wan_transformer,
     wan_pipeline_call_kwargs,
     wan_transformer_inputs,
+    wan_transformer_on_meta,
 )
 
 __all__ = [
@@ -111,6 +113,7 @@ __all__ = [
     "WAN_1_3B_CONFIG",
     "tiny_wan_transformer",
     "wan_transformer_inputs",
+    "wan_transformer_on_meta",
     "tiny_wan_pipeline",
     "wan_pipeline_call_kwargs",
 ]

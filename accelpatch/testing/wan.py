@@ -49,6 +49,17 @@ def tiny_wan_transformer(config: Mapping[str, Any] | None = None, *, dtype: torc
     return _build_seeded(WanTransformer3DModel, config, seed=seed, dtype=dtype, device=device)
 
 
+def wan_transformer_on_meta(config: Mapping[str, Any] | None = None, **overrides: Any):
+    """A release-sized ``WanTransformer3DModel`` on the meta device (no weight storage): diffusers' defaults, the
+    Wan2.1-14B shape (40 heads x 128, 40 layers), unless ``config`` (e.g. :data:`WAN_1_3B_CONFIG`) says otherwise.
+    For inspecting patching at the released shape, not for running."""
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        model = WanTransformer3DModel(**{**(config or {}), **overrides})
+    return model.eval()
+
+
 def wan_transformer_inputs(transformer_or_config: Any = None, *, batch_size: int = 1, num_frames: int = 4,
                            height: int = 32, width: int = 32, text_len: int = 8, timestep: float = 500.0,
                            seed: int = 0, dtype: torch.dtype | None = None,
