@@ -293,3 +293,26 @@ def test_step_cache_serves_wan(pipe_and_reference):
     finally:
         accelpatch.remove(pipe)
     assert _bits_equal(pipe(**call()).frames, plain)
+
+
+def test_threads_share_one_patched_model_with_their_own_tiers(model):
+    import threading
+
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    sparse = _forward(m, inputs)
+    barrier, outs = threading.Barrier(2), {}
+
+    def worker(tier):
+        with accelpatch.quality(tier):
+            for _ in range(2):
+                barrier.wait()
+                outs.setdefault(tier, []).append(_forward(m, inputs))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in ("exact", "high")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outs["exact"]) == len(outs["high"]) == 2
+    assert all(_bits_equal(o, reference) for o in outs["exact"]) and all(torch.equal(o, sparse) for o in outs["high"])
