@@ -4,6 +4,7 @@ mode, unknown layouts refused at apply(), Wan 2.2's two transformers, compile, p
 the step cache; and a check that catches a wrong kernel."""
 import copy
 import io
+import textwrap
 import types
 import warnings
 
@@ -15,6 +16,7 @@ from accelpatch.adapters import wan as wan_adapter
 from accelpatch.errors import FastPathUnavailableError
 from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
+from _multiprocess import START, run_ranks
 from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
                                 wan_transformer_inputs)
 
@@ -213,7 +215,8 @@ def test_wan22_two_transformers_are_both_patched():
     assert _bits_equal(pipe(**call()).frames, reference)
 
 
-def test_regional_compile_equals_eager_at_every_tier(model):
+@pytest.mark.parametrize("region", ["blocks", "whole"])
+def test_fullgraph_compile_equals_eager_at_every_tier(model, region):
     m, inputs, reference = model
     accelpatch.apply(m, **SPARSE)
     eager = {tier: None for tier in ("exact", "high")}
@@ -222,12 +225,17 @@ def test_regional_compile_equals_eager_at_every_tier(model):
             eager[tier] = _forward(m, inputs)
     torch._dynamo.reset()
     try:
-        for block in m.blocks:
-            block.compile(backend="eager", fullgraph=True)
+        if region == "blocks":  # the pattern of diffusers' compile_repeated_blocks
+            for block in m.blocks:
+                block.compile(backend="eager", fullgraph=True)
+            compiled = m
+        else:
+            compiled = torch.compile(m, backend="eager", fullgraph=True)
         for tier in eager:
             with accelpatch.quality(tier):
-                assert torch.equal(_forward(m, inputs), eager[tier]), tier
-        assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+                assert torch.equal(_forward(compiled, inputs), eager[tier]), tier
+        rep = accelpatch.report(m)
+        assert sum(s.fast_calls for s in _sol(rep)) == 4 and rep.fallback_calls == {}
     finally:
         for block in m.blocks:
             block._compiled_call_impl = None
@@ -316,3 +324,45 @@ def test_threads_share_one_patched_model_with_their_own_tiers(model):
         t.join()
     assert len(outs["exact"]) == len(outs["high"]) == 2
     assert all(_bits_equal(o, reference) for o in outs["exact"]) and all(torch.equal(o, sparse) for o in outs["high"])
+
+
+ULYSSES = START + textwrap.dedent("""
+    def worker(rank, world, port, folder):
+        start(rank, world, port)
+        import accelpatch
+        from diffusers import ContextParallelConfig
+        from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
+        model = tiny_wan_transformer()
+        inputs = {**wan_transformer_inputs(model), "return_dict": False}  # diffusers' CP hooks gather tensors only
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        out = {}
+        with torch.no_grad():
+            out["unpatched"] = model(**inputs)[0]
+            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+            with accelpatch.quality("exact"):
+                out["exact"] = model(**inputs)[0]
+            out["high"] = model(**inputs)[0]
+        report = accelpatch.report(model)
+        out["sites"] = {s.path: (s.fast_calls, s.reference_calls) for s in report.sites}
+        out["fallbacks"] = report.fallback_calls
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+""")
+
+
+def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(model, tmp_path):
+    """diffusers' own _cp_plan for Wan, Ulysses over 2 gloo ranks: each rank runs Sol-Attn over the whole sequence
+    for its head, and gives the one-process sparse output; exact is the unsplit model's."""
+    m, inputs, reference = model
+    ranks = run_ranks(tmp_path, ULYSSES, 2)
+    accelpatch.apply(m, **SPARSE)
+    one_process = _forward(m, inputs)
+    for out in ranks:
+        assert torch.equal(out["exact"], out["unpatched"]) and out["fallbacks"] == {}
+        torch.testing.assert_close(out["high"], one_process, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out["high"], out["unpatched"], atol=1e-4, rtol=1e-4)
+        assert {p: c for p, c in out["sites"].items() if p.endswith("attn1")} == {
+            f"blocks.{i}.attn1": (1, {"tier exact does not admit high": 1}) for i in (0, 1)}
