@@ -366,3 +366,19 @@ def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(model, tmp_path):
         assert not torch.allclose(out["high"], out["unpatched"], atol=1e-4, rtol=1e-4)
         assert {p: c for p, c in out["sites"].items() if p.endswith("attn1")} == {
             f"blocks.{i}.attn1": (1, {"tier exact does not admit high": 1}) for i in (0, 1)}
+
+
+def test_i2v_layout_image_context_stays_in_the_dense_cross_attention():
+    """Wan 2.1 I2V: attn2 also attends to image tokens (added k/v; diffusers splits them off the first
+    ``len - 512`` context rows): still a dense cross-attention site, and attn1 still runs sparse."""
+    m = tiny_wan_transformer(image_dim=16, added_kv_proj_dim=256)
+    inputs = {**wan_transformer_inputs(m, text_len=512), "encoder_hidden_states_image": torch.randn(1, 4, 16)}
+    reference = _forward(m, inputs)
+    accelpatch.apply(m, **SPARSE)
+    with accelpatch.quality("exact"):
+        assert _bits_equal(_forward(m, inputs), reference)
+    assert not torch.equal(_forward(m, inputs), reference)
+    rep = accelpatch.report(m)
+    assert [s.fast_calls for s in _sol(rep)] == [1, 1] and all(
+        s.fast_calls == 0 and s.reference_calls[wan_adapter.CROSS_DENSE] == 1 for s in _cross(rep))
+    accelpatch.remove(m)

@@ -8,6 +8,12 @@ step clock, an unknown step declining; the layers in ``dense_layers``), the proc
 parallelism, float activations, a configured sink inside the sequence; then the op with per-call exact-fraction
 statistics and ``impl="upstream"`` notes, and the dense recomputation of the query rows the model names
 (``dense_rows="text_audio"``: MiniMax-H3's text and audio rows), counted as the ``sparse_row_fraction``.
+
+For the common case of a diffusers processor whose self-attention core is one ``dispatch_attention_fn(q, k, v)``
+(Wan, HunyuanVideo 1.5, LTX-2), :class:`DispatchSelfAttention` is that split already: a model names its processor
+class and says how q/k/v are projected (accelpatch.adapters.wan, a dozen lines); :class:`AlwaysDense` marks the
+attentions Sol-Attn leaves alone (cross-attention, a text refiner), so the report counts them with their reason.
+The adapter side (default dense layers, layer checks, site patterns) is accelpatch.adapters.sol_attn_adapter.
 """
 from __future__ import annotations
 
