@@ -283,21 +283,25 @@ def test_backward_through_the_sparse_path_and_gradient_checkpointing():
     accelpatch.remove(m)
 
 
-def test_step_cache_serves_wan(pipe_and_reference):
-    from diffusers import FirstBlockCacheConfig
+@pytest.mark.parametrize("method", ["first_block", "mag"])
+def test_step_cache_serves_wan(pipe_and_reference, method):
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig
 
     pipe, reference = pipe_and_reference
-    call = lambda: wan_pipeline_call_kwargs(num_inference_steps=4, output_type="latent")  # noqa: E731
+    steps = 4
+    call = lambda: wan_pipeline_call_kwargs(num_inference_steps=steps, output_type="latent")  # noqa: E731
     plain = pipe(**call()).frames
+    cache = FirstBlockCacheConfig(threshold=1e9) if method == "first_block" else MagCacheConfig(
+        mag_ratios=[1.0] * steps, num_inference_steps=steps, retention_ratio=0.0, max_skip_steps=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Wan has no lossless fusion: "no module accelpatch patches"
-        accelpatch.apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1)
+        accelpatch.apply(pipe, cache=cache, cache_warmup_steps=1)
     try:
         assert _bits_equal(pipe(**call()).frames, plain)  # default tier: lossless, nothing reused
         with accelpatch.quality("high"):
             cached = pipe(**call()).frames
-        cache = accelpatch.report(pipe).models[0].cache
-        assert cache["reused"] > 0 and not torch.equal(cached, plain), cache
+        counts = accelpatch.report(pipe).models[0].cache
+        assert counts["reused"] > 0 and not torch.equal(cached, plain), counts
     finally:
         accelpatch.remove(pipe)
     assert _bits_equal(pipe(**call()).frames, plain)

@@ -7,14 +7,16 @@ tokens) are sites that always stay dense, counted. Dense steps, dense layers, ma
 not fit the sparse path run diffusers' ``WanAttnProcessor`` unchanged. Without a backend nothing is patched (Wan has
 no lossless fusion yet); ``cache=`` puts the guarded step cache on ``blocks``.
 
-Defaults, and where each comes from (see ../shared/reference/sol_attn.md): nothing published gives Wan-specific
-dense guards. The paper's Wan2.1-14B run reports 85.1 % sparsity (VBench 76.13 vs 75.90 dense) without the guards
-in our sources; 85 % matches the Gaussian estimate 1 - Phi(tau) ~ 16 % exact blocks at **tau = 1.0**, the
-backend's default. **dense_steps = 10** is SGLang's policy default (the backend's). **dense_layers = 0, 1** is
-SGLang's policy default too; the serving engine reached only PSNR 8.2 dB with those settings on Wan's
-self-attention and dropped it, with a sparse path that merged batch rows into one sequence (sol_attn.md's bug 1;
-whether that caused the 8.2 dB is our inference, unmeasured). These defaults are therefore unmeasured on Wan:
-``accelpatch.tune`` or the recipe's measured fields must confirm them before they are trusted.
+Defaults, and where each comes from: nothing published that we found gives Wan-specific dense guards.
+* **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
+  reports Wan2.1-14B at 85.1 % sparsity, 2.02x end to end, VBench 76.13 vs 75.90 dense, without the settings in our
+  sources; 85 % matches the Gaussian estimate 1 - Phi(tau) ~ 16 % exact blocks at tau = 1.
+* **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
+  MiniMax-H3's). With its H3 settings on Wan's self-attention the serving engine reached only PSNR 8.2 dB and
+  dropped it (SGLang PR #33702); its sparse path then merged the batch rows into one sequence, so CFG rows attended
+  across each other, which may explain it (our inference, unmeasured).
+So the defaults are unmeasured on Wan: ``accelpatch validate``/``tune`` (and the recipe ``wan2.1-t2v-sol-attn``,
+"measured: no") must confirm them before they are trusted.
 """
 from __future__ import annotations
 
