@@ -106,16 +106,25 @@ def _dense_kernel(perturb=False):
     return kernel
 
 
-def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch):
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch, fused_qkv):
     m, inputs, reference = model
     import accelpatch.ops as ops
 
-    accelpatch.apply(m, **SPARSE)
-    monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
-    assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE and to_out exactly as WanAttnProcessor's
-    monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
-    assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
-    assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+    if fused_qkv:  # diffusers' fuse_qkv_projections: one to_qkv linear (numerically another GEMM: a new reference)
+        m.fuse_qkv_projections()
+        reference = _forward(m, inputs)
+    try:
+        accelpatch.apply(m, **SPARSE)
+        monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+        assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE and to_out exactly as WanAttnProcessor's
+        monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+        assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+    finally:
+        accelpatch.remove(m)
+        if fused_qkv:
+            m.unfuse_qkv_projections()
 
 
 def test_remove_restores_classes_processors_hooks_and_bits(model):
