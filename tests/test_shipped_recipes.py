@@ -108,6 +108,7 @@ RELEASE_MODELS = {
     "Efficient-Large-Model/SANA-Video_2B_480p_diffusers": testing.sana_video_transformer_on_meta,
     "./sana-video2-5b-720p": lambda: testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG),
     "MiniMaxAI/MiniMax-H3": _minimax_h3_release,
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": testing.wan_transformer_on_meta,  # diffusers' defaults: 14B
 }
 
 

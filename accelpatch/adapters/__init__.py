@@ -8,8 +8,9 @@ from .base import ModelAdapter
 from .minimax_h3 import MiniMaxH3Adapter
 from .sana_video import SanaVideoAdapter
 from .sana_video2 import SanaVideo2Adapter
+from .wan import WanAdapter
 
-ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter()]
+ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter(), WanAdapter()]
 
 
 def find_adapter(model: torch.nn.Module) -> ModelAdapter:

@@ -8,6 +8,12 @@ step clock, an unknown step declining; the layers in ``dense_layers``), the proc
 parallelism, float activations, a configured sink inside the sequence; then the op with per-call exact-fraction
 statistics and ``impl="upstream"`` notes, and the dense recomputation of the query rows the model names
 (``dense_rows="text_audio"``: MiniMax-H3's text and audio rows), counted as the ``sparse_row_fraction``.
+
+For the common case of a diffusers processor whose self-attention core is one ``dispatch_attention_fn(q, k, v)``
+(Wan, HunyuanVideo 1.5, LTX-2), :class:`DispatchSelfAttention` is that split already: a model names its processor
+class and says how q/k/v are projected (accelpatch.adapters.wan, a dozen lines); :class:`AlwaysDense` marks the
+attentions Sol-Attn leaves alone (cross-attention, a text refiner), so the report counts them with their reason.
+The adapter side (default dense layers, layer checks, site patterns) is accelpatch.adapters.sol_attn_adapter.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import torch
 
 from .. import call_context
 from ..backends.sol_attn import SolAttnConfig
-from .base import Decline, Dense, FastPath, Site, step_layer_policy
+from .base import Decline, Dense, FastPath, Site, bind_call, step_layer_policy
 
 DENSE_STEP = "dense step (step < dense_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"
@@ -209,3 +215,58 @@ def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> tor
         site.counters.add_stat("sparse_row_fraction",
                                torch.tensor(1.0 - dense / query.shape[1], dtype=torch.float64))
     return out
+
+
+MASKED_CALL = "an attention_mask was given: the sparse path covers unmasked attention only"
+CROSS_CALL = "encoder_hidden_states were given (cross-attention): Sol-Attn covers self-attention (Tq = Tk) only"
+
+
+class DispatchSelfAttention(SolAttnFastPath):
+    """Sol-Attn for a diffusers processor whose self-attention core is one ``dispatch_attention_fn(q, k, v, ...)``
+    call on [B, T, H, D] with the RoPE already applied (Wan, HunyuanVideo 1.5, LTX-2). A model says only how its
+    processor gets there: :meth:`processor_class` (the processor restated; any other is refused), ``call_names``
+    (the module's forward arguments, in order) and :meth:`project` (q, k, v as the processor hands them to the
+    dispatcher); :meth:`finish` (flatten heads, ``to_out``) is overridable. Masked calls and calls given
+    ``encoder_hidden_states`` decline with a counted reason; dense calls run the processor itself, unchanged."""
+
+    call_names: tuple[str, ...] = ("hidden_states", "encoder_hidden_states", "attention_mask")
+    policy_reasons = SolAttnFastPath.policy_reasons + (MASKED_CALL, CROSS_CALL)
+
+    def processor_class(self) -> type:
+        raise NotImplementedError
+
+    def expected_processor(self) -> type:
+        return self.processor_class()
+
+    def project(self, attn: torch.nn.Module, call: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, T, H, D] of one self-attention call (``call``: the bound forward arguments)."""
+        raise NotImplementedError
+
+    def finish(self, attn: torch.nn.Module, out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """The core's output [B, T, H, D] → the module's output (diffusers' usual tail: heads flattened, to_out)."""
+        out = out.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+        call = bind_call(args, kwargs, self.call_names)
+        if call.get("attention_mask") is not None:
+            return Decline(MASKED_CALL)
+        if call.get("encoder_hidden_states") is not None:
+            return Decline(CROSS_CALL)
+        query, key, value = self.project(attn, call)
+        return SparseCall(query, key, value, lambda out: self.finish(attn, out, query),
+                          dense_backend=getattr(attn.processor, "_attention_backend", None))
+
+
+class AlwaysDense(FastPath):
+    """A site whose calls always run the original processor, counted with ``reason`` (cross-attention, a
+    text-only refiner): the report shows every attention of the model, the ones Sol-Attn leaves alone too."""
+
+    def __init__(self, fusion, description: str, reason: str) -> None:
+        self.fusion = fusion
+        self.description = description
+        self.reason = reason
+        self.policy_reasons = (reason,)
+
+    def run(self, attn, site, args, kwargs):
+        return Dense(self.reason)

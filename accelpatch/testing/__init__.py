@@ -19,6 +19,9 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
   VAE), :func:`tiny_sana_video2_transformer`, :func:`sana_video2_transformer_inputs`,
   :func:`sana_video2_transformer_on_meta`, :func:`tiny_sana_video2_pipeline`,
   :func:`sana_video2_pipeline_call_kwargs`.
+* ``wan``: config dicts ``WAN_*_CONFIG``, :func:`tiny_wan_transformer`, :func:`wan_transformer_inputs`,
+  :func:`wan_transformer_on_meta`,
+  :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -64,6 +67,16 @@ from .sana_video2 import (
     tiny_sana_video2_pipeline,
     tiny_sana_video2_transformer,
 )
+from .wan import (
+    WAN_1_3B_CONFIG,
+    WAN_SOL_CONFIG,
+    WAN_TINY_CONFIG,
+    tiny_wan_pipeline,
+    tiny_wan_transformer,
+    wan_pipeline_call_kwargs,
+    wan_transformer_inputs,
+    wan_transformer_on_meta,
+)
 
 __all__ = [
     "SANA_VIDEO_TINY_CONFIG",
@@ -95,4 +108,12 @@ __all__ = [
     "SANA_VIDEO2_TINY_VAE_8X_CONFIG",
     "tiny_sana_video2_pipeline",
     "sana_video2_pipeline_call_kwargs",
+    "WAN_TINY_CONFIG",
+    "WAN_SOL_CONFIG",
+    "WAN_1_3B_CONFIG",
+    "tiny_wan_transformer",
+    "wan_transformer_inputs",
+    "wan_transformer_on_meta",
+    "tiny_wan_pipeline",
+    "wan_pipeline_call_kwargs",
 ]

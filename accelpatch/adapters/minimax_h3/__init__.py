@@ -17,7 +17,6 @@ backward, so training through the sparse path works (gradients of the sparse fun
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
@@ -25,12 +24,12 @@ from typing import Any, Iterator, Mapping, Optional
 import torch
 
 from ... import call_context
-from ...backends.sol_attn import all_layers_dense_reason
 from ...gate import QualityGatedFusion
-from ...sites.base import Decline, Dense, FastPath, Site, bind_call
-from ...sites.sol_attention import DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, SolAttnFastPath, SparseCall  # noqa: F401
-from ...tiers import DEFAULT_TIER, Tier
-from ..base import ModelAdapter
+from ...sites.base import Decline, Site, bind_call
+from ...sites.sol_attention import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
+                                     SparseCall)
+from ...tiers import Tier
+from ..sol_attn_adapter import SolAttnAdapter
 from ...sites.fused_swiglu import FUSED_SWIGLU
 from ...fused_ops import ROTATE_HALF_PAIR
 from .fused import FUSED_ATTENTION, FUSED_BLOCK, project_qkv
@@ -165,30 +164,18 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
         return call
 
 
-class MiniMaxH3RefinerDense(FastPath):
-    """The token refiner attends over text only: always dense, counted."""
-
-    fusion = REFINER_FUSION
-    description = "text-only token refiner attention (always dense)"
-    policy_reasons = (REFINER_DENSE,)
-
-    def run(self, attn, site, args, kwargs):
-        return Dense(REFINER_DENSE)
-
-
 SOL_ATTENTION = MiniMaxH3SolAttention()
-REFINER_DENSE_PATH = MiniMaxH3RefinerDense()
+#: the token refiner attends over text only: always dense, counted
+REFINER_DENSE_PATH = AlwaysDense(REFINER_FUSION, "text-only token refiner attention (always dense)", REFINER_DENSE)
 
 
-class MiniMaxH3Adapter(ModelAdapter):
+class MiniMaxH3Adapter(SolAttnAdapter):
     family = "MiniMax-H3"
     cache_blocks = "transformer_blocks"
     cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "MiniMaxH3Transformer3DModel"),)
-    backends = ("sol_attn",)
-
-    def default_tier(self, backend_config: Any) -> Tier:
-        return Tier.HIGH if backend_config is not None else DEFAULT_TIER
+    block_list = "transformer_blocks"
+    default_dense_layers = DEFAULT_DENSE_LAYERS
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         for path, module in model.named_modules():
@@ -205,35 +192,6 @@ class MiniMaxH3Adapter(ModelAdapter):
                 yield path, module, FUSED_SWIGLU, int(_SWIGLU.fullmatch(path).group(1))
             elif backend_config is not None and _REFINER_ATTENTION.fullmatch(path):
                 yield path, module, REFINER_DENSE_PATH, None
-
-    def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
-        if backend_config is not None and backend_config.dense_layers is None:
-            return dataclasses.replace(backend_config, dense_layers=DEFAULT_DENSE_LAYERS)
-        return backend_config
-
-    def validate_backend(self, backend_config: Any, model: torch.nn.Module) -> None:
-        super().validate_backend(backend_config, model)
-        if backend_config is None:
-            return
-        layers = len(model.transformer_blocks)
-        missing = sorted(i for i in backend_config.dense_layers if i >= layers)
-        if missing:
-            raise ValueError(f"dense_layers names layer(s) {missing} that {type(model).__name__} does not have: it "
-                             f"has {layers} transformer blocks, valid layer indices are 0-{layers - 1}")
-
-    def static_noops(self, model: torch.nn.Module, backend_config: Any, options: Any,
-                     asked: Any = None) -> list[str]:
-        if backend_config is None:
-            return []
-        reason = all_layers_dense_reason(backend_config, range(len(model.transformer_blocks)), type(model).__name__,
-                                         what="transformer blocks", defaulted=asked.dense_layers is None)
-        return [reason] if reason is not None else []
-
-    def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
-        return backend_config is not None and backend_config.dense_steps > 0
-
-    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
-        return (backend_config.dense_steps,) if backend_config is not None else ()
 
     def noise_level(self, timestep_values: tuple[float, ...]) -> float:
         return 1.0 - min(timestep_values)  # H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count

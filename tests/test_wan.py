@@ -1,0 +1,397 @@
+"""Wan 2.x with backend="sol_attn": the exact/lossless tiers and dense guards are diffusers' bits, remove()
+restores, high runs sparse with its exact fraction counted, cross-attention stays dense with its reason, strict
+mode, unknown layouts refused at apply(), Wan 2.2's two transformers, compile, pickling, backward, checkpointing,
+the step cache; and a check that catches a wrong kernel."""
+import copy
+import io
+import textwrap
+import types
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch.adapters import wan as wan_adapter
+from accelpatch.errors import FastPathUnavailableError
+from accelpatch.sites import sol_attention
+from accelpatch.sites.base import SITE_ATTR
+from _multiprocess import START, run_ranks
+from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
+                                wan_transformer_inputs)
+
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _bits_equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
+        a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.fixture(scope="module")
+def model_and_reference():
+    torch.set_num_threads(1)
+    m = tiny_wan_transformer()
+    inputs = wan_transformer_inputs(m)
+    return m, inputs, _forward(m, inputs)
+
+
+@pytest.fixture
+def model(model_and_reference):
+    m, inputs, reference = model_and_reference
+    yield m, inputs, reference
+    accelpatch.remove(m)
+
+
+@pytest.fixture(scope="module")
+def pipe_and_reference():
+    pipe = tiny_wan_pipeline()
+    return pipe, pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
+
+
+def _sol(report):
+    return [s for s in report.sites if s.kind == "wan_sol_attn"]
+
+
+def _cross(report):
+    return [s for s in report.sites if s.kind == "wan_cross_attention"]
+
+
+def test_exact_lossless_and_dense_guards_are_bit_identical(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    assert accelpatch.report(m).models[0].default_tier == "high"
+    for tier in ("exact", "lossless"):
+        with accelpatch.quality(tier):
+            assert _bits_equal(_forward(m, inputs), reference)
+    with pytest.warns(RuntimeWarning, match="never runs sparse"):  # the default dense layers 0, 1: all of them
+        accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
+    assert _bits_equal(_forward(m, inputs), reference)
+    assert {s.path: s.reference_calls for s in _sol(accelpatch.report(m))} == {
+        f"blocks.{i}.attn1": {sol_attention.DENSE_LAYER: 1} for i in (0, 1)}
+
+
+def test_high_runs_sparse_with_its_exact_fraction_and_cross_attention_stays_dense(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    out = _forward(m, inputs)
+    assert torch.isfinite(out).all() and not torch.equal(out, reference)
+    rep = accelpatch.report(m)
+    assert [(s.path, s.fast_calls) for s in _sol(rep)] == [("blocks.0.attn1", 1), ("blocks.1.attn1", 1)]
+    assert all(0 < s.stats["exact_fraction"] < 1 for s in _sol(rep)), _sol(rep)
+    assert [(s.path, s.fast_calls, s.reference_calls) for s in _cross(rep)] == [
+        (f"blocks.{i}.attn2", 0, {wan_adapter.CROSS_DENSE: 1}) for i in (0, 1)]
+    assert rep.fallback_calls == {} and "exact_fraction" in str(rep)
+    # all blocks exact (tau -> -inf) is dense attention up to rounding: an independent check of the projection
+    accelpatch.apply(m, **SPARSE, tau=-1e9)
+    torch.testing.assert_close(_forward(m, inputs), reference, atol=1e-4, rtol=1e-4)
+    assert all(s.stats["exact_fraction"] == 1.0 for s in _sol(accelpatch.report(m)))
+
+
+def _dense_kernel(perturb=False):
+    """A stand-in for the Sol-Attn op: dense SDPA the way diffusers' native dispatch runs it (so the sparse path's
+    restated projection must give the reference bit for bit), optionally perturbed in one element."""
+    def kernel(q, k, v, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+        if perturb:
+            out = out.clone()
+            out[0, 5, 1, 7] += 1e-3
+        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=1)
+    return kernel
+
+
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch, fused_qkv):
+    m, inputs, reference = model
+    import accelpatch.ops as ops
+
+    if fused_qkv:  # diffusers' fuse_qkv_projections: one to_qkv linear (numerically another GEMM: a new reference)
+        m.fuse_qkv_projections()
+        reference = _forward(m, inputs)
+    try:
+        accelpatch.apply(m, **SPARSE)
+        monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+        assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE and to_out exactly as WanAttnProcessor's
+        monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+        assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+    finally:
+        accelpatch.remove(m)
+        if fused_qkv:
+            m.unfuse_qkv_projections()
+
+
+def test_remove_restores_classes_processors_hooks_and_bits(model):
+    m, inputs, reference = model
+    processors = [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks]
+    classes = [type(mod) for mod in m.modules()]
+    accelpatch.apply(m, **SPARSE)
+    _forward(m, inputs)
+    accelpatch.remove(m)
+    assert [type(mod) for mod in m.modules()] == classes
+    assert [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks] == processors
+    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
+                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
+    assert _bits_equal(_forward(m, inputs), reference)
+
+
+def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
+    m, inputs, reference = model
+    import accelpatch.ops as ops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    accelpatch.apply(m, **SPARSE, strict=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(ops, "sol_attn", broken)
+        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
+            _forward(m, inputs)
+        accelpatch.apply(m, **SPARSE)
+        with pytest.warns(RuntimeWarning, match="kernel exploded"):
+            assert _bits_equal(_forward(m, inputs), reference)
+        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": 2}
+    accelpatch.apply(m, **SPARSE, strict=True)
+    attn = m.blocks[0].attn1
+    x = torch.randn(1, 64, m.config.num_attention_heads * m.config.attention_head_dim)
+    with pytest.raises(FastPathUnavailableError, match="attention_mask"):
+        attn(x, None, torch.zeros(1, 1, 64, 64))
+    accelpatch.apply(m, **SPARSE)
+    with pytest.warns(RuntimeWarning, match="attention_mask"):
+        out = attn(x, None, torch.zeros(1, 1, 64, 64))
+    accelpatch.remove(m)
+    assert torch.equal(out, attn(x, None, torch.zeros(1, 1, 64, 64)))  # the fallback is the processor's output
+
+
+def test_unknown_layouts_and_unsupported_models_are_refused_at_apply(model):
+    m, inputs, reference = model
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    original = m.blocks[1].attn1.processor
+    m.blocks[1].attn1.processor = AttnProcessor2_0()
+    try:
+        with pytest.raises(ValueError, match="blocks.1.attn1.processor is AttnProcessor2_0, expected WanAttnProcessor"):
+            accelpatch.apply(m, **SPARSE)
+        assert not any(SITE_ATTR in mod.__dict__ for mod in m.modules())
+    finally:
+        m.blocks[1].attn1.processor = original
+    with pytest.raises(ValueError, match="supported model classes: .*WanTransformer3DModel"):
+        accelpatch.apply(torch.nn.Linear(2, 2), backend="sol_attn")
+    with pytest.raises(ValueError, match="valid layer indices are 0-1"):
+        accelpatch.apply(m, backend="sol_attn", dense_layers="0,5")
+
+
+def test_pipeline_default_is_bit_identical_and_counts_its_dense_steps(pipe_and_reference):
+    pipe, reference = pipe_and_reference
+    accelpatch.apply(pipe, backend="sol_attn", dense_layers="")  # dense_steps=10 covers both steps
+    try:
+        out = pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
+        assert _bits_equal(out, reference)
+        rep = accelpatch.report(pipe)
+        assert all(s.reference_calls == {sol_attention.DENSE_STEP: 4} for s in _sol(rep))  # 2 steps x CFG
+        accelpatch.apply(pipe, **SPARSE)
+        with accelpatch.quality("exact"):
+            assert _bits_equal(pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames, reference)
+        out = pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
+        assert not torch.equal(out, reference) and torch.isfinite(out).all()
+        assert all(s.fast_calls == 4 and s.stats["exact_fraction"] < 1 for s in _sol(accelpatch.report(pipe)))
+    finally:
+        accelpatch.remove(pipe)
+    assert _bits_equal(pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames, reference)
+
+
+def test_wan22_two_transformers_are_both_patched():
+    pipe = tiny_wan_pipeline(two_transformers=True, boundary_ratio=0.9)
+    call = lambda: wan_pipeline_call_kwargs(num_inference_steps=3, output_type="latent")  # noqa: E731
+    reference = pipe(**call()).frames
+    accelpatch.apply(pipe, **SPARSE)
+    try:
+        out = pipe(**call()).frames
+        reports = [accelpatch.report(t) for t in (pipe.transformer, pipe.transformer_2)]
+        fast = [sum(s.fast_calls for s in _sol(r)) for r in reports]
+        assert all(f > 0 for f in fast) and sum(fast) == 3 * 2 * 2, fast  # 3 steps x CFG x 2 blocks
+        assert not torch.equal(out, reference)
+        with accelpatch.quality("exact"):
+            assert _bits_equal(pipe(**call()).frames, reference)
+    finally:
+        accelpatch.remove(pipe)
+    assert _bits_equal(pipe(**call()).frames, reference)
+
+
+@pytest.mark.parametrize("region", ["blocks", "whole"])
+def test_fullgraph_compile_equals_eager_at_every_tier(model, region):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    eager = {tier: None for tier in ("exact", "high")}
+    for tier in eager:
+        with accelpatch.quality(tier):
+            eager[tier] = _forward(m, inputs)
+    torch._dynamo.reset()
+    try:
+        if region == "blocks":  # the pattern of diffusers' compile_repeated_blocks
+            for block in m.blocks:
+                block.compile(backend="eager", fullgraph=True)
+            compiled = m
+        else:
+            compiled = torch.compile(m, backend="eager", fullgraph=True)
+        for tier in eager:
+            with accelpatch.quality(tier):
+                assert torch.equal(_forward(compiled, inputs), eager[tier]), tier
+        rep = accelpatch.report(m)
+        assert sum(s.fast_calls for s in _sol(rep)) == 4 and rep.fallback_calls == {}
+    finally:
+        for block in m.blocks:
+            block._compiled_call_impl = None
+        torch._dynamo.reset()
+    assert torch.equal(eager["exact"], reference)
+
+
+def test_pickle_and_deepcopy_keep_the_sparse_path(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+    sparse = _forward(m, inputs)
+    twin = copy.deepcopy(m)
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (twin, loaded):
+        assert torch.equal(_forward(other, inputs), sparse)
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(other))) >= 2
+        accelpatch.remove(other)
+        assert _bits_equal(_forward(other, inputs), reference)
+
+
+def test_backward_through_the_sparse_path_and_gradient_checkpointing():
+    m = tiny_wan_transformer(num_layers=1)
+    inputs = wan_transformer_inputs(m)
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+
+    def grads():
+        m.zero_grad()
+        m(**inputs).sample.square().mean().backward()
+        return m.blocks[0].attn1.to_q.weight.grad.clone()
+
+    plain = grads()
+    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
+    assert _sol(accelpatch.report(m))[0].fast_calls == 1
+    m.enable_gradient_checkpointing()
+    m.train()
+    try:
+        assert torch.equal(grads(), plain)
+        assert _sol(accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
+    finally:
+        m.disable_gradient_checkpointing()
+        m.eval()
+    accelpatch.remove(m)
+
+
+@pytest.mark.parametrize("method", ["first_block", "mag"])
+def test_step_cache_serves_wan(pipe_and_reference, method):
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig
+
+    pipe, reference = pipe_and_reference
+    steps = 4
+    call = lambda: wan_pipeline_call_kwargs(num_inference_steps=steps, output_type="latent")  # noqa: E731
+    plain = pipe(**call()).frames
+    cache = FirstBlockCacheConfig(threshold=1e9) if method == "first_block" else MagCacheConfig(
+        mag_ratios=[1.0] * steps, num_inference_steps=steps, retention_ratio=0.0, max_skip_steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Wan has no lossless fusion: "no module accelpatch patches"
+        accelpatch.apply(pipe, cache=cache, cache_warmup_steps=1)
+    try:
+        assert _bits_equal(pipe(**call()).frames, plain)  # default tier: lossless, nothing reused
+        with accelpatch.quality("high"):
+            cached = pipe(**call()).frames
+        counts = accelpatch.report(pipe).models[0].cache
+        assert counts["reused"] > 0 and not torch.equal(cached, plain), counts
+    finally:
+        accelpatch.remove(pipe)
+    assert _bits_equal(pipe(**call()).frames, plain)
+
+
+def test_threads_share_one_patched_model_with_their_own_tiers(model):
+    import threading
+
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    sparse = _forward(m, inputs)
+    barrier, outs = threading.Barrier(2), {}
+
+    def worker(tier):
+        with accelpatch.quality(tier):
+            for _ in range(2):
+                barrier.wait()
+                outs.setdefault(tier, []).append(_forward(m, inputs))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in ("exact", "high")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outs["exact"]) == len(outs["high"]) == 2
+    assert all(_bits_equal(o, reference) for o in outs["exact"]) and all(torch.equal(o, sparse) for o in outs["high"])
+
+
+ULYSSES = START + textwrap.dedent("""
+    def worker(rank, world, port, folder):
+        start(rank, world, port)
+        import accelpatch
+        from diffusers import ContextParallelConfig
+        from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
+        model = tiny_wan_transformer()
+        inputs = {**wan_transformer_inputs(model), "return_dict": False}  # diffusers' CP hooks gather tensors only
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+        out = {}
+        with torch.no_grad():
+            out["unpatched"] = model(**inputs)[0]
+            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+            with accelpatch.quality("exact"):
+                out["exact"] = model(**inputs)[0]
+            out["high"] = model(**inputs)[0]
+        report = accelpatch.report(model)
+        out["sites"] = {s.path: (s.fast_calls, s.reference_calls) for s in report.sites}
+        out["fallbacks"] = report.fallback_calls
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+""")
+
+
+def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(model, tmp_path):
+    """diffusers' own _cp_plan for Wan, Ulysses over 2 gloo ranks: each rank runs Sol-Attn over the whole sequence
+    for its head, and gives the one-process sparse output; exact is the unsplit model's."""
+    m, inputs, reference = model
+    ranks = run_ranks(tmp_path, ULYSSES, 2)
+    accelpatch.apply(m, **SPARSE)
+    one_process = _forward(m, inputs)
+    for out in ranks:
+        assert torch.equal(out["exact"], out["unpatched"]) and out["fallbacks"] == {}
+        torch.testing.assert_close(out["high"], one_process, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out["high"], out["unpatched"], atol=1e-4, rtol=1e-4)
+        assert {p: c for p, c in out["sites"].items() if p.endswith("attn1")} == {
+            f"blocks.{i}.attn1": (1, {"tier exact does not admit high": 1}) for i in (0, 1)}
+
+
+def test_i2v_layout_image_context_stays_in_the_dense_cross_attention():
+    """Wan 2.1 I2V: attn2 also attends to image tokens (added k/v; diffusers splits them off the first
+    ``len - 512`` context rows): still a dense cross-attention site, and attn1 still runs sparse."""
+    m = tiny_wan_transformer(image_dim=16, added_kv_proj_dim=256)
+    inputs = {**wan_transformer_inputs(m, text_len=512), "encoder_hidden_states_image": torch.randn(1, 4, 16)}
+    reference = _forward(m, inputs)
+    accelpatch.apply(m, **SPARSE)
+    with accelpatch.quality("exact"):
+        assert _bits_equal(_forward(m, inputs), reference)
+    assert not torch.equal(_forward(m, inputs), reference)
+    rep = accelpatch.report(m)
+    assert [s.fast_calls for s in _sol(rep)] == [1, 1] and all(
+        s.fast_calls == 0 and s.reference_calls[wan_adapter.CROSS_DENSE] == 1 for s in _cross(rep))
+    accelpatch.remove(m)
