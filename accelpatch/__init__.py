@@ -57,7 +57,7 @@ _LAZY = {
     "cfg_parallel_counts": "accelpatch.parallel.cfg",
     # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.backends.attention_registry)
     "configure_sol_attn_backend": "accelpatch.backends.attention_backend",
-    "attention_backend_report": "accelpatch.backends.attention_backend",
+    "attention_backend_report": "accelpatch.backends.attention_registry",
     "register_sol_attn_backend": "accelpatch.backends.attention_registry",
 }
 
@@ -175,7 +175,8 @@ def report(target: Any, *, reset: bool = False):
     models = transformers_of(target, verb="report")
     report = build_report(models, reset=reset)
     if _attention_registry.is_registered():
-        from .backends.attention_backend import attention_backend_report, uses_sol_attn
+        from .backends.attention_backend import uses_sol_attn
+        from .backends.attention_registry import attention_backend_report
 
         if uses_sol_attn(models):  # counted process-wide: diffusers passes the backend no module
             report = dataclasses.replace(report, attention_backend=attention_backend_report(reset=reset))

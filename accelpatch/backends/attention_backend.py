@@ -24,7 +24,7 @@ no known step a call runs dense, counted. Counts are process-wide too (:data:`CO
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
@@ -277,22 +277,6 @@ class AttentionBackendReport:
         return text + (f"; not counted: {self.uncounted}" if self.uncounted else "")
 
     __repr__ = __str__
-
-
-def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
-    """What the ``sol_attn`` attention backend (``set_attention_backend``) did in this process; ``reset=True``
-    zeroes the counts after reading them."""
-    from . import attention_registry
-
-    totals = COUNTERS.totals()
-    if reset:
-        COUNTERS.reset()
-    return AttentionBackendReport(
-        registered=attention_registry.is_registered(), why_not_registered=attention_registry.why_not_registered(),
-        sparse_calls=totals["fast"], dense_calls={k: v for k, v in totals["reference"].items() if v},
-        fallback_calls={k: v for k, v in totals["fallbacks"].items() if v},
-        exact_fraction=totals["stats"].get("exact_fraction"), config=asdict(_config),
-        uncounted=totals["uncounted"])
 
 
 def uses_sol_attn(models) -> bool:

@@ -1,5 +1,6 @@
 """Register the ``sol_attn`` backend in diffusers' attention backend registry, so that
-``model.set_attention_backend("sol_attn")`` works after ``import accelpatch``, with no ``apply()``.
+``model.set_attention_backend("sol_attn")`` works after ``import accelpatch``, with no ``apply()``; and the
+backend's public face: whether it is registered and what it did (:func:`attention_backend_report`).
 
 diffusers 0.42 has no public registration API and its ``AttentionBackendName`` is a closed ``str`` enum that both
 ``set_attention_backend`` methods and ``dispatch_attention_fn`` validate names against. :func:`register` therefore,
@@ -146,6 +147,24 @@ def register(*, diffusers_version: Optional[str] = None) -> None:
         registry.get_active_backend = classmethod(get_active_backend)
         ab.prime_dense()
         _state.update(registered=True, error=None, original_get_active=original)
+
+
+def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
+    """What the ``sol_attn`` attention backend (``set_attention_backend``) did in this process; ``reset=True``
+    zeroes the counts after reading them."""
+    from dataclasses import asdict
+
+    from .attention_backend import COUNTERS, AttentionBackendReport, current_config
+
+    totals = COUNTERS.totals()
+    if reset:
+        COUNTERS.reset()
+    return AttentionBackendReport(
+        registered=is_registered(), why_not_registered=why_not_registered(),
+        sparse_calls=totals["fast"], dense_calls={k: v for k, v in totals["reference"].items() if v},
+        fallback_calls={k: v for k, v in totals["fallbacks"].items() if v},
+        exact_fraction=totals["stats"].get("exact_fraction"), config=asdict(current_config()),
+        uncounted=totals["uncounted"])
 
 
 #: the public name (``accelpatch.register_sol_attn_backend``)
