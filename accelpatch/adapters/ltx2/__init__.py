@@ -3,7 +3,8 @@ block) with the ``sol_attn`` backend.
 
 With ``sol_attn``, ``transformer_blocks.N.attn1`` (self-attention over the video tokens, LTX-2's RoPE applied to
 q and k) carry the Sol-Attn sparse path (``high``). Every other attention of a block is a site that always stays
-dense, counted with its reason: ``audio_attn1`` (audio self-attention: short sequences, never measured sparse),
+dense, counted with its reason: ``audio_attn1`` (audio self-attention: never measured sparse; short, 25 latents
+a second, and head dim 64 in the release where the upstream kernels take 128),
 ``attn2``/``audio_attn2`` (text cross-attention) and ``audio_to_video_attn``/``video_to_audio_attn`` (the a2v/v2a
 cross-attention between the streams). Dense steps, dense layers, masked calls (``video_self_attention_mask``),
 STG-perturbed calls (LTX-2.3's ``spatio_temporal_guidance_blocks``) and every call that does not fit the sparse
@@ -17,8 +18,9 @@ Defaults, and where each comes from (nothing published that we found gives LTX-2
   reports LTX-2.3 at 89.8 % sparsity, 1.9x end to end, without the settings in our sources; the Gaussian estimate
   1 - Phi(tau) gives ~16 % exact blocks at tau = 1 before the always-exact neighbours (~10 % would be tau ~ 1.3).
 * **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
-  MiniMax-H3's, Wan's). Note that LTX-2's distilled checkpoints run 8 steps: with dense_steps = 10 they never run
-  sparse; set dense_steps lower there.
+  MiniMax-H3's, Wan's). ``LTX2Pipeline``'s default 30 steps then run 20 sparse; diffusers' distilled schedule
+  (``pipelines/ltx2/utils.py`` ``DISTILLED_SIGMA_VALUES``: 8 steps, 3 in stage 2) never runs sparse at
+  dense_steps = 10: set it lower there.
 * audio self-attention dense: the issue's rule ("LTX-2's audio stream too, unless measured safe"); unmeasured.
 So the defaults are unmeasured on LTX-2: ``accelpatch validate``/``tune`` must confirm them before they are trusted.
 """
