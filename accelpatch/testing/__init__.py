@@ -22,6 +22,8 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
 * ``wan``: config dicts ``WAN_*_CONFIG``, :func:`tiny_wan_transformer`, :func:`wan_transformer_inputs`,
   :func:`wan_transformer_on_meta`,
   :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
+* ``ltx2``: ``LTX2_TINY_CONFIG``, ``LTX2_3_TINY_CONFIG``, :func:`tiny_ltx2_transformer`,
+  :func:`ltx2_transformer_inputs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -32,6 +34,7 @@ such small models get slower and much noisier.
 """
 from __future__ import annotations
 
+from .ltx2 import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 from .minimax_h3 import (
     MINIMAX_H3_MEDIUM_CONFIG,
     MINIMAX_H3_SOL_CONFIG,
@@ -79,6 +82,7 @@ from .wan import (
 )
 
 __all__ = [
+    "LTX2_TINY_CONFIG", "LTX2_3_TINY_CONFIG", "tiny_ltx2_transformer", "ltx2_transformer_inputs",
     "SANA_VIDEO_TINY_CONFIG",
     "SANA_VIDEO_RELEASE_LIKE_CONFIG",
     "SANA_VIDEO_MEDIUM_CONFIG",

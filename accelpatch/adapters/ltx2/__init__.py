@@ -1,0 +1,171 @@
+"""LTX-2 (diffusers ``LTX2VideoTransformer3DModel``: LTX-2 and LTX-2.3, a video and an audio stream in every
+block) with the ``sol_attn`` backend.
+
+With ``sol_attn``, ``transformer_blocks.N.attn1`` (self-attention over the video tokens, LTX-2's RoPE applied to
+q and k) carry the Sol-Attn sparse path (``high``). Every other attention of a block is a site that always stays
+dense, counted with its reason: ``audio_attn1`` (audio self-attention: never measured sparse; short, 25 latents
+a second, and head dim 64 in the release where the upstream kernels take 128),
+``attn2``/``audio_attn2`` (text cross-attention) and ``audio_to_video_attn``/``video_to_audio_attn`` (the a2v/v2a
+cross-attention between the streams). Dense steps, dense layers, masked calls (``video_self_attention_mask``),
+STG-perturbed calls (LTX-2.3's ``spatio_temporal_guidance_blocks``) and every call that does not fit the sparse
+path run diffusers' processor unchanged. The sparse path calls diffusers' own RoPE functions (interleaved or
+split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does. Without a backend
+nothing is patched. No step cache: a block returns two streams (video, audio) and diffusers' cache hooks carry
+one residual (the other stream would be reused wrongly).
+
+Defaults, and where each comes from (nothing published that we found gives LTX-2-specific settings):
+* **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
+  reports LTX-2.3 at 89.8 % sparsity, 1.9x end to end, without the settings in our sources; the Gaussian estimate
+  1 - Phi(tau) gives ~16 % exact blocks at tau = 1 before the always-exact neighbours (~10 % would be tau ~ 1.3).
+* **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
+  MiniMax-H3's, Wan's). ``LTX2Pipeline``'s default 30 steps then run 20 sparse; diffusers' distilled schedule
+  (``pipelines/ltx2/utils.py`` ``DISTILLED_SIGMA_VALUES``: 8 steps, 3 in stage 2) never runs sparse at
+  dense_steps = 10: set it lower there.
+* audio self-attention dense: the issue's rule ("LTX-2's audio stream too, unless measured safe"); unmeasured.
+So the defaults are unmeasured on LTX-2: ``accelpatch validate``/``tune`` must confirm them before they are trusted.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional, Union
+
+import torch
+
+from ...gate import QualityGatedFusion
+from ...sites.base import Decline, Dense, Site, bind_call
+from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
+from ...tiers import Tier
+from ..sol_attn_adapter import SolAttnAdapter
+
+SOL_FUSION = QualityGatedFusion.named("ltx2_sol_attn", Tier.HIGH)
+DENSE_FUSION = QualityGatedFusion.named("ltx2_dense_attention", Tier.HIGH)
+
+AUDIO_DENSE = "audio self-attention stays dense: not measured safe under Sol-Attn"
+CROSS_DENSE = ("cross-attention (text, audio-to-video, video-to-audio) stays dense: Sol-Attn covers "
+               "self-attention only")
+PERTURBED_CALL = "an STG perturbation_mask was given (spatio_temporal_guidance_blocks): the processor runs it"
+#: SGLang's policy default (sol_attn.md §3); unmeasured on LTX-2 (see the module docstring)
+DEFAULT_DENSE_LAYERS = frozenset({0, 1})
+
+_SELF = re.compile(r"transformer_blocks\.(\d+)\.attn1")
+_AUDIO_SELF = re.compile(r"transformer_blocks\.(\d+)\.audio_attn1")
+_CROSS = re.compile(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)")
+ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+
+
+def _ltx2():
+    from diffusers.models.transformers import transformer_ltx2
+
+    return transformer_ltx2
+
+
+class LTX2SolAttention(DispatchSelfAttention):
+    """Sol-Attn on LTX-2's video self-attention: q/k/v as ``LTX2AudioVideoAttnProcessor`` (or LTX-2.3's
+    ``LTX2PerturbedAttnProcessor`` outside STG blocks) hands them to the dispatcher, then its gates and ``to_out``."""
+
+    fusion = SOL_FUSION
+    description = "block-sparse Sol-Attn with rank-1 correction on LTX-2's video self-attention"
+    call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "query_rotary_emb", "key_rotary_emb")
+    policy_reasons = DispatchSelfAttention.policy_reasons + (PERTURBED_CALL,)
+
+    def processor_class(self) -> type:
+        return _ltx2().LTX2AudioVideoAttnProcessor
+
+    def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
+        ltx2 = _ltx2()
+        processor = type(getattr(module, "processor", None))
+        if processor in (ltx2.LTX2AudioVideoAttnProcessor, ltx2.LTX2PerturbedAttnProcessor):
+            return None
+        return f"processor is {processor.__name__}, expected LTX2AudioVideoAttnProcessor or LTX2PerturbedAttnProcessor"
+
+    def project(self, attn, call):
+        ltx2 = _ltx2()
+        hidden = call["hidden_states"]
+        query, key, value = attn.to_q(hidden), attn.to_k(hidden), attn.to_v(hidden)
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        q_rope = call["query_rotary_emb"]
+        if q_rope is not None:
+            k_rope = call["key_rotary_emb"] if call["key_rotary_emb"] is not None else q_rope
+            rotate = {"interleaved": ltx2.apply_interleaved_rotary_emb,
+                      "split": ltx2.apply_split_rotary_emb}.get(attn.rope_type)
+            if rotate is not None:  # the processor applies no RoPE for another rope_type either
+                query, key = rotate(query, q_rope), rotate(key, k_rope)
+        return tuple(x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        """An STG-perturbed call (LTX-2.3's guidance, chosen by the caller) is dense by policy, not a failure: it
+        runs the processor, counted after the dense steps and layers."""
+        call = bind_call(args, kwargs, self.call_names)
+        perturbed = call.get("all_perturbed")
+        if call.get("perturbation_mask") is not None or (perturbed is not None and perturbed is not False):
+            verdict = dense_policy(site.model.backend, site)
+            return verdict if verdict is not None else Dense(PERTURBED_CALL)
+        return super().run(attn, site, args, kwargs)
+
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+        call = bind_call(args, kwargs, self.call_names)
+        sparse = super().prepare(attn, site, args, kwargs)
+        if isinstance(sparse, Decline) or attn.to_gate_logits is None:
+            return sparse
+        gate_logits = attn.to_gate_logits(call["hidden_states"])
+        query = sparse.query
+
+        def gated_finish(out: torch.Tensor) -> torch.Tensor:  # LTX-2.3's per-head gates, as the processor does
+            out = out.flatten(2, 3).to(query.dtype).unflatten(2, (attn.heads, -1))
+            out = (out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)).flatten(2, 3)
+            return attn.to_out[1](attn.to_out[0](out))
+
+        sparse.finish = gated_finish
+        return sparse
+
+
+SOL_ATTENTION = LTX2SolAttention()
+AUDIO_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 audio self-attention (always dense)", AUDIO_DENSE)
+CROSS_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 cross-attention (always dense)", CROSS_DENSE)
+
+
+class LTX2Adapter(SolAttnAdapter):
+    family = "LTX-2"
+    model_classes = (("diffusers", "LTX2VideoTransformer3DModel"),)
+    block_list = "transformer_blocks"
+    default_dense_layers = DEFAULT_DENSE_LAYERS
+    sol_sites, dense_sites = _SELF, _CROSS
+    sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
+    cache_unsupported = ("its blocks return two streams (video, audio) and diffusers' cache hooks carry one "
+                         "residual")
+
+    def iter_sites(self, model: torch.nn.Module, backend_config):
+        """As the shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
+        if backend_config is None:
+            return
+        table = ((_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH))
+        for path, module in model.named_modules():
+            for pattern, fast_path in table:
+                match = pattern.fullmatch(path)
+                if match is not None:
+                    yield path, module, fast_path, int(match.group(1))
+
+    def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
+        """Every block has its six attentions as ``LTX2Attention``; the video self-attention ``attn1`` is a
+        self-attention (k/v from the hidden states) with diffusers' LTX-2 processor and a RoPE type the processor
+        knows; the model computes the video RoPE in ``rope``."""
+        ltx2 = _ltx2()
+        blocks = getattr(model, "transformer_blocks", None)
+        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+            return "it has no non-empty ModuleList `transformer_blocks`"
+        if not isinstance(getattr(model, "rope", None), ltx2.LTX2AudioVideoRotaryPosEmbed):
+            return f"`rope` is {type(getattr(model, 'rope', None)).__name__}, expected LTX2AudioVideoRotaryPosEmbed"
+        for i, block in enumerate(blocks):
+            for name in ATTENTIONS:
+                attn = getattr(block, name, None)
+                if not isinstance(attn, ltx2.LTX2Attention):
+                    return f"transformer_blocks.{i}.{name} is {type(attn).__name__}, expected LTX2Attention"
+            attn1 = block.attn1
+            mismatch = SOL_ATTENTION.processor_mismatch(attn1)
+            if mismatch is not None:
+                return f"transformer_blocks.{i}.attn1.{mismatch}"
+            if attn1.cross_attention_dim != attn1.query_dim:
+                return f"transformer_blocks.{i}.attn1 is a cross-attention (cross_attention_dim != query_dim)"
+            if attn1.rope_type not in ("interleaved", "split"):
+                return f"transformer_blocks.{i}.attn1.rope_type is {attn1.rope_type!r}, expected interleaved or split"
+        return None

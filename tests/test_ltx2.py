@@ -1,0 +1,296 @@
+"""LTX-2 with backend="sol_attn": the exact/lossless tiers and dense guards are diffusers' bits (video and audio),
+remove() restores, high runs sparse on the video self-attention with its exact fraction counted while the audio
+self-attention and every cross-attention stay dense with their reasons, strict mode, unknown layouts refused at
+apply(), LTX-2.3's layout (split RoPE, gates, the STG processor), compile, pickling, backward, checkpointing; and a
+check that catches a wrong kernel."""
+import copy
+import io
+import types
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch.adapters import ltx2 as ltx2_adapter
+from accelpatch.errors import FastPathUnavailableError
+from accelpatch.sites import sol_attention
+from accelpatch.sites.base import SITE_ATTR
+from accelpatch.testing import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
+
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+ATTENTIONS = ltx2_adapter.ATTENTIONS
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        out = model(**inputs)
+    return out.sample, out.audio_sample
+
+
+def _bits_equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
+        a.view(torch.int32), b.view(torch.int32))
+
+
+def _both_equal(outs, reference):
+    return all(_bits_equal(o, r) for o, r in zip(outs, reference, strict=True))
+
+
+@pytest.fixture(scope="module")
+def model_and_reference():
+    torch.set_num_threads(1)
+    m = tiny_ltx2_transformer()
+    inputs = ltx2_transformer_inputs(m)
+    return m, inputs, _forward(m, inputs)
+
+
+@pytest.fixture
+def model(model_and_reference):
+    m, inputs, reference = model_and_reference
+    yield m, inputs, reference
+    accelpatch.remove(m)
+
+
+def _sol(report):
+    return [s for s in report.sites if s.kind == "ltx2_sol_attn"]
+
+
+def _dense(report):
+    return {s.path: (s.fast_calls, s.reference_calls) for s in report.sites if s.kind == "ltx2_dense_attention"}
+
+
+def _expected_dense(calls=1):
+    expected = {}
+    for i in (0, 1):
+        for name in ATTENTIONS[1:]:
+            reason = ltx2_adapter.AUDIO_DENSE if name == "audio_attn1" else ltx2_adapter.CROSS_DENSE
+            expected[f"transformer_blocks.{i}.{name}"] = (0, {reason: calls})
+    return expected
+
+
+def test_exact_lossless_and_dense_guards_are_bit_identical(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    assert accelpatch.report(m).models[0].default_tier == "high"
+    for tier in ("exact", "lossless"):
+        with accelpatch.quality(tier):
+            assert _both_equal(_forward(m, inputs), reference)
+    with pytest.warns(RuntimeWarning, match="never runs sparse"):  # the default dense layers 0, 1: all of them
+        accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
+    assert _both_equal(_forward(m, inputs), reference)
+    assert {s.path: s.reference_calls for s in _sol(accelpatch.report(m))} == {
+        f"transformer_blocks.{i}.attn1": {sol_attention.DENSE_LAYER: 1} for i in (0, 1)}
+    accelpatch.apply(m, backend="sol_attn", dense_layers="")  # dense_steps=10 covers timestep 500's step 0
+    assert _both_equal(_forward(m, inputs), reference)
+    assert all(s.reference_calls == {sol_attention.DENSE_STEP: 1} for s in _sol(accelpatch.report(m)))
+
+
+def test_high_runs_sparse_on_video_self_attention_only_and_moves_the_audio_through_v2a(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    video, audio = _forward(m, inputs)
+    assert torch.isfinite(video).all() and torch.isfinite(audio).all() and not torch.equal(video, reference[0])
+    rep = accelpatch.report(m)
+    assert [(s.path, s.fast_calls) for s in _sol(rep)] == [(f"transformer_blocks.{i}.attn1", 1) for i in (0, 1)]
+    assert all(0 < s.stats["exact_fraction"] < 1 for s in _sol(rep)), _sol(rep)
+    assert _dense(rep) == _expected_dense() and rep.fallback_calls == {} and "exact_fraction" in str(rep)
+    # The audio stream's own attention is dense, but it reads the video through video_to_audio_attn: it moves,
+    # by much less than the video (measured: ~0.0018 vs ~0.0088 max abs, outputs of magnitude ~1-2).
+    audio_moved = (audio - reference[1]).abs().max() / reference[1].abs().max()
+    video_moved = (video - reference[0]).abs().max() / reference[0].abs().max()
+    assert 0 < audio_moved < video_moved, (audio_moved, video_moved)
+    # all blocks exact (tau -> -inf) is dense attention up to rounding: an independent check of the projection
+    accelpatch.apply(m, **SPARSE, tau=-1e9)
+    for out, ref in zip(_forward(m, inputs), reference):
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert all(s.stats["exact_fraction"] == 1.0 for s in _sol(accelpatch.report(m)))
+
+
+def _dense_kernel(perturb=False):
+    """A stand-in for the Sol-Attn op: dense SDPA the way diffusers' native dispatch runs it (so the sparse path's
+    restated projection, RoPE and gates must give the reference bit for bit), optionally perturbed in one element."""
+    def kernel(q, k, v, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+        if perturb:
+            out = out.clone()
+            out[0, 5, 1, 7] += 1e-3
+        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=1)
+    return kernel
+
+
+@pytest.mark.parametrize("layout", ["ltx2", "ltx2.3"])
+def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model_and_reference, monkeypatch,
+                                                                                 layout):
+    """LTX-2 (interleaved RoPE) and LTX-2.3 (split RoPE, per-head gates, the STG processor, prompt modulation)."""
+    import accelpatch.ops as ops
+
+    if layout == "ltx2":
+        m, inputs, reference = model_and_reference
+    else:
+        m = tiny_ltx2_transformer(LTX2_3_TINY_CONFIG)
+        inputs = ltx2_transformer_inputs(m)
+        reference = _forward(m, inputs)
+        assert m.transformer_blocks[0].attn1.to_gate_logits is not None
+    try:
+        accelpatch.apply(m, **SPARSE)
+        monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+        assert _both_equal(_forward(m, inputs), reference)  # q/k/v, RoPE, gates, to_out exactly as the processor's
+        monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+        perturbed = _forward(m, inputs)
+        assert not torch.equal(perturbed[0], reference[0])  # the same check sees a one-element error
+        assert not torch.equal(perturbed[1], reference[1])  # and so does the audio output (through v2a)
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+    finally:
+        accelpatch.remove(m)
+
+
+def test_ltx23_stg_blocks_and_masked_calls_run_the_processor_counted(monkeypatch):
+    import accelpatch.ops as ops
+
+    m = tiny_ltx2_transformer(LTX2_3_TINY_CONFIG)
+    stg = {**ltx2_transformer_inputs(m), "spatio_temporal_guidance_blocks": [1],
+           "perturbation_mask": torch.tensor([0.0])}
+    masked = {**ltx2_transformer_inputs(m), "video_self_attention_mask": torch.ones(1, 1024, 1024)}
+    references = [_forward(m, stg), _forward(m, masked)]
+    accelpatch.apply(m, **SPARSE)
+    monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+    assert _both_equal(_forward(m, stg), references[0])  # no warning: a dense-by-policy call
+    assert {s.path: (s.fast_calls, s.reference_calls) for s in _sol(accelpatch.report(m))} == {
+        "transformer_blocks.0.attn1": (1, {}), "transformer_blocks.1.attn1": (0, {ltx2_adapter.PERTURBED_CALL: 1})}
+    with pytest.warns(RuntimeWarning, match="attention_mask"):
+        assert _both_equal(_forward(m, masked), references[1])
+    assert all(s.reference_calls.get(sol_attention.MASKED_CALL) == 1 for s in _sol(accelpatch.report(m)))
+    accelpatch.apply(m, **SPARSE, strict=True)
+    with pytest.raises(FastPathUnavailableError, match="attention_mask"):
+        _forward(m, masked)
+    accelpatch.remove(m)
+
+
+def test_remove_restores_classes_processors_hooks_and_bits(model):
+    m, inputs, reference = model
+    processors = [getattr(b, n).processor for b in m.transformer_blocks for n in ATTENTIONS]
+    classes = [type(mod) for mod in m.modules()]
+    accelpatch.apply(m, **SPARSE)
+    _forward(m, inputs)
+    accelpatch.remove(m)
+    assert [type(mod) for mod in m.modules()] == classes
+    assert [getattr(b, n).processor for b in m.transformer_blocks for n in ATTENTIONS] == processors
+    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
+                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
+    assert _both_equal(_forward(m, inputs), reference)
+
+
+def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
+    m, inputs, reference = model
+    import accelpatch.ops as ops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    accelpatch.apply(m, **SPARSE, strict=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(ops, "sol_attn", broken)
+        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
+            _forward(m, inputs)
+        accelpatch.apply(m, **SPARSE)
+        with pytest.warns(RuntimeWarning, match="kernel exploded"):
+            assert _both_equal(_forward(m, inputs), reference)
+        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": 2}
+    accelpatch.apply(m, **SPARSE, strict=True)  # a dense-by-design site is no failure, also under strict
+    x = torch.randn(1, 32, 64)
+    assert _forward(m, inputs)[0].shape == reference[0].shape
+    out = m.transformer_blocks[0].audio_attn1(x)
+    accelpatch.remove(m)
+    assert torch.equal(out, m.transformer_blocks[0].audio_attn1(x))
+
+
+def test_unknown_layouts_unsupported_models_and_the_step_cache_are_refused_at_apply(model):
+    m, inputs, reference = model
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    original = m.transformer_blocks[1].attn1.processor
+    m.transformer_blocks[1].attn1.processor = AttnProcessor2_0()
+    try:
+        with pytest.raises(ValueError, match="transformer_blocks.1.attn1.processor is AttnProcessor2_0, expected "
+                                             "LTX2AudioVideoAttnProcessor"):
+            accelpatch.apply(m, **SPARSE)
+        assert not any(SITE_ATTR in mod.__dict__ for mod in m.modules())
+    finally:
+        m.transformer_blocks[1].attn1.processor = original
+    original = m.transformer_blocks[0].audio_to_video_attn
+    m.transformer_blocks[0].audio_to_video_attn = torch.nn.Identity()
+    try:
+        with pytest.raises(ValueError, match="audio_to_video_attn is Identity, expected LTX2Attention"):
+            accelpatch.apply(m, **SPARSE)
+    finally:
+        m.transformer_blocks[0].audio_to_video_attn = original
+    with pytest.raises(ValueError, match="supported model classes: .*LTX2VideoTransformer3DModel"):
+        accelpatch.apply(torch.nn.Linear(2, 2), backend="sol_attn")
+    with pytest.raises(ValueError, match="valid layer indices are 0-1"):
+        accelpatch.apply(m, backend="sol_attn", dense_layers="0,5")
+    with pytest.raises(ValueError, match="two streams"):
+        accelpatch.apply(m, cache="first_block")
+    assert not any(SITE_ATTR in mod.__dict__ for mod in m.modules())
+
+
+def test_per_block_fullgraph_compile_equals_eager_on_the_sparse_path(model):
+    """At ``high`` (the tier switch under compile is the shared mechanism, covered for every tier in test_wan.py;
+    a second tier would recompile, ~3 s here)."""
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE)
+    eager = _forward(m, inputs)
+    torch._dynamo.reset()
+    try:
+        for block in m.transformer_blocks:  # the pattern of diffusers' compile_repeated_blocks
+            block.compile(backend="eager", fullgraph=True)
+        assert _both_equal(_forward(m, inputs), eager)
+        rep = accelpatch.report(m)
+        assert sum(s.fast_calls for s in _sol(rep)) == 4 and rep.fallback_calls == {}  # eager and compiled
+    finally:
+        for block in m.transformer_blocks:
+            block._compiled_call_impl = None
+        torch._dynamo.reset()
+    with accelpatch.quality("exact"):
+        assert _both_equal(_forward(m, inputs), reference)
+
+
+def test_pickle_and_deepcopy_keep_the_sparse_path(model):
+    m, inputs, reference = model
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+    sparse = _forward(m, inputs)
+    twin = copy.deepcopy(m)
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (twin, loaded):
+        assert _both_equal(_forward(other, inputs), sparse)
+        assert sum(s.fast_calls for s in _sol(accelpatch.report(other))) >= 2  # its own, and the counts so far
+        accelpatch.remove(other)
+        assert _both_equal(_forward(other, inputs), reference)
+
+
+def test_backward_through_the_sparse_path_and_gradient_checkpointing():
+    m = tiny_ltx2_transformer(num_layers=1)
+    inputs = ltx2_transformer_inputs(m)
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+
+    def grads():
+        m.zero_grad()
+        out = m(**inputs)
+        (out.sample.square().mean() + out.audio_sample.square().mean()).backward()
+        return m.transformer_blocks[0].attn1.to_q.weight.grad.clone()
+
+    plain = grads()
+    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
+    assert _sol(accelpatch.report(m))[0].fast_calls == 1
+    m.enable_gradient_checkpointing()
+    m.train()
+    try:
+        assert torch.equal(grads(), plain)
+        assert _sol(accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
+    finally:
+        m.disable_gradient_checkpointing()
+        m.eval()
+    accelpatch.remove(m)
