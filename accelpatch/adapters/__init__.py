@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 
 from .base import ModelAdapter
+from .hunyuan_video15 import HunyuanVideo15Adapter
 from .minimax_h3 import MiniMaxH3Adapter
 from .sana_video import SanaVideoAdapter
 from .sana_video2 import SanaVideo2Adapter
 from .wan import WanAdapter
 
 ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter(), WanAdapter()]
+ADAPTERS.append(HunyuanVideo15Adapter())
 
 
 def find_adapter(model: torch.nn.Module) -> ModelAdapter:

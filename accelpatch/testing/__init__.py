@@ -22,6 +22,8 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
 * ``wan``: config dicts ``WAN_*_CONFIG``, :func:`tiny_wan_transformer`, :func:`wan_transformer_inputs`,
   :func:`wan_transformer_on_meta`,
   :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
+* ``hunyuan_video15``: ``HUNYUAN_VIDEO15_SOL_CONFIG``, :func:`tiny_hunyuan_video15_transformer`,
+  :func:`hunyuan_video15_transformer_inputs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -32,6 +34,7 @@ such small models get slower and much noisier.
 """
 from __future__ import annotations
 
+from .hunyuan_video15 import HUNYUAN_VIDEO15_SOL_CONFIG, hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer  # noqa: E501
 from .minimax_h3 import (
     MINIMAX_H3_MEDIUM_CONFIG,
     MINIMAX_H3_SOL_CONFIG,
@@ -117,3 +120,4 @@ __all__ = [
     "tiny_wan_pipeline",
     "wan_pipeline_call_kwargs",
 ]
+__all__ += ["HUNYUAN_VIDEO15_SOL_CONFIG", "tiny_hunyuan_video15_transformer", "hunyuan_video15_transformer_inputs"]
