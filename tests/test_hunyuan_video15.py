@@ -153,7 +153,6 @@ def test_a_mask_that_is_not_the_layout_declines_counted_and_strict_raises(model,
     batch = hunyuan_video15_transformer_inputs(m, batch_size=2)
     batch["encoder_attention_mask"] = batch["encoder_attention_mask"].clone()
     batch["encoder_attention_mask"][1, 5] = 0
-    expected = None
     with accelpatch.quality("exact"):
         expected = _forward(m, batch)
     with pytest.raises(FastPathUnavailableError, match="different numbers of valid text tokens"):
@@ -254,3 +253,20 @@ def test_backward_through_the_sparse_path_and_gradient_checkpointing():
         m.disable_gradient_checkpointing()
         m.eval()
     accelpatch.remove(m)
+
+
+def test_image_to_video_with_no_padding_runs_sparse_over_the_whole_sequence(model, monkeypatch):
+    """I2V (image tokens valid) with every text token valid: the prefix is the whole joint sequence (no padding
+    rows); the stand-in dense kernel still gives diffusers' bits and the real one runs sparse."""
+    m, _, _ = model
+    import accelpatch.ops as ops
+
+    inputs = hunyuan_video15_transformer_inputs(m, image=True, text_valid=8, text_2_valid=4)
+    reference = _forward(m, inputs)
+    accelpatch.apply(m, **SPARSE)
+    out = _forward(m, inputs)
+    assert torch.isfinite(out).all() and not torch.equal(out, reference)
+    assert all(s.fast_calls == 1 and s.stats["sparse_row_fraction"] == VIDEO / (VIDEO + TEXT)
+               for s in _sol(accelpatch.report(m)))
+    monkeypatch.setattr(ops, "sol_attn", _masked_dense_kernel(VIDEO + TEXT))
+    assert _bits_equal(_forward(m, inputs), reference)

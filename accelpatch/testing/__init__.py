@@ -34,7 +34,11 @@ such small models get slower and much noisier.
 """
 from __future__ import annotations
 
-from .hunyuan_video15 import HUNYUAN_VIDEO15_SOL_CONFIG, hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer  # noqa: E501
+from .hunyuan_video15 import (
+    HUNYUAN_VIDEO15_SOL_CONFIG,
+    hunyuan_video15_transformer_inputs,
+    tiny_hunyuan_video15_transformer,
+)
 from .minimax_h3 import (
     MINIMAX_H3_MEDIUM_CONFIG,
     MINIMAX_H3_SOL_CONFIG,

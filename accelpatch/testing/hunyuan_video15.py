@@ -15,7 +15,7 @@ from ._common import _build_seeded, _config_of, _input_dtype_and_device
 
 #: 2 heads x 128 (the released head dim, the Sol-Attn kernels'; RoPE axes 16 + 56 + 56 = 128 as released),
 #: 2 dual-stream blocks, 1 refiner block, patch 1 (one token per latent pixel), narrow text/image inputs.
-#: ~6.9M parameters (4.2M of them the ByT5 projection's fixed 2048-wide hidden layer).
+#: ~9.3M parameters (4.2M of them the ByT5 projection's fixed 2048 x 2048 layer).
 HUNYUAN_VIDEO15_SOL_CONFIG: dict[str, Any] = dict(
     in_channels=4,
     out_channels=4,
