@@ -274,3 +274,18 @@ def test_image_to_video_with_no_padding_runs_sparse_over_the_whole_sequence(mode
                for s in _sol(accelpatch.report(m)))
     monkeypatch.setattr(ops, "sol_attn", _masked_dense_kernel(VIDEO + TEXT))
     assert _bits_equal(_forward(m, inputs), reference)
+
+
+def test_bf16_exact_is_diffusers_bits_and_high_runs_sparse():
+    m = tiny_hunyuan_video15_transformer(dtype=torch.bfloat16, num_layers=1)
+    inputs = hunyuan_video15_transformer_inputs(m)  # bf16 latents, embeddings and timestep, as the pipeline's
+    reference = _forward(m, inputs)
+    accelpatch.apply(m, **SPARSE)
+    with accelpatch.quality("exact"):
+        out = _forward(m, inputs)
+    assert out.dtype == reference.dtype == torch.bfloat16 and out.stride() == reference.stride()
+    assert torch.equal(out.view(torch.int16), reference.view(torch.int16))
+    sparse = _forward(m, inputs)
+    assert sparse.dtype == torch.bfloat16 and torch.isfinite(sparse).all() and not torch.equal(sparse, reference)
+    assert _sol(accelpatch.report(m))[0].fast_calls == 1
+    accelpatch.remove(m)

@@ -53,9 +53,10 @@ def hunyuan_video15_transformer_inputs(transformer_or_config: Any = None, *, bat
                                        seed: int = 0, dtype: torch.dtype | None = None,
                                        device: str | torch.device | None = None) -> dict[str, Any]:
     """Keyword arguments for one forward: latents [B, C, F, H, W] (F x H x W tokens with patch 1), a timestep on
-    diffusers' 0-1000 scale, the Qwen text stream [B, text_len, text_embed_dim] whose first ``text_valid`` tokens
-    are valid (the mask's 1s), the ByT5 stream likewise, and image embeddings [B, image_tokens, image_embed_dim]:
-    zeros unless ``image`` (zeros make the model mask every image token, its text-to-video case)."""
+    diffusers' 0-1000 scale in the model's dtype (as the pipeline passes it; the time embedding needs it so), the
+    Qwen text stream [B, text_len, text_embed_dim] whose first ``text_valid`` tokens are valid (the mask's 1s), the
+    ByT5 stream likewise, and image embeddings [B, image_tokens, image_embed_dim]: zeros unless ``image`` (zeros
+    make the model mask every image token, its text-to-video case)."""
     config = _config_of(HUNYUAN_VIDEO15_SOL_CONFIG if transformer_or_config is None else transformer_or_config)
     dtype, device = _input_dtype_and_device(transformer_or_config if transformer_or_config is not None else config,
                                             dtype, device)
@@ -72,7 +73,7 @@ def hunyuan_video15_transformer_inputs(transformer_or_config: Any = None, *, bat
     mask = (torch.arange(text_len) < text_valid).long().expand(batch_size, -1)
     mask_2 = (torch.arange(text_2_len) < text_2_valid).long().expand(batch_size, -1)
     to = lambda x: x.to(device, dtype)  # noqa: E731
-    return dict(hidden_states=to(latents), timestep=torch.full((batch_size,), timestep, device=device),
+    return dict(hidden_states=to(latents), timestep=torch.full((batch_size,), timestep, device=device, dtype=dtype),
                 encoder_hidden_states=to(text), encoder_attention_mask=mask.to(device),
                 encoder_hidden_states_2=to(text_2), encoder_attention_mask_2=mask_2.to(device),
                 image_embeds=to(images), return_dict=True)

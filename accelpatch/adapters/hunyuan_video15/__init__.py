@@ -104,10 +104,13 @@ class HunyuanVideo15SolAttention(DispatchSelfAttention):
             return Decline(MASK_SHAPE)
         valid = mask.bool()
         counts = valid.sum(dim=1)
-        text = int(counts[0])  # data-dependent: a graph break under torch.compile
-        if not bool((counts == text).all()):
+        prefix_of_row = torch.arange(valid.shape[1], device=valid.device) < counts[:, None]
+        # one read of the mask's values per call (a device sync; a graph break under torch.compile)
+        text, even, first = torch.stack([counts[0], (counts == counts[0]).all().long(),
+                                         (valid == prefix_of_row).all().long()]).tolist()
+        if not even:
             return Decline(UNEVEN_TEXT)
-        if not bool(valid[:, :text].all()):
+        if not first:
             return Decline(NOT_PREFIX)
         query, key, value = _joint_qkv(attn, hidden, encoder, call["image_rotary_emb"])
         video, total = hidden.shape[1], query.shape[1]
