@@ -5,14 +5,15 @@ from __future__ import annotations
 import torch
 
 from .base import ModelAdapter
+from .hunyuan_video15 import HunyuanVideo15Adapter
 from .ltx2 import LTX2Adapter
 from .minimax_h3 import MiniMaxH3Adapter
 from .sana_video import SanaVideoAdapter
 from .sana_video2 import SanaVideo2Adapter
 from .wan import WanAdapter
 
-ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter(), WanAdapter()]
-ADAPTERS.append(LTX2Adapter())
+ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter(), WanAdapter(),
+                                 HunyuanVideo15Adapter(), LTX2Adapter()]
 
 
 def find_adapter(model: torch.nn.Module) -> ModelAdapter:

@@ -24,6 +24,8 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
   :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
 * ``ltx2``: ``LTX2_TINY_CONFIG``, ``LTX2_3_TINY_CONFIG``, :func:`tiny_ltx2_transformer`,
   :func:`ltx2_transformer_inputs`.
+* ``hunyuan_video15``: ``HUNYUAN_VIDEO15_SOL_CONFIG``, :func:`tiny_hunyuan_video15_transformer`,
+  :func:`hunyuan_video15_transformer_inputs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -35,6 +37,11 @@ such small models get slower and much noisier.
 from __future__ import annotations
 
 from .ltx2 import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
+from .hunyuan_video15 import (
+    HUNYUAN_VIDEO15_SOL_CONFIG,
+    hunyuan_video15_transformer_inputs,
+    tiny_hunyuan_video15_transformer,
+)
 from .minimax_h3 import (
     MINIMAX_H3_MEDIUM_CONFIG,
     MINIMAX_H3_SOL_CONFIG,
@@ -83,6 +90,7 @@ from .wan import (
 
 __all__ = [
     "LTX2_TINY_CONFIG", "LTX2_3_TINY_CONFIG", "tiny_ltx2_transformer", "ltx2_transformer_inputs",
+    "HUNYUAN_VIDEO15_SOL_CONFIG", "tiny_hunyuan_video15_transformer", "hunyuan_video15_transformer_inputs",
     "SANA_VIDEO_TINY_CONFIG",
     "SANA_VIDEO_RELEASE_LIKE_CONFIG",
     "SANA_VIDEO_MEDIUM_CONFIG",
