@@ -2,8 +2,6 @@
 restores, high runs sparse over the valid prefix with its exact fraction counted, the text refiner stays dense with
 its reason, calls whose mask is not the model's layout decline (counted; strict raises), unknown layouts refused at
 apply(), compile, pickling, backward; and a check that catches a wrong kernel."""
-import copy
-import io
 import types
 
 import pytest
@@ -16,7 +14,13 @@ from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
-SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing, check_kernel_error,
+                              check_pickle_and_deepcopy, check_remove_restores)
+
+CASE = ModelCase(build=lambda num_layers=None: tiny_hunyuan_video15_transformer(
+                     **({} if num_layers is None else {"num_layers": num_layers})),
+                 inputs=hunyuan_video15_transformer_inputs, outputs=lambda out: (out.sample,),
+                 sol_kind="hunyuan_video15_sol_attn", weight=lambda m: m.transformer_blocks[0].attn.to_q.weight)
 #: the default inputs' joint sequence: 4 x 16 x 16 video tokens, then 4 image + 4 ByT5 + 8 Qwen text tokens, of
 #: which 3 + 6 are valid (the image tokens are zeros: text-to-video masks them)
 VIDEO, TEXT, VALID = 1024, 16, 9
@@ -124,18 +128,7 @@ def test_the_restated_path_is_the_processors_and_a_wrong_kernel_is_caught(model,
 
 
 def test_remove_restores_classes_processors_hooks_and_bits(model):
-    m, inputs, reference = model
-    processors = [mod.processor for _, mod in m.named_modules() if hasattr(mod, "processor")]
-    classes = [type(mod) for mod in m.modules()]
-    accelpatch.apply(m, **SPARSE)
-    _forward(m, inputs)
-    accelpatch.remove(m)
-    assert [type(mod) for mod in m.modules()] == classes
-    assert [mod.processor for _, mod in m.named_modules() if hasattr(mod, "processor")] == processors
-    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
-                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
-    assert _bits_equal(_forward(m, inputs), reference)
-
+    check_remove_restores(CASE, model, lambda m: [mod.processor for _, mod in m.named_modules() if hasattr(mod, "processor")])
 
 def test_a_mask_that_is_not_the_layout_declines_counted_and_strict_raises(model, monkeypatch):
     m, inputs, reference = model
@@ -220,44 +213,10 @@ def test_regional_compile_equals_eager_at_every_tier(model):
 
 
 def test_pickle_and_deepcopy_keep_the_sparse_path(model):
-    m, inputs, reference = model
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-    sparse = _forward(m, inputs)
-    twin = copy.deepcopy(m)
-    buffer = io.BytesIO()
-    torch.save(m, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
-    for other in (twin, loaded):
-        assert torch.equal(_forward(other, inputs), sparse)
-        assert sum(s.fast_calls for s in _sol(accelpatch.report(other))) >= 2
-        accelpatch.remove(other)
-        assert _bits_equal(_forward(other, inputs), reference)
-
+    check_pickle_and_deepcopy(CASE, model)
 
 def test_backward_through_the_sparse_path_and_gradient_checkpointing():
-    m = tiny_hunyuan_video15_transformer(num_layers=1)
-    inputs = hunyuan_video15_transformer_inputs(m)
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-
-    def grads():
-        m.zero_grad()
-        m(**inputs).sample.square().mean().backward()
-        return m.transformer_blocks[0].attn.to_q.weight.grad.clone()
-
-    plain = grads()
-    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
-    assert _sol(accelpatch.report(m))[0].fast_calls == 1
-    m.enable_gradient_checkpointing()
-    m.train()
-    try:
-        assert torch.equal(grads(), plain)
-        assert _sol(accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
-    finally:
-        m.disable_gradient_checkpointing()
-        m.eval()
-    accelpatch.remove(m)
-
+    check_backward_and_checkpointing(CASE)
 
 def test_image_to_video_with_no_padding_runs_sparse_over_the_whole_sequence(model, monkeypatch):
     """I2V (image tokens valid) with every text token valid: the prefix is the whole joint sequence (no padding

@@ -3,8 +3,6 @@ remove() restores, high runs sparse on the video self-attention with its exact f
 self-attention and every cross-attention stay dense with their reasons, strict mode, unknown layouts refused at
 apply(), LTX-2.3's layout (split RoPE, gates, the STG processor), compile, pickling, backward, checkpointing; and a
 check that catches a wrong kernel."""
-import copy
-import io
 import types
 
 import pytest
@@ -17,7 +15,13 @@ from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 
-SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing, check_kernel_error,
+                              check_pickle_and_deepcopy, check_remove_restores)
+
+CASE = ModelCase(build=lambda num_layers=None: tiny_ltx2_transformer(**({} if num_layers is None else
+                                                                         {"num_layers": num_layers})),
+                 inputs=ltx2_transformer_inputs, outputs=lambda out: (out.sample, out.audio_sample),
+                 sol_kind="ltx2_sol_attn", weight=lambda m: m.transformer_blocks[0].attn1.to_q.weight)
 ATTENTIONS = ltx2_adapter.ATTENTIONS
 
 
@@ -168,35 +172,11 @@ def test_ltx23_stg_blocks_and_masked_calls_run_the_processor_counted(monkeypatch
 
 
 def test_remove_restores_classes_processors_hooks_and_bits(model):
-    m, inputs, reference = model
-    processors = [getattr(b, n).processor for b in m.transformer_blocks for n in ATTENTIONS]
-    classes = [type(mod) for mod in m.modules()]
-    accelpatch.apply(m, **SPARSE)
-    _forward(m, inputs)
-    accelpatch.remove(m)
-    assert [type(mod) for mod in m.modules()] == classes
-    assert [getattr(b, n).processor for b in m.transformer_blocks for n in ATTENTIONS] == processors
-    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
-                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
-    assert _both_equal(_forward(m, inputs), reference)
-
+    check_remove_restores(CASE, model, lambda m: [getattr(b, n).processor for b in m.transformer_blocks for n in ATTENTIONS])
 
 def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
     m, inputs, reference = model
-    import accelpatch.ops as ops
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("kernel exploded")
-
-    accelpatch.apply(m, **SPARSE, strict=True)
-    with monkeypatch.context() as patched:
-        patched.setattr(ops, "sol_attn", broken)
-        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
-            _forward(m, inputs)
-        accelpatch.apply(m, **SPARSE)
-        with pytest.warns(RuntimeWarning, match="kernel exploded"):
-            assert _both_equal(_forward(m, inputs), reference)
-        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": 2}
+    check_kernel_error(CASE, model, monkeypatch, calls=2)
     accelpatch.apply(m, **SPARSE, strict=True)  # a dense-by-design site is no failure, also under strict
     x = torch.randn(1, 32, 64)
     assert _forward(m, inputs)[0].shape == reference[0].shape
@@ -256,41 +236,7 @@ def test_per_block_fullgraph_compile_equals_eager_on_the_sparse_path(model):
 
 
 def test_pickle_and_deepcopy_keep_the_sparse_path(model):
-    m, inputs, reference = model
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-    sparse = _forward(m, inputs)
-    twin = copy.deepcopy(m)
-    buffer = io.BytesIO()
-    torch.save(m, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
-    for other in (twin, loaded):
-        assert _both_equal(_forward(other, inputs), sparse)
-        assert sum(s.fast_calls for s in _sol(accelpatch.report(other))) >= 2  # its own, and the counts so far
-        accelpatch.remove(other)
-        assert _both_equal(_forward(other, inputs), reference)
-
+    check_pickle_and_deepcopy(CASE, model)
 
 def test_backward_through_the_sparse_path_and_gradient_checkpointing():
-    m = tiny_ltx2_transformer(num_layers=1)
-    inputs = ltx2_transformer_inputs(m)
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-
-    def grads():
-        m.zero_grad()
-        out = m(**inputs)
-        (out.sample.square().mean() + out.audio_sample.square().mean()).backward()
-        return m.transformer_blocks[0].attn1.to_q.weight.grad.clone()
-
-    plain = grads()
-    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
-    assert _sol(accelpatch.report(m))[0].fast_calls == 1
-    m.enable_gradient_checkpointing()
-    m.train()
-    try:
-        assert torch.equal(grads(), plain)
-        assert _sol(accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
-    finally:
-        m.disable_gradient_checkpointing()
-        m.eval()
-    accelpatch.remove(m)
+    check_backward_and_checkpointing(CASE)

@@ -2,8 +2,6 @@
 restores, high runs sparse with its exact fraction counted, cross-attention stays dense with its reason, strict
 mode, unknown layouts refused at apply(), Wan 2.2's two transformers, compile, pickling, backward, checkpointing,
 the step cache; and a check that catches a wrong kernel."""
-import copy
-import io
 import textwrap
 import types
 import warnings
@@ -20,7 +18,13 @@ from _multiprocess import START, run_ranks
 from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
                                 wan_transformer_inputs)
 
-SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing, check_kernel_error,
+                              check_pickle_and_deepcopy, check_remove_restores)
+
+CASE = ModelCase(build=lambda num_layers=None: tiny_wan_transformer(**({} if num_layers is None else
+                                                                        {"num_layers": num_layers})),
+                 inputs=wan_transformer_inputs, outputs=lambda out: (out.sample,), sol_kind="wan_sol_attn",
+                 weight=lambda m: m.blocks[0].attn1.to_q.weight)
 
 
 def _forward(model, inputs):
@@ -128,35 +132,11 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
 
 
 def test_remove_restores_classes_processors_hooks_and_bits(model):
-    m, inputs, reference = model
-    processors = [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks]
-    classes = [type(mod) for mod in m.modules()]
-    accelpatch.apply(m, **SPARSE)
-    _forward(m, inputs)
-    accelpatch.remove(m)
-    assert [type(mod) for mod in m.modules()] == classes
-    assert [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks] == processors
-    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
-                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
-    assert _bits_equal(_forward(m, inputs), reference)
-
+    check_remove_restores(CASE, model, lambda m: [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks])
 
 def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
     m, inputs, reference = model
-    import accelpatch.ops as ops
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("kernel exploded")
-
-    accelpatch.apply(m, **SPARSE, strict=True)
-    with monkeypatch.context() as patched:
-        patched.setattr(ops, "sol_attn", broken)
-        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
-            _forward(m, inputs)
-        accelpatch.apply(m, **SPARSE)
-        with pytest.warns(RuntimeWarning, match="kernel exploded"):
-            assert _bits_equal(_forward(m, inputs), reference)
-        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": 2}
+    check_kernel_error(CASE, model, monkeypatch, calls=2)
     accelpatch.apply(m, **SPARSE, strict=True)
     attn = m.blocks[0].attn1
     x = torch.randn(1, 64, m.config.num_attention_heads * m.config.attention_head_dim)
@@ -253,44 +233,10 @@ def test_fullgraph_compile_equals_eager_at_every_tier(model, region):
 
 
 def test_pickle_and_deepcopy_keep_the_sparse_path(model):
-    m, inputs, reference = model
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-    sparse = _forward(m, inputs)
-    twin = copy.deepcopy(m)
-    buffer = io.BytesIO()
-    torch.save(m, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
-    for other in (twin, loaded):
-        assert torch.equal(_forward(other, inputs), sparse)
-        assert sum(s.fast_calls for s in _sol(accelpatch.report(other))) >= 2
-        accelpatch.remove(other)
-        assert _bits_equal(_forward(other, inputs), reference)
-
+    check_pickle_and_deepcopy(CASE, model)
 
 def test_backward_through_the_sparse_path_and_gradient_checkpointing():
-    m = tiny_wan_transformer(num_layers=1)
-    inputs = wan_transformer_inputs(m)
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-
-    def grads():
-        m.zero_grad()
-        m(**inputs).sample.square().mean().backward()
-        return m.blocks[0].attn1.to_q.weight.grad.clone()
-
-    plain = grads()
-    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
-    assert _sol(accelpatch.report(m))[0].fast_calls == 1
-    m.enable_gradient_checkpointing()
-    m.train()
-    try:
-        assert torch.equal(grads(), plain)
-        assert _sol(accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
-    finally:
-        m.disable_gradient_checkpointing()
-        m.eval()
-    accelpatch.remove(m)
-
+    check_backward_and_checkpointing(CASE)
 
 @pytest.mark.parametrize("method", ["first_block", "mag"])
 def test_step_cache_serves_wan(pipe_and_reference, method):

@@ -1,0 +1,139 @@
+"""What every model that gets Sol-Attn through a diffusers ``dispatch_attention_fn`` adapter must survive (Wan,
+HunyuanVideo 1.5, LTX-2): the checks their test files share, given a :class:`ModelCase` and the test's
+``model`` fixture ``(model, inputs, unpatched outputs)``.
+
+Bit identity is raw bits with dtype, shape and stride (fp32 viewed as int32). A model's forward may return several
+outputs (LTX-2: video and audio): every output is compared.
+"""
+from __future__ import annotations
+
+import copy
+import io
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch.errors import FastPathUnavailableError
+from accelpatch.sites.base import SITE_ATTR
+
+#: sparse from the first step and layer on
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One model: how to build it (``build(num_layers=None)``) and its inputs, which outputs its forward has, the
+    report kind of its Sol-Attn sites, and a weight that the sparse path's gradient reaches."""
+
+    build: Callable[..., torch.nn.Module]
+    inputs: Callable[[torch.nn.Module], dict]
+    outputs: Callable[[object], tuple]
+    sol_kind: str
+    weight: Callable[[torch.nn.Module], torch.Tensor]
+
+
+def forward(case: ModelCase, model: torch.nn.Module, inputs: dict) -> tuple:
+    with torch.no_grad():
+        return case.outputs(model(**inputs))
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(
+        a.view(torch.int32), b.view(torch.int32))
+
+
+def all_equal(outs: tuple, reference: tuple) -> bool:
+    return all(bits_equal(o, r) for o, r in zip(outs, reference, strict=True))
+
+
+def sol_sites(case: ModelCase, report) -> list:
+    return [s for s in report.sites if s.kind == case.sol_kind]
+
+
+def _as_tuple(outputs) -> tuple:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def check_remove_restores(case: ModelCase, model, processors_of: Callable[[torch.nn.Module], list]) -> None:
+    """``remove()`` after a sparse call leaves the same classes, processors, no hooks, and the unpatched bits."""
+    m, inputs, reference = model
+    reference = _as_tuple(reference)
+    processors, classes = processors_of(m), [type(mod) for mod in m.modules()]
+    accelpatch.apply(m, **SPARSE)
+    forward(case, m, inputs)
+    accelpatch.remove(m)
+    assert [type(mod) for mod in m.modules()] == classes
+    assert processors_of(m) == processors
+    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
+                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
+    assert all_equal(forward(case, m, inputs), reference)
+
+
+def check_kernel_error(case: ModelCase, model, monkeypatch, calls: int) -> None:
+    """A kernel that raises: strict mode raises; otherwise each of the ``calls`` sparse calls falls back, warned and
+    counted, and the output is the unpatched model's."""
+    import accelpatch.ops as ops
+
+    m, inputs, reference = model
+    reference = _as_tuple(reference)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    accelpatch.apply(m, **SPARSE, strict=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(ops, "sol_attn", broken)
+        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
+            forward(case, m, inputs)
+        accelpatch.apply(m, **SPARSE)
+        with pytest.warns(RuntimeWarning, match="kernel exploded"):
+            assert all_equal(forward(case, m, inputs), reference)
+        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": calls}
+
+
+def check_pickle_and_deepcopy(case: ModelCase, model) -> None:
+    """A deepcopy and a torch.save/load round trip of a sparse-patched model keep the sparse path (same bits, their
+    counts) and remove() to the unpatched bits."""
+    m, inputs, reference = model
+    reference = _as_tuple(reference)
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+    sparse = forward(case, m, inputs)
+    twin = copy.deepcopy(m)
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (twin, loaded):
+        assert all_equal(forward(case, other, inputs), sparse)
+        assert sum(s.fast_calls for s in sol_sites(case, accelpatch.report(other))) >= 2  # its own and the copied
+        accelpatch.remove(other)
+        assert all_equal(forward(case, other, inputs), reference)
+
+
+def check_backward_and_checkpointing(case: ModelCase) -> None:
+    """Gradients through the sparse path (one layer), the same bits under diffusers' gradient checkpointing, whose
+    recomputation is not counted again."""
+    m = case.build(num_layers=1)
+    inputs = case.inputs(m)
+    accelpatch.apply(m, **SPARSE, tau=2.0)
+
+    def grads():
+        m.zero_grad()
+        sum(out.square().mean() for out in case.outputs(m(**inputs))).backward()
+        return case.weight(m).grad.clone()
+
+    plain = grads()
+    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
+    assert sol_sites(case, accelpatch.report(m))[0].fast_calls == 1
+    m.enable_gradient_checkpointing()
+    m.train()
+    try:
+        assert torch.equal(grads(), plain)
+        assert sol_sites(case, accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
+    finally:
+        m.disable_gradient_checkpointing()
+        m.eval()
+    accelpatch.remove(m)
