@@ -57,6 +57,46 @@ def _as_tuple(outputs) -> tuple:
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
+def model_fixtures(case: ModelCase, forward_of: Callable):
+    """The module-scoped ``model_and_reference`` (the model, its inputs and ``forward_of``'s unpatched outputs) and
+    the per-test ``model`` (the same, removed after the test): assign both in the test module."""
+
+    @pytest.fixture(scope="module")
+    def model_and_reference():
+        torch.set_num_threads(1)
+        m = case.build()
+        inputs = case.inputs(m)
+        return m, inputs, forward_of(m, inputs)
+
+    @pytest.fixture
+    def model(model_and_reference):
+        m, inputs, reference = model_and_reference
+        yield m, inputs, reference
+        accelpatch.remove(m)
+
+    return model_and_reference, model
+
+
+def check_exact_lossless_and_default_dense_layers(case: ModelCase, model, sol_paths: list) -> None:
+    """Patched with ``sol_attn``: the default tier becomes high, exact and lossless are the unpatched bits, and the
+    default dense layers (0, 1: every layer of the tiny model) warn that nothing runs sparse, give the unpatched
+    bits and count each Sol-Attn site (``sol_paths``) once as a dense layer."""
+    from accelpatch.sites import sol_attention
+
+    m, inputs, reference = model
+    reference = _as_tuple(reference)
+    accelpatch.apply(m, **SPARSE)
+    assert accelpatch.report(m).models[0].default_tier == "high"
+    for tier in ("exact", "lossless"):
+        with accelpatch.quality(tier):
+            assert all_equal(forward(case, m, inputs), reference)
+    with pytest.warns(RuntimeWarning, match="never runs sparse"):
+        accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
+    assert all_equal(forward(case, m, inputs), reference)
+    assert {s.path: s.reference_calls for s in sol_sites(case, accelpatch.report(m))} == {
+        path: {sol_attention.DENSE_LAYER: 1} for path in sol_paths}
+
+
 def check_remove_restores(case: ModelCase, model, processors_of: Callable[[torch.nn.Module], list]) -> None:
     """``remove()`` after a sparse call leaves the same classes, processors, no hooks, and the unpatched bits."""
     m, inputs, reference = model

@@ -14,8 +14,9 @@ from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
-from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing, check_kernel_error,
-                              check_pickle_and_deepcopy, check_remove_restores)
+from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing,
+                              check_exact_lossless_and_default_dense_layers, check_kernel_error,
+                              check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
 
 CASE = ModelCase(build=lambda num_layers=None: tiny_hunyuan_video15_transformer(
                      **({} if num_layers is None else {"num_layers": num_layers})),
@@ -36,19 +37,7 @@ def _bits_equal(a, b):
         a.view(torch.int32), b.view(torch.int32))
 
 
-@pytest.fixture(scope="module")
-def model_and_reference():
-    torch.set_num_threads(1)
-    m = tiny_hunyuan_video15_transformer()
-    inputs = hunyuan_video15_transformer_inputs(m)
-    return m, inputs, _forward(m, inputs)
-
-
-@pytest.fixture
-def model(model_and_reference):
-    m, inputs, reference = model_and_reference
-    yield m, inputs, reference
-    accelpatch.remove(m)
+model_and_reference, model = model_fixtures(CASE, _forward)
 
 
 def _sol(report):
@@ -60,17 +49,7 @@ def _refiner(report):
 
 
 def test_exact_lossless_and_dense_guards_are_bit_identical(model):
-    m, inputs, reference = model
-    accelpatch.apply(m, **SPARSE)
-    assert accelpatch.report(m).models[0].default_tier == "high"
-    for tier in ("exact", "lossless"):
-        with accelpatch.quality(tier):
-            assert _bits_equal(_forward(m, inputs), reference)
-    with pytest.warns(RuntimeWarning, match="never runs sparse"):  # the default dense layers 0, 1: all of them
-        accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
-    assert _bits_equal(_forward(m, inputs), reference)
-    assert {s.path: s.reference_calls for s in _sol(accelpatch.report(m))} == {
-        f"transformer_blocks.{i}.attn": {sol_attention.DENSE_LAYER: 1} for i in (0, 1)}
+    check_exact_lossless_and_default_dense_layers(CASE, model, [f"transformer_blocks.{i}.attn" for i in (0, 1)])
 
 
 def test_high_runs_sparse_with_its_exact_fraction_and_the_refiner_stays_dense(model):

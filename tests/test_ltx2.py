@@ -15,8 +15,9 @@ from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 
-from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing, check_kernel_error,
-                              check_pickle_and_deepcopy, check_remove_restores)
+from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing,
+                              check_exact_lossless_and_default_dense_layers, check_kernel_error,
+                              check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
 
 CASE = ModelCase(build=lambda num_layers=None: tiny_ltx2_transformer(**({} if num_layers is None else
                                                                          {"num_layers": num_layers})),
@@ -40,19 +41,7 @@ def _both_equal(outs, reference):
     return all(_bits_equal(o, r) for o, r in zip(outs, reference, strict=True))
 
 
-@pytest.fixture(scope="module")
-def model_and_reference():
-    torch.set_num_threads(1)
-    m = tiny_ltx2_transformer()
-    inputs = ltx2_transformer_inputs(m)
-    return m, inputs, _forward(m, inputs)
-
-
-@pytest.fixture
-def model(model_and_reference):
-    m, inputs, reference = model_and_reference
-    yield m, inputs, reference
-    accelpatch.remove(m)
+model_and_reference, model = model_fixtures(CASE, _forward)
 
 
 def _sol(report):
@@ -73,17 +62,8 @@ def _expected_dense(calls=1):
 
 
 def test_exact_lossless_and_dense_guards_are_bit_identical(model):
+    check_exact_lossless_and_default_dense_layers(CASE, model, [f"transformer_blocks.{i}.attn1" for i in (0, 1)])
     m, inputs, reference = model
-    accelpatch.apply(m, **SPARSE)
-    assert accelpatch.report(m).models[0].default_tier == "high"
-    for tier in ("exact", "lossless"):
-        with accelpatch.quality(tier):
-            assert _both_equal(_forward(m, inputs), reference)
-    with pytest.warns(RuntimeWarning, match="never runs sparse"):  # the default dense layers 0, 1: all of them
-        accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)
-    assert _both_equal(_forward(m, inputs), reference)
-    assert {s.path: s.reference_calls for s in _sol(accelpatch.report(m))} == {
-        f"transformer_blocks.{i}.attn1": {sol_attention.DENSE_LAYER: 1} for i in (0, 1)}
     accelpatch.apply(m, backend="sol_attn", dense_layers="")  # dense_steps=10 covers timestep 500's step 0
     assert _both_equal(_forward(m, inputs), reference)
     assert all(s.reference_calls == {sol_attention.DENSE_STEP: 1} for s in _sol(accelpatch.report(m)))
