@@ -17,7 +17,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu" / "run_all.py"
 SECTIONS = ("lossless_bit_identity", "lossless_speed", "sana_video_linear_attention", "sana_video2_anchor",
-            "sana_video2_step", "sol_attn_vs_flash", "minimax_h3_layers")
+            "sana_video2_step", "sol_attn_vs_flash", "minimax_h3_layers", "wan_step")
 MODELS = ("SANA-Video", "SANA-Video 2.0", "MiniMax-H3")
 
 
@@ -99,6 +99,8 @@ def test_sections_report_their_fast_paths(dry_run):
     sol = [row for row in sections["sana_video2_anchor"]["rows"] if row["setting"].startswith("Sol-Attn")]
     assert sol and all(0 < row["exact_fraction"] <= 1 for row in sol)
     assert {row["shape"] for row in sections["sol_attn_vs_flash"]["rows"]} == {"minimax_h3", "sana_video2_anchor"}
+    wan = [row for row in sections["wan_step"]["rows"] if row["setting"].startswith("sol_attn")]
+    assert wan and all(row["fast_calls"] >= 1 and 0 < row["exact_fraction"] < 1 for row in wan), wan
 
 
 def test_table_names_every_section(dry_run):
