@@ -103,7 +103,11 @@ def _h3():
     return m, minimax_h3_transformer_inputs(m, num_video=300), {"backend": "sol_attn"}
 
 
-@pytest.mark.parametrize("make", [_sana, _sana_video2, _h3], ids=["sana-video", "sana-video2", "minimax-h3-sol_attn"])
+# AOTInductor packaging compiles C++ for a minute or more per model: the default run packages MiniMax-H3 (sol_attn
+# and the lossless fused sites), the slow marker the two SANA models too (their sites are exported by test_compile)
+@pytest.mark.parametrize("make", [pytest.param(_sana, marks=pytest.mark.slow),
+                                  pytest.param(_sana_video2, marks=pytest.mark.slow), _h3],
+                         ids=["sana-video", "sana-video2", "minimax-h3-sol_attn"])
 def test_aotinductor_package_of_a_patched_model_equals_the_unpatched_package(make, tmp_path):
     """diffusers' test_compile_works_with_aot, at the model's default tier (H3 with sol_attn: lossless, its bit
     identical tier; no quality("exact") needed)."""
