@@ -137,3 +137,23 @@ def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
     assert _fusion(report, "modulate").fused_calls == 8 and _fusion(report, "gated_residual").fused_calls == 8
     accelpatch.remove(model)
     assert _bits_equal(_forward(model, inputs), reference)
+
+
+def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_its_reason():
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    class CustomBlock(WanTransformerBlock):  # a forward of its own: the restatement would not be its chain
+        pass
+
+    model, inputs, reference = _model_and_inputs()
+    model.blocks[1].__class__ = CustomBlock
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # apply() says which site did not mount
+        accelpatch.apply(model)
+    assert _bits_equal(_forward(model, inputs), reference)
+    sites = accelpatch.report(model).sites  # one rejected block keeps the fusion off the whole model
+    assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]
+    assert all("CustomBlock is not diffusers' WanTransformerBlock" in s.reason for s in sites), sites
+    assert sites[0].reason.startswith("model rejected at blocks.1: ")
+    accelpatch.remove(model)
+    assert type(model.blocks[1]) is CustomBlock
