@@ -5,13 +5,14 @@ default tier against the same models unpatched, measured side by side in one run
    distinct signature is then timed, the device's fused implementation against the reference chain, in interleaved
    rounds (ratio of paired medians with a 95 % interval).
 2. **Per model.** SANA-Video, SANA-Video 2.0, MiniMax-H3 and Wan (medium test configs, about 320 video tokens
-   each: 5 frames of 16×16 / 8×8 / 16×16 / 16×16 latents; Wan's is :data:`WAN_MEDIUM_CONFIG` here), bf16 and fp32: one forward of a patched copy (``apply()``, default
-   tier) against the unpatched model, interleaved rounds; the outputs must be ``torch.equal`` in the same run (the
-   script exits 1 if not).
+   each: 5 frames of 16×16 / 8×8 / 16×16 / 16×16 latents; Wan's is :data:`WAN_MEDIUM_CONFIG` here), bf16 and
+   fp32: one forward of a patched copy (``apply()``, default tier) against the unpatched model, interleaved rounds;
+   the outputs must be ``torch.equal`` in the same run (the script exits 1 if not).
 3. **Per pipeline step.** The tiny pipelines with the medium transformers, one denoising step per call, patched
    against unpatched; frames compared with ``torch.equal``.
 
-    python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan] [--dtypes bf16,fp32]
+    python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan]
+                                        [--dtypes bf16,fp32]
 """
 from __future__ import annotations
 

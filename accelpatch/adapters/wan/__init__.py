@@ -2,8 +2,9 @@
 its lossless block fusion, and the ``sol_attn`` backend.
 
 At every tier from ``lossless`` (the default without a backend), ``blocks.N`` carry the block fusion of
-:mod:`.fused` (the float32 AdaLN modulations and gated residual adds as verified fused ops). With ``sol_attn``, ``blocks.N.attn1`` (self-attention over the video tokens, Wan's 3-D RoPE applied to q and k)
-carry the Sol-Attn sparse path (``high``); ``blocks.N.attn2`` (cross-attention to the text, and for I2V to the image
+:mod:`.fused` (the float32 AdaLN modulations and gated residual adds as verified fused ops). With ``sol_attn``,
+``blocks.N.attn1`` (self-attention over the video tokens, Wan's 3-D RoPE applied to q and k) also carry the
+Sol-Attn sparse path (``high``); ``blocks.N.attn2`` (cross-attention to the text, and for I2V to the image
 tokens) are sites that always stay dense, counted. Dense steps, dense layers, masked calls and every call that does
 not fit the sparse path run diffusers' ``WanAttnProcessor`` unchanged (the attention sites are the same with or
 without the block fusion around them); ``cache=`` puts the guarded step cache on ``blocks``.
