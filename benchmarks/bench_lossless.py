@@ -4,14 +4,15 @@ default tier against the same models unpatched, measured side by side in one run
 1. **Per fused op.** The arguments of every fused-op call of one forward of each medium model are recorded; each
    distinct signature is then timed, the device's fused implementation against the reference chain, in interleaved
    rounds (ratio of paired medians with a 95 % interval).
-2. **Per model.** SANA-Video, SANA-Video 2.0 and MiniMax-H3 (medium test configs, about 320 video tokens each:
-   5 frames of 16×16 / 8×8 / 16×16 latents), bf16 and fp32: one forward of a patched copy (``apply()``, default
-   tier) against the unpatched model, interleaved rounds; the outputs must be ``torch.equal`` in the same run (the
-   script exits 1 if not).
+2. **Per model.** SANA-Video, SANA-Video 2.0, MiniMax-H3 and Wan (medium test configs, about 320 video tokens
+   each: 5 frames of 16×16 / 8×8 / 16×16 / 16×16 latents; Wan's is :data:`WAN_MEDIUM_CONFIG` here), bf16 and
+   fp32: one forward of a patched copy (``apply()``, default tier) against the unpatched model, interleaved rounds;
+   the outputs must be ``torch.equal`` in the same run (the script exits 1 if not).
 3. **Per pipeline step.** The tiny pipelines with the medium transformers, one denoising step per call, patched
    against unpatched; frames compared with ``torch.equal``.
 
-    python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3] [--dtypes bf16,fp32]
+    python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan]
+                                        [--dtypes bf16,fp32]
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from accelpatch import verify
 from accelpatch.tools.stats import compare_timings
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+#: Wan at the other models' medium size: 4 heads x 128 (hidden 512), 4 layers, FFN 1024
+WAN_MEDIUM_CONFIG = dict(num_attention_heads=4, attention_head_dim=128, ffn_dim=1024, num_layers=4)
 
 
 def _models():
@@ -42,6 +45,8 @@ def _models():
                         lambda m: t.sana_video2_transformer_inputs(m, frames=5, height=8, width=8)),
         "minimax_h3": (lambda dtype: t.tiny_minimax_h3_transformer(t.MINIMAX_H3_MEDIUM_CONFIG, dtype=dtype),
                        lambda m: t.minimax_h3_transformer_inputs(m, video_frames=5, height=16, width=16)),
+        "wan": (lambda dtype: t.tiny_wan_transformer({**t.WAN_SOL_CONFIG, **WAN_MEDIUM_CONFIG}, dtype=dtype),
+                lambda m: t.wan_transformer_inputs(m, num_frames=5, height=16, width=16)),
     }
 
 
@@ -125,6 +130,9 @@ def _pipelines():
         "sana_video2": lambda: (t.tiny_sana_video2_pipeline(transformer_config=t.SANA_VIDEO2_MEDIUM_CONFIG, seed=1),
                                 lambda: t.sana_video2_pipeline_call_kwargs(num_inference_steps=1)),
         "minimax_h3": _minimax_h3_pipeline,
+        "wan": lambda: (t.tiny_wan_pipeline(transformer_config={**t.WAN_SOL_CONFIG, **WAN_MEDIUM_CONFIG}, seed=1),
+                        lambda: t.wan_pipeline_call_kwargs(num_inference_steps=1, height=128, width=128, num_frames=17,
+                                                           output_type="latent")),
     }
 
 
@@ -160,7 +168,7 @@ def bench_pipeline(name: str, rounds: int) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3")
+    parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3,wan")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: ops, models, pipelines")
     args = parser.parse_args(argv)

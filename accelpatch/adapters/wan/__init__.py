@@ -1,11 +1,13 @@
-"""Wan 2.x (diffusers ``WanTransformer3DModel``: Wan 2.1 T2V/I2V, Wan 2.2's ``transformer`` and ``transformer_2``)
-with the ``sol_attn`` backend.
+"""Wan 2.x (diffusers ``WanTransformer3DModel``: Wan 2.1 T2V/I2V, Wan 2.2's ``transformer`` and ``transformer_2``):
+its lossless block fusion, and the ``sol_attn`` backend.
 
-With ``sol_attn``, ``blocks.N.attn1`` (self-attention over the video tokens, Wan's 3-D RoPE applied to q and k)
-carry the Sol-Attn sparse path (``high``); ``blocks.N.attn2`` (cross-attention to the text, and for I2V to the image
+At every tier from ``lossless`` (the default without a backend), ``blocks.N`` carry the block fusion of
+:mod:`.fused` (the float32 AdaLN modulations and gated residual adds as verified fused ops). With ``sol_attn``,
+``blocks.N.attn1`` (self-attention over the video tokens, Wan's 3-D RoPE applied to q and k) also carry the
+Sol-Attn sparse path (``high``); ``blocks.N.attn2`` (cross-attention to the text, and for I2V to the image
 tokens) are sites that always stay dense, counted. Dense steps, dense layers, masked calls and every call that does
-not fit the sparse path run diffusers' ``WanAttnProcessor`` unchanged. Without a backend nothing is patched (Wan has
-no lossless fusion yet); ``cache=`` puts the guarded step cache on ``blocks``.
+not fit the sparse path run diffusers' ``WanAttnProcessor`` unchanged (the attention sites are the same with or
+without the block fusion around them); ``cache=`` puts the guarded step cache on ``blocks``.
 
 Defaults, and where each comes from: nothing published that we found gives Wan-specific dense guards.
 * **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
@@ -21,7 +23,7 @@ So the defaults are unmeasured on Wan: ``accelpatch validate``/``tune`` (and the
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -29,6 +31,7 @@ from ...gate import QualityGatedFusion
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
+from .fused import FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("wan_sol_attn", Tier.HIGH)
 CROSS_FUSION = QualityGatedFusion.named("wan_cross_attention", Tier.HIGH)
@@ -37,6 +40,7 @@ CROSS_DENSE = "cross-attention (text, and image for I2V) stays dense: Sol-Attn c
 #: SGLang's policy default (sol_attn.md §3); unmeasured on Wan (see the module docstring)
 DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
+_BLOCK = re.compile(r"blocks\.(\d+)")
 _SELF = re.compile(r"blocks\.(\d+)\.attn1")
 _CROSS = re.compile(r"blocks\.(\d+)\.attn2")
 
@@ -90,6 +94,14 @@ class WanAdapter(SolAttnAdapter):
     sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
     cache_blocks = "blocks"
     cache_methods = ("first_block", "mag")
+
+    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
+        """The block fusion on every ``blocks.N`` (any backend or none), then the attention sites of ``sol_attn``."""
+        for path, module in model.named_modules():
+            match = _BLOCK.fullmatch(path)
+            if match is not None:
+                yield path, module, FUSED_BLOCK, int(match.group(1))
+        yield from super().iter_sites(model, backend_config)
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has a self-attention ``attn1`` (no added image k/v) and a cross-attention ``attn2``, both

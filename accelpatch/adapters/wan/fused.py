@@ -1,0 +1,80 @@
+"""Wan 2.x's lossless block fusion: ``WanTransformerBlock.forward`` restated with its element-wise chains fused.
+
+Wan runs its AdaLN chains in float32 whatever the weights' dtype: the table plus ``temb.float()`` gives float32
+shift/scale/gate rows, the norms see ``hidden_states.float()``, and each chain is cast back with ``.type_as`` at its
+end. The fused ops are therefore the shared ones (accelpatch.fused_ops), called on float32 operands:
+
+- both modulations, ``norm(x.float()) * (1 + scale) + shift``: :data:`~accelpatch.fused_ops.MODULATE`;
+- both gated residual adds, ``x.float() + out * gate``: :data:`~accelpatch.fused_ops.GATED_RESIDUAL` as
+  ``residual + gate * out`` with ``out`` upcast first. Both are bit-identical to diffusers' expression: a product
+  is commutative in IEEE arithmetic, and eager computes a bf16 × float32 product in float32 from the exactly
+  widened bf16 value, which is what ``out.float() * gate`` computes.
+
+The casts back (``.type_as``), the norms, both attentions, the cross-attention residual and the feed-forward stay
+diffusers' own. Wan 2.2 TI2V's per-token rows (``temb`` [B, N, 6, C]) take the same ops with strided rows.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...fused_ops import GATED_RESIDUAL, MODULATE
+from ...gate import QualityGatedFusion
+from ...sites.base import FusedOpsPath, Site, bind_call
+from ...tiers import Tier
+
+BLOCK_FUSION = QualityGatedFusion.named("wan_fused_block", Tier.LOSSLESS)
+
+
+def _wan_block_class() -> type:
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    return WanTransformerBlock
+
+
+def modulation_rows(block: torch.nn.Module, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The six float32 AdaLN rows (shift, scale, gate for attention, then for the feed-forward) exactly as
+    ``WanTransformerBlock.forward`` builds them, for Wan 2.1/2.2 ``temb`` [B, 6, C] and TI2V's [B, N, 6, C]."""
+    if temb.ndim == 4:
+        rows = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
+        return tuple(row.squeeze(2) for row in rows)
+    return (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+
+
+class WanFusedBlock(FusedOpsPath):
+    fusion = BLOCK_FUSION
+    description = "block with its float32 AdaLN modulations and gated residual adds fused (bit-exact)"
+    fused_ops = (MODULATE, GATED_RESIDUAL)
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        if site.original_class is not _wan_block_class():
+            return (f"{site.original_class.__name__} is not diffusers' WanTransformerBlock, whose forward this fast "
+                    "path restates")
+        return None
+
+    def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "temb", "rotary_emb"))
+        hidden_states = call["hidden_states"]
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = modulation_rows(block, call["temb"])
+
+        # 1. Self-attention
+        norm_hidden_states = MODULATE(site, block.norm1(hidden_states.float()), scale_msa, shift_msa)
+        norm_hidden_states = norm_hidden_states.type_as(hidden_states)
+        attn_output = block.attn1(norm_hidden_states, None, None, call["rotary_emb"])
+        hidden_states = GATED_RESIDUAL(site, hidden_states.float(), gate_msa, attn_output.float()).type_as(
+            hidden_states)
+
+        # 2. Cross-attention (diffusers' own)
+        norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
+        attn_output = block.attn2(norm_hidden_states, call["encoder_hidden_states"], None, None)
+        hidden_states = hidden_states + attn_output
+
+        # 3. Feed-forward
+        norm_hidden_states = MODULATE(site, block.norm3(hidden_states.float()), c_scale_msa, c_shift_msa)
+        norm_hidden_states = norm_hidden_states.type_as(hidden_states)
+        ff_output = block.ffn(norm_hidden_states)
+        return GATED_RESIDUAL(site, hidden_states.float(), c_gate_msa, ff_output.float()).type_as(hidden_states)
+
+
+FUSED_BLOCK = WanFusedBlock()

@@ -1,0 +1,159 @@
+"""Wan 2.x's lossless block fusion (accelpatch/adapters/wan/fused.py): the default tier is bit-identical to unpatched
+diffusers in fp32 and bf16 (Wan 2.1's [B, 6, C] rows and Wan 2.2 TI2V's per-token rows) with the real fused kernels
+running, a deliberately wrong kernel is declined on first sight and never run again, ``exact`` never fuses,
+``remove()`` restores, and with ``backend="sol_attn"`` the fusion sits under the attention sites: ``lossless`` is
+still diffusers' bits and ``high`` runs both."""
+import warnings
+
+import pytest
+import torch
+
+import _fused_doubles as doubles
+import accelpatch
+import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
+from accelpatch import verify
+from accelpatch.sites.base import SITE_ATTR
+from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
+
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts():
+    """Every test sees its own first sights (verdicts are otherwise kept for the process)."""
+    for op in verify.ops().values():
+        op.forget()
+    doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
+    yield
+    for op in verify.ops().values():
+        op.forget()
+    doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
+
+
+@pytest.fixture
+def stand_in_kernels(monkeypatch):
+    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
+
+
+def _model_and_inputs(dtype=torch.bfloat16, per_token=False):
+    model = tiny_wan_transformer(dtype=dtype, num_layers=2)
+    inputs = wan_transformer_inputs(model, num_frames=2, height=8, width=8)
+    if per_token:  # Wan 2.2 TI2V: one timestep per token, so temb is [B, N, 6, C] and the rows are strided
+        tokens = inputs["hidden_states"].shape[2] * (inputs["hidden_states"].shape[3] // 2) ** 2
+        inputs["timestep"] = torch.linspace(100.0, 900.0, tokens)[None]
+    with torch.no_grad():
+        reference = model(**inputs).sample
+    return model, inputs, reference
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _bits_equal(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype])))
+
+
+def _fusion(report, op):
+    return next(f for f in report.models[0].fusions if f.op == op)
+
+
+def _lossless_warnings(record):
+    return [str(w.message) for w in record if "accelpatch: lossless" in str(w.message)]
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["rows", "ti2v-per-token-rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_token):
+    model, inputs, reference = _model_and_inputs(dtype, per_token)
+    accelpatch.apply(model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="accelpatch: lossless")  # a declined signature would warn
+        for _ in range(2):  # first sight, then the verified kernels
+            assert _bits_equal(_forward(model, inputs), reference)
+    report = accelpatch.report(model)
+    assert [s.kind for s in report.sites] == ["wan_fused_block"] * 2
+    for op in ("modulate", "gated_residual"):
+        fusion = _fusion(report, op)
+        # 2 forwards x 2 blocks x (attention, feed-forward): all fused, first sight included
+        assert fusion.sites == 2 and fusion.fused_calls == 8 and not fusion.declined, fusion
+        assert fusion.verified and all(sig.split()[1].startswith("float32") for sig, _ in fusion.verified)
+        rows = {sig.split()[2].split("/")[0] for sig, _ in fusion.verified}  # the gate/scale rows' shape
+        assert rows == ({"float32[1,32,256]"} if per_token else {"float32[1,1,256]"}), rows
+    accelpatch.remove(model)
+    assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
+    assert type(model.blocks[0]).__name__ == "WanTransformerBlock"
+    assert _bits_equal(_forward(model, inputs), reference)
+
+
+@pytest.mark.parametrize("op", ["modulate", "gated_residual"])
+def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op):
+    doubles.WRONG.add(op)
+    model, inputs, reference = _model_and_inputs()
+    accelpatch.apply(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        first = _forward(model, inputs)
+        calls_after_first = doubles.CALLS[op]
+        second = _forward(model, inputs)
+    assert _bits_equal(first, reference) and _bits_equal(second, reference)
+    assert doubles.CALLS[op] == calls_after_first  # the declined signatures never run the kernel again
+    messages = _lossless_warnings(record)
+    assert len(messages) == 1 and op in messages[0] and "largest difference 1" in messages[0], messages
+    fusion = _fusion(accelpatch.report(model), op)
+    assert fusion.fused_calls == 0 and fusion.declined and not fusion.verified
+    assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
+    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * 2 * 2
+    other = _fusion(accelpatch.report(model), ({"modulate", "gated_residual"} - {op}).pop())
+    assert other.fused_calls == 8 and not other.declined  # the right op still runs fused
+
+
+def test_exact_never_runs_a_fused_op(stand_in_kernels):
+    model, inputs, reference = _model_and_inputs()
+    accelpatch.apply(model)
+    with accelpatch.quality("exact"):
+        assert _bits_equal(_forward(model, inputs), reference)
+    assert doubles.CALLS == {}
+    accelpatch.apply(model, tier="exact")
+    assert _bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
+    accelpatch.remove(model)
+
+
+def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
+    model, inputs, reference = _model_and_inputs()
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+    kinds = [s.kind for s in accelpatch.report(model).sites]
+    assert kinds.count("wan_fused_block") == 2 and kinds.count("wan_sol_attn") == 2
+    assert kinds.count("wan_cross_attention") == 2
+    with accelpatch.quality("lossless"):
+        assert _bits_equal(_forward(model, inputs), reference)
+    assert _fusion(accelpatch.report(model), "modulate").fused_calls == 4
+    sparse = _forward(model, inputs)  # the default tier is high with a backend
+    report = accelpatch.report(model)
+    assert not torch.equal(sparse, reference)
+    assert all(s.fast_calls == 1 for s in report.sites if s.kind == "wan_sol_attn")
+    assert _fusion(report, "modulate").fused_calls == 8 and _fusion(report, "gated_residual").fused_calls == 8
+    accelpatch.remove(model)
+    assert _bits_equal(_forward(model, inputs), reference)
+
+
+def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_its_reason():
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    class CustomBlock(WanTransformerBlock):  # a forward of its own: the restatement would not be its chain
+        pass
+
+    model, inputs, reference = _model_and_inputs()
+    model.blocks[1].__class__ = CustomBlock
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # apply() says which site did not mount
+        accelpatch.apply(model)
+    assert _bits_equal(_forward(model, inputs), reference)
+    sites = accelpatch.report(model).sites  # one rejected block keeps the fusion off the whole model
+    assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]
+    assert all("CustomBlock is not diffusers' WanTransformerBlock" in s.reason for s in sites), sites
+    assert sites[0].reason.startswith("model rejected at blocks.1: ")
+    accelpatch.remove(model)
+    assert type(model.blocks[1]) is CustomBlock
