@@ -231,7 +231,8 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
-            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks)
+            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks,
+                                         block_streams=(*adapter.cache_block_outputs, adapter.cache_second_stream))
             patch.detach.append(patch.step_cache.remove)
         # diffusers' context parallelism: the family's plan where diffusers' class has none, and its split-aware
         # layers (after the model hooks above: their pre-hooks read the unsplit inputs first); remove() undoes both

@@ -6,7 +6,9 @@ As shipped it does not run on SANA-Video or MiniMax-H3 (their block classes are 
 no cache context), keeps one state per process, and knows nothing of tiers. Here:
 
 * the block classes are registered with diffusers' ``TransformerBlockRegistry`` and diffusers' own
-  ``apply_first_block_cache`` puts its hooks on the blocks;
+  ``apply_first_block_cache`` puts its hooks on the blocks; a block that returns two streams (HunyuanVideo 1.5's
+  video and text, LTX-2's video and audio) is registered with the output layout and second-stream argument its
+  adapter declares (``cache_block_outputs``, ``cache_second_stream``);
 * the hooks' state lives in a :class:`ContextLocalStateManager`: keyed by the generation and the classifier-free
   guidance branch of the calling thread or asyncio task, so every pipeline call starts clean (also after an
   exception or an interrupted call: a call at step 0 starts a new generation) and threads never share a state;
@@ -250,15 +252,59 @@ class CacheCounters:
 
 # --- attaching ------------------------------------------------------------------------------------------------
 
-def _register_block(block_class: type) -> None:
+#: the block layout every single-stream family has: the hidden states alone (index 0), no second stream
+SINGLE_STREAM = (0, None, "encoder_hidden_states")
+#: block classes accelpatch registered → the metadata it registered (re-registered when a family declares another)
+_REGISTERED: dict[type, Any] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_metadata_class():
+    """diffusers' ``TransformerBlockMetadata`` whose argument reads follow its declared argument names: diffusers'
+    FirstBlockCache and MagCache hooks ask for ``"encoder_hidden_states"`` by that fixed name, which on LTX-2's
+    blocks is the text, not the second stream (``audio_hidden_states``). Made on first use; pickles by name."""
+    from diffusers.hooks._helpers import TransformerBlockMetadata
+
+    class StreamMetadata(TransformerBlockMetadata):
+        def _get_parameter_from_args_kwargs(self, identifier: str, args=(), kwargs=None):
+            names = {"hidden_states": self.hidden_states_argument_name,
+                     "encoder_hidden_states": self.encoder_hidden_states_argument_name}
+            return super()._get_parameter_from_args_kwargs(names.get(identifier, identifier), args, kwargs)
+
+    StreamMetadata.__module__ = __name__
+    StreamMetadata.__qualname__ = StreamMetadata.__name__ = "StreamMetadata"
+    return StreamMetadata
+
+
+def _register_block(block_class: type, streams: tuple = SINGLE_STREAM) -> None:
     """Register ``block_class`` with diffusers' block registry (its cache hooks look blocks up by class, and read
-    parameters by name from the class's forward: a gated class's forward carries the original's signature)."""
+    parameters by name from the class's forward: a gated class's forward carries the original's signature).
+    ``streams`` = (output index of the hidden states, output index of the second stream or None, the forward
+    argument the second stream enters by), as the family's adapter declares it. A class diffusers registers itself
+    must agree (else ValueError naming both): its entry then serves as is."""
     from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
 
+    hidden, second, argument = streams
     TransformerBlockRegistry._register()
-    if block_class not in TransformerBlockRegistry._registry:
-        TransformerBlockRegistry.register(block_class, TransformerBlockMetadata(return_hidden_states_index=0,
-                                                                                return_encoder_hidden_states_index=None))
+    renamed = second is not None and argument != "encoder_hidden_states"
+    existing = TransformerBlockRegistry._registry.get(block_class)
+    if existing is not None:
+        found = (existing.return_hidden_states_index, existing.return_encoder_hidden_states_index,
+                 existing.encoder_hidden_states_argument_name if existing.return_encoder_hidden_states_index
+                 is not None else argument)
+        if found == streams and (not renamed or isinstance(existing, _stream_metadata_class())):
+            return
+        if _REGISTERED.get(block_class) is not existing:
+            raise ValueError(f"diffusers registers {block_class.__name__} for its cache hooks with (hidden states "
+                             f"at output {found[0]}, second stream at {found[1]}, argument {found[2]!r}); accelpatch "
+                             f"expects ({hidden}, {second}, {argument!r}): a diffusers version this adapter does "
+                             "not know")
+    metadata_class = _stream_metadata_class() if renamed else TransformerBlockMetadata
+    metadata = metadata_class(return_hidden_states_index=hidden, return_encoder_hidden_states_index=second,
+                              encoder_hidden_states_argument_name=argument if second is not None
+                              else "encoder_hidden_states")
+    TransformerBlockRegistry.register(block_class, metadata)
+    _REGISTERED[block_class] = metadata
 
 
 class _RemainingBlocksState:
@@ -324,6 +370,8 @@ def _gated_mag_head_class():
 def __getattr__(name: str) -> Any:
     if name == "GatedMagCacheHeadHook":
         return _gated_mag_head_class()
+    if name == "StreamMetadata":
+        return _stream_metadata_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -331,9 +379,11 @@ class StepCache:
     """diffusers' FirstBlockCache or MagCache on one transformer's blocks, made per-call, per-thread, tier-gated."""
 
     def __init__(self, model: torch.nn.Module, config: StepCacheConfig, default_tier: Tier,
-                 pipeline: Optional[Any], blocks_attribute: Optional[str]) -> None:
+                 pipeline: Optional[Any], blocks_attribute: Optional[str],
+                 block_streams: tuple = SINGLE_STREAM) -> None:
         """``blocks_attribute`` names the ModuleList of residual blocks diffusers' hooks go on; None: the model
-        offers its own hook point (``_remaining_blocks_cache``: ``reuse(first_block_delta)``, ``store(tail)``)."""
+        offers its own hook point (``_remaining_blocks_cache``: ``reuse(first_block_delta)``, ``store(tail)``).
+        ``block_streams``: where those blocks' streams sit (see :func:`_register_block`)."""
         self.config = config
         self.counters = CacheCounters()
         self._default_tier = default_tier
@@ -351,10 +401,10 @@ class StepCache:
             self.states = ContextLocalStateManager(_RemainingBlocksState, self._key)
             model.__dict__["_remaining_blocks_cache"] = self
         elif config.method == "mag":
-            _register_block(type(self._blocks[0]))
+            _register_block(type(self._blocks[0]), block_streams)
             self._attach_mag(model)
         else:
-            _register_block(type(self._blocks[0]))
+            _register_block(type(self._blocks[0]), block_streams)
             self._attach_first_block(model)
         self._own_block_forwards(strict=False)
         self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True),

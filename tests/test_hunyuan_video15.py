@@ -1,7 +1,8 @@
 """HunyuanVideo 1.5 with backend="sol_attn": the exact/lossless tiers and dense guards are diffusers' bits, remove()
 restores, high runs sparse over the valid prefix with its exact fraction counted, the text refiner stays dense with
 its reason, calls whose mask is not the model's layout decline (counted; strict raises), unknown layouts refused at
-apply(), compile, pickling, backward; and a check that catches a wrong kernel."""
+apply(), compile, pickling, backward; the step cache (FirstBlockCache and MagCache) on the (video, text) blocks;
+and checks that catch a wrong kernel and a wrong stream layout."""
 import types
 
 import pytest
@@ -14,6 +15,8 @@ from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
+from _step_cache_streams import (STEPS, all_bits_equal, apply_cache, cached_high_run, check_dual_stream_cache,
+                                 mag_reference, reused_reference, run_steps)
 from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing,
                               check_exact_lossless_and_default_dense_layers, check_kernel_error,
                               check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
@@ -143,7 +146,7 @@ def test_a_mask_that_is_not_the_layout_declines_counted_and_strict_raises(model,
     assert all(torch.equal(a, b) for a, b in zip(out, attn(x, text, holes)))
 
 
-def test_unknown_layouts_unsupported_models_and_the_step_cache_are_refused_at_apply(model):
+def test_unknown_layouts_and_unsupported_models_are_refused_at_apply(model):
     m, inputs, reference = model
     from diffusers.models.attention_processor import AttnProcessor2_0
 
@@ -160,8 +163,6 @@ def test_unknown_layouts_unsupported_models_and_the_step_cache_are_refused_at_ap
         accelpatch.apply(torch.nn.Linear(2, 2), backend="sol_attn")
     with pytest.raises(ValueError, match="valid layer indices are 0-1"):
         accelpatch.apply(m, backend="sol_attn", dense_layers="0,5")
-    with pytest.raises(ValueError, match="not available for HunyuanVideo 1.5 .*return the hidden states alone"):
-        accelpatch.apply(m, cache="first_block")
 
 
 def test_regional_compile_equals_eager_at_every_tier(model):
@@ -227,3 +228,46 @@ def test_bf16_exact_is_diffusers_bits_and_high_runs_sparse():
     assert sparse.dtype == torch.bfloat16 and torch.isfinite(sparse).all() and not torch.equal(sparse, reference)
     assert _sol(accelpatch.report(m))[0].fast_calls == 1
     accelpatch.remove(m)
+
+
+def _small_inputs(m):
+    """A short video (2 x 8 x 8 tokens): the step-cache checks run many forwards."""
+    return CASE.inputs(m, num_frames=2, height=8, width=8)
+
+
+def test_the_step_cache_reuses_both_streams_under_high_and_is_bit_identical_below(model):
+    m, inputs = model[0], _small_inputs(model[0])
+    check_dual_stream_cache(m, inputs, CASE.outputs, second="encoder_hidden_states")
+
+
+def test_a_wrong_stream_layout_is_caught_by_the_step_cache_check(model, monkeypatch):
+    """The same check against a cache registered with the streams swapped (the text taken as the hidden states)."""
+    m, inputs = model[0], _small_inputs(model[0])
+    expected = reused_reference(m, inputs, CASE.outputs, "encoder_hidden_states")
+    monkeypatch.setattr(hy_adapter.HunyuanVideo15Adapter, "cache_block_outputs", (1, 0))
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        assert all_bits_equal(cached_high_run(m, inputs, CASE.outputs), expected)
+    monkeypatch.undo()
+    assert all_bits_equal(cached_high_run(m, inputs, CASE.outputs), expected)
+
+
+def test_mag_cache_skips_the_stack_under_high_and_is_bit_identical_below(model):
+    from diffusers import MagCacheConfig
+
+    m, inputs = model[0], _small_inputs(model[0])
+    plain = run_steps(m, inputs, CASE.outputs)
+    expected = mag_reference(m, inputs, CASE.outputs)
+    # ratios of 1: MagCache's accumulated error stays 0; it skips whenever its max_skip_steps and the guards allow
+    config = MagCacheConfig(mag_ratios=[1.0] * STEPS, num_inference_steps=STEPS, retention_ratio=0.0,
+                            max_skip_steps=2)
+    apply_cache(m, cache=config, cache_warmup_steps=1)
+    try:
+        assert all_bits_equal(run_steps(m, inputs, CASE.outputs), plain)  # lossless: MagCache never skips
+        with accelpatch.quality("high"):
+            cached = run_steps(m, inputs, CASE.outputs)
+        cache = accelpatch.report(m).models[0].cache
+        assert (cache["computed"], cache["reused"]) == (STEPS + 2, 3), cache
+    finally:
+        accelpatch.remove(m)
+    assert all_bits_equal(cached, expected)
+    assert not all_bits_equal(cached, plain)

@@ -1,8 +1,9 @@
 """LTX-2 with backend="sol_attn": the exact/lossless tiers and dense guards are diffusers' bits (video and audio),
 remove() restores, high runs sparse on the video self-attention with its exact fraction counted while the audio
 self-attention and every cross-attention stay dense with their reasons, strict mode, unknown layouts refused at
-apply(), LTX-2.3's layout (split RoPE, gates, the STG processor), compile, pickling, backward, checkpointing; and a
-check that catches a wrong kernel."""
+apply(), LTX-2.3's layout (split RoPE, gates, the STG processor), compile, pickling, backward, checkpointing; the
+step cache (FirstBlockCache) on the (video, audio) blocks; and checks that catch a wrong kernel and a wrong second
+stream."""
 import types
 
 import pytest
@@ -15,6 +16,7 @@ from accelpatch.sites import sol_attention
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 
+from _step_cache_streams import all_bits_equal, cached_high_run, check_dual_stream_cache, reused_reference
 from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing,
                               check_exact_lossless_and_default_dense_layers, check_kernel_error,
                               check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
@@ -165,7 +167,7 @@ def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
     assert torch.equal(out, m.transformer_blocks[0].audio_attn1(x))
 
 
-def test_unknown_layouts_unsupported_models_and_the_step_cache_are_refused_at_apply(model):
+def test_unknown_layouts_unsupported_models_and_mag_cache_are_refused_at_apply(model):
     m, inputs, reference = model
     from diffusers.models.attention_processor import AttnProcessor2_0
 
@@ -189,8 +191,11 @@ def test_unknown_layouts_unsupported_models_and_the_step_cache_are_refused_at_ap
         accelpatch.apply(torch.nn.Linear(2, 2), backend="sol_attn")
     with pytest.raises(ValueError, match="valid layer indices are 0-1"):
         accelpatch.apply(m, backend="sol_attn", dense_layers="0,5")
-    with pytest.raises(ValueError, match="two streams"):
-        accelpatch.apply(m, cache="first_block")
+    from diffusers import MagCacheConfig
+
+    with pytest.raises(ValueError, match="cache method 'mag' is not available for LTX-2 .*MagCache hooks pass a "
+                                         "block's second stream .*audio output.*it runs 'first_block'"):
+        accelpatch.apply(m, cache=MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
     assert not any(SITE_ATTR in mod.__dict__ for mod in m.modules())
 
 
@@ -220,3 +225,30 @@ def test_pickle_and_deepcopy_keep_the_sparse_path(model):
 
 def test_backward_through_the_sparse_path_and_gradient_checkpointing():
     check_backward_and_checkpointing(CASE)
+
+
+def _small_inputs(m):
+    """A short video (2 x 8 x 8 tokens): the step-cache checks run many forwards."""
+    return CASE.inputs(m, num_frames=2, height=8, width=8)
+
+
+def test_the_step_cache_reuses_video_and_audio_under_high_and_is_bit_identical_below(model):
+    m, inputs = model[0], _small_inputs(model[0])
+    check_dual_stream_cache(m, inputs, CASE.outputs, second="audio_hidden_states")
+
+
+def test_a_wrong_second_stream_is_caught_by_the_step_cache_check(model, monkeypatch):
+    """Registered as diffusers' hooks read a second stream by default (``encoder_hidden_states``: here the text),
+    a reused step's audio would be the text (here its width differs: the run fails); and a reference that passes
+    the audio through a reused step without its residual (what MagCache's hooks do) differs in the audio alone."""
+    m, inputs = model[0], _small_inputs(model[0])
+    expected = reused_reference(m, inputs, CASE.outputs, "audio_hidden_states")
+    monkeypatch.setattr(ltx2_adapter.LTX2Adapter, "cache_second_stream", "encoder_hidden_states")
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        cached_high_run(m, inputs, CASE.outputs)
+    monkeypatch.undo()
+    cached = cached_high_run(m, inputs, CASE.outputs)
+    assert all_bits_equal(cached, expected)
+    no_audio_residual = reused_reference(m, inputs, CASE.outputs, "audio_hidden_states", second_residual=False)
+    assert not all_bits_equal(cached, no_audio_residual)
+    assert all(torch.equal(run[0], ref[0]) for run, ref in zip(cached, no_audio_residual))  # the video agrees

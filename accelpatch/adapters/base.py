@@ -105,6 +105,11 @@ class ModelAdapter:
     cache_blocks: Optional[str] = None
     #: why a cache method is missing, for the error message
     cache_unsupported: str = "not implemented"
+    #: where a cache block's streams sit in its output: (index of the hidden states, index of the second stream or
+    #: None when the block returns the hidden states alone), as diffusers' ``TransformerBlockMetadata`` says
+    cache_block_outputs: tuple[int, Optional[int]] = (0, None)
+    #: the block forward argument the second stream enters by (diffusers' hooks read ``encoder_hidden_states``)
+    cache_second_stream: str = "encoder_hidden_states"
 
     def validate_cache(self, config: Any) -> None:
         """Raise ValueError when this family cannot run the step cache ``config`` asks for."""

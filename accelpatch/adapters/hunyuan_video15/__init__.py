@@ -11,8 +11,10 @@ A mask that is not that layout (valid tokens not first, or a different count per
 counted reason. ``context_embedder.token_refiner.refiner_blocks.N.attn``
 (text-only, masked) are sites that always stay dense, counted. Dense steps, dense layers and every call that does
 not fit run diffusers' ``HunyuanVideo15AttnProcessor2_0`` unchanged. Without a backend nothing is patched (no
-lossless fusion yet). No step cache yet: the dual-stream blocks return (video, text) and accelpatch's step cache
-registers blocks that return the hidden states alone, so ``cache=`` is refused.
+lossless fusion yet). ``cache=`` puts the guarded step cache (FirstBlockCache or MagCache) on
+``transformer_blocks``, registered as blocks returning (video, text): FirstBlockCache decides on the video residual
+and reuses both streams' cached residuals; MagCache passes the text stream through a skipped step unchanged, which
+the model never reads after its blocks (only the video goes on to ``norm_out``).
 
 The sparse path slices the sequence at the valid-text count, which depends on the mask's values: inside a
 ``torch.compile`` graph that is a graph break (regional compile works; ``fullgraph=True`` does not on ``high``).
@@ -157,8 +159,9 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
     default_dense_layers = DEFAULT_DENSE_LAYERS
     sol_sites, dense_sites = _JOINT, _REFINER
     sol_path, dense_path = SOL_ATTENTION, REFINER_DENSE_PATH
-    cache_unsupported = ("its dual-stream blocks return (video, text), and the step cache registers blocks that "
-                         "return the hidden states alone")
+    cache_blocks = "transformer_blocks"
+    cache_methods = ("first_block", "mag")
+    cache_block_outputs = (0, 1)  # (video, text), the second stream entering as encoder_hidden_states
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every dual-stream block has one joint ``attn`` (an ``Attention`` with added q/k/v projections and

@@ -10,8 +10,11 @@ cross-attention between the streams). Dense steps, dense layers, masked calls (`
 STG-perturbed calls (LTX-2.3's ``spatio_temporal_guidance_blocks``) and every call that does not fit the sparse
 path run diffusers' processor unchanged. The sparse path calls diffusers' own RoPE functions (interleaved or
 split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does. Without a backend
-nothing is patched. No step cache: a block returns two streams (video, audio) and diffusers' cache hooks carry
-one residual (the other stream would be reused wrongly).
+nothing is patched. ``cache="first_block"`` puts the guarded FirstBlockCache on ``transformer_blocks``, registered
+as blocks returning (video, audio) with the audio entering as ``audio_hidden_states`` (diffusers' hooks ask for
+``encoder_hidden_states``, here the text: accelpatch's block metadata maps that name to the audio stream); it
+decides on the video residual and reuses both streams' cached residuals. MagCache is refused: diffusers' MagCache
+hooks pass the second stream through a skipped step without any residual, and here it is the audio output.
 
 Defaults, and where each comes from (nothing published that we found gives LTX-2-specific settings):
 * **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
@@ -131,8 +134,12 @@ class LTX2Adapter(SolAttnAdapter):
     default_dense_layers = DEFAULT_DENSE_LAYERS
     sol_sites, dense_sites = _SELF, _CROSS
     sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
-    cache_unsupported = ("its blocks return two streams (video, audio) and diffusers' cache hooks carry one "
-                         "residual")
+    cache_blocks = "transformer_blocks"
+    cache_methods = ("first_block",)
+    cache_block_outputs = (0, 1)  # (video, audio)
+    cache_second_stream = "audio_hidden_states"
+    cache_unsupported = ("diffusers' MagCache hooks pass a block's second stream through a skipped step without "
+                         "its residual, and LTX-2's second stream is the audio output")
 
     def iter_sites(self, model: torch.nn.Module, backend_config):
         """As the shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
