@@ -30,6 +30,21 @@ def run_steps(model, inputs: dict, outputs) -> list:
         return [outputs(model(**_step_inputs(inputs, step))) for step in range(STEPS)]
 
 
+def _steps_with_hooks(model, inputs: dict, outputs, state: dict, handles: list) -> list:
+    """The :data:`STEPS` forwards with the reference hooks ``handles`` on, ``state["reuse"]`` set per step (the steps
+    not in :data:`COMPUTED` reuse); the hooks come off after."""
+    try:
+        out = []
+        with torch.no_grad():
+            for step in range(STEPS):
+                state["reuse"] = step not in COMPUTED
+                out.append(outputs(model(**_step_inputs(inputs, step))))
+        return out
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def reused_reference(model, inputs: dict, outputs, second: str, second_residual: bool = True) -> list:
     """The unpatched model's outputs where the tail block, at every step not in :data:`COMPUTED`, returns (its
     hidden states, its ``second`` stream) plus the residuals it added at the last computed step (without the
@@ -49,16 +64,8 @@ def reused_reference(model, inputs: dict, outputs, second: str, second_residual:
             state["residuals"] = (state["residuals"][0], torch.zeros_like(state["residuals"][1]))
         return None
 
-    handle = blocks[1].register_forward_hook(tail_hook, with_kwargs=True)
-    try:
-        out = []
-        with torch.no_grad():
-            for step in range(STEPS):
-                state["reuse"] = step not in COMPUTED
-                out.append(outputs(model(**_step_inputs(inputs, step))))
-        return out
-    finally:
-        handle.remove()
+    return _steps_with_hooks(model, inputs, outputs, state, [blocks[1].register_forward_hook(tail_hook,
+                                                                                           with_kwargs=True)])
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -153,15 +160,5 @@ def mag_reference(model, inputs: dict, outputs) -> list:
         state["residual"] = output[0] - state["input"]
         return None
 
-    handles = [head.register_forward_hook(head_hook, with_kwargs=True),
-               tail.register_forward_hook(tail_hook, with_kwargs=True)]
-    try:
-        out = []
-        with torch.no_grad():
-            for step in range(STEPS):
-                state["reuse"] = step not in COMPUTED
-                out.append(outputs(model(**_step_inputs(inputs, step))))
-        return out
-    finally:
-        for handle in handles:
-            handle.remove()
+    return _steps_with_hooks(model, inputs, outputs, state, [head.register_forward_hook(head_hook, with_kwargs=True),
+                                                             tail.register_forward_hook(tail_hook, with_kwargs=True)])

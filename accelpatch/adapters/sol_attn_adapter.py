@@ -25,8 +25,8 @@ class SolAttnAdapter(ModelAdapter):
     #: the model's ModuleList of transformer blocks (layer i is ``<block_list>.i``), and what the report calls them
     block_list: str = "blocks"
     block_noun: str = "transformer blocks"
-    #: the model's dense layers when ``dense_layers`` is left to it (None); where each comes from is the adapter's
-    #: docstring's business
+    #: the model's dense layers when ``dense_layers`` is left to it (None): SGLang's policy default (sol_attn.md §3),
+    #: which every adapter so far keeps (its docstring says how far it is measured on that model)
     default_dense_layers: frozenset = frozenset({0, 1})
     #: module paths (fullmatch, group 1 the layer index) of the Sol-Attn sites and of the always-dense ones
     sol_sites: Optional[re.Pattern] = None

@@ -35,6 +35,18 @@ def _cast_like_from_pretrained(model, dtype: torch.dtype) -> None:
             tensor.data = tensor.data.to(target)
 
 
+def _finish_tiny_pipeline(pipe, text_encoder, vae, *, dtype: torch.dtype, device):
+    """A tiny pipeline as ``from_pretrained(torch_dtype=dtype).to(device)`` would leave it: the text encoder and the
+    VAE in ``dtype`` (the VAE's float32 modules kept), moved to ``device``, the progress bar off."""
+    if dtype != torch.float32:
+        text_encoder.to(dtype)
+        _cast_like_from_pretrained(vae, dtype)
+    if torch.device(device) != torch.device("cpu"):
+        pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def _build_seeded(cls, config: Mapping[str, Any], *, seed: int, dtype: torch.dtype, device) -> Any:
     torch.manual_seed(seed)
     model = cls(**dict(config))

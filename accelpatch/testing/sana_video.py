@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device
+from ._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
 
 # --------------------------------------------------------------------------------------------
 # Config dicts
@@ -224,13 +224,7 @@ def tiny_sana_video_pipeline(
         transformer=transformer,
         scheduler=DPMSolverMultistepScheduler(),
     )
-    if dtype != torch.float32:
-        text_encoder.to(dtype)
-        _cast_like_from_pretrained(vae, dtype)
-    if torch.device(device) != torch.device("cpu"):
-        pipe.to(device)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return _finish_tiny_pipeline(pipe, text_encoder, vae, dtype=dtype, device=device)
 
 
 def sana_video_pipeline_call_kwargs(

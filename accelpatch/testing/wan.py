@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device
+from ._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
 
 #: diffusers' fast-test config for ``WanTransformer3DModel`` (2 heads x 12, hidden 24).
 WAN_TINY_CONFIG: dict[str, Any] = dict(
@@ -110,13 +110,7 @@ def tiny_wan_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=transformer,
                        transformer_2=transformer_2, boundary_ratio=boundary_ratio if transformer_2 is not None
                        else None)
-    if dtype != torch.float32:
-        text_encoder.to(dtype)
-        _cast_like_from_pretrained(vae, dtype)
-    if torch.device(device) != torch.device("cpu"):
-        pipe.to(device)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return _finish_tiny_pipeline(pipe, text_encoder, vae, dtype=dtype, device=device)
 
 
 def wan_pipeline_call_kwargs(num_inference_steps: int = 2, *, prompt: str = "a tiny test video",

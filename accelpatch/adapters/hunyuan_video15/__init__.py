@@ -52,8 +52,6 @@ UNEVEN_TEXT = ("the batch rows have different numbers of valid text tokens: the 
 NOT_PREFIX = ("the valid text tokens are not first in the text stream (HunyuanVideo 1.5's forward orders them "
               "so): the mask is not a prefix the sparse path can drop")
 NO_CP = "HunyuanVideo 1.5 has no _cp_plan: the sparse path does not run under a parallel config"
-#: SGLang's policy default (sol_attn.md §3); unmeasured on HunyuanVideo 1.5 (see the module docstring)
-DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
 _JOINT = re.compile(r"transformer_blocks\.(\d+)\.attn")
 _REFINER = re.compile(r"context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn")
@@ -156,7 +154,6 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
     model_classes = (("diffusers", "HunyuanVideo15Transformer3DModel"),)
     block_list = "transformer_blocks"
     block_noun = "dual-stream transformer blocks"
-    default_dense_layers = DEFAULT_DENSE_LAYERS
     sol_sites, dense_sites = _JOINT, _REFINER
     sol_path, dense_path = SOL_ATTENTION, REFINER_DENSE_PATH
     cache_blocks = "transformer_blocks"

@@ -47,8 +47,6 @@ AUDIO_DENSE = "audio self-attention stays dense: not measured safe under Sol-Att
 CROSS_DENSE = ("cross-attention (text, audio-to-video, video-to-audio) stays dense: Sol-Attn covers "
                "self-attention only")
 PERTURBED_CALL = "an STG perturbation_mask was given (spatio_temporal_guidance_blocks): the processor runs it"
-#: SGLang's policy default (sol_attn.md §3); unmeasured on LTX-2 (see the module docstring)
-DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
 _SELF = re.compile(r"transformer_blocks\.(\d+)\.attn1")
 _AUDIO_SELF = re.compile(r"transformer_blocks\.(\d+)\.audio_attn1")
@@ -131,7 +129,6 @@ class LTX2Adapter(SolAttnAdapter):
     family = "LTX-2"
     model_classes = (("diffusers", "LTX2VideoTransformer3DModel"),)
     block_list = "transformer_blocks"
-    default_dense_layers = DEFAULT_DENSE_LAYERS
     sol_sites, dense_sites = _SELF, _CROSS
     sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
     cache_blocks = "transformer_blocks"

@@ -53,8 +53,6 @@ NO_LAYOUT_ROWS = ("dense_rows='text_audio': no packed layout fits this call (no 
                   "with token_tags, or set dense_rows='none' to say so")
 GATHERED_ROWS = ("dense_rows='text_audio': the text/audio rows are not one contiguous range, so they were gathered "
                  "and recomputed densely (exact); the sink covers their hull, video rows inside it included")
-#: the prior art's dense layers for MiniMax-H3 (sol_attn.md §3): ``SolAttnConfig(dense_layers=None)`` means these
-DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
 
 @dataclass(frozen=True)
@@ -175,7 +173,6 @@ class MiniMaxH3Adapter(SolAttnAdapter):
     cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "MiniMaxH3Transformer3DModel"),)
     block_list = "transformer_blocks"
-    default_dense_layers = DEFAULT_DENSE_LAYERS
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
         for path, module in model.named_modules():

@@ -37,8 +37,6 @@ SOL_FUSION = QualityGatedFusion.named("wan_sol_attn", Tier.HIGH)
 CROSS_FUSION = QualityGatedFusion.named("wan_cross_attention", Tier.HIGH)
 
 CROSS_DENSE = "cross-attention (text, and image for I2V) stays dense: Sol-Attn covers self-attention only"
-#: SGLang's policy default (sol_attn.md §3); unmeasured on Wan (see the module docstring)
-DEFAULT_DENSE_LAYERS = frozenset({0, 1})
 
 _BLOCK = re.compile(r"blocks\.(\d+)")
 _SELF = re.compile(r"blocks\.(\d+)\.attn1")
@@ -89,7 +87,6 @@ class WanAdapter(SolAttnAdapter):
     family = "Wan"
     model_classes = (("diffusers", "WanTransformer3DModel"),)
     block_list = "blocks"
-    default_dense_layers = DEFAULT_DENSE_LAYERS
     sol_sites, dense_sites = _SELF, _CROSS
     sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
     cache_blocks = "blocks"
