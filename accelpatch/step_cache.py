@@ -35,8 +35,7 @@ import torch
 
 from . import steps
 from .errors import did_you_mean
-from .parallel.sequence import deciding_ranks
-from .parallel.sequence import all_agree
+from .parallel.sequence import all_agree, deciding_ranks
 from .tiers import Tier, effective_tier
 
 __all__ = ["StepCacheConfig", "resolve_cache", "StepCache", "CACHE_METHODS"]
