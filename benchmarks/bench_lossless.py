@@ -10,9 +10,13 @@ default tier against the same models unpatched, measured side by side in one run
    the outputs must be ``torch.equal`` in the same run (the script exits 1 if not).
 3. **Per pipeline step.** The tiny pipelines with the medium transformers, one denoising step per call, patched
    against unpatched; frames compared with ``torch.equal``.
+4. **The ceiling.** The convolutions, GEMMs and attention kernels of one unpatched forward (recorded at the aten
+   level, every call with its own arguments) replayed alone, against the whole forward in interleaved rounds. A
+   bit-exact tier keeps those ops as they are (their reduction order sets the bits), so no lossless patch can make
+   the forward faster than ``forward / those ops``: the bound the per-model target is measured against.
 
     python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan]
-                                        [--dtypes bf16,fp32]
+                                        [--dtypes bf16,fp32] [--skip ops,models,pipelines,ceiling]
 """
 from __future__ import annotations
 
@@ -121,6 +125,51 @@ def bench_model(name: str, dtype: torch.dtype, rounds: int) -> bool:
     return identical
 
 
+#: the aten ops the lossless tier never replaces (compute whose reduction order sets the bits)
+KEPT_OPS = ("convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention")
+
+
+class _RecordKept(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records ``(op, args, kwargs)`` of every :data:`KEPT_OPS` call (the tensors are kept alive for the replay)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in KEPT_OPS:
+            self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def bench_ceiling(name: str, dtype: torch.dtype, rounds: int) -> None:
+    build, make_inputs = _models()[name]
+    model = build(dtype)
+    inputs = make_inputs(model)
+    patched = copy.deepcopy(model)
+    accelpatch.apply(patched)
+    with torch.no_grad():
+        model(**inputs)
+        recorder = _RecordKept()
+        with recorder:
+            model(**inputs)
+
+        def replay():
+            for func, args, kwargs in recorder.calls:
+                func(*args, **kwargs)
+
+        forward, kept = interleaved(lambda: model(**inputs), replay, rounds=rounds, repeat=3)
+        _, lossless = interleaved(lambda: model(**inputs), lambda: patched(**inputs), rounds=rounds, repeat=3)
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    f, k, p = median(forward) * 1e3, median(kept) * 1e3, median(lossless) * 1e3
+    print(f"  {name:<12} {str(dtype).removeprefix('torch.'):<9} forward {f:7.2f} ms; its {len(recorder.calls)} "
+          f"convolution/GEMM/attention calls alone {k:7.2f} ms ({k / f:.0%}): no bit-exact patch can beat "
+          f"{f / k:.2f}x; the default tier ran {p:7.2f} ms ({f / p:.2f}x), {p - k:.2f} ms outside those ops "
+          f"(the unpatched forward: {f - k:.2f} ms)")
+
+
 def _pipelines():
     from accelpatch import testing as t
 
@@ -170,7 +219,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3,wan")
     parser.add_argument("--dtypes", default="bf16,fp32")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: ops, models, pipelines")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: ops, models, pipelines, ceiling")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # apply() announces the high paths CUDA cannot mount
@@ -193,6 +242,11 @@ def main(argv=None) -> int:
         print("3. one pipeline call at the default tier against unpatched")
         for name in names:
             ok &= bench_pipeline(name, max(5, args.rounds // 2))
+    if "ceiling" not in skip:
+        print("4. the ceiling: the convolutions, GEMMs and attention a bit-exact tier keeps, replayed alone")
+        for name in names:
+            for dtype in dtypes:
+                bench_ceiling(name, dtype, args.rounds)
     if not ok:
         print("FAILED: an output at the default tier is not bit-identical to the unpatched model", file=sys.stderr)
     return 0 if ok else 1
