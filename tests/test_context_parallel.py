@@ -22,15 +22,15 @@ SCRIPT = START + textwrap.dedent("""
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
         out = {}
         with torch.no_grad():
-            out["unpatched"] = model(**inputs).sample
+            out["unpatched"] = model(**inputs).sample.clone()  # clone() waits for the gather; torch.save would not
             accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
             for tier in ("exact", "lossless"):
                 with accelpatch.quality(tier):
-                    out[tier] = model(**inputs).sample
+                    out[tier] = model(**inputs).sample.clone()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 high = model(**inputs)
-                out["high"], out["high_audio"] = high.sample, high.audio_sample
+                out["high"], out["high_audio"] = high.sample.clone(), high.audio_sample.clone()
         out["deprecations"] = [str(w.message) for w in caught if "torch.distributed.nn.functional" in str(w.message)]
         report = accelpatch.report(model)
         out["fast_calls"] = report.fast_calls

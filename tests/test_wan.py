@@ -272,14 +272,15 @@ ULYSSES = START + textwrap.dedent("""
         from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
         model = tiny_wan_transformer()
         inputs = {**wan_transformer_inputs(model), "return_dict": False}  # diffusers' CP hooks gather tensors only
+        # (the gathered output is a functional collective's tensor: clone() waits for it, torch.save would not)
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
         out = {}
         with torch.no_grad():
-            out["unpatched"] = model(**inputs)[0]
+            out["unpatched"] = model(**inputs)[0].clone()
             accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
             with accelpatch.quality("exact"):
-                out["exact"] = model(**inputs)[0]
-            out["high"] = model(**inputs)[0]
+                out["exact"] = model(**inputs)[0].clone()
+            out["high"] = model(**inputs)[0].clone()
         report = accelpatch.report(model)
         out["sites"] = {s.path: (s.fast_calls, s.reference_calls) for s in report.sites}
         out["fallbacks"] = report.fallback_calls
