@@ -12,8 +12,9 @@ a second, and head dim 64 in the release where the upstream kernels take 128),
 cross-attention between the streams). Dense steps, dense layers, masked calls (``video_self_attention_mask``),
 STG-perturbed calls (LTX-2.3's ``spatio_temporal_guidance_blocks``) and every call that does not fit the sparse
 path run diffusers' processor unchanged. The sparse path calls diffusers' own RoPE functions (interleaved or
-split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does. ``cache="first_block"`` puts the guarded FirstBlockCache on ``transformer_blocks``, registered
-as blocks returning (video, audio) with the audio entering as ``audio_hidden_states`` (diffusers' hooks ask for
+split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does.
+``cache="first_block"`` puts the guarded FirstBlockCache on ``transformer_blocks``, registered as blocks
+returning (video, audio) with the audio entering as ``audio_hidden_states`` (diffusers' hooks ask for
 ``encoder_hidden_states``, here the text: accelpatch's block metadata maps that name to the audio stream); it
 decides on the video residual and reuses both streams' cached residuals. MagCache is refused: diffusers' MagCache
 hooks pass the second stream through a skipped step without any residual, and here it is the audio output.
