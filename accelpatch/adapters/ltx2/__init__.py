@@ -1,6 +1,9 @@
 """LTX-2 (diffusers ``LTX2VideoTransformer3DModel``: LTX-2 and LTX-2.3, a video and an audio stream in every
-block) with the ``sol_attn`` backend.
+block): its lossless block fusion, and the ``sol_attn`` backend.
 
+At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
+of :mod:`.fused` (both streams' AdaLN modulations, the a2v/v2a modulations, LTX-2.3's cross-attention AdaLN and
+every gated residual add as verified fused ops); the attention sites below are the same with or without it.
 With ``sol_attn``, ``transformer_blocks.N.attn1`` (self-attention over the video tokens, LTX-2's RoPE applied to
 q and k) carry the Sol-Attn sparse path (``high``). Every other attention of a block is a site that always stays
 dense, counted with its reason: ``audio_attn1`` (audio self-attention: never measured sparse; short, 25 latents
@@ -9,9 +12,9 @@ a second, and head dim 64 in the release where the upstream kernels take 128),
 cross-attention between the streams). Dense steps, dense layers, masked calls (``video_self_attention_mask``),
 STG-perturbed calls (LTX-2.3's ``spatio_temporal_guidance_blocks``) and every call that does not fit the sparse
 path run diffusers' processor unchanged. The sparse path calls diffusers' own RoPE functions (interleaved or
-split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does. Without a backend
-nothing is patched. ``cache="first_block"`` puts the guarded FirstBlockCache on ``transformer_blocks``, registered
-as blocks returning (video, audio) with the audio entering as ``audio_hidden_states`` (diffusers' hooks ask for
+split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does.
+``cache="first_block"`` puts the guarded FirstBlockCache on ``transformer_blocks``, registered as blocks
+returning (video, audio) with the audio entering as ``audio_hidden_states`` (diffusers' hooks ask for
 ``encoder_hidden_states``, here the text: accelpatch's block metadata maps that name to the audio stream); it
 decides on the video residual and reuses both streams' cached residuals. MagCache is refused: diffusers' MagCache
 hooks pass the second stream through a skipped step without any residual, and here it is the audio output.
@@ -39,6 +42,7 @@ from ...sites.base import Decline, Dense, Site, bind_call
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
+from .fused import FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("ltx2_sol_attn", Tier.HIGH)
 DENSE_FUSION = QualityGatedFusion.named("ltx2_dense_attention", Tier.HIGH)
@@ -48,6 +52,7 @@ CROSS_DENSE = ("cross-attention (text, audio-to-video, video-to-audio) stays den
                "self-attention only")
 PERTURBED_CALL = "an STG perturbation_mask was given (spatio_temporal_guidance_blocks): the processor runs it"
 
+_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
 _SELF = re.compile(r"transformer_blocks\.(\d+)\.attn1")
 _AUDIO_SELF = re.compile(r"transformer_blocks\.(\d+)\.audio_attn1")
 _CROSS = re.compile(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)")
@@ -139,7 +144,12 @@ class LTX2Adapter(SolAttnAdapter):
                          "its residual, and LTX-2's second stream is the audio output")
 
     def iter_sites(self, model: torch.nn.Module, backend_config):
-        """As the shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
+        """The block fusion on every ``transformer_blocks.N`` (any backend or none); with ``sol_attn`` the shared
+        adapter's attention sites, with a third kind: the audio self-attention, dense with its own reason."""
+        for path, module in model.named_modules():
+            match = _BLOCK.fullmatch(path)
+            if match is not None:
+                yield path, module, FUSED_BLOCK, int(match.group(1))
         if backend_config is None:
             return
         table = ((_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH))
