@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
+from ._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
+                      _input_dtype_and_device)
 
 #: 2 heads x 128 (the released head dim, the Sol-Attn kernels'; RoPE axes 16 + 56 + 56 = 128 as released),
 #: 2 dual-stream blocks, 1 refiner block, patch 1 (one token per latent pixel), narrow text/image inputs.
@@ -146,14 +147,15 @@ def _tiny_byt5(d_model: int, seed: int):
 def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
                                   transformer_config: Mapping[str, Any] | None = None, transformer=None,
                                   guidance_scale: float = 6.0, text_len: int = 64, glyph_len: int = 32,
-                                  device: str | torch.device = "cpu"):
+                                  image_tokens: int = 16, device: str | torch.device = "cpu"):
     """A complete offline text-to-video ``HunyuanVideo15Pipeline`` with tiny random components (default
     transformer: :data:`HUNYUAN_VIDEO15_PIPELINE_CONFIG`), progress bar off. Call it with
     :func:`hunyuan_video15_pipeline_call_kwargs`.
 
-    The pipeline keeps its prompt lengths as attributes (1,000 Qwen tokens after a 108-token system prefix, 256
-    ByT5 tokens, for the released tokenizers); here the Qwen stream is ``text_len`` tokens after the system prefix
-    as this tokenizer counts it, and ByT5's ``glyph_len``, so the joint attention stays small. The transformer's
+    The pipeline keeps its sequence lengths as attributes (1,000 Qwen tokens after a 108-token system prefix, 256
+    ByT5 tokens, for the released tokenizers, and 729 image tokens, zeros in text-to-video, which the transformer
+    masks out); here the Qwen stream is ``text_len`` tokens after the system prefix as this tokenizer counts it,
+    ByT5's ``glyph_len`` and the image stream ``image_tokens``, so the joint attention stays small. The transformer's
     ``in_channels`` must be ``2 * out_channels + 1`` (latents, condition latents, mask) and ``out_channels`` is
     the VAE's latent channels. ``guidance_scale`` > 1 runs classifier-free guidance (two forwards per step)."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
@@ -168,7 +170,7 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
         raise ValueError(f"in_channels={config.in_channels} must be 2 * out_channels + 1 = "
                          f"{2 * config.out_channels + 1}: the text-to-video pipeline feeds latents, condition "
                          f"latents and a mask channel")
-    for name, value in (("text_len", text_len), ("glyph_len", glyph_len)):
+    for name, value in (("text_len", text_len), ("glyph_len", glyph_len), ("image_tokens", image_tokens)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")
     tokenizer = _byte_qwen_tokenizer()
@@ -187,6 +189,7 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
     prefix = f"<|im_start|>system\n{pipe.system_message}<|im_end|>\n<|im_start|>user\n"
     pipe.prompt_template_encode_start_idx = len(tokenizer(prefix)["input_ids"])
     pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = int(text_len), int(glyph_len)
+    pipe.vision_num_semantic_tokens = int(image_tokens)
     return _finish_tiny_pipeline(pipe, text_encoder, vae, dtype=dtype, device=device)
 
 
