@@ -58,9 +58,10 @@ def check_seeded(case: PipelineCase, reference: tuple) -> None:
     assert all_equal(run(case, second), reference)
     other = module_bits(case.build(seed=1))
     assert not states_equal(module_bits(first), other)
-    diff = [k for k, x in module_bits(first).items() if x.is_floating_point() and not torch.equal(x, other[k])]
-    for component in ("transformer.", "text_encoder.", "vae."):  # each random component follows the seed
-        assert any(k.startswith(component) for k in diff), component
+    diff = {k.split(".")[0] for k, x in module_bits(first).items()
+            if x.is_floating_point() and not torch.equal(x, other[k])}
+    modules = {name for name, c in first.components.items() if isinstance(c, torch.nn.Module)}
+    assert diff == modules, modules - diff  # every random component follows the seed
 
 
 def check_default_and_exact_tiers(case: PipelineCase, pipe, reference: tuple) -> None:
