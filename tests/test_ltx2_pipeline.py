@@ -62,8 +62,10 @@ def test_the_identity_check_sees_a_one_ulp_change(pipe_and_reference):
     assert not all_equal((nudged, audio), (frames, audio)) and all_equal((frames.clone(), audio), (frames, audio))
 
 
-def test_an_ltx23_transformer_is_refused_with_the_reason():
-    from accelpatch.testing import LTX2_3_TINY_CONFIG
+def test_transformers_the_tiny_components_cannot_feed_are_refused_with_the_reason():
+    from accelpatch.testing import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG
 
     with pytest.raises(ValueError, match="cross_attn_mod"):
         tiny_ltx2_pipeline(transformer_config=LTX2_3_TINY_CONFIG)
+    with pytest.raises(ValueError, match="gives 4 audio channels .* audio_in_channels=8"):
+        tiny_ltx2_pipeline(transformer_config={**LTX2_TINY_CONFIG, "audio_in_channels": 8})

@@ -168,9 +168,11 @@ def tiny_ltx2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
     if config.cross_attn_mod or config.audio_cross_attn_mod:
         raise ValueError("tiny_ltx2_pipeline builds LTX-2.0's text connectors; a transformer with "
                          "cross_attn_mod/audio_cross_attn_mod (LTX-2.3) needs LTX-2.3's, which it does not build")
-    audio_latent = LTX2_TINY_AUDIO_VAE_CONFIG["latent_channels"] * LTX2_TINY_AUDIO_VAE_CONFIG["mel_bins"] // 4
-    if config.audio_in_channels != audio_latent or config.patch_size != 1 or config.patch_size_t != 1:
-        raise ValueError(f"the tiny audio VAE gives {audio_latent} audio channels and the video VAE patch 1; the "
+    torch.manual_seed(seed)
+    audio_vae = AutoencoderKLLTX2Audio(**LTX2_TINY_AUDIO_VAE_CONFIG).eval()
+    audio_channels = audio_vae.config.latent_channels * (audio_vae.config.mel_bins // audio_vae.mel_compression_ratio)
+    if config.audio_in_channels != audio_channels or config.patch_size != 1 or config.patch_size_t != 1:
+        raise ValueError(f"the tiny audio VAE gives {audio_channels} audio channels and the video VAE patch 1; the "
                          f"transformer has audio_in_channels={config.audio_in_channels}, "
                          f"patch_size={config.patch_size}, patch_size_t={config.patch_size_t}")
     tokenizer = _byte_gemma_tokenizer()
@@ -179,8 +181,6 @@ def tiny_ltx2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
     torch.manual_seed(seed)
     vae = AutoencoderKLLTX2Video(**{**LTX2_TINY_VIDEO_VAE_CONFIG, "latent_channels": int(config.in_channels)}).eval()
     vae.use_framewise_encoding = vae.use_framewise_decoding = False
-    torch.manual_seed(seed)
-    audio_vae = AutoencoderKLLTX2Audio(**LTX2_TINY_AUDIO_VAE_CONFIG).eval()
     torch.manual_seed(seed)
     vocoder = LTX2Vocoder(**LTX2_TINY_VOCODER_CONFIG).eval()
     if dtype != torch.float32:
