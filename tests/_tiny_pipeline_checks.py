@@ -12,6 +12,7 @@ import torch
 
 import accelpatch
 import accelpatch.ops as ops
+from accelpatch.sites import sol_attention
 
 from _sol_attn_models import SPARSE, all_equal
 
@@ -65,7 +66,8 @@ def check_seeded(case: PipelineCase, reference: tuple) -> None:
 
 
 def check_default_and_exact_tiers(case: PipelineCase, pipe, reference: tuple) -> None:
-    """``apply(pipe)`` (default tier) and ``quality("exact")``, also with ``sol_attn`` on, give the reference."""
+    """``apply(pipe)`` (default tier) and ``quality("exact")``, also with ``sol_attn`` on, give the reference, and so
+    does ``sol_attn`` at ``high`` inside its default dense steps (each call counted as one)."""
     apply_default(pipe)
     try:
         assert all_equal(run(case, pipe), reference)
@@ -78,6 +80,14 @@ def check_default_and_exact_tiers(case: PipelineCase, pipe, reference: tuple) ->
         with accelpatch.quality("exact"):
             assert all_equal(run(case, pipe), reference)
         assert all(s.fast_calls == 0 for s in sol_sites(case, accelpatch.report(pipe)))
+    finally:
+        accelpatch.remove(pipe)
+    accelpatch.apply(pipe, backend="sol_attn", dense_layers="")  # the default dense_steps=10 covers both steps
+    try:
+        assert all_equal(run(case, pipe), reference)  # at high: every call is a counted dense step
+        sites = sol_sites(case, accelpatch.report(pipe))
+        assert sites and all(s.fast_calls == 0 and s.reference_calls == {sol_attention.DENSE_STEP: case.sol_calls}
+                             for s in sites), sites
     finally:
         accelpatch.remove(pipe)
     assert all_equal(run(case, pipe), reference)
