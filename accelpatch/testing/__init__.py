@@ -22,10 +22,13 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
 * ``wan``: config dicts ``WAN_*_CONFIG``, :func:`tiny_wan_transformer`, :func:`wan_transformer_inputs`,
   :func:`wan_transformer_on_meta`,
   :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
-* ``ltx2``: ``LTX2_TINY_CONFIG``, ``LTX2_3_TINY_CONFIG``, :func:`tiny_ltx2_transformer`,
-  :func:`ltx2_transformer_inputs`.
-* ``hunyuan_video15``: ``HUNYUAN_VIDEO15_SOL_CONFIG``, :func:`tiny_hunyuan_video15_transformer`,
-  :func:`hunyuan_video15_transformer_inputs`.
+* ``ltx2``: ``LTX2_TINY_CONFIG``, ``LTX2_3_TINY_CONFIG``, ``LTX2_TINY_{VIDEO_VAE,AUDIO_VAE,VOCODER}_CONFIG``,
+  :func:`tiny_ltx2_transformer`, :func:`ltx2_transformer_inputs`, :func:`tiny_ltx2_pipeline` (Gemma 3 text
+  encoder, connectors, both VAEs and the vocoder, all tiny), :func:`ltx2_pipeline_call_kwargs`.
+* ``hunyuan_video15``: ``HUNYUAN_VIDEO15_SOL_CONFIG``, ``HUNYUAN_VIDEO15_PIPELINE_CONFIG``,
+  ``HUNYUAN_VIDEO15_TINY_VAE_CONFIG``, :func:`tiny_hunyuan_video15_transformer`,
+  :func:`hunyuan_video15_transformer_inputs`, :func:`tiny_hunyuan_video15_pipeline` (Qwen2.5-VL and ByT5 text
+  encoders with in-memory tokenizers, all tiny), :func:`hunyuan_video15_pipeline_call_kwargs`.
 * ``_common``: helpers the model files share (config lookup, seeded building, dtype casts,
   input dtype/device defaults).
 
@@ -36,10 +39,24 @@ such small models get slower and much noisier.
 """
 from __future__ import annotations
 
-from .ltx2 import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
+from .ltx2 import (
+    LTX2_3_TINY_CONFIG,
+    LTX2_TINY_AUDIO_VAE_CONFIG,
+    LTX2_TINY_CONFIG,
+    LTX2_TINY_VIDEO_VAE_CONFIG,
+    LTX2_TINY_VOCODER_CONFIG,
+    ltx2_pipeline_call_kwargs,
+    ltx2_transformer_inputs,
+    tiny_ltx2_pipeline,
+    tiny_ltx2_transformer,
+)
 from .hunyuan_video15 import (
+    HUNYUAN_VIDEO15_PIPELINE_CONFIG,
     HUNYUAN_VIDEO15_SOL_CONFIG,
+    HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
+    hunyuan_video15_pipeline_call_kwargs,
     hunyuan_video15_transformer_inputs,
+    tiny_hunyuan_video15_pipeline,
     tiny_hunyuan_video15_transformer,
 )
 from .minimax_h3 import (
@@ -90,7 +107,11 @@ from .wan import (
 
 __all__ = [
     "LTX2_TINY_CONFIG", "LTX2_3_TINY_CONFIG", "tiny_ltx2_transformer", "ltx2_transformer_inputs",
+    "LTX2_TINY_VIDEO_VAE_CONFIG", "LTX2_TINY_AUDIO_VAE_CONFIG", "LTX2_TINY_VOCODER_CONFIG", "tiny_ltx2_pipeline",
+    "ltx2_pipeline_call_kwargs",
     "HUNYUAN_VIDEO15_SOL_CONFIG", "tiny_hunyuan_video15_transformer", "hunyuan_video15_transformer_inputs",
+    "HUNYUAN_VIDEO15_PIPELINE_CONFIG", "HUNYUAN_VIDEO15_TINY_VAE_CONFIG", "tiny_hunyuan_video15_pipeline",
+    "hunyuan_video15_pipeline_call_kwargs",
     "SANA_VIDEO_TINY_CONFIG",
     "SANA_VIDEO_RELEASE_LIKE_CONFIG",
     "SANA_VIDEO_MEDIUM_CONFIG",

@@ -1,9 +1,11 @@
-"""Tiny HunyuanVideo 1.5 transformers, built offline from config dicts.
+"""Tiny HunyuanVideo 1.5 transformers and text-to-video pipelines, built offline from config dicts.
 
 A config dict (``HUNYUAN_VIDEO15_SOL_CONFIG``), a seeded ``HunyuanVideo15Transformer3DModel`` and the inputs of
 one forward (latents, the two text streams with padding masks, image embeddings: zeros for text-to-video, as the
-pipeline passes them). No pipeline: HunyuanVideo 1.5's needs a Qwen2.5-VL text encoder and a ByT5 one. diffusers
-is imported inside the functions.
+pipeline passes them), and an offline ``HunyuanVideo15Pipeline``: a tiny ``Qwen2_5_VLTextModel`` with a byte-level
+``Qwen2Tokenizer`` built in memory (Qwen's chat format), a tiny ByT5 (``T5EncoderModel`` with the file-free
+``ByT5Tokenizer``) for the quoted glyph text, a tiny ``AutoencoderKLHunyuanVideo15``, the flow-matching scheduler
+and classifier-free guidance. diffusers is imported inside the functions.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _config_of, _input_dtype_and_device
+from ._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
+                      _input_dtype_and_device)
 
 #: 2 heads x 128 (the released head dim, the Sol-Attn kernels'; RoPE axes 16 + 56 + 56 = 128 as released),
 #: 2 dual-stream blocks, 1 refiner block, patch 1 (one token per latent pixel), narrow text/image inputs.
@@ -77,3 +80,127 @@ def hunyuan_video15_transformer_inputs(transformer_or_config: Any = None, *, bat
                 encoder_hidden_states=to(text), encoder_attention_mask=mask.to(device),
                 encoder_hidden_states_2=to(text_2), encoder_attention_mask_2=mask_2.to(device),
                 image_embeds=to(images), return_dict=True)
+
+
+#: :data:`HUNYUAN_VIDEO15_SOL_CONFIG` as the text-to-video pipeline feeds it: 4 latent channels in and out, the
+#: input being the latents, the (zero) condition latents and a (zero) mask channel concatenated (4 + 4 + 1).
+HUNYUAN_VIDEO15_PIPELINE_CONFIG: dict[str, Any] = {**HUNYUAN_VIDEO15_SOL_CONFIG, "in_channels": 9, "out_channels": 4}
+
+#: diffusers' fast-test ``AutoencoderKLHunyuanVideo15`` shape: 4 latent channels, spatial compression 4, temporal 2.
+HUNYUAN_VIDEO15_TINY_VAE_CONFIG: dict[str, Any] = dict(
+    in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+    spatial_compression_ratio=4, temporal_compression_ratio=2, downsample_match_channel=False,
+    upsample_match_channel=False,
+)
+
+_QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _byte_qwen_tokenizer():
+    """A ``Qwen2Tokenizer`` whose vocabulary is the 256 byte-level symbols and Qwen's special tokens, no merges
+    (every UTF-8 byte one token), with Qwen's ChatML chat template. Built in memory, no files."""
+    from transformers import AddedToken, Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    vocab.update({token: len(vocab) + i for i, token in enumerate(specials)})
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tokenizer.add_tokens([AddedToken(token, special=True) for token in specials[1:]])
+    tokenizer.chat_template = _QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _tiny_qwen25_vl_text(hidden_size: int, tokenizer, seed: int):
+    """A randomly initialised two-layer ``Qwen2_5_VLTextModel`` ``hidden_size`` wide (the transformer's
+    ``text_embed_dim``): 2 heads, multimodal RoPE sections split over the head's half dim as released (t, h, w)."""
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    if hidden_size % 16:
+        raise ValueError(f"text_embed_dim={hidden_size} must be a multiple of 16 (2 heads, 3 RoPE sections)")
+    half = hidden_size // 4  # half the head dim of 2 heads
+    sections = [half // 4, half // 4, half - 2 * (half // 4)]
+    config = Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=1e6,
+        rope_scaling={"mrope_section": sections, "rope_type": "default", "type": "default"},
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Qwen2_5_VLTextModel(config).eval()
+
+
+def _tiny_byt5(d_model: int, seed: int):
+    """The file-free ``ByT5Tokenizer`` and a one-layer ``T5EncoderModel`` ``d_model`` wide (the transformer's
+    ``text_embed_2_dim``) over its vocabulary."""
+    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+
+    tokenizer = ByT5Tokenizer()
+    torch.manual_seed(seed)
+    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=max(d_model // 2, 1),
+                                      d_ff=2 * d_model, num_layers=1, num_heads=2,
+                                      relative_attention_num_buckets=8)).eval()
+    return tokenizer, encoder
+
+
+def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
+                                  transformer_config: Mapping[str, Any] | None = None, transformer=None,
+                                  guidance_scale: float = 6.0, text_len: int = 64, glyph_len: int = 32,
+                                  image_tokens: int = 16, device: str | torch.device = "cpu"):
+    """A complete offline text-to-video ``HunyuanVideo15Pipeline`` with tiny random components (default
+    transformer: :data:`HUNYUAN_VIDEO15_PIPELINE_CONFIG`), progress bar off. Call it with
+    :func:`hunyuan_video15_pipeline_call_kwargs`.
+
+    The pipeline keeps its sequence lengths as attributes (1,000 Qwen tokens after a 108-token system prefix, 256
+    ByT5 tokens, for the released tokenizers, and 729 image tokens, zeros in text-to-video, which the transformer
+    masks out); here the Qwen stream is ``text_len`` tokens after the system prefix as this tokenizer counts it,
+    ByT5's ``glyph_len`` and the image stream ``image_tokens``, so the joint attention stays small. The transformer's
+    ``in_channels`` must be ``2 * out_channels + 1`` (latents, condition latents, mask) and ``out_channels`` is
+    the VAE's latent channels. ``guidance_scale`` > 1 runs classifier-free guidance (two forwards per step)."""
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+    from diffusers.guiders import ClassifierFreeGuidance
+
+    if transformer is None:
+        transformer = tiny_hunyuan_video15_transformer(
+            HUNYUAN_VIDEO15_PIPELINE_CONFIG if transformer_config is None else transformer_config,
+            seed=seed, dtype=dtype)
+    config = transformer.config
+    if config.in_channels != 2 * config.out_channels + 1:
+        raise ValueError(f"in_channels={config.in_channels} must be 2 * out_channels + 1 = "
+                         f"{2 * config.out_channels + 1}: the text-to-video pipeline feeds latents, condition "
+                         f"latents and a mask channel")
+    for name, value in (("text_len", text_len), ("glyph_len", glyph_len), ("image_tokens", image_tokens)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be at least 1")
+    tokenizer = _byte_qwen_tokenizer()
+    text_encoder = _tiny_qwen25_vl_text(int(config.text_embed_dim), tokenizer, seed)
+    tokenizer_2, text_encoder_2 = _tiny_byt5(int(config.text_embed_2_dim), seed)
+    torch.manual_seed(seed)
+    vae = AutoencoderKLHunyuanVideo15(**{**HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
+                                         "latent_channels": int(config.out_channels)}).eval()
+    if dtype != torch.float32:
+        _cast_like_from_pretrained(text_encoder_2, dtype)
+    pipe = HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+                                  text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                                  guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
+    # the system prefix the pipeline crops (its 108 for the released tokenizer), as this tokenizer counts it
+    prefix = f"<|im_start|>system\n{pipe.system_message}<|im_end|>\n<|im_start|>user\n"
+    pipe.prompt_template_encode_start_idx = len(tokenizer(prefix)["input_ids"])
+    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = int(text_len), int(glyph_len)
+    pipe.vision_num_semantic_tokens = int(image_tokens)
+    return _finish_tiny_pipeline(pipe, text_encoder, vae, dtype=dtype, device=device)
+
+
+def hunyuan_video15_pipeline_call_kwargs(num_inference_steps: int = 2, *,
+                                         prompt: str = 'a tiny test video of a sign that says "hello"',
+                                         negative_prompt: str = "", height: int = 64, width: int = 64,
+                                         num_frames: int = 7, seed: int = 0,
+                                         output_type: str = "pt") -> dict[str, Any]:
+    """Call kwargs for :func:`tiny_hunyuan_video15_pipeline`: 7 frames of 64 x 64 are 4 latent frames of 16 x 16,
+    i.e. 1,024 video tokens per forward (16 blocks of 64) ahead of the text and image tokens; the quoted word in
+    the prompt is the glyph text the ByT5 encoder reads."""
+    return dict(prompt=prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
+                num_inference_steps=num_inference_steps, generator=torch.Generator().manual_seed(seed),
+                output_type=output_type)
