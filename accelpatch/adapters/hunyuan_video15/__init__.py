@@ -15,10 +15,11 @@ sparse. The padding rows (attending to nothing) run the model's masked dense att
 A mask that is not that layout (valid tokens not first, or a different count per batch row) declines with a
 counted reason. ``context_embedder.token_refiner.refiner_blocks.N.attn``
 (text-only, masked) are sites that always stay dense, counted. Dense steps, dense layers and every call that does
-not fit run diffusers' ``HunyuanVideo15AttnProcessor2_0`` unchanged. ``cache=`` puts the guarded step cache (FirstBlockCache or MagCache) on
-``transformer_blocks``, registered as blocks returning (video, text): FirstBlockCache decides on the video residual
-and reuses both streams' cached residuals; MagCache passes the text stream through a skipped step unchanged, which
-the model never reads after its blocks (only the video goes on to ``norm_out``).
+not fit run diffusers' ``HunyuanVideo15AttnProcessor2_0`` unchanged. ``cache=`` puts the guarded step cache
+(FirstBlockCache or MagCache) on ``transformer_blocks``, registered as blocks returning (video, text):
+FirstBlockCache decides on the video residual and reuses both streams' cached residuals; MagCache passes the text
+stream through a skipped step unchanged, which the model never reads after its blocks (only the video goes on to
+``norm_out``).
 
 The sparse path slices the sequence at the valid-text count, which depends on the mask's values: inside a
 ``torch.compile`` graph that is a graph break (regional compile works; ``fullgraph=True`` does not on ``high``).

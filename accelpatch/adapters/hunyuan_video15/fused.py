@@ -15,11 +15,14 @@ modules) only where the norm is diffusers' own class with no embedding of its ow
 on it; otherwise the norm module is called as it is and only the later chains are fused. The joint attention
 (``attn``, where the Sol-Attn site sits), the LayerNorms and the feed-forwards stay diffusers' own.
 
-The RoPE applied to q and k in the attention processor (``apply_rotary_emb(use_real=True)``: float32 products of
-``x.float()`` with the per-channel tables) is not fused: no shared op computes it (``relu_rope_pair`` applies a
-ReLU and returns float32 copies, ``rotate_half_pair`` pairs channel halves and rounds the tables to ``x``'s dtype,
-``rotary_complex_pair`` works in float64); tests/test_hunyuan_video15_fusions.py shows when the interleaved
-reference would agree with it bit for bit (tables whose channel pairs hold equal values).
+The RoPE applied to q and k in the attention processor (``apply_rotary_emb(use_real=True)``: ``x.float() * cos +
+x_rot.float() * sin`` with every channel's own table entry) is not fused: no shared op computes it for every input.
+``rope_pair`` (Wan's) reads ``cos`` at even and ``sin`` at odd channels only, and runs bf16 tables in bf16 where
+this upcasts to float32; ``relu_rope_pair`` adds a ReLU and float32 copies, ``rotate_half_pair`` pairs channel
+halves and rounds the tables to ``x``'s dtype, ``rotary_complex_pair`` works in float64.
+tests/test_hunyuan_video15_fusions.py proves when the interleaved reference does agree bit for bit (float32 tables
+whose channel pairs hold equal values, as the model's ``rope`` builds them): a kernel reading each channel's
+entry, upcasting as this does, would be the way to fuse it without a check of the tables' values.
 """
 from __future__ import annotations
 

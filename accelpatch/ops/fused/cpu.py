@@ -115,9 +115,10 @@ _SELF_CHECK: list = []
 
 def _self_check(library) -> Optional[str]:
     """A known-answer run of the float32 RoPEs (with and without the ReLU), modulate and rotate-half kernels and
-    the float64/float32 complex RoPE against their references, once per process: a compiler that contracts multiply-adds despite -ffp-contract=off
-    (gcc's vectoriser does it for interleaved mul/sub/add groups) changes a few per cent of these outputs, and the
-    library is then refused with a reason rather than left to fail every first-sight check."""
+    the float64/float32 complex RoPE against their references, once per process: a compiler that contracts
+    multiply-adds despite -ffp-contract=off (gcc's vectoriser does it for interleaved mul/sub/add groups) changes a
+    few per cent of these outputs, and the library is then refused with a reason rather than left to fail every
+    first-sight check."""
     if _SELF_CHECK:
         return _SELF_CHECK[0]
     g = torch.Generator().manual_seed(0)

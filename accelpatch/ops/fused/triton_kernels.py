@@ -111,7 +111,8 @@ def relu_fp32_sign(device: torch.device) -> tuple[Optional[bool], Optional[str]]
 
 def unsupported(op_name: str, *args) -> Optional[str]:
     """Why the Triton implementation of ``op_name`` cannot run these arguments (the reference's), or None."""
-    checks = {"relu_rope_pair": _why_rope, "rope_pair": _why_plain_rope, "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
+    checks = {"relu_rope_pair": _why_rope, "rope_pair": _why_plain_rope,
+              "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
               "silu": _why_bf16, "glu_gate": _why_bf16, "sigmoid_gate": _why_sigmoid_gate,
               "scale_to_tokens": _why_scale_to_tokens,
               "rotate_half_pair": _why_rotate_half, "rotary_complex_pair": _why_rotary_complex}
