@@ -32,3 +32,6 @@ ROTARY_COMPLEX_PAIR = register(FusedOp(
 SIGMOID_GATE = register(FusedOp("sigmoid_gate", reference.sigmoid_gate,
                                 "x * sigmoid(gate) in one pass, the sigmoid by a bf16 table (SANA-Video 2.0's gates)",
                                 dtypes=(torch.bfloat16,)))
+ROPE_PAIR = register(FusedOp(
+    "rope_pair", reference.rope_pair,
+    "interleaved RoPE of query and key in one pass, in their dtype (Wan's self-attention)"))

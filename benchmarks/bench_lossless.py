@@ -15,7 +15,8 @@ default tier against the same models unpatched, measured side by side in one run
    bit-exact tier keeps those ops as they are (their reduction order sets the bits), so no lossless patch can make
    the forward faster than ``forward / those ops``: the bound the per-model target is measured against.
 
-    python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan]
+    python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan,
+                                        hunyuan_video15,ltx2]
                                         [--dtypes bf16,fp32] [--skip ops,models,pipelines,ceiling]
 """
 from __future__ import annotations
@@ -56,6 +57,9 @@ def _models():
                 lambda m: t.wan_transformer_inputs(m, num_frames=5, height=16, width=16)),
         "ltx2": (lambda dtype: t.tiny_ltx2_transformer({**t.LTX2_TINY_CONFIG, **LTX2_MEDIUM_CONFIG}, dtype=dtype),
                  lambda m: t.ltx2_transformer_inputs(m, num_frames=5, height=8, width=8)),
+        "hunyuan_video15": (lambda dtype: t.tiny_hunyuan_video15_transformer(dtype=dtype, num_attention_heads=4,
+                                                                             num_layers=4),
+                            lambda m: t.hunyuan_video15_transformer_inputs(m, num_frames=5, height=8, width=8)),
     }
 
 
@@ -193,6 +197,12 @@ def _pipelines():
         "wan": lambda: (t.tiny_wan_pipeline(transformer_config={**t.WAN_SOL_CONFIG, **WAN_MEDIUM_CONFIG}, seed=1),
                         lambda: t.wan_pipeline_call_kwargs(num_inference_steps=1, height=128, width=128, num_frames=17,
                                                            output_type="latent")),
+        "hunyuan_video15": lambda: (
+            t.tiny_hunyuan_video15_pipeline(transformer_config={**t.HUNYUAN_VIDEO15_PIPELINE_CONFIG,
+                                                                "num_attention_heads": 4, "num_layers": 4}, seed=1),
+            lambda: t.hunyuan_video15_pipeline_call_kwargs(num_inference_steps=1, output_type="latent")),
+        "ltx2": lambda: (t.tiny_ltx2_pipeline(transformer_config={**t.LTX2_TINY_CONFIG, **LTX2_MEDIUM_CONFIG}, seed=1),
+                         lambda: t.ltx2_pipeline_call_kwargs(num_inference_steps=1, output_type="latent")),
     }
 
 
@@ -216,19 +226,22 @@ def bench_pipeline(name: str, rounds: int) -> bool:
     patched_pipe, _ = _pipelines()[name]()
     accelpatch.apply(patched_pipe)
     with torch.no_grad():
-        expected = _frames(pipe(**call()))
-        identical = torch.equal(_frames(patched_pipe(**call())), expected)
+        reference, patched = pipe(**call()), patched_pipe(**call())
+        identical = torch.equal(_frames(patched), _frames(reference))
+        audio = getattr(reference, "audio", None)  # LTX-2's sound (MiniMax-H3's stays in its own output type)
+        if isinstance(audio, torch.Tensor):
+            identical &= torch.equal(patched.audio, audio)
         base, cand = interleaved(lambda: pipe(**call()), lambda: patched_pipe(**call()), rounds=rounds)
     comparison = compare_timings(base, cand)
     print(f"  {name:<12} pipeline call (fp32) unpatched {comparison.baseline.median * 1e3:7.1f} ms, default tier "
-          f"{comparison.candidate.median * 1e3:7.1f} ms: {comparison.brief()}; frames torch.equal: {identical}")
+          f"{comparison.candidate.median * 1e3:7.1f} ms: {comparison.brief()}; frames (and audio) torch.equal: {identical}")
     return identical
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3,wan")
+    parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3,wan,hunyuan_video15,ltx2")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: ops, models, pipelines, ceiling")
     args = parser.parse_args(argv)
@@ -252,9 +265,6 @@ def main(argv=None) -> int:
     if "pipelines" not in skip:
         print("3. one pipeline call at the default tier against unpatched")
         for name in names:
-            if name not in _pipelines():  # LTX-2: no tiny pipeline (it needs Gemma, a connector, two VAEs, a vocoder)
-                print(f"  {name:<12} no tiny pipeline")
-                continue
             ok &= bench_pipeline(name, max(5, args.rounds // 2))
     if "ceiling" not in skip:
         print("4. the ceiling: the convolutions, GEMMs and attention a bit-exact tier keeps, replayed alone")

@@ -1,8 +1,8 @@
-"""Wan 2.x's lossless block fusion (accelpatch/adapters/wan/fused.py): the default tier is bit-identical to unpatched
-diffusers in fp32 and bf16 (Wan 2.1's [B, 6, C] rows and Wan 2.2 TI2V's per-token rows) with the real fused kernels
-running, a deliberately wrong kernel is declined on first sight and never run again, ``exact`` never fuses,
-``remove()`` restores, and with ``backend="sol_attn"`` the fusion sits under the attention sites: ``lossless`` is
-still diffusers' bits and ``high`` runs both."""
+"""Wan 2.x's lossless fusions (accelpatch/adapters/wan/fused.py: the block's AdaLN chains, the self-attention's q/k
+RoPE): the default tier is bit-identical to unpatched diffusers in fp32 and bf16 (Wan 2.1's [B, 6, C] rows and Wan
+2.2 TI2V's per-token rows) with the real fused kernels running, a deliberately wrong kernel is declined on first
+sight and never run again, ``exact`` never fuses, ``remove()`` restores, and with ``backend="sol_attn"`` the
+fusions sit under the attention sites: ``lossless`` is still diffusers' bits and ``high`` runs both."""
 import warnings
 
 import pytest
@@ -16,6 +16,10 @@ from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+#: fused calls per forward of the 2-block model: two modulations and two gated residual adds per block, one RoPE
+#: pair per self-attention
+PER_FORWARD = {"modulate": 4, "gated_residual": 4, "rope_pair": 2}
+KINDS = ["wan_fused_block", "wan_fused_attention"] * 2
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +37,8 @@ def fresh_verdicts():
 @pytest.fixture
 def stand_in_kernels(monkeypatch):
     monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
+    if not hasattr(doubles, "rope_pair"):  # the shared stand-ins predate rope_pair: the same maker adds it
+        monkeypatch.setattr(doubles, "rope_pair", doubles._make("rope_pair"), raising=False)
 
 
 def _model_and_inputs(dtype=torch.bfloat16, per_token=False):
@@ -74,7 +80,7 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_to
         for _ in range(2):  # first sight, then the verified kernels
             assert _bits_equal(_forward(model, inputs), reference)
     report = accelpatch.report(model)
-    assert [s.kind for s in report.sites] == ["wan_fused_block"] * 2
+    assert [s.kind for s in report.sites] == KINDS
     for op in ("modulate", "gated_residual"):
         fusion = _fusion(report, op)
         # 2 forwards x 2 blocks x (attention, feed-forward): all fused, first sight included
@@ -82,13 +88,18 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_to
         assert fusion.verified and all(sig.split()[1].startswith("float32") for sig, _ in fusion.verified)
         rows = {sig.split()[2].split("/")[0] for sig, _ in fusion.verified}  # the gate/scale rows' shape
         assert rows == ({"float32[1,32,256]"} if per_token else {"float32[1,1,256]"}), rows
+    rope = _fusion(report, "rope_pair")  # 2 forwards x 2 self-attentions: q, k in the model's dtype, float32 tables
+    assert rope.sites == 2 and rope.fused_calls == 4 and not rope.declined and len(rope.verified) == 1, rope
+    name = str(dtype).removeprefix("torch.")
+    assert [sig.split()[1:5:3] for sig, _ in rope.verified] == [[f"{name}[1,32,2,128]/(8192,256,128,1)",
+                                                                 "float32[1,32,1,128]/(4096,128,128,1)"]]
     accelpatch.remove(model)
     assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
     assert type(model.blocks[0]).__name__ == "WanTransformerBlock"
     assert _bits_equal(_forward(model, inputs), reference)
 
 
-@pytest.mark.parametrize("op", ["modulate", "gated_residual"])
+@pytest.mark.parametrize("op", list(PER_FORWARD))
 def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op):
     doubles.WRONG.add(op)
     model, inputs, reference = _model_and_inputs()
@@ -105,9 +116,10 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
     fusion = _fusion(accelpatch.report(model), op)
     assert fusion.fused_calls == 0 and fusion.declined and not fusion.verified
     assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
-    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * 2 * 2
-    other = _fusion(accelpatch.report(model), ({"modulate", "gated_residual"} - {op}).pop())
-    assert other.fused_calls == 8 and not other.declined  # the right op still runs fused
+    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * PER_FORWARD[op]
+    for other in set(PER_FORWARD) - {op}:  # the right ops still run fused
+        fused = _fusion(accelpatch.report(model), other)
+        assert fused.fused_calls == 2 * PER_FORWARD[other] and not fused.declined
 
 
 def test_exact_never_runs_a_fused_op(stand_in_kernels):
@@ -126,15 +138,17 @@ def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
     accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
     kinds = [s.kind for s in accelpatch.report(model).sites]
     assert kinds.count("wan_fused_block") == 2 and kinds.count("wan_sol_attn") == 2
-    assert kinds.count("wan_cross_attention") == 2
+    assert kinds.count("wan_cross_attention") == 2 and kinds.count("wan_fused_attention") == 2
     with accelpatch.quality("lossless"):
         assert _bits_equal(_forward(model, inputs), reference)
     assert _fusion(accelpatch.report(model), "modulate").fused_calls == 4
+    assert _fusion(accelpatch.report(model), "rope_pair").fused_calls == 2
     sparse = _forward(model, inputs)  # the default tier is high with a backend
     report = accelpatch.report(model)
     assert not torch.equal(sparse, reference)
-    assert all(s.fast_calls == 1 for s in report.sites if s.kind == "wan_sol_attn")
+    assert all(s.fast_calls == 1 for s in report.sites if s.kind in ("wan_sol_attn", "wan_fused_attention"))
     assert _fusion(report, "modulate").fused_calls == 8 and _fusion(report, "gated_residual").fused_calls == 8
+    assert _fusion(report, "rope_pair").fused_calls == 2  # under high the sparse path took attn1 (its own RoPE)
     accelpatch.remove(model)
     assert _bits_equal(_forward(model, inputs), reference)
 
@@ -151,8 +165,8 @@ def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_it
         warnings.simplefilter("ignore")  # apply() says which site did not mount
         accelpatch.apply(model)
     assert _bits_equal(_forward(model, inputs), reference)
-    sites = accelpatch.report(model).sites  # one rejected block keeps the fusion off the whole model
-    assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]
+    sites = [s for s in accelpatch.report(model).sites if s.kind == "wan_fused_block"]
+    assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]  # one rejected block: none
     assert all("CustomBlock is not diffusers' WanTransformerBlock" in s.reason for s in sites), sites
     assert sites[0].reason.startswith("model rejected at blocks.1: ")
     accelpatch.remove(model)

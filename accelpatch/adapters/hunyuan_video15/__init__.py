@@ -1,4 +1,9 @@
-"""HunyuanVideo 1.5 (diffusers ``HunyuanVideo15Transformer3DModel``) with the ``sol_attn`` backend.
+"""HunyuanVideo 1.5 (diffusers ``HunyuanVideo15Transformer3DModel``): its lossless block fusion, and the ``sol_attn``
+backend.
+
+At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
+of :mod:`.fused` (both streams' AdaLN modulations and gated residual adds as verified fused ops); the attention
+sites below are the same with or without it around them.
 
 Every dual-stream block's ``transformer_blocks.N.attn`` is one joint attention: the video tokens (3-D RoPE on q
 and k) followed by the text/image tokens, which the model orders valid first, then padding, under a mask that lets
@@ -10,11 +15,11 @@ sparse. The padding rows (attending to nothing) run the model's masked dense att
 A mask that is not that layout (valid tokens not first, or a different count per batch row) declines with a
 counted reason. ``context_embedder.token_refiner.refiner_blocks.N.attn``
 (text-only, masked) are sites that always stay dense, counted. Dense steps, dense layers and every call that does
-not fit run diffusers' ``HunyuanVideo15AttnProcessor2_0`` unchanged. Without a backend nothing is patched (no
-lossless fusion yet). ``cache=`` puts the guarded step cache (FirstBlockCache or MagCache) on
-``transformer_blocks``, registered as blocks returning (video, text): FirstBlockCache decides on the video residual
-and reuses both streams' cached residuals; MagCache passes the text stream through a skipped step unchanged, which
-the model never reads after its blocks (only the video goes on to ``norm_out``).
+not fit run diffusers' ``HunyuanVideo15AttnProcessor2_0`` unchanged. ``cache=`` puts the guarded step cache
+(FirstBlockCache or MagCache) on ``transformer_blocks``, registered as blocks returning (video, text):
+FirstBlockCache decides on the video residual and reuses both streams' cached residuals; MagCache passes the text
+stream through a skipped step unchanged, which the model never reads after its blocks (only the video goes on to
+``norm_out``).
 
 The sparse path slices the sequence at the valid-text count, which depends on the mask's values: inside a
 ``torch.compile`` graph that is a graph break (regional compile works; ``fullgraph=True`` does not on ``high``).
@@ -30,7 +35,7 @@ So the defaults are unmeasured on HunyuanVideo 1.5: ``accelpatch validate``/``tu
 from __future__ import annotations
 
 import re
-from typing import Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
@@ -39,6 +44,7 @@ from ...sites.base import Decline, Site, bind_call
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
+from .fused import FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("hunyuan_video15_sol_attn", Tier.HIGH)
 REFINER_FUSION = QualityGatedFusion.named("hunyuan_video15_refiner_attention", Tier.HIGH)
@@ -53,6 +59,7 @@ NOT_PREFIX = ("the valid text tokens are not first in the text stream (HunyuanVi
               "so): the mask is not a prefix the sparse path can drop")
 NO_CP = "HunyuanVideo 1.5 has no _cp_plan: the sparse path does not run under a parallel config"
 
+_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
 _JOINT = re.compile(r"transformer_blocks\.(\d+)\.attn")
 _REFINER = re.compile(r"context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn")
 
@@ -159,6 +166,15 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
     cache_blocks = "transformer_blocks"
     cache_methods = ("first_block", "mag")
     cache_block_outputs = (0, 1)  # (video, text), the second stream entering as encoder_hidden_states
+
+    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
+        """The block fusion on every ``transformer_blocks.N`` (any backend or none), then the attention sites of
+        ``sol_attn``."""
+        for path, module in model.named_modules():
+            match = _BLOCK.fullmatch(path)
+            if match is not None:
+                yield path, module, FUSED_BLOCK, int(match.group(1))
+        yield from super().iter_sites(model, backend_config)
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every dual-stream block has one joint ``attn`` (an ``Attention`` with added q/k/v projections and

@@ -2,12 +2,14 @@
 its lossless block fusion, and the ``sol_attn`` backend.
 
 At every tier from ``lossless`` (the default without a backend), ``blocks.N`` carry the block fusion of
-:mod:`.fused` (the float32 AdaLN modulations and gated residual adds as verified fused ops). With ``sol_attn``,
+:mod:`.fused` (the float32 AdaLN modulations and gated residual adds as verified fused ops) and ``blocks.N.attn1``
+its self-attention with the q/k RoPE as one verified fused op. With ``sol_attn``,
 ``blocks.N.attn1`` (self-attention over the video tokens, Wan's 3-D RoPE applied to q and k) also carry the
 Sol-Attn sparse path (``high``); ``blocks.N.attn2`` (cross-attention to the text, and for I2V to the image
 tokens) are sites that always stay dense, counted. Dense steps, dense layers, masked calls and every call that does
 not fit the sparse path run diffusers' ``WanAttnProcessor`` unchanged (the attention sites are the same with or
-without the block fusion around them); ``cache=`` puts the guarded step cache on ``blocks``.
+without the block fusion around them; the RoPE fusion sits below the Sol-Attn path on ``attn1``, whose own q/k/v
+take the unfused ``_rotate``, the same bits); ``cache=`` puts the guarded step cache on ``blocks``.
 
 Defaults, and where each comes from: nothing published that we found gives Wan-specific dense guards.
 * **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
@@ -31,7 +33,7 @@ from ...gate import QualityGatedFusion
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
-from .fused import FUSED_BLOCK
+from .fused import FUSED_ATTENTION, FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("wan_sol_attn", Tier.HIGH)
 CROSS_FUSION = QualityGatedFusion.named("wan_cross_attention", Tier.HIGH)
@@ -93,11 +95,13 @@ class WanAdapter(SolAttnAdapter):
     cache_methods = ("first_block", "mag")
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        """The block fusion on every ``blocks.N`` (any backend or none), then the attention sites of ``sol_attn``."""
+        """The block fusion on every ``blocks.N`` and the RoPE fusion on every ``blocks.N.attn1`` (any backend or
+        none), then the attention sites of ``sol_attn`` (the patcher stacks them above the RoPE fusion by tier)."""
         for path, module in model.named_modules():
-            match = _BLOCK.fullmatch(path)
-            if match is not None:
-                yield path, module, FUSED_BLOCK, int(match.group(1))
+            for pattern, fast_path in ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION)):
+                match = pattern.fullmatch(path)
+                if match is not None:
+                    yield path, module, fast_path, int(match.group(1))
         yield from super().iter_sites(model, backend_config)
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:

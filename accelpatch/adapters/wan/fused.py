@@ -12,6 +12,13 @@ end. The fused ops are therefore the shared ones (accelpatch.fused_ops), called 
 
 The casts back (``.type_as``), the norms, both attentions, the cross-attention residual and the feed-forward stay
 diffusers' own. Wan 2.2 TI2V's per-token rows (``temb`` [B, N, 6, C]) take the same ops with strided rows.
+
+``blocks.N.attn1`` (self-attention) carries a second fusion: ``WanAttnProcessor`` restated with its interleaved
+RoPE of q and k (``x1 * cos - x2 * sin``, ``x1 * sin + x2 * cos`` on pairs (2i, 2i+1) at the promoted dtype of
+the activations and the tables, stored back in the activations' dtype) as one verified op,
+:data:`~accelpatch.fused_ops.ROPE_PAIR` (SANA-Video's RoPE kernels without their ReLU). The projections, the q/k
+RMSNorms, the dispatcher and ``to_out`` stay diffusers'; the Sol-Attn path (``high``, stacked above it) builds its
+q/k/v with the same function.
 """
 from __future__ import annotations
 
@@ -19,12 +26,22 @@ from typing import Optional
 
 import torch
 
-from ...fused_ops import GATED_RESIDUAL, MODULATE
+from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR
 from ...gate import QualityGatedFusion
-from ...sites.base import FusedOpsPath, Site, bind_call
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("wan_fused_block", Tier.LOSSLESS)
+ATTENTION_FUSION = QualityGatedFusion.named("wan_fused_attention", Tier.LOSSLESS)
+
+NOT_SELF = ("encoder_hidden_states given: a cross-attention call, which WanAttnProcessor computes without RoPE "
+            "(diffusers' processor runs it)")
+
+
+def _wan():
+    from diffusers.models.transformers import transformer_wan
+
+    return transformer_wan
 
 
 def _wan_block_class() -> type:
@@ -78,3 +95,39 @@ class WanFusedBlock(FusedOpsPath):
 
 
 FUSED_BLOCK = WanFusedBlock()
+
+
+def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, rotary_emb):
+    """q, k, v [B, N, H, D] exactly as ``WanAttnProcessor`` hands them to the dispatcher for self-attention:
+    diffusers' projection helper, the q/k RMSNorms across heads, then the RoPE of q and k as ROPE_PAIR."""
+    query, key, value = _wan()._get_qkv_projections(attn, hidden_states, None)
+    query, key = attn.norm_q(query), attn.norm_k(key)
+    query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+    if rotary_emb is not None:
+        query, key = ROPE_PAIR(site, query, key, *rotary_emb)
+    return query, key, value
+
+
+class WanFusedAttention(FusedOpsPath):
+    fusion = ATTENTION_FUSION
+    description = "self-attention with the q/k interleaved RoPE fused (bit-exact)"
+    fused_ops = (ROPE_PAIR,)
+    policy_reasons = (NOT_SELF,)
+
+    def expected_processor(self) -> type:
+        return _wan().WanAttnProcessor
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask", "rotary_emb"))
+        if call["encoder_hidden_states"] is not None or attn.add_k_proj is not None:
+            return Dense(NOT_SELF)
+        processor = attn.processor
+        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
+        hidden_states = _wan().dispatch_attention_fn(
+            query, key, value, attn_mask=call["attention_mask"], dropout_p=0.0, is_causal=False,
+            backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+FUSED_ATTENTION = WanFusedAttention()

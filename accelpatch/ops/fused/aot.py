@@ -32,6 +32,14 @@ def _rope(q_dtype, table_dtype):
     return "relu_rope_pair", args
 
 
+def _plain_rope(q_dtype, table_dtype):
+    def args():  # Wan2.1: 12 heads x 128 (1.3B), [1, N, 1, D] tables (float64 as WanRotaryPosEmbed builds them)
+        q = torch.empty(2, TOKENS, 12, 128, dtype=q_dtype)
+        table = torch.empty(1, TOKENS, 1, 128, dtype=table_dtype)
+        return q, q.clone(), table, table.clone()
+    return "rope_pair", args
+
+
 def _modulate(dtype):
     def args():
         rows = torch.empty(2, 1, 6, 2240, dtype=dtype)  # unbind(2) of the modulation table: token stride 6C
@@ -102,6 +110,9 @@ CASES: dict[str, tuple[str, Callable]] = {
     "relu_rope_pair bf16 q, bf16 tables": _rope(BF16, BF16),
     "relu_rope_pair bf16 q, fp64 tables": _rope(BF16, FP64),
     "relu_rope_pair fp32 q, fp32 tables": _rope(FP32, FP32),
+    "rope_pair bf16 q, fp64 tables": _plain_rope(BF16, FP64),
+    "rope_pair bf16 q, fp32 tables": _plain_rope(BF16, FP32),
+    "rope_pair fp32 q, fp64 tables": _plain_rope(FP32, FP64),
     "modulate bf16": _modulate(BF16),
     "modulate fp16": _modulate(FP16),
     "modulate fp32": _modulate(FP32),

@@ -114,10 +114,11 @@ _SELF_CHECK: list = []
 
 
 def _self_check(library) -> Optional[str]:
-    """A known-answer run of the float32 RoPE, modulate and rotate-half kernels and the float64/float32 complex RoPE
-    against their references, once per process: a compiler that contracts multiply-adds despite -ffp-contract=off
-    (gcc's vectoriser does it for interleaved mul/sub/add groups) changes a few per cent of these outputs, and the
-    library is then refused with a reason rather than left to fail every first-sight check."""
+    """A known-answer run of the float32 RoPEs (with and without the ReLU), modulate and rotate-half kernels and
+    the float64/float32 complex RoPE against their references, once per process: a compiler that contracts
+    multiply-adds despite -ffp-contract=off (gcc's vectoriser does it for interleaved mul/sub/add groups) changes a
+    few per cent of these outputs, and the library is then refused with a reason rather than left to fail every
+    first-sight check."""
     if _SELF_CHECK:
         return _SELF_CHECK[0]
     g = torch.Generator().manual_seed(0)
@@ -128,6 +129,7 @@ def _self_check(library) -> Optional[str]:
     freqs = torch.view_as_complex(freqs)
     runs = [  # (kernel, reference, args, plan, argument order: "io" inputs first or "oi" output first)
         ("ap_relu_rope_f32_f32", ref.relu_rope_pair, (q, q.flip(1), cos, sin), _rope_plan, "io+"),
+        ("ap_rope_f32_f32", ref.rope_pair, (q, q.flip(1), cos, sin), lambda a: _rope_plan(a, ref.rope_pair), "io"),
         ("ap_modulate_f32", ref.modulate, (x, scale, shift),
          lambda a: _plan_for("modulate", ref.modulate, a), "oi"),
         ("ap_rotate_half_f32_f32", ref.rotate_half_pair, (q, q.flip(1), half_cos, half_sin), _rotate_half_plan, "io"),
@@ -203,25 +205,25 @@ def _relu_table_arg(query: torch.Tensor) -> Optional[torch.Tensor]:
     return _table("relu")[0]
 
 
-def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
+def _why_rope(query, key, freqs_cos, freqs_sin, name: str = "relu_rope_pair") -> Optional[str]:
     if query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype:
-        return f"relu_rope_pair takes bf16 or float32 query and key of one dtype, not {query.dtype}/{key.dtype}"
+        return f"{name} takes bf16 or float32 query and key of one dtype, not {query.dtype}/{key.dtype}"
     if freqs_cos.dtype not in (torch.bfloat16, torch.float32, torch.float64) or freqs_sin.dtype != freqs_cos.dtype:
-        return ("relu_rope_pair takes bf16, float32 or float64 tables of one dtype, "
+        return (f"{name} takes bf16, float32 or float64 tables of one dtype, "
                 f"not {freqs_cos.dtype}/{freqs_sin.dtype}")
     if query.dim() != 4 or tuple(key.shape) != tuple(query.shape):
-        return ("relu_rope_pair takes [B, N, H, D] query and key of one shape, "
+        return (f"{name} takes [B, N, H, D] query and key of one shape, "
                 f"not {tuple(query.shape)}/{tuple(key.shape)}")
     if query.shape[-1] % 2:
-        return f"relu_rope_pair needs an even head dim, not {query.shape[-1]}"
+        return f"{name} needs an even head dim, not {query.shape[-1]}"
     for t in (freqs_cos, freqs_sin):
         if t.dim() > 4 or t.shape[-1] != query.shape[-1]:
-            return f"relu_rope_pair needs tables of last dim {query.shape[-1]} and at most 4 dims, not {tuple(t.shape)}"
+            return f"{name} needs tables of last dim {query.shape[-1]} and at most 4 dims, not {tuple(t.shape)}"
         try:
             t.expand(query.shape)
         except RuntimeError:
             return f"tables of shape {tuple(t.shape)} do not broadcast to {tuple(query.shape)}"
-    if query.dtype == torch.bfloat16:
+    if name == "relu_rope_pair" and query.dtype == torch.bfloat16:
         _, reason = _table("relu")
         return reason
     return None
@@ -329,6 +331,7 @@ _WHY = {
     "rotate_half_pair": lambda *a: _why_rotate_half(*a),
     "rotary_complex_pair": lambda *a: _why_complex(*a),
     "relu_rope_pair": lambda *a: _why_rope(*a),
+    "rope_pair": lambda *a: _why_rope(*a, name="rope_pair"),
     "modulate": lambda *a: _why_elementwise("modulate", ref.modulate, a, _ELEMENTWISE_DTYPES),
     "gated_residual": lambda *a: _why_elementwise("gated_residual", ref.gated_residual, a, _ELEMENTWISE_DTYPES),
     "silu": lambda *a: _why_elementwise("silu", ref.silu, a, (torch.bfloat16,), "silu"),
@@ -445,17 +448,19 @@ def _scale_plan(x, z, dtype):
     return _cached_plan("scale_to_tokens", (x, z, dtype), make)
 
 
-def _rope_plan(args):
+def _rope_plan(args, reference: Callable = ref.relu_rope_pair):
+    """Outer dims (B, N, H) in the outputs' memory order, then D/2 pairs; strides of the inputs, then the outputs
+    of ``reference`` (relu_rope_pair's four, rope_pair's two)."""
     query = args[0]
 
     def make():
-        layouts = eager_layouts(ref.relu_rope_pair, args)
+        layouts = eager_layouts(reference, args)
         tensors = [t.expand(query.shape).stride() for t in args] + [lay[1] for lay in layouts]
         out_strides = layouts[0][1]
         order = sorted(range(3), key=lambda d: -out_strides[d])
         sizes = [query.shape[d] for d in order] + [query.shape[3] // 2]
         return sizes, [[st[d] for d in order] + [st[3]] for st in tensors]
-    return _cached_plan("relu_rope_pair", args, make)
+    return _cached_plan(reference.__name__, args, make)
 
 
 def _rotate_half_plan(args):
@@ -500,6 +505,19 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
         table = _relu_table_arg(query)
         prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs),
                     table.data_ptr() if table is not None else 0, prep.size, prep.strides)
+    return outs
+
+
+def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """:func:`.reference.rope_pair` in one pass over query and key: relu_rope_pair's rotation loops without the
+    ReLU, stored in the query's dtype."""
+    args = (query, key, freqs_cos, freqs_sin)
+    prep = _PREPARED.get(_signature("rope_pair", args)) or _prepare(
+        "rope_pair", args, ref.rope_pair, lambda: f"ap_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
+        lambda: _rope_plan(args, ref.rope_pair), 8)
+    outs = _outputs(prep)
+    if prep.nonempty:
+        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
     return outs
 
 
@@ -602,6 +620,7 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
 #: The ops by name (the names :func:`unsupported` takes, the same as the reference functions').
 OPS: dict[str, Callable] = {
     "relu_rope_pair": relu_rope_pair,
+    "rope_pair": rope_pair,
     "modulate": modulate,
     "gated_residual": gated_residual,
     "silu": silu,

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -325,9 +326,22 @@ struct Opaque {  // the strided loop: a value the compiler must materialise, so 
 
 constexpr i64 kBlock = 64;  // pairs per block of the unit-stride path
 
-// Rotates `pairs` pairs of the unit-stride row y into float z, with tables c (even entries) and s (odd entries).
-template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
-inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS* __restrict s, float* __restrict z,
+// A rotated value (already the float value of its rounding to Q) as a Z element: float32 as it is (relu_rope's
+// float32 copies), or stored in Q (rope's outputs in the query's dtype; storing a value exactly representable in Q
+// is exact).
+template <class Q, class Z>
+inline Z put(float v) {
+  if constexpr (std::is_same<Z, float>::value) {
+    return v;
+  } else {
+    return Io<Q>::store(v);
+  }
+}
+
+// Rotates `pairs` pairs of the unit-stride row y into z (float, or the query's storage type), with tables c (even
+// entries) and s (odd entries).
+template <class Q, class W, class Z = float, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS* __restrict s, Z* __restrict z,
                        i64 pairs) {
   float ev[kBlock], od[kBlock];
   for (i64 p0 = 0; p0 < pairs; p0 += kBlock) {
@@ -341,10 +355,10 @@ inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS*
     for (i64 j = 0; j < m; ++j)
       od[j] = Rotate<Q, W>::odd(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j]),
                                 Table<W>::load(sb[2 * j + 1]), Pass());
-    float* zb = z + 2 * p0;
+    Z* zb = z + 2 * p0;
     for (i64 j = 0; j < m; ++j) {
-      zb[2 * j] = ev[j];
-      zb[2 * j + 1] = od[j];
+      zb[2 * j] = put<Q, Z>(ev[j]);
+      zb[2 * j + 1] = put<Q, Z>(od[j]);
     }
   }
 }
@@ -387,6 +401,36 @@ void relu_rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* rq,
         oq[off[6] + o * s[6]] = Rotate<Q, W>::odd(fa, fb, cp, sp, Opaque());
         ok[off[7] + e * s[7]] = Rotate<Q, W>::even(fka, fkb, cp, sp, Opaque());
         ok[off[7] + o * s[7]] = Rotate<Q, W>::odd(fka, fkb, cp, sp, Opaque());
+      }
+    });
+  }
+}
+
+// Interleaved RoPE of a query/key pair without the ReLU (Wan's self-attention): relu_rope's rotation loops, the
+// results stored in the query's dtype. Tensors: 0 query, 1 key, 2 cos, 3 sin, 4 rotated query, 5 rotated key;
+// size = (B, N, H, D/2) and strides as for relu_rope.
+template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+void rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* oq, QS* ok, const i64* size, const i64* st) {
+  const i64 pairs = size[3];
+  if (unit_inner<6>(st)) {
+    for_rows<6>(size, st, [&](const i64* off) {
+      rotate_row<Q, W, QS>(q + off[0], cosv + off[2], sinv + off[3], oq + off[4], pairs);
+      rotate_row<Q, W, QS>(k + off[1], cosv + off[2], sinv + off[3], ok + off[5], pairs);
+    });
+  } else {
+    i64 s[6];
+    for (int t = 0; t < 6; ++t) s[t] = st[4 * t + 3];
+    for_rows<6>(size, st, [&](const i64* off) {
+      for (i64 p = 0; p < pairs; ++p) {
+        const i64 e = 2 * p, o = 2 * p + 1;
+        const auto cp = Table<W>::load(cosv[off[2] + e * s[2]]);
+        const auto sp = Table<W>::load(sinv[off[3] + o * s[3]]);
+        const float a = Io<Q>::load(q[off[0] + e * s[0]]), b = Io<Q>::load(q[off[0] + o * s[0]]);
+        const float ka = Io<Q>::load(k[off[1] + e * s[1]]), kb = Io<Q>::load(k[off[1] + o * s[1]]);
+        oq[off[4] + e * s[4]] = Io<Q>::store(Rotate<Q, W>::even(a, b, cp, sp, Opaque()));
+        oq[off[4] + o * s[4]] = Io<Q>::store(Rotate<Q, W>::odd(a, b, cp, sp, Opaque()));
+        ok[off[5] + e * s[5]] = Io<Q>::store(Rotate<Q, W>::even(ka, kb, cp, sp, Opaque()));
+        ok[off[5] + o * s[5]] = Io<Q>::store(Rotate<Q, W>::odd(ka, kb, cp, sp, Opaque()));
       }
     });
   }
@@ -625,6 +669,21 @@ AP_ROPE(bf16, BF16, f64, double)
 AP_ROPE(f32, float, bf16, BF16)
 AP_ROPE(f32, float, f32, float)
 AP_ROPE(f32, float, f64, double)
+
+#define AP_PLAIN_ROPE(qname, Q, wname, W)                                                                      \
+  AP_EXPORT void ap_rope_##qname##_##wname(const void* q, const void* k, const void* c, const void* s, void* oq,  \
+                                           void* ok, const i64* size, const i64* st) {                           \
+    using QS = Io<Q>::S;                                                                                         \
+    using WS = Table<W>::S;                                                                                      \
+    rope<Q, W>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),                 \
+               static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);                 \
+  }
+AP_PLAIN_ROPE(bf16, BF16, bf16, BF16)
+AP_PLAIN_ROPE(bf16, BF16, f32, float)
+AP_PLAIN_ROPE(bf16, BF16, f64, double)
+AP_PLAIN_ROPE(f32, float, bf16, BF16)
+AP_PLAIN_ROPE(f32, float, f32, float)
+AP_PLAIN_ROPE(f32, float, f64, double)
 
 #define AP_ROTATE_HALF(qname, Q, wname, W)                                                                     \
   AP_EXPORT void ap_rotate_half_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,   \

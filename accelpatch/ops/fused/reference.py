@@ -24,6 +24,12 @@ def rotary_interleaved(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torc
     return out.type_as(x)
 
 
+def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """:func:`rotary_interleaved` of ``[B, N, H, D]`` query and key with one pair of tables (Wan's self-attention:
+    ``WanAttnProcessor``'s ``apply_rotary_emb`` on each), in the query's dtype."""
+    return rotary_interleaved(query, freqs_cos, freqs_sin), rotary_interleaved(key, freqs_cos, freqs_sin)
+
+
 def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """SANA-Video's linear-attention prologue on ``[B, N, H, D]`` query and key: ReLU, then RoPE of each, the
     rotated pair upcast to float32 as the processor does after permuting (``.float()`` keeps the layout).

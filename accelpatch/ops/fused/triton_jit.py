@@ -187,14 +187,21 @@ def _rotate(x1, x2, c, s, MODE: tl.constexpr):
 
 @triton.jit
 def _relu_rope_one(IN, RELU, ROT, TABLE, base_in, base_relu, base_rot, s_in, s_relu, s_rot, pair, mask2, c, s,
-                   MODE: tl.constexpr, NEG_ZERO_KEEPS_SIGN: tl.constexpr):
-    DT: tl.constexpr = RELU.dtype.element_ty
+                   MODE: tl.constexpr, NEG_ZERO_KEEPS_SIGN: tl.constexpr, APPLY_RELU: tl.constexpr):
+    """relu_rope_pair's query or key (APPLY_RELU: ReLU stored, the rotation stored as float32), or rope_pair's
+    (no ReLU, RELU unused, the rotation stored in the input's dtype)."""
+    DT: tl.constexpr = IN.dtype.element_ty
     x = tl.load(IN + base_in + pair * s_in, mask=mask2)
-    r = _relu_bf16_or_fp32(TABLE, x, NEG_ZERO_KEEPS_SIGN)
-    tl.store(RELU + base_relu + pair * s_relu, r, mask=mask2)
+    if APPLY_RELU:
+        r = _relu_bf16_or_fp32(TABLE, x, NEG_ZERO_KEEPS_SIGN)
+        tl.store(RELU + base_relu + pair * s_relu, r, mask=mask2)
+    else:
+        r = x
     x1, x2 = tl.split(_widen(r))
     o1, o2 = _rotate(x1, x2, c, s, MODE)
-    rot = _widen(_narrow(tl.join(o1, o2), DT))  # stored into relu's dtype by the reference, then .float()
+    rot = _narrow(tl.join(o1, o2), DT)  # stored into the input's dtype by the reference
+    if APPLY_RELU:
+        rot = _widen(rot)  # then .float()
     tl.store(ROT + base_rot + pair * s_rot, rot, mask=mask2)
 
 
@@ -203,9 +210,10 @@ def _relu_rope_pair_kernel(Q, K, COS, SIN, QR, KR, QROT, KROT, TABLE, N,
                            q0, q1, q2, q3, k0, k1, k2, k3, c0, c1, c2, c3, s0, s1, s2, s3,
                            qr0, qr1, qr2, qr3, kr0, kr1, kr2, kr3, qo0, qo1, qo2, qo3, ko0, ko1, ko2, ko3,
                            H: tl.constexpr, D: tl.constexpr, MODE: tl.constexpr, NEG_ZERO_KEEPS_SIGN: tl.constexpr,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, APPLY_RELU: tl.constexpr = True):
     """One token (b, n) per program row, BLOCK (head, pair) slots of it: ReLU and interleaved RoPE of the query and
-    the key, sharing the loads of cos (even index) and sin (odd index)."""
+    the key, sharing the loads of cos (even index) and sin (odd index); without APPLY_RELU, rope_pair (QR, KR and
+    TABLE unused)."""
     P: tl.constexpr = D // 2
     t = tl.program_id(0).to(tl.int64)
     b = t // N
@@ -221,10 +229,10 @@ def _relu_rope_pair_kernel(Q, K, COS, SIN, QR, KR, QROT, KROT, TABLE, N,
     s = _widen(tl.load(SIN + b * s0 + n * s1 + h * s2 + (i2 + 1) * s3, mask=mask))
     _relu_rope_one(Q, QR, QROT, TABLE, (b * q0 + n * q1 + h * q2)[:, None], (b * qr0 + n * qr1 + h * qr2)[:, None],
                    (b * qo0 + n * qo1 + h * qo2)[:, None], q3, qr3, qo3, pair, mask2, c, s, MODE,
-                   NEG_ZERO_KEEPS_SIGN)
+                   NEG_ZERO_KEEPS_SIGN, APPLY_RELU)
     _relu_rope_one(K, KR, KROT, TABLE, (b * k0 + n * k1 + h * k2)[:, None], (b * kr0 + n * kr1 + h * kr2)[:, None],
                    (b * ko0 + n * ko1 + h * ko2)[:, None], k3, kr3, ko3, pair, mask2, c, s, MODE,
-                   NEG_ZERO_KEEPS_SIGN)
+                   NEG_ZERO_KEEPS_SIGN, APPLY_RELU)
 
 
 @triton.jit

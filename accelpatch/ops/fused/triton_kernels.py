@@ -111,7 +111,8 @@ def relu_fp32_sign(device: torch.device) -> tuple[Optional[bool], Optional[str]]
 
 def unsupported(op_name: str, *args) -> Optional[str]:
     """Why the Triton implementation of ``op_name`` cannot run these arguments (the reference's), or None."""
-    checks = {"relu_rope_pair": _why_rope, "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
+    checks = {"relu_rope_pair": _why_rope, "rope_pair": _why_plain_rope,
+              "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
               "silu": _why_bf16, "glu_gate": _why_bf16, "sigmoid_gate": _why_sigmoid_gate,
               "scale_to_tokens": _why_scale_to_tokens,
               "rotate_half_pair": _why_rotate_half, "rotary_complex_pair": _why_rotary_complex}
@@ -123,7 +124,11 @@ def unsupported(op_name: str, *args) -> Optional[str]:
     return _common(args) or checks[op_name](*args)
 
 
-def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
+def _why_plain_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
+    return _why_rope(query, key, freqs_cos, freqs_sin, relu=False)
+
+
+def _why_rope(query, key, freqs_cos, freqs_sin, relu: bool = True) -> Optional[str]:
     if query.dtype not in (torch.bfloat16, torch.float32) or key.dtype != query.dtype:
         return f"query/key dtypes {query.dtype}/{key.dtype} (bfloat16 or float32, the same)"
     if query.dim() != 4 or key.shape != query.shape:
@@ -139,6 +144,8 @@ def _why_rope(query, key, freqs_cos, freqs_sin) -> Optional[str]:
             return f"RoPE table of shape {tuple(t.shape)} does not broadcast to [B, N, 1, D] = {[b, n, 1, d]}"
     if torch.promote_types(query.dtype, freqs_cos.dtype) not in _ROPE_MODES:
         return f"{query.dtype} query with {freqs_cos.dtype} tables"
+    if not relu:
+        return None
     if query.dtype == torch.bfloat16:
         return unary_table("relu", F.relu, query.device)[1]
     return relu_fp32_sign(query.device)[1]
@@ -310,6 +317,26 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
     strides = [s for t in (query, key, cos, sin, *outs) for s in t.stride()]
     _jit()._relu_rope_pair_kernel[grid](query, key, cos, sin, *outs, table, n, *strides, H=h, D=d, MODE=mode,
                                          NEG_ZERO_KEEPS_SIGN=keeps, BLOCK=block, **LAUNCH)
+    return outs
+
+
+def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """Interleaved RoPE of query and key in one launch, in their dtype (reference.rope_pair): relu_rope_pair's
+    kernel with its ReLU off (its ReLU outputs and table unused)."""
+    args = (query, key, freqs_cos, freqs_sin)
+    outs = empty_like_eager(reference.rope_pair, args, query.device)
+    b, n, h, d = query.shape
+    if query.numel() == 0:
+        return outs
+    mode = _ROPE_MODES[torch.promote_types(query.dtype, freqs_cos.dtype)]
+    cos = freqs_cos.expand(b, n, h, d)
+    sin = freqs_sin.expand(b, n, h, d)
+    block = _block(h * d // 2)
+    grid = (b * n, -(-(h * d // 2) // block))
+    strides = [s for t in (query, key, cos, sin, *outs, *outs) for s in t.stride()]
+    _jit()._relu_rope_pair_kernel[grid](query, key, cos, sin, *outs, *outs, outs[0], n, *strides, H=h, D=d,
+                                         MODE=mode, NEG_ZERO_KEEPS_SIGN=False, BLOCK=block, APPLY_RELU=False,
+                                         **LAUNCH)
     return outs
 
 

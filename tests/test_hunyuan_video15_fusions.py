@@ -1,0 +1,267 @@
+"""HunyuanVideo 1.5's lossless block fusion (accelpatch/adapters/hunyuan_video15/fused.py): the default tier is
+bit-identical to unpatched diffusers in fp32 and bf16, batch 1 and 2, text-to-video and image-to-video, with the
+text padding mask, and the real fused kernels running; a deliberately wrong kernel is declined on first sight,
+``exact`` never fuses, ``remove()`` restores, ``sol_attn`` runs sparse above the fusion, a compiled patched block
+equals the compiled unpatched one; and when the interleaved RoPE reference would be HunyuanVideo's RoPE."""
+import itertools
+import warnings
+
+import pytest
+import torch
+
+import _fused_doubles as doubles
+import accelpatch
+import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
+from accelpatch import verify
+from accelpatch.ops.fused import reference as ref
+from accelpatch.sites.base import SITE_ATTR
+from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
+
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+OPS = ("modulate", "gated_residual")
+#: per forward: 2 blocks x 2 streams x 2 chains (the AdaLN-Zero and feed-forward modulations; the attention and
+#: feed-forward gated residual adds)
+PER_FORWARD = 8
+CASES = {"t2v-b1": dict(batch_size=1), "i2v-b2": dict(batch_size=2, image=True)}
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts():
+    """Every test sees its own first sights (verdicts are otherwise kept for the process)."""
+    for op in verify.ops().values():
+        op.forget()
+    doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
+    yield
+    for op in verify.ops().values():
+        op.forget()
+    doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
+
+
+@pytest.fixture
+def stand_in_kernels(monkeypatch):
+    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
+
+
+def _model_and_inputs(dtype=torch.bfloat16, case="t2v-b1"):
+    model = tiny_hunyuan_video15_transformer(dtype=dtype)
+    # 2 x 8 x 8 video tokens; Qwen text 6 of 8 valid, ByT5 3 of 4: the padding mask is not all ones
+    inputs = hunyuan_video15_transformer_inputs(model, num_frames=2, height=8, width=8, **CASES[case])
+    assert not inputs["encoder_attention_mask"].all()
+    return model, inputs, _forward(model, inputs)
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _bits_equal(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype])))
+
+
+def _fusion(report, op):
+    return next(f for f in report.models[0].fusions if f.op == op)
+
+
+def _lossless_warnings(record):
+    return [str(w.message) for w in record if "accelpatch: lossless" in str(w.message)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, case):
+    model, inputs, reference = _model_and_inputs(dtype, case)
+    accelpatch.apply(model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="accelpatch: lossless")  # a declined signature would warn
+        for _ in range(2):  # first sight, then the verified kernels
+            assert _bits_equal(_forward(model, inputs), reference)
+    report = accelpatch.report(model)
+    assert [s.kind for s in report.sites] == ["hunyuan_video15_fused_block"] * 2
+    assert all(s.mounted and s.fast_calls == 2 for s in report.sites)
+    name = str(dtype).removeprefix("torch.")
+    for op in OPS:
+        fusion = _fusion(report, op)
+        assert fusion.sites == 2 and fusion.fused_calls == 2 * PER_FORWARD and not fusion.declined, fusion
+        # the video and the text stream are two signatures of each op, both verified, in the model's dtype
+        assert len(fusion.verified) == 2 and all(sig.split()[1].startswith(name) for sig, _ in fusion.verified)
+    accelpatch.remove(model)
+    assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
+    assert type(model.transformer_blocks[0]).__name__ == "HunyuanVideo15TransformerBlock"
+    assert _bits_equal(_forward(model, inputs), reference)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op):
+    doubles.WRONG.add(op)
+    model, inputs, reference = _model_and_inputs()
+    accelpatch.apply(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        first = _forward(model, inputs)
+        calls_after_first = doubles.CALLS[op]
+        second = _forward(model, inputs)
+    assert _bits_equal(first, reference) and _bits_equal(second, reference)
+    assert calls_after_first == 2 and doubles.CALLS[op] == 2  # one first sight per stream, never again
+    messages = _lossless_warnings(record)
+    # one warning per declined signature: the video stream (128 tokens x 256) and the text stream (16 x 256)
+    assert sorted(m.split("differs from the reference in 1 of ")[1].split(" ")[0] for m in messages) == [
+        "32768", "4096"], messages
+    assert all(f"lossless {op} fast path" in m and "largest difference 1." in m for m in messages), messages
+    fusion = _fusion(accelpatch.report(model), op)
+    assert fusion.fused_calls == 0 and len(fusion.declined) == 2 and not fusion.verified
+    assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
+    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * PER_FORWARD
+    other = _fusion(accelpatch.report(model), ({*OPS} - {op}).pop())
+    assert other.fused_calls == 2 * PER_FORWARD and not other.declined  # the right op still runs fused
+    accelpatch.remove(model)
+
+
+def test_exact_never_runs_a_fused_op(stand_in_kernels):
+    model, inputs, reference = _model_and_inputs()
+    accelpatch.apply(model)
+    with accelpatch.quality("exact"):
+        assert _bits_equal(_forward(model, inputs), reference)
+    assert doubles.CALLS == {}
+    accelpatch.apply(model, tier="exact")
+    assert _bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
+    accelpatch.remove(model)
+
+
+def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
+    model, inputs, reference = _model_and_inputs(torch.float32)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+    kinds = [s.kind for s in accelpatch.report(model).sites]
+    assert kinds.count("hunyuan_video15_fused_block") == 2 and kinds.count("hunyuan_video15_sol_attn") == 2
+    assert kinds.count("hunyuan_video15_refiner_attention") == 1
+    with accelpatch.quality("lossless"):
+        assert _bits_equal(_forward(model, inputs), reference)
+    assert _fusion(accelpatch.report(model), "modulate").fused_calls == PER_FORWARD
+    sparse = _forward(model, inputs)  # the default tier is high with a backend
+    report = accelpatch.report(model)
+    assert not torch.equal(sparse, reference)
+    assert all(s.fast_calls == 1 for s in report.sites if s.kind == "hunyuan_video15_sol_attn")
+    assert all(s.fast_calls == 2 for s in report.sites if s.kind == "hunyuan_video15_fused_block")
+    for op in OPS:
+        assert _fusion(report, op).fused_calls == 2 * PER_FORWARD and not _fusion(report, op).declined
+    accelpatch.remove(model)
+    assert _bits_equal(_forward(model, inputs), reference)
+
+
+def test_compiled_patched_blocks_equal_the_compiled_unpatched_ones():
+    """Every block compiled with fullgraph=True (the whole model does not compile fullgraph unpatched: its forward
+    branches on the image embeddings' values): inside the graph the fused ops run their reference chains."""
+    model, inputs, _ = _model_and_inputs(torch.float32)
+    torch._dynamo.reset()
+    try:
+        for block in model.transformer_blocks:
+            block.compile(backend="eager", fullgraph=True)
+        compiled_reference = _forward(model, inputs)
+        for block in model.transformer_blocks:
+            block._compiled_call_impl = None
+        accelpatch.apply(model)
+        torch._dynamo.reset()
+        for block in model.transformer_blocks:
+            block.compile(backend="eager", fullgraph=True)
+        assert _bits_equal(_forward(model, inputs), compiled_reference)
+        report = accelpatch.report(model)
+        assert all(s.fast_calls == 1 for s in report.sites)
+        for op in OPS:
+            fusion = _fusion(report, op)
+            assert fusion.reference_calls == {verify.IN_COMPILE: PER_FORWARD} and fusion.fused_calls == 0, fusion
+    finally:
+        for block in model.transformer_blocks:
+            block._compiled_call_impl = None
+        torch._dynamo.reset()
+    accelpatch.remove(model)
+
+
+def test_a_hooked_norm_is_called_as_a_module_and_a_foreign_block_class_stays_unmounted():
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15TransformerBlock
+
+    model, inputs, reference = _model_and_inputs()
+    seen = []
+    handle = model.transformer_blocks[0].norm1.register_forward_hook(lambda *_: seen.append(1))
+    accelpatch.apply(model)
+    assert _bits_equal(_forward(model, inputs), reference) and seen == [1]  # the hook still runs
+    assert _fusion(accelpatch.report(model), "modulate").fused_calls == 4 - 1 + 4  # one modulation inside norm1
+    accelpatch.remove(model)
+    handle.remove()
+
+    class CustomBlock(HunyuanVideo15TransformerBlock):  # a forward of its own: the restatement would not be its chain
+        pass
+
+    model.transformer_blocks[1].__class__ = CustomBlock
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # apply() says which site did not mount
+        accelpatch.apply(model)
+    assert _bits_equal(_forward(model, inputs), reference)
+    sites = accelpatch.report(model).sites
+    assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]
+    assert all("CustomBlock is not diffusers' HunyuanVideo15TransformerBlock" in s.reason for s in sites), sites
+    accelpatch.remove(model)
+    assert type(model.transformer_blocks[1]) is CustomBlock
+
+
+# ---- the RoPE: when the interleaved reference is HunyuanVideo's ----------------------------------------------
+
+_EDGE = [0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38, -3.0e38, 1.5,
+         -2.75, 1e-3, 65504.0, 7e-39]
+
+
+def _rope_operands(dtype, paired=True):
+    """x [1, 32, 2, 16] holding every (even, odd) pair of edge values; per-token tables with edge values, each angle
+    twice (``repeat_interleave``, as HunyuanVideo15RotaryPosEmbed's get_1d_rotary_pos_embed builds them) unless
+    ``paired`` is False."""
+    pairs = torch.tensor(list(itertools.product(_EDGE, repeat=2)))  # 256 (a, b)
+    g = torch.Generator().manual_seed(0)
+    x = pairs[torch.randperm(len(pairs), generator=g)].reshape(16, 2, 16)  # 16 tokens x 2 heads x 8 pairs
+    x = torch.cat([x, pairs.reshape(16, 2, 16)]).to(dtype)[None]  # 32 tokens
+    edge = torch.tensor(_EDGE)
+    cos = edge[torch.randint(0, len(_EDGE), (32, 8), generator=g)]
+    sin = edge[torch.randint(0, len(_EDGE), (32, 8), generator=g)]
+    cos, sin = cos.repeat_interleave(2, dim=1), sin.repeat_interleave(2, dim=1)
+    if not paired:
+        sin = sin.clone()
+        sin[:, 0::2] = torch.randn(32, 8, generator=g)
+    return x, cos, sin
+
+
+def _same_bits_nan_positions(a, b):
+    width = BITS[a.dtype]
+    both_nan = a.isnan() & b.isnan()
+    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and bool(((a.view(width) == b.view(width)) | both_nan).all()) and torch.equal(a.isnan(), b.isnan()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_interleaved_rope_reference_is_hunyuan_videos_rope_on_paired_tables_only(dtype):
+    """``x.float() * cos + x_rot.float() * sin`` with ``x_rot = [-x2, x1]`` (diffusers' ``apply_rotary_emb``) is
+    ``x1 * cos - x2 * sin, x1 * sin + x2 * cos`` bit for bit (signed zeros included; NaN at the same places) when
+    every table holds each angle twice: IEEE ``p + (-q)`` is ``p - q`` and sums and products commute. The reference
+    reads ``cos`` at even and ``sin`` at odd channels, so on tables whose pairs differ the two disagree, which the
+    same comparison sees. A fused RoPE of HunyuanVideo through the interleaved kernels would therefore need a
+    proof that the tables are paired (HunyuanVideo15RotaryPosEmbed's are; tables passed to a block are not
+    checked), which is why the block fusion leaves the RoPE to diffusers."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    x, cos, sin = _rope_operands(dtype)
+    diffusers_rope = apply_rotary_emb(x, (cos, sin), sequence_dim=1)
+    assert diffusers_rope.isnan().any()
+    signed_zero = (diffusers_rope == 0) & torch.signbit(diffusers_rope)
+    assert signed_zero.any()  # edge values reach -0.0 outputs, compared bit for bit
+    assert _same_bits_nan_positions(diffusers_rope, ref.rotary_interleaved(x, cos[None, :, None], sin[None, :, None]))
+
+    x, cos, sin = _rope_operands(dtype, paired=False)
+    assert not _same_bits_nan_positions(apply_rotary_emb(x, (cos, sin), sequence_dim=1),
+                                        ref.rotary_interleaved(x, cos[None, :, None], sin[None, :, None]))
+
+
+def test_the_model_rope_tables_are_paired():
+    """HunyuanVideo15RotaryPosEmbed's tables hold each angle twice (the condition above), on the tiny model."""
+    model = tiny_hunyuan_video15_transformer()
+    cos, sin = model.rope(torch.zeros(1, 4, 2, 8, 8))
+    assert cos.shape == (128, 128) and cos.dtype == torch.float32
+    for table in (cos, sin):
+        assert torch.equal(table[:, 0::2].view(torch.int32), table[:, 1::2].view(torch.int32))
