@@ -32,6 +32,6 @@ def _make(name):
     return run
 
 
-for _name in ("relu_rope_pair", "modulate", "gated_residual", "silu", "glu_gate", "scale_to_tokens", "rotate_half_pair",
-              "rotary_complex_pair", "sigmoid_gate"):
+for _name in ("relu_rope_pair", "rope_pair", "modulate", "gated_residual", "silu", "glu_gate", "scale_to_tokens",
+              "rotate_half_pair", "rotary_complex_pair", "sigmoid_gate"):
     globals()[_name] = _make(_name)

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import _fused_doubles as doubles
+from _model_fusion_checks import (BITS, bits_equal, fresh_verdicts, fusion_of, lossless_warnings,  # noqa: F401
+                                  stand_in_kernels)
 import accelpatch
 import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch import verify
@@ -17,29 +19,11 @@ from accelpatch.ops.fused import reference as ref
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
-BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 OPS = ("modulate", "gated_residual")
 #: per forward: 2 blocks x 2 streams x 2 chains (the AdaLN-Zero and feed-forward modulations; the attention and
 #: feed-forward gated residual adds)
 PER_FORWARD = 8
 CASES = {"t2v-b1": dict(batch_size=1), "i2v-b2": dict(batch_size=2, image=True)}
-
-
-@pytest.fixture(autouse=True)
-def fresh_verdicts():
-    """Every test sees its own first sights (verdicts are otherwise kept for the process)."""
-    for op in verify.ops().values():
-        op.forget()
-    doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-    yield
-    for op in verify.ops().values():
-        op.forget()
-    doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-
-
-@pytest.fixture
-def stand_in_kernels(monkeypatch):
-    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
 
 
 def _model_and_inputs(dtype=torch.bfloat16, case="t2v-b1"):
@@ -55,19 +39,6 @@ def _forward(model, inputs):
         return model(**inputs).sample
 
 
-def _bits_equal(a, b):
-    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype])))
-
-
-def _fusion(report, op):
-    return next(f for f in report.models[0].fusions if f.op == op)
-
-
-def _lossless_warnings(record):
-    return [str(w.message) for w in record if "accelpatch: lossless" in str(w.message)]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, case):
@@ -76,20 +47,20 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, case):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="accelpatch: lossless")  # a declined signature would warn
         for _ in range(2):  # first sight, then the verified kernels
-            assert _bits_equal(_forward(model, inputs), reference)
+            assert bits_equal(_forward(model, inputs), reference)
     report = accelpatch.report(model)
     assert [s.kind for s in report.sites] == ["hunyuan_video15_fused_block"] * 2
     assert all(s.mounted and s.fast_calls == 2 for s in report.sites)
     name = str(dtype).removeprefix("torch.")
     for op in OPS:
-        fusion = _fusion(report, op)
+        fusion = fusion_of(report, op)
         assert fusion.sites == 2 and fusion.fused_calls == 2 * PER_FORWARD and not fusion.declined, fusion
         # the video and the text stream are two signatures of each op, both verified, in the model's dtype
         assert len(fusion.verified) == 2 and all(sig.split()[1].startswith(name) for sig, _ in fusion.verified)
     accelpatch.remove(model)
     assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
     assert type(model.transformer_blocks[0]).__name__ == "HunyuanVideo15TransformerBlock"
-    assert _bits_equal(_forward(model, inputs), reference)
+    assert bits_equal(_forward(model, inputs), reference)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -102,18 +73,18 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
         first = _forward(model, inputs)
         calls_after_first = doubles.CALLS[op]
         second = _forward(model, inputs)
-    assert _bits_equal(first, reference) and _bits_equal(second, reference)
+    assert bits_equal(first, reference) and bits_equal(second, reference)
     assert calls_after_first == 2 and doubles.CALLS[op] == 2  # one first sight per stream, never again
-    messages = _lossless_warnings(record)
+    messages = lossless_warnings(record)
     # one warning per declined signature: the video stream (128 tokens x 256) and the text stream (16 x 256)
     assert sorted(m.split("differs from the reference in 1 of ")[1].split(" ")[0] for m in messages) == [
         "32768", "4096"], messages
     assert all(f"lossless {op} fast path" in m and "largest difference 1." in m for m in messages), messages
-    fusion = _fusion(accelpatch.report(model), op)
+    fusion = fusion_of(accelpatch.report(model), op)
     assert fusion.fused_calls == 0 and len(fusion.declined) == 2 and not fusion.verified
     assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
     assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * PER_FORWARD
-    other = _fusion(accelpatch.report(model), ({*OPS} - {op}).pop())
+    other = fusion_of(accelpatch.report(model), ({*OPS} - {op}).pop())
     assert other.fused_calls == 2 * PER_FORWARD and not other.declined  # the right op still runs fused
     accelpatch.remove(model)
 
@@ -122,10 +93,10 @@ def test_exact_never_runs_a_fused_op(stand_in_kernels):
     model, inputs, reference = _model_and_inputs()
     accelpatch.apply(model)
     with accelpatch.quality("exact"):
-        assert _bits_equal(_forward(model, inputs), reference)
+        assert bits_equal(_forward(model, inputs), reference)
     assert doubles.CALLS == {}
     accelpatch.apply(model, tier="exact")
-    assert _bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
+    assert bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
     accelpatch.remove(model)
 
 
@@ -136,17 +107,17 @@ def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
     assert kinds.count("hunyuan_video15_fused_block") == 2 and kinds.count("hunyuan_video15_sol_attn") == 2
     assert kinds.count("hunyuan_video15_refiner_attention") == 1
     with accelpatch.quality("lossless"):
-        assert _bits_equal(_forward(model, inputs), reference)
-    assert _fusion(accelpatch.report(model), "modulate").fused_calls == PER_FORWARD
+        assert bits_equal(_forward(model, inputs), reference)
+    assert fusion_of(accelpatch.report(model), "modulate").fused_calls == PER_FORWARD
     sparse = _forward(model, inputs)  # the default tier is high with a backend
     report = accelpatch.report(model)
     assert not torch.equal(sparse, reference)
     assert all(s.fast_calls == 1 for s in report.sites if s.kind == "hunyuan_video15_sol_attn")
     assert all(s.fast_calls == 2 for s in report.sites if s.kind == "hunyuan_video15_fused_block")
     for op in OPS:
-        assert _fusion(report, op).fused_calls == 2 * PER_FORWARD and not _fusion(report, op).declined
+        assert fusion_of(report, op).fused_calls == 2 * PER_FORWARD and not fusion_of(report, op).declined
     accelpatch.remove(model)
-    assert _bits_equal(_forward(model, inputs), reference)
+    assert bits_equal(_forward(model, inputs), reference)
 
 
 def test_compiled_patched_blocks_equal_the_compiled_unpatched_ones():
@@ -164,11 +135,11 @@ def test_compiled_patched_blocks_equal_the_compiled_unpatched_ones():
         torch._dynamo.reset()
         for block in model.transformer_blocks:
             block.compile(backend="eager", fullgraph=True)
-        assert _bits_equal(_forward(model, inputs), compiled_reference)
+        assert bits_equal(_forward(model, inputs), compiled_reference)
         report = accelpatch.report(model)
         assert all(s.fast_calls == 1 for s in report.sites)
         for op in OPS:
-            fusion = _fusion(report, op)
+            fusion = fusion_of(report, op)
             assert fusion.reference_calls == {verify.IN_COMPILE: PER_FORWARD} and fusion.fused_calls == 0, fusion
     finally:
         for block in model.transformer_blocks:
@@ -184,8 +155,8 @@ def test_a_hooked_norm_is_called_as_a_module_and_a_foreign_block_class_stays_unm
     seen = []
     handle = model.transformer_blocks[0].norm1.register_forward_hook(lambda *_: seen.append(1))
     accelpatch.apply(model)
-    assert _bits_equal(_forward(model, inputs), reference) and seen == [1]  # the hook still runs
-    assert _fusion(accelpatch.report(model), "modulate").fused_calls == 4 - 1 + 4  # one modulation inside norm1
+    assert bits_equal(_forward(model, inputs), reference) and seen == [1]  # the hook still runs
+    assert fusion_of(accelpatch.report(model), "modulate").fused_calls == 4 - 1 + 4  # one modulation inside norm1
     accelpatch.remove(model)
     handle.remove()
 
@@ -196,7 +167,7 @@ def test_a_hooked_norm_is_called_as_a_module_and_a_foreign_block_class_stays_unm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # apply() says which site did not mount
         accelpatch.apply(model)
-    assert _bits_equal(_forward(model, inputs), reference)
+    assert bits_equal(_forward(model, inputs), reference)
     sites = accelpatch.report(model).sites
     assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]
     assert all("CustomBlock is not diffusers' HunyuanVideo15TransformerBlock" in s.reason for s in sites), sites

@@ -14,6 +14,8 @@ import torch
 from diffusers import FirstBlockCacheConfig
 
 import _fused_doubles as doubles
+from _model_fusion_checks import (bits_equal, fresh_verdicts, fusion_of, lossless_warnings,  # noqa: F401
+                                  stand_in_kernels)
 import accelpatch
 import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch import verify
@@ -22,31 +24,12 @@ from accelpatch.testing import LTX2_3_TINY_CONFIG, ltx2_transformer_inputs, tiny
 
 from _step_cache_streams import COMPUTED, STEPS, all_bits_equal, apply_cache, reused_reference, run_steps
 
-BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 OPS = ("modulate", "gated_residual")
 #: fused chains per block call, counted in diffusers' LTX2VideoTransformerBlock.forward: modulations (self-attention
 #: x2 streams, a2v and v2a q/k x4, feed-forward x2; LTX-2.3 adds the text queries x2 and the prompt k/v x2) and gated
 #: residual adds (self-attention x2, a2v/v2a x2, feed-forward x2; LTX-2.3 adds the text cross-attention gates x2)
 PER_BLOCK = {"ltx2": {"modulate": 8, "gated_residual": 6}, "ltx2.3": {"modulate": 12, "gated_residual": 8}}
 VIDEO_TOKENS = 2 * 8 * 8
-
-
-@pytest.fixture(autouse=True)
-def fresh_verdicts():
-    """Every test sees its own first sights (verdicts are otherwise kept for the process)."""
-    torch.set_num_threads(1)
-    for op in verify.ops().values():
-        op.forget()
-    doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-    yield
-    for op in verify.ops().values():
-        op.forget()
-    doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-
-
-@pytest.fixture
-def stand_in_kernels(monkeypatch):
-    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
 
 
 def _inputs(model, batch=1, masks=False, per_token=False):
@@ -80,21 +63,8 @@ def _outputs(out):
     return out.sample, out.audio_sample
 
 
-def _bits_equal(a, b):
-    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype])))
-
-
 def _both_equal(outs, reference):
-    return all(_bits_equal(o, r) for o, r in zip(outs, reference, strict=True))
-
-
-def _fusion(report, op):
-    return next(f for f in report.models[0].fusions if f.op == op)
-
-
-def _lossless_warnings(record):
-    return [str(w.message) for w in record if "accelpatch: lossless" in str(w.message)]
+    return all(bits_equal(o, r) for o, r in zip(outs, reference, strict=True))
 
 
 CASES = {"b1": ("ltx2", dict()), "b2-masks": ("ltx2", dict(batch=2, masks=True)),
@@ -116,7 +86,7 @@ def test_default_tier_is_bit_identical_on_both_streams_with_the_real_kernels_fus
     assert [(s.kind, s.fast_calls) for s in report.sites] == [("ltx2_fused_block", 2)] * 2
     name = str(dtype).removeprefix("torch.")
     for op in OPS:
-        fusion = _fusion(report, op)
+        fusion = fusion_of(report, op)
         # 2 forwards x 2 blocks, every chain fused, first sight included
         assert fusion.sites == 2 and fusion.fused_calls == 4 * PER_BLOCK[layout][op], fusion
         assert not fusion.declined and fusion.verified, fusion
@@ -144,15 +114,15 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
     assert _both_equal(first, reference) and _both_equal(second, reference)
     assert doubles.CALLS[op] == calls_after_first  # the declined signatures never run the kernel again
     report = accelpatch.report(model)
-    fusion = _fusion(report, op)
+    fusion = fusion_of(report, op)
     assert fusion.fused_calls == 0 and fusion.declined and not fusion.verified
     assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
-    messages = _lossless_warnings(record)  # once per reason (they name the element count: one per shape)
+    messages = lossless_warnings(record)  # once per reason (they name the element count: one per shape)
     assert len(messages) == len({reason for _, reason, _ in fusion.declined}) > 1, messages
     assert all(op in m and "largest difference " in m for m in messages), "\n".join(messages)
     assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 4 * PER_BLOCK["ltx2"][op]
     other = ({"modulate", "gated_residual"} - {op}).pop()
-    assert _fusion(report, other).fused_calls == 4 * PER_BLOCK["ltx2"][other] and not _fusion(report, other).declined
+    assert fusion_of(report, other).fused_calls == 4 * PER_BLOCK["ltx2"][other] and not fusion_of(report, other).declined
 
 
 def test_exact_never_runs_a_fused_op(stand_in_kernels):
@@ -188,7 +158,7 @@ def test_with_sol_attn_the_fusion_sits_below_and_high_runs_both(layout, monkeypa
     assert kinds.count("ltx2_dense_attention") == 10
     with accelpatch.quality("lossless"):
         assert _both_equal(_forward(model, inputs), reference)
-    assert _fusion(accelpatch.report(model), "modulate").fused_calls == 2 * PER_BLOCK[layout]["modulate"]
+    assert fusion_of(accelpatch.report(model), "modulate").fused_calls == 2 * PER_BLOCK[layout]["modulate"]
     sparse = _forward(model, inputs)  # the default tier is high with a backend
     assert not torch.equal(sparse[0], reference[0]) and not torch.equal(sparse[1], reference[1])
     with monkeypatch.context() as patched:
@@ -198,7 +168,7 @@ def test_with_sol_attn_the_fusion_sits_below_and_high_runs_both(layout, monkeypa
     assert [s.fast_calls for s in report.sites if s.kind == "ltx2_sol_attn"] == [2, 2]
     assert [s.fast_calls for s in report.sites if s.kind == "ltx2_fused_block"] == [3, 3]
     for op in OPS:
-        assert _fusion(report, op).fused_calls == 6 * PER_BLOCK[layout][op] and not _fusion(report, op).declined
+        assert fusion_of(report, op).fused_calls == 6 * PER_BLOCK[layout][op] and not fusion_of(report, op).declined
     assert report.fallback_calls == {}
     accelpatch.remove(model)
     assert _both_equal(_forward(model, inputs), reference)
@@ -218,7 +188,7 @@ def test_the_first_block_step_cache_reuses_both_streams_over_fused_blocks():
         block_calls = STEPS + len(COMPUTED)
         assert [s.fast_calls for s in report.sites if s.kind == "ltx2_fused_block"] == [STEPS, len(COMPUTED)]
         for op in OPS:
-            assert _fusion(report, op).fused_calls == block_calls * PER_BLOCK["ltx2"][op]
+            assert fusion_of(report, op).fused_calls == block_calls * PER_BLOCK["ltx2"][op]
     finally:
         accelpatch.remove(model)
     assert all_bits_equal(cached, expected)
@@ -226,7 +196,7 @@ def test_the_first_block_step_cache_reuses_both_streams_over_fused_blocks():
     apply_cache(model, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=0)
     try:  # the default tier (lossless): nothing reused, the fused blocks give the unpatched bits
         assert all_bits_equal(run_steps(model, inputs, _outputs), plain)
-        assert _fusion(accelpatch.report(model), "modulate").fused_calls == 2 * STEPS * PER_BLOCK["ltx2"]["modulate"]
+        assert fusion_of(accelpatch.report(model), "modulate").fused_calls == 2 * STEPS * PER_BLOCK["ltx2"]["modulate"]
     finally:
         accelpatch.remove(model)
 
@@ -248,7 +218,7 @@ def test_fullgraph_compile_of_the_patched_model_equals_the_unpatched_compiled_on
     report = accelpatch.report(model)
     assert [s.fast_calls for s in report.sites if s.kind == "ltx2_fused_block"] == [1]
     for op in OPS:  # inside the compiled graph the reference chains run (the compiler fuses them itself)
-        fusion = _fusion(report, op)
+        fusion = fusion_of(report, op)
         assert fusion.fused_calls == 0 and fusion.reference_calls == {verify.IN_COMPILE: PER_BLOCK["ltx2"][op]}
     accelpatch.remove(model)
 

@@ -9,36 +9,18 @@ import pytest
 import torch
 
 import _fused_doubles as doubles
+from _model_fusion_checks import (bits_equal, fresh_verdicts, fusion_of, lossless_warnings,  # noqa: F401
+                                  stand_in_kernels)
 import accelpatch
 import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch import verify
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
-BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 #: fused calls per forward of the 2-block model: two modulations and two gated residual adds per block, one RoPE
 #: pair per self-attention
 PER_FORWARD = {"modulate": 4, "gated_residual": 4, "rope_pair": 2}
 KINDS = ["wan_fused_block", "wan_fused_attention"] * 2
-
-
-@pytest.fixture(autouse=True)
-def fresh_verdicts():
-    """Every test sees its own first sights (verdicts are otherwise kept for the process)."""
-    for op in verify.ops().values():
-        op.forget()
-    doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-    yield
-    for op in verify.ops().values():
-        op.forget()
-    doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-
-
-@pytest.fixture
-def stand_in_kernels(monkeypatch):
-    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
-    if not hasattr(doubles, "rope_pair"):  # the shared stand-ins predate rope_pair: the same maker adds it
-        monkeypatch.setattr(doubles, "rope_pair", doubles._make("rope_pair"), raising=False)
 
 
 def _model_and_inputs(dtype=torch.bfloat16, per_token=False):
@@ -57,19 +39,6 @@ def _forward(model, inputs):
         return model(**inputs).sample
 
 
-def _bits_equal(a, b):
-    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
-            and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype])))
-
-
-def _fusion(report, op):
-    return next(f for f in report.models[0].fusions if f.op == op)
-
-
-def _lossless_warnings(record):
-    return [str(w.message) for w in record if "accelpatch: lossless" in str(w.message)]
-
-
 @pytest.mark.parametrize("per_token", [False, True], ids=["rows", "ti2v-per-token-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_token):
@@ -78,17 +47,17 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_to
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="accelpatch: lossless")  # a declined signature would warn
         for _ in range(2):  # first sight, then the verified kernels
-            assert _bits_equal(_forward(model, inputs), reference)
+            assert bits_equal(_forward(model, inputs), reference)
     report = accelpatch.report(model)
     assert [s.kind for s in report.sites] == KINDS
     for op in ("modulate", "gated_residual"):
-        fusion = _fusion(report, op)
+        fusion = fusion_of(report, op)
         # 2 forwards x 2 blocks x (attention, feed-forward): all fused, first sight included
         assert fusion.sites == 2 and fusion.fused_calls == 8 and not fusion.declined, fusion
         assert fusion.verified and all(sig.split()[1].startswith("float32") for sig, _ in fusion.verified)
         rows = {sig.split()[2].split("/")[0] for sig, _ in fusion.verified}  # the gate/scale rows' shape
         assert rows == ({"float32[1,32,256]"} if per_token else {"float32[1,1,256]"}), rows
-    rope = _fusion(report, "rope_pair")  # 2 forwards x 2 self-attentions: q, k in the model's dtype, float32 tables
+    rope = fusion_of(report, "rope_pair")  # 2 forwards x 2 self-attentions: q, k in the model's dtype, float32 tables
     assert rope.sites == 2 and rope.fused_calls == 4 and not rope.declined and len(rope.verified) == 1, rope
     name = str(dtype).removeprefix("torch.")
     assert [sig.split()[1:5:3] for sig, _ in rope.verified] == [[f"{name}[1,32,2,128]/(8192,256,128,1)",
@@ -96,7 +65,7 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_to
     accelpatch.remove(model)
     assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
     assert type(model.blocks[0]).__name__ == "WanTransformerBlock"
-    assert _bits_equal(_forward(model, inputs), reference)
+    assert bits_equal(_forward(model, inputs), reference)
 
 
 @pytest.mark.parametrize("op", list(PER_FORWARD))
@@ -109,16 +78,16 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
         first = _forward(model, inputs)
         calls_after_first = doubles.CALLS[op]
         second = _forward(model, inputs)
-    assert _bits_equal(first, reference) and _bits_equal(second, reference)
+    assert bits_equal(first, reference) and bits_equal(second, reference)
     assert doubles.CALLS[op] == calls_after_first  # the declined signatures never run the kernel again
-    messages = _lossless_warnings(record)
+    messages = lossless_warnings(record)
     assert len(messages) == 1 and op in messages[0] and "largest difference 1" in messages[0], messages
-    fusion = _fusion(accelpatch.report(model), op)
+    fusion = fusion_of(accelpatch.report(model), op)
     assert fusion.fused_calls == 0 and fusion.declined and not fusion.verified
     assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
     assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * PER_FORWARD[op]
     for other in set(PER_FORWARD) - {op}:  # the right ops still run fused
-        fused = _fusion(accelpatch.report(model), other)
+        fused = fusion_of(accelpatch.report(model), other)
         assert fused.fused_calls == 2 * PER_FORWARD[other] and not fused.declined
 
 
@@ -126,10 +95,10 @@ def test_exact_never_runs_a_fused_op(stand_in_kernels):
     model, inputs, reference = _model_and_inputs()
     accelpatch.apply(model)
     with accelpatch.quality("exact"):
-        assert _bits_equal(_forward(model, inputs), reference)
+        assert bits_equal(_forward(model, inputs), reference)
     assert doubles.CALLS == {}
     accelpatch.apply(model, tier="exact")
-    assert _bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
+    assert bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
     accelpatch.remove(model)
 
 
@@ -140,17 +109,17 @@ def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
     assert kinds.count("wan_fused_block") == 2 and kinds.count("wan_sol_attn") == 2
     assert kinds.count("wan_cross_attention") == 2 and kinds.count("wan_fused_attention") == 2
     with accelpatch.quality("lossless"):
-        assert _bits_equal(_forward(model, inputs), reference)
-    assert _fusion(accelpatch.report(model), "modulate").fused_calls == 4
-    assert _fusion(accelpatch.report(model), "rope_pair").fused_calls == 2
+        assert bits_equal(_forward(model, inputs), reference)
+    assert fusion_of(accelpatch.report(model), "modulate").fused_calls == 4
+    assert fusion_of(accelpatch.report(model), "rope_pair").fused_calls == 2
     sparse = _forward(model, inputs)  # the default tier is high with a backend
     report = accelpatch.report(model)
     assert not torch.equal(sparse, reference)
     assert all(s.fast_calls == 1 for s in report.sites if s.kind in ("wan_sol_attn", "wan_fused_attention"))
-    assert _fusion(report, "modulate").fused_calls == 8 and _fusion(report, "gated_residual").fused_calls == 8
-    assert _fusion(report, "rope_pair").fused_calls == 2  # under high the sparse path took attn1 (its own RoPE)
+    assert fusion_of(report, "modulate").fused_calls == 8 and fusion_of(report, "gated_residual").fused_calls == 8
+    assert fusion_of(report, "rope_pair").fused_calls == 2  # under high the sparse path took attn1 (its own RoPE)
     accelpatch.remove(model)
-    assert _bits_equal(_forward(model, inputs), reference)
+    assert bits_equal(_forward(model, inputs), reference)
 
 
 def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_its_reason():
@@ -164,7 +133,7 @@ def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # apply() says which site did not mount
         accelpatch.apply(model)
-    assert _bits_equal(_forward(model, inputs), reference)
+    assert bits_equal(_forward(model, inputs), reference)
     sites = [s for s in accelpatch.report(model).sites if s.kind == "wan_fused_block"]
     assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]  # one rejected block: none
     assert all("CustomBlock is not diffusers' WanTransformerBlock" in s.reason for s in sites), sites
