@@ -13,13 +13,15 @@
 # If uv cannot be installed, or with USE_UV=0, step 3 is one `pip install` instead (slower), and says so.
 # Stamps in $(VENV) make a second run install nothing; editing setup.cfg, setup.py or this file re-installs
 # (uv then changes only what differs). `make clean` starts over. PYTEST_ARGS picks tests: make test PYTEST_ARGS=tests/test_tiers.py
+# The whole suite runs on two pytest-xdist workers (the machine's 2 cores; --dist loadfile keeps each file in one
+# worker, so module fixtures are built once).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 TORCH_SPEC ?= torch==2.13.0
 USE_UV ?= 1
-PYTEST_ARGS ?= tests
+PYTEST_ARGS ?= -n 2 --dist loadfile tests
 , := ,
 
 .PHONY: demo test setup setup-demo clean

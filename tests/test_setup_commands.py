@@ -65,7 +65,7 @@ def test_test_installs_the_dev_extra_and_takes_pytest_args(tmp_path):
 def test_a_second_run_installs_nothing(tmp_path):
     venv = tmp_path / "venv"
     stamp(venv, ".tools", ".installed-demo", ".installed")
-    for target, last in (("demo", "-m accelpatch demo"), ("test", "-m pytest -q tests")):
+    for target, last in (("demo", "-m accelpatch demo"), ("test", "-m pytest -q -n 2 --dist loadfile tests")):
         plan = dry_run(target, venv).strip().splitlines()
         assert len(plan) == 1 and plan[0].endswith(last), plan
 
