@@ -243,14 +243,15 @@ def test_the_interleaved_rope_reference_is_hunyuan_videos_rope_on_paired_tables_
     assert signed_zero.any()  # edge values reach -0.0 outputs, compared bit for bit
     assert _same_bits_nan_positions(diffusers_rope, ref.rotary_interleaved(x, cos[None, :, None], sin[None, :, None]))
 
-    per_channel = ref.rotary_per_channel(x, cos[None, :, None], sin[None, :, None])
+    per_channel = ref.rope_pair_per_channel(x, x, cos[None, :, None], sin[None, :, None])[0]
     assert _same_bits_nan_positions(diffusers_rope, per_channel)
 
     x, cos, sin = _rope_operands(dtype, paired=False)
     diffusers_rope = apply_rotary_emb(x, (cos, sin), sequence_dim=1)
     assert not _same_bits_nan_positions(diffusers_rope,
                                         ref.rotary_interleaved(x, cos[None, :, None], sin[None, :, None]))
-    assert _same_bits_nan_positions(diffusers_rope, ref.rotary_per_channel(x, cos[None, :, None], sin[None, :, None]))
+    assert _same_bits_nan_positions(
+        diffusers_rope, ref.rope_pair_per_channel(x, x, cos[None, :, None], sin[None, :, None])[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

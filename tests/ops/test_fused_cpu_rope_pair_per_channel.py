@@ -129,7 +129,7 @@ def _hv_operands(dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_the_reference_is_hunyuan_videos_and_ltx2s_rope(dtype):
-    """reference.rotary_per_channel is diffusers' ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1,
+    """reference.rope_pair_per_channel is diffusers' ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1,
     sequence_dim=1)`` (HunyuanVideo15AttnProcessor2_0's) bit for bit, and LTX-2's ``apply_interleaved_rotary_emb``
     on [B, S, C] with [B, S, C] tables (ours on the [B, S, 1, C] view) too; float32 and bf16 tables."""
     from diffusers.models.embeddings import apply_rotary_emb
@@ -145,7 +145,7 @@ def test_the_reference_is_hunyuan_videos_and_ltx2s_rope(dtype):
         tokens = mixed((2, 32, 24), dtype, 5)
         lcos, lsin = mixed((2, 32, 24), tdtype, 6), mixed((2, 32, 24), tdtype, 7)
         theirs = apply_interleaved_rotary_emb(tokens, (lcos, lsin))
-        assert_same(ref.rotary_per_channel(tokens, lcos, lsin), theirs)
+        assert_same(ref.rope_pair_per_channel(tokens, tokens, lcos, lsin)[0], theirs)
         mine = ref.rope_pair_per_channel(tokens[:, :, None], tokens[:, :, None], lcos[:, :, None], lsin[:, :, None])
         assert_same(mine[0][:, :, 0], theirs)
     # and Wan's reference is not HunyuanVideo's on such tables (the reason this op exists)
