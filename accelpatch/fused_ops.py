@@ -35,3 +35,7 @@ SIGMOID_GATE = register(FusedOp("sigmoid_gate", reference.sigmoid_gate,
 ROPE_PAIR = register(FusedOp(
     "rope_pair", reference.rope_pair,
     "interleaved RoPE of query and key in one pass, in their dtype (Wan's self-attention)"))
+ROPE_PAIR_PER_CHANNEL = register(FusedOp(
+    "rope_pair_per_channel", reference.rope_pair_per_channel,
+    "interleaved RoPE of query and key in one pass, each channel its own cos/sin entry, float32 products "
+    "(HunyuanVideo 1.5's joint attention, LTX-2's interleaved RoPE)"))

@@ -1,8 +1,10 @@
-"""HunyuanVideo 1.5's lossless block fusion (accelpatch/adapters/hunyuan_video15/fused.py): the default tier is
-bit-identical to unpatched diffusers in fp32 and bf16, batch 1 and 2, text-to-video and image-to-video, with the
-text padding mask, and the real fused kernels running; a deliberately wrong kernel is declined on first sight,
-``exact`` never fuses, ``remove()`` restores, ``sol_attn`` runs sparse above the fusion, a compiled patched block
-equals the compiled unpatched one; and when the interleaved RoPE reference would be HunyuanVideo's RoPE."""
+"""HunyuanVideo 1.5's lossless fusions (accelpatch/adapters/hunyuan_video15/fused.py: the block's AdaLN chains, and
+the joint attention's video q/k RoPE as rope_pair_per_channel): the default tier is bit-identical to unpatched
+diffusers in fp32 and bf16, batch 1 and 2, text-to-video and image-to-video, with the text padding mask, and the
+real fused kernels running; a deliberately wrong kernel is declined on first sight, ``exact`` never fuses,
+``remove()`` restores, ``sol_attn`` runs sparse above the fusions, a compiled patched block equals the compiled
+unpatched one; the fused attention is the processor on tables whose channel pairs differ, where Wan's interleaved
+RoPE reference is not HunyuanVideo's RoPE."""
 import itertools
 import warnings
 
@@ -19,10 +21,13 @@ from accelpatch.ops.fused import reference as ref
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
-OPS = ("modulate", "gated_residual")
-#: per forward: 2 blocks x 2 streams x 2 chains (the AdaLN-Zero and feed-forward modulations; the attention and
-#: feed-forward gated residual adds)
-PER_FORWARD = 8
+#: fused calls per forward: 2 blocks x 2 streams x 2 chains (the AdaLN-Zero and feed-forward modulations; the
+#: attention and feed-forward gated residual adds); the RoPE of q and k once per block (the video stream)
+PER_FORWARD = {"modulate": 8, "gated_residual": 8, "rope_pair_per_channel": 2}
+OPS = tuple(PER_FORWARD)
+#: signatures per op: the video and the text stream for the block's chains, the video stream for the RoPE
+SIGNATURES = {"modulate": 2, "gated_residual": 2, "rope_pair_per_channel": 1}
+KINDS = ["hunyuan_video15_fused_block", "hunyuan_video15_fused_attention"] * 2
 CASES = {"t2v-b1": dict(batch_size=1), "i2v-b2": dict(batch_size=2, image=True)}
 
 
@@ -49,14 +54,15 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, case):
         for _ in range(2):  # first sight, then the verified kernels
             assert bits_equal(_forward(model, inputs), reference)
     report = accelpatch.report(model)
-    assert [s.kind for s in report.sites] == ["hunyuan_video15_fused_block"] * 2
+    assert [s.kind for s in report.sites] == KINDS
     assert all(s.mounted and s.fast_calls == 2 for s in report.sites)
     name = str(dtype).removeprefix("torch.")
     for op in OPS:
         fusion = fusion_of(report, op)
-        assert fusion.sites == 2 and fusion.fused_calls == 2 * PER_FORWARD and not fusion.declined, fusion
-        # the video and the text stream are two signatures of each op, both verified, in the model's dtype
-        assert len(fusion.verified) == 2 and all(sig.split()[1].startswith(name) for sig, _ in fusion.verified)
+        assert fusion.sites == 2 and fusion.fused_calls == 2 * PER_FORWARD[op] and not fusion.declined, fusion
+        # each stream is a signature of each op, all verified, in the model's dtype
+        assert len(fusion.verified) == SIGNATURES[op], fusion
+        assert all(sig.split()[1].startswith(name) for sig, _ in fusion.verified)
     accelpatch.remove(model)
     assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
     assert type(model.transformer_blocks[0]).__name__ == "HunyuanVideo15TransformerBlock"
@@ -74,18 +80,22 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
         calls_after_first = doubles.CALLS[op]
         second = _forward(model, inputs)
     assert bits_equal(first, reference) and bits_equal(second, reference)
-    assert calls_after_first == 2 and doubles.CALLS[op] == 2  # one first sight per stream, never again
+    signatures = SIGNATURES[op]
+    assert calls_after_first == signatures and doubles.CALLS[op] == signatures  # one first sight each, never again
     messages = lossless_warnings(record)
-    # one warning per declined signature: the video stream (128 tokens x 256) and the text stream (16 x 256)
-    assert sorted(m.split("differs from the reference in 1 of ")[1].split(" ")[0] for m in messages) == [
-        "32768", "4096"], messages
-    assert all(f"lossless {op} fast path" in m and "largest difference 1." in m for m in messages), messages
+    # one warning per declined signature: the video stream (128 tokens x 256: the block's chains, or the rotated
+    # key) and the text stream (16 x 256)
+    expected = ["32768", "4096"][:signatures]
+    assert sorted(m.split("differs from the reference in 1 of ")[1].split(" ")[0] for m in messages) == expected, \
+        messages
+    assert all(f"lossless {op} fast path" in m and "largest difference" in m for m in messages), messages
     fusion = fusion_of(accelpatch.report(model), op)
-    assert fusion.fused_calls == 0 and len(fusion.declined) == 2 and not fusion.verified
+    assert fusion.fused_calls == 0 and len(fusion.declined) == signatures and not fusion.verified
     assert all("differs from the reference in 1 of" in reason for _, reason, _ in fusion.declined)
-    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * PER_FORWARD
-    other = fusion_of(accelpatch.report(model), ({*OPS} - {op}).pop())
-    assert other.fused_calls == 2 * PER_FORWARD and not other.declined  # the right op still runs fused
+    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 2 * PER_FORWARD[op]
+    for other in set(OPS) - {op}:  # the right ops still run fused
+        other_fusion = fusion_of(accelpatch.report(model), other)
+        assert other_fusion.fused_calls == 2 * PER_FORWARD[other] and not other_fusion.declined
     accelpatch.remove(model)
 
 
@@ -106,16 +116,22 @@ def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():
     kinds = [s.kind for s in accelpatch.report(model).sites]
     assert kinds.count("hunyuan_video15_fused_block") == 2 and kinds.count("hunyuan_video15_sol_attn") == 2
     assert kinds.count("hunyuan_video15_refiner_attention") == 1
+    assert kinds.count("hunyuan_video15_fused_attention") == 2  # below the Sol-Attn sites on the same modules
     with accelpatch.quality("lossless"):
         assert bits_equal(_forward(model, inputs), reference)
-    assert fusion_of(accelpatch.report(model), "modulate").fused_calls == PER_FORWARD
+    for op in OPS:
+        assert fusion_of(accelpatch.report(model), op).fused_calls == PER_FORWARD[op]
     sparse = _forward(model, inputs)  # the default tier is high with a backend
     report = accelpatch.report(model)
     assert not torch.equal(sparse, reference)
     assert all(s.fast_calls == 1 for s in report.sites if s.kind == "hunyuan_video15_sol_attn")
     assert all(s.fast_calls == 2 for s in report.sites if s.kind == "hunyuan_video15_fused_block")
+    # under high the sparse path took every attention call (its own q/k/v): the RoPE fusion ran only under lossless
+    assert all(s.fast_calls == 1 for s in report.sites if s.kind == "hunyuan_video15_fused_attention")
     for op in OPS:
-        assert fusion_of(report, op).fused_calls == 2 * PER_FORWARD and not fusion_of(report, op).declined
+        fusion = fusion_of(report, op)
+        assert fusion.fused_calls == (1 if op == "rope_pair_per_channel" else 2) * PER_FORWARD[op], fusion
+        assert not fusion.declined
     accelpatch.remove(model)
     assert bits_equal(_forward(model, inputs), reference)
 
@@ -137,10 +153,10 @@ def test_compiled_patched_blocks_equal_the_compiled_unpatched_ones():
             block.compile(backend="eager", fullgraph=True)
         assert bits_equal(_forward(model, inputs), compiled_reference)
         report = accelpatch.report(model)
-        assert all(s.fast_calls == 1 for s in report.sites)
+        assert [s.kind for s in report.sites] == KINDS and all(s.fast_calls == 1 for s in report.sites)
         for op in OPS:
             fusion = fusion_of(report, op)
-            assert fusion.reference_calls == {verify.IN_COMPILE: PER_FORWARD} and fusion.fused_calls == 0, fusion
+            assert fusion.reference_calls == {verify.IN_COMPILE: PER_FORWARD[op]} and fusion.fused_calls == 0, fusion
     finally:
         for block in model.transformer_blocks:
             block._compiled_call_impl = None
@@ -168,14 +184,17 @@ def test_a_hooked_norm_is_called_as_a_module_and_a_foreign_block_class_stays_unm
         warnings.simplefilter("ignore")  # apply() says which site did not mount
         accelpatch.apply(model)
     assert bits_equal(_forward(model, inputs), reference)
-    sites = accelpatch.report(model).sites
+    sites = [s for s in accelpatch.report(model).sites if s.kind == "hunyuan_video15_fused_block"]
     assert [(s.mounted, s.fast_calls) for s in sites] == [(False, 0), (False, 0)]
+    attention = [s for s in accelpatch.report(model).sites if s.kind == "hunyuan_video15_fused_attention"]
+    assert [(s.mounted, s.fast_calls) for s in attention] == [(True, 1), (True, 1)]  # the attention is diffusers'
+    assert fusion_of(accelpatch.report(model), "rope_pair_per_channel").fused_calls == 2
     assert all("CustomBlock is not diffusers' HunyuanVideo15TransformerBlock" in s.reason for s in sites), sites
     accelpatch.remove(model)
     assert type(model.transformer_blocks[1]) is CustomBlock
 
 
-# ---- the RoPE: when the interleaved reference is HunyuanVideo's ----------------------------------------------
+# ---- the RoPE: rope_pair_per_channel is HunyuanVideo's; Wan's interleaved reference only on paired tables ------
 
 _EDGE = [0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38, -3.0e38, 1.5,
          -2.75, 1e-3, 65504.0, 7e-39]
@@ -212,9 +231,9 @@ def test_the_interleaved_rope_reference_is_hunyuan_videos_rope_on_paired_tables_
     ``x1 * cos - x2 * sin, x1 * sin + x2 * cos`` bit for bit (signed zeros included; NaN at the same places) when
     every table holds each angle twice: IEEE ``p + (-q)`` is ``p - q`` and sums and products commute. The reference
     reads ``cos`` at even and ``sin`` at odd channels, so on tables whose pairs differ the two disagree, which the
-    same comparison sees. A fused RoPE of HunyuanVideo through the interleaved kernels would therefore need a
-    proof that the tables are paired (HunyuanVideo15RotaryPosEmbed's are; tables passed to a block are not
-    checked), which is why the block fusion leaves the RoPE to diffusers."""
+    same comparison sees. A fused RoPE of HunyuanVideo through Wan's kernels would therefore need a proof that the
+    tables are paired (HunyuanVideo15RotaryPosEmbed's are; tables passed to a block are not checked), which is why
+    the fused attention takes rope_pair_per_channel (each channel its own entry), equal on both kinds of table."""
     from diffusers.models.embeddings import apply_rotary_emb
 
     x, cos, sin = _rope_operands(dtype)
@@ -224,9 +243,40 @@ def test_the_interleaved_rope_reference_is_hunyuan_videos_rope_on_paired_tables_
     assert signed_zero.any()  # edge values reach -0.0 outputs, compared bit for bit
     assert _same_bits_nan_positions(diffusers_rope, ref.rotary_interleaved(x, cos[None, :, None], sin[None, :, None]))
 
+    per_channel = ref.rope_pair_per_channel(x, x, cos[None, :, None], sin[None, :, None])[0]
+    assert _same_bits_nan_positions(diffusers_rope, per_channel)
+
     x, cos, sin = _rope_operands(dtype, paired=False)
-    assert not _same_bits_nan_positions(apply_rotary_emb(x, (cos, sin), sequence_dim=1),
+    diffusers_rope = apply_rotary_emb(x, (cos, sin), sequence_dim=1)
+    assert not _same_bits_nan_positions(diffusers_rope,
                                         ref.rotary_interleaved(x, cos[None, :, None], sin[None, :, None]))
+    assert _same_bits_nan_positions(
+        diffusers_rope, ref.rope_pair_per_channel(x, x, cos[None, :, None], sin[None, :, None])[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_fused_attention_is_the_processor_on_unpaired_tables(dtype):
+    """One joint attention called with random [S, D] tables whose channel pairs differ (and bf16 tables with bf16
+    activations): the patched module with the real kernels gives the processor's bits, the RoPE fused."""
+    model = tiny_hunyuan_video15_transformer(dtype=dtype)
+    attn = model.transformer_blocks[0].attn
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(1, 128, attn.inner_dim, generator=g).to(dtype)
+    encoder = torch.randn(1, 8, attn.inner_dim, generator=g).to(dtype)
+    mask = torch.tensor([[1] * 6 + [0] * 2])
+    d = attn.inner_dim // attn.heads
+    for table_dtype in (torch.float32, dtype):
+        tables = tuple(torch.randn(128, d, generator=g).to(table_dtype) for _ in range(2))
+        call = dict(hidden_states=hidden, encoder_hidden_states=encoder, attention_mask=mask,
+                    image_rotary_emb=tables)
+        with torch.no_grad():
+            expected = attn(**call)
+            accelpatch.apply(model)
+            got = attn(**call)
+            fusion = fusion_of(accelpatch.report(model), "rope_pair_per_channel")
+            accelpatch.remove(model)
+        assert all(bits_equal(a, b) for a, b in zip(got, expected))
+        assert fusion.fused_calls == 1 and not fusion.declined, fusion
 
 
 def test_the_model_rope_tables_are_paired():

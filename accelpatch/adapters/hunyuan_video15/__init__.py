@@ -2,8 +2,11 @@
 backend.
 
 At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
-of :mod:`.fused` (both streams' AdaLN modulations and gated residual adds as verified fused ops); the attention
-sites below are the same with or without it around them.
+of :mod:`.fused` (both streams' AdaLN modulations and gated residual adds as verified fused ops) and
+``transformer_blocks.N.attn`` the joint attention with the video q/k RoPE as one verified fused op
+(``rope_pair_per_channel``); the Sol-Attn site, where there is one, sits above that RoPE fusion on the same module
+(its own q/k/v take diffusers' ``apply_rotary_emb``, the same bits), and the attention sites are the same with or
+without the block fusion around them.
 
 Every dual-stream block's ``transformer_blocks.N.attn`` is one joint attention: the video tokens (3-D RoPE on q
 and k) followed by the text/image tokens, which the model orders valid first, then padding, under a mask that lets
@@ -44,7 +47,7 @@ from ...sites.base import Decline, Site, bind_call
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
-from .fused import FUSED_BLOCK
+from .fused import FUSED_ATTENTION, FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("hunyuan_video15_sol_attn", Tier.HIGH)
 REFINER_FUSION = QualityGatedFusion.named("hunyuan_video15_refiner_attention", Tier.HIGH)
@@ -168,12 +171,14 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
     cache_block_outputs = (0, 1)  # (video, text), the second stream entering as encoder_hidden_states
 
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        """The block fusion on every ``transformer_blocks.N`` (any backend or none), then the attention sites of
-        ``sol_attn``."""
+        """The block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every
+        ``transformer_blocks.N.attn`` (any backend or none), then the attention sites of ``sol_attn`` (the patcher
+        stacks them above the RoPE fusion by tier)."""
         for path, module in model.named_modules():
-            match = _BLOCK.fullmatch(path)
-            if match is not None:
-                yield path, module, FUSED_BLOCK, int(match.group(1))
+            for pattern, fast_path in ((_BLOCK, FUSED_BLOCK), (_JOINT, FUSED_ATTENTION)):
+                match = pattern.fullmatch(path)
+                if match is not None:
+                    yield path, module, fast_path, int(match.group(1))
         yield from super().iter_sites(model, backend_config)
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:

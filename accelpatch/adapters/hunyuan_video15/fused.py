@@ -15,14 +15,13 @@ modules) only where the norm is diffusers' own class with no embedding of its ow
 on it; otherwise the norm module is called as it is and only the later chains are fused. The joint attention
 (``attn``, where the Sol-Attn site sits), the LayerNorms and the feed-forwards stay diffusers' own.
 
-The RoPE applied to q and k in the attention processor (``apply_rotary_emb(use_real=True)``: ``x.float() * cos +
-x_rot.float() * sin`` with every channel's own table entry) is not fused: no shared op computes it for every input.
-``rope_pair`` (Wan's) reads ``cos`` at even and ``sin`` at odd channels only, and runs bf16 tables in bf16 where
-this upcasts to float32; ``relu_rope_pair`` adds a ReLU and float32 copies, ``rotate_half_pair`` pairs channel
-halves and rounds the tables to ``x``'s dtype, ``rotary_complex_pair`` works in float64.
-tests/test_hunyuan_video15_fusions.py proves when the interleaved reference does agree bit for bit (float32 tables
-whose channel pairs hold equal values, as the model's ``rope`` builds them): a kernel reading each channel's
-entry, upcasting as this does, would be the way to fuse it without a check of the tables' values.
+``transformer_blocks.N.attn`` (the joint attention) carries a second fusion: ``HunyuanVideo15AttnProcessor2_0``
+restated with its RoPE of the video q and k (``apply_rotary_emb(use_real=True)``: ``x.float() * cos +
+x_rot.float() * sin`` with every channel's own table entry, stored in ``x``'s dtype) as one verified op,
+:data:`~accelpatch.fused_ops.ROPE_PAIR_PER_CHANNEL`. Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
+``sin`` at odd channels only and runs bf16 tables in bf16. The projections, the RMSNorms, the text stream's
+projections, the mask, the dispatcher and the output projections stay diffusers'; the Sol-Attn path (``high``,
+stacked above it) builds its own q/k/v with diffusers' ``apply_rotary_emb``.
 """
 from __future__ import annotations
 
@@ -30,12 +29,20 @@ from typing import Optional
 
 import torch
 
-from ...fused_ops import GATED_RESIDUAL, MODULATE
+import torch.nn.functional as F
+
+from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
 from ...gate import QualityGatedFusion
-from ...sites.base import FusedOpsPath, Site, bind_call
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_block", Tier.LOSSLESS)
+ATTENTION_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_attention", Tier.LOSSLESS)
+
+NOT_JOINT = ("no encoder_hidden_states or attention_mask: not the joint video+text call HunyuanVideo 1.5's blocks "
+             "make (diffusers' processor runs it)")
+NOT_REAL_TABLES = ("image_rotary_emb is not a (cos, sin) pair of [S, D] tensors: not the tables "
+                   "HunyuanVideo15RotaryPosEmbed builds (diffusers' processor runs it)")
 
 _CALL = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis")
 
@@ -111,3 +118,79 @@ class HunyuanVideo15FusedBlock(FusedOpsPath):
 
 
 FUSED_BLOCK = HunyuanVideo15FusedBlock()
+
+
+def _hy():
+    from diffusers.models.transformers import transformer_hunyuan_video15
+
+    return transformer_hunyuan_video15
+
+
+def _real_tables(rotary) -> bool:
+    return (isinstance(rotary, (tuple, list)) and len(rotary) == 2
+            and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in rotary))
+
+
+class HunyuanVideo15FusedAttention(FusedOpsPath):
+    """``HunyuanVideo15AttnProcessor2_0`` on the joint call, its video q/k RoPE as ROPE_PAIR_PER_CHANNEL."""
+
+    fusion = ATTENTION_FUSION
+    description = "joint attention with the video q/k interleaved RoPE fused (bit-exact)"
+    fused_ops = (ROPE_PAIR_PER_CHANNEL,)
+    policy_reasons = (NOT_JOINT, NOT_REAL_TABLES)
+
+    def expected_processor(self) -> type:
+        return _hy().HunyuanVideo15AttnProcessor2_0
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask",
+                                        "image_rotary_emb"))
+        hidden_states, encoder_hidden_states = call["hidden_states"], call["encoder_hidden_states"]
+        attention_mask, rotary = call["attention_mask"], call["image_rotary_emb"]
+        if encoder_hidden_states is None or attention_mask is None:
+            return Dense(NOT_JOINT)
+        if rotary is not None and not _real_tables(rotary):
+            return Dense(NOT_REAL_TABLES)
+        processor = attn.processor
+        # 1.-2. projections and per-head RMSNorms
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        # 3. RoPE of the video rows: apply_rotary_emb(x, rotary, sequence_dim=1) on both, fused
+        if rotary is not None:
+            cos, sin = (t[None, :, None, :].to(query.device) for t in rotary)
+            query, key = ROPE_PAIR_PER_CHANNEL(site, query, key, cos, sin)
+        # 4. the text stream's projections and norms, appended
+        encoder_query, encoder_key, encoder_value = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                                                     for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+        if attn.norm_added_q is not None:
+            encoder_query = attn.norm_added_q(encoder_query)
+        if attn.norm_added_k is not None:
+            encoder_key = attn.norm_added_k(encoder_key)
+        query = torch.cat([query, encoder_query], dim=1)
+        key = torch.cat([key, encoder_key], dim=1)
+        value = torch.cat([value, encoder_value], dim=1)
+        # the mask as the processor builds it
+        batch_size, seq_len, heads, dim = query.shape
+        attention_mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True)
+        attention_mask = attention_mask.bool()
+        self_attn_mask_1 = attention_mask.view(batch_size, 1, 1, seq_len).repeat(1, 1, seq_len, 1)
+        self_attn_mask_2 = self_attn_mask_1.transpose(2, 3)
+        attention_mask = (self_attn_mask_1 & self_attn_mask_2).bool()
+        # 5. attention
+        hidden_states = _hy().dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        # 6. output projections
+        hidden_states, encoder_hidden_states = (hidden_states[:, : -encoder_hidden_states.shape[1]],
+                                                hidden_states[:, -encoder_hidden_states.shape[1]:])
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+FUSED_ATTENTION = HunyuanVideo15FusedAttention()

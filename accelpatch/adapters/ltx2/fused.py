@@ -14,8 +14,11 @@ it. The rows are [B, 1, C] (one timestep per sample) or [B, N, C] (per-token tim
   roundings).
 
 The norms, the six attentions (so their sites, Sol-Attn's among them, stay below this one), the feed-forwards and
-the plain residual adds stay diffusers' own. The RoPE inside the attentions is not fused: no shared op reproduces
-LTX-2's (float32 products on [B, S, C] tables with a batch dim; split RoPE by ``addcmul_``).
+the plain residual adds stay diffusers' own. The RoPE inside the attentions is not fused yet: its interleaved form
+(``apply_interleaved_rotary_emb``, float32 products on [B, S, C] tables with a batch dim) is the chain of
+:data:`~accelpatch.fused_ops.ROPE_PAIR_PER_CHANNEL` on the [B, S, 1, C] views (tests/ops/
+test_fused_cpu_rope_pair_per_channel.py checks it bit for bit), which a restated ``attn1`` could call; the split
+form (``addcmul_``) has no shared op.
 """
 from __future__ import annotations
 

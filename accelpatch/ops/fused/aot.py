@@ -40,6 +40,14 @@ def _plain_rope(q_dtype, table_dtype):
     return "rope_pair", args
 
 
+def _per_channel_rope(q_dtype, table_dtype):
+    def args():  # HunyuanVideo 1.5 (8.3B): 16 heads x 128, [1, N, 1, D] tables (float32 as its rotary embedding)
+        q = torch.empty(2, TOKENS, 16, 128, dtype=q_dtype)
+        table = torch.empty(1, TOKENS, 1, 128, dtype=table_dtype)
+        return q, q.clone(), table, table.clone()
+    return "rope_pair_per_channel", args
+
+
 def _modulate(dtype):
     def args():
         rows = torch.empty(2, 1, 6, 2240, dtype=dtype)  # unbind(2) of the modulation table: token stride 6C
@@ -113,6 +121,9 @@ CASES: dict[str, tuple[str, Callable]] = {
     "rope_pair bf16 q, fp64 tables": _plain_rope(BF16, FP64),
     "rope_pair bf16 q, fp32 tables": _plain_rope(BF16, FP32),
     "rope_pair fp32 q, fp64 tables": _plain_rope(FP32, FP64),
+    "rope_pair_per_channel bf16 q, fp32 tables": _per_channel_rope(BF16, FP32),
+    "rope_pair_per_channel bf16 q, bf16 tables": _per_channel_rope(BF16, BF16),
+    "rope_pair_per_channel fp32 q, fp32 tables": _per_channel_rope(FP32, FP32),
     "modulate bf16": _modulate(BF16),
     "modulate fp16": _modulate(FP16),
     "modulate fp32": _modulate(FP32),

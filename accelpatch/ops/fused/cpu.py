@@ -114,7 +114,8 @@ _SELF_CHECK: list = []
 
 
 def _self_check(library) -> Optional[str]:
-    """A known-answer run of the float32 RoPEs (with and without the ReLU), modulate and rotate-half kernels and
+    """A known-answer run of the float32 RoPEs (with and without the ReLU, paired and per-channel tables, and the
+    per-channel one of bf16 activations, whose chain is float32 too), modulate and rotate-half kernels and
     the float64/float32 complex RoPE against their references, once per process: a compiler that contracts
     multiply-adds despite -ffp-contract=off (gcc's vectoriser does it for interleaved mul/sub/add groups) changes a
     few per cent of these outputs, and the library is then refused with a reason rather than left to fail every
@@ -130,6 +131,10 @@ def _self_check(library) -> Optional[str]:
     runs = [  # (kernel, reference, args, plan, argument order: "io" inputs first or "oi" output first)
         ("ap_relu_rope_f32_f32", ref.relu_rope_pair, (q, q.flip(1), cos, sin), _rope_plan, "io+"),
         ("ap_rope_f32_f32", ref.rope_pair, (q, q.flip(1), cos, sin), lambda a: _rope_plan(a, ref.rope_pair), "io"),
+        ("ap_rope_per_channel_f32_f32", ref.rope_pair_per_channel, (q, q.flip(1), cos, sin),
+         lambda a: _rope_plan(a, ref.rope_pair_per_channel), "io"),
+        ("ap_rope_per_channel_bf16_f32", ref.rope_pair_per_channel, (q.bfloat16(), q.flip(1).bfloat16(), cos, sin),
+         lambda a: _rope_plan(a, ref.rope_pair_per_channel), "io"),
         ("ap_modulate_f32", ref.modulate, (x, scale, shift),
          lambda a: _plan_for("modulate", ref.modulate, a), "oi"),
         ("ap_rotate_half_f32_f32", ref.rotate_half_pair, (q, q.flip(1), half_cos, half_sin), _rotate_half_plan, "io"),
@@ -332,6 +337,7 @@ _WHY = {
     "rotary_complex_pair": lambda *a: _why_complex(*a),
     "relu_rope_pair": lambda *a: _why_rope(*a),
     "rope_pair": lambda *a: _why_rope(*a, name="rope_pair"),
+    "rope_pair_per_channel": lambda *a: _why_rope(*a, name="rope_pair_per_channel"),
     "modulate": lambda *a: _why_elementwise("modulate", ref.modulate, a, _ELEMENTWISE_DTYPES),
     "gated_residual": lambda *a: _why_elementwise("gated_residual", ref.gated_residual, a, _ELEMENTWISE_DTYPES),
     "silu": lambda *a: _why_elementwise("silu", ref.silu, a, (torch.bfloat16,), "silu"),
@@ -508,17 +514,27 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
     return outs
 
 
-def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
-    """:func:`.reference.rope_pair` in one pass over query and key: relu_rope_pair's rotation loops without the
-    ReLU, stored in the query's dtype."""
-    args = (query, key, freqs_cos, freqs_sin)
-    prep = _PREPARED.get(_signature("rope_pair", args)) or _prepare(
-        "rope_pair", args, ref.rope_pair, lambda: f"ap_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}",
-        lambda: _rope_plan(args, ref.rope_pair), 8)
+def _plain_rope(name: str, reference: Callable, prefix: str, args):
+    prep = _PREPARED.get(_signature(name, args)) or _prepare(
+        name, args, reference, lambda: f"ap_{prefix}_{_NAMES[args[0].dtype]}_{_NAMES[args[2].dtype]}",
+        lambda: _rope_plan(args, reference), 8)
     outs = _outputs(prep)
     if prep.nonempty:
         prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
     return outs
+
+
+def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """:func:`.reference.rope_pair` in one pass over query and key: relu_rope_pair's rotation loops without the
+    ReLU, stored in the query's dtype."""
+    return _plain_rope("rope_pair", ref.rope_pair, "rope", (query, key, freqs_cos, freqs_sin))
+
+
+def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """:func:`.reference.rope_pair_per_channel` in one pass over query and key: rope_pair's loops reading each
+    channel's own table entries, the chain in float32 (float64 with float64 tables), stored in the query's dtype."""
+    return _plain_rope("rope_pair_per_channel", ref.rope_pair_per_channel, "rope_per_channel",
+                       (query, key, cos, sin))
 
 
 def _elementwise_prep(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> _Prepared:
@@ -621,6 +637,7 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
 OPS: dict[str, Callable] = {
     "relu_rope_pair": relu_rope_pair,
     "rope_pair": rope_pair,
+    "rope_pair_per_channel": rope_pair_per_channel,
     "modulate": modulate,
     "gated_residual": gated_residual,
     "silu": silu,

@@ -338,11 +338,26 @@ inline Z put(float v) {
   }
 }
 
-// Rotates `pairs` pairs of the unit-stride row y into z (float, or the query's storage type), with tables c (even
-// entries) and s (odd entries).
-template <class Q, class W, class Z = float, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+// Which table entries a pair reads and the dtype its chain runs in. Paired (Wan, SANA-Video): both outputs of pair
+// (2i, 2i+1) read cos[2i] and sin[2i+1], the chain in the dtype x and the tables promote to. PerChannel
+// (HunyuanVideo 1.5, LTX-2: x.float() * cos + x_rotated.float() * sin): output 2i reads cos[2i] and sin[2i], output
+// 2i+1 cos[2i+1] and sin[2i+1], the chain in float32 (float64 with float64 tables) whatever x's dtype.
+struct Paired {
+  static constexpr i64 even_sin = 1, odd_cos = 0;
+  template <class Q> using Chain = Q;
+};
+struct PerChannel {
+  static constexpr i64 even_sin = 0, odd_cos = 1;
+  template <class Q> using Chain = float;
+};
+
+// Rotates `pairs` pairs of the unit-stride row y into z (float, or the query's storage type), with tables c and s
+// read as mode M says.
+template <class Q, class W, class Z = float, class M = Paired, class QS = typename Io<Q>::S,
+          class WS = typename Table<W>::S>
 inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS* __restrict s, Z* __restrict z,
                        i64 pairs) {
+  using R = Rotate<typename M::template Chain<Q>, W>;
   float ev[kBlock], od[kBlock];
   for (i64 p0 = 0; p0 < pairs; p0 += kBlock) {
     const i64 m = pairs - p0 < kBlock ? pairs - p0 : kBlock;
@@ -350,11 +365,11 @@ inline void rotate_row(const QS* __restrict y, const WS* __restrict c, const WS*
     const WS* cb = c + 2 * p0;
     const WS* sb = s + 2 * p0;
     for (i64 j = 0; j < m; ++j)
-      ev[j] = Rotate<Q, W>::even(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j]),
-                                 Table<W>::load(sb[2 * j + 1]), Pass());
+      ev[j] = R::even(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j]),
+                      Table<W>::load(sb[2 * j + M::even_sin]), Pass());
     for (i64 j = 0; j < m; ++j)
-      od[j] = Rotate<Q, W>::odd(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j]),
-                                Table<W>::load(sb[2 * j + 1]), Pass());
+      od[j] = R::odd(Io<Q>::load(yb[2 * j]), Io<Q>::load(yb[2 * j + 1]), Table<W>::load(cb[2 * j + M::odd_cos]),
+                     Table<W>::load(sb[2 * j + 1]), Pass());
     Z* zb = z + 2 * p0;
     for (i64 j = 0; j < m; ++j) {
       zb[2 * j] = put<Q, Z>(ev[j]);
@@ -406,16 +421,17 @@ void relu_rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* rq,
   }
 }
 
-// Interleaved RoPE of a query/key pair without the ReLU (Wan's self-attention): relu_rope's rotation loops, the
-// results stored in the query's dtype. Tensors: 0 query, 1 key, 2 cos, 3 sin, 4 rotated query, 5 rotated key;
-// size = (B, N, H, D/2) and strides as for relu_rope.
-template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+// Interleaved RoPE of a query/key pair without the ReLU (Wan's self-attention with M = Paired; HunyuanVideo 1.5's
+// and LTX-2's with M = PerChannel): relu_rope's rotation loops, the results stored in the query's dtype. Tensors:
+// 0 query, 1 key, 2 cos, 3 sin, 4 rotated query, 5 rotated key; size = (B, N, H, D/2) and strides as for relu_rope.
+template <class Q, class W, class M = Paired, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
 void rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* oq, QS* ok, const i64* size, const i64* st) {
+  using R = Rotate<typename M::template Chain<Q>, W>;
   const i64 pairs = size[3];
   if (unit_inner<6>(st)) {
     for_rows<6>(size, st, [&](const i64* off) {
-      rotate_row<Q, W, QS>(q + off[0], cosv + off[2], sinv + off[3], oq + off[4], pairs);
-      rotate_row<Q, W, QS>(k + off[1], cosv + off[2], sinv + off[3], ok + off[5], pairs);
+      rotate_row<Q, W, QS, M>(q + off[0], cosv + off[2], sinv + off[3], oq + off[4], pairs);
+      rotate_row<Q, W, QS, M>(k + off[1], cosv + off[2], sinv + off[3], ok + off[5], pairs);
     });
   } else {
     i64 s[6];
@@ -423,14 +439,16 @@ void rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* oq, QS* 
     for_rows<6>(size, st, [&](const i64* off) {
       for (i64 p = 0; p < pairs; ++p) {
         const i64 e = 2 * p, o = 2 * p + 1;
-        const auto cp = Table<W>::load(cosv[off[2] + e * s[2]]);
-        const auto sp = Table<W>::load(sinv[off[3] + o * s[3]]);
+        const auto ce = Table<W>::load(cosv[off[2] + e * s[2]]);
+        const auto so = Table<W>::load(sinv[off[3] + o * s[3]]);
+        const auto se = Table<W>::load(sinv[off[3] + (e + M::even_sin) * s[3]]);
+        const auto co = Table<W>::load(cosv[off[2] + (e + M::odd_cos) * s[2]]);
         const float a = Io<Q>::load(q[off[0] + e * s[0]]), b = Io<Q>::load(q[off[0] + o * s[0]]);
         const float ka = Io<Q>::load(k[off[1] + e * s[1]]), kb = Io<Q>::load(k[off[1] + o * s[1]]);
-        oq[off[4] + e * s[4]] = Io<Q>::store(Rotate<Q, W>::even(a, b, cp, sp, Opaque()));
-        oq[off[4] + o * s[4]] = Io<Q>::store(Rotate<Q, W>::odd(a, b, cp, sp, Opaque()));
-        ok[off[5] + e * s[5]] = Io<Q>::store(Rotate<Q, W>::even(ka, kb, cp, sp, Opaque()));
-        ok[off[5] + o * s[5]] = Io<Q>::store(Rotate<Q, W>::odd(ka, kb, cp, sp, Opaque()));
+        oq[off[4] + e * s[4]] = Io<Q>::store(R::even(a, b, ce, se, Opaque()));
+        oq[off[4] + o * s[4]] = Io<Q>::store(R::odd(a, b, co, so, Opaque()));
+        ok[off[5] + e * s[5]] = Io<Q>::store(R::even(ka, kb, ce, se, Opaque()));
+        ok[off[5] + o * s[5]] = Io<Q>::store(R::odd(ka, kb, co, so, Opaque()));
       }
     });
   }
@@ -670,20 +688,23 @@ AP_ROPE(f32, float, bf16, BF16)
 AP_ROPE(f32, float, f32, float)
 AP_ROPE(f32, float, f64, double)
 
-#define AP_PLAIN_ROPE(qname, Q, wname, W)                                                                      \
-  AP_EXPORT void ap_rope_##qname##_##wname(const void* q, const void* k, const void* c, const void* s, void* oq,  \
-                                           void* ok, const i64* size, const i64* st) {                           \
+#define AP_PLAIN_ROPE(prefix, M, qname, Q, wname, W)                                                           \
+  AP_EXPORT void ap_##prefix##_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,      \
+                                                 void* oq, void* ok, const i64* size, const i64* st) {            \
     using QS = Io<Q>::S;                                                                                         \
     using WS = Table<W>::S;                                                                                      \
-    rope<Q, W>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),                 \
-               static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);                 \
+    rope<Q, W, M>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),              \
+                  static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);              \
   }
-AP_PLAIN_ROPE(bf16, BF16, bf16, BF16)
-AP_PLAIN_ROPE(bf16, BF16, f32, float)
-AP_PLAIN_ROPE(bf16, BF16, f64, double)
-AP_PLAIN_ROPE(f32, float, bf16, BF16)
-AP_PLAIN_ROPE(f32, float, f32, float)
-AP_PLAIN_ROPE(f32, float, f64, double)
+#define AP_PLAIN_ROPES(prefix, M)                   \
+  AP_PLAIN_ROPE(prefix, M, bf16, BF16, bf16, BF16)  \
+  AP_PLAIN_ROPE(prefix, M, bf16, BF16, f32, float)  \
+  AP_PLAIN_ROPE(prefix, M, bf16, BF16, f64, double) \
+  AP_PLAIN_ROPE(prefix, M, f32, float, bf16, BF16)  \
+  AP_PLAIN_ROPE(prefix, M, f32, float, f32, float)  \
+  AP_PLAIN_ROPE(prefix, M, f32, float, f64, double)
+AP_PLAIN_ROPES(rope, Paired)
+AP_PLAIN_ROPES(rope_per_channel, PerChannel)
 
 #define AP_ROTATE_HALF(qname, Q, wname, W)                                                                     \
   AP_EXPORT void ap_rotate_half_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,   \
@@ -731,4 +752,4 @@ AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
 }
 
 // A version tag the loader checks, so a stale cached library is never used with a newer Python side.
-AP_EXPORT int ap_abi_version() { return 2; }
+AP_EXPORT int ap_abi_version() { return 3; }

@@ -30,6 +30,21 @@ def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, f
     return rotary_interleaved(query, freqs_cos, freqs_sin), rotary_interleaved(key, freqs_cos, freqs_sin)
 
 
+def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Interleaved real RoPE of query and key as diffusers' ``apply_rotary_emb(use_real=True,
+    use_real_unbind_dim=-1)`` applies it (HunyuanVideo 1.5's joint attention, ``[B, N, H, D]`` with ``[1, N, 1, D]``
+    float32 tables; LTX-2's ``apply_interleaved_rotary_emb`` is the same chain on ``[B, S, C]``): ``x_rotated`` =
+    pairs (-x[2i+1], x[2i]), then ``x.float() * cos + x_rotated.float() * sin`` with every channel reading its OWN
+    table entry (cos[2i] and cos[2i+1] both used), in float32 (float64 with float64 tables), stored in ``x``'s
+    dtype. (The one-tensor chain is nested, so that every module-level function here is a fused op or its part.)"""
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
+        return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+    return rotate(query), rotate(key)
+
+
 def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """SANA-Video's linear-attention prologue on ``[B, N, H, D]`` query and key: ReLU, then RoPE of each, the
     rotated pair upcast to float32 as the processor does after permuting (``.float()`` keeps the layout).

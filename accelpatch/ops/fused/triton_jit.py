@@ -169,8 +169,8 @@ def _relu_bf16_or_fp32(TABLE, x, NEG_ZERO_KEEPS_SIGN: tl.constexpr):
 
 @triton.jit
 def _rotate(x1, x2, c, s, MODE: tl.constexpr):
-    """(x1*c - x2*s, x1*s + x2*c) at the dtype torch promotes (query, table) to, MODE 0 / 1 / 2 = bf16 / fp32 /
-    fp64 (triton_kernels._ROPE_MODES): bf16 rounds after every op, fp32 and fp64 are one IEEE op each."""
+    """(x1*c - x2*s, x1*s + x2*c) at the chain's dtype, MODE 0 / 1 / 2 = bf16 / fp32 / fp64
+    (triton_kernels._ROPE_MODES): bf16 rounds after every op, fp32 and fp64 are one IEEE op each."""
     if MODE == 0:
         o1 = _round(_round(x1 * c, tl.bfloat16) - _round(x2 * s, tl.bfloat16), tl.bfloat16)
         o2 = _round(_round(x1 * s, tl.bfloat16) + _round(x2 * c, tl.bfloat16), tl.bfloat16)
@@ -186,10 +186,12 @@ def _rotate(x1, x2, c, s, MODE: tl.constexpr):
 
 
 @triton.jit
-def _relu_rope_one(IN, RELU, ROT, TABLE, base_in, base_relu, base_rot, s_in, s_relu, s_rot, pair, mask2, c, s,
-                   MODE: tl.constexpr, NEG_ZERO_KEEPS_SIGN: tl.constexpr, APPLY_RELU: tl.constexpr):
+def _relu_rope_one(IN, RELU, ROT, TABLE, base_in, base_relu, base_rot, s_in, s_relu, s_rot, pair, mask2, c1, s1,
+                   c2, s2, MODE: tl.constexpr, NEG_ZERO_KEEPS_SIGN: tl.constexpr, APPLY_RELU: tl.constexpr,
+                   PER_CHANNEL: tl.constexpr):
     """relu_rope_pair's query or key (APPLY_RELU: ReLU stored, the rotation stored as float32), or rope_pair's
-    (no ReLU, RELU unused, the rotation stored in the input's dtype)."""
+    (no ReLU, RELU unused, the rotation stored in the input's dtype); PER_CHANNEL: rope_pair_per_channel's, the
+    even output from (c1, s1) and the odd one from (c2, s2)."""
     DT: tl.constexpr = IN.dtype.element_ty
     x = tl.load(IN + base_in + pair * s_in, mask=mask2)
     if APPLY_RELU:
@@ -198,7 +200,11 @@ def _relu_rope_one(IN, RELU, ROT, TABLE, base_in, base_relu, base_rot, s_in, s_r
     else:
         r = x
     x1, x2 = tl.split(_widen(r))
-    o1, o2 = _rotate(x1, x2, c, s, MODE)
+    if PER_CHANNEL:  # output 2i from (cos, sin)[2i], output 2i+1 from (cos, sin)[2i+1]
+        o1, _ = _rotate(x1, x2, c1, s1, MODE)
+        _, o2 = _rotate(x1, x2, c2, s2, MODE)
+    else:  # both from cos[2i] and sin[2i+1] (c1 is c2, s1 is s2)
+        o1, o2 = _rotate(x1, x2, c1, s1, MODE)
     rot = _narrow(tl.join(o1, o2), DT)  # stored into the input's dtype by the reference
     if APPLY_RELU:
         rot = _widen(rot)  # then .float()
@@ -210,10 +216,12 @@ def _relu_rope_pair_kernel(Q, K, COS, SIN, QR, KR, QROT, KROT, TABLE, N,
                            q0, q1, q2, q3, k0, k1, k2, k3, c0, c1, c2, c3, s0, s1, s2, s3,
                            qr0, qr1, qr2, qr3, kr0, kr1, kr2, kr3, qo0, qo1, qo2, qo3, ko0, ko1, ko2, ko3,
                            H: tl.constexpr, D: tl.constexpr, MODE: tl.constexpr, NEG_ZERO_KEEPS_SIGN: tl.constexpr,
-                           BLOCK: tl.constexpr, APPLY_RELU: tl.constexpr = True):
+                           BLOCK: tl.constexpr, APPLY_RELU: tl.constexpr = True,
+                           PER_CHANNEL: tl.constexpr = False):
     """One token (b, n) per program row, BLOCK (head, pair) slots of it: ReLU and interleaved RoPE of the query and
     the key, sharing the loads of cos (even index) and sin (odd index); without APPLY_RELU, rope_pair (QR, KR and
-    TABLE unused)."""
+    TABLE unused); PER_CHANNEL (rope_pair_per_channel, no ReLU): each output reads its own channel's cos and sin.
+    """
     P: tl.constexpr = D // 2
     t = tl.program_id(0).to(tl.int64)
     b = t // N
@@ -225,14 +233,20 @@ def _relu_rope_pair_kernel(Q, K, COS, SIN, QR, KR, QROT, KROT, TABLE, N,
     two = tl.arange(0, 2).to(tl.int64)
     mask2 = mask[:, None] & (two[None, :] < 2)
     pair = i2[:, None] + two[None, :]  # element index within the head
-    c = _widen(tl.load(COS + b * c0 + n * c1 + h * c2 + i2 * c3, mask=mask))
-    s = _widen(tl.load(SIN + b * s0 + n * s1 + h * s2 + (i2 + 1) * s3, mask=mask))
+    if PER_CHANNEL:
+        ce, co = tl.split(_widen(tl.load(COS + (b * c0 + n * c1 + h * c2)[:, None] + pair * c3, mask=mask2)))
+        se, so = tl.split(_widen(tl.load(SIN + (b * s0 + n * s1 + h * s2)[:, None] + pair * s3, mask=mask2)))
+    else:
+        ce = _widen(tl.load(COS + b * c0 + n * c1 + h * c2 + i2 * c3, mask=mask))
+        so = _widen(tl.load(SIN + b * s0 + n * s1 + h * s2 + (i2 + 1) * s3, mask=mask))
+        co = ce
+        se = so
     _relu_rope_one(Q, QR, QROT, TABLE, (b * q0 + n * q1 + h * q2)[:, None], (b * qr0 + n * qr1 + h * qr2)[:, None],
-                   (b * qo0 + n * qo1 + h * qo2)[:, None], q3, qr3, qo3, pair, mask2, c, s, MODE,
-                   NEG_ZERO_KEEPS_SIGN, APPLY_RELU)
+                   (b * qo0 + n * qo1 + h * qo2)[:, None], q3, qr3, qo3, pair, mask2, ce, se, co, so, MODE,
+                   NEG_ZERO_KEEPS_SIGN, APPLY_RELU, PER_CHANNEL)
     _relu_rope_one(K, KR, KROT, TABLE, (b * k0 + n * k1 + h * k2)[:, None], (b * kr0 + n * kr1 + h * kr2)[:, None],
-                   (b * ko0 + n * ko1 + h * ko2)[:, None], k3, kr3, ko3, pair, mask2, c, s, MODE,
-                   NEG_ZERO_KEEPS_SIGN, APPLY_RELU)
+                   (b * ko0 + n * ko1 + h * ko2)[:, None], k3, kr3, ko3, pair, mask2, ce, se, co, so, MODE,
+                   NEG_ZERO_KEEPS_SIGN, APPLY_RELU, PER_CHANNEL)
 
 
 @triton.jit

@@ -112,6 +112,7 @@ def relu_fp32_sign(device: torch.device) -> tuple[Optional[bool], Optional[str]]
 def unsupported(op_name: str, *args) -> Optional[str]:
     """Why the Triton implementation of ``op_name`` cannot run these arguments (the reference's), or None."""
     checks = {"relu_rope_pair": _why_rope, "rope_pair": _why_plain_rope,
+              "rope_pair_per_channel": _why_plain_rope,
               "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
               "silu": _why_bf16, "glu_gate": _why_bf16, "sigmoid_gate": _why_sigmoid_gate,
               "scale_to_tokens": _why_scale_to_tokens,
@@ -320,24 +321,36 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
     return outs
 
 
-def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
-    """Interleaved RoPE of query and key in one launch, in their dtype (reference.rope_pair): relu_rope_pair's
-    kernel with its ReLU off (its ReLU outputs and table unused)."""
-    args = (query, key, freqs_cos, freqs_sin)
-    outs = empty_like_eager(reference.rope_pair, args, query.device)
+def _plain_rope(ref_fn, args, per_channel: bool):
+    """relu_rope_pair's kernel with its ReLU off (its ReLU outputs and table unused), paired or per-channel tables;
+    the per-channel chain runs in float32 (x.float()) or float64 (float64 tables) whatever the query's dtype."""
+    query, _, freqs_cos, freqs_sin = args
+    outs = empty_like_eager(ref_fn, args, query.device)
     b, n, h, d = query.shape
     if query.numel() == 0:
         return outs
-    mode = _ROPE_MODES[torch.promote_types(query.dtype, freqs_cos.dtype)]
+    chain = torch.float32 if per_channel else query.dtype
+    mode = _ROPE_MODES[torch.promote_types(chain, freqs_cos.dtype)]
     cos = freqs_cos.expand(b, n, h, d)
     sin = freqs_sin.expand(b, n, h, d)
     block = _block(h * d // 2)
     grid = (b * n, -(-(h * d // 2) // block))
-    strides = [s for t in (query, key, cos, sin, *outs, *outs) for s in t.stride()]
-    _jit()._relu_rope_pair_kernel[grid](query, key, cos, sin, *outs, *outs, outs[0], n, *strides, H=h, D=d,
+    strides = [s for t in (query, args[1], cos, sin, *outs, *outs) for s in t.stride()]
+    _jit()._relu_rope_pair_kernel[grid](query, args[1], cos, sin, *outs, *outs, outs[0], n, *strides, H=h, D=d,
                                          MODE=mode, NEG_ZERO_KEEPS_SIGN=False, BLOCK=block, APPLY_RELU=False,
-                                         **LAUNCH)
+                                         PER_CHANNEL=per_channel, **LAUNCH)
     return outs
+
+
+def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
+    """Interleaved RoPE of query and key in one launch, in their dtype (reference.rope_pair)."""
+    return _plain_rope(reference.rope_pair, (query, key, freqs_cos, freqs_sin), per_channel=False)
+
+
+def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Interleaved RoPE of query and key in one launch, each channel its own table entry, float32 chain
+    (reference.rope_pair_per_channel: HunyuanVideo 1.5, LTX-2)."""
+    return _plain_rope(reference.rope_pair_per_channel, (query, key, cos, sin), per_channel=True)
 
 
 def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
