@@ -14,8 +14,8 @@ import torch
 from diffusers import FirstBlockCacheConfig
 
 import _fused_doubles as doubles
-from _model_fusion_checks import (bits_equal, fresh_verdicts, fusion_of, lossless_warnings,  # noqa: F401
-                                  stand_in_kernels)
+from _model_fusion_checks import (bits_equal, check_exact_never_fuses, fresh_verdicts, fusion_of,
+                                  lossless_warnings, stand_in_kernels)  # noqa: F401 - fixtures
 import accelpatch
 import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch import verify
@@ -126,15 +126,7 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
 
 
 def test_exact_never_runs_a_fused_op(stand_in_kernels):
-    model, inputs, reference = _build()
-    accelpatch.apply(model)
-    with accelpatch.quality("exact"):
-        assert _both_equal(_forward(model, inputs), reference)
-    assert doubles.CALLS == {}
-    accelpatch.apply(model, tier="exact")
-    assert _both_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
-    accelpatch.remove(model)
-    assert _both_equal(_forward(model, inputs), reference)
+    check_exact_never_fuses(*_build(), _forward, equal=_both_equal)
 
 
 def _dense_sol_kernel(q, k, v, **kwargs):

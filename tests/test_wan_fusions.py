@@ -9,11 +9,9 @@ import pytest
 import torch
 
 import _fused_doubles as doubles
-from _model_fusion_checks import (bits_equal, fresh_verdicts, fusion_of, lossless_warnings,  # noqa: F401
-                                  stand_in_kernels)
+from _model_fusion_checks import (bits_equal, check_exact_never_fuses, fresh_verdicts, fusion_of,
+                                  lossless_warnings, stand_in_kernels)  # noqa: F401 - fixtures
 import accelpatch
-import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
-from accelpatch import verify
 from accelpatch.sites.base import SITE_ATTR
 from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
@@ -92,14 +90,7 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
 
 
 def test_exact_never_runs_a_fused_op(stand_in_kernels):
-    model, inputs, reference = _model_and_inputs()
-    accelpatch.apply(model)
-    with accelpatch.quality("exact"):
-        assert bits_equal(_forward(model, inputs), reference)
-    assert doubles.CALLS == {}
-    accelpatch.apply(model, tier="exact")
-    assert bits_equal(_forward(model, inputs), reference) and doubles.CALLS == {}
-    accelpatch.remove(model)
+    check_exact_never_fuses(*_model_and_inputs(), _forward)
 
 
 def test_with_sol_attn_lossless_is_bit_identical_and_high_runs_both():

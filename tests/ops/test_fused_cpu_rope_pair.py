@@ -15,14 +15,7 @@ from accelpatch.ops.fused import cpu
 from accelpatch.ops.fused import reference as ref
 
 from .test_fused_cpu import BF16, F32, F64, assert_same, check, mixed, needs_kernels, tie_heavy
-
-ROPE_DTYPES = [(q, t) for q in (BF16, F32) for t in (BF16, F32, F64)]
-
-
-def _tables(b, n, d, dtype, seed, ties=False):
-    make = tie_heavy if ties else mixed
-    return make((b, n, 1, d), dtype, seed), make((b, n, 1, d), dtype, seed + 1)
-
+from .test_fused_cpu import ROPE_DTYPES, _tables  # the relu_rope tests' operands
 
 @needs_kernels
 @pytest.mark.parametrize("qdtype,tdtype", ROPE_DTYPES)

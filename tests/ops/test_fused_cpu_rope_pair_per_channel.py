@@ -16,11 +16,9 @@ from accelpatch.ops.fused import cpu
 from accelpatch.ops.fused import reference as ref
 
 from .test_fused_cpu import BF16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
+from .test_fused_cpu import ROPE_DTYPES, _tables  # the relu_rope tests' operands
 
 OP = "rope_pair_per_channel"
-ROPE_DTYPES = [(q, t) for q in (BF16, F32) for t in (BF16, F32, F64)]
-
-
 def _tables(b, n, d, dtype, seed, ties=False):
     """Independent random cos and sin: the two entries of a pair differ (unlike Wan's repeat_interleave'd ones)."""
     make = tie_heavy if ties else mixed
