@@ -1,10 +1,10 @@
 """What every model adapter running the ``sol_attn`` backend shares: the model's default dense layers, the checks
 of ``dense_layers`` against the model's block list, the step policy, and (for models whose attention is one
 :class:`~accelpatch.sites.sol_attention.DispatchSelfAttention` per block plus always-dense cross-attention) the
-sites themselves, found by two module-path patterns.
+sites themselves, found by module-path patterns: the lossless fusions' (any backend) and the backend's.
 
 A next model sets ``family``, ``model_classes``, ``block_list``, ``default_dense_layers``, the two patterns and the
-two fast paths, and, where diffusers' layout may drift, :meth:`SolAttnAdapter.layout_mismatch`.
+two fast paths, its ``lossless_sites``, and, where diffusers' layout may drift, :meth:`SolAttnAdapter.layout_mismatch`.
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ class SolAttnAdapter(ModelAdapter):
     dense_sites: Optional[re.Pattern] = None
     sol_path: Optional[FastPath] = None
     dense_path: Optional[FastPath] = None
+    #: (pattern, fast path) of the lossless fusions, mounted with or without a backend, before the backend's sites
+    lossless_sites: tuple = ()
 
     def default_tier(self, backend_config: Any) -> Tier:
         return Tier.HIGH if backend_config is not None else DEFAULT_TIER
@@ -44,14 +46,16 @@ class SolAttnAdapter(ModelAdapter):
         """Why ``model``'s layout is not the one this adapter knows (None when it is): checked at ``apply``."""
         return None
 
+    def backend_sites(self) -> tuple:
+        """(pattern, fast path) of the sites ``sol_attn`` adds: the Sol-Attn ones and the always-dense ones."""
+        return (self.sol_sites, self.sol_path), (self.dense_sites, self.dense_path)
+
     def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        if backend_config is None:
-            return
-        for path, module in model.named_modules():
-            for pattern, fast_path in ((self.sol_sites, self.sol_path), (self.dense_sites, self.dense_path)):
-                match = pattern.fullmatch(path) if pattern is not None else None
-                if match is not None:
-                    yield path, module, fast_path, int(match.group(1))
+        """Every module matching :attr:`lossless_sites`, then (with a backend) :meth:`backend_sites`: (path,
+        module, fast path, layer index)."""
+        yield from _matching(model, self.lossless_sites)
+        if backend_config is not None:
+            yield from _matching(model, self.backend_sites())
 
     def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
         if backend_config is not None and backend_config.dense_layers is None:
@@ -85,3 +89,11 @@ class SolAttnAdapter(ModelAdapter):
 
     def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
         return (backend_config.dense_steps,) if backend_config is not None else ()
+
+
+def _matching(model: torch.nn.Module, table) -> Iterator[tuple]:
+    for path, module in model.named_modules():
+        for pattern, fast_path in table:
+            match = pattern.fullmatch(path) if pattern is not None else None
+            if match is not None:
+                yield path, module, fast_path, int(match.group(1))

@@ -172,6 +172,15 @@ class FastPath:
     catches_errors: bool = True
 
 
+def restated_class_mismatch(site: "Site", expected: type, owner: str = "diffusers' ") -> Optional[str]:
+    """Why a fast path that restates ``expected.forward`` cannot mount on ``site`` (its module is another class),
+    or None: a subclass may override the forward the path restates."""
+    if site.original_class is not expected:
+        return (f"{site.original_class.__name__} is not {owner}{expected.__name__}, whose forward this fast path "
+                "restates")
+    return None
+
+
 class FusedOpsPath(FastPath):
     """A fast path that restates a forward around verified fused ops (accelpatch.verify): the ops handle their own
     trouble (a failing or mismatching kernel declines its signature and runs the eager chain), so an exception that

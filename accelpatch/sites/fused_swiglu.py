@@ -14,7 +14,7 @@ import torch
 from ..fused_ops import GLU_GATE
 from ..gate import QualityGatedFusion
 from ..tiers import Tier
-from .base import Dense, FusedOpsPath, Site, bind_call
+from .base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
 
 FUSION = QualityGatedFusion.named("fused_swiglu", Tier.LOSSLESS)
 
@@ -33,8 +33,9 @@ class FusedSwiGLU(FusedOpsPath):
                            for dtype in (torch.float32, torch.float16))
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        if site.original_class is not swiglu_class():
-            return f"{site.original_class.__name__} is not diffusers' SwiGLU, whose forward this fast path restates"
+        mismatch = restated_class_mismatch(site, swiglu_class())
+        if mismatch is not None:
+            return mismatch
         if type(module.activation) is not torch.nn.SiLU:
             return f"its activation is {type(module.activation).__name__}, not the SiLU restated"
         return None

@@ -38,7 +38,7 @@ So the defaults are unmeasured on HunyuanVideo 1.5: ``accelpatch validate``/``tu
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Optional, Union
+from typing import Optional, Union
 
 import torch
 
@@ -170,16 +170,9 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
     cache_methods = ("first_block", "mag")
     cache_block_outputs = (0, 1)  # (video, text), the second stream entering as encoder_hidden_states
 
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        """The block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every
-        ``transformer_blocks.N.attn`` (any backend or none), then the attention sites of ``sol_attn`` (the patcher
-        stacks them above the RoPE fusion by tier)."""
-        for path, module in model.named_modules():
-            for pattern, fast_path in ((_BLOCK, FUSED_BLOCK), (_JOINT, FUSED_ATTENTION)):
-                match = pattern.fullmatch(path)
-                if match is not None:
-                    yield path, module, fast_path, int(match.group(1))
-        yield from super().iter_sites(model, backend_config)
+    #: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every ``transformer_blocks.N.attn``
+    #: (any backend or none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
+    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_JOINT, FUSED_ATTENTION))
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every dual-stream block has one joint ``attn`` (an ``Attention`` with added q/k/v projections and

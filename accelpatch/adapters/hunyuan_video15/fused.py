@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
 from ...gate import QualityGatedFusion
-from ...sites.base import Dense, FusedOpsPath, Site, bind_call
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_block", Tier.LOSSLESS)
@@ -80,10 +80,7 @@ class HunyuanVideo15FusedBlock(FusedOpsPath):
     fused_ops = (MODULATE, GATED_RESIDUAL)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        if site.original_class is not _hy_block_class():
-            return (f"{site.original_class.__name__} is not diffusers' HunyuanVideo15TransformerBlock, whose forward "
-                    "this fast path restates")
-        return None
+        return restated_class_mismatch(site, _hy_block_class())
 
     def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, _CALL)

@@ -143,21 +143,12 @@ class LTX2Adapter(SolAttnAdapter):
     cache_unsupported = ("diffusers' MagCache hooks pass a block's second stream through a skipped step without "
                          "its residual, and LTX-2's second stream is the audio output")
 
-    def iter_sites(self, model: torch.nn.Module, backend_config):
-        """The block fusion on every ``transformer_blocks.N`` (any backend or none); with ``sol_attn`` the shared
-        adapter's attention sites, with a third kind: the audio self-attention, dense with its own reason."""
-        for path, module in model.named_modules():
-            match = _BLOCK.fullmatch(path)
-            if match is not None:
-                yield path, module, FUSED_BLOCK, int(match.group(1))
-        if backend_config is None:
-            return
-        table = ((_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH))
-        for path, module in model.named_modules():
-            for pattern, fast_path in table:
-                match = pattern.fullmatch(path)
-                if match is not None:
-                    yield path, module, fast_path, int(match.group(1))
+    #: the block fusion on every ``transformer_blocks.N`` (any backend or none)
+    lossless_sites = ((_BLOCK, FUSED_BLOCK),)
+
+    def backend_sites(self) -> tuple:
+        """The shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
+        return (_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH)
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has its six attentions as ``LTX2Attention``; the video self-attention ``attn1`` is a

@@ -29,7 +29,7 @@ import torch
 
 from ...fused_ops import GATED_RESIDUAL, MODULATE
 from ...gate import QualityGatedFusion
-from ...sites.base import FusedOpsPath, Site
+from ...sites.base import FusedOpsPath, Site, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("ltx2_fused_block", Tier.LOSSLESS)
@@ -96,10 +96,7 @@ class LTX2FusedBlock(FusedOpsPath):
     fused_ops = (MODULATE, GATED_RESIDUAL)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        if site.original_class is not _ltx2_block_class():
-            return (f"{site.original_class.__name__} is not diffusers' LTX2VideoTransformerBlock, whose forward this "
-                    "fast path restates")
-        return signature_mismatch(site.original_class)
+        return restated_class_mismatch(site, _ltx2_block_class()) or signature_mismatch(site.original_class)
 
     def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind(args, kwargs)

@@ -16,7 +16,7 @@ import torch
 
 from ...fused_ops import GATED_RESIDUAL, MODULATE, ROTATE_HALF_PAIR
 from ...gate import QualityGatedFusion
-from ...sites.base import FusedOpsPath, Site, bind_call
+from ...sites.base import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("minimax_h3_fused_block", Tier.LOSSLESS)
@@ -49,10 +49,7 @@ class MiniMaxH3FusedBlock(FusedOpsPath):
     fused_ops = (MODULATE, GATED_RESIDUAL)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        if site.original_class is not _h3().MiniMaxH3TransformerBlock:
-            return (f"{site.original_class.__name__} is not diffusers' MiniMaxH3TransformerBlock, whose forward "
-                    "this fast path restates")
-        return None
+        return restated_class_mismatch(site, _h3().MiniMaxH3TransformerBlock)
 
     def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "temb", "adaln_indices", "rotary_emb", "attention_mask"))

@@ -17,7 +17,7 @@ import torch
 
 from ...fused_ops import GATED_RESIDUAL, GLU_GATE, MODULATE, SILU
 from ...gate import QualityGatedFusion
-from ...sites.base import Dense, FusedOpsPath, Site, bind_call
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("sana_video_fused_block", Tier.LOSSLESS)
@@ -34,9 +34,7 @@ def _diffusers_class(name: str) -> type:
 
 
 def _class_mismatch(site: Site, name: str) -> Optional[str]:
-    if site.original_class is not _diffusers_class(name):
-        return f"{site.original_class.__name__} is not diffusers' {name}, whose forward this fast path restates"
-    return None
+    return restated_class_mismatch(site, _diffusers_class(name))
 
 
 class SanaVideoFusedBlock(FusedOpsPath):

@@ -17,7 +17,7 @@ import torch
 
 from ...fused_ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR, SIGMOID_GATE
 from ...gate import QualityGatedFusion
-from ...sites.base import FusedOpsPath, Site, bind_call
+from ...sites.base import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("sana_video2_fused_block", Tier.LOSSLESS)
@@ -63,8 +63,9 @@ class SanaVideo2FusedBlock(FusedOpsPath):
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         from ...modeling.sana_video2.transformer import SanaVideo2Block, SwiGLU
 
-        if site.original_class is not SanaVideo2Block:
-            return f"{site.original_class.__name__} is not SanaVideo2Block, whose forward this fast path restates"
+        mismatch = restated_class_mismatch(site, SanaVideo2Block, owner="")
+        if mismatch is not None:
+            return mismatch
         if type(module.mlp) is not SwiGLU:
             return f"its mlp is {type(module.mlp).__name__}, not the SwiGLU restated"
         return None

@@ -25,7 +25,7 @@ So the defaults are unmeasured on Wan: ``accelpatch validate``/``tune`` (and the
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -93,16 +93,9 @@ class WanAdapter(SolAttnAdapter):
     sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
     cache_blocks = "blocks"
     cache_methods = ("first_block", "mag")
-
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        """The block fusion on every ``blocks.N`` and the RoPE fusion on every ``blocks.N.attn1`` (any backend or
-        none), then the attention sites of ``sol_attn`` (the patcher stacks them above the RoPE fusion by tier)."""
-        for path, module in model.named_modules():
-            for pattern, fast_path in ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION)):
-                match = pattern.fullmatch(path)
-                if match is not None:
-                    yield path, module, fast_path, int(match.group(1))
-        yield from super().iter_sites(model, backend_config)
+    #: the block fusion on every ``blocks.N`` and the RoPE fusion on every ``blocks.N.attn1`` (any backend or
+    #: none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
+    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has a self-attention ``attn1`` (no added image k/v) and a cross-attention ``attn2``, both

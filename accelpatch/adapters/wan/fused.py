@@ -28,7 +28,7 @@ import torch
 
 from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR
 from ...gate import QualityGatedFusion
-from ...sites.base import Dense, FusedOpsPath, Site, bind_call
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("wan_fused_block", Tier.LOSSLESS)
@@ -65,10 +65,7 @@ class WanFusedBlock(FusedOpsPath):
     fused_ops = (MODULATE, GATED_RESIDUAL)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        if site.original_class is not _wan_block_class():
-            return (f"{site.original_class.__name__} is not diffusers' WanTransformerBlock, whose forward this fast "
-                    "path restates")
-        return None
+        return restated_class_mismatch(site, _wan_block_class())
 
     def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "temb", "rotary_emb"))
