@@ -46,11 +46,14 @@ _UNKNOWN = StepReading(None, UNKNOWN)
 
 @dataclass(frozen=True, eq=False)
 class StepPhase:
-    """Where a step stands against ``domain``, the step thresholds of the policies in this process: ``below`` holds
-    those it is below. Interned (:func:`phase_of`): one object per distinct answer."""
+    """Where a step stands against ``domain``, the step thresholds of the policies in this process: ``before`` maps
+    each of them to whether the step is below it. Interned (:func:`phase_of`): one object per distinct answer.
+
+    A policy reads one threshold's entry, so compiled code guards on that entry alone (and on the domain): steps
+    on the same side of *its* threshold share a graph, whatever other policies in the process registered."""
 
     known: bool
-    below: frozenset
+    before: dict
     domain: frozenset
 
 
@@ -73,7 +76,8 @@ def phase_of(step: Optional[int]) -> StepPhase:
     phase = _PHASES.get(key)
     if phase is None:
         with _PHASES_LOCK:
-            phase = _PHASES.setdefault(key, StepPhase(step is not None, below, domain))
+            before = {t: t in below for t in sorted(domain)}
+            phase = _PHASES.setdefault(key, StepPhase(step is not None, before, domain))
     return phase
 
 
@@ -119,7 +123,7 @@ def step_before(threshold: int) -> Optional[bool]:
         return None if step is None else step < threshold
     if not phase.known:
         return None
-    return threshold in phase.below
+    return phase.before[threshold]
 
 
 def current_step() -> StepReading:

@@ -136,7 +136,13 @@ def test_threads_and_tasks_share_one_compiled_model_with_their_own_tiers():
             assert torch.equal(out, alone[tier])
 
 
-def test_a_multi_step_run_of_compiled_blocks_compiles_a_few_graphs_and_keeps_counting():
+@pytest.mark.parametrize("other_models_dense_steps", [(), (1, 3, 4, 5)])
+def test_a_multi_step_run_of_compiled_blocks_compiles_a_few_graphs_and_keeps_counting(other_models_dense_steps):
+    """Also with other models in the process whose dense_steps differ: step thresholds are process-wide, and once
+    each one split this model's steps into another graph (8 graphs here, seen only when the suite's earlier files
+    had applied such models in the same process)."""
+    for dense_steps in other_models_dense_steps:
+        accelpatch.apply(tiny_minimax_h3_transformer(), backend="sol_attn", dense_steps=dense_steps)
     model, _, _, _ = _h3_sol_attn()
     accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="0", tau=3.0)
     for block in model.transformer_blocks:
