@@ -265,13 +265,20 @@ def test_sana_video2_per_frame_timesteps(two):
 def test_minimax_h3_transformer_is_bitwise_the_batched_call(two):
     from accelpatch import testing as T
 
+    from accelpatch.parallel.cfg import SHARED_ARGUMENTS
+
     model = T.tiny_minimax_h3_transformer()
+    inputs = T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40)
     with torch.no_grad():
-        batched = model(**T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40))
+        batched = model(**inputs)
         alone = model(**T.minimax_h3_transformer_inputs(model, batch_size=1, num_video=40))
+        per_branch = _per_branch(model, SHARED_ARGUMENTS[type(model).__name__])(**inputs)
     for rank in two:
-        for got, want in zip(rank["minimax"].to_tuple(), batched.to_tuple()):
+        # bit for bit what one process computes branch by branch; the batched call rounds alike only where the
+        # CPU's kernels do not block by batch size (AVX2 machines: equal; AVX-512: SDPA differs by ~3e-7)
+        for got, want, whole in zip(rank["minimax"].to_tuple(), per_branch, batched.to_tuple()):
             assert _same_tensor(got, want)
+            _close(got, whole)
         for got, want in zip(rank["minimax_degree1"].to_tuple(), batched.to_tuple()):
             assert _same_tensor(got, want)
         for got, want in zip(rank["minimax_batch1"].to_tuple(), alone.to_tuple()):
@@ -295,7 +302,8 @@ def test_minimax_h3_shares_its_timestep_across_the_batch():
     with torch.no_grad():
         batched = model(**inputs).to_tuple()
         split = _per_branch(model, shared)(**inputs)
-    assert all(_same_tensor(a, b) for a, b in zip(split, batched))
+    for a, b in zip(split, batched):  # within rounding: a row with the other row's noise level is off by ~1e-2
+        _close(a, b)
 
 
 def test_the_checks_catch_a_perturbed_reference():
