@@ -3,9 +3,12 @@ block): its lossless block fusion, and the ``sol_attn`` backend.
 
 At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
 of :mod:`.fused` (both streams' AdaLN modulations, the a2v/v2a modulations, LTX-2.3's cross-attention AdaLN and
-every gated residual add as verified fused ops); the attention sites below are the same with or without it.
+every gated residual add as verified fused ops), and ``transformer_blocks.N.attn1`` the video self-attention with
+its interleaved q/k RoPE as one verified fused op (split-RoPE calls, LTX-2.3's default, run the processor,
+counted); the attention sites below are the same with or without the block fusion.
 With ``sol_attn``, ``transformer_blocks.N.attn1`` (self-attention over the video tokens, LTX-2's RoPE applied to
-q and k) carry the Sol-Attn sparse path (``high``). Every other attention of a block is a site that always stays
+q and k) also carry the Sol-Attn sparse path (``high``, above the RoPE fusion, its q/k/v from the same projection
+function with diffusers' RoPE functions). Every other attention of a block is a site that always stays
 dense, counted with its reason: ``audio_attn1`` (audio self-attention: never measured sparse; short, 25 latents
 a second, and head dim 64 in the release where the upstream kernels take 128),
 ``attn2``/``audio_attn2`` (text cross-attention) and ``audio_to_video_attn``/``video_to_audio_attn`` (the a2v/v2a
@@ -42,7 +45,7 @@ from ...sites.base import Decline, Dense, Site, bind_call
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
-from .fused import FUSED_BLOCK
+from .fused import FUSED_ATTENTION, FUSED_BLOCK, gate_and_project_out, processor_mismatch, project_qkv
 
 SOL_FUSION = QualityGatedFusion.named("ltx2_sol_attn", Tier.HIGH)
 DENSE_FUSION = QualityGatedFusion.named("ltx2_dense_attention", Tier.HIGH)
@@ -78,25 +81,19 @@ class LTX2SolAttention(DispatchSelfAttention):
         return _ltx2().LTX2AudioVideoAttnProcessor
 
     def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
-        ltx2 = _ltx2()
-        processor = type(getattr(module, "processor", None))
-        if processor in (ltx2.LTX2AudioVideoAttnProcessor, ltx2.LTX2PerturbedAttnProcessor):
-            return None
-        return f"processor is {processor.__name__}, expected LTX2AudioVideoAttnProcessor or LTX2PerturbedAttnProcessor"
+        return processor_mismatch(module)
 
     def project(self, attn, call):
+        """The fused attention's :func:`~.fused.project_qkv` with diffusers' own RoPE functions (interleaved or
+        split, as ``attn.rope_type`` says; none for another type, as in the processor)."""
         ltx2 = _ltx2()
-        hidden = call["hidden_states"]
-        query, key, value = attn.to_q(hidden), attn.to_k(hidden), attn.to_v(hidden)
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        q_rope = call["query_rotary_emb"]
-        if q_rope is not None:
-            k_rope = call["key_rotary_emb"] if call["key_rotary_emb"] is not None else q_rope
-            rotate = {"interleaved": ltx2.apply_interleaved_rotary_emb,
-                      "split": ltx2.apply_split_rotary_emb}.get(attn.rope_type)
-            if rotate is not None:  # the processor applies no RoPE for another rope_type either
-                query, key = rotate(query, q_rope), rotate(key, k_rope)
-        return tuple(x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        rotate = {"interleaved": ltx2.apply_interleaved_rotary_emb,
+                  "split": ltx2.apply_split_rotary_emb}.get(attn.rope_type)
+
+        def rope(query, key, q_tables, k_tables):
+            return (rotate(query, q_tables), rotate(key, k_tables)) if rotate is not None else (query, key)
+
+        return project_qkv(attn, call["hidden_states"], call["query_rotary_emb"], call["key_rotary_emb"], rope)
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         """An STG-perturbed call (LTX-2.3's guidance, chosen by the caller) is dense by policy, not a failure: it
@@ -117,9 +114,7 @@ class LTX2SolAttention(DispatchSelfAttention):
         query = sparse.query
 
         def gated_finish(out: torch.Tensor) -> torch.Tensor:  # LTX-2.3's per-head gates, as the processor does
-            out = out.flatten(2, 3).to(query.dtype).unflatten(2, (attn.heads, -1))
-            out = (out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)).flatten(2, 3)
-            return attn.to_out[1](attn.to_out[0](out))
+            return gate_and_project_out(attn, out.flatten(2, 3).to(query.dtype), gate_logits)
 
         sparse.finish = gated_finish
         return sparse
@@ -143,8 +138,9 @@ class LTX2Adapter(SolAttnAdapter):
     cache_unsupported = ("diffusers' MagCache hooks pass a block's second stream through a skipped step without "
                          "its residual, and LTX-2's second stream is the audio output")
 
-    #: the block fusion on every ``transformer_blocks.N`` (any backend or none)
-    lossless_sites = ((_BLOCK, FUSED_BLOCK),)
+    #: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every ``transformer_blocks.N.attn1``
+    #: (any backend or none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
+    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
 
     def backend_sites(self) -> tuple:
         """The shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""

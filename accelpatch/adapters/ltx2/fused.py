@@ -14,25 +14,32 @@ it. The rows are [B, 1, C] (one timestep per sample) or [B, N, C] (per-token tim
   roundings).
 
 The norms, the six attentions (so their sites, Sol-Attn's among them, stay below this one), the feed-forwards and
-the plain residual adds stay diffusers' own. The RoPE inside the attentions is not fused yet: its interleaved form
-(``apply_interleaved_rotary_emb``, float32 products on [B, S, C] tables with a batch dim) is the chain of
-:data:`~accelpatch.fused_ops.ROPE_PAIR_PER_CHANNEL` on the [B, S, 1, C] views (tests/ops/
-test_fused_cpu_rope_pair_per_channel.py checks it bit for bit), which a restated ``attn1`` could call; the split
-form (``addcmul_``) has no shared op.
+the plain residual adds stay diffusers' own.
+
+``transformer_blocks.N.attn1`` (the video self-attention) carries a second fusion: ``LTX2AudioVideoAttnProcessor``
+(and ``LTX2PerturbedAttnProcessor`` outside STG blocks, with LTX-2.3's per-head gates) restated for self-attention
+calls with interleaved RoPE, the RoPE of q and k (``apply_interleaved_rotary_emb``: float32 products on [B, S, C]
+tables) as one verified op, :data:`~accelpatch.fused_ops.ROPE_PAIR_PER_CHANNEL`, on the [B, S, 1, C] views (tests/
+ops/test_fused_cpu_rope_pair_per_channel.py checks that chain against diffusers' bit for bit). The projections, the
+RMSNorms, the dispatcher, the gates and ``to_out`` stay diffusers'; the Sol-Attn path (``high``, stacked above it)
+builds its q/k/v with the same :func:`project_qkv` and diffusers' RoPE functions. The split RoPE (LTX-2.3's
+default, ``addcmul_`` on [B, H, T, D/2] tables) has no shared op: such calls run the processor, counted, as do
+masked, STG-perturbed and cross-attention calls.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-from ...fused_ops import GATED_RESIDUAL, MODULATE
+from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
 from ...gate import QualityGatedFusion
-from ...sites.base import FusedOpsPath, Site, restated_class_mismatch
+from ...sites.base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("ltx2_fused_block", Tier.LOSSLESS)
+ATTENTION_FUSION = QualityGatedFusion.named("ltx2_fused_attention", Tier.LOSSLESS)
 
 #: ``LTX2VideoTransformerBlock.forward``'s parameters (diffusers 0.42.1) and the defaults that are not None; a
 #: block whose forward takes others is refused at apply (its restatement would not be this one)
@@ -215,3 +222,147 @@ class LTX2FusedBlock(FusedOpsPath):
 
 
 FUSED_BLOCK = LTX2FusedBlock()
+
+
+# ---- the video self-attention (attn1) with its interleaved q/k RoPE fused ------------------------------------------
+
+#: ``LTX2Attention.forward``'s named parameters, which it hands the processor positionally
+ATTENTION_CALL = ("hidden_states", "encoder_hidden_states", "attention_mask", "query_rotary_emb", "key_rotary_emb")
+#: the keyword arguments ``LTX2PerturbedAttnProcessor`` takes beyond them
+PERTURBED_CALL = ("perturbation_mask", "all_perturbed")
+
+NOT_SELF = "encoder_hidden_states given: a cross-attention call (diffusers' processor runs it)"
+SPLIT_ROPE = ("rope_type 'split' (LTX-2.3's default): its RoPE (addcmul_ on [B, H, T, D/2] tables) is not fused, "
+              "diffusers' processor runs the call")
+OTHER_ROPE = "rope_type is neither 'interleaved' nor 'split': the processor applies no RoPE and runs the call"
+NO_ROPE = "no query_rotary_emb: no RoPE to fuse (diffusers' processor runs the call)"
+NOT_TABLES = ("the rotary tables are not one (cos, sin) pair of [B, S, C] tensors for q and k (or key_rotary_emb is "
+              "another pair): diffusers' processor runs the call")
+MASKED = "an attention_mask was given (video_self_attention_mask): diffusers' processor runs the call"
+PERTURBED = ("an STG perturbation_mask or all_perturbed was given (spatio_temporal_guidance_blocks): diffusers' "
+             "processor runs the call")
+UNUSUAL = ("arguments the restated processor does not take (extra positional ones, or keywords its processor "
+           "lacks): diffusers' LTX2Attention.forward runs the call")
+SWAPPED = "the processor is no longer the LTX-2 processor this path restates (set after apply): it runs the call"
+
+
+def _ltx2():
+    from diffusers.models.transformers import transformer_ltx2
+
+    return transformer_ltx2
+
+
+def _processors() -> tuple[type, type]:
+    ltx2 = _ltx2()
+    return ltx2.LTX2AudioVideoAttnProcessor, ltx2.LTX2PerturbedAttnProcessor
+
+
+def processor_mismatch(module: torch.nn.Module) -> Optional[str]:
+    """Why ``module``'s processor is neither of diffusers' LTX-2 processors (None when it is one)."""
+    processor = type(getattr(module, "processor", None))
+    if processor in _processors():
+        return None
+    return f"processor is {processor.__name__}, expected LTX2AudioVideoAttnProcessor or LTX2PerturbedAttnProcessor"
+
+
+def project_qkv(attn: torch.nn.Module, hidden_states: torch.Tensor, query_rotary_emb, key_rotary_emb,
+                rope: Callable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [B, S, H, D] of a self-attention call exactly as LTX-2's processors hand them to the dispatcher:
+    the projections, the RMSNorms across heads, ``rope(query, key, q_tables, k_tables)`` when there are tables
+    (the key's default to the query's), then the heads unflattened. The Sol-Attn path passes diffusers' RoPE
+    functions, the fused attention ROPE_PAIR_PER_CHANNEL."""
+    query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+    query, key = attn.norm_q(query), attn.norm_k(key)
+    if query_rotary_emb is not None:
+        query, key = rope(query, key, query_rotary_emb,
+                          key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
+    return tuple(x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+
+
+def _fused_rope(site: Site) -> Callable:
+    """The interleaved RoPE of [B, S, C] q and k with one [B, S, C] table pair, as ROPE_PAIR_PER_CHANNEL on the
+    [B, S, 1, C] views (diffusers' ``apply_interleaved_rotary_emb`` on each, bit for bit). ``k_tables`` is
+    ``q_tables`` here: the fused attention takes no call with a key pair of its own."""
+    def rope(query, key, q_tables, k_tables):
+        cos, sin = q_tables
+        query, key = ROPE_PAIR_PER_CHANNEL(site, query[:, :, None], key[:, :, None], cos[:, :, None],
+                                           sin[:, :, None])
+        return query.squeeze(2), key.squeeze(2)
+
+    return rope
+
+
+def _one_table_pair(call: dict) -> bool:
+    """One (cos, sin) pair of 3-D tensors for q and k: the key's absent or the very same pair."""
+    tables, key_tables = call["query_rotary_emb"], call["key_rotary_emb"]
+    return (isinstance(tables, (tuple, list)) and len(tables) == 2
+            and all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in tables)
+            and (key_tables is None or key_tables is tables))
+
+
+def gate_and_project_out(attn: torch.nn.Module, hidden_states: torch.Tensor, gate_logits) -> torch.Tensor:
+    """The processors' tail after the dispatcher's flattened output: LTX-2.3's per-head gates
+    ``2 * sigmoid(logits)`` where the module has them, then ``to_out``."""
+    if gate_logits is not None:
+        hidden_states = hidden_states.unflatten(2, (attn.heads, -1))
+        hidden_states = (hidden_states * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)).flatten(2, 3)
+    return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+class LTX2FusedAttention(FusedOpsPath):
+    """LTX-2's processors on a plain video self-attention call, the interleaved q/k RoPE as
+    ROPE_PAIR_PER_CHANNEL; every other call runs diffusers' processor, counted with its reason."""
+
+    fusion = ATTENTION_FUSION
+    description = "video self-attention with the q/k interleaved RoPE fused (bit-exact)"
+    fused_ops = (ROPE_PAIR_PER_CHANNEL,)
+    policy_reasons = (NOT_SELF, SPLIT_ROPE, OTHER_ROPE, NO_ROPE, NOT_TABLES, MASKED, PERTURBED, UNUSUAL, SWAPPED)
+
+    def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
+        return processor_mismatch(module)
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        """diffusers' ``LTX2Attention`` (its forward, which hands the processor its arguments, is restated too)
+        with one of diffusers' LTX-2 processors."""
+        return restated_class_mismatch(site, _ltx2().LTX2Attention) or super().mount_reject_reason(module, site)
+
+    def unfused_reason(self, attn: torch.nn.Module, args: tuple, call: dict) -> Optional[str]:
+        """Why this call runs diffusers' processor (None when the restatement takes it)."""
+        processor = type(attn.processor)
+        if processor not in _processors():
+            return SWAPPED
+        takes = ATTENTION_CALL + (PERTURBED_CALL if processor is _processors()[1] else ())
+        if len(args) > len(ATTENTION_CALL) or any(name not in takes for name in call):
+            return UNUSUAL
+        perturbed = call.get("all_perturbed")  # by identity: a tensor here is STG's, compared by no value
+        if call.get("perturbation_mask") is not None or (perturbed is not None and perturbed is not False):
+            return PERTURBED
+        if call["encoder_hidden_states"] is not None:
+            return NOT_SELF
+        if call["attention_mask"] is not None:
+            return MASKED
+        if attn.rope_type != "interleaved":
+            return SPLIT_ROPE if attn.rope_type == "split" else OTHER_ROPE
+        if call["query_rotary_emb"] is None:
+            return NO_ROPE
+        if not _one_table_pair(call):
+            return NOT_TABLES
+        return None
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ATTENTION_CALL)
+        reason = self.unfused_reason(attn, args, call)
+        if reason is not None:
+            return Dense(reason)
+        hidden_states = call["hidden_states"]
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        query, key, value = project_qkv(attn, hidden_states, call["query_rotary_emb"], None, _fused_rope(site))
+        processor = attn.processor
+        hidden_states = _ltx2().dispatch_attention_fn(
+            query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+            backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        return gate_and_project_out(attn, hidden_states, gate_logits)
+
+
+FUSED_ATTENTION = LTX2FusedAttention()
