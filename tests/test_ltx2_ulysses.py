@@ -1,7 +1,8 @@
 """LTX-2 with backend="sol_attn" under diffusers' own context parallelism (its ``_cp_plan``, Ulysses over 2 gloo
 processes): exact is the split model's own output, high runs Sol-Attn on every rank and gives the one-process
-sparse output. (Ring attention declines for every model alike, tests/test_context_parallel.py; on CPU diffusers'
-ring attention cannot run at all: its native backend returns no LSE.)
+sparse output, lossless (the fused RoPE of the video self-attention) keeps the split model's bits. (Ring attention
+declines for every model alike, tests/test_context_parallel.py; on CPU diffusers' ring attention cannot run at all:
+its native backend returns no LSE.)
 
 diffusers 0.42.1's LTX-2 ``_cp_plan`` runs only with ``isolate_modalities=True`` and no text mask: it splits the
 video but not the cross-modal RoPE tables (the audio-to-video attention then fails, 512 rows against 1,024), a
@@ -49,8 +50,12 @@ SCRIPT = START + textwrap.dedent("""
             with accelpatch.quality("exact"):
                 out["exact"] = forward()
             out["high"] = forward()
+            with accelpatch.quality("lossless"):
+                out["lossless"] = forward()
         report = accelpatch.report(model)
         out["sites"] = {s.path: (s.fast_calls, s.reference_calls) for s in report.sites if s.kind == "ltx2_sol_attn"}
+        out["fused_attention"] = {s.path: (s.fast_calls, s.reference_calls) for s in report.sites
+                                  if s.kind == "ltx2_fused_attention"}
         out["fallbacks"] = report.fallback_calls
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
@@ -93,6 +98,17 @@ def test_ulysses_runs_sol_attn_on_every_rank_and_equals_one_process(ranks, one_p
         torch.testing.assert_close(video, one_process[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(audio, one_process[1], atol=1e-5, rtol=1e-5)
         assert not torch.allclose(video, out["unpatched"][0], atol=1e-4, rtol=1e-4)  # the sparse path changed it
-        assert out["sites"] == {f"transformer_blocks.{i}.attn1": (1, {"tier exact does not admit high": 1})
+        assert out["sites"] == {f"transformer_blocks.{i}.attn1": (1, {"tier exact does not admit high": 1,
+                                                                      "tier lossless does not admit high": 1})
                                 for i in (0, 1)}
+
+
+def test_ulysses_lossless_fuses_the_rope_and_keeps_the_split_models_bits(ranks):
+    """Under the split the fused video self-attention (its RoPE on each rank's sequence shard, the dispatcher with
+    the processor's parallel config) gives the split model's own bits."""
+    for out in ranks:
+        for got, unpatched in zip(out["lossless"], out["unpatched"], strict=True):
+            assert got.dtype == unpatched.dtype and torch.equal(got.view(torch.int32), unpatched.view(torch.int32))
+        once_exact = {"tier exact does not admit lossless": 1}
+        assert out["fused_attention"] == {f"transformer_blocks.{i}.attn1": (1, once_exact) for i in (0, 1)}
 
