@@ -20,7 +20,8 @@ SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
 def test_the_promised_recipes_ship_and_load():
     names = {p.stem for p in SHIPPED}
     assert {"sana-video-480p-high", "sana-video2-720p-high", "sana-video2-720p-middle", "minimax-h3-sol-attn",
-            "tiny-sana-video", "tiny-sana-video2", "tiny-minimax-h3-sol-attn"} <= names
+            "tiny-sana-video", "tiny-sana-video2", "tiny-minimax-h3-sol-attn", "wan2.1-t2v-sol-attn",
+            "wan2.1-t2v-1.3b-sol-attn"} <= names
     for path in SHIPPED:
         recipe = load_recipe(path)
         assert recipe.name == path.stem and recipe.description

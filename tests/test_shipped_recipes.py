@@ -15,6 +15,7 @@ import torch
 
 from accelpatch import testing
 from accelpatch.recipes import SHIPPED_RECIPES, load_recipe
+from accelpatch.testing.wan import WAN_1_3B_CONFIG
 from accelpatch.tools.preflight import check_candidates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +110,7 @@ RELEASE_MODELS = {
     "./sana-video2-5b-720p": lambda: testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG),
     "MiniMaxAI/MiniMax-H3": _minimax_h3_release,
     "Wan-AI/Wan2.1-T2V-14B-Diffusers": testing.wan_transformer_on_meta,  # diffusers' defaults: 14B
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": lambda: testing.wan_transformer_on_meta(WAN_1_3B_CONFIG),
 }
 
 
