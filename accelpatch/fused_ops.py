@@ -39,3 +39,7 @@ ROPE_PAIR_PER_CHANNEL = register(FusedOp(
     "rope_pair_per_channel", reference.rope_pair_per_channel,
     "interleaved RoPE of query and key in one pass, each channel its own cos/sin entry, float32 products "
     "(HunyuanVideo 1.5's joint attention, LTX-2's interleaved RoPE)"))
+SPLIT_ROPE_PAIR = register(FusedOp(
+    "rope_split_pair", reference.rope_split_pair,
+    "split (rotate-half) RoPE of query and key in one pass, one float32 table entry per pair for both halves, "
+    "float32 chain (LTX-2.3's default rope_type)"))

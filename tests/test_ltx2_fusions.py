@@ -1,8 +1,8 @@
 """LTX-2's lossless fusions (accelpatch/adapters/ltx2/fused.py: the block's AdaLN chains and gated residual adds, the
-video self-attention's interleaved q/k RoPE as rope_pair_per_channel): the default tier is bit-identical to unpatched
-diffusers on both outputs (video and audio) in fp32 and bf16, batch 1 and 2, with the text and self-attention masks,
-per-token timestep rows and LTX-2.3's layout (cross-attention AdaLN, gates, the STG processor; its split RoPE runs
-the processor, counted, and the same layout with interleaved RoPE fuses), with the real fused kernels running and
+video self-attention's q/k RoPE as rope_pair_per_channel (interleaved) or rope_split_pair (split)): the default tier
+is bit-identical to unpatched diffusers on both outputs (video and audio) in fp32 and bf16, batch 1 and 2, with the
+text and self-attention masks, per-token timestep rows and LTX-2.3's layout (cross-attention AdaLN, gates, the STG
+processor, its split RoPE; and the same layout with interleaved RoPE), with the real fused kernels running and
 nothing declined; every call the fused attention leaves to diffusers is counted with its reason; a deliberately
 wrong kernel is declined on first sight and never run again; ``exact`` never fuses; ``remove()`` restores; with
 ``sol_attn`` the fusions sit below the attention sites and ``high`` runs them; the first-block step cache reuses
@@ -28,7 +28,9 @@ from accelpatch.testing import LTX2_3_TINY_CONFIG, ltx2_transformer_inputs, tiny
 from _step_cache_streams import COMPUTED, STEPS, all_bits_equal, apply_cache, reused_reference, run_steps
 
 ROPE = "rope_pair_per_channel"
-OPS = ("modulate", "gated_residual", ROPE)
+SPLIT = "rope_split_pair"
+RoPES = (ROPE, SPLIT)
+OPS = ("modulate", "gated_residual", ROPE, SPLIT)
 #: the tiny models: LTX-2 (interleaved RoPE), LTX-2.3 as its tiny config has it (gates, prompt modulation, the STG
 #: processor, split RoPE) and the same LTX-2.3 layout with interleaved RoPE, so that its gates and processor fuse
 CONFIGS = {"ltx2": None, "ltx2.3": LTX2_3_TINY_CONFIG,
@@ -36,10 +38,10 @@ CONFIGS = {"ltx2": None, "ltx2.3": LTX2_3_TINY_CONFIG,
 #: fused chains per block call, counted in diffusers' LTX2VideoTransformerBlock.forward: modulations (self-attention
 #: x2 streams, a2v and v2a q/k x4, feed-forward x2; LTX-2.3 adds the text queries x2 and the prompt k/v x2), gated
 #: residual adds (self-attention x2, a2v/v2a x2, feed-forward x2; LTX-2.3 adds the text cross-attention gates x2) and
-#: the RoPE of the video self-attention's q and k (the interleaved layouts; the split one runs the processor)
-PER_BLOCK = {"ltx2": {"modulate": 8, "gated_residual": 6, ROPE: 1},
-             "ltx2.3": {"modulate": 12, "gated_residual": 8, ROPE: 0},
-             "ltx2.3-interleaved": {"modulate": 12, "gated_residual": 8, ROPE: 1}}
+#: the RoPE of the video self-attention's q and k (one call of the layout's RoPE op: interleaved or split)
+PER_BLOCK = {"ltx2": {"modulate": 8, "gated_residual": 6, ROPE: 1, SPLIT: 0},
+             "ltx2.3": {"modulate": 12, "gated_residual": 8, ROPE: 0, SPLIT: 1},
+             "ltx2.3-interleaved": {"modulate": 12, "gated_residual": 8, ROPE: 1, SPLIT: 0}}
 VIDEO_TOKENS = 2 * 8 * 8
 
 
@@ -69,7 +71,7 @@ def _attention_reason(layout, options):
     """Why the case's video self-attention runs diffusers' processor (None: it fuses)."""
     if options.get("masks") if options.get("self_mask") is None else options["self_mask"]:
         return ltx2_fused.MASKED
-    return ltx2_fused.SPLIT_ROPE if layout == "ltx2.3" else None
+    return None
 
 
 def _forward(model, inputs):
@@ -122,25 +124,31 @@ def test_default_tier_is_bit_identical_on_both_streams_with_the_real_kernels_fus
         rows = {sig.split()[2].split("/")[0] for sig, _ in fusion.verified}  # the scale/gate rows' shapes
         video_rows = f"{name}[{batch},{VIDEO_TOKENS if options.get('per_token') else 1},256]"
         assert rows == {video_rows, f"{name}[{batch},1,64]"}, rows  # the audio timestep is one per sample
-    rope = fusion_of(report, ROPE)  # 2 forwards x 2 blocks: q and k as [B, S, 1, C] views, float32 [B, S, 1, C] tables
-    assert rope.sites == 2 and not rope.declined, rope
-    if reason:
-        assert rope.fused_calls == 0 and not rope.verified and not rope.reference_calls, rope
-    else:
+    # 2 forwards x 2 blocks of the layout's RoPE op: interleaved, q and k as [B, S, 1, C] views with float32
+    # [B, S, 1, C] tables; split, q and k [B, S, C] with float32 [B, H, S, D/2] tables (2 heads of 128)
+    used = SPLIT if PER_BLOCK[layout][SPLIT] else ROPE
+    for op in RoPES:
+        rope = fusion_of(report, op)
+        assert rope.sites == 2 and not rope.declined, rope
+        if reason or op != used:
+            assert rope.fused_calls == 0 and not rope.verified and not rope.reference_calls, rope
+            continue
         assert rope.fused_calls == 4 and len(rope.verified) == 1, rope
         fields = rope.verified[0][0].split()
-        assert fields[1].startswith(f"{name}[{batch},{VIDEO_TOKENS},1,256]/"), fields  # a view of to_q's output
-        assert fields[3].startswith(f"float32[{batch},{VIDEO_TOKENS},1,256]/"), fields
+        x, table = ((f"[{batch},{VIDEO_TOKENS},256]", f"[{batch},2,{VIDEO_TOKENS},64]") if op == SPLIT
+                    else (f"[{batch},{VIDEO_TOKENS},1,256]", f"[{batch},{VIDEO_TOKENS},1,256]"))
+        assert fields[1].startswith(f"{name}{x}/"), fields  # to_q's output (a view of it)
+        assert fields[3].startswith(f"float32{table}/"), fields
     accelpatch.remove(model)
     assert not any(SITE_ATTR in m.__dict__ for m in model.modules())
     assert type(model.transformer_blocks[0]).__name__ == "LTX2VideoTransformerBlock"
     assert _both_equal(_forward(model, inputs), reference)
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op):
+@pytest.mark.parametrize("op,layout", [(op, "ltx2") for op in OPS[:3]] + [(SPLIT, "ltx2.3")])
+def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op, layout):
     doubles.WRONG.add(op)
-    model, inputs, reference = _build()
+    model, inputs, reference = _build(layout)
     accelpatch.apply(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -156,11 +164,11 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
     messages = lossless_warnings(record)  # once per reason (they name the element count: one per shape)
     # the block's chains: a video and an audio shape at least; the RoPE: the video self-attention's one signature
     assert len(messages) == len({reason for _, reason, _ in fusion.declined}), messages
-    assert len(messages) == 1 if op == ROPE else len(messages) > 1, messages
+    assert len(messages) == 1 if op in RoPES else len(messages) > 1, messages
     assert all(op in m and "largest difference " in m for m in messages), "\n".join(messages)
-    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 4 * PER_BLOCK["ltx2"][op]
+    assert sum(n for r, n in fusion.reference_calls.items() if r.startswith("declined: ")) == 4 * PER_BLOCK[layout][op]
     for other in set(OPS) - {op}:  # the right ops still run fused
-        assert fusion_of(report, other).fused_calls == 4 * PER_BLOCK["ltx2"][other]
+        assert fusion_of(report, other).fused_calls == 4 * PER_BLOCK[layout][other]
         assert not fusion_of(report, other).declined
     attention = [(s.fast_calls, s.reference_calls) for s in report.sites if s.kind == "ltx2_fused_attention"]
     assert attention == [(2, {})] * 2  # the restated attention ran, its declined RoPE as the reference chain
@@ -195,10 +203,10 @@ def test_with_sol_attn_the_fusions_sit_below_and_high_runs_them(layout, monkeypa
         assert _both_equal(_forward(model, inputs), reference)
     for op in OPS:
         assert fusion_of(accelpatch.report(model), op).fused_calls == 2 * PER_BLOCK[layout][op]
-    fused = 1 if PER_BLOCK[layout][ROPE] else 0
+    fused = 1  # every layout's RoPE fuses (interleaved or split)
     attention = [(s.fast_calls, s.reference_calls) for s in accelpatch.report(model).sites
                  if s.kind == "ltx2_fused_attention"]
-    assert attention == [(fused, {} if fused else {ltx2_fused.SPLIT_ROPE: 1})] * 2, attention
+    assert attention == [(fused, {})] * 2, attention
     sparse = _forward(model, inputs)  # the default tier is high with a backend
     assert not torch.equal(sparse[0], reference[0]) and not torch.equal(sparse[1], reference[1])
     with monkeypatch.context() as patched:
@@ -210,7 +218,7 @@ def test_with_sol_attn_the_fusions_sit_below_and_high_runs_them(layout, monkeypa
     # under high the sparse path took every attn1 call (its own q/k/v): the RoPE fusion ran only under lossless
     assert [s.fast_calls for s in report.sites if s.kind == "ltx2_fused_attention"] == [fused, fused]
     for op in OPS:
-        runs = 2 if op == ROPE else 6
+        runs = 2 if op in RoPES else 6
         assert fusion_of(report, op).fused_calls == runs * PER_BLOCK[layout][op] and not fusion_of(report, op).declined
     assert report.fallback_calls == {}
     accelpatch.remove(model)
@@ -376,6 +384,41 @@ def test_the_fused_attention_is_the_processor_and_counts_every_call_it_leaves(dt
     assert bits_equal(_call(attn, calls[None], calls[None]), expected[None])
     site = next(s for s in accelpatch.report(model).sites if s.path == "transformer_blocks.0.attn1")
     assert site.reference_calls[ltx2_fused.SWAPPED] == 1 and site.fast_calls == 2
+    accelpatch.remove(model)
+
+
+@pytest.mark.parametrize("dtype,table_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16)], ids=["fp32", "bf16", "bf16-tables"])
+def test_the_fused_split_attention_is_the_processor_and_counts_every_call_it_leaves(dtype, table_dtype):
+    """LTX-2.3's attn1 (split RoPE, per-head gates, the STG processor) on batch 2 x 16 tokens: [B, H, T, D/2] tables
+    (swapaxes views, as LTX-2.3's rotary embedding builds them; keyword and positional calls) and [B, T, C/2] ones
+    fuse, bit for bit; the calls it leaves are diffusers', each counted with its reason. By hand: 3 fused calls of
+    rope_split_pair, 2 signatures (the 4-D and the 3-D tables), 5 calls left."""
+    model = tiny_ltx2_transformer(LTX2_3_TINY_CONFIG, dtype=dtype)
+    attn = model.transformer_blocks[0].attn1
+    assert attn.rope_type == "split" and attn.to_gate_logits is not None
+    calls = _attention_calls(attn, dtype, table_dtype)
+    g = torch.Generator().manual_seed(4)
+    split = tuple(torch.randn(2, 16, attn.heads, 64, generator=g).to(table_dtype).transpose(1, 2) for _ in range(2))
+    whole = tuple(torch.randn(2, 16, attn.inner_dim // 2, generator=g).to(table_dtype) for _ in range(2))
+    plain = dict(calls[None], query_rotary_emb=split)
+    calls = {None: plain, "positional": None, "whole-C tables": dict(plain, query_rotary_emb=whole),
+             ltx2_fused.NOT_SELF: dict(calls[ltx2_fused.NOT_SELF], query_rotary_emb=split),
+             ltx2_fused.MASKED: dict(calls[ltx2_fused.MASKED], query_rotary_emb=split),
+             ltx2_fused.NO_ROPE: calls[ltx2_fused.NO_ROPE],
+             ltx2_fused.SPLIT_TABLES: dict(plain, key_rotary_emb=tuple(t.flip(2) for t in split)),
+             ltx2_fused.PERTURBED: dict(plain, perturbation_mask=torch.tensor([1.0, 0.0]).to(dtype)[:, None, None])}
+    expected = {reason: _call(attn, call, calls[None]) for reason, call in calls.items()}
+    accelpatch.apply(model)
+    got = {reason: _call(attn, call, calls[None]) for reason, call in calls.items()}
+    differ = [r for r in calls if not torch.equal(got[r], expected[r])]
+    assert not differ, differ
+    site = next(s for s in accelpatch.report(model).sites if s.path == "transformer_blocks.0.attn1")
+    left = {r: 1 for r in calls if r not in (None, "positional", "whole-C tables")}
+    assert (site.fast_calls, site.reference_calls) == (3, left), site
+    rope = fusion_of(accelpatch.report(model), SPLIT)
+    assert rope.fused_calls == 3 and len(rope.verified) == 2 and not rope.declined, rope
+    assert fusion_of(accelpatch.report(model), ROPE).fused_calls == 0
     accelpatch.remove(model)
 
 

@@ -376,7 +376,8 @@ def test_rotate_half_pair_layouts_and_broadcast_tables():
 
 
 @triton.jit
-def _rotate_half_rounded_once(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s):
+def _rotate_half_rounded_once(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s,
+                              SPLIT: tl.constexpr, FMA: tl.constexpr):
     """Wrong: the two products and their sum in fp32, rounded once."""
     DT: tl.constexpr = OUT.dtype.element_ty
     raw = tl.load(IN + base_in + d * s_in, mask=mask)

@@ -49,6 +49,13 @@ for arch in json.loads(sys.argv[1]):
                               warps=c.options.num_warps, fp_fusion=c.options.enable_fp_fusion,
                               modes=[c.constexpr("RE_MODE"), c.constexpr("IM_MODE")], **usage.__dict__)),
               flush=True)
+for arch in json.loads(sys.argv[1]):
+    for label in aot.SPLIT_CONTRACTED:
+        c = aot.capture_case(arch, label, addcmul_fma=True)
+        usage = triton_aot.inspect(c, spills=True)
+        print(json.dumps(dict(arch=arch, split_contracted=label, kernel=c.name, block=c.constexpr("BLOCK"),
+                              warps=c.options.num_warps, fp_fusion=c.options.enable_fp_fusion,
+                              fma_mode=c.constexpr("FMA"), **usage.__dict__)), flush=True)
 fused = triton_aot.inspect(aot.capture_case(90, sys.argv[2]), enable_fp_fusion=True)
 print(json.dumps(dict(fused=fused.fma)), flush=True)
 '''
@@ -62,11 +69,13 @@ def compiled():
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-4000:]
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    return rows[0], [r for r in rows if "label" in r], rows[-1], [r for r in rows if "contracted" in r]
+    return (rows[0], [r for r in rows if "label" in r], rows[-1], [r for r in rows if "contracted" in r],
+            [r for r in rows if "split_contracted" in r])
 
 
 def _where(r):
-    return f"sm_{r['arch']} {r.get('label') or r['contracted']} ({r['kernel']}, BLOCK={r['block']}, {r['warps']} warps)"
+    label = r.get("label") or r.get("contracted") or r["split_contracted"]
+    return f"sm_{r['arch']} {label} ({r['kernel']}, BLOCK={r['block']}, {r['warps']} warps)"
 
 
 def test_every_kernel_and_case_is_compiled_for_every_target(compiled):
@@ -94,7 +103,7 @@ def test_compiled_numerics_are_eagers(compiled):
 
 
 def test_the_fma_count_sees_default_fusion(compiled):
-    _, _, fused, _ = compiled
+    _, _, fused, *_ = compiled
     assert fused["fused"] > 0, f"{FUSED_CHECK} compiled with enable_fp_fusion=True shows no FMA"
 
 
@@ -102,7 +111,7 @@ def test_a_contracted_complex_multiply_has_only_its_own_fmas(compiled):
     """Where the device's eager complex multiply contracts (complex_mul.FMA_FIRST), the kernel writes those fmas
     out and nothing else is contracted: 2 per pair of each of q and k, each counted once in the PTX (fma.rn.f64) and
     once in the SASS (DFMA); no spills, no .ftz or approximate instruction."""
-    *_, contracted = compiled
+    contracted = compiled[3]
     assert sorted((r["arch"], r["contracted"]) for r in contracted) == sorted(
         (a, label) for a in TARGETS for label in aot.CONTRACTED)
     plain = {(r["arch"], r["label"]): r for r in compiled[1]}
@@ -130,3 +139,20 @@ def test_the_sass_fma_count_reads_operand_reuse_flags():
     """
     assert _fused_multiply_adds("", sass) == 2
     assert _fused_multiply_adds("\tfma.rn.f64 \t%rd64, %rd56, %rd1, %rd61;\n", "") == 1
+
+
+def test_a_contracted_addcmul_has_only_its_own_fmas(compiled):
+    """Where the device's eager addcmul_ contracts (addcmul.FMA, as this CPU's does), the split RoPE writes that fma
+    out and nothing else is contracted: one per element of each of q and k, counted once in the PTX (fma.rn.f32)
+    and once in the SASS (FFMA); the plain case (CUDA's functor: the product rounded first) has none."""
+    split = compiled[4]
+    assert sorted((r["arch"], r["split_contracted"]) for r in split) == sorted(
+        (a, label) for a in TARGETS for label in aot.SPLIT_CONTRACTED)
+    plain = {(r["arch"], r["label"]): r for r in compiled[1]}
+    for r in split:
+        assert r["fma_mode"] is True and r["fp_fusion"] is False, _where(r)
+        per_thread = r["block"] // (32 * r["warps"])
+        assert r["fma"] == 2 * 2 * per_thread, f"{_where(r)}: {r['fma']} fmas"
+        assert (r["ftz"], r["approx"], r["stack"]) == (0, 0, 0), _where(r)
+        assert r["spill_stores"] + r["spill_loads"] <= SPILL_BUDGET, _where(r)
+        assert plain[(r["arch"], r["split_contracted"])]["fma"] == 0, _where(r)

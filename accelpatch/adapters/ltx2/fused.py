@@ -18,13 +18,15 @@ the plain residual adds stay diffusers' own.
 
 ``transformer_blocks.N.attn1`` (the video self-attention) carries a second fusion: ``LTX2AudioVideoAttnProcessor``
 (and ``LTX2PerturbedAttnProcessor`` outside STG blocks, with LTX-2.3's per-head gates) restated for self-attention
-calls with interleaved RoPE, the RoPE of q and k (``apply_interleaved_rotary_emb``: float32 products on [B, S, C]
-tables) as one verified op, :data:`~accelpatch.fused_ops.ROPE_PAIR_PER_CHANNEL`, on the [B, S, 1, C] views (tests/
-ops/test_fused_cpu_rope_pair_per_channel.py checks that chain against diffusers' bit for bit). The projections, the
-RMSNorms, the dispatcher, the gates and ``to_out`` stay diffusers'; the Sol-Attn path (``high``, stacked above it)
-builds its q/k/v with the same :func:`project_qkv` and diffusers' RoPE functions. The split RoPE (LTX-2.3's
-default, ``addcmul_`` on [B, H, T, D/2] tables) has no shared op: such calls run the processor, counted, as do
-masked, STG-perturbed and cross-attention calls.
+calls, the RoPE of q and k as one verified op: interleaved (``apply_interleaved_rotary_emb``: float32 products on
+[B, S, C] tables) as :data:`~accelpatch.fused_ops.ROPE_PAIR_PER_CHANNEL` on the [B, S, 1, C] views; split (LTX-2.3's
+default, ``apply_split_rotary_emb``: float32 ``addcmul_`` on [B, H, T, D/2] tables) as
+:data:`~accelpatch.fused_ops.SPLIT_ROPE_PAIR` on the [B, S, C] q and k themselves (tests/ops/
+test_fused_cpu_rope_pair_per_channel.py and test_fused_cpu_rope_split_pair.py check both chains against diffusers'
+bit for bit). The projections, the RMSNorms, the dispatcher, the gates and ``to_out`` stay diffusers'; the Sol-Attn
+path (``high``, stacked above it) builds its q/k/v with the same :func:`project_qkv` and diffusers' RoPE functions.
+Masked, STG-perturbed and cross-attention calls, and calls whose tables the ops do not take, run the processor,
+counted with their reason.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
+from ...fused_ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL, SPLIT_ROPE_PAIR
 from ...gate import QualityGatedFusion
 from ...sites.base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
 from ...tiers import Tier
@@ -232,12 +234,12 @@ ATTENTION_CALL = ("hidden_states", "encoder_hidden_states", "attention_mask", "q
 PERTURBED_CALL = ("perturbation_mask", "all_perturbed")
 
 NOT_SELF = "encoder_hidden_states given: a cross-attention call (diffusers' processor runs it)"
-SPLIT_ROPE = ("rope_type 'split' (LTX-2.3's default): its RoPE (addcmul_ on [B, H, T, D/2] tables) is not fused, "
-              "diffusers' processor runs the call")
 OTHER_ROPE = "rope_type is neither 'interleaved' nor 'split': the processor applies no RoPE and runs the call"
 NO_ROPE = "no query_rotary_emb: no RoPE to fuse (diffusers' processor runs the call)"
 NOT_TABLES = ("the rotary tables are not one (cos, sin) pair of [B, S, C] tensors for q and k (or key_rotary_emb is "
               "another pair): diffusers' processor runs the call")
+SPLIT_TABLES = ("rope_type 'split' with tables rope_split_pair does not take (not one (cos, sin) pair of [B, H, T, D/2] "
+                "or [B, S, C/2] tensors for q and k, or key_rotary_emb another pair): diffusers' processor runs the call")
 MASKED = "an attention_mask was given (video_self_attention_mask): diffusers' processor runs the call"
 PERTURBED = ("an STG perturbation_mask or all_perturbed was given (spatio_temporal_guidance_blocks): diffusers' "
              "processor runs the call")
@@ -270,13 +272,22 @@ def project_qkv(attn: torch.nn.Module, hidden_states: torch.Tensor, query_rotary
     """q, k, v [B, S, H, D] of a self-attention call exactly as LTX-2's processors hand them to the dispatcher:
     the projections, the RMSNorms across heads, ``rope(query, key, q_tables, k_tables)`` when there are tables
     (the key's default to the query's), then the heads unflattened. The Sol-Attn path passes diffusers' RoPE
-    functions, the fused attention ROPE_PAIR_PER_CHANNEL."""
+    functions, the fused attention ROPE_PAIR_PER_CHANNEL or SPLIT_ROPE_PAIR."""
     query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
     query, key = attn.norm_q(query), attn.norm_k(key)
     if query_rotary_emb is not None:
         query, key = rope(query, key, query_rotary_emb,
                           key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
     return tuple(x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+
+
+def _fused_split_rope(site: Site) -> Callable:
+    """The split RoPE of [B, S, C] q and k with one table pair, as SPLIT_ROPE_PAIR on q and k as they are
+    (diffusers' ``apply_split_rotary_emb`` on each, bit for bit); ``k_tables`` is ``q_tables`` here."""
+    def rope(query, key, q_tables, k_tables):
+        return SPLIT_ROPE_PAIR(site, query, key, *q_tables)
+
+    return rope
 
 
 def _fused_rope(site: Site) -> Callable:
@@ -292,12 +303,13 @@ def _fused_rope(site: Site) -> Callable:
     return rope
 
 
-def _one_table_pair(call: dict) -> bool:
-    """One (cos, sin) pair of 3-D tensors for q and k: the key's absent or the very same pair."""
+def _one_table_pair(call: dict, dims: tuple[int, ...] = (3,)) -> bool:
+    """One (cos, sin) pair of tensors of a rank in ``dims`` (both the same) for q and k: the key's absent or the
+    very same pair."""
     tables, key_tables = call["query_rotary_emb"], call["key_rotary_emb"]
     return (isinstance(tables, (tuple, list)) and len(tables) == 2
-            and all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in tables)
-            and (key_tables is None or key_tables is tables))
+            and all(isinstance(t, torch.Tensor) and t.dim() in dims for t in tables)
+            and tables[0].dim() == tables[1].dim() and (key_tables is None or key_tables is tables))
 
 
 def gate_and_project_out(attn: torch.nn.Module, hidden_states: torch.Tensor, gate_logits) -> torch.Tensor:
@@ -310,13 +322,13 @@ def gate_and_project_out(attn: torch.nn.Module, hidden_states: torch.Tensor, gat
 
 
 class LTX2FusedAttention(FusedOpsPath):
-    """LTX-2's processors on a plain video self-attention call, the interleaved q/k RoPE as
-    ROPE_PAIR_PER_CHANNEL; every other call runs diffusers' processor, counted with its reason."""
+    """LTX-2's processors on a plain video self-attention call, the q/k RoPE as ROPE_PAIR_PER_CHANNEL
+    (interleaved) or SPLIT_ROPE_PAIR (split); every other call runs diffusers' processor, counted with its reason."""
 
     fusion = ATTENTION_FUSION
-    description = "video self-attention with the q/k interleaved RoPE fused (bit-exact)"
-    fused_ops = (ROPE_PAIR_PER_CHANNEL,)
-    policy_reasons = (NOT_SELF, SPLIT_ROPE, OTHER_ROPE, NO_ROPE, NOT_TABLES, MASKED, PERTURBED, UNUSUAL, SWAPPED)
+    description = "video self-attention with the q/k RoPE (interleaved or split) fused (bit-exact)"
+    fused_ops = (ROPE_PAIR_PER_CHANNEL, SPLIT_ROPE_PAIR)
+    policy_reasons = (NOT_SELF, OTHER_ROPE, NO_ROPE, NOT_TABLES, SPLIT_TABLES, MASKED, PERTURBED, UNUSUAL, SWAPPED)
 
     def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
         return processor_mismatch(module)
@@ -341,10 +353,12 @@ class LTX2FusedAttention(FusedOpsPath):
             return NOT_SELF
         if call["attention_mask"] is not None:
             return MASKED
-        if attn.rope_type != "interleaved":
-            return SPLIT_ROPE if attn.rope_type == "split" else OTHER_ROPE
+        if attn.rope_type not in ("interleaved", "split"):
+            return OTHER_ROPE
         if call["query_rotary_emb"] is None:
             return NO_ROPE
+        if attn.rope_type == "split":
+            return None if _one_table_pair(call, (3, 4)) else SPLIT_TABLES
         if not _one_table_pair(call):
             return NOT_TABLES
         return None
@@ -356,7 +370,8 @@ class LTX2FusedAttention(FusedOpsPath):
             return Dense(reason)
         hidden_states = call["hidden_states"]
         gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
-        query, key, value = project_qkv(attn, hidden_states, call["query_rotary_emb"], None, _fused_rope(site))
+        rope = _fused_split_rope(site) if attn.rope_type == "split" else _fused_rope(site)
+        query, key, value = project_qkv(attn, hidden_states, call["query_rotary_emb"], None, rope)
         processor = attn.processor
         hidden_states = _ltx2().dispatch_attention_fn(
             query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

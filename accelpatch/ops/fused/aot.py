@@ -104,6 +104,14 @@ def _rotate_half(dtype):
     return "rotate_half_pair", args
 
 
+def _split_rope(dtype, table_dtype=FP32):
+    def args():  # LTX-2.3 (22B): 32 heads x 128 on [B, T, 4096] q/k, [B, H, T, 64] tables (swapaxes of [B, T, H, 64])
+        q = torch.empty(2, TOKENS, 32 * 128, dtype=dtype)
+        table = torch.empty(2, TOKENS, 32, 64, dtype=table_dtype).transpose(1, 2)
+        return q, q.clone(), table, torch.empty_like(table.transpose(1, 2)).transpose(1, 2)
+    return "rope_split_pair", args
+
+
 def _rotary_complex(dtype, heads=20, head_dim=128):
     def args():  # SANA-Video 2.0: q, k chunks of the fused qkv projection, complex128 [N, D/2] table
         qkv = torch.empty(2, TOKENS, 3 * heads * head_dim, dtype=dtype)
@@ -144,6 +152,9 @@ CASES: dict[str, tuple[str, Callable]] = {
     "rotate_half_pair bf16, fp32 tables": _rotate_half(BF16),
     "rotate_half_pair fp16, fp32 tables": _rotate_half(FP16),
     "rotate_half_pair fp32, fp32 tables": _rotate_half(FP32),
+    "rope_split_pair bf16, fp32 [B, H, T, D/2] tables": _split_rope(BF16),
+    "rope_split_pair bf16, bf16 tables": _split_rope(BF16, BF16),
+    "rope_split_pair fp32, fp32 tables": _split_rope(FP32),
     "rotary_complex_pair bf16 qkv chunks": _rotary_complex(BF16),
     "rotary_complex_pair bf16 qkv chunks, 10 heads x 256": _rotary_complex(BF16, 10, 256),
     "rotary_complex_pair fp16 qkv chunks": _rotary_complex(FP16),
@@ -153,11 +164,14 @@ CASES: dict[str, tuple[str, Callable]] = {
 # labels compiled once more with eager's complex multiply contracted (complex_mul.FMA_FIRST), as a build that
 # contracts would have it: the fmas are then the intended ones (counted), the rest of the checks the same
 CONTRACTED = ("rotary_complex_pair bf16 qkv chunks",)
+# labels compiled once more with eager's addcmul_ contracted (addcmul.FMA, as this CPU's is): one fma per element
+SPLIT_CONTRACTED = ("rope_split_pair bf16, fp32 [B, H, T, D/2] tables",)
 
 
-def capture_case(arch: int, label: str, complex_modes=None) -> triton_aot.Capture:
+def capture_case(arch: int, label: str, complex_modes=None, addcmul_fma: bool = False) -> triton_aot.Capture:
     """The one launch the wrapper of `label`'s op makes for its arguments on target `arch` (with the complex
-    multiply's forms `complex_modes` instead of the host's, when given)."""
+    multiply's forms `complex_modes` instead of the host's, when given). The split RoPE is compiled for CUDA's
+    addcmul_ (the product rounded, then added: its functor, as read), or contracted with `addcmul_fma`."""
     from . import triton_jit, triton_kernels  # noqa: PLC0415
 
     op, build = CASES[label]
@@ -165,12 +179,15 @@ def capture_case(arch: int, label: str, complex_modes=None) -> triton_aot.Captur
     reason = triton_kernels.unsupported(op, *args)
     if reason is not None and "CUDA" not in reason:  # CPU tensors stand in for CUDA ones here
         raise ValueError(f"{label}: {reason}")
-    probe = triton_kernels.complex_mul_modes
+    from .addcmul import FMA, SEPARATE  # noqa: PLC0415
+
+    probe, addcmul_probe = triton_kernels.complex_mul_modes, triton_kernels.addcmul_form
     if complex_modes is not None:
         triton_kernels.complex_mul_modes = lambda device: (complex_modes, None)
+    triton_kernels.addcmul_form = lambda device: (FMA if addcmul_fma else SEPARATE, None)
     try:
         captured = triton_aot.capture(arch, triton_jit.KERNELS, lambda: getattr(triton_kernels, op)(*args))
     finally:
-        triton_kernels.complex_mul_modes = probe
+        triton_kernels.complex_mul_modes, triton_kernels.addcmul_form = probe, addcmul_probe
     assert len(captured) == 1, (label, len(captured))
     return captured[0]

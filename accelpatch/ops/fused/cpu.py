@@ -17,7 +17,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import cpu_build
+from . import cpu_build, split_rope
+from .addcmul import FMA, addcmul_form
 from . import reference as ref
 from .layout import eager_layouts
 from .tables import unary_table
@@ -113,6 +114,28 @@ def _common(args: Sequence, complex_ok: Sequence[bool] = ()) -> Optional[str]:
 _SELF_CHECK: list = []
 
 
+def _split_reference(fused: bool) -> Callable:
+    """rope_split_pair's chain with the second product added in a stated form (the self-check runs both kernels,
+    whichever form this CPU's eager addcmul_ has): rounded then added by two eager float32 ops, or an fma (in
+    float64: the product exact, the sum rounded to double then to float, which differs from one rounding with a
+    probability ~2^-29 per element; the fixed inputs here are not such a case)."""
+    def rotate(x, cos, sin):
+        b, h, t, r = cos.shape
+        x = x.reshape(b, t, h, 2, r).float()
+        c, s = cos.transpose(1, 2).unsqueeze(-2), sin.transpose(1, 2).unsqueeze(-2)
+        x1, x2 = x[..., :1, :], x[..., 1:, :]
+        if fused:
+            first = ((x1 * c).double() + (-s).double() * x2.double()).float()
+            second = ((x2 * c).double() + s.double() * x1.double()).float()
+        else:
+            first, second = x1 * c + (-s) * x2, x2 * c + s * x1
+        return torch.cat([first, second], dim=-2).reshape(b, t, -1)
+
+    def reference(query, key, cos, sin):
+        return tuple(rotate(x, cos, sin).to(x.dtype) for x in (query, key))
+    return reference
+
+
 def _self_check(library) -> Optional[str]:
     """A known-answer run of the float32 RoPEs (with and without the ReLU, paired and per-channel tables, and the
     per-channel one of bf16 activations, whose chain is float32 too), modulate and rotate-half kernels and
@@ -128,6 +151,8 @@ def _self_check(library) -> Optional[str]:
     half_cos, half_sin = torch.randn(64, 24, generator=g), torch.randn(64, 24, generator=g)
     freqs = torch.randn(64, 16, 2, generator=g, dtype=torch.float64)
     freqs = torch.view_as_complex(freqs)
+    flat = q.flatten(2)  # [1, 64, 64] with [1, 2, 64, 16] tables: two heads of 32 channels
+    split_cos, split_sin = (torch.randn(1, 64, 2, 16, generator=g).transpose(1, 2) for _ in range(2))
     runs = [  # (kernel, reference, args, plan, argument order: "io" inputs first or "oi" output first)
         ("ap_relu_rope_f32_f32", ref.relu_rope_pair, (q, q.flip(1), cos, sin), _rope_plan, "io+"),
         ("ap_rope_f32_f32", ref.rope_pair, (q, q.flip(1), cos, sin), lambda a: _rope_plan(a, ref.rope_pair), "io"),
@@ -138,6 +163,12 @@ def _self_check(library) -> Optional[str]:
         ("ap_modulate_f32", ref.modulate, (x, scale, shift),
          lambda a: _plan_for("modulate", ref.modulate, a), "oi"),
         ("ap_rotate_half_f32_f32", ref.rotate_half_pair, (q, q.flip(1), half_cos, half_sin), _rotate_half_plan, "io"),
+        ("ap_rope_split_mul_add_f32_f32", _split_reference(False), (flat, flat.flip(1), split_cos, split_sin),
+         _split_plan, "io"),
+        ("ap_rope_split_fma_f32_f32", _split_reference(True), (flat, flat.flip(1), split_cos, split_sin),
+         _split_plan, "io"),
+        ("ap_rope_split_fma_bf16_f32", _split_reference(True), (flat.bfloat16(), flat.flip(1).bfloat16(),
+                                                                split_cos, split_sin), _split_plan, "io"),
         ("ap_rotary_complex_f64", ref.rotary_complex_pair, (q.double(), q.flip(1).double(), freqs), _complex_plan,
          "io"),
         ("ap_rotary_complex_f32", ref.rotary_complex_pair, (q, q.flip(1), freqs), _complex_plan, "io"),
@@ -290,6 +321,10 @@ def _why_rotate_half(query, key, cos, sin) -> Optional[str]:
     return None
 
 
+def _why_split(query, key, cos, sin) -> Optional[str]:
+    return split_rope.mismatch(query, key, cos, sin) or addcmul_form(_CPU)[1]
+
+
 def _why_complex(query, key, freqs) -> Optional[str]:
     if query.dtype == torch.float64:
         return ("rotary_complex_pair does not take float64 query and key: eager's float64 product gives other bits "
@@ -335,6 +370,7 @@ _COMPLEX_OK = {"rotary_complex_pair": (False, False, True)}
 _WHY = {
     "rotate_half_pair": lambda *a: _why_rotate_half(*a),
     "rotary_complex_pair": lambda *a: _why_complex(*a),
+    "rope_split_pair": lambda *a: _why_split(*a),
     "relu_rope_pair": lambda *a: _why_rope(*a),
     "rope_pair": lambda *a: _why_rope(*a, name="rope_pair"),
     "rope_pair_per_channel": lambda *a: _why_rope(*a, name="rope_pair_per_channel"),
@@ -470,16 +506,25 @@ def _rope_plan(args, reference: Callable = ref.relu_rope_pair):
 
 
 def _rotate_half_plan(args):
-    """size (B, S, H, D, R, table rows), strides of query, key (4 each), cos, sin (2 each; 0 for one row), outputs."""
+    """size (B, S, H, D, R, table rows), strides (4 each) of query, key, cos, sin (along B, S, H, entry: 0 along B
+    and H, and along S for one row), outputs."""
     query, key, cos, sin = args
 
     def make():
         layouts = eager_layouts(ref.rotate_half_pair, args)
         rows, rotary = cos.shape
-        tables = [[0 if rows == 1 else t.stride(0), t.stride(1)] for t in (cos, sin)]
+        tables = [[0, 0 if rows == 1 else t.stride(0), 0, t.stride(1)] for t in (cos, sin)]
         strides = [list(query.stride()), list(key.stride())] + tables + [list(lay[1]) for lay in layouts]
         return [*query.shape, rotary, rows], strides
     return _cached_plan("rotate_half_pair", args, make)
+
+
+def _split_plan(args):
+    """rotate_half's plan for rope_split_pair: size (B, T, H, D, R = D, no table rows) and split_rope's strides."""
+    def make():
+        h, d = split_rope.heads(args[0], args[2])
+        return [*args[0].shape[:2], h, d, d, 0], split_rope.strides(*args)
+    return _cached_plan("rope_split_pair", args, make)
 
 
 def _complex_plan(args):
@@ -615,6 +660,25 @@ def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
     return outs
 
 
+def _split_form() -> str:
+    return "fma" if addcmul_form(_CPU)[0] == FMA else "mul_add"
+
+
+def rope_split_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """:func:`.reference.rope_split_pair` of [B, T, C] query and key in one pass: rotate_half_pair's loops with a
+    split policy (one float32 table entry per pair for both halves, the product rounded to float, the second one
+    added as this CPU's eager ``addcmul_`` adds it, probed: an fma here), stored in the query's dtype."""
+    args = (query, key, cos, sin)
+    prep = _PREPARED.get(_signature("rope_split_pair", args)) or _prepare(
+        "rope_split_pair", args, ref.rope_split_pair,
+        lambda: f"ap_rope_split_{_split_form()}_{_NAMES[query.dtype]}_{_NAMES[cos.dtype]}",
+        lambda: _split_plan(args), 8)
+    outs = _outputs(prep)
+    if prep.nonempty:
+        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
+    return outs
+
+
 def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
     """:func:`.reference.rotary_complex_pair` of bf16 or float32 query and key in one pass (any strides): the
     complex128 product as eager's vector loop computes it (four double products, the difference and the sum each
@@ -646,4 +710,5 @@ OPS: dict[str, Callable] = {
     "scale_to_tokens": scale_to_tokens,
     "rotate_half_pair": rotate_half_pair,
     "rotary_complex_pair": rotary_complex_pair,
+    "rope_split_pair": rope_split_pair,
 }

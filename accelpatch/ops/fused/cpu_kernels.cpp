@@ -13,6 +13,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -454,53 +455,113 @@ void rope(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* oq, QS* 
   }
 }
 
-// ---- MiniMax-H3's rotate-half RoPE on a query/key pair ---------------------------------------------------------
+// ---- rotate-half RoPE on a query/key pair: MiniMax-H3's, and LTX-2.3's split RoPE ------------------------------
 
-// One row of D channels: the first 2 * half rotated by halves with the tables c and s (already rounded to Q, as
-// eager's cos.to(x.dtype)), each product and the sum rounded to Q; the rest copied bit for bit (eager's cat). Each
-// half in its own loop: every lane does the same ops, nothing the vectoriser could fuse into a multiply-add.
-template <class Q, class QS = typename Io<Q>::S>
-static void rotate_half_row(QS* __restrict o, const QS* __restrict x, const float* __restrict c,
-                            const float* __restrict s, i64 half, i64 d) {
+// The rounding policies of the rotate-half loops: how x * c + rotated * s becomes the float value stored in Q.
+// InQ (MiniMax-H3: cos.to(x.dtype), products and the sum in x's dtype): each product rounded to Q, the sum
+// rounded by the store. SplitMulAdd / SplitFma (LTX-2.3's apply_split_rotary_emb: x.float() * cos, then
+// addcmul_(+-sin, partner) in float32, cast to Q): the product x * c rounded to float, then the sum with
+// rotated * s as eager's addcmul_ computes it: that product rounded first (SplitMulAdd) or kept exact in an fma
+// (SplitFma: this CPU's eager addcmul_, probed by accelpatch.ops.fused.addcmul). The explicit std::fma is the only
+// contraction; -ffp-contract=off keeps the rest apart.
+struct InQ {
+  static constexpr bool split = false;
+  template <class Q>
+  static inline float sum(float x, float c, float y, float s) { return Io<Q>::round(x * c) + Io<Q>::round(y * s); }
+};
+struct SplitMulAdd {
+  static constexpr bool split = true;
+  template <class Q>
+  static inline float sum(float x, float c, float y, float s) { return x * c + y * s; }
+};
+struct SplitFma {
+  static constexpr bool split = true;
+  template <class Q>
+  static inline float sum(float x, float c, float y, float s) { return std::fma(y, s, x * c); }
+};
+
+// One row of D channels: the first 2 * half rotated by halves (out[i] = x[i] * c_lo[i] + (-x[i + half]) * s_lo[i],
+// out[i + half] = x[i + half] * c_hi[i] + x[i] * s_hi[i]) as policy P rounds, stored in Q; the rest copied bit for
+// bit (MiniMax's cat). MiniMax's tables hold an entry per channel (c_hi = c_lo + half), the split RoPE's one per
+// pair (c_hi = c_lo). Each half in its own loop: every lane does the same ops, nothing the vectoriser could fuse.
+template <class Q, class P, class QS = typename Io<Q>::S>
+static void rotate_half_row(QS* __restrict o, const QS* __restrict x, const float* __restrict c_lo,
+                            const float* __restrict c_hi, const float* __restrict s_lo,
+                            const float* __restrict s_hi, i64 half, i64 d) {
   using IO = Io<Q>;
   for (i64 i = 0; i < half; ++i)
-    o[i] = IO::store(IO::round(IO::load(x[i]) * c[i]) + IO::round(-IO::load(x[i + half]) * s[i]));
-  for (i64 i = half; i < 2 * half; ++i)
-    o[i] = IO::store(IO::round(IO::load(x[i]) * c[i]) + IO::round(IO::load(x[i - half]) * s[i]));
+    o[i] = IO::store(P::template sum<Q>(IO::load(x[i]), c_lo[i], -IO::load(x[i + half]), s_lo[i]));
+  for (i64 i = 0; i < half; ++i)
+    o[i + half] = IO::store(P::template sum<Q>(IO::load(x[i + half]), c_hi[i], IO::load(x[i]), s_hi[i]));
   for (i64 i = 2 * half; i < d; ++i) o[i] = x[i];
 }
 
-// size = (B, S, H, D, R, table rows: 1 or S); st = query (4), key (4), cos (2), sin (2), out query (4), out key
-// (4) element strides; the outputs have unit stride along D. A row whose x is strided along D is gathered first.
-template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Io<W>::S>
+// size = (B, S, H, D, R, table rows); st = query, key, cos, sin, out query, out key: 4 element strides each, along
+// (B, S, H, D) for x and (B, S, H, table entry) for the tables; the outputs have unit stride along D. A row whose
+// x is strided along D is gathered first. InQ (MiniMax): [rows, R] tables (rows 1 or S, strides along B and H 0)
+// rounded to Q once per call. Split policies: each (b, s, h) reads its own row of R / 2 entries, float32 as it is
+// where unit-stride, else widened into a buffer.
+template <class Q, class W, class P, class QS = typename Io<Q>::S, class WS = typename Io<W>::S>
 void rotate_half(const QS* q, const QS* k, const WS* cosv, const WS* sinv, QS* oq, QS* ok, const i64* size,
                  const i64* st) {
   const i64 d = size[3], r = size[4], rows = size[5], half = r / 2;
-  std::vector<float> ct(static_cast<size_t>(rows * r)), sn(static_cast<size_t>(rows * r));
-  for (i64 t = 0; t < rows; ++t)
-    for (i64 j = 0; j < r; ++j) {
-      ct[t * r + j] = Io<Q>::round(Io<W>::load(cosv[t * st[8] + j * st[9]]));
-      sn[t * r + j] = Io<Q>::round(Io<W>::load(sinv[t * st[10] + j * st[11]]));
-    }
+  const i64* sc = st + 8;
+  const i64* ss = st + 12;
+  const i64 kept = P::split ? half : rows * r;
+  std::vector<float> ct(static_cast<size_t>(kept)), sn(static_cast<size_t>(kept));
+  if constexpr (!P::split) {
+    for (i64 t = 0; t < rows; ++t)
+      for (i64 j = 0; j < r; ++j) {
+        ct[t * r + j] = Io<Q>::round(Io<W>::load(cosv[t * sc[1] + j * sc[3]]));
+        sn[t * r + j] = Io<Q>::round(Io<W>::load(sinv[t * ss[1] + j * ss[3]]));
+      }
+  }
   std::vector<QS> buf(static_cast<size_t>(d));
   const QS* xs[2] = {q, k};
   QS* os[2] = {oq, ok};
   for (i64 b = 0; b < size[0]; ++b)
-    for (i64 p = 0; p < size[1]; ++p) {
-      const float* c = ct.data() + (rows == 1 ? 0 : p) * r;
-      const float* s = sn.data() + (rows == 1 ? 0 : p) * r;
-      for (i64 h = 0; h < size[2]; ++h)
+    for (i64 p = 0; p < size[1]; ++p)
+      for (i64 h = 0; h < size[2]; ++h) {
+        const float *c_lo, *c_hi, *s_lo, *s_hi;
+        if constexpr (P::split) {
+          const WS* cr = cosv + b * sc[0] + p * sc[1] + h * sc[2];
+          const WS* sr = sinv + b * ss[0] + p * ss[1] + h * ss[2];
+          if constexpr (std::is_same<W, float>::value) {
+            c_lo = cr;
+            s_lo = sr;
+            if (sc[3] != 1) {
+              for (i64 j = 0; j < half; ++j) ct[j] = cr[j * sc[3]];
+              c_lo = ct.data();
+            }
+            if (ss[3] != 1) {
+              for (i64 j = 0; j < half; ++j) sn[j] = sr[j * ss[3]];
+              s_lo = sn.data();
+            }
+          } else {
+            for (i64 j = 0; j < half; ++j) ct[j] = Io<W>::load(cr[j * sc[3]]);
+            for (i64 j = 0; j < half; ++j) sn[j] = Io<W>::load(sr[j * ss[3]]);
+            c_lo = ct.data();
+            s_lo = sn.data();
+          }
+          c_hi = c_lo;
+          s_hi = s_lo;
+        } else {
+          c_lo = ct.data() + (rows == 1 ? 0 : p) * r;
+          s_lo = sn.data() + (rows == 1 ? 0 : p) * r;
+          c_hi = c_lo + half;
+          s_hi = s_lo + half;
+        }
         for (int t = 0; t < 2; ++t) {
           const i64* sx = st + 4 * t;
-          const i64* so = st + 12 + 4 * t;
+          const i64* so = st + 16 + 4 * t;
           const QS* x = xs[t] + b * sx[0] + p * sx[1] + h * sx[2];
           if (sx[3] != 1) {
             for (i64 i = 0; i < d; ++i) buf[i] = x[i * sx[3]];
             x = buf.data();
           }
-          rotate_half_row<Q>(os[t] + b * so[0] + p * so[1] + h * so[2], x, c, s, half, d);
+          rotate_half_row<Q, P>(os[t] + b * so[0] + p * so[1] + h * so[2], x, c_lo, c_hi, s_lo, s_hi, half, d);
         }
-    }
+      }
 }
 
 // ---- SANA-Video 2.0's complex RoPE on a query/key pair ---------------------------------------------------------
@@ -711,8 +772,8 @@ AP_PLAIN_ROPES(rope_per_channel, PerChannel)
                                                   void* oq, void* ok, const i64* size, const i64* st) {        \
     using QS = Io<Q>::S;                                                                                       \
     using WS = Io<W>::S;                                                                                       \
-    rotate_half<Q, W>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),         \
-                      static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);        \
+    rotate_half<Q, W, InQ>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),    \
+                           static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);   \
   }
 AP_ROTATE_HALF(bf16, BF16, f32, float)
 AP_ROTATE_HALF(bf16, BF16, bf16, BF16)
@@ -720,6 +781,25 @@ AP_ROTATE_HALF(f16, F16, f32, float)
 AP_ROTATE_HALF(f16, F16, bf16, BF16)
 AP_ROTATE_HALF(f32, float, f32, float)
 AP_ROTATE_HALF(f32, float, bf16, BF16)
+
+// LTX-2.3's split RoPE: the rotate-half loops with a split policy (mul_add: SplitMulAdd, fma: SplitFma).
+#define AP_ROPE_SPLIT(form, P, qname, Q, wname, W)                                                              \
+  AP_EXPORT void ap_rope_split_##form##_##qname##_##wname(const void* q, const void* k, const void* c,          \
+                                                          const void* s, void* oq, void* ok, const i64* size,   \
+                                                          const i64* st) {                                      \
+    using QS = Io<Q>::S;                                                                                        \
+    using WS = Io<W>::S;                                                                                        \
+    rotate_half<Q, W, P>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),       \
+                         static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);      \
+  }
+#define AP_ROPE_SPLITS(form, P)                  \
+  AP_ROPE_SPLIT(form, P, bf16, BF16, f32, float) \
+  AP_ROPE_SPLIT(form, P, bf16, BF16, bf16, BF16) \
+  AP_ROPE_SPLIT(form, P, f16, F16, f32, float)   \
+  AP_ROPE_SPLIT(form, P, f32, float, f32, float) \
+  AP_ROPE_SPLIT(form, P, f32, float, bf16, BF16)
+AP_ROPE_SPLITS(mul_add, SplitMulAdd)
+AP_ROPE_SPLITS(fma, SplitFma)
 
 #define AP_ROTARY_COMPLEX(qname, Q)                                                                               \
   AP_EXPORT void ap_rotary_complex_##qname(const void* q, const void* k, const double* f, void* oq, void* ok,     \
@@ -752,4 +832,4 @@ AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
 }
 
 // A version tag the loader checks, so a stale cached library is never used with a newer Python side.
-AP_EXPORT int ap_abi_version() { return 3; }
+AP_EXPORT int ap_abi_version() { return 4; }

@@ -45,6 +45,42 @@ def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Ten
     return rotate(query), rotate(key)
 
 
+def rope_split_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """LTX-2.3's split RoPE of query and key (diffusers ``transformer_ltx2.apply_split_rotary_emb`` on each, the
+    processors' ``rope_type == "split"``): the last dim in two halves (x1, x2), ``x.float() * cos`` then
+    ``first.addcmul_(-sin, x2)`` and ``second.addcmul_(sin, x1)`` in float32 (a product rounded, then the sum), one
+    table entry per pair shared by both halves, cast back to x's dtype. 3-D ``[B, T, C]`` x with ``[B, H, T, D/2]``
+    tables is rotated per head (x viewed as [B, H, T, D] and back to [B, T, C]); any other x with tables of its
+    rank, over its whole last dim. Restated op for op, layouts included (tests compare it with diffusers')."""
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x_dtype = x.dtype
+        needs_reshape = False
+        if x.ndim != 4 and cos.ndim == 4:
+            b, h, t, _ = cos.shape
+            x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+            needs_reshape = True
+        last = x.shape[-1]
+        if last % 2 != 0:
+            raise ValueError(f"Expected x.shape[-1] to be even for split rotary, got {last}.")
+        r = last // 2
+        split_x = x.reshape(*x.shape[:-1], 2, r).float()
+        first_x = split_x[..., :1, :]
+        second_x = split_x[..., 1:, :]
+        cos_u = cos.unsqueeze(-2)
+        sin_u = sin.unsqueeze(-2)
+        out = split_x * cos_u
+        first_out = out[..., :1, :]
+        second_out = out[..., 1:, :]
+        first_out.addcmul_(-sin_u, second_x)
+        second_out.addcmul_(sin_u, first_x)
+        out = out.reshape(*out.shape[:-2], last)
+        if needs_reshape:
+            out = out.swapaxes(1, 2).reshape(b, t, -1)
+        return out.to(dtype=x_dtype)
+
+    return rotate(query), rotate(key)
+
+
 def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """SANA-Video's linear-attention prologue on ``[B, N, H, D]`` query and key: ReLU, then RoPE of each, the
     rotated pair upcast to float32 as the processor does after permuting (``.float()`` keeps the layout).

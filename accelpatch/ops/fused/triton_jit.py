@@ -250,24 +250,35 @@ def _relu_rope_pair_kernel(Q, K, COS, SIN, QR, KR, QROT, KROT, TABLE, N,
 
 
 @triton.jit
-def _rotate_half_one(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s):
-    """One head row of rotate-half RoPE: out[d] = x[d]*cos[d] + rotated[d]*sin[d] for d < R, each product and the sum
-    rounded to the dtype (rotated = -x[d + R/2] in the first half, x[d - R/2] in the second); x[d] past R."""
+def _rotate_half_one(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s,
+                     SPLIT: tl.constexpr, FMA: tl.constexpr):
+    """One head row of rotate-half RoPE: out[d] = x[d]*cos + rotated[d]*sin for d < R (rotated = -x[d + R/2] in the
+    first half, x[d - R/2] in the second); x[d] past R. MiniMax-H3 (not SPLIT): each product and the sum rounded to
+    the dtype. SPLIT (LTX-2.3's apply_split_rotary_emb): float32, x*cos rounded, then the second product added as
+    the device's eager addcmul_ adds it (FMA: kept exact in an fma, else rounded first), cast at the store."""
     DT: tl.constexpr = OUT.dtype.element_ty
     raw = tl.load(IN + base_in + d * s_in, mask=mask)
     y = _widen(tl.load(IN + base_in + partner * s_in, mask=mask & rot))
     rotated = tl.where(first, -y, y)
-    out = _round(_widen(raw) * c, DT) + _round(rotated * s, DT)
+    if SPLIT:
+        if FMA:
+            out = tl.fma(rotated, s, _widen(raw) * c)
+        else:
+            out = _widen(raw) * c + rotated * s
+    else:
+        out = _round(_widen(raw) * c, DT) + _round(rotated * s, DT)
     tl.store(OUT + base_out + d * s_out, tl.where(rot, _narrow(out, DT), raw), mask=mask)
 
 
 @triton.jit
-def _rotate_half_pair_kernel(Q, K, COS, SIN, QO, KO, N, q0, q1, q2, q3, k0, k1, k2, k3, c0, c1, s0, s1,
-                             qo0, qo1, qo2, qo3, ko0, ko1, ko2, ko3,
-                             H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
-    """One token (b, n) per program row, BLOCK (head, channel) slots of it: MiniMax-H3's rotate-half RoPE of the
-    leading R channels of every head of the query and the key, sharing the table loads; the tables are rounded to
-    the activations' dtype first (``cos.to(x.dtype)``), as the reference casts them."""
+def _rotate_half_pair_kernel(Q, K, COS, SIN, QO, KO, N, q0, q1, q2, q3, k0, k1, k2, k3, c0, c1, c2, c3,
+                             s0, s1, s2, s3, qo0, qo1, qo2, qo3, ko0, ko1, ko2, ko3,
+                             H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+                             SPLIT: tl.constexpr = False, FMA: tl.constexpr = False):
+    """One token (b, n) per program row, BLOCK (head, channel) slots of it: rotate-half RoPE of the leading R
+    channels of every head of the query and the key, sharing the table loads; table strides along (b, n, h, entry).
+    MiniMax-H3: an entry per channel, rounded to the activations' dtype first (``cos.to(x.dtype)``). SPLIT
+    (rope_split_pair, R = D): one float32 entry per pair (channel d and d + D/2 read entry d)."""
     DT: tl.constexpr = QO.dtype.element_ty
     t = tl.program_id(0).to(tl.int64)
     b = t // N
@@ -279,12 +290,17 @@ def _rotate_half_pair_kernel(Q, K, COS, SIN, QO, KO, N, q0, q1, q2, q3, k0, k1, 
     rot = d < R
     first = d < R // 2
     partner = tl.where(first, d + R // 2, d - R // 2)
-    c = _widen(_narrow(_widen(tl.load(COS + n * c0 + d * c1, mask=mask & rot)), DT))
-    s = _widen(_narrow(_widen(tl.load(SIN + n * s0 + d * s1, mask=mask & rot)), DT))
+    if SPLIT:
+        e = tl.where(first, d, partner)
+        c = _widen(tl.load(COS + b * c0 + n * c1 + h * c2 + e * c3, mask=mask))
+        s = _widen(tl.load(SIN + b * s0 + n * s1 + h * s2 + e * s3, mask=mask))
+    else:
+        c = _widen(_narrow(_widen(tl.load(COS + n * c1 + d * c3, mask=mask & rot)), DT))
+        s = _widen(_narrow(_widen(tl.load(SIN + n * s1 + d * s3, mask=mask & rot)), DT))
     _rotate_half_one(Q, QO, b * q0 + n * q1 + h * q2, b * qo0 + n * qo1 + h * qo2, q3, qo3, d, partner, first, rot,
-                     mask, c, s)
+                     mask, c, s, SPLIT, FMA)
     _rotate_half_one(K, KO, b * k0 + n * k1 + h * k2, b * ko0 + n * ko1 + h * ko2, k3, ko3, d, partner, first, rot,
-                     mask, c, s)
+                     mask, c, s, SPLIT, FMA)
 
 
 @triton.jit

@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import reference
+from . import reference, split_rope
+from .addcmul import FMA, addcmul_form
 from .complex_mul import complex_mul_modes
 from .layout import eager_layouts, empty_like_eager
 from .tables import unary_table
@@ -116,7 +117,8 @@ def unsupported(op_name: str, *args) -> Optional[str]:
               "modulate": _why_same_dtype, "gated_residual": _why_same_dtype,
               "silu": _why_bf16, "glu_gate": _why_bf16, "sigmoid_gate": _why_sigmoid_gate,
               "scale_to_tokens": _why_scale_to_tokens,
-              "rotate_half_pair": _why_rotate_half, "rotary_complex_pair": _why_rotary_complex}
+              "rotate_half_pair": _why_rotate_half, "rotary_complex_pair": _why_rotary_complex,
+              "rope_split_pair": _why_split}
     if op_name not in checks:
         return f"no Triton kernel for {op_name!r}"
     tensor_args = args[:-1] if op_name == "scale_to_tokens" else args
@@ -205,6 +207,10 @@ def _why_rotate_half(query, key, cos, sin) -> Optional[str]:
     if rotary % 2 or not 0 < rotary <= d:
         return f"rotary dim {rotary} (an even number from 2 to the head dim {d})"
     return None
+
+
+def _why_split(query, key, cos, sin) -> Optional[str]:
+    return split_rope.mismatch(query, key, cos, sin) or addcmul_form(query.device)[1]
 
 
 def _why_rotary_complex(query, key, freqs) -> Optional[str]:
@@ -364,9 +370,27 @@ def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
     cos, sin = cos.expand(n, rotary), sin.expand(n, rotary)
     block = _block(h * d)
     grid = (b * n, -(-(h * d) // block))
-    strides = [s for t in (query, key, cos, sin, *outs) for s in t.stride()]
+    tables = [[0, t.stride(0), 0, t.stride(1)] for t in (cos, sin)]  # along (b, n, h, entry)
+    strides = [s for per in [query.stride(), key.stride(), *tables, *(o.stride() for o in outs)] for s in per]
     _jit()._rotate_half_pair_kernel[grid](query, key, cos, sin, *outs, n, *strides, H=h, D=d, R=rotary, BLOCK=block,
                                           **LAUNCH)
+    return outs
+
+
+def rope_split_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """LTX-2.3's split RoPE of [B, T, C] query and key in one launch, contiguous outputs (reference.rope_split_pair):
+    the rotate-half kernel with SPLIT (one float32 table entry per pair), the second product added as this device's
+    eager addcmul_ adds it (FMA as probed)."""
+    outs = empty_like_eager(reference.rope_split_pair, (query, key, cos, sin), query.device)
+    b, n, _ = query.shape
+    if query.numel() == 0:
+        return outs
+    h, d = split_rope.heads(query, cos)
+    block = _block(h * d)
+    grid = (b * n, -(-(h * d) // block))
+    strides = [s for per in split_rope.strides(query, key, cos, sin) for s in per]
+    _jit()._rotate_half_pair_kernel[grid](query, key, cos, sin, *outs, n, *strides, H=h, D=d, R=d, BLOCK=block,
+                                          SPLIT=True, FMA=addcmul_form(query.device)[0] == FMA, **LAUNCH)
     return outs
 
 
