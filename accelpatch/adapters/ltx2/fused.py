@@ -238,8 +238,9 @@ OTHER_ROPE = "rope_type is neither 'interleaved' nor 'split': the processor appl
 NO_ROPE = "no query_rotary_emb: no RoPE to fuse (diffusers' processor runs the call)"
 NOT_TABLES = ("the rotary tables are not one (cos, sin) pair of [B, S, C] tensors for q and k (or key_rotary_emb is "
               "another pair): diffusers' processor runs the call")
-SPLIT_TABLES = ("rope_type 'split' with tables rope_split_pair does not take (not one (cos, sin) pair of [B, H, T, D/2] "
-                "or [B, S, C/2] tensors for q and k, or key_rotary_emb another pair): diffusers' processor runs the call")
+SPLIT_TABLES = ("rope_type 'split' with tables rope_split_pair does not take (not one (cos, sin) pair of "
+                "[B, H, T, D/2] or [B, S, C/2] tensors for q and k, or key_rotary_emb another pair): diffusers' "
+                "processor runs the call")
 MASKED = "an attention_mask was given (video_self_attention_mask): diffusers' processor runs the call"
 PERTURBED = ("an STG perturbation_mask or all_perturbed was given (spatio_temporal_guidance_blocks): diffusers' "
              "processor runs the call")
