@@ -169,13 +169,18 @@ def test_the_self_check_catches_a_wrong_form():
     assert_all_same(fma, ref.rope_split_pair(q, q, cos, sin))  # this CPU: eager is the fma form
 
 
-@needs_kernels
-def test_refusals_name_the_reason():
+def assert_split_refusals(unsupported) -> None:
+    """Both devices' ``unsupported`` (the shared checks of accelpatch.ops.fused.split_rope) name each refusal."""
     q = torch.zeros(1, 4, 16)
     cos, sin = torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4)
-    assert "[B, T, C] query" in cpu.unsupported(OP, q.view(1, 4, 2, 8), q.view(1, 4, 2, 8), cos, sin)
-    assert "float32 or bf16 tables" in cpu.unsupported(OP, q, q, cos.double(), sin.double())
-    assert "do not match" in cpu.unsupported(OP, q, q, cos[:, :1], sin[:, :1])
-    assert "C/2" in cpu.unsupported(OP, q, q, torch.zeros(1, 4, 4), torch.zeros(1, 4, 4))
-    assert "[B, H, T, D/2] or [B, T, C/2]" in cpu.unsupported(OP, q, q, torch.zeros(4, 8), torch.zeros(4, 8))
-    assert cpu.unsupported(OP, q, q, cos, sin) is None
+    assert "[B, T, C] query" in unsupported(OP, q.view(1, 4, 2, 8), q.view(1, 4, 2, 8), cos, sin)
+    assert "float32 or bf16 tables" in unsupported(OP, q, q, cos.double(), sin.double())
+    assert "do not match" in unsupported(OP, q, q, cos[:, :1], sin[:, :1])
+    assert "C/2" in unsupported(OP, q, q, torch.zeros(1, 4, 4), torch.zeros(1, 4, 4))
+    assert "[B, H, T, D/2] or [B, T, C/2]" in unsupported(OP, q, q, torch.zeros(4, 8), torch.zeros(4, 8))
+    assert unsupported(OP, q, q, cos, sin) is None
+
+
+@needs_kernels
+def test_refusals_name_the_reason():
+    assert_split_refusals(cpu.unsupported)

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .test_fused_cpu_rope_split_pair import assert_split_refusals
 from .test_fused_triton import assert_same_outputs, check, edge
 
 from accelpatch.ops.fused import addcmul, reference, triton_kernels as tk  # noqa: E402
@@ -55,11 +56,7 @@ def test_rope_split_pair_strided_views_and_broadcast_tables():
 
 
 def test_rope_split_pair_refusals_name_the_reason():
-    q = torch.zeros(1, 4, 16)
-    cos, sin = torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4)
-    assert "[B, T, C] query" in tk.unsupported(OP, q.view(1, 4, 2, 8), q.view(1, 4, 2, 8), cos, sin)
-    assert "float32 or bf16 tables" in tk.unsupported(OP, q, q, cos.double(), sin.double())
-    assert "do not match" in tk.unsupported(OP, q, q, cos[:, :1], sin[:, :1])
+    assert_split_refusals(tk.unsupported)
 
 
 def _one_contracted(IN, OUT, base_in, base_out, s_in, s_out, d, partner, first, rot, mask, c, s,

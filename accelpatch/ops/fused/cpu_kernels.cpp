@@ -749,14 +749,16 @@ AP_ROPE(f32, float, bf16, BF16)
 AP_ROPE(f32, float, f32, float)
 AP_ROPE(f32, float, f64, double)
 
-#define AP_PLAIN_ROPE(prefix, M, qname, Q, wname, W)                                                           \
+// One exported q/k pair kernel: ``fn<Q, W, P>`` (a rotation loop under policy P) with tables of ``Tables<W>::S``.
+#define AP_PAIR_KERNEL(prefix, fn, Tables, P, qname, Q, wname, W)                                                \
   AP_EXPORT void ap_##prefix##_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,      \
                                                  void* oq, void* ok, const i64* size, const i64* st) {            \
     using QS = Io<Q>::S;                                                                                         \
-    using WS = Table<W>::S;                                                                                      \
-    rope<Q, W, M>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),              \
-                  static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);              \
+    using WS = Tables<W>::S;                                                                                     \
+    fn<Q, W, P>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),                 \
+                static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);                \
   }
+#define AP_PLAIN_ROPE(prefix, M, qname, Q, wname, W) AP_PAIR_KERNEL(prefix, rope, Table, M, qname, Q, wname, W)
 #define AP_PLAIN_ROPES(prefix, M)                   \
   AP_PLAIN_ROPE(prefix, M, bf16, BF16, bf16, BF16)  \
   AP_PLAIN_ROPE(prefix, M, bf16, BF16, f32, float)  \
@@ -767,14 +769,11 @@ AP_ROPE(f32, float, f64, double)
 AP_PLAIN_ROPES(rope, Paired)
 AP_PLAIN_ROPES(rope_per_channel, PerChannel)
 
-#define AP_ROTATE_HALF(qname, Q, wname, W)                                                                     \
-  AP_EXPORT void ap_rotate_half_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,   \
-                                                  void* oq, void* ok, const i64* size, const i64* st) {        \
-    using QS = Io<Q>::S;                                                                                       \
-    using WS = Io<W>::S;                                                                                       \
-    rotate_half<Q, W, InQ>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),    \
-                           static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);   \
-  }
+// The rotate-half loops under a policy: MiniMax-H3's (InQ, in the activations' dtype) and LTX-2.3's split RoPE
+// (SplitMulAdd / SplitFma: float32, the second product added as the device's eager addcmul_ adds it).
+#define AP_ROTATE_HALF_KERNEL(prefix, P, qname, Q, wname, W) \
+  AP_PAIR_KERNEL(prefix, rotate_half, Io, P, qname, Q, wname, W)
+#define AP_ROTATE_HALF(qname, Q, wname, W) AP_ROTATE_HALF_KERNEL(rotate_half, InQ, qname, Q, wname, W)
 AP_ROTATE_HALF(bf16, BF16, f32, float)
 AP_ROTATE_HALF(bf16, BF16, bf16, BF16)
 AP_ROTATE_HALF(f16, F16, f32, float)
@@ -782,16 +781,8 @@ AP_ROTATE_HALF(f16, F16, bf16, BF16)
 AP_ROTATE_HALF(f32, float, f32, float)
 AP_ROTATE_HALF(f32, float, bf16, BF16)
 
-// LTX-2.3's split RoPE: the rotate-half loops with a split policy (mul_add: SplitMulAdd, fma: SplitFma).
-#define AP_ROPE_SPLIT(form, P, qname, Q, wname, W)                                                              \
-  AP_EXPORT void ap_rope_split_##form##_##qname##_##wname(const void* q, const void* k, const void* c,          \
-                                                          const void* s, void* oq, void* ok, const i64* size,   \
-                                                          const i64* st) {                                      \
-    using QS = Io<Q>::S;                                                                                        \
-    using WS = Io<W>::S;                                                                                        \
-    rotate_half<Q, W, P>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),       \
-                         static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);      \
-  }
+// LTX-2.3's split RoPE: ap_rope_split_mul_add_* (SplitMulAdd) and ap_rope_split_fma_* (SplitFma).
+#define AP_ROPE_SPLIT(form, P, qname, Q, wname, W) AP_ROTATE_HALF_KERNEL(rope_split_##form, P, qname, Q, wname, W)
 #define AP_ROPE_SPLITS(form, P)                  \
   AP_ROPE_SPLIT(form, P, bf16, BF16, f32, float) \
   AP_ROPE_SPLIT(form, P, bf16, BF16, bf16, BF16) \
