@@ -4,8 +4,9 @@ default tier against the same models unpatched, measured side by side in one run
 1. **Per fused op.** The arguments of every fused-op call of one forward of each medium model are recorded; each
    distinct signature is then timed, the device's fused implementation against the reference chain, in interleaved
    rounds (ratio of paired medians with a 95 % interval).
-2. **Per model.** SANA-Video, SANA-Video 2.0, MiniMax-H3 and Wan (medium test configs, about 320 video tokens
-   each: 5 frames of 16×16 / 8×8 / 16×16 / 16×16 latents; Wan's is :data:`WAN_MEDIUM_CONFIG` here), bf16 and
+2. **Per model.** SANA-Video, SANA-Video 2.0, MiniMax-H3, Wan, HunyuanVideo 1.5, LTX-2 and LTX-2.3 (its split
+   RoPE and gated attention; medium test configs, about 320 video tokens each; Wan's and LTX-2's medium sizes are
+   :data:`WAN_MEDIUM_CONFIG` and :data:`LTX2_MEDIUM_CONFIG` here), bf16 and
    fp32: one forward of a patched copy (``apply()``, default tier) against the unpatched model, interleaved rounds;
    the outputs must be ``torch.equal`` in the same run (the script exits 1 if not).
 3. **Per pipeline step.** The tiny pipelines with the medium transformers, one denoising step per call, patched
@@ -16,7 +17,7 @@ default tier against the same models unpatched, measured side by side in one run
    the forward faster than ``forward / those ops``: the bound the per-model target is measured against.
 
     python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan,
-                                        hunyuan_video15,ltx2]
+                                        hunyuan_video15,ltx2,ltx2_3]
                                         [--dtypes bf16,fp32] [--skip ops,models,pipelines,ceiling]
 """
 from __future__ import annotations
@@ -57,6 +58,9 @@ def _models():
                 lambda m: t.wan_transformer_inputs(m, num_frames=5, height=16, width=16)),
         "ltx2": (lambda dtype: t.tiny_ltx2_transformer({**t.LTX2_TINY_CONFIG, **LTX2_MEDIUM_CONFIG}, dtype=dtype),
                  lambda m: t.ltx2_transformer_inputs(m, num_frames=5, height=8, width=8)),
+        # LTX-2.3: gated attention and the split RoPE (rope_split_pair) in place of the interleaved one
+        "ltx2_3": (lambda dtype: t.tiny_ltx2_transformer({**t.LTX2_3_TINY_CONFIG, **LTX2_MEDIUM_CONFIG}, dtype=dtype),
+                   lambda m: t.ltx2_transformer_inputs(m, num_frames=5, height=8, width=8)),
         "hunyuan_video15": (lambda dtype: t.tiny_hunyuan_video15_transformer(dtype=dtype, num_attention_heads=4,
                                                                              num_layers=4),
                             lambda m: t.hunyuan_video15_transformer_inputs(m, num_frames=5, height=8, width=8)),
@@ -241,7 +245,7 @@ def bench_pipeline(name: str, rounds: int) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3,wan,hunyuan_video15,ltx2")
+    parser.add_argument("--models", default="sana_video,sana_video2,minimax_h3,wan,hunyuan_video15,ltx2,ltx2_3")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: ops, models, pipelines, ceiling")
     args = parser.parse_args(argv)
