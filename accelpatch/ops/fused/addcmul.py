@@ -53,9 +53,9 @@ def addcmul_form(device: torch.device) -> tuple[Optional[int], Optional[str]]:
     """``(form, None)`` of the device's eager float32 ``addcmul_`` (the same in its vectorised and scalar loops),
     or ``(None, reason)`` where a loop is neither form or the two loops differ (no one kernel replays it then)."""
     key = str(device)
-    with _LOCK:
-        if key in _FORMS:
-            return _FORMS[key]
+    known = _FORMS.get(key)  # every launch asks: a plain dict read (atomic); only the first probe takes the lock
+    if known is not None:
+        return known
     loops = loop_forms(device)
     if None in loops.values():
         answer = (None, f"eager float32 addcmul_ on {device.type} is neither {FORMS[0]} nor {FORMS[1]} ({loops})")
