@@ -43,3 +43,28 @@ SPLIT_ROPE_PAIR = register(FusedOp(
     "rope_split_pair", reference.rope_split_pair,
     "split (rotate-half) RoPE of query and key in one pass, one float32 table entry per pair for both halves, "
     "float32 chain (LTX-2.3's default rope_type)"))
+POINTWISE_CONV = register(FusedOp(
+    "pointwise_conv", reference.pointwise_conv,
+    "bf16 1x1 convolution summed in the order of oneDNN's emulated-bf16 kernel over float operands (CPUs with "
+    "AVX-512 and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",),
+    single_threaded=True))
+
+
+def _restatable_pointwise(conv: torch.nn.Module) -> bool:
+    """Whether ``conv``'s call is exactly ``F.conv2d(x, conv.weight, conv.bias)``: torch's own Conv2d, 1x1, stride 1,
+    no padding, dilation 1, one group, and no hooks or instance forward (accelerate's offloading hooks)."""
+    module = torch.nn.modules.module
+    return (type(conv) is torch.nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
+            and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
+            and conv.padding_mode == "zeros" and not conv._forward_hooks and not conv._forward_pre_hooks
+            and not conv._backward_hooks and not conv._backward_pre_hooks and "forward" not in conv.__dict__
+            and not module._global_forward_hooks and not module._global_forward_pre_hooks
+            and not module._global_backward_hooks and not module._global_backward_pre_hooks)
+
+
+def conv1x1(site, conv: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` of a 1x1 convolution module, through POINTWISE_CONV where the module's call restates as
+    ``F.conv2d`` (else the module itself runs, counted)."""
+    if not _restatable_pointwise(conv):
+        return POINTWISE_CONV.module_call(site, conv, x)
+    return POINTWISE_CONV(site, x, conv.weight, conv.bias)

@@ -32,8 +32,12 @@ FUSED = "fused"
 IN_COMPILE = "reference: inside torch.compile (the compiler fuses the chain itself)"
 IN_AUTOGRAD = "reference: inputs require grad (the fused kernel has no backward)"
 IN_CAPTURE = "reference: first sight inside CUDA graph capture (verification needs an eager run)"
+MODULE_RUNS = ("reference: the module has hooks, its own forward or settings the op does not restate "
+               "(the module itself runs)")
+THREADED = ("reference: torch.get_num_threads() > 1 (the kernel is single-threaded; eager's threaded kernel runs "
+            "instead)")
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
-POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE)
+POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
 
 #: device type -> module implementing every fused op there (functions named as the ops, plus ``unsupported``)
 IMPLEMENTATIONS = {"cpu": "accelpatch.ops.fused.cpu", "cuda": "accelpatch.ops.fused.triton_kernels"}
@@ -154,13 +158,20 @@ class FusedOp:
     bit for bit. ``site`` (an :class:`accelpatch.sites.base.Site`) receives the counts, warnings and strictness."""
 
     def __init__(self, name: str, reference: Callable, description: str,
-                 dtypes: Optional[tuple[torch.dtype, ...]] = None) -> None:
+                 dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
+                 single_threaded: bool = False) -> None:
         self.name = name
         self.reference = reference
         self.description = description
         #: the activation dtypes the op is fused for (None: any the kernels take); a call in another dtype runs the
         #: reference, counted with :meth:`other_dtype_outcome` (a policy, not a decline: never warned)
         self.dtypes = dtypes
+        #: the device types the op is fused on (None: every type with an implementation); elsewhere the reference
+        #: runs, counted with :meth:`other_device_outcome` (a policy, not a decline)
+        self.devices = devices
+        #: a CPU kernel that is slower than eager's once eager has several threads: run the reference then, counted
+        #: as :data:`THREADED` (a policy, not a decline)
+        self.single_threaded = single_threaded
         self._verdicts: dict[tuple, Verdict] = {}
         self._implementations: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
@@ -205,20 +216,37 @@ class FusedOp:
         names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
         return f"reference: {str(dtype).removeprefix('torch.')} activations (fused for {names} only)"
 
+    def other_device_outcome(self, device_type: str) -> str:
+        return f"reference: {device_type} tensors (fused on {', '.join(self.devices)} only)"
+
     def policy_outcomes(self) -> tuple[str, ...]:
         """Every outcome a call can count without a verdict (for compiled code's tallies, prepared at apply)."""
         others = () if self.dtypes is None else tuple(
             self.other_dtype_outcome(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
             if d not in self.dtypes)
+        if self.devices is not None:
+            others += tuple(self.other_device_outcome(d) for d in ("cpu", "cuda") if d not in self.devices)
+        if self.single_threaded:
+            others += (THREADED,)
         return POLICY_OUTCOMES + others
+
+    def module_call(self, site: Any, module: torch.nn.Module, *inputs: Any):
+        """Run ``module`` itself where the op would stand in for its call but cannot restate it (hooks, an
+        instance forward, other settings), counted as :data:`MODULE_RUNS`."""
+        _count(site, self.name, MODULE_RUNS)
+        return module(*inputs)
 
     # -- the call ---------------------------------------------------------------------------------------------------
     def __call__(self, site: Any, *args: Any):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if self.dtypes is not None and tensors[0].dtype not in self.dtypes:
             return self._reference(site, args, self.other_dtype_outcome(tensors[0].dtype))
+        if self.devices is not None and tensors[0].device.type not in self.devices:
+            return self._reference(site, args, self.other_device_outcome(tensors[0].device.type))
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
+        if self.single_threaded and tensors[0].is_cpu and torch.get_num_threads() > 1:
+            return self._reference(site, args, THREADED)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._reference(site, args, IN_AUTOGRAD)
         key = signature(args)

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import cpu_build, split_rope
+from . import cpu_build, pointwise_conv as _pointwise_conv, split_rope
 from .addcmul import FMA, addcmul_form
 from . import reference as ref
 from .layout import eager_layouts
@@ -380,6 +380,7 @@ _WHY = {
     "glu_gate": lambda *a: _why_elementwise("glu_gate", ref.glu_gate, a, (torch.bfloat16,), "silu"),
     "sigmoid_gate": lambda *a: _why_elementwise("sigmoid_gate", ref.sigmoid_gate, a, (torch.bfloat16,), "sigmoid"),
     "scale_to_tokens": lambda *a: _why_scale(*a),
+    "pointwise_conv": lambda *a: _pointwise_conv.why(*a),
 }
 
 
@@ -697,6 +698,9 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
     return outs
 
 
+pointwise_conv = _pointwise_conv.pointwise_conv
+
+
 #: The ops by name (the names :func:`unsupported` takes, the same as the reference functions').
 OPS: dict[str, Callable] = {
     "relu_rope_pair": relu_rope_pair,
@@ -711,4 +715,5 @@ OPS: dict[str, Callable] = {
     "rotate_half_pair": rotate_half_pair,
     "rotary_complex_pair": rotary_complex_pair,
     "rope_split_pair": rope_split_pair,
+    "pointwise_conv": pointwise_conv,
 }

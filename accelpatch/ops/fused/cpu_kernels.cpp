@@ -13,11 +13,17 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -653,6 +659,107 @@ void rotary_complex(const QS* q, const QS* k, const double* f, QS* oq, QS* ok, c
   });
 }
 
+// ---- bf16 1x1 convolution in the summation order of oneDNN's emulated-bf16 kernels ---------------------------
+//
+// Where a CPU has AVX-512 but no bf16 instructions, oneDNN (eager's convolution) emulates each bf16 pair-product
+// instruction by two float FMAs, the odd input channel of a pair first, and sums the input channels of one output
+// element in blocks (a partial sum per block from +0, the blocks added in order, the bias added last, one rounding
+// to bf16). A bf16 x bf16 product is exact in float, so that order fixes every bit; this kernel sums in the same
+// order over float copies of the operands, much faster than the emulation. The block length (which oneDNN picks
+// per layout and shape) is an argument: pointwise_conv.py probes which one eager uses before this kernel runs.
+constexpr i64 kConvRows = 6;   // output pixels per register tile
+constexpr i64 kConvCols = 64;  // output channels per register tile (4 x 16 floats)
+
+inline float bf16_to_f32(uint16_t v) { return f32_from_bits(static_cast<uint32_t>(v) << 16); }
+
+// kConvRows pixels x 64 channels of partial sums over the packed input channels [c0, c1): xs[c][row] (pixels),
+// wc[c][col] (weights, the tile's 64 columns at wc, rows wstride apart), into part rows prow apart.
+#if defined(__AVX512F__)
+inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64 c1, float* part, i64 prow,
+                      i64 rows) {
+  __m512 acc[kConvRows][4];
+  for (int i = 0; i < kConvRows; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* xr = xs + c0 * kConvRows;
+  const float* wr = wc + c0 * wstride;
+  for (i64 c = c0; c < c1; ++c, xr += kConvRows, wr += wstride) {
+    const __m512 w0 = _mm512_loadu_ps(wr), w1 = _mm512_loadu_ps(wr + 16), w2 = _mm512_loadu_ps(wr + 32),
+                 w3 = _mm512_loadu_ps(wr + 48);
+#pragma GCC unroll 6
+    for (int i = 0; i < kConvRows; ++i) {
+      const __m512 xv = _mm512_set1_ps(xr[i]);
+      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(xv, w2, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(xv, w3, acc[i][3]);
+    }
+  }
+  for (i64 i = 0; i < rows; ++i)
+    for (int j = 0; j < 4; ++j) {
+      float* pp = part + i * prow + 16 * j;
+      _mm512_storeu_ps(pp, c0 == 0 ? acc[i][j] : _mm512_add_ps(_mm512_loadu_ps(pp), acc[i][j]));
+    }
+}
+#else
+inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64 c1, float* part, i64 prow,
+                      i64 rows) {
+  for (i64 i = 0; i < rows; ++i)
+    for (i64 j = 0; j < kConvCols; ++j) {
+      float acc = 0.0f;
+      for (i64 c = c0; c < c1; ++c) acc = std::fma(xs[c * kConvRows + i], wc[c * wstride + j], acc);
+      part[i * prow + j] = c0 == 0 ? acc : part[i * prow + j] + acc;
+    }
+}
+#endif
+
+// out[n, o, h, w] = bf16(blocked sum over c of x[n, c, h, w] * w[o, c] (+ bias[o], last)), any strides of x
+// (xst) and out (ost); w is [o, k] contiguous; bias may be null. Pixels are (n, h, w) in that order.
+void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias,
+                         uint16_t* out, const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width,
+                         i64 reduce_block) {
+  const i64 kp = k + (k & 1), pixels = images * height * width;
+  const i64 opad = (o + kConvCols - 1) / kConvCols * kConvCols, tiles = (pixels + kConvRows - 1) / kConvRows;
+  std::unique_ptr<float[]> xs(new float[tiles * kp * kConvRows]), wc(new float[kp * opad]),
+      part(new float[pixels * opad]);
+  std::unique_ptr<i64[]> xoff(new i64[pixels]), ooff(new i64[pixels]);
+  for (i64 n = 0, p = 0; n < images; ++n)
+    for (i64 h = 0; h < height; ++h)
+      for (i64 q = 0; q < width; ++q, ++p) {
+        xoff[p] = n * xst[0] + h * xst[2] + q * xst[3];
+        ooff[p] = n * ost[0] + h * ost[2] + q * ost[3];
+      }
+  // packed row c holds input channel c ^ 1 (a pair's odd channel first); pads are +0
+  for (i64 t = 0; t < tiles; ++t)
+    for (i64 c = 0; c < kp; ++c) {
+      const i64 src = c ^ 1;
+      float* to = xs.get() + (t * kp + c) * kConvRows;
+      for (i64 i = 0; i < kConvRows; ++i) {
+        const i64 p = t * kConvRows + i;
+        to[i] = p < pixels && src < k ? bf16_to_f32(x[xoff[p] + src * xst[1]]) : 0.0f;
+      }
+    }
+  for (i64 c = 0; c < kp; ++c) {
+    const i64 src = c ^ 1;
+    float* to = wc.get() + c * opad;
+    for (i64 j = 0; j < opad; ++j) to[j] = j < o && src < k ? bf16_to_f32(w[j * k + src]) : 0.0f;
+  }
+  for (i64 j0 = 0; j0 < opad; j0 += kConvCols)
+    for (i64 t = 0; t < tiles; ++t) {
+      const i64 rows = std::min(kConvRows, pixels - t * kConvRows);
+      for (i64 c0 = 0; c0 < kp; c0 += reduce_block)
+        conv_tile(xs.get() + t * kp * kConvRows, wc.get() + j0, opad, c0, std::min(kp, c0 + reduce_block),
+                  part.get() + t * kConvRows * opad + j0, opad, rows);
+    }
+  for (i64 p = 0; p < pixels; ++p) {
+    const float* sums = part.get() + p * opad;
+    uint16_t* to = out + ooff[p];
+    if (bias != nullptr)
+      for (i64 j = 0; j < o; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j] + bf16_to_f32(bias[j]));
+    else
+      for (i64 j = 0; j < o; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j]);
+  }
+}
+
 }  // namespace
 
 #define AP_EXPORT extern "C" __attribute__((visibility("default")))
@@ -823,4 +930,11 @@ AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
 }
 
 // A version tag the loader checks, so a stale cached library is never used with a newer Python side.
-AP_EXPORT int ap_abi_version() { return 4; }
+// sizes: {images, k, o, height, width, reduce block}; x's and out's strides: 4 each, in elements
+AP_EXPORT void ap_pointwise_conv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out,
+                                      const i64* sizes, const i64* x_strides, const i64* out_strides) {
+  pointwise_conv_bf16(x, x_strides, w, bias, out, out_strides, sizes[0], sizes[1], sizes[2], sizes[3], sizes[4],
+                      sizes[5]);
+}
+
+AP_EXPORT int ap_abi_version() { return 5; }

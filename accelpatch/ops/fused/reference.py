@@ -8,6 +8,8 @@ models' own forwards.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -153,3 +155,9 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """A sigmoid gate: ``x * sigmoid(gate)`` (the sigmoid rounded, then the product); SANA-Video 2.0's output gate
     and its linear attention's key gate ``β``, where ``gate`` broadcasts over the head dim."""
     return x * torch.sigmoid(gate)
+
+
+def pointwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A 1x1 convolution as ``nn.Conv2d`` with stride 1, no padding, dilation 1 and one group runs it (GLUMB's
+    ``conv_inverted`` and ``conv_point``)."""
+    return F.conv2d(x, weight, bias)

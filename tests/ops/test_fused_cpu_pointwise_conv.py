@@ -1,0 +1,167 @@
+"""The CPU kernel of pointwise_conv (a bf16 1x1 convolution summed in oneDNN's emulated-bf16 order) against eager's
+``F.conv2d``, bit for bit and in layout, and the order probe that decides whether it may run.
+
+Inputs: GLUMB's shapes (448 -> 2240 with bias, 1120 -> 448 without), reductions over one and several 512-channel
+blocks, odd channel counts, output channels and pixel counts that fill no tile, channels-last, NCHW and strided
+inputs, ties, NaN, +-inf, +-0.0 and subnormals. The probe is checked to tell apart the orders it must: other
+blocks, unswapped pairs, the bias first — each changes a large share of its outputs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accelpatch.ops.fused import cpu
+from accelpatch.ops.fused import pointwise_conv as pc
+
+from .test_fused_cpu import BF16, assert_same, needs_kernels, tie_heavy
+
+pytestmark = needs_kernels
+OP = "pointwise_conv"
+
+
+def _operands(n, k, o, h, w, bias=True, layout="nchw", seed=0, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    if ties:
+        x, weight = tie_heavy((n, k, h, w), BF16, seed), tie_heavy((o, k, 1, 1), BF16, seed + 1)
+    else:
+        x = torch.randn(n, k, h, w, generator=g).to(BF16)
+        weight = (torch.randn(o, k, 1, 1, generator=g) / k ** 0.5).to(BF16)
+    b = torch.randn(o, generator=g).to(BF16) if bias else None
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided":  # every other row of a taller input: no dense layout at all
+        tall = torch.zeros(n, k, 2 * h, w, dtype=BF16)
+        tall[:, :, ::2] = x
+        x = tall[:, :, ::2]
+    return x, weight, b
+
+
+def _check(x, weight, bias):
+    with torch.no_grad():
+        reason = cpu.unsupported(OP, x, weight, bias)
+        assert reason is None, reason
+        assert_same(cpu.pointwise_conv(x, weight, bias), F.conv2d(x, weight, bias), f"{OP} {tuple(x.shape)}",
+                    size1_strides=False)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "nchw"])
+@pytest.mark.parametrize("k,o,bias", [(448, 2240, True), (1120, 448, False), (2240, 70, True), (33, 50, True),
+                                      (1, 3, False), (2, 1, True)])
+def test_equals_eager_bit_for_bit(layout, k, o, bias):
+    """One and several reduction blocks (1120 and 2240 channels), odd and tiny channel counts, 70 and 50 output
+    channels (no whole tile of 64), 5 x 7 x 3 pixels (no whole tile of 6)."""
+    _check(*_operands(5, k, o, 7, 3, bias, layout, seed=k + o))
+
+
+def test_glumb_shapes_with_ties_and_a_strided_input():
+    """GLUMB's two convolutions (5 frames of 8 x 8 tokens) on tie-heavy values, whose sums land half-way between
+    bf16 values often; and an input with no dense layout."""
+    for k, o, bias in ((448, 2240, True), (1120, 448, False)):
+        for layout in ("channels_last", "nchw"):
+            _check(*_operands(5, k, o, 8, 8, bias, layout, seed=3, ties=True))
+    _check(*_operands(2, 96, 40, 4, 5, True, "strided", seed=4))
+
+
+def test_edge_values():
+    """NaN, +-inf (and inf - inf), +-0.0 sums (all-zero rows times negative weights), subnormal operands and
+    products that underflow, overflow to inf: each where eager puts it."""
+    x, weight, bias = _operands(2, 64, 24, 4, 4, True, "channels_last", seed=5)
+    x, weight, bias = x.clone(memory_format=torch.channels_last), weight.clone(), bias.clone()
+    x[0, 3, 0, 0] = float("nan")
+    x[0, 5, 1, 1] = float("inf")
+    x[1, 5, 1, 1], x[1, 6, 1, 1] = float("inf"), -float("inf")
+    x[1, :, 2, 2] = 0.0  # a pixel of zeros: +0 sums, then the bias
+    x[0, :, 3, 3] = -0.0
+    weight[7] = -weight[7].abs()
+    x[1, :, 3, 0] = 1e-39  # subnormal inputs
+    weight[9, :8] = 3e-39  # subnormal weights: their products underflow to 0 in float
+    weight[10, :4] = 3.0e38  # products that overflow
+    bias[11] = -0.0
+    _check(x, weight, bias)
+    _check(x, weight, None)
+    zero = torch.zeros(1, 8, 2, 2, dtype=BF16)
+    _check(zero, -torch.ones(3, 8, 1, 1, dtype=BF16), -torch.zeros(3, dtype=BF16))
+
+
+def _emulated(x, weight, bias, order, block=0, bias_first=False):
+    """A float32 sum in a stated order, the slow way: ``order`` lists the input channels as summed, ``block`` > 0
+    restarts the partial sum every ``block`` channels."""
+    rows = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]).float()
+    w = weight.reshape(weight.shape[0], -1).float()
+    total = None
+    partial = torch.zeros(rows.shape[0], w.shape[0])
+    if bias is not None and bias_first:
+        partial = partial + bias.float()  # the first partial sum starts at the bias
+    for i, c in enumerate(order):
+        if block and i and i % block == 0:
+            total = partial if total is None else total + partial
+            partial = torch.zeros_like(partial)
+        partial = partial + rows[:, c:c + 1] * w[:, c]
+    total = partial if total is None else total + partial
+    if bias is not None and not bias_first:
+        total = total + bias.float()
+    n, _, h, w_ = x.shape
+    return total.to(BF16).reshape(n, h, w_, -1).permute(0, 3, 1, 2)
+
+
+def test_the_emulation_of_the_replayed_order_is_eager():
+    """The order the kernel replays, written out in float32 ops (pairs swapped, blocks of 512 for NCHW, the bias
+    last), is eager's on the probe's inputs: the statement the kernel rests on, checked without the kernel."""
+    x, weight, bias = _operands(1, 600, 16, 2, 3, True, "nchw", seed=6)
+    px, pw, pb = pc._probe_inputs(x, weight, bias)
+    swapped = [c ^ 1 for c in range(600)]
+    assert torch.equal(_emulated(px, pw, pb, swapped, block=512), F.conv2d(px, pw, pb))
+
+
+@pytest.mark.parametrize("variant", ["whole reduction", "blocks of 256", "unswapped pairs", "bias first"])
+def test_the_probe_tells_other_orders_apart(variant):
+    """Each plausible other order of summation changes at least a third of the probe's outputs (a wrong block or
+    pairing cannot pass the probe by chance)."""
+    x, weight, bias = _operands(1, 600, 16, 2, 3, True, "nchw", seed=7)
+    px, pw, pb = pc._probe_inputs(x, weight, bias)
+    swapped, plain = [c ^ 1 for c in range(600)], list(range(600))
+    order, block, first = {"whole reduction": (swapped, 0, False), "blocks of 256": (swapped, 256, False),
+                           "unswapped pairs": (plain, 512, False), "bias first": (swapped, 512, True)}[variant]
+    expected = F.conv2d(px, pw, pb)
+    differ = int((_emulated(px, pw, pb, order, block, first) != expected).sum())
+    assert differ >= expected.numel() // 3, (variant, differ, expected.numel())
+
+
+def test_the_probe_finds_the_block_and_refuses_when_none_matches(monkeypatch):
+    """The probe picks a block the kernel then matches eager with; offered only wrong blocks it refuses with the
+    reason, and so does the op."""
+    x, weight, bias = _operands(2, 1100, 32, 3, 3, False, "nchw", seed=8)
+    block, reason = pc.probe_order(x, weight, bias)
+    assert reason is None and block == 512
+    monkeypatch.setattr(pc, "candidate_blocks", lambda x: (256, 1024))
+    monkeypatch.setattr(pc, "_BLOCKS", {})
+    block, reason = pc.probe_order(x, weight, bias)
+    assert block is None and "sums in an order pointwise_conv's kernel does not replay" in reason
+    assert "does not replay" in cpu.unsupported(OP, x, weight, bias)
+    with pytest.raises(ValueError, match="does not replay"):
+        cpu.pointwise_conv(x, weight, bias)
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("float32", "takes bfloat16"),
+    ("3x3", "1x1 convolution"),
+    ("bias shape", "contiguous [4] bias"),
+    ("weight layout", "contiguous weight"),
+    ("empty", "empty convolution"),
+])
+def test_unsupported_inputs_say_why(case, expected):
+    x, weight, bias = _operands(1, 6, 4, 2, 2, True, "nchw", seed=9)
+    if case == "float32":
+        x, weight, bias = x.float(), weight.float(), bias.float()
+    elif case == "3x3":
+        weight = torch.zeros(4, 6, 3, 3, dtype=BF16)
+    elif case == "bias shape":
+        bias = torch.zeros(5, dtype=BF16)
+    elif case == "weight layout":
+        weight = torch.zeros(6, 4, 1, 1, dtype=BF16).transpose(0, 1)
+    elif case == "empty":
+        x = x[:0]
+    with torch.no_grad():
+        assert expected in cpu.unsupported(OP, x, weight, bias)

@@ -1,0 +1,106 @@
+"""SANA-Video's GLUMB convolutions through the real pointwise_conv kernel at the default tier: bit-identical to
+unpatched diffusers and really fused; a hook added after ``apply``, an instance forward, several threads and
+``exact`` each run diffusers' module (counted, never warned), and the hook still fires."""
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+from accelpatch import testing as t
+from accelpatch import verify
+
+from ops.test_fused_cpu import needs_kernels
+
+pytestmark = needs_kernels
+
+
+def _model(batch=2):
+    model = t.tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = t.sana_video_transformer_inputs(model, batch_size=batch, with_mask=True, seed=batch)
+    with torch.no_grad():
+        expected = model(**inputs).sample
+    accelpatch.apply(model)
+    return model, inputs, expected
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def _conv_fusion(model):
+    return next(f for f in accelpatch.report(model).models[0].fusions if f.op == "pointwise_conv")
+
+
+def _blocks(model):
+    return len(model.transformer_blocks)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_glumb_convolutions_run_fused_and_bit_identical(batch):
+    model, inputs, expected = _model(batch)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="accelpatch: lossless")
+        for _ in range(3):
+            assert torch.equal(_forward(model, inputs), expected)
+    fusion = _conv_fusion(model)
+    assert fusion.sites == _blocks(model) and not fusion.declined
+    frames = inputs["hidden_states"].shape[0] * inputs["hidden_states"].shape[2]
+    mine = [d for d, _ in fusion.verified if d.startswith(f"cpu bfloat16[{frames},")]
+    assert len(mine) == 2  # conv_inverted and conv_point (verdicts are per process: other tests' are listed too)
+    assert fusion.fused_calls == 3 * 2 * _blocks(model)
+    accelpatch.remove(model)
+    assert torch.equal(_forward(model, inputs), expected)
+
+
+def test_a_hook_added_after_apply_runs_the_module_and_fires():
+    model, inputs, expected = _model()
+    seen = []
+    handle = model.transformer_blocks[0].ff.conv_inverted.register_forward_hook(lambda m, a, out: seen.append(1))
+    assert torch.equal(_forward(model, inputs), expected)
+    assert seen == [1]
+    fusion = _conv_fusion(model)
+    assert fusion.reference_calls == {verify.MODULE_RUNS: 1}
+    assert fusion.fused_calls == 2 * _blocks(model) - 1
+    handle.remove()
+    assert torch.equal(_forward(model, inputs), expected) and seen == [1]
+    assert _conv_fusion(model).fused_calls == 2 * (2 * _blocks(model)) - 1
+
+
+def test_a_convolution_with_its_own_forward_runs_the_module():
+    model, inputs, expected = _model()
+    conv = model.transformer_blocks[1].ff.conv_point
+    calls = []
+
+    def forward(x):
+        calls.append(1)
+        return torch.nn.Conv2d.forward(conv, x)
+
+    conv.forward = forward
+    assert torch.equal(_forward(model, inputs), expected) and calls == [1]
+    assert _conv_fusion(model).reference_calls == {verify.MODULE_RUNS: 1}
+
+
+def test_several_threads_run_eager_counted_without_warning():
+    model, inputs, _ = _model()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            unpatched = accelpatch.remove(model) or model(**inputs).sample
+        accelpatch.apply(model)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="accelpatch: lossless")
+            assert torch.equal(_forward(model, inputs), unpatched)
+    finally:
+        torch.set_num_threads(previous)
+    fusion = _conv_fusion(model)
+    assert fusion.fused_calls == 0 and fusion.reference_calls == {verify.THREADED: 2 * _blocks(model)}
+
+
+def test_exact_runs_no_convolution_kernel():
+    model, inputs, expected = _model()
+    with accelpatch.quality("exact"):
+        assert torch.equal(_forward(model, inputs), expected)
+    assert _conv_fusion(model).fused_calls == 0
