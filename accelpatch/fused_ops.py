@@ -46,25 +46,39 @@ SPLIT_ROPE_PAIR = register(FusedOp(
 POINTWISE_CONV = register(FusedOp(
     "pointwise_conv", reference.pointwise_conv,
     "bf16 1x1 convolution summed in the order of oneDNN's emulated-bf16 kernel over float operands (CPUs with "
-    "AVX-512 and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",),
-    single_threaded=True))
+    "AVX-512 and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",), single_threaded=True))
+LINEAR = register(FusedOp(
+    "linear", reference.linear,
+    "bf16 linear layer summed in the order of oneDNN's emulated-bf16 GEMM over float operands (CPUs with AVX-512 "
+    "and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",), single_threaded=True))
 
 
-def _restatable_pointwise(conv: torch.nn.Module) -> bool:
-    """Whether ``conv``'s call is exactly ``F.conv2d(x, conv.weight, conv.bias)``: torch's own Conv2d, 1x1, stride 1,
-    no padding, dilation 1, one group, and no hooks or instance forward (accelerate's offloading hooks)."""
-    module = torch.nn.modules.module
-    return (type(conv) is torch.nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
-            and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
-            and conv.padding_mode == "zeros" and not conv._forward_hooks and not conv._forward_pre_hooks
-            and not conv._backward_hooks and not conv._backward_pre_hooks and "forward" not in conv.__dict__
-            and not module._global_forward_hooks and not module._global_forward_pre_hooks
-            and not module._global_backward_hooks and not module._global_backward_pre_hooks)
+def _unhooked(module: torch.nn.Module) -> bool:
+    """No hooks on ``module`` or on every module, and no instance forward (accelerate's offloading hooks set one):
+    its call is its class's forward."""
+    hooks = torch.nn.modules.module
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or "forward" in module.__dict__ or hooks._global_forward_hooks
+                or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+                or hooks._global_backward_pre_hooks)
 
 
 def conv1x1(site, conv: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``conv(x)`` of a 1x1 convolution module, through POINTWISE_CONV where the module's call restates as
-    ``F.conv2d`` (else the module itself runs, counted)."""
-    if not _restatable_pointwise(conv):
+    """``conv(x)`` of a 1x1 convolution module, through POINTWISE_CONV where the call restates as
+    ``F.conv2d(x, weight, bias)`` (torch's Conv2d, 1x1, stride 1, no padding, dilation 1, one group, unhooked);
+    else the module itself runs, counted."""
+    if not (type(conv) is torch.nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
+            and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
+            and conv.padding_mode == "zeros" and _unhooked(conv)):
         return POINTWISE_CONV.module_call(site, conv, x)
     return POINTWISE_CONV(site, x, conv.weight, conv.bias)
+
+
+def linear(site, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` of a linear layer, through LINEAR where it is torch's unhooked ``nn.Linear`` (else the module
+    itself runs, counted); with no site (the exact tier's split processor), the module."""
+    if site is None:
+        return layer(x)
+    if not (type(layer) is torch.nn.Linear and _unhooked(layer)):
+        return LINEAR.module_call(site, layer, x)
+    return LINEAR(site, x, layer.weight, layer.bias)

@@ -108,12 +108,14 @@ def bench_ops(name: str, dtype: torch.dtype, rounds: int) -> None:
         patched(**inputs)
     for (op_name, _), (op, args) in seen.items():
         fused, unsupported, reason = op.implementation(args[0].device)
-        reason = reason or unsupported(op_name, *args)
+        with torch.no_grad():  # the weights of pointwise_conv and linear require grad outside it
+            reason = reason or unsupported(op_name, *args)
         label = f"  {op_name:<20} {verify.describe(args)[:70]:<70}"
         if reason is not None:
             print(f"{label} not run: {reason}")
             continue
-        base, cand = interleaved(lambda: op.reference(*args), lambda: fused(*args), rounds=rounds, repeat=20)
+        with torch.no_grad():
+            base, cand = interleaved(lambda: op.reference(*args), lambda: fused(*args), rounds=rounds, repeat=20)
         comparison = compare_timings(base, cand)
         print(f"{label} eager {comparison.baseline.median * 1e6:7.1f} µs  fused "
               f"{comparison.candidate.median * 1e6:7.1f} µs  {comparison.brief()}")

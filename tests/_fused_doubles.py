@@ -34,5 +34,5 @@ def _make(name):
 
 for _name in ("relu_rope_pair", "rope_pair", "modulate", "gated_residual", "silu", "glu_gate", "scale_to_tokens",
               "rotate_half_pair", "rotary_complex_pair", "sigmoid_gate", "rope_pair_per_channel", "rope_split_pair",
-              "pointwise_conv"):
+              "pointwise_conv", "linear"):
     globals()[_name] = _make(_name)

@@ -97,7 +97,8 @@ def test_notebook_output_is_the_report_table_not_the_pipeline():
     assert isinstance(shown, type(accelpatch.report(pipe)))
     text = repr(shown)
     assert text == str(shown) and text.startswith("SanaVideoTransformer3DModel (SANA-Video)")
-    assert "transformer_blocks.0.attn1" in text and "AutoencoderKLWan" not in text and len(text) < 2000
+    # eight fused-op lines and the site table: a page, not the pipeline's repr
+    assert "transformer_blocks.0.attn1" in text and "AutoencoderKLWan" not in text and len(text) < 2500
     html = shown._repr_html_()
     # a header row and one row per site: per block, its lossless block, attn1's high and lossless sites, ff's GLUMB
     rows = [(s.path, s.tier) for s in shown.sites]

@@ -77,7 +77,7 @@ class SanaVideoFusedBlock(FusedOpsPath):
 
 class SanaVideoFusedGLUMB(FusedOpsPath):
     fusion = GLUMB_FUSION
-    description = "GLUMB feed-forward with its SiLU, GLU gate and 1x1 convolutions fused (bit-exact, bf16)"
+    description = "GLUMB feed-forward with its SiLU, GLU gate and 1x1 convs fused (bit-exact, bf16)"
     fused_ops = (SILU, GLU_GATE, POINTWISE_CONV)
     policy_reasons = ("activations are torch.float32: GLUMB's fused chains are bfloat16 tables",
                       "activations are torch.float16: GLUMB's fused chains are bfloat16 tables")

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from ...fused_ops import RELU_ROPE_PAIR, SCALE_TO_TOKENS
+from ...fused_ops import LINEAR, RELU_ROPE_PAIR, SCALE_TO_TOKENS
 from ...gate import QualityGatedFusion
 from ...ops.gemm import bmm_bf16_fp32_reject_reason
 from ...tiers import Tier
@@ -82,8 +82,8 @@ def _self_attention_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple
 
 class SanaLinearAttentionFused(_AcceptsSplitProcessor, FusedOpsPath):
     fusion = FUSED_FUSION
-    description = "linear attention with its ReLU/RoPE/upcast prologue and normaliser epilogue fused (bit-exact)"
-    fused_ops = (RELU_ROPE_PAIR, SCALE_TO_TOKENS)
+    description = "linear attention with its RoPE prologue, normaliser and projections fused (bit-exact)"
+    fused_ops = (RELU_ROPE_PAIR, SCALE_TO_TOKENS, LINEAR)
 
     def expected_processor(self) -> type:
         return _reference_processor_class()
@@ -107,7 +107,7 @@ class SanaLinearAttentionBF16(_AcceptsSplitProcessor, FastPath):
     def kernel_reject_reason(self) -> Optional[str]:
         return bmm_bf16_fp32_reject_reason()
 
-    fused_ops = (RELU_ROPE_PAIR,)
+    fused_ops = (RELU_ROPE_PAIR, LINEAR)
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = _self_attention_call(self, attn, args, kwargs)

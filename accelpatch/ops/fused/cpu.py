@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import cpu_build, pointwise_conv as _pointwise_conv, split_rope
+from . import cpu_build, onednn_bf16, split_rope
 from .addcmul import FMA, addcmul_form
 from . import reference as ref
 from .layout import eager_layouts
@@ -380,7 +380,8 @@ _WHY = {
     "glu_gate": lambda *a: _why_elementwise("glu_gate", ref.glu_gate, a, (torch.bfloat16,), "silu"),
     "sigmoid_gate": lambda *a: _why_elementwise("sigmoid_gate", ref.sigmoid_gate, a, (torch.bfloat16,), "sigmoid"),
     "scale_to_tokens": lambda *a: _why_scale(*a),
-    "pointwise_conv": lambda *a: _pointwise_conv.why(*a),
+    "pointwise_conv": lambda *a: onednn_bf16.why_pointwise_conv(*a),
+    "linear": lambda *a: onednn_bf16.why_linear(*a),
 }
 
 
@@ -698,7 +699,8 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
     return outs
 
 
-pointwise_conv = _pointwise_conv.pointwise_conv
+pointwise_conv = onednn_bf16.pointwise_conv
+linear = onednn_bf16.linear
 
 
 #: The ops by name (the names :func:`unsupported` takes, the same as the reference functions').
@@ -716,4 +718,5 @@ OPS: dict[str, Callable] = {
     "rotary_complex_pair": rotary_complex_pair,
     "rope_split_pair": rope_split_pair,
     "pointwise_conv": pointwise_conv,
+    "linear": linear,
 }

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 SOURCE_NAME = "cpu_kernels.cpp"
 LIBRARY_NAME = "libaccelpatch_fused_cpu.so"
-ABI_VERSION = 5  # must equal ap_abi_version() in the source
+ABI_VERSION = 6  # must equal ap_abi_version() in the source
 #: -ffp-contract=off and -fno-fast-math are part of the numerics: a contracted multiply-add rounds once, eager twice.
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
          "-fvisibility=hidden")

@@ -673,10 +673,11 @@ constexpr i64 kConvCols = 64;  // output channels per register tile (4 x 16 floa
 inline float bf16_to_f32(uint16_t v) { return f32_from_bits(static_cast<uint32_t>(v) << 16); }
 
 // kConvRows pixels x 64 channels of partial sums over the packed input channels [c0, c1): xs[c][row] (pixels),
-// wc[c][col] (weights, the tile's 64 columns at wc, rows wstride apart), into part rows prow apart.
+// wc[c][col] (weights, the tile's 64 columns at wc, rows wstride apart), stored into part (rows prow apart) or,
+// with add, added to what part holds (the earlier blocks' sum).
 #if defined(__AVX512F__)
 inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64 c1, float* part, i64 prow,
-                      i64 rows) {
+                      i64 rows, bool add) {
   __m512 acc[kConvRows][4];
   for (int i = 0; i < kConvRows; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -697,26 +698,28 @@ inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64
   for (i64 i = 0; i < rows; ++i)
     for (int j = 0; j < 4; ++j) {
       float* pp = part + i * prow + 16 * j;
-      _mm512_storeu_ps(pp, c0 == 0 ? acc[i][j] : _mm512_add_ps(_mm512_loadu_ps(pp), acc[i][j]));
+      _mm512_storeu_ps(pp, add ? _mm512_add_ps(_mm512_loadu_ps(pp), acc[i][j]) : acc[i][j]);
     }
 }
 #else
 inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64 c1, float* part, i64 prow,
-                      i64 rows) {
+                      i64 rows, bool add) {
   for (i64 i = 0; i < rows; ++i)
     for (i64 j = 0; j < kConvCols; ++j) {
       float acc = 0.0f;
       for (i64 c = c0; c < c1; ++c) acc = std::fma(xs[c * kConvRows + i], wc[c * wstride + j], acc);
-      part[i * prow + j] = c0 == 0 ? acc : part[i * prow + j] + acc;
+      part[i * prow + j] = add ? part[i * prow + j] + acc : acc;
     }
 }
 #endif
 
-// out[n, o, h, w] = bf16(blocked sum over c of x[n, c, h, w] * w[o, c] (+ bias[o], last)), any strides of x
-// (xst) and out (ost); w is [o, k] contiguous; bias may be null. Pixels are (n, h, w) in that order.
+// out[n, o, h, w] = bf16(blocked sum over c of x[n, c, h, w] * w[o, c] (+ bias[o])), any strides of x (xst) and
+// out (ost); w is [o, k] contiguous; bias may be null, added after the blocks or, with bias_first, before the
+// first (a GEMM that starts from its bias, as oneDNN's does for some layouts). Pixels are (n, h, w) in order.
+// nn.Linear is the same sum: its tokens are the pixels (h), its features the channels.
 void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias,
                          uint16_t* out, const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width,
-                         i64 reduce_block) {
+                         i64 reduce_block, bool bias_first) {
   const i64 kp = k + (k & 1), pixels = images * height * width;
   const i64 opad = (o + kConvCols - 1) / kConvCols * kConvCols, tiles = (pixels + kConvRows - 1) / kConvRows;
   std::unique_ptr<float[]> xs(new float[tiles * kp * kConvRows]), wc(new float[kp * opad]),
@@ -743,17 +746,21 @@ void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, c
     float* to = wc.get() + c * opad;
     for (i64 j = 0; j < opad; ++j) to[j] = j < o && src < k ? bf16_to_f32(w[j * k + src]) : 0.0f;
   }
+  const bool start_at_bias = bias != nullptr && bias_first;
+  if (start_at_bias)
+    for (i64 p = 0; p < pixels; ++p)
+      for (i64 j = 0; j < opad; ++j) part[p * opad + j] = j < o ? bf16_to_f32(bias[j]) : 0.0f;
   for (i64 j0 = 0; j0 < opad; j0 += kConvCols)
     for (i64 t = 0; t < tiles; ++t) {
       const i64 rows = std::min(kConvRows, pixels - t * kConvRows);
       for (i64 c0 = 0; c0 < kp; c0 += reduce_block)
         conv_tile(xs.get() + t * kp * kConvRows, wc.get() + j0, opad, c0, std::min(kp, c0 + reduce_block),
-                  part.get() + t * kConvRows * opad + j0, opad, rows);
+                  part.get() + t * kConvRows * opad + j0, opad, rows, start_at_bias || c0 > 0);
     }
   for (i64 p = 0; p < pixels; ++p) {
     const float* sums = part.get() + p * opad;
     uint16_t* to = out + ooff[p];
-    if (bias != nullptr)
+    if (bias != nullptr && !bias_first)
       for (i64 j = 0; j < o; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j] + bf16_to_f32(bias[j]));
     else
       for (i64 j = 0; j < o; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j]);
@@ -930,11 +937,11 @@ AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
 }
 
 // A version tag the loader checks, so a stale cached library is never used with a newer Python side.
-// sizes: {images, k, o, height, width, reduce block}; x's and out's strides: 4 each, in elements
+// sizes: {images, k, o, height, width, reduce block, bias first}; x's and out's strides: 4 each, in elements
 AP_EXPORT void ap_pointwise_conv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out,
                                       const i64* sizes, const i64* x_strides, const i64* out_strides) {
   pointwise_conv_bf16(x, x_strides, w, bias, out, out_strides, sizes[0], sizes[1], sizes[2], sizes[3], sizes[4],
-                      sizes[5]);
+                      sizes[5], sizes[6] != 0);
 }
 
-AP_EXPORT int ap_abi_version() { return 5; }
+AP_EXPORT int ap_abi_version() { return 6; }

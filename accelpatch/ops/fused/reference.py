@@ -161,3 +161,8 @@ def pointwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     """A 1x1 convolution as ``nn.Conv2d`` with stride 1, no padding, dilation 1 and one group runs it (GLUMB's
     ``conv_inverted`` and ``conv_point``)."""
     return F.conv2d(x, weight, bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``nn.Linear``'s call: ``F.linear(x, weight, bias)`` (SANA-Video's attention projections)."""
+    return F.linear(x, weight, bias)

@@ -1,6 +1,7 @@
-"""SANA-Video's GLUMB convolutions through the real pointwise_conv kernel at the default tier: bit-identical to
-unpatched diffusers and really fused; a hook added after ``apply``, an instance forward, several threads and
-``exact`` each run diffusers' module (counted, never warned), and the hook still fires."""
+"""SANA-Video's GLUMB convolutions and self-attention projections through the real pointwise_conv and linear
+kernels at the default tier: bit-identical to unpatched diffusers and really fused; a hook added after ``apply``,
+an instance forward, several threads and ``exact`` each run diffusers' module (counted, never warned), and the
+hook still fires."""
 import warnings
 
 import pytest
@@ -29,8 +30,8 @@ def _forward(model, inputs):
         return model(**inputs).sample
 
 
-def _conv_fusion(model):
-    return next(f for f in accelpatch.report(model).models[0].fusions if f.op == "pointwise_conv")
+def _conv_fusion(model, op="pointwise_conv"):
+    return next(f for f in accelpatch.report(model).models[0].fusions if f.op == op)
 
 
 def _blocks(model):
@@ -50,6 +51,11 @@ def test_the_glumb_convolutions_run_fused_and_bit_identical(batch):
     mine = [d for d, _ in fusion.verified if d.startswith(f"cpu bfloat16[{frames},")]
     assert len(mine) == 2  # conv_inverted and conv_point (verdicts are per process: other tests' are listed too)
     assert fusion.fused_calls == 3 * 2 * _blocks(model)
+    projections = _conv_fusion(model, "linear")
+    assert projections.sites == _blocks(model) and not projections.declined
+    assert projections.fused_calls == 3 * 4 * _blocks(model)  # to_q, to_k, to_v, to_out[0]
+    mine = [d for d, _ in projections.verified if d.startswith(f"cpu bfloat16[{batch},")]
+    assert len(mine) == 2  # q/k/v share a signature; to_out's feature-minor input with its bias is the other
     accelpatch.remove(model)
     assert torch.equal(_forward(model, inputs), expected)
 
@@ -66,6 +72,15 @@ def test_a_hook_added_after_apply_runs_the_module_and_fires():
     handle.remove()
     assert torch.equal(_forward(model, inputs), expected) and seen == [1]
     assert _conv_fusion(model).fused_calls == 2 * (2 * _blocks(model)) - 1
+
+
+def test_a_hooked_projection_runs_the_module_and_fires():
+    model, inputs, expected = _model()
+    seen = []
+    model.transformer_blocks[1].attn1.to_k.register_forward_pre_hook(lambda m, a: seen.append(1))
+    assert torch.equal(_forward(model, inputs), expected) and seen == [1]
+    fusion = _conv_fusion(model, "linear")
+    assert fusion.reference_calls == {verify.MODULE_RUNS: 1} and fusion.fused_calls == 4 * _blocks(model) - 1
 
 
 def test_a_convolution_with_its_own_forward_runs_the_module():
@@ -97,10 +112,12 @@ def test_several_threads_run_eager_counted_without_warning():
         torch.set_num_threads(previous)
     fusion = _conv_fusion(model)
     assert fusion.fused_calls == 0 and fusion.reference_calls == {verify.THREADED: 2 * _blocks(model)}
+    fusion = _conv_fusion(model, "linear")
+    assert fusion.fused_calls == 0 and fusion.reference_calls == {verify.THREADED: 4 * _blocks(model)}
 
 
 def test_exact_runs_no_convolution_kernel():
     model, inputs, expected = _model()
     with accelpatch.quality("exact"):
         assert torch.equal(_forward(model, inputs), expected)
-    assert _conv_fusion(model).fused_calls == 0
+    assert _conv_fusion(model).fused_calls == 0 and _conv_fusion(model, "linear").fused_calls == 0

@@ -1,9 +1,11 @@
-"""The CPU kernel of pointwise_conv (a bf16 1x1 convolution summed in oneDNN's emulated-bf16 order) against eager's
-``F.conv2d``, bit for bit and in layout, and the order probe that decides whether it may run.
+"""The CPU kernel of pointwise_conv and linear (bf16 1x1 convolutions and linear layers summed in oneDNN's
+emulated-bf16 order) against eager's ``F.conv2d`` and ``F.linear``, bit for bit and in layout, and the order probe
+that decides whether it may run.
 
 Inputs: GLUMB's shapes (448 -> 2240 with bias, 1120 -> 448 without), reductions over one and several 512-channel
 blocks, odd channel counts, output channels and pixel counts that fill no tile, channels-last, NCHW and strided
-inputs, ties, NaN, +-inf, +-0.0 and subnormals. The probe is checked to tell apart the orders it must: other
+inputs, ties, NaN, +-inf, +-0.0 and subnormals; linear layers of 200 to 2240 features (one, two and three
+blocks), with and without bias, on token-major and transposed (feature-minor) inputs. The probe is checked to tell apart the orders it must: other
 blocks, unswapped pairs, the bias first — each changes a large share of its outputs.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from accelpatch.ops.fused import cpu
-from accelpatch.ops.fused import pointwise_conv as pc
+from accelpatch.ops.fused import onednn_bf16 as ob
 
 from .test_fused_cpu import BF16, assert_same, needs_kernels, tie_heavy
 
@@ -110,7 +112,7 @@ def test_the_emulation_of_the_replayed_order_is_eager():
     """The order the kernel replays, written out in float32 ops (pairs swapped, blocks of 512 for NCHW, the bias
     last), is eager's on the probe's inputs: the statement the kernel rests on, checked without the kernel."""
     x, weight, bias = _operands(1, 600, 16, 2, 3, True, "nchw", seed=6)
-    px, pw, pb = pc._probe_inputs(x, weight, bias)
+    px, pw, pb = ob._probe_inputs(x, weight, bias)
     swapped = [c ^ 1 for c in range(600)]
     assert torch.equal(_emulated(px, pw, pb, swapped, block=512), F.conv2d(px, pw, pb))
 
@@ -120,7 +122,7 @@ def test_the_probe_tells_other_orders_apart(variant):
     """Each plausible other order of summation changes at least a third of the probe's outputs (a wrong block or
     pairing cannot pass the probe by chance)."""
     x, weight, bias = _operands(1, 600, 16, 2, 3, True, "nchw", seed=7)
-    px, pw, pb = pc._probe_inputs(x, weight, bias)
+    px, pw, pb = ob._probe_inputs(x, weight, bias)
     swapped, plain = [c ^ 1 for c in range(600)], list(range(600))
     order, block, first = {"whole reduction": (swapped, 0, False), "blocks of 256": (swapped, 256, False),
                            "unswapped pairs": (plain, 512, False), "bias first": (swapped, 512, True)}[variant]
@@ -130,18 +132,67 @@ def test_the_probe_tells_other_orders_apart(variant):
 
 
 def test_the_probe_finds_the_block_and_refuses_when_none_matches(monkeypatch):
-    """The probe picks a block the kernel then matches eager with; offered only wrong blocks it refuses with the
+    """The probe picks an order the kernel then matches eager with; offered only wrong ones it refuses with the
     reason, and so does the op."""
     x, weight, bias = _operands(2, 1100, 32, 3, 3, False, "nchw", seed=8)
-    block, reason = pc.probe_order(x, weight, bias)
-    assert reason is None and block == 512
-    monkeypatch.setattr(pc, "candidate_blocks", lambda x: (256, 1024))
-    monkeypatch.setattr(pc, "_BLOCKS", {})
-    block, reason = pc.probe_order(x, weight, bias)
-    assert block is None and "sums in an order pointwise_conv's kernel does not replay" in reason
+    order, reason = ob.probe_order(OP, x, weight, bias)
+    assert reason is None and order == (512, ob.BIAS_LAST)
+    monkeypatch.setattr(ob, "candidate_orders", lambda op, x: ((256, ob.BIAS_LAST), (1024, ob.BIAS_LAST)))
+    monkeypatch.setattr(ob, "_ORDERS", {})
+    order, reason = ob.probe_order(OP, x, weight, bias)
+    assert order is None and "sums in an order pointwise_conv's kernel does not replay" in reason
     assert "does not replay" in cpu.unsupported(OP, x, weight, bias)
     with pytest.raises(ValueError, match="does not replay"):
         cpu.pointwise_conv(x, weight, bias)
+
+
+def _linear_operands(batch, tokens, k, o, bias, transposed, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, tokens, k, generator=g).to(BF16)
+    if transposed:  # feature-minor, as SANA-Video's attention output reaches to_out
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    weight = (torch.randn(o, k, generator=g) / k ** 0.5).to(BF16)
+    return x, weight, torch.randn(o, generator=g).to(BF16) if bias else None
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["token-major", "feature-minor"])
+@pytest.mark.parametrize("k,o,bias", [(448, 448, False), (448, 448, True), (1120, 448, True), (2240, 100, False),
+                                      (200, 70, True), (33, 5, False)])
+def test_linear_equals_eager_bit_for_bit(transposed, k, o, bias):
+    """One block (200, 33 features), two halves (448, 1120), three blocks (2240); the bias after the blocks,
+    and added in bf16 after the rounding where aten's addmm does so (a feature-minor input)."""
+    x, weight, b = _linear_operands(1, 37, k, o, bias, transposed, seed=k + o)
+    with torch.no_grad():
+        reason = cpu.unsupported("linear", x, weight, b)
+        assert reason is None, reason
+        assert_same(cpu.linear(x, weight, b), F.linear(x, weight, b), f"linear {k}->{o}", size1_strides=False)
+
+
+def test_linear_batches_two_dimensional_inputs_and_ties():
+    for x, weight, b in (_linear_operands(2, 11, 448, 64, True, False, 1), _linear_operands(1, 6, 448, 448, True,
+                                                                                          False, 2)):
+        with torch.no_grad():
+            assert cpu.unsupported("linear", x, weight, b) is None
+            assert_same(cpu.linear(x, weight, b), F.linear(x, weight, b), "linear 3-D")
+            assert_same(cpu.linear(x[0], weight, b), F.linear(x[0], weight, b), "linear 2-D")
+    x, weight = tie_heavy((1, 40, 448), BF16, 3), tie_heavy((448, 448), BF16, 4)
+    with torch.no_grad():
+        assert cpu.unsupported("linear", x, weight, None) is None
+        assert_same(cpu.linear(x, weight, None), F.linear(x, weight, None), "linear ties")
+
+
+def test_the_probe_tells_the_bias_positions_of_a_gemm_apart():
+    """The three bias positions give different results on the probe's inputs, so the probe's choice is the one."""
+    x, weight, bias = _linear_operands(1, 20, 448, 64, True, True, seed=9)
+    from accelpatch.ops.fused import cpu_build
+
+    library, _ = cpu_build.load()
+    px, pw, pb = ob._probe_inputs(x, weight, bias)
+    outs = [ob._run(library, "linear", px, pw, pb, (224, mode))
+            for mode in (ob.BIAS_LAST, ob.BIAS_FIRST, ob.BIAS_ROUNDED)]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            assert int((outs[i] != outs[j]).sum()) >= outs[i].numel() // 10, (i, j)
 
 
 @pytest.mark.parametrize("case,expected", [
@@ -149,7 +200,7 @@ def test_the_probe_finds_the_block_and_refuses_when_none_matches(monkeypatch):
     ("3x3", "1x1 convolution"),
     ("bias shape", "contiguous [4] bias"),
     ("weight layout", "contiguous weight"),
-    ("empty", "empty convolution"),
+    ("empty", "empty product"),
 ])
 def test_unsupported_inputs_say_why(case, expected):
     x, weight, bias = _operands(1, 6, 4, 2, 2, True, "nchw", seed=9)
@@ -165,3 +216,28 @@ def test_unsupported_inputs_say_why(case, expected):
         x = x[:0]
     with torch.no_grad():
         assert expected in cpu.unsupported(OP, x, weight, bias)
+
+
+def test_the_portable_build_sums_in_the_same_order(tmp_path):
+    """Built without -march=native (no AVX-512 intrinsics: the scalar tile), the kernel gives the same bits (-O1
+    keeps the build short; the numerics flags stay)."""
+    import ctypes
+
+    from accelpatch.ops.fused import cpu_build
+
+    cxx, reason = cpu_build.find_compiler()
+    assert cxx is not None, reason
+    flags = tuple("-O1" if f == "-O3" else f for f in cpu_build.FLAGS if f != "-march=native")
+    target, reason = cpu_build._build_with(cxx, flags, {"XDG_CACHE_HOME": str(tmp_path)})
+    assert target is not None, reason
+    portable = ctypes.CDLL(str(target))
+    native, _ = cpu_build.load()
+    x, weight, bias = _operands(2, 600, 70, 3, 5, True, "nchw", seed=10)
+    order = (512, ob.BIAS_LAST)
+    ob._FN.clear()
+    try:
+        got = ob._run(portable, OP, x, weight, bias, order)
+    finally:
+        ob._FN.clear()
+    assert_same(got, ob._run(native, OP, x, weight, bias, order), "portable build")
+    assert_same(got, F.conv2d(x, weight, bias), "portable build against eager")
