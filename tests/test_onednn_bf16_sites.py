@@ -48,13 +48,17 @@ def test_the_glumb_convolutions_run_fused_and_bit_identical(batch):
     fusion = _conv_fusion(model)
     assert fusion.sites == _blocks(model) and not fusion.declined
     frames = inputs["hidden_states"].shape[0] * inputs["hidden_states"].shape[2]
-    mine = [d for d, _ in fusion.verified if d.startswith(f"cpu bfloat16[{frames},")]
+    convs = {",".join(map(str, c.weight.shape)) for c in (model.transformer_blocks[0].ff.conv_inverted,
+                                                          model.transformer_blocks[0].ff.conv_point)}
+    mine = [d for d, _ in fusion.verified if d.startswith(f"cpu bfloat16[{frames},")
+            and any(f"[{w}]" in d for w in convs)]
     assert len(mine) == 2  # conv_inverted and conv_point (verdicts are per process: other tests' are listed too)
     assert fusion.fused_calls == 3 * 2 * _blocks(model)
     projections = _conv_fusion(model, "linear")
     assert projections.sites == _blocks(model) and not projections.declined
     assert projections.fused_calls == 3 * 4 * _blocks(model)  # to_q, to_k, to_v, to_out[0]
-    mine = [d for d, _ in projections.verified if d.startswith(f"cpu bfloat16[{batch},")]
+    weight = ",".join(map(str, model.transformer_blocks[0].attn1.to_q.weight.shape))
+    mine = [d for d, _ in projections.verified if d.startswith(f"cpu bfloat16[{batch},") and f"[{weight}]" in d]
     assert len(mine) == 2  # q/k/v share a signature; to_out's feature-minor input with its bias is the other
     accelpatch.remove(model)
     assert torch.equal(_forward(model, inputs), expected)

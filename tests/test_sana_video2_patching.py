@@ -95,6 +95,9 @@ def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
     # in float32 the reference runs, counted with its reason)
     glu = {"glu_gate": {"fused": 2} if dtype == torch.bfloat16 else
            {"reference: float32 activations (fused for bfloat16 only)": 2}}
+    # and its three projections (up, gate, down) through the linear op, bf16 only as well
+    glu["linear"] = ({"fused": 3 * 2} if dtype == torch.bfloat16 else
+                     {"reference: float32 activations (fused for bfloat16 only)": 3 * 2})
     # per attention call: the RoPE pair and the sigmoid output gate (a bf16 table, as the SwiGLU gate)
     gate = {"sigmoid_gate": {"fused": 2} if dtype == torch.bfloat16 else
             {"reference: float32 activations (fused for bfloat16 only)": 2}}

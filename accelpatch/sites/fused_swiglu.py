@@ -2,7 +2,7 @@
 ``lossless`` fast path any model with that module reuses.
 
 Reference: ``SwiGLU.forward``: ``proj`` → ``chunk(2, dim=-1)`` → ``x * silu(gate)``. The restatement keeps the
-projection and calls the verified ``glu_gate`` op (bf16: an exact table of the device's own SiLU). Other dtypes run
+projection (through the verified ``linear`` op) and calls the verified ``glu_gate`` op (bf16: an exact table of the device's own SiLU). Other dtypes run
 diffusers' forward, counted.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..fused_ops import GLU_GATE
+from ..fused_ops import GLU_GATE, LINEAR, linear
 from ..gate import QualityGatedFusion
 from ..tiers import Tier
 from .base import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
@@ -27,8 +27,8 @@ def swiglu_class() -> type:
 
 class FusedSwiGLU(FusedOpsPath):
     fusion = FUSION
-    description = "SwiGLU gate x * silu(gate) fused (bit-exact, bf16)"
-    fused_ops = (GLU_GATE,)
+    description = "SwiGLU projection and gate x * silu(gate) fused (bit-exact, bf16)"
+    fused_ops = (GLU_GATE, LINEAR)
     policy_reasons = tuple(f"activations are {dtype}: the fused SiLU tables are bfloat16"
                            for dtype in (torch.float32, torch.float16))
 
@@ -44,7 +44,7 @@ class FusedSwiGLU(FusedOpsPath):
         hidden_states = bind_call(args, kwargs, ("hidden_states",))["hidden_states"]
         if hidden_states.dtype != torch.bfloat16:
             return Dense(f"activations are {hidden_states.dtype}: the fused SiLU tables are bfloat16")
-        hidden_states, gate = module.proj(hidden_states).chunk(2, dim=-1)
+        hidden_states, gate = linear(site, module.proj, hidden_states).chunk(2, dim=-1)
         return GLU_GATE(site, hidden_states, gate)
 
 

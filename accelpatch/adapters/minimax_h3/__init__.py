@@ -31,7 +31,7 @@ from ...sites.sol_attention import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, Alway
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
 from ...sites.fused_swiglu import FUSED_SWIGLU
-from ...fused_ops import ROTATE_HALF_PAIR
+from ...fused_ops import LINEAR, ROTATE_HALF_PAIR, linear
 from .fused import FUSED_ATTENTION, FUSED_BLOCK, project_qkv
 
 SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_attn_site",
@@ -113,7 +113,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink (and dense queries)"
     policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
-    fused_ops = (ROTATE_HALF_PAIR,)  # through project_qkv
+    fused_ops = (ROTATE_HALF_PAIR, LINEAR)  # through project_qkv and the output projection
 
     def expected_processor(self) -> type:
         return _processor_class()
@@ -131,7 +131,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
 
         def finish(out: torch.Tensor) -> torch.Tensor:
             out = out.flatten(2, 3).type_as(query)
-            return attn.to_out[1](attn.to_out[0](out))
+            return attn.to_out[1](linear(site, attn.to_out[0], out))
 
         return SparseCall(query, key, value, finish, dense_backend=attn.processor._attention_backend)
 

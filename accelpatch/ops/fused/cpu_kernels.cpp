@@ -717,14 +717,27 @@ inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64
 // out (ost); w is [o, k] contiguous; bias may be null, added after the blocks or, with bias_first, before the
 // first (a GEMM that starts from its bias, as oneDNN's does for some layouts). Pixels are (n, h, w) in order.
 // nn.Linear is the same sum: its tokens are the pixels (h), its features the channels.
+// Per-thread scratch, grown to the largest call and reused: a fresh multi-megabyte buffer per call would be
+// page-faulted in again every time.
+float* scratch(std::vector<float>& buffer, i64 size) {
+  if (static_cast<i64>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
 void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias,
                          uint16_t* out, const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width,
                          i64 reduce_block, bool bias_first) {
+  thread_local std::vector<float> xs_buffer, wc_buffer, part_buffer;
+  thread_local std::vector<i64> offsets;
   const i64 kp = k + (k & 1), pixels = images * height * width;
-  const i64 opad = (o + kConvCols - 1) / kConvCols * kConvCols, tiles = (pixels + kConvRows - 1) / kConvRows;
-  std::unique_ptr<float[]> xs(new float[tiles * kp * kConvRows]), wc(new float[kp * opad]),
-      part(new float[pixels * opad]);
-  std::unique_ptr<i64[]> xoff(new i64[pixels]), ooff(new i64[pixels]);
+  const i64 tiles = (pixels + kConvRows - 1) / kConvRows, rows_padded = tiles * kConvRows;
+  // the input once, packed per tile of pixels; the weights and the partial sums per tile of 64 output channels
+  float* xs = scratch(xs_buffer, tiles * kp * kConvRows);
+  float* wc = scratch(wc_buffer, kp * kConvCols);
+  float* part = scratch(part_buffer, rows_padded * kConvCols);
+  if (static_cast<i64>(offsets.size()) < 2 * pixels) offsets.resize(2 * pixels);
+  i64* xoff = offsets.data();
+  i64* ooff = xoff + pixels;
   for (i64 n = 0, p = 0; n < images; ++n)
     for (i64 h = 0; h < height; ++h)
       for (i64 q = 0; q < width; ++q, ++p) {
@@ -735,35 +748,37 @@ void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, c
   for (i64 t = 0; t < tiles; ++t)
     for (i64 c = 0; c < kp; ++c) {
       const i64 src = c ^ 1;
-      float* to = xs.get() + (t * kp + c) * kConvRows;
+      float* to = xs + (t * kp + c) * kConvRows;
       for (i64 i = 0; i < kConvRows; ++i) {
         const i64 p = t * kConvRows + i;
         to[i] = p < pixels && src < k ? bf16_to_f32(x[xoff[p] + src * xst[1]]) : 0.0f;
       }
     }
-  for (i64 c = 0; c < kp; ++c) {
-    const i64 src = c ^ 1;
-    float* to = wc.get() + c * opad;
-    for (i64 j = 0; j < opad; ++j) to[j] = j < o && src < k ? bf16_to_f32(w[j * k + src]) : 0.0f;
-  }
   const bool start_at_bias = bias != nullptr && bias_first;
-  if (start_at_bias)
-    for (i64 p = 0; p < pixels; ++p)
-      for (i64 j = 0; j < opad; ++j) part[p * opad + j] = j < o ? bf16_to_f32(bias[j]) : 0.0f;
-  for (i64 j0 = 0; j0 < opad; j0 += kConvCols)
+  for (i64 j0 = 0; j0 < o; j0 += kConvCols) {
+    const i64 cols = std::min(kConvCols, o - j0);
+    for (i64 c = 0; c < kp; ++c) {
+      const i64 src = c ^ 1;
+      float* to = wc + c * kConvCols;
+      for (i64 j = 0; j < kConvCols; ++j) to[j] = j < cols && src < k ? bf16_to_f32(w[(j0 + j) * k + src]) : 0.0f;
+    }
+    if (start_at_bias)
+      for (i64 p = 0; p < rows_padded; ++p)
+        for (i64 j = 0; j < kConvCols; ++j) part[p * kConvCols + j] = j < cols ? bf16_to_f32(bias[j0 + j]) : 0.0f;
     for (i64 t = 0; t < tiles; ++t) {
       const i64 rows = std::min(kConvRows, pixels - t * kConvRows);
       for (i64 c0 = 0; c0 < kp; c0 += reduce_block)
-        conv_tile(xs.get() + t * kp * kConvRows, wc.get() + j0, opad, c0, std::min(kp, c0 + reduce_block),
-                  part.get() + t * kConvRows * opad + j0, opad, rows, start_at_bias || c0 > 0);
+        conv_tile(xs + t * kp * kConvRows, wc, kConvCols, c0, std::min(kp, c0 + reduce_block),
+                  part + t * kConvRows * kConvCols, kConvCols, rows, start_at_bias || c0 > 0);
     }
-  for (i64 p = 0; p < pixels; ++p) {
-    const float* sums = part.get() + p * opad;
-    uint16_t* to = out + ooff[p];
-    if (bias != nullptr && !bias_first)
-      for (i64 j = 0; j < o; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j] + bf16_to_f32(bias[j]));
-    else
-      for (i64 j = 0; j < o; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j]);
+    for (i64 p = 0; p < pixels; ++p) {
+      const float* sums = part + p * kConvCols;
+      uint16_t* to = out + ooff[p] + j0 * ost[1];
+      if (bias != nullptr && !bias_first)
+        for (i64 j = 0; j < cols; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j] + bf16_to_f32(bias[j0 + j]));
+      else
+        for (i64 j = 0; j < cols; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j]);
+    }
   }
 }
 
