@@ -430,12 +430,6 @@ def _signature(op_name: str, args) -> Optional[tuple]:
         return None
 
 
-def _typed(library, name: str, nargs: int):
-    """``library``'s function ``name`` as a ctypes function of ``nargs`` pointer arguments returning nothing."""
-    address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
-    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nargs))(address)
-
-
 def _prepare(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
              nargs: int, table: Optional[str] = None) -> _Prepared:
     """Prepares (and caches) a signature not seen before; raises ValueError with the reason when unsupported. The
@@ -448,7 +442,7 @@ def _prepare(op_name: str, args, reference: Callable, kernel_name: Callable[[], 
     if reason:
         raise ValueError(reason)
     library, _ = cpu_build.load()
-    made = _Prepared(_typed(library, kernel_name(), nargs), eager_layouts(reference, args), plan(),
+    made = _Prepared(cpu_build.typed(library, kernel_name(), nargs), eager_layouts(reference, args), plan(),
                      _wide_table(table) if table else None)
     if key is None:
         return made

@@ -140,6 +140,13 @@ def build(env: Optional[dict] = None) -> tuple[Optional[ctypes.CDLL], Optional[s
     return library, None
 
 
+def typed(library: ctypes.CDLL, name: str, nargs: int):
+    """``library``'s function ``name`` as a ctypes function of ``nargs`` pointer arguments returning nothing (plain
+    ``int`` addresses go straight through)."""
+    address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nargs))(address)
+
+
 def load() -> tuple[Optional[ctypes.CDLL], Optional[str]]:
     """The process's library, built once (thread-safe): ``(library, None)`` or ``(None, reason)``."""
     global _RESULT

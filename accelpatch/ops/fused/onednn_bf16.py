@@ -58,14 +58,15 @@ def _empty_out(op: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.empty((n, weight.shape[0], h, w), dtype=torch.bfloat16, memory_format=_out_format(x, weight))
 
 
-_FN: list = []
+_KERNELS: dict = {}  # library -> its GEMM entry point (the key keeps the library loaded while its function is kept)
 
 
 def _kernel(library):
-    if not _FN:
-        address = ctypes.cast(library.ap_pointwise_conv_bf16, ctypes.c_void_p).value
-        _FN.append(ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 7))(address))
-    return _FN[0]
+    """The library's GEMM entry point as a ctypes function, made once per library."""
+    fn = _KERNELS.get(library)
+    if fn is None:
+        fn = _KERNELS.setdefault(library, cpu_build.typed(library, "ap_pointwise_conv_bf16", 7))
+    return fn
 
 
 #: where the bias enters the sum: after the blocks, before the first, or (aten's addmm on a transposed input) as a
