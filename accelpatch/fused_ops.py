@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops.fused import reference
+from .ops.fused import onednn_bf16, reference
 from .verify import FusedOp, register
 
 RELU_ROPE_PAIR = register(FusedOp(
@@ -46,11 +46,13 @@ SPLIT_ROPE_PAIR = register(FusedOp(
 POINTWISE_CONV = register(FusedOp(
     "pointwise_conv", reference.pointwise_conv,
     "bf16 1x1 convolution summed in the order of oneDNN's emulated-bf16 kernel over float operands (CPUs with "
-    "AVX-512 and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",), single_threaded=True))
+    "AVX-512 and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",), single_threaded=True,
+    host=onednn_bf16.why_not_this_cpu))
 LINEAR = register(FusedOp(
     "linear", reference.linear,
     "bf16 linear layer summed in the order of oneDNN's emulated-bf16 GEMM over float operands (CPUs with AVX-512 "
-    "and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",), single_threaded=True))
+    "and no bf16 instructions)", dtypes=(torch.bfloat16,), devices=("cpu",), single_threaded=True,
+    host=onednn_bf16.why_not_this_cpu))
 
 
 def _unhooked(module: torch.nn.Module) -> bool:

@@ -159,7 +159,7 @@ class FusedOp:
 
     def __init__(self, name: str, reference: Callable, description: str,
                  dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
-                 single_threaded: bool = False) -> None:
+                 single_threaded: bool = False, host: Optional[Callable[[], Optional[str]]] = None) -> None:
         self.name = name
         self.reference = reference
         self.description = description
@@ -172,6 +172,11 @@ class FusedOp:
         #: a CPU kernel that is slower than eager's once eager has several threads: run the reference then, counted
         #: as :data:`THREADED` (a policy, not a decline)
         self.single_threaded = single_threaded
+        #: for an op that replays one kind of CPU's eager kernels: ``host()`` says why this CPU is not that kind (None
+        #: when it is), asked once per process; elsewhere the reference runs, counted with :meth:`other_cpu_outcome`
+        #: (expected on such a CPU: a policy, not a decline, so never warned and never raised under strict)
+        self.host = host
+        self._host_outcome: list[Optional[str]] = []
         self._verdicts: dict[tuple, Verdict] = {}
         self._implementations: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
@@ -219,6 +224,16 @@ class FusedOp:
     def other_device_outcome(self, device_type: str) -> str:
         return f"reference: {device_type} tensors (fused on {', '.join(self.devices)} only)"
 
+    def other_cpu_outcome(self) -> Optional[str]:
+        """``"reference: not this CPU: <why>"`` where :attr:`host` says this CPU is not the kind the op replays, else
+        None (asked once per process)."""
+        if self.host is None:
+            return None
+        if not self._host_outcome:
+            why = self.host()
+            self._host_outcome.append(f"reference: not this CPU: {why}" if why else None)
+        return self._host_outcome[0]
+
     def policy_outcomes(self) -> tuple[str, ...]:
         """Every outcome a call can count without a verdict (for compiled code's tallies, prepared at apply)."""
         others = () if self.dtypes is None else tuple(
@@ -228,6 +243,9 @@ class FusedOp:
             others += tuple(self.other_device_outcome(d) for d in ("cpu", "cuda") if d not in self.devices)
         if self.single_threaded:
             others += (THREADED,)
+        other_cpu = self.other_cpu_outcome()
+        if other_cpu is not None:
+            others += (other_cpu,)
         return POLICY_OUTCOMES + others
 
     def module_call(self, site: Any, module: torch.nn.Module, *inputs: Any):
@@ -243,6 +261,10 @@ class FusedOp:
             return self._reference(site, args, self.other_dtype_outcome(tensors[0].dtype))
         if self.devices is not None and tensors[0].device.type not in self.devices:
             return self._reference(site, args, self.other_device_outcome(tensors[0].device.type))
+        if self.host is not None and tensors[0].is_cpu:
+            other_cpu = self.other_cpu_outcome()
+            if other_cpu is not None:
+                return self._reference(site, args, other_cpu)
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
         if self.single_threaded and tensors[0].is_cpu and torch.get_num_threads() > 1:

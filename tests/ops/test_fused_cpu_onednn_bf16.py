@@ -2,6 +2,12 @@
 emulated-bf16 order) against eager's ``F.conv2d`` and ``F.linear``, bit for bit and in layout, and the order probe
 that decides whether it may run.
 
+On every CPU the kernel is checked against the order it is told to replay, written out in float32 ops
+(:func:`_emulated`). Where eager's bf16 kernels are oneDNN's emulated ones (AVX-512 without bf16 instructions, read
+by tests/_cpu_kind.py) the probe must choose the order each case states and the op must equal eager; on any other
+CPU the probe refuses every candidate order for the cases checked, and the two statements about eager's order
+itself are skipped, naming the CPU features they need.
+
 Inputs: GLUMB's shapes (448 -> 2240 with bias, 1120 -> 448 without), reductions over one and several 512-channel
 blocks, odd channel counts, output channels and pixel counts that fill no tile, channels-last, NCHW and strided
 inputs, ties, NaN, +-inf, +-0.0 and subnormals; linear layers of 200 to 2240 features (one, two and three
@@ -16,6 +22,8 @@ import torch.nn.functional as F
 
 from accelpatch.ops.fused import cpu
 from accelpatch.ops.fused import onednn_bf16 as ob
+
+from _cpu_kind import KIND, NEEDS_EMULATED_BF16, ONEDNN_EMULATED_BF16
 
 from .test_fused_cpu import BF16, assert_same, needs_kernels, tie_heavy
 
@@ -40,12 +48,48 @@ def _operands(n, k, o, h, w, bias=True, layout="nchw", seed=0, ties=False):
     return x, weight, b
 
 
-def _check(x, weight, bias):
+def _conv_order(x):
+    """The order measured for eager's bf16 1x1 convolution on AVX-512 without bf16 instructions: the whole reduction
+    for channels-last input, blocks of 512 channels otherwise; the bias last."""
+    return (0 if x.stride(1) == 1 else 512, ob.BIAS_LAST)
+
+
+def _check(x, weight, bias, op=OP, order=None):
+    """The kernel in ``order`` (the measured one by default) equals that order written out in float32 ops; on the
+    CPU kind it replays, the probe finds that order and the op equals eager, bit for bit and in layout."""
+    order = order or _conv_order(x)
     with torch.no_grad():
-        reason = cpu.unsupported(OP, x, weight, bias)
-        assert reason is None, reason
-        assert_same(cpu.pointwise_conv(x, weight, bias), F.conv2d(x, weight, bias), f"{OP} {tuple(x.shape)}",
+        kernel = _run(op, x, weight, bias, order)
+        assert_same(kernel.contiguous(), _emulated_op(op, x, weight, bias, order), f"{op} {tuple(x.shape)} {order}",
                     size1_strides=False)
+        found, reason = ob.probe_order(op, x, weight, bias)
+        if ONEDNN_EMULATED_BF16:
+            assert reason is None and found == _effective(op, x, bias, order), (reason, found, order)
+            assert cpu.unsupported(op, x, weight, bias) is None
+            eager = (F.conv2d if op == OP else F.linear)(x, weight, bias)
+            assert_same(getattr(cpu, op)(x, weight, bias), eager, f"{op} {tuple(x.shape)}", size1_strides=False)
+            assert_same(kernel, eager, f"{op} kernel {tuple(x.shape)}", size1_strides=False)
+        elif reason is None:  # too few channels to tell orders apart: the order found must give eager's bits
+            eager = (F.conv2d if op == OP else F.linear)(x, weight, bias)
+            assert_same(_run(op, x, weight, bias, found), eager, f"{op} {tuple(x.shape)} {KIND}", size1_strides=False)
+        else:  # eager sums otherwise here: no candidate order reproduces it, and the op says so
+            assert "does not replay" in reason and "does not replay" in cpu.unsupported(op, x, weight, bias), KIND
+
+
+def _effective(op, x, bias, order):
+    """``order`` as the probe names it: a block covering the whole reduction is 0, and without a bias its
+    position is BIAS_LAST."""
+    k = x.shape[1] if op == OP else x.shape[-1]
+    block, mode = order
+    return (0 if block >= k + (k & 1) else block, mode if bias is not None else ob.BIAS_LAST)
+
+
+def _run(op, x, weight, bias, order):
+    from accelpatch.ops.fused import cpu_build
+
+    library, reason = cpu_build.load()
+    assert library is not None, reason
+    return ob._run(library, op, x, weight, bias, order)
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "nchw"])
@@ -87,27 +131,51 @@ def test_edge_values():
     _check(zero, -torch.ones(3, 8, 1, 1, dtype=BF16), -torch.zeros(3, dtype=BF16))
 
 
-def _emulated(x, weight, bias, order, block=0, bias_first=False):
+def _emulated(x, weight, bias, order, block=0, bias_first=False, bias_rounded=False):
     """A float32 sum in a stated order, the slow way: ``order`` lists the input channels as summed, ``block`` > 0
-    restarts the partial sum every ``block`` channels."""
+    sums every ``block`` channels from +0 and adds the block sums in order; the bias is added after the blocks,
+    before the first (``bias_first``), or in bf16 to the rounded sum (``bias_rounded``), as the kernel's three
+    positions do. Each product is added as one fused multiply-add (oneDNN's and the kernel's instruction): the
+    product exact in float64, the sum rounded once to float32 (a float32 multiply would overflow to inf where the
+    exact product only exceeds the float range, e.g. 3e38 x 2 - 3e38 x 2)."""
     rows = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]).float()
     w = weight.reshape(weight.shape[0], -1).float()
-    total = None
+    total = bias.float().expand(rows.shape[0], -1) if bias is not None and bias_first else None
     partial = torch.zeros(rows.shape[0], w.shape[0])
-    if bias is not None and bias_first:
-        partial = partial + bias.float()  # the first partial sum starts at the bias
     for i, c in enumerate(order):
         if block and i and i % block == 0:
             total = partial if total is None else total + partial
             partial = torch.zeros_like(partial)
-        partial = partial + rows[:, c:c + 1] * w[:, c]
+        if c < rows.shape[1]:
+            partial = (partial.double() + rows[:, c:c + 1].double() * w[:, c].double()).float()
+        else:  # the pad channel of an odd reduction: +0 x +0
+            partial = partial + 0.0
     total = partial if total is None else total + partial
-    if bias is not None and not bias_first:
+    if bias is not None and not bias_first and not bias_rounded:
         total = total + bias.float()
+    out = total.to(BF16)
+    if bias is not None and bias_rounded:
+        out = (out.float() + bias.float()).to(BF16)
     n, _, h, w_ = x.shape
-    return total.to(BF16).reshape(n, h, w_, -1).permute(0, 3, 1, 2)
+    return out.reshape(n, h, w_, -1).permute(0, 3, 1, 2)
 
 
+def _emulated_op(op, x, weight, bias, order):
+    """The kernel's ``order`` = (block, bias position) for ``op``'s operands: pairs odd channel first, an odd
+    reduction padded with +0; contiguous, in the op's output shape."""
+    if op == "linear":  # [B, S, K] tokens as B images of K channels x S x 1 pixels
+        lead = x.shape[:-1]
+        image = x.reshape(-1, x.shape[-1]).t()[None, :, :, None] if x.dim() == 2 else x.transpose(1, 2)[..., None]
+        out = _emulated_op(OP, image, weight[..., None, None], bias, order)
+        return (out[0, :, :, 0].t() if x.dim() == 2 else out[..., 0].transpose(1, 2)).reshape(*lead, -1).contiguous()
+    k = x.shape[1]
+    padded = k + (k & 1)
+    block, mode = order
+    return _emulated(x, weight, bias, [c ^ 1 for c in range(padded)], block=block if block < padded else 0,
+                     bias_first=mode == ob.BIAS_FIRST, bias_rounded=mode == ob.BIAS_ROUNDED).contiguous()
+
+
+@pytest.mark.skipif(not ONEDNN_EMULATED_BF16, reason=NEEDS_EMULATED_BF16)
 def test_the_emulation_of_the_replayed_order_is_eager():
     """The order the kernel replays, written out in float32 ops (pairs swapped, blocks of 512 for NCHW, the bias
     last), is eager's on the probe's inputs: the statement the kernel rests on, checked without the kernel."""
@@ -118,9 +186,11 @@ def test_the_emulation_of_the_replayed_order_is_eager():
 
 
 @pytest.mark.parametrize("variant", ["whole reduction", "blocks of 256", "unswapped pairs", "bias first"])
+@pytest.mark.skipif(not ONEDNN_EMULATED_BF16, reason=NEEDS_EMULATED_BF16)
 def test_the_probe_tells_other_orders_apart(variant):
     """Each plausible other order of summation changes at least a third of the probe's outputs (a wrong block or
-    pairing cannot pass the probe by chance)."""
+    pairing cannot pass the probe by chance). Eager is the baseline, so this needs the CPU kind whose order the
+    kernel replays; test_the_probe_inputs_tell_the_kernels_orders_apart is its form for every CPU."""
     x, weight, bias = _operands(1, 600, 16, 2, 3, True, "nchw", seed=7)
     px, pw, pb = ob._probe_inputs(x, weight, bias)
     swapped, plain = [c ^ 1 for c in range(600)], list(range(600))
@@ -131,12 +201,50 @@ def test_the_probe_tells_other_orders_apart(variant):
     assert differ >= expected.numel() // 3, (variant, differ, expected.numel())
 
 
+@pytest.mark.parametrize("variant", ["whole reduction", "blocks of 256", "unswapped pairs", "bias first"])
+def test_the_probe_inputs_tell_the_kernels_orders_apart(variant):
+    """On every CPU: on the probe's inputs, the kernel in the order measured for NCHW input (pairs odd channel
+    first, blocks of 512, the bias last) and each plausible other order differ in at least a third of the outputs,
+    so at most one of them can pass the probe (the form of the test above that needs no particular eager)."""
+    x, weight, bias = _operands(1, 600, 16, 2, 3, True, "nchw", seed=7)
+    px, pw, pb = ob._probe_inputs(x, weight, bias)
+    measured = _run(OP, px, pw, pb, (512, ob.BIAS_LAST)).contiguous()
+    other = {"whole reduction": lambda: _run(OP, px, pw, pb, (0, ob.BIAS_LAST)),
+             "blocks of 256": lambda: _run(OP, px, pw, pb, (256, ob.BIAS_LAST)),
+             "unswapped pairs": lambda: _emulated(px, pw, pb, list(range(600)), block=512),
+             "bias first": lambda: _run(OP, px, pw, pb, (512, ob.BIAS_FIRST))}[variant]().contiguous()
+    differ = int((other != measured).sum())
+    assert differ >= measured.numel() // 3, (variant, differ, measured.numel())
+
+
+@pytest.mark.parametrize("features,expected", [
+    ({"avx2", "fma"}, "an AVX2 CPU without AVX-512"),
+    ({"avx2", "avx512f"}, "without avx512bw/avx512dq/avx512vl"),
+    ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, None),
+    ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}, "it has avx512_bf16"),
+    ({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16", "avx512_bf16"}, "amx_bf16 and avx512_bf16"),
+    (set(), "cannot be read"),
+])
+def test_the_ops_apply_only_to_cpus_whose_bf16_kernels_are_emulated(features, expected):
+    """Which CPUs the ops replay eager on, by their feature flags (oneDNN's avx512_core without bf16 instructions);
+    any other CPU is "not this CPU", with the reason naming what it has or lacks."""
+    reason = ob.why_not_this_cpu(frozenset(features))
+    assert (reason is None) if expected is None else (expected in reason), reason
+
+
+def test_this_cpu_is_classified_as_the_suite_reads_it():
+    assert (ob.why_not_this_cpu() is None) == ONEDNN_EMULATED_BF16, (KIND, ob.why_not_this_cpu())
+
+
 def test_the_probe_finds_the_block_and_refuses_when_none_matches(monkeypatch):
     """The probe picks an order the kernel then matches eager with; offered only wrong ones it refuses with the
     reason, and so does the op."""
     x, weight, bias = _operands(2, 1100, 32, 3, 3, False, "nchw", seed=8)
     order, reason = ob.probe_order(OP, x, weight, bias)
-    assert reason is None and order == (512, ob.BIAS_LAST)
+    if ONEDNN_EMULATED_BF16:
+        assert reason is None and order == (512, ob.BIAS_LAST)
+    else:  # eager's order on this CPU is none of the candidates
+        assert order is None and "does not replay" in reason, KIND
     monkeypatch.setattr(ob, "candidate_orders", lambda op, x: ((256, ob.BIAS_LAST), (1024, ob.BIAS_LAST)))
     monkeypatch.setattr(ob, "_ORDERS", {})
     order, reason = ob.probe_order(OP, x, weight, bias)
@@ -144,6 +252,16 @@ def test_the_probe_finds_the_block_and_refuses_when_none_matches(monkeypatch):
     assert "does not replay" in cpu.unsupported(OP, x, weight, bias)
     with pytest.raises(ValueError, match="does not replay"):
         cpu.pointwise_conv(x, weight, bias)
+
+
+def _linear_order(x, bias):
+    """The order measured for eager's bf16 linear layer on AVX-512 without bf16 instructions: one block up to
+    ~300 features, two halves for 448..1120, blocks of 768 at 2240; the bias last, or added in bf16 after the
+    rounding where aten's addmm takes a feature-minor input."""
+    k = x.shape[-1] + (x.shape[-1] & 1)
+    block = 0 if k <= 300 else 768 if k >= 2240 else (k // 2 + 1) // 2 * 2
+    rounded = bias is not None and x.dim() == 3 and x.stride(-1) != 1
+    return (block, ob.BIAS_ROUNDED if rounded else ob.BIAS_LAST)
 
 
 def _linear_operands(batch, tokens, k, o, bias, transposed, seed):
@@ -162,23 +280,16 @@ def test_linear_equals_eager_bit_for_bit(transposed, k, o, bias):
     """One block (200, 33 features), two halves (448, 1120), three blocks (2240); the bias after the blocks,
     and added in bf16 after the rounding where aten's addmm does so (a feature-minor input)."""
     x, weight, b = _linear_operands(1, 37, k, o, bias, transposed, seed=k + o)
-    with torch.no_grad():
-        reason = cpu.unsupported("linear", x, weight, b)
-        assert reason is None, reason
-        assert_same(cpu.linear(x, weight, b), F.linear(x, weight, b), f"linear {k}->{o}", size1_strides=False)
+    _check(x, weight, b, "linear", _linear_order(x, b))
 
 
 def test_linear_batches_two_dimensional_inputs_and_ties():
     for x, weight, b in (_linear_operands(2, 11, 448, 64, True, False, 1), _linear_operands(1, 6, 448, 448, True,
                                                                                           False, 2)):
-        with torch.no_grad():
-            assert cpu.unsupported("linear", x, weight, b) is None
-            assert_same(cpu.linear(x, weight, b), F.linear(x, weight, b), "linear 3-D")
-            assert_same(cpu.linear(x[0], weight, b), F.linear(x[0], weight, b), "linear 2-D")
+        _check(x, weight, b, "linear", _linear_order(x, b))
+        _check(x[0], weight, b, "linear", _linear_order(x[0], b))
     x, weight = tie_heavy((1, 40, 448), BF16, 3), tie_heavy((448, 448), BF16, 4)
-    with torch.no_grad():
-        assert cpu.unsupported("linear", x, weight, None) is None
-        assert_same(cpu.linear(x, weight, None), F.linear(x, weight, None), "linear ties")
+    _check(x, weight, None, "linear", _linear_order(x, None))
 
 
 def test_the_probe_tells_the_bias_positions_of_a_gemm_apart():
@@ -236,4 +347,6 @@ def test_the_portable_build_sums_in_the_same_order(tmp_path):
     order = (512, ob.BIAS_LAST)
     got = ob._run(portable, OP, x, weight, bias, order)
     assert_same(got, ob._run(native, OP, x, weight, bias, order), "portable build")
-    assert_same(got, F.conv2d(x, weight, bias), "portable build against eager")
+    assert_same(got.contiguous(), _emulated_op(OP, x, weight, bias, order), "portable build against its order")
+    if ONEDNN_EMULATED_BF16:
+        assert_same(got, F.conv2d(x, weight, bias), "portable build against eager")

@@ -62,6 +62,19 @@ def _compiler_version(cxx: Sequence[str]) -> str:
         return f"unknown ({exc})"
 
 
+def cpu_features() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo ("avx2", "avx512f", "avx512_bf16", ...); empty
+    where that cannot be read (another OS)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def _host_cpu() -> str:
     """What -march=native depends on: the machine and, on Linux, the CPU's feature flags."""
     flags = ""

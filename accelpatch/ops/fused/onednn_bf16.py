@@ -28,6 +28,33 @@ from . import cpu_build
 _LOCK = threading.Lock()
 _ORDERS: dict[tuple, tuple] = {}
 
+#: what oneDNN's ``avx512_core`` kernels need; with one of NATIVE_BF16 too, oneDNN multiplies bf16 in hardware
+AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def why_not_this_cpu(features: Optional[frozenset] = None) -> Optional[str]:
+    """Why eager's bf16 convolutions and GEMMs on this CPU are not the oneDNN emulated-bf16 kernels these ops
+    replay (None where they may be: AVX-512 without bf16 instructions; the probe then has the last word). On any
+    other CPU the ops are not applicable: the reference runs, counted, which is expected there, not a fault."""
+    features = cpu_build.cpu_features() if features is None else features
+    if not features:
+        return ("its features cannot be read (no /proc/cpuinfo); the ops replay oneDNN's emulated-bf16 kernels of "
+                "AVX-512 CPUs without bf16 instructions")
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN, whose emulated-bf16 kernels the ops replay"
+    native = sorted(features & NATIVE_BF16)
+    if native:
+        return (f"it has {' and '.join(native)}: oneDNN multiplies bf16 in hardware here, an order the ops do not "
+                "replay (they replay its emulated-bf16 kernels of AVX-512 CPUs without bf16 instructions)")
+    missing = sorted(AVX512_CORE - features)
+    if missing:
+        kind = ("an AVX2 CPU" if "avx2" in features else "a CPU without AVX2") + (
+            " without AVX-512" if len(missing) == len(AVX512_CORE) else f" without {'/'.join(missing)}")
+        return (f"{kind}, whose eager bf16 convolutions and GEMMs are not the oneDNN emulated-bf16 kernels these ops "
+                "replay (AVX-512 without bf16 instructions)")
+    return None
+
 
 # ---- the two ops as one kernel problem: pixels (n, h, w) x channels k -> outputs o ---------------------------
 
