@@ -83,7 +83,7 @@ def __dir__() -> list[str]:
 
 
 def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
-          recipe: Any = None, **options: Any):
+          recipe: Any = None, cpu_kernels: bool = True, **options: Any):
     """Patch a diffusers pipeline (its ``transformer`` and ``transformer_2``) or a transformer module in place.
 
     Each supported attention module becomes a gated subclass of its own class (same parameters, same path).
@@ -94,7 +94,9 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
     ``FirstBlockCacheConfig``; guards ``cache_warmup_steps``, ``cache_max_reuse``, ``cache_final_steps``). ``recipe`` (a recipe name, a YAML path or a :class:`Recipe`) supplies tier,
     backend and options; keyword arguments given here override the recipe's. A fast path that cannot run on this
     model at all warns once here, with the reason. Applying twice with the same arguments is the same as applying
-    once. Returns the :func:`report` of the patched models (a table in a notebook).
+    once. ``cpu_kernels=False`` keeps this model's fused ops off the compiled CPU kernels (they run diffusers' own
+    chains, counted; ``ACCELPATCH_CPU_KERNELS=0`` does it for the process, before anything is built). Returns the
+    :func:`report` of the patched models (a table in a notebook).
     """
     from .patcher import apply as _apply
 
@@ -107,7 +109,8 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         tier = recipe_tier if tier is None else tier
         cache = recipe_cache if cache is None else cache
         options = {**spec, **options}
-    report = _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, **options)
+    report = _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, cpu_kernels=cpu_kernels,
+                    **options)
     try:
         ref = weakref.ref(target)
     except TypeError:

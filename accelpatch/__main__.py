@@ -1,5 +1,5 @@
 """The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``tune --recipe R --out F``,
-``recipes`` and ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
+``recipes``, ``build-kernels`` and ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
@@ -13,7 +13,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .tools import convert, demo, recipe_cli  # light at import: torch loads inside the functions that run
+    from .tools import build_kernels, convert, demo, recipe_cli  # light at import: torch loads when a command runs
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
                                      "pipelines: command-line tools.")
@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
                                          description="List the known recipes: $ACCELPATCH_RECIPES folders, "
                                          "./recipes, then the ones shipped with accelpatch.")
     recipes_parser.set_defaults(run=recipe_cli.run_recipes)
+
+    kernels_parser = commands.add_parser(
+        "build-kernels", help="build the fused CPU kernels now (cached per machine, torch and CPU)",
+        description="Build the lossless tier's fused CPU kernels ahead of the first patched call (about a minute on "
+                    "2 cores, once per machine, torch version and CPU); a cached build only loads. Exit code 1 with "
+                    "the reason when they cannot be built (ACCELPATCH_CPU_KERNELS=0 switches them off).")
+    build_kernels.add_arguments(kernels_parser)
+    kernels_parser.set_defaults(run=build_kernels.main)
 
     convert_parser = commands.add_parser("convert", help="convert released weights into a diffusers folder",
                                          description="Convert a model's released weights (original format) into a "

@@ -4,10 +4,12 @@ The ops know no model; the adapters' restated forwards say where each chain sits
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .ops.fused import onednn_bf16, reference
-from .verify import FusedOp, register
+from .verify import MODULE_RUNS, FusedOp, register
 
 RELU_ROPE_PAIR = register(FusedOp(
     "relu_rope_pair", reference.relu_rope_pair,
@@ -65,22 +67,48 @@ def _unhooked(module: torch.nn.Module) -> bool:
                 or hooks._global_backward_pre_hooks)
 
 
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _why_module_runs(module: torch.nn.Module, base: type) -> Optional[str]:
+    """Why ``module``'s call is not ``base``'s plain forward on plain weights (None when it is), naming its class:
+    a subclass or wrapper (PEFT's LoRA layers, quanto's QLinear, diffusers' GGUF layers) runs a forward the op does
+    not restate; a weight that is a tensor subclass (torchao) holds values only its own operations read; hooks or
+    an instance forward (accelerate's offloading, a user's hook) must run."""
+    if type(module) is not base:
+        return (f"reference: {_qualified(type(module))} runs itself (not torch's {base.__name__}: a wrapper or "
+                "subclass, such as a LoRA or quantized layer, whose forward the op does not restate)")
+    for name in ("weight", "bias"):
+        tensor = getattr(module, name, None)
+        if tensor is not None and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            return (f"reference: {base.__name__} with a {_qualified(type(tensor))} {name} runs itself (a tensor "
+                    "subclass: quantized or wrapped values that only its own operations read)")
+    if not _unhooked(module):
+        return MODULE_RUNS
+    return None
+
+
 def conv1x1(site, conv: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``conv(x)`` of a 1x1 convolution module, through POINTWISE_CONV where the call restates as
-    ``F.conv2d(x, weight, bias)`` (torch's Conv2d, 1x1, stride 1, no padding, dilation 1, one group, unhooked);
-    else the module itself runs, counted."""
-    if not (type(conv) is torch.nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
-            and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
-            and conv.padding_mode == "zeros" and _unhooked(conv)):
-        return POINTWISE_CONV.module_call(site, conv, x)
+    ``F.conv2d(x, weight, bias)`` (torch's Conv2d, 1x1, stride 1, no padding, dilation 1, one group, plain
+    weights, unhooked); else the module itself runs, counted with the reason."""
+    why = _why_module_runs(conv, torch.nn.Conv2d)
+    if why is None and not (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.padding == (0, 0)
+                            and conv.dilation == (1, 1) and conv.groups == 1 and conv.padding_mode == "zeros"):
+        why = MODULE_RUNS
+    if why is not None:
+        return POINTWISE_CONV.module_call(site, conv, x, reason=why)
     return POINTWISE_CONV(site, x, conv.weight, conv.bias)
 
 
 def linear(site, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` of a linear layer, through LINEAR where it is torch's unhooked ``nn.Linear`` (else the module
-    itself runs, counted); with no site (the exact tier's split processor), the module."""
+    """``layer(x)`` of a linear layer, through LINEAR where it is torch's unhooked ``nn.Linear`` with plain weights
+    (else the module itself runs, counted with the reason); with no site (the exact tier's split processor), the
+    module."""
     if site is None:
         return layer(x)
-    if not (type(layer) is torch.nn.Linear and _unhooked(layer)):
-        return LINEAR.module_call(site, layer, x)
+    why = _why_module_runs(layer, torch.nn.Linear)
+    if why is not None:
+        return LINEAR.module_call(site, layer, x, reason=why)
     return LINEAR(site, x, layer.weight, layer.bias)

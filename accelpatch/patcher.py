@@ -48,6 +48,8 @@ class ModelPatch:
     requested: tuple = ()
     sites: list[Site] = field(default_factory=list, repr=False)
     detach: list[Callable[[], None]] = field(default_factory=list)
+    #: False: the fused ops never run their CPU kernels on this model (apply(..., cpu_kernels=False))
+    cpu_kernels: bool = True
     #: the step cache asked for (accelpatch.step_cache), and the one attached
     cache: Any = None
     step_cache: Any = field(default=None, repr=False)
@@ -113,8 +115,9 @@ class ModelPatch:
 
     def reapply_arguments(self) -> dict:
         """Keyword arguments of :func:`apply` that patch a model again exactly as this patch was asked for."""
-        backend, strict, options, tier, cache = self.requested
-        return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, **dict(options)}
+        backend, strict, options, tier, cache, cpu_kernels = self.requested
+        return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, "cpu_kernels": cpu_kernels,
+                **dict(options)}
 
 
 def _warn_while_tracing(ctx) -> None:
@@ -145,12 +148,14 @@ def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module
 
 
 def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
-          **options: Any):
+          cpu_kernels: bool = True, **options: Any):
     """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns the report of what was patched."""
     from .reporting import build_report
 
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
+    if not isinstance(cpu_kernels, bool):
+        raise ValueError(f"cpu_kernels must be True or False, got {cpu_kernels!r}")
     default_tier = None if tier is None else parse_tier(tier)
     models = transformers_of(target)
     adapters = [find_adapter(model) for model in models]  # raises before anything is touched
@@ -171,7 +176,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         if noops and strict:
             raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
         requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
-                     default_tier, cache_config)
+                     default_tier, cache_config, cpu_kernels)
         existing = model.__dict__.get(STATE_ATTR)
         if existing is None:
             refuse_split_model(model, adapter.cp_plan(model))
@@ -197,7 +202,8 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
     if default_tier is None:
         default_tier = adapter.default_tier(backend_config)
     patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
-                       default_tier=default_tier, options=options, requested=requested, cache=cache_config)
+                       default_tier=default_tier, options=options, requested=requested, cache=cache_config,
+                       cpu_kernels=requested[-1])
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}

@@ -27,6 +27,7 @@ import torch
 
 from . import call_context
 from .errors import FastPathUnavailableError, is_fatal
+from .ops.fused.operands import foreign_operand
 
 FUSED = "fused"
 IN_COMPILE = "reference: inside torch.compile (the compiler fuses the chain itself)"
@@ -36,6 +37,7 @@ MODULE_RUNS = ("reference: the module has hooks, its own forward or settings the
                "(the module itself runs)")
 THREADED = ("reference: torch.get_num_threads() > 1 (the kernel is single-threaded; eager's threaded kernel runs "
             "instead)")
+CPU_KERNELS_OFF = "reference: the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))"
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
 POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
 
@@ -63,6 +65,8 @@ class Verdict:
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
+_UNAVAILABLE: dict = {}
+_UNSET = object()
 
 
 def _device_key(device: torch.device) -> tuple:
@@ -217,6 +221,22 @@ class FusedOp:
             return None, None, f"no {device.type} kernel for {self.name} in this version of accelpatch"
         return fused, module.unsupported, None
 
+    def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
+        """A policy outcome where no kernel of ``device`` can run for this model or process: the CPU kernels
+        switched off (``apply(..., cpu_kernels=False)``, ``ACCELPATCH_CPU_KERNELS=0``) or not buildable here. Counted
+        with the reason, not warned per op: a failed build warns once per process where it fails."""
+        if device.type != "cpu":
+            return None
+        if not getattr(site.model, "cpu_kernels", True):
+            return CPU_KERNELS_OFF
+        name = IMPLEMENTATIONS.get("cpu")
+        why = _UNAVAILABLE.get(name, _UNSET)
+        if why is _UNSET:  # the implementation's own check, looked up once per module (tests re-point them)
+            why = _UNAVAILABLE.setdefault(name, getattr(importlib.import_module(name), "unavailable", None)
+                                          if name else None)
+        reason = why() if why is not None else None
+        return f"reference: CPU kernels {reason}" if reason else None
+
     def other_dtype_outcome(self, dtype: torch.dtype) -> str:
         names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
         return f"reference: {str(dtype).removeprefix('torch.')} activations (fused for {names} only)"
@@ -248,10 +268,10 @@ class FusedOp:
             others += (other_cpu,)
         return POLICY_OUTCOMES + others
 
-    def module_call(self, site: Any, module: torch.nn.Module, *inputs: Any):
+    def module_call(self, site: Any, module: torch.nn.Module, *inputs: Any, reason: str = MODULE_RUNS):
         """Run ``module`` itself where the op would stand in for its call but cannot restate it (hooks, an
-        instance forward, other settings), counted as :data:`MODULE_RUNS`."""
-        _count(site, self.name, MODULE_RUNS)
+        instance forward, a wrapper class, quantized weights, other settings), counted with ``reason``."""
+        _count(site, self.name, reason)
         return module(*inputs)
 
     # -- the call ---------------------------------------------------------------------------------------------------
@@ -267,6 +287,12 @@ class FusedOp:
                 return self._reference(site, args, other_cpu)
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
+        foreign = foreign_operand(tensors, tensors[0].device.type)
+        if foreign:  # before anything reads an address: a subclass's data_ptr() may be 0 or not its values
+            return self._reference(site, args, f"reference: {foreign}")
+        unavailable = self._unavailable(site, tensors[0].device)
+        if unavailable:
+            return self._reference(site, args, unavailable)
         if self.single_threaded and tensors[0].is_cpu and torch.get_num_threads() > 1:
             return self._reference(site, args, THREADED)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):

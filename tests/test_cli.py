@@ -124,3 +124,17 @@ def test_arguments_reach_the_demo(monkeypatch, capsys):
     assert seen == dict(steps=2, dtype="fp32", device="cpu", seed=0, repeats=1, progress=False,
                         model=("sana-video", "minimax-h3"))
     assert capsys.readouterr().out == "report\n"
+
+
+def test_build_kernels_builds_or_loads_and_says_where(capsys, monkeypatch):
+    """`build-kernels` readies the CPU kernels (here: loads the suite's cached build) and names the cache; with the
+    kernels switched off it says how to switch them on, exit code 1."""
+    from accelpatch.ops.fused import cpu_build
+
+    monkeypatch.delenv(cpu_build.SWITCH, raising=False)
+    assert main(["build-kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "ready" in out and "accelpatch_cpu" in out and str(cpu_build.cache_root()) in out
+    monkeypatch.setenv(cpu_build.SWITCH, "0")
+    assert main(["build-kernels"]) == 1
+    assert "switched off (ACCELPATCH_CPU_KERNELS=0): unset ACCELPATCH_CPU_KERNELS" in capsys.readouterr().out

@@ -109,3 +109,27 @@ def test_pipelines_at_the_default_tier_are_bit_identical(name):
     assert torch.equal(_frames(pipe(**call(pipe))), expected)
     fusions = accelpatch.report(pipe).models[0].fusions
     assert sum(f.fused_calls for f in fusions) > 0 and not [f for f in fusions if f.declined]
+
+
+def test_cpu_kernels_false_runs_no_kernel_for_that_model_only():
+    """apply(..., cpu_kernels=False): that model's fused ops run diffusers' chains, each call counted with the
+    reason, bit-identical; another model in the process still fuses. A non-bool is refused by name."""
+    model, inputs = _sana_video(torch.bfloat16, 1, False, False)
+    other, other_inputs = _sana_video(torch.bfloat16, 1, False, False)
+    with torch.no_grad():
+        expected = model(**inputs).sample
+    with pytest.raises(ValueError, match="cpu_kernels must be True or False, got 'no'"):
+        accelpatch.apply(model, cpu_kernels="no")
+    accelpatch.apply(model, cpu_kernels=False)
+    accelpatch.apply(other)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).sample, expected)
+        other(**other_inputs)
+    fusions = accelpatch.report(model).models[0].fusions
+    assert sum(f.fused_calls for f in fusions) == 0
+    reasons = {k for f in fusions for k in f.reference_calls}
+    assert reasons and all("switched off for this model" in k or "float32" in k or "not this CPU" in k
+                           for k in reasons), reasons
+    assert sum(f.fused_calls for f in accelpatch.report(other).models[0].fusions) > 0
+    accelpatch.remove(model)
+    accelpatch.remove(other)

@@ -160,3 +160,82 @@ def test_where_the_probe_refuses_the_ops_decline_by_its_reason_and_stay_bit_iden
         _forward(model, inputs)
     accelpatch.remove(model)
     assert torch.equal(_forward(model, inputs), expected)
+
+
+class _Wrapped(torch.Tensor):
+    """A weight wrapper whose storage is not its values (torchao's, GGUF's and quanto's are such wrappers):
+    data_ptr() is 0, and every op unwraps it. A kernel reading its address reads address 0."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, strides=inner.stride())
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        def unwrap(a):
+            return a.inner if isinstance(a, _Wrapped) else a
+        if func is torch.ops.aten.detach.default:  # a Parameter of it stays a wrapper
+            return _Wrapped(args[0].inner.detach())
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+def _accepting_everywhere(monkeypatch):
+    """As on the CPU kind the kernels replay, with the probe accepting every signature: any operand that reaches
+    the op's kernel is run by it."""
+    from accelpatch import fused_ops
+    from accelpatch.ops.fused import onednn_bf16
+
+    for op in (fused_ops.POINTWISE_CONV, fused_ops.LINEAR):
+        monkeypatch.setattr(op, "_host_outcome", [None])
+        monkeypatch.setattr(op, "_verdicts", {})
+    monkeypatch.setattr(onednn_bf16, "summation_order", lambda op, x, weight, bias: ((0, onednn_bf16.BIAS_LAST), None))
+
+
+def test_a_wrapped_weight_never_reaches_the_kernel(monkeypatch):
+    """The torchao crash, without torchao: projections whose weights are wrapper subclasses (data_ptr() 0) run
+    the module itself, counted with the wrapper's class named, and the output is the unpatched model's bit for bit.
+    Before the operand check, the probe's acceptance sent the wrapper's address 0 into the kernel (a segfault)."""
+    _accepting_everywhere(monkeypatch)
+    model = t.tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = t.sana_video_transformer_inputs(model, batch_size=1, seed=3)
+    for block in model.transformer_blocks:
+        for name in ("to_q", "to_k", "to_v"):
+            layer = getattr(block.attn1, name)
+            layer.weight = torch.nn.Parameter(_Wrapped(layer.weight.detach()), requires_grad=False)
+    assert model.transformer_blocks[0].attn1.to_q.weight.data_ptr() == 0
+    expected = _forward(model, inputs)
+    accelpatch.apply(model)
+    assert torch.equal(_forward(model, inputs), expected)
+    fusion = _conv_fusion(model, "linear")
+    wrapped = {k: v for k, v in fusion.reference_calls.items() if "_Wrapped" in k}
+    assert sum(wrapped.values()) == 3 * _blocks(model) and "tensor subclass" in next(iter(wrapped))
+    # to_out[0] holds a plain weight: the op takes it, fused where the forced order is eager's, else declined by
+    # the first-sight check (this is a check of the operand gate, not of the order)
+    assert fusion.fused_calls + sum(v for k, v in fusion.reference_calls.items() if k.startswith("declined")) \
+        == _blocks(model)
+    accelpatch.remove(model)
+    assert torch.equal(_forward(model, inputs), expected)
+
+
+@pytest.mark.parametrize("config", ["Int8WeightOnlyConfig", "Float8WeightOnlyConfig"])
+def test_torchao_quantized_projections_run_themselves(monkeypatch, config):
+    """The reported crash: torchao's quantize_ on a bf16 SANA-Video, the linear op accepted. Now bit-identical to
+    the quantized unpatched model, torchao's tensor class named in the report, remove() bit for bit."""
+    quantization = pytest.importorskip("torchao.quantization")
+    _accepting_everywhere(monkeypatch)
+    model = t.tiny_sana_video_transformer(dtype=torch.bfloat16)
+    inputs = t.sana_video_transformer_inputs(model, batch_size=1, seed=4)
+    quantization.quantize_(model, getattr(quantization, config)())
+    expected = _forward(model, inputs)
+    accelpatch.apply(model)
+    assert torch.equal(_forward(model, inputs), expected)
+    fusion = _conv_fusion(model, "linear")
+    assert fusion.fused_calls == 0 and not fusion.declined
+    assert all("torchao" in reason and "tensor subclass" in reason for reason in fusion.reference_calls)
+    accelpatch.remove(model)
+    assert torch.equal(_forward(model, inputs), expected)

@@ -8,10 +8,11 @@ unsupported inputs get a reason, and the builder reports a missing or failing co
 """
 from __future__ import annotations
 
-import ctypes
 import importlib.resources
 import os
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -169,10 +170,7 @@ def test_bf16_rounding_equals_c10_on_all_floats():
     """The kernels' vectorisable float->bf16 rounding gives c10's bits for all 2^32 float bit patterns
     (ties, NaN, inf, subnormals included)."""
     library, _ = cpu_build.load()
-    check_fn = library.ap_check_bf16_rounding
-    check_fn.restype = ctypes.c_int64
-    check_fn.argtypes = [ctypes.c_uint32, ctypes.c_int64]
-    assert check_fn(0, 2 ** 32) == 0
+    assert library.check_bf16_rounding(0, 2 ** 32) == 0
 
 
 def test_fp32_relu_keeps_negative_zero_and_nan():
@@ -266,9 +264,9 @@ def test_a_wrong_relu_formula_is_not_used(monkeypatch):
             return getattr(library, name)
 
         @staticmethod
-        def ap_relu_bf16_formula(out):
-            library.ap_relu_bf16_formula(out)
-            ctypes.cast(out, ctypes.POINTER(ctypes.c_uint16))[0x8000] = 0
+        def relu_bf16_formula(out):
+            library.relu_bf16_formula(out)
+            out[0x8000] = 0
 
     monkeypatch.setattr(cpu, "_RELU_FORMULA", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
@@ -530,7 +528,7 @@ def test_a_library_failing_the_known_answer_check_is_refused(monkeypatch):
         def __getattr__(self, name):
             return getattr(library, name)
 
-        ap_modulate_f32 = library.ap_gated_residual_f32
+        modulate = library.gated_residual
 
     monkeypatch.setattr(cpu, "_SELF_CHECK", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
@@ -555,25 +553,37 @@ def test_empty_inputs():
 
 # ---- building --------------------------------------------------------------------------------------------------
 
-def test_missing_compiler_is_a_reason(tmp_path):
-    env = {"CXX": str(tmp_path / "no-such-c++"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    library, reason = cpu_build.build(env)
-    assert library is None and "no C++ compiler found" in reason and "no-such-c++" in reason
+def test_missing_compiler_is_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    library, reason = cpu_build.build(announce=False)
+    assert library is None and "no C++ compiler" in reason and "no-such-c++" in reason
 
 
-def test_failing_compiler_is_a_reason(tmp_path):
+def test_failing_compiler_is_a_reason(tmp_path, monkeypatch):
     fake = tmp_path / "broken-c++"
-    fake.write_text("#!/bin/sh\necho 'broken-c++ version 0'\necho 'cpu_kernels.cpp:1: error: simulated failure' >&2\n"
-                    "exit 1\n")
+    fake.write_text("#!/bin/sh\ncase \"$1\" in --version|-v|-dumpversion) echo 'broken-c++ version 0'; exit 0;; esac\n"
+                    "echo 'cpu_kernels.cpp:1: error: simulated failure' >&2\nexit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    library, reason = cpu_build.build({"CXX": str(fake), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    library, reason = cpu_build.build(namespace="accelpatch_cpu_broken", announce=False)
     assert library is None and "failed" in reason and "simulated failure" in reason
 
 
 def test_no_compiler_on_path_is_a_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_build.shutil, "which", lambda name: None)
     command, reason = cpu_build.find_compiler({})
-    assert command is None and "install g++ or set CXX" in reason
+    assert command is None and "install g++" in reason and "CXX" in reason
+
+
+def test_a_read_only_cache_is_a_reason(tmp_path, monkeypatch):
+    """A cache folder that cannot be created is named, with what to do."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    library, reason = cpu_build.build(namespace="accelpatch_cpu_readonly", announce=False)
+    assert library is None and "not writable" in reason and "XDG_CACHE_HOME" in reason
 
 
 def test_load_builds_once_per_process(monkeypatch):
@@ -588,6 +598,7 @@ def test_load_builds_once_per_process(monkeypatch):
 
     monkeypatch.setattr(cpu_build, "_RESULT", None)
     monkeypatch.setattr(cpu_build, "build", slow_build)
+    monkeypatch.delenv(cpu_build.SWITCH, raising=False)
     got = []
 
     def worker():
@@ -602,29 +613,90 @@ def test_load_builds_once_per_process(monkeypatch):
     assert calls == [1] and got == [sentinel, sentinel]
 
 
+@pytest.mark.parametrize("value,off", [("0", True), ("off", True), ("False", True), ("1", False), ("", False),
+                                       ("yes", False), ("maybe", True)])
+def test_the_environment_switch(value, off, monkeypatch):
+    """ACCELPATCH_CPU_KERNELS=0 (off/false/no) switches the kernels off before anything is built; an unknown value
+    keeps them off and says which values are valid."""
+    monkeypatch.setenv(cpu_build.SWITCH, value)
+    reason = cpu_build.switched_off()
+    assert (reason is not None) == off
+    if value == "maybe":
+        assert "'maybe' is none of 0/off/false/no" in reason
+    if off:
+        monkeypatch.setattr(cpu_build, "_RESULT", None)
+        monkeypatch.setattr(cpu_build, "build", lambda: pytest.fail("built although switched off"))
+        assert cpu_build.load() == (None, reason)
+
+
+def test_a_failed_build_warns_once_per_process(monkeypatch):
+    """Every op that cannot run for want of the library counts that reason; the user hears it once, with the cause
+    and the fix, not once per op."""
+    monkeypatch.setattr(cpu_build, "_RESULT", None)
+    monkeypatch.setattr(cpu_build, "_WARNED", set())
+    monkeypatch.delenv(cpu_build.SWITCH, raising=False)
+    monkeypatch.setattr(cpu_build, "build", lambda: (None, "no C++ compiler (c++) on PATH: install g++"))
+    with pytest.warns(RuntimeWarning, match="unavailable: no C.. compiler.*install g..") as record:
+        assert cpu_build.load()[1].startswith("no C++ compiler")
+        monkeypatch.setattr(cpu_build, "_RESULT", None)
+        cpu_build.load()
+    assert len([w for w in record if "CPU kernels" in str(w.message)]) == 1
+    assert cpu.unavailable() == "unavailable: no C++ compiler (c++) on PATH: install g++"
+
+
+_FIRST_CALL = """
+import torch
+import accelpatch
+from accelpatch import testing as t
+from accelpatch.ops.fused import cpu_build
+cpu_build.FLAGS = ("-O0", "-ffp-contract=off")  # a quick build: the numerics flags are what matter here
+torch.set_num_threads(1)
+model = t.tiny_sana_video_transformer()
+inputs = t.sana_video_transformer_inputs(model, batch_size=1, seed=1)
+with torch.no_grad():
+    expected = model(**inputs).sample
+    accelpatch.apply(model)
+    assert torch.equal(model(**inputs).sample, expected)
+print(sum(f.fused_calls for f in accelpatch.report(model).models[0].fusions))
+"""
+
+
 @needs_kernels
-def test_concurrent_builds_share_one_cached_library(tmp_path):
-    """Two real builds racing into an empty cache both load a whole library from the same path, and leave no
-    temporary folders behind."""
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
-    results = []
-    gate = threading.Barrier(2)
+def test_the_first_patched_call_announces_its_build_and_racing_processes_share_it(tmp_path):
+    """Two processes' first patched calls on an empty kernel cache (two pytest workers, two users of one home):
+    the build is announced on stderr with how to do it ahead or skip it, both end with the same library and fused
+    ops that ran; a third process loads it without building or saying anything."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), OMP_NUM_THREADS="1")
+    env.pop(cpu_build.SWITCH, None)
+    racers = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", _FIRST_CALL], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in racers]
+    assert [p.returncode for p in racers] == [0, 0], outs
+    assert all(int(out.strip()) > 0 for out, _ in outs), outs  # fused ops ran in both
+    announced = [err for _, err in outs if "accelpatch: building the fused CPU kernels" in err]
+    assert announced, outs
+    assert "build-kernels" in announced[0] and "ACCELPATCH_CPU_KERNELS=0" in announced[0]
+    assert "accelpatch: built the fused CPU kernels in" in announced[0]
+    folders = list((tmp_path / "accelpatch" / "kernels").iterdir())
+    assert len(folders) == 1 and (folders[0] / f"{cpu_build.NAMESPACE}.so").is_file()
+    third = subprocess.run([sys.executable, "-W", "ignore", "-c", _FIRST_CALL], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert third.returncode == 0 and int(third.stdout.strip()) > 0, third.stderr
+    assert "accelpatch:" not in third.stderr, third.stderr
 
-    def worker():
-        gate.wait()
-        results.append(cpu_build.build(env))
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert [reason for _, reason in results] == [None, None]
-    paths = {lib._name for lib, _ in results}
-    assert len(paths) == 1
-    folder = os.path.dirname(paths.pop())
-    assert os.listdir(folder) == [cpu_build.LIBRARY_NAME]
-    assert cpu_build.build(env)[0]._name == results[0][0]._name  # the cached one, no rebuild
+def test_switched_off_by_the_environment_nothing_is_built(tmp_path):
+    """ACCELPATCH_CPU_KERNELS=0: the first patched call builds nothing, says nothing, stays bit-identical, and the
+    report counts why the fused ops ran their reference chains."""
+    code = _FIRST_CALL.replace("print(sum(", "print(sorted({k for f in accelpatch.report(model).models[0].fusions "
+                                            "for k in f.reference_calls}), sum(")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), OMP_NUM_THREADS="1", **{cpu_build.SWITCH: "0"})
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "accelpatch:" not in done.stderr and not (tmp_path / "accelpatch").exists(), done.stderr
+    assert "reference: CPU kernels switched off (ACCELPATCH_CPU_KERNELS=0)" in done.stdout
+    assert done.stdout.strip().endswith(" 0")  # no fused call
 
 
 def test_every_reference_op_has_a_cpu_op_with_its_signature():
@@ -637,9 +709,12 @@ def test_every_reference_op_has_a_cpu_op_with_its_signature():
         assert list(inspect.signature(fn).parameters) == list(inspect.signature(getattr(ref, name)).parameters)
 
 
-def test_source_ships_in_the_package():
-    source = importlib.resources.files("accelpatch.ops.fused").joinpath(cpu_build.SOURCE_NAME)
-    assert source.is_file() and "ffp-contract=off" in source.read_text(encoding="utf-8")
+def test_sources_ship_in_the_package():
+    files = importlib.resources.files("accelpatch.ops.fused")
+    for name in cpu_build.SOURCES + cpu_build.HEADERS:
+        assert files.joinpath(name).is_file(), name
+    assert "ffp-contract=off" in files.joinpath("cpu_kernels.cpp").read_text(encoding="utf-8")
+    assert "TORCH_LIBRARY" in files.joinpath("cpu_ops.cpp").read_text(encoding="utf-8")
 
 
 @needs_kernels

@@ -100,12 +100,27 @@ def test_wans_kernel_and_a_contracted_chain_are_caught():
     assert_all_same(cpu.rope_pair_per_channel(q, q, cos, sin), expected, OP)
 
 
-def test_the_self_check_runs_the_per_channel_kernels():
-    """The library's known-answer self-check includes the per-channel kernel (float32 and bf16 activations)."""
-    import inspect
+@needs_kernels
+def test_the_self_check_runs_the_per_channel_kernels(monkeypatch):
+    """The library's known-answer self-check includes the per-channel kernel: a library whose rope op reads the
+    tables paired where asked per channel (and the reverse) is refused."""
+    from accelpatch.ops.fused import cpu_build
 
-    source = inspect.getsource(cpu._self_check)
-    assert "ap_rope_per_channel_f32_f32" in source and "ap_rope_per_channel_bf16_f32" in source
+    library, _ = cpu_build.load()
+
+    class Wrong:
+        def __getattr__(self, name):
+            return getattr(library, name)
+
+        @staticmethod
+        def rope(*args):
+            *rest, per_channel = args
+            return library.rope(*rest, not per_channel)
+
+    monkeypatch.setattr(cpu, "_SELF_CHECK", [])
+    monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
+    reason = cpu.unsupported("modulate", *(torch.zeros(4),) * 3)
+    assert reason is not None and "known-answer" in reason
 
 
 _EDGE = [0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38, -3.0e38, 1.5,

@@ -136,7 +136,7 @@ def test_a_mul_add_kernel_and_a_contracted_chain_are_caught(monkeypatch, dtype):
     expected = ref.rope_split_pair(q, k, cos, sin)
     assert_all_same(cpu.rope_split_pair(q, k, cos, sin), expected, OP)
     monkeypatch.setattr(cpu, "_PREPARED", {})
-    monkeypatch.setattr(cpu, "_split_form", lambda: "mul_add")
+    monkeypatch.setattr(cpu, "_split_policy", lambda: cpu.SPLIT_MUL_ADD)
     with pytest.raises(AssertionError, match="differ|NaN"):
         assert_all_same(cpu.rope_split_pair(q, k, cos, sin), expected, "rope_split_pair rounded then added")
     x = q.double().reshape(2, 257, 3, 2, 8)
@@ -148,13 +148,28 @@ def test_a_mul_add_kernel_and_a_contracted_chain_are_caught(monkeypatch, dtype):
             assert_same(once, expected[0])
 
 
-def test_the_self_check_runs_the_split_kernels():
-    """The library's known-answer self-check includes both split forms (float32, and bf16 activations)."""
-    import inspect
+@needs_kernels
+def test_the_self_check_runs_the_split_kernels(monkeypatch):
+    """The library's known-answer self-check includes both split forms: a library whose rotate_half op swaps the
+    mul-add and fma policies is refused."""
+    from accelpatch.ops.fused import cpu_build
 
-    source = inspect.getsource(cpu._self_check)
-    for name in ("ap_rope_split_mul_add_f32_f32", "ap_rope_split_fma_f32_f32", "ap_rope_split_fma_bf16_f32"):
-        assert name in source
+    library, _ = cpu_build.load()
+    swap = {cpu.SPLIT_MUL_ADD: cpu.SPLIT_FMA, cpu.SPLIT_FMA: cpu.SPLIT_MUL_ADD}
+
+    class Wrong:
+        def __getattr__(self, name):
+            return getattr(library, name)
+
+        @staticmethod
+        def rotate_half(*args):
+            *rest, policy = args
+            return library.rotate_half(*rest, swap.get(policy, policy))
+
+    monkeypatch.setattr(cpu, "_SELF_CHECK", [])
+    monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
+    reason = cpu.unsupported("modulate", *(torch.zeros(4),) * 3)
+    assert reason is not None and "known-answer" in reason
 
 
 @needs_kernels

@@ -203,8 +203,8 @@ def _kernel_f64(q, k, freqs):
     library, _ = cpu_build.load()
     args = (q, k, freqs)
     outs = tuple(torch.empty_like(t) for t in ref.rotary_complex_pair(*args))
-    size, strides = cpu._c_plan(cpu._complex_plan(args))
-    library.ap_rotary_complex_f64(*(cpu._p(t) for t in args), *(cpu._p(t) for t in outs), size, strides)
+    size, strides = cpu._flat_plan(cpu._complex_plan(args))
+    library.rotary_complex(*args, *outs, size, strides)
     return outs
 
 
@@ -265,15 +265,20 @@ def test_rotary_unsupported_reasons():
 
 @needs_kernels
 def test_a_library_failing_the_rotary_known_answer_check_is_refused(monkeypatch):
-    """The self-check covers the new kernels: a float32 rotate-half that reads its float32 tables as bf16 (here:
-    the bf16-table entry point in its place) fails it."""
+    """The self-check covers the new kernels: a rotate-half op that swaps the rounding policies (MiniMax-H3's
+    rounding in the activations' dtype and the split RoPE's float32 chain, which also reads its tables otherwise)
+    fails it."""
     library, _ = cpu_build.load()
 
     class Wrong:
         def __getattr__(self, name):
             return getattr(library, name)
 
-        ap_rotate_half_f32_f32 = library.ap_rotate_half_f32_bf16
+        @staticmethod
+        def rotate_half(*args):
+            *rest, policy = args
+            return library.rotate_half(*rest, cpu.SPLIT_MUL_ADD if policy == cpu.ROTATE_HALF_IN_Q
+                                       else cpu.ROTATE_HALF_IN_Q)
 
     monkeypatch.setattr(cpu, "_SELF_CHECK", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))

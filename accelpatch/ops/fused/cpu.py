@@ -1,4 +1,5 @@
-"""CPU implementations of the lossless fused ops: one pass of compiled C++ (cpu_kernels.cpp) per chain.
+"""CPU implementations of the lossless fused ops: one pass of compiled C++ (cpu_kernels.cpp) per chain, called as
+the typed torch.library ops of cpu_ops.cpp (``torch.ops.accelpatch_cpu``, built by :mod:`.cpu_build`).
 
 Each op has the signature and the outputs of its reference chain in :mod:`.reference` (values bit for bit, dtypes,
 shapes and strides: outputs are allocated in the layouts :func:`.layout.eager_layouts` gives). bf16 SiLU, sigmoid and
@@ -10,7 +11,7 @@ plan. Whether a result is trusted is not decided here (that is the first-sight c
 """
 from __future__ import annotations
 
-import ctypes
+import functools
 import threading
 from typing import Callable, Optional, Sequence
 
@@ -18,14 +19,18 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_build, onednn_bf16, split_rope
+from .operands import foreign_operand
 from .addcmul import FMA, addcmul_form
 from . import reference as ref
 from .layout import eager_layouts
 from .tables import unary_table
 
 _CPU = torch.device("cpu")
-_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64"}
 _ELEMENTWISE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: rotate_half's policies (cpu_kernels.h's RotateHalf): MiniMax-H3's rounding in the activations' dtype, and LTX-2.3's
+#: split RoPE with the second product added by a rounded multiply and an add, or by an fma
+ROTATE_HALF_IN_Q, SPLIT_MUL_ADD, SPLIT_FMA = 0, 1, 2
 
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_LOCK = threading.Lock()
@@ -81,14 +86,10 @@ def _cached_plan(name: str, args: Sequence, make: Callable[[], object]):
         return _PLANS.setdefault(key, plan)
 
 
-def _c_plan(plan):
+def _flat_plan(plan):
+    """A plan as the ops take it: the sizes, and every tensor's strides one after the other."""
     sizes, strides = plan
-    flat = [s for per in strides for s in per]
-    return (ctypes.c_int64 * len(sizes))(*sizes), (ctypes.c_int64 * len(flat))(*flat)
-
-
-def _p(t: Optional[torch.Tensor]):
-    return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+    return list(sizes), [st for per in strides for st in per]
 
 
 # ---- what each op accepts --------------------------------------------------------------------------------------
@@ -98,11 +99,12 @@ def _common(args: Sequence, complex_ok: Sequence[bool] = ()) -> Optional[str]:
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     allowed = [isinstance(a, torch.Tensor) and i < len(complex_ok) and complex_ok[i] for i, a in enumerate(args)]
     allowed = [ok for ok, a in zip(allowed, args) if isinstance(a, torch.Tensor)]
+    reason = foreign_operand(tensors, "cpu")
+    if reason:
+        return reason
     for t, ok in zip(tensors, allowed):
-        if t.device.type != "cpu":
-            return f"the CPU kernels take CPU tensors, not {t.device}"
-        if (t.is_complex() and not ok) or t.layout != torch.strided or t.is_quantized:
-            return f"the CPU kernels take dense real tensors, not {t.dtype} / {t.layout}"
+        if t.is_complex() and not ok:
+            return f"the CPU kernels take dense real tensors, not {t.dtype}"
         if t.is_neg() or t.is_conj():
             return "the CPU kernels read storage as it is: a lazily negated or conjugated view is not"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -153,37 +155,41 @@ def _self_check(library) -> Optional[str]:
     freqs = torch.view_as_complex(freqs)
     flat = q.flatten(2)  # [1, 64, 64] with [1, 2, 64, 16] tables: two heads of 32 channels
     split_cos, split_sin = (torch.randn(1, 64, 2, 16, generator=g).transpose(1, 2) for _ in range(2))
-    runs = [  # (kernel, reference, args, plan, argument order: "io" inputs first or "oi" output first)
-        ("ap_relu_rope_f32_f32", ref.relu_rope_pair, (q, q.flip(1), cos, sin), _rope_plan, "io+"),
-        ("ap_rope_f32_f32", ref.rope_pair, (q, q.flip(1), cos, sin), lambda a: _rope_plan(a, ref.rope_pair), "io"),
-        ("ap_rope_per_channel_f32_f32", ref.rope_pair_per_channel, (q, q.flip(1), cos, sin),
-         lambda a: _rope_plan(a, ref.rope_pair_per_channel), "io"),
-        ("ap_rope_per_channel_bf16_f32", ref.rope_pair_per_channel, (q.bfloat16(), q.flip(1).bfloat16(), cos, sin),
-         lambda a: _rope_plan(a, ref.rope_pair_per_channel), "io"),
-        ("ap_modulate_f32", ref.modulate, (x, scale, shift),
-         lambda a: _plan_for("modulate", ref.modulate, a), "oi"),
-        ("ap_rotate_half_f32_f32", ref.rotate_half_pair, (q, q.flip(1), half_cos, half_sin), _rotate_half_plan, "io"),
-        ("ap_rope_split_mul_add_f32_f32", _split_reference(False), (flat, flat.flip(1), split_cos, split_sin),
-         _split_plan, "io"),
-        ("ap_rope_split_fma_f32_f32", _split_reference(True), (flat, flat.flip(1), split_cos, split_sin),
-         _split_plan, "io"),
-        ("ap_rope_split_fma_bf16_f32", _split_reference(True), (flat.bfloat16(), flat.flip(1).bfloat16(),
-                                                                split_cos, split_sin), _split_plan, "io"),
-        ("ap_rotary_complex_f64", ref.rotary_complex_pair, (q.double(), q.flip(1).double(), freqs), _complex_plan,
-         "io"),
-        ("ap_rotary_complex_f32", ref.rotary_complex_pair, (q, q.flip(1), freqs), _complex_plan, "io"),
+    def pair(policy=None, per_channel=None):  # a q/k pair op's call: tensors, outputs, plan, then its switch
+        if per_channel is not None:
+            return lambda lib, a, o, size, st: lib.rope(*a, *o, size, st, per_channel)
+        return lambda lib, a, o, size, st: lib.rotate_half(*a, *o, size, st, policy)
+
+    complex_pair = lambda lib, a, o, size, st: lib.rotary_complex(*a, *o, size, st)  # noqa: E731
+    runs = [  # (reference, args, plan, the library's op called on args, outputs and the plan)
+        (ref.relu_rope_pair, (q, q.flip(1), cos, sin), _rope_plan,
+         lambda lib, a, o, size, st: lib.relu_rope(*a, *o, None, size, st)),  # float32: no ReLU table
+        (ref.rope_pair, (q, q.flip(1), cos, sin), lambda a: _rope_plan(a, ref.rope_pair), pair(per_channel=False)),
+        (ref.rope_pair_per_channel, (q, q.flip(1), cos, sin), lambda a: _rope_plan(a, ref.rope_pair_per_channel),
+         pair(per_channel=True)),
+        (ref.rope_pair_per_channel, (q.bfloat16(), q.flip(1).bfloat16(), cos, sin),
+         lambda a: _rope_plan(a, ref.rope_pair_per_channel), pair(per_channel=True)),
+        (ref.modulate, (x, scale, shift), lambda a: _plan_for("modulate", ref.modulate, a),
+         lambda lib, a, o, size, st: lib.modulate(*o, *a, size, st)),
+        (ref.rotate_half_pair, (q, q.flip(1), half_cos, half_sin), _rotate_half_plan, pair(ROTATE_HALF_IN_Q)),
+        (_split_reference(False), (flat, flat.flip(1), split_cos, split_sin), _split_plan, pair(SPLIT_MUL_ADD)),
+        (_split_reference(True), (flat, flat.flip(1), split_cos, split_sin), _split_plan, pair(SPLIT_FMA)),
+        (_split_reference(True), (flat.bfloat16(), flat.flip(1).bfloat16(), split_cos, split_sin), _split_plan,
+         pair(SPLIT_FMA)),
+        (ref.rotary_complex_pair, (q.double(), q.flip(1).double(), freqs), _complex_plan, complex_pair),
+        (ref.rotary_complex_pair, (q, q.flip(1), freqs), _complex_plan, complex_pair),
     ]
     differ = 0
     with torch.no_grad():
-        for name, reference, args, plan, order in runs:
+        for reference, args, plan, call in runs:
             outs = tuple(torch.empty_strided(shape, strides, dtype=dtype)
                          for shape, strides, dtype in eager_layouts(reference, args))
-            size, strides = _c_plan(plan(args))
-            pointers = [_p(t) for t in args]
-            pointers = [*pointers, *map(_p, outs)] if order.startswith("io") else [*map(_p, outs), *pointers]
-            if order.endswith("+"):
-                pointers.append(_p(None))  # relu_rope's table: none for float32
-            getattr(library, name)(*pointers, size, strides)
+            try:
+                call(library, args, outs, *_flat_plan(plan(args)))
+            except RuntimeError as error:  # the op refused its arguments: as wrong as wrong bits
+                first = str(error).splitlines()[0]
+                _SELF_CHECK.append(f"the compiled CPU kernels failed a known-answer check ({first}); they are not used")
+                return _SELF_CHECK[0]
             expected = reference(*args)
             expected = expected if isinstance(expected, tuple) else (expected,)
             differ += sum(int((a != e).sum()) for a, e in zip(outs, expected))
@@ -226,7 +232,7 @@ def relu_formula_matches() -> bool:
         ok = False
         if library is not None and table is not None:
             formula = torch.empty(65536, dtype=torch.int16)
-            library.ap_relu_bf16_formula(_p(formula))
+            library.relu_bf16_formula(formula)
             mine, eager = formula.view(torch.bfloat16), table
             both_nan = mine.isnan() & eager.isnan()
             ok = bool(((formula == eager.view(torch.int16)) | both_nan).all())
@@ -268,7 +274,7 @@ def _why_rope(query, key, freqs_cos, freqs_sin, name: str = "relu_rope_pair") ->
 def _why_same_dtype(name: str, tensors: Sequence[torch.Tensor], dtypes) -> Optional[str]:
     kinds = {t.dtype for t in tensors}
     if len(kinds) != 1 or tensors[0].dtype not in dtypes:
-        allowed = ", ".join(_NAMES[d] for d in dtypes)
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         return f"{name} takes inputs of one dtype among {allowed}, not {[str(t.dtype) for t in tensors]}"
     return None
 
@@ -385,6 +391,15 @@ _WHY = {
 }
 
 
+def unavailable() -> Optional[str]:
+    """Why no CPU kernel can run in this process ("switched off (...)", "unavailable: <build failure>"), None when
+    they can. Builds the library on first need (announced on stderr)."""
+    _, reason = cpu_build.load()
+    if reason is None or reason.startswith("switched off"):
+        return reason
+    return f"unavailable: {reason}"
+
+
 def unsupported(op_name: str, *args) -> Optional[str]:
     """Why this implementation cannot run ``op_name`` on these arguments (the reference's), None when it can.
     The library is built here on first use."""
@@ -400,40 +415,39 @@ def unsupported(op_name: str, *args) -> Optional[str]:
 
 
 class _Prepared:
-    """Everything a call of one op needs for one signature: the kernel as a ctypes function of pointer arguments
-    (so plain ``int`` addresses go straight through), eager's output layouts, whether they hold any element, the
-    addresses of the plan's ctypes arrays (kept alive here) and of the lookup table (0 for none)."""
+    """Everything a call of one op needs for one signature: the library's op, eager's output layouts, whether they
+    hold any element, the iteration plan as the op takes it (sizes; every tensor's strides) and the lookup table
+    (None for none)."""
 
-    __slots__ = ("kernel", "layouts", "nonempty", "size", "strides", "table", "_keep")
+    __slots__ = ("op", "layouts", "nonempty", "size", "strides", "table")
 
-    def __init__(self, kernel, layouts, plan, table):
-        self.kernel, self.layouts = kernel, layouts
+    def __init__(self, op, layouts, plan, table):
+        self.op, self.layouts, self.table = op, layouts, table
         self.nonempty = all(0 not in shape for shape, _, _ in layouts)
-        self.table = table.data_ptr() if table is not None else 0
-        arrays = _c_plan(plan) if plan is not None else (None, None)
-        self._keep = (arrays, table)
-        self.size, self.strides = (ctypes.addressof(a) if a is not None else 0 for a in arrays)
+        self.size, self.strides = _flat_plan(plan) if plan is not None else ([], [])
 
 
 _PREPARED: dict[tuple, _Prepared] = {}
 
 
 def _signature(op_name: str, args) -> Optional[tuple]:
-    """What a call's preparation depends on; None for a tensor without strides (never prepared). Only CPU
-    signatures are ever prepared, so ``is_cpu`` stands for the device."""
+    """What a call's preparation depends on; None for a tensor without strides (never prepared). Only plain CPU
+    tensors are ever prepared, so ``type`` and ``is_cpu`` keep a subclass or another device from a plain call's
+    preparation."""
     grad = torch.is_grad_enabled()
     try:
         return (op_name, grad) + tuple(
-            (a.dtype, a.shape, a.stride(), a.is_cpu, grad and a.requires_grad, a.is_neg(), a.is_conj())
+            (type(a), a.dtype, a.shape, a.stride(), a.is_cpu, grad and a.requires_grad, a.is_neg(), a.is_conj())
             if isinstance(a, torch.Tensor) else a for a in args)
     except RuntimeError:
         return None
 
 
-def _prepare(op_name: str, args, reference: Callable, kernel_name: Callable[[], str], plan: Callable[[], object],
-             nargs: int, table: Optional[str] = None) -> _Prepared:
+def _prepare(op_name: str, args, reference: Callable, op: Callable, plan: Callable[[], object],
+             table: Optional[str] = None) -> _Prepared:
     """Prepares (and caches) a signature not seen before; raises ValueError with the reason when unsupported. The
-    ops look their signature up in ``_PREPARED`` themselves first (the path of every later call)."""
+    ops look their signature up in ``_PREPARED`` themselves first (the path of every later call). ``op(library)``
+    is the library's op that runs it."""
     key = _signature(op_name, args)
     known = _PREPARED.get(key)
     if known is not None:
@@ -442,8 +456,7 @@ def _prepare(op_name: str, args, reference: Callable, kernel_name: Callable[[], 
     if reason:
         raise ValueError(reason)
     library, _ = cpu_build.load()
-    made = _Prepared(cpu_build.typed(library, kernel_name(), nargs), eager_layouts(reference, args), plan(),
-                     _wide_table(table) if table else None)
+    made = _Prepared(op(library), eager_layouts(reference, args), plan(), _wide_table(table) if table else None)
     if key is None:
         return made
     with _PLANS_LOCK:
@@ -545,89 +558,72 @@ def relu_rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tens
     """:func:`.reference.relu_rope_pair` in one pass over query and key, sharing each table load."""
     args = (query, key, freqs_cos, freqs_sin)
     prep = _PREPARED.get(_signature("relu_rope_pair", args)) or _prepare(
-        "relu_rope_pair", args, ref.relu_rope_pair,
-        lambda: f"ap_relu_rope_{_NAMES[query.dtype]}_{_NAMES[freqs_cos.dtype]}", lambda: _rope_plan(args), 11)
+        "relu_rope_pair", args, ref.relu_rope_pair, lambda lib: lib.relu_rope.default, lambda: _rope_plan(args))
     outs = _outputs(prep)
     if prep.nonempty:
-        table = _relu_table_arg(query)
-        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs),
-                    table.data_ptr() if table is not None else 0, prep.size, prep.strides)
+        prep.op(*args, *outs, _relu_table_arg(query), prep.size, prep.strides)
     return outs
 
 
-def _plain_rope(name: str, reference: Callable, prefix: str, args):
+def _plain_rope(name: str, reference: Callable, per_channel: bool, args):
     prep = _PREPARED.get(_signature(name, args)) or _prepare(
-        name, args, reference, lambda: f"ap_{prefix}_{_NAMES[args[0].dtype]}_{_NAMES[args[2].dtype]}",
-        lambda: _rope_plan(args, reference), 8)
+        name, args, reference, lambda lib: lib.rope.default, lambda: _rope_plan(args, reference))
     outs = _outputs(prep)
     if prep.nonempty:
-        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
+        prep.op(*args, *outs, prep.size, prep.strides, per_channel)
     return outs
 
 
 def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """:func:`.reference.rope_pair` in one pass over query and key: relu_rope_pair's rotation loops without the
     ReLU, stored in the query's dtype."""
-    return _plain_rope("rope_pair", ref.rope_pair, "rope", (query, key, freqs_cos, freqs_sin))
+    return _plain_rope("rope_pair", ref.rope_pair, False, (query, key, freqs_cos, freqs_sin))
 
 
 def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """:func:`.reference.rope_pair_per_channel` in one pass over query and key: rope_pair's loops reading each
     channel's own table entries, the chain in float32 (float64 with float64 tables), stored in the query's dtype."""
-    return _plain_rope("rope_pair_per_channel", ref.rope_pair_per_channel, "rope_per_channel",
-                       (query, key, cos, sin))
+    return _plain_rope("rope_pair_per_channel", ref.rope_pair_per_channel, True, (query, key, cos, sin))
 
 
-def _elementwise_prep(op: str, reference: Callable, args, kernel: str, table: Optional[str] = None) -> _Prepared:
-    return _PREPARED.get(_signature(op, args)) or _prepare(
-        op, args, reference, lambda: kernel + _NAMES[args[0].dtype], lambda: _plan_for(op, reference, args),
-        len(args) + 3 + bool(table), table)
+def _elementwise(op: str, reference: Callable, args, library_op: Callable, table: Optional[str] = None):
+    """An element-wise op's output, written by ``library_op(library)`` (output first, then ``args``, the table
+    where there is one, the plan)."""
+    prep = _PREPARED.get(_signature(op, args)) or _prepare(
+        op, args, reference, library_op, lambda: _plan_for(op, reference, args), table)
+    out = _output(prep)
+    if prep.nonempty:
+        tensors = (*args, prep.table) if table else args
+        prep.op(out, *tensors, prep.size, prep.strides)
+    return out
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.modulate`: ``x * (1 + scale) + shift`` in one pass, rounded after each op."""
-    prep = _elementwise_prep("modulate", ref.modulate, (x, scale, shift), "ap_modulate_")
-    out = _output(prep)
-    if prep.nonempty:
-        prep.kernel(out.data_ptr(), x.data_ptr(), scale.data_ptr(), shift.data_ptr(), prep.size, prep.strides)
-    return out
+    return _elementwise("modulate", ref.modulate, (x, scale, shift), lambda lib: lib.modulate.default)
 
 
 def gated_residual(residual: torch.Tensor, gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.gated_residual`: ``residual + gate * x`` in one pass, the product rounded."""
-    prep = _elementwise_prep("gated_residual", ref.gated_residual, (residual, gate, x), "ap_gated_residual_")
-    out = _output(prep)
-    if prep.nonempty:
-        prep.kernel(out.data_ptr(), residual.data_ptr(), gate.data_ptr(), x.data_ptr(), prep.size, prep.strides)
-    return out
+    return _elementwise("gated_residual", ref.gated_residual, (residual, gate, x),
+                        lambda lib: lib.gated_residual.default)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.silu` of bf16 by eager's own table."""
-    prep = _elementwise_prep("silu", ref.silu, (x,), "ap_table_", "silu")
-    out = _output(prep)
-    if prep.nonempty:
-        prep.kernel(out.data_ptr(), x.data_ptr(), prep.table, prep.size, prep.strides)
-    return out
+    return _elementwise("silu", ref.silu, (x,), lambda lib: lib.table_bf16.default, "silu")
 
 
 def glu_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.glu_gate` of bf16: ``x * silu(gate)``, the SiLU from eager's table, in one pass."""
-    prep = _elementwise_prep("glu_gate", ref.glu_gate, (x, gate), "ap_glu_gate_", "silu")
-    out = _output(prep)
-    if prep.nonempty:
-        prep.kernel(out.data_ptr(), x.data_ptr(), gate.data_ptr(), prep.table, prep.size, prep.strides)
-    return out
+    return _elementwise("glu_gate", ref.glu_gate, (x, gate), lambda lib: lib.glu_gate_bf16.default, "silu")
 
 
 def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`.reference.sigmoid_gate` of bf16: ``x * sigmoid(gate)`` in one pass, by glu_gate's kernel with eager's
     sigmoid table in place of the SiLU one (the kernel only gathers ``table[bits(gate)]`` and rounds the product)."""
-    prep = _elementwise_prep("sigmoid_gate", ref.sigmoid_gate, (x, gate), "ap_glu_gate_", "sigmoid")
-    out = _output(prep)
-    if prep.nonempty:
-        prep.kernel(out.data_ptr(), x.data_ptr(), gate.data_ptr(), prep.table, prep.size, prep.strides)
-    return out
+    return _elementwise("sigmoid_gate", ref.sigmoid_gate, (x, gate), lambda lib: lib.glu_gate_bf16.default,
+                        "sigmoid")
 
 
 def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -635,44 +631,41 @@ def scale_to_tokens(x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> tor
     once to ``dtype``, written straight into eager's N-minor ``[B, N, H*D]`` layout."""
     args = (x, z, dtype)
     prep = _PREPARED.get(_signature("scale_to_tokens", args)) or _prepare(
-        "scale_to_tokens", args, ref.scale_to_tokens, lambda: f"ap_scale_to_{_NAMES[dtype]}_{_NAMES[z.dtype]}",
-        lambda: _scale_plan(x, z, dtype), 5)
+        "scale_to_tokens", args, ref.scale_to_tokens, lambda lib: lib.scale_to.default,
+        lambda: _scale_plan(x, z, dtype))
     out = _output(prep)
     if prep.nonempty:
-        prep.kernel(out.data_ptr(), x.data_ptr(), z.data_ptr(), prep.size, prep.strides)
+        prep.op(out, x, z, prep.size, prep.strides)
     return out
+
+
+def _rotate_half_call(name: str, reference: Callable, plan: Callable, policy: Callable[[], int], args):
+    prep = _PREPARED.get(_signature(name, args)) or _prepare(
+        name, args, reference, lambda lib: functools.partial(lib.rotate_half.default, policy=policy()),
+        lambda: plan(args))
+    outs = _outputs(prep)
+    if prep.nonempty:
+        prep.op(*args, *outs, prep.size, prep.strides)
+    return outs
 
 
 def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """:func:`.reference.rotate_half_pair` in one pass over query and key: the tables rounded to the queries'
     dtype once per call, each product and the sum rounded as eager's ops do, channels past R copied."""
-    args = (query, key, cos, sin)
-    prep = _PREPARED.get(_signature("rotate_half_pair", args)) or _prepare(
-        "rotate_half_pair", args, ref.rotate_half_pair,
-        lambda: f"ap_rotate_half_{_NAMES[query.dtype]}_{_NAMES[cos.dtype]}", lambda: _rotate_half_plan(args), 8)
-    outs = _outputs(prep)
-    if prep.nonempty:
-        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
-    return outs
+    return _rotate_half_call("rotate_half_pair", ref.rotate_half_pair, _rotate_half_plan, lambda: ROTATE_HALF_IN_Q,
+                             (query, key, cos, sin))
 
 
-def _split_form() -> str:
-    return "fma" if addcmul_form(_CPU)[0] == FMA else "mul_add"
+def _split_policy() -> int:
+    return SPLIT_FMA if addcmul_form(_CPU)[0] == FMA else SPLIT_MUL_ADD
 
 
 def rope_split_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """:func:`.reference.rope_split_pair` of [B, T, C] query and key in one pass: rotate_half_pair's loops with a
     split policy (one float32 table entry per pair for both halves, the product rounded to float, the second one
     added as this CPU's eager ``addcmul_`` adds it, probed: an fma here), stored in the query's dtype."""
-    args = (query, key, cos, sin)
-    prep = _PREPARED.get(_signature("rope_split_pair", args)) or _prepare(
-        "rope_split_pair", args, ref.rope_split_pair,
-        lambda: f"ap_rope_split_{_split_form()}_{_NAMES[query.dtype]}_{_NAMES[cos.dtype]}",
-        lambda: _split_plan(args), 8)
-    outs = _outputs(prep)
-    if prep.nonempty:
-        prep.kernel(*(t.data_ptr() for t in args), *(t.data_ptr() for t in outs), prep.size, prep.strides)
-    return outs
+    return _rotate_half_call("rope_split_pair", ref.rope_split_pair, _split_plan, _split_policy,
+                             (query, key, cos, sin))
 
 
 def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
@@ -684,12 +677,11 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
     is the guard there)."""
     args = (query, key, freqs)
     prep = _PREPARED.get(_signature("rotary_complex_pair", args)) or _prepare(
-        "rotary_complex_pair", args, ref.rotary_complex_pair,
-        lambda: f"ap_rotary_complex_{_NAMES[query.dtype]}", lambda: _complex_plan(args), 7)
+        "rotary_complex_pair", args, ref.rotary_complex_pair, lambda lib: lib.rotary_complex.default,
+        lambda: _complex_plan(args))
     outs = _outputs(prep)
     if prep.nonempty:
-        prep.kernel(query.data_ptr(), key.data_ptr(), freqs.data_ptr(), *(t.data_ptr() for t in outs),
-                    prep.size, prep.strides)
+        prep.op(*args, *outs, prep.size, prep.strides)
     return outs
 
 

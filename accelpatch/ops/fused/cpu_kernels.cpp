@@ -1,15 +1,18 @@
-// CPU kernels of the lossless fused ops (accelpatch/ops/fused/cpu.py drives them through ctypes).
+// CPU kernels of the lossless fused ops (accelpatch/ops/fused/cpu.py calls them as the torch.library ops of
+// cpu_ops.cpp, which check every argument; the entry points are declared in cpu_kernels.h).
 //
 // Each kernel reproduces an eager chain of accelpatch/ops/fused/reference.py bit for bit: bf16/fp16 values are
 // widened to float, every op is computed in float and rounded back to the storage dtype, exactly where eager
 // stores a tensor; mixed bf16 x float chains run in float (or double) and round only at the store, and
 // double -> bf16 goes through float as c10 does. The fp16 rounding is c10's own (its headers are included), the bf16
-// one c10's formula in vectorisable form (checked against c10's on all 2^32 floats by ap_check_bf16_rounding). The
+// one c10's formula in vectorisable form (checked against c10's on all 2^32 floats by check_bf16_rounding). The
 // file must be compiled with -ffp-contract=off -fno-fast-math: a contracted FMA would round differently from eager
 // (and gcc's vectoriser contracts some patterns even so: see Rotate below; cpu.py's self-check guards against it).
 //
 // Iteration spaces are at most 4-D; each tensor comes with 4 element strides (0 = broadcast), so any layout
 // works. The innermost dimension gets a unit-stride path the compiler can vectorise.
+#include "cpu_kernels.h"
+
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -27,10 +31,10 @@
 
 namespace {
 
-using i64 = int64_t;
+using accelpatch_kernels::i64;
 
 // float -> bf16 round-to-nearest-even, NaN to 0x7FC0: c10's round_to_nearest_even (BFloat16.h) written with a
-// select instead of its branch, so that loops of it vectorise. ap_check_bf16_rounding compares it with c10's on any
+// select instead of its branch, so that loops of it vectorise. check_bf16_rounding compares it with c10's on any
 // range of float bit patterns (the tests run all 2^32).
 inline uint32_t bf16_rounded_f32_bits(float v) {
   uint32_t u;
@@ -252,7 +256,7 @@ void scale_to(S* out, const float* x, const ZS* z, const i64* size, const i64* s
 inline float relu(float v, const uint16_t*) { return v < 0.0f ? 0.0f : v; }
 // F.relu of bf16, by one of two policies. ByTable: eager's own result, looked up in its 65,536-entry table.
 // ByFormula: negative non-NaN values below -0.0 (bits 0x8001..0xFF80) to +0, everything else kept; it vectorises,
-// and the Python side uses it only after ap_relu_bf16_formula wrote it for all 65,536 inputs and that matched the
+// and the Python side uses it only after relu_bf16_formula wrote it for all 65,536 inputs and that matched the
 // table (NaN as NaN).
 inline uint16_t relu_formula(uint16_t v) { return (v > 0x8000u && v <= 0xFF80u) ? uint16_t(0) : v; }
 struct ByTable {
@@ -782,55 +786,78 @@ void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, c
   }
 }
 
-}  // namespace
-
-#define AP_EXPORT extern "C" __attribute__((visibility("default")))
-
-// ---- exported entry points (names: op _ dtype(s)); every pointer points at element 0 of its tensor ----------
-
-#define AP_TERNARY(op, name, T)                                                                           \
-  AP_EXPORT void ap_##op##_##name(void* out, const void* a, const void* b, const void* c, const i64* size, \
-                                  const i64* st) {                                                        \
-    using S = Io<T>::S;                                                                                   \
-    op<T>(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b),                       \
-          static_cast<const S*>(c), size, st);                                                            \
-  }
-AP_TERNARY(modulate, f32, float)
-AP_TERNARY(modulate, bf16, BF16)
-AP_TERNARY(modulate, f16, F16)
-AP_TERNARY(gated_residual, f32, float)
-AP_TERNARY(gated_residual, bf16, BF16)
-AP_TERNARY(gated_residual, f16, F16)
-
-#define AP_SCALE_TO(oname, T, zname, Z)                                                                       \
-  AP_EXPORT void ap_scale_to_##oname##_##zname(void* out, const float* x, const void* z, const i64* size,     \
-                                               const i64* st) {                                             \
-    scale_to<T, Z>(static_cast<uint16_t*>(out), x, static_cast<const Io<Z>::S*>(z), size, st);              \
-  }
-AP_SCALE_TO(bf16, BF16, bf16, BF16)
-AP_SCALE_TO(bf16, BF16, f16, F16)
-AP_SCALE_TO(bf16, BF16, f32, float)
-AP_SCALE_TO(f16, F16, bf16, BF16)
-AP_SCALE_TO(f16, F16, f16, F16)
-AP_SCALE_TO(f16, F16, f32, float)
-
-// The bf16 tables of the two functions below hold each 16-bit result zero-extended to 32 bits (256 KiB): a
+// The bf16 tables of table_bf16 and glu_gate_bf16 hold each 16-bit result zero-extended to 32 bits (256 KiB): a
 // 32-bit table lets the loop vectorise around the lookups (1.6x faster than 16-bit lookups, measured here).
-
-// Unit-stride rows of the two ops below, as functions of restrict pointers: in this form gcc vectorises the loop
+// Unit-stride rows of those two ops, as functions of restrict pointers: in this form gcc vectorises the loop
 // around the 32-bit lookups (measured: SiLU of [5, 2240, 8, 8] 313 -> 230 us against the same loop in a lambda).
-static void lookup_row(uint16_t* __restrict o, const uint16_t* __restrict a, const uint32_t* __restrict t, i64 n) {
+void lookup_row(uint16_t* __restrict o, const uint16_t* __restrict a, const uint32_t* __restrict t, i64 n) {
   for (i64 i = 0; i < n; ++i) o[i] = static_cast<uint16_t>(t[a[i]]);
 }
-static void glu_row(uint16_t* __restrict o, const uint16_t* __restrict a, const uint16_t* __restrict g,
-                    const uint32_t* __restrict t, i64 n) {
+void glu_row(uint16_t* __restrict o, const uint16_t* __restrict a, const uint16_t* __restrict g,
+             const uint32_t* __restrict t, i64 n) {
   using IO = Io<BF16>;
   for (i64 i = 0; i < n; ++i) o[i] = IO::store(IO::load(a[i]) * IO::load(static_cast<uint16_t>(t[g[i]])));
 }
 
-// A bf16 unary op by its table (SiLU): out = table[bits(x)].
-AP_EXPORT void ap_table_bf16(uint16_t* out, const uint16_t* x, const uint32_t* table, const i64* size,
-                             const i64* st) {
+}  // namespace
+
+// ---- the entry points (cpu_kernels.h): each picks the instantiation for its dtypes, false where there is none --
+
+namespace accelpatch_kernels {
+
+namespace {
+
+template <class... Ts> struct Types {};
+template <class T> constexpr Dt dt_of();
+template <> constexpr Dt dt_of<float>() { return Dt::f32; }
+template <> constexpr Dt dt_of<BF16>() { return Dt::bf16; }
+template <> constexpr Dt dt_of<F16>() { return Dt::f16; }
+template <> constexpr Dt dt_of<double>() { return Dt::f64; }
+
+// Calls f with a value of the kernel type (float, BF16, F16, double) among Ts whose dtype is t; false for none.
+template <class... Ts, class F>
+bool with_type(Dt t, Types<Ts...>, F&& f) {
+  bool done = false;
+  ((!done && t == dt_of<Ts>() ? (f(Ts{}), done = true) : false), ...);
+  return done;
+}
+
+using Floats = Types<float, BF16, F16>;
+
+}  // namespace
+
+bool modulate(Dt t, void* out, const void* x, const void* scale, const void* shift, const i64* size, const i64* st) {
+  return with_type(t, Floats{}, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename Io<T>::S;
+    ::modulate<T>(static_cast<S*>(out), static_cast<const S*>(x), static_cast<const S*>(scale),
+                  static_cast<const S*>(shift), size, st);
+  });
+}
+
+bool gated_residual(Dt t, void* out, const void* residual, const void* gate, const void* x, const i64* size,
+                    const i64* st) {
+  return with_type(t, Floats{}, [&](auto tag) {
+    using T = decltype(tag);
+    using S = typename Io<T>::S;
+    ::gated_residual<T>(static_cast<S*>(out), static_cast<const S*>(residual), static_cast<const S*>(gate),
+                        static_cast<const S*>(x), size, st);
+  });
+}
+
+bool scale_to(Dt ot, Dt zt, void* out, const float* x, const void* z, const i64* size, const i64* st) {
+  bool done = false;
+  with_type(ot, Types<BF16, F16>{}, [&](auto otag) {
+    done = with_type(zt, Floats{}, [&](auto ztag) {
+      using T = decltype(otag);
+      using Z = decltype(ztag);
+      ::scale_to<T, Z>(static_cast<uint16_t*>(out), x, static_cast<const typename Io<Z>::S*>(z), size, st);
+    });
+  });
+  return done;
+}
+
+void table_bf16(uint16_t* out, const uint16_t* x, const uint32_t* table, const i64* size, const i64* st) {
   if (!unit_inner<2>(st)) {
     elementwise1(out, x, size, st, [table](uint16_t v) { return static_cast<uint16_t>(table[v]); });
     return;
@@ -839,9 +866,8 @@ AP_EXPORT void ap_table_bf16(uint16_t* out, const uint16_t* x, const uint32_t* t
   for_rows<2>(size, st, [&](const i64* off) { lookup_row(out + off[0], x + off[1], table, n); });
 }
 
-// GLUMB's gate x * silu(gate) in bf16: the SiLU from its table, the product rounded.
-AP_EXPORT void ap_glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t* gate, const uint32_t* table,
-                                const i64* size, const i64* st) {
+void glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t* gate, const uint32_t* table, const i64* size,
+                   const i64* st) {
   using IO = Io<BF16>;
   if (!unit_inner<3>(st)) {
     elementwise2(out, x, gate, size, st, [table](uint16_t a, uint16_t g) {
@@ -853,93 +879,92 @@ AP_EXPORT void ap_glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t
   for_rows<3>(size, st, [&](const i64* off) { glu_row(out + off[0], x + off[1], gate + off[2], table, n); });
 }
 
-// table: eager's bf16 ReLU table, or null for the checked formula (and for float32 queries, which need none).
-#define AP_ROPE(qname, Q, wname, W)                                                                              \
-  AP_EXPORT void ap_relu_rope_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,     \
-                                                void* rq, void* rk, float* oq, float* ok, const uint16_t* table, \
-                                                const i64* size, const i64* st) {                                \
-    using QS = Io<Q>::S;                                                                                         \
-    using WS = Table<W>::S;                                                                                      \
-    const QS* qq = static_cast<const QS*>(q);                                                                    \
-    const QS* kk = static_cast<const QS*>(k);                                                                    \
-    const WS* cc = static_cast<const WS*>(c);                                                                    \
-    const WS* ss = static_cast<const WS*>(s);                                                                    \
-    if (table)                                                                                                   \
-      relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByTable{table}, size, \
-                      st);                                                                                       \
-    else                                                                                                         \
-      relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByFormula{}, size,    \
-                      st);                                                                                       \
-  }
-AP_ROPE(bf16, BF16, bf16, BF16)
-AP_ROPE(bf16, BF16, f32, float)
-AP_ROPE(bf16, BF16, f64, double)
-AP_ROPE(f32, float, bf16, BF16)
-AP_ROPE(f32, float, f32, float)
-AP_ROPE(f32, float, f64, double)
+bool relu_rope(Dt q, Dt w, const void* qp, const void* kp, const void* c, const void* s, void* rq, void* rk,
+               float* oq, float* ok, const uint16_t* table, const i64* size, const i64* st) {
+  bool done = false;
+  with_type(q, Types<BF16, float>{}, [&](auto qtag) {
+    done = with_type(w, Types<BF16, float, double>{}, [&](auto wtag) {
+      using Q = decltype(qtag);
+      using W = decltype(wtag);
+      using QS = typename Io<Q>::S;
+      using WS = typename Table<W>::S;
+      const QS* qq = static_cast<const QS*>(qp);
+      const QS* kk = static_cast<const QS*>(kp);
+      const WS* cc = static_cast<const WS*>(c);
+      const WS* ss = static_cast<const WS*>(s);
+      if (table)
+        ::relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByTable{table}, size,
+                          st);
+      else
+        ::relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByFormula{}, size,
+                          st);
+    });
+  });
+  return done;
+}
 
-// One exported q/k pair kernel: ``fn<Q, W, P>`` (a rotation loop under policy P) with tables of ``Tables<W>::S``.
-#define AP_PAIR_KERNEL(prefix, fn, Tables, P, qname, Q, wname, W)                                                \
-  AP_EXPORT void ap_##prefix##_##qname##_##wname(const void* q, const void* k, const void* c, const void* s,      \
-                                                 void* oq, void* ok, const i64* size, const i64* st) {            \
-    using QS = Io<Q>::S;                                                                                         \
-    using WS = Tables<W>::S;                                                                                     \
-    fn<Q, W, P>(static_cast<const QS*>(q), static_cast<const QS*>(k), static_cast<const WS*>(c),                 \
-                static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok), size, st);                \
-  }
-#define AP_PLAIN_ROPE(prefix, M, qname, Q, wname, W) AP_PAIR_KERNEL(prefix, rope, Table, M, qname, Q, wname, W)
-#define AP_PLAIN_ROPES(prefix, M)                   \
-  AP_PLAIN_ROPE(prefix, M, bf16, BF16, bf16, BF16)  \
-  AP_PLAIN_ROPE(prefix, M, bf16, BF16, f32, float)  \
-  AP_PLAIN_ROPE(prefix, M, bf16, BF16, f64, double) \
-  AP_PLAIN_ROPE(prefix, M, f32, float, bf16, BF16)  \
-  AP_PLAIN_ROPE(prefix, M, f32, float, f32, float)  \
-  AP_PLAIN_ROPE(prefix, M, f32, float, f64, double)
-AP_PLAIN_ROPES(rope, Paired)
-AP_PLAIN_ROPES(rope_per_channel, PerChannel)
+// One q/k pair kernel: ``Fn<Q, W, P>`` (a rotation loop under policy P) with tables of ``Tables<W>::S``.
+bool rope(Dt q, Dt w, bool per_channel, const void* qp, const void* kp, const void* c, const void* s, void* oq,
+          void* ok, const i64* size, const i64* st) {
+  bool done = false;
+  with_type(q, Types<BF16, float>{}, [&](auto qtag) {
+    done = with_type(w, Types<BF16, float, double>{}, [&](auto wtag) {
+      using Q = decltype(qtag);
+      using W = decltype(wtag);
+      using QS = typename Io<Q>::S;
+      using WS = typename Table<W>::S;
+      const auto args = std::make_tuple(static_cast<const QS*>(qp), static_cast<const QS*>(kp),
+                                        static_cast<const WS*>(c), static_cast<const WS*>(s), static_cast<QS*>(oq),
+                                        static_cast<QS*>(ok), size, st);
+      if (per_channel)
+        std::apply(::rope<Q, W, PerChannel>, args);
+      else
+        std::apply(::rope<Q, W, Paired>, args);
+    });
+  });
+  return done;
+}
 
-// The rotate-half loops under a policy: MiniMax-H3's (InQ, in the activations' dtype) and LTX-2.3's split RoPE
-// (SplitMulAdd / SplitFma: float32, the second product added as the device's eager addcmul_ adds it).
-#define AP_ROTATE_HALF_KERNEL(prefix, P, qname, Q, wname, W) \
-  AP_PAIR_KERNEL(prefix, rotate_half, Io, P, qname, Q, wname, W)
-#define AP_ROTATE_HALF(qname, Q, wname, W) AP_ROTATE_HALF_KERNEL(rotate_half, InQ, qname, Q, wname, W)
-AP_ROTATE_HALF(bf16, BF16, f32, float)
-AP_ROTATE_HALF(bf16, BF16, bf16, BF16)
-AP_ROTATE_HALF(f16, F16, f32, float)
-AP_ROTATE_HALF(f16, F16, bf16, BF16)
-AP_ROTATE_HALF(f32, float, f32, float)
-AP_ROTATE_HALF(f32, float, bf16, BF16)
+bool rotate_half(Dt q, Dt w, RotateHalf policy, const void* qp, const void* kp, const void* c, const void* s, void* oq,
+                 void* ok, const i64* size, const i64* st) {
+  // the instantiations the models need: MiniMax-H3's bf16/fp16/float32 activations with float32 or bf16 tables;
+  // the split RoPE's likewise, but fp16 activations with float32 tables only
+  if (policy != RotateHalf::in_q && q == Dt::f16 && w != Dt::f32) return false;
+  bool done = false;
+  with_type(q, Floats{}, [&](auto qtag) {
+    done = with_type(w, Types<float, BF16>{}, [&](auto wtag) {
+      using Q = decltype(qtag);
+      using W = decltype(wtag);
+      using QS = typename Io<Q>::S;
+      using WS = typename Io<W>::S;
+      const auto args = std::make_tuple(static_cast<const QS*>(qp), static_cast<const QS*>(kp),
+                                        static_cast<const WS*>(c), static_cast<const WS*>(s), static_cast<QS*>(oq),
+                                        static_cast<QS*>(ok), size, st);
+      switch (policy) {
+        case RotateHalf::in_q: std::apply(::rotate_half<Q, W, InQ>, args); break;
+        case RotateHalf::split_mul_add: std::apply(::rotate_half<Q, W, SplitMulAdd>, args); break;
+        case RotateHalf::split_fma: std::apply(::rotate_half<Q, W, SplitFma>, args); break;
+      }
+    });
+  });
+  return done;
+}
 
-// LTX-2.3's split RoPE: ap_rope_split_mul_add_* (SplitMulAdd) and ap_rope_split_fma_* (SplitFma).
-#define AP_ROPE_SPLIT(form, P, qname, Q, wname, W) AP_ROTATE_HALF_KERNEL(rope_split_##form, P, qname, Q, wname, W)
-#define AP_ROPE_SPLITS(form, P)                  \
-  AP_ROPE_SPLIT(form, P, bf16, BF16, f32, float) \
-  AP_ROPE_SPLIT(form, P, bf16, BF16, bf16, BF16) \
-  AP_ROPE_SPLIT(form, P, f16, F16, f32, float)   \
-  AP_ROPE_SPLIT(form, P, f32, float, f32, float) \
-  AP_ROPE_SPLIT(form, P, f32, float, bf16, BF16)
-AP_ROPE_SPLITS(mul_add, SplitMulAdd)
-AP_ROPE_SPLITS(fma, SplitFma)
+bool rotary_complex(Dt q, const void* qp, const void* kp, const double* f, void* oq, void* ok, const i64* size,
+                    const i64* st) {
+  return with_type(q, Types<BF16, float, double>{}, [&](auto qtag) {
+    using Q = decltype(qtag);
+    using QS = typename Wide<Q>::S;
+    ::rotary_complex<Q>(static_cast<const QS*>(qp), static_cast<const QS*>(kp), f, static_cast<QS*>(oq),
+                        static_cast<QS*>(ok), size, st);
+  });
+}
 
-#define AP_ROTARY_COMPLEX(qname, Q)                                                                               \
-  AP_EXPORT void ap_rotary_complex_##qname(const void* q, const void* k, const double* f, void* oq, void* ok,     \
-                                           const i64* size, const i64* st) {                                     \
-    using QS = Wide<Q>::S;                                                                                        \
-    rotary_complex<Q>(static_cast<const QS*>(q), static_cast<const QS*>(k), f, static_cast<QS*>(oq),              \
-                      static_cast<QS*>(ok), size, st);                                                            \
-  }
-AP_ROTARY_COMPLEX(bf16, BF16)
-AP_ROTARY_COMPLEX(f32, float)
-AP_ROTARY_COMPLEX(f64, double)
-
-// The ByFormula bf16 ReLU of every bf16 bit pattern (out[i] = relu(bits i)), to be checked against eager's table.
-AP_EXPORT void ap_relu_bf16_formula(uint16_t* out) {
+void relu_bf16_formula(uint16_t* out) {
   for (uint32_t i = 0; i < 65536u; ++i) out[i] = relu_formula(static_cast<uint16_t>(i));
 }
 
-// How many of the float bit patterns first .. first + count - 1 this file's bf16 rounding gives other bits than
-// c10's BFloat16(float) constructor (a NaN result counts as equal to any NaN).
-AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
+i64 check_bf16_rounding(uint32_t first, i64 count) {
   i64 differ = 0;
   for (i64 i = 0; i < count; ++i) {
     const uint32_t u = first + static_cast<uint32_t>(i);
@@ -951,12 +976,10 @@ AP_EXPORT i64 ap_check_bf16_rounding(uint32_t first, i64 count) {
   return differ;
 }
 
-// A version tag the loader checks, so a stale cached library is never used with a newer Python side.
-// sizes: {images, k, o, height, width, reduce block, bias first}; x's and out's strides: 4 each, in elements
-AP_EXPORT void ap_pointwise_conv_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* out,
-                                      const i64* sizes, const i64* x_strides, const i64* out_strides) {
-  pointwise_conv_bf16(x, x_strides, w, bias, out, out_strides, sizes[0], sizes[1], sizes[2], sizes[3], sizes[4],
-                      sizes[5], sizes[6] != 0);
+void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias, uint16_t* out,
+                         const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width, i64 reduce_block,
+                         bool bias_first) {
+  ::pointwise_conv_bf16(x, xst, w, bias, out, ost, images, k, o, height, width, reduce_block, bias_first);
 }
 
-AP_EXPORT int ap_abi_version() { return 6; }
+}  // namespace accelpatch_kernels

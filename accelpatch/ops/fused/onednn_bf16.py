@@ -16,7 +16,6 @@ candidates, and the op is refused, with that reason, where none reproduces eager
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Optional
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_build
+from .operands import foreign_operand
 
 _LOCK = threading.Lock()
 _ORDERS: dict[tuple, tuple] = {}
@@ -85,17 +85,6 @@ def _empty_out(op: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.empty((n, weight.shape[0], h, w), dtype=torch.bfloat16, memory_format=_out_format(x, weight))
 
 
-_KERNELS: dict = {}  # library -> its GEMM entry point (the key keeps the library loaded while its function is kept)
-
-
-def _kernel(library):
-    """The library's GEMM entry point as a ctypes function, made once per library."""
-    fn = _KERNELS.get(library)
-    if fn is None:
-        fn = _KERNELS.setdefault(library, cpu_build.typed(library, "ap_pointwise_conv_bf16", 7))
-    return fn
-
-
 #: where the bias enters the sum: after the blocks, before the first, or (aten's addmm on a transposed input) as a
 #: bf16 add after the product is rounded
 BIAS_LAST, BIAS_FIRST, BIAS_ROUNDED = 0, 1, 2
@@ -103,15 +92,14 @@ BIAS_LAST, BIAS_FIRST, BIAS_ROUNDED = 0, 1, 2
 
 def _run(library, op: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
          order: tuple[int, int]) -> torch.Tensor:
-    """The kernel's result for ``order`` = (reduction block, 0 for the whole reduction; where the bias enters)."""
+    """The kernel's result for ``order`` = (reduction block, 0 for the whole reduction; where the bias enters), by
+    ``library``'s ``gemm_bf16`` op."""
     out = _empty_out(op, x, weight)
     (n, k, h, w), x_strides, out_strides = (_linear_view if op == "linear" else _conv_view)(x, out)
     block, bias_mode = order
     rounded_bias, bias = (bias, None) if bias_mode == BIAS_ROUNDED else (None, bias)
-    sizes = (ctypes.c_int64 * 7)(n, k, weight.shape[0], h, w, block or k + (k & 1), int(bias_mode == BIAS_FIRST))
-    xs, os_ = (ctypes.c_int64 * 4)(*x_strides), (ctypes.c_int64 * 4)(*out_strides)
-    _kernel(library)(x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else 0, out.data_ptr(),
-                     ctypes.addressof(sizes), ctypes.addressof(xs), ctypes.addressof(os_))
+    library.gemm_bf16.default(x, weight, bias, out, [n, k, weight.shape[0], h, w], list(x_strides),
+                              list(out_strides), block or k + (k & 1), bias_mode == BIAS_FIRST)
     if rounded_bias is not None:
         out += rounded_bias  # eager's own bf16 add, as aten adds it
     return out
@@ -197,6 +185,9 @@ def summation_order(op: str, x: torch.Tensor, weight: torch.Tensor, bias: Option
 
 def _why_common(op: str, x, weight, bias) -> Optional[str]:
     tensors = [t for t in (x, weight, bias) if t is not None]
+    foreign = foreign_operand(tensors, "cpu")
+    if foreign:
+        return f"{op}: {foreign}"
     if any(t.dtype != torch.bfloat16 for t in tensors):
         return f"{op} takes bfloat16 input, weight and bias (eager's float32 kernels are not emulated)"
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0] or bias.stride(0) != 1):

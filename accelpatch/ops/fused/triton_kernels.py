@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from . import reference, split_rope
 from .addcmul import FMA, addcmul_form
 from .complex_mul import complex_mul_modes
+from .operands import foreign_operand
 from .layout import eager_layouts, empty_like_eager
 from .tables import unary_table
 
@@ -64,6 +65,11 @@ def _common(args) -> Optional[str]:
     if len(devices) != 1:
         return f"inputs on several devices ({', '.join(sorted(map(str, devices)))})"
     device = devices.pop()
+    foreign = foreign_operand(tensors, device.type)  # before anything reads an address
+    if foreign:
+        return foreign
+    if any(t.is_neg() or t.is_conj() for t in tensors):
+        return "an input is a lazily negated or conjugated view (the kernels read storage as it is)"
     if device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
             return "the Triton kernels run on CUDA (on CPU only in the interpreter, TRITON_INTERPRET=1)"
