@@ -14,6 +14,7 @@ import torch
 from . import captured_forwards
 from .apply_options import split_options
 from .backends import resolve_backend
+from .block_registry import Registrations
 from .errors import FastPathUnavailableError
 from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
@@ -230,6 +231,9 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         patch.parallel_guard = ParallelGuard(model, patch)
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
+        registrations = Registrations()  # diffusers' block registry knows the gated classes as their originals
+        registrations.mirror_modules(model)
+        patch.detach.append(registrations.release)
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
             patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks,
                                          block_streams=(*adapter.cache_block_outputs, adapter.cache_second_stream))

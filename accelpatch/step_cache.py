@@ -33,7 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import steps
+from . import block_registry, steps
+from .block_registry import Registrations
 from .errors import did_you_mean
 from .parallel.sequence import all_agree, deciding_ranks
 from .tiers import Tier, effective_tier
@@ -253,8 +254,6 @@ class CacheCounters:
 
 #: the block layout every single-stream family has: the hidden states alone (index 0), no second stream
 SINGLE_STREAM = (0, None, "encoder_hidden_states")
-#: block classes accelpatch registered → the metadata it registered (re-registered when a family declares another)
-_REGISTERED: dict[type, Any] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,35 +274,39 @@ def _stream_metadata_class():
     return StreamMetadata
 
 
-def _register_block(block_class: type, streams: tuple = SINGLE_STREAM) -> None:
-    """Register ``block_class`` with diffusers' block registry (its cache hooks look blocks up by class, and read
-    parameters by name from the class's forward: a gated class's forward carries the original's signature).
+def _register_block(block_class: type, registrations: Registrations, streams: tuple = SINGLE_STREAM) -> None:
+    """Register the blocks' class with diffusers' block registry for as long as the model is patched (its cache
+    hooks look blocks up by class, and read parameters by name from the class's forward): the original class, and
+    the gated class ``block_class`` may be (a copy of the original's entry, see :mod:`accelpatch.block_registry`).
     ``streams`` = (output index of the hidden states, output index of the second stream or None, the forward
     argument the second stream enters by), as the family's adapter declares it. A class diffusers registers itself
     must agree (else ValueError naming both): its entry then serves as is."""
-    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+    from diffusers.hooks._helpers import TransformerBlockMetadata
 
+    original = block_registry.original_of(block_class)
     hidden, second, argument = streams
-    TransformerBlockRegistry._register()
     renamed = second is not None and argument != "encoder_hidden_states"
-    existing = TransformerBlockRegistry._registry.get(block_class)
+    existing = block_registry.entry(original)
+    replace = False
     if existing is not None:
         found = (existing.return_hidden_states_index, existing.return_encoder_hidden_states_index,
                  existing.encoder_hidden_states_argument_name if existing.return_encoder_hidden_states_index
                  is not None else argument)
-        if found == streams and (not renamed or isinstance(existing, _stream_metadata_class())):
-            return
-        if _REGISTERED.get(block_class) is not existing:
-            raise ValueError(f"diffusers registers {block_class.__name__} for its cache hooks with (hidden states "
-                             f"at output {found[0]}, second stream at {found[1]}, argument {found[2]!r}); accelpatch "
-                             f"expects ({hidden}, {second}, {argument!r}): a diffusers version this adapter does "
-                             "not know")
+        agrees = found == streams and (not renamed or isinstance(existing, _stream_metadata_class()))
+        if not block_registry.is_ours(original):
+            if not agrees:
+                raise ValueError(f"diffusers registers {original.__name__} for its cache hooks with (hidden states at "
+                                 f"output {found[0]}, second stream at {found[1]}, argument {found[2]!r}); accelpatch "
+                                 f"expects ({hidden}, {second}, {argument!r}): a diffusers version this adapter does "
+                                 "not know")
+        replace = not agrees
     metadata_class = _stream_metadata_class() if renamed else TransformerBlockMetadata
     metadata = metadata_class(return_hidden_states_index=hidden, return_encoder_hidden_states_index=second,
                               encoder_hidden_states_argument_name=argument if second is not None
                               else "encoder_hidden_states")
-    TransformerBlockRegistry.register(block_class, metadata)
-    _REGISTERED[block_class] = metadata
+    registrations.register(original, metadata, replace=replace)
+    if original is not block_class:
+        registrations.mirror(block_class)
 
 
 class _RemainingBlocksState:
@@ -391,6 +394,7 @@ class StepCache:
         #: MagCache: why this call may not reuse (None: MagCache decides), set before the blocks run
         self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
         self._model = model
+        self._registrations = Registrations()  # the registry entries its blocks need, released by remove()
         self._blocks = list(getattr(model, blocks_attribute)) if blocks_attribute else []
         self._root_had_registry = "_diffusers_hook" in model.__dict__
         if not self._blocks:
@@ -400,10 +404,10 @@ class StepCache:
             self.states = ContextLocalStateManager(_RemainingBlocksState, self._key)
             model.__dict__["_remaining_blocks_cache"] = self
         elif config.method == "mag":
-            _register_block(type(self._blocks[0]), block_streams)
+            _register_block(type(self._blocks[0]), self._registrations, block_streams)
             self._attach_mag(model)
         else:
-            _register_block(type(self._blocks[0]), block_streams)
+            _register_block(type(self._blocks[0]), self._registrations, block_streams)
             self._attach_first_block(model)
         self._own_block_forwards(strict=False)
         self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True),
@@ -592,6 +596,7 @@ class StepCache:
             registry = self._model.__dict__.get("_diffusers_hook")
             if registry is not None and not registry.hooks:
                 del self._model._diffusers_hook
+        self._registrations.release()
         self.states.reset()
 
     def _own_block_forwards(self, strict: bool) -> None:
