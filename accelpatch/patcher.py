@@ -22,7 +22,7 @@ from .parallel.cfg import disable_cfg_parallel
 from .parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
-from .step_cache import StepCache, resolve_cache
+from .step_cache import StepCache, refuse_foreign_cache, resolve_cache
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
@@ -168,6 +168,9 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         adapter.validate_options(family_options, model)
         if cache_config is not None:
             adapter.validate_cache(cache_config)
+            existing = model.__dict__.get(STATE_ATTR)
+            blocks = getattr(model, adapter.cache_blocks, ()) if adapter.cache_blocks else ()
+            refuse_foreign_cache(model, blocks, ours=getattr(existing, "step_cache", None))
         noops = adapter.static_noops(model, backend_config, family_options, requested_backend)
         if noops and strict:
             raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
