@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -47,11 +48,13 @@ def original_of(block_class: type) -> type:
 
 
 class Registrations:
-    """The registry entries one patched model holds. Copies and unpickled patches hold them again (in another
-    process the registry starts without them)."""
+    """The registry entries one patched model holds, until ``release()`` (``remove()``) or until ``owner`` is
+    garbage-collected unremoved. Copies and unpickled patches hold them again (in another process the registry
+    starts without them), until they are released."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Any = None) -> None:
         self._held: list[type] = []
+        self._finalizer = weakref.finalize(owner, self.release) if owner is not None else None
 
     def register(self, block_class: type, metadata: Any, *, replace: bool = False) -> None:
         """Hold ``block_class``'s entry: ``metadata`` becomes it when the class has none (or, with ``replace``,
@@ -90,6 +93,11 @@ class Registrations:
 
     def release(self) -> None:
         """Let go of every entry this model holds; an entry nobody holds any more leaves the registry."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if not self._held:
+            return
         registry = _registry()
         with _LOCK:
             while self._held:
@@ -107,7 +115,7 @@ class Registrations:
         return {"held": [(cls, entry(cls)) for cls in self._held]}
 
     def __setstate__(self, state: dict) -> None:
-        self._held = []
+        self._held, self._finalizer = [], None
         for block_class, metadata in state["held"]:
             if metadata is not None:
                 self.register(block_class, metadata)

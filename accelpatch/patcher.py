@@ -234,7 +234,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         patch.parallel_guard = ParallelGuard(model, patch)
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
-        registrations = Registrations()  # diffusers' block registry knows the gated classes as their originals
+        registrations = Registrations(model)  # diffusers' block registry knows the gated classes as their originals
         registrations.mirror_modules(model)
         patch.detach.append(registrations.release)
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set

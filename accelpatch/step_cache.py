@@ -446,7 +446,7 @@ class StepCache:
         #: MagCache: why this call may not reuse (None: MagCache decides), set before the blocks run
         self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
         self._model = model
-        self._registrations = Registrations()  # the registry entries its blocks need, released by remove()
+        self._registrations = Registrations(model)  # the registry entries its blocks need, released by remove()
         self._blocks = list(getattr(model, blocks_attribute)) if blocks_attribute else []
         self._root_had_registry = "_diffusers_hook" in model.__dict__
         if not self._blocks:
