@@ -454,6 +454,23 @@ def test_diffusers_enable_cache_on_wan(kind, order):
     assert torch.equal(pipe(**_wan_small()).frames, twin(**_wan_small()).frames)
 
 
+def test_a_copy_holds_its_own_registry_entries():
+    """A deep copy of a patched Wan holds its gated block class in diffusers' registry on its own: diffusers'
+    FirstBlockCache still takes the copy after the original's remove(), and the entry goes with the copy's."""
+    import copy
+
+    model = W.build("wan")
+    W.apply(model)
+    twin = copy.deepcopy(model)
+    accelpatch.remove(model)
+    twin.enable_cache(_cache_config("first_block"))
+    with twin.cache_context("cond"):
+        W.forward(twin, "wan")
+    twin.disable_cache()
+    accelpatch.remove(twin)
+    W.assert_unpatched(twin)
+
+
 def test_diffusers_first_block_cache_on_sana_video_is_refused_alike():
     """diffusers registers no SANA-Video block: its FirstBlockCache refuses the unpatched model, and the patched one,
     also after accelpatch's own cache came and went (which once registered the class for the rest of the process)."""
