@@ -9,6 +9,11 @@ class FastPathUnavailableError(AccelpatchError):
     """A requested fast path could not run and the model was patched with ``strict=True``."""
 
 
+class CacheConflictError(AccelpatchError):
+    """accelpatch's step cache and another step cache (cache-dit's, diffusers' own) were put on one model: both
+    would skip the same blocks by their own decisions. The message says which to drop."""
+
+
 def did_you_mean(name: object, choices) -> str:
     """`` (did you mean 'x'?)`` for the choice closest to ``name``, or "" when none is close: the hint every
     error about a misspelled name gives."""

@@ -14,6 +14,7 @@ import torch
 from . import captured_forwards
 from .apply_options import split_options
 from .backends import resolve_backend
+from .block_registry import Registrations
 from .errors import FastPathUnavailableError
 from .gate import logger
 from .model_hooks import ModelForwardHooks, StepSources
@@ -21,7 +22,7 @@ from .parallel.cfg import disable_cfg_parallel
 from .parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
-from .step_cache import StepCache, resolve_cache
+from .step_cache import StepCache, refuse_foreign_cache, resolve_cache
 from .sites.base import SITE_ATTR, Site, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
@@ -172,6 +173,9 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         adapter.validate_options(family_options, model)
         if cache_config is not None:
             adapter.validate_cache(cache_config)
+            existing = model.__dict__.get(STATE_ATTR)
+            blocks = getattr(model, adapter.cache_blocks, ()) if adapter.cache_blocks else ()
+            refuse_foreign_cache(model, blocks, ours=getattr(existing, "step_cache", None))
         noops = adapter.static_noops(model, backend_config, family_options, requested_backend)
         if noops and strict:
             raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
@@ -236,6 +240,9 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         patch.parallel_guard = ParallelGuard(model, patch)
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
+        registrations = Registrations(model)  # diffusers' block registry knows the gated classes as their originals
+        registrations.mirror_modules(model)
+        patch.detach.append(registrations.release)
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
             patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks,
                                          block_streams=(*adapter.cache_block_outputs, adapter.cache_second_stream))

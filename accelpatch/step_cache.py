@@ -33,8 +33,9 @@ from typing import Any, Optional
 
 import torch
 
-from . import steps
-from .errors import did_you_mean
+from . import block_registry, steps
+from .block_registry import Registrations
+from .errors import CacheConflictError, did_you_mean
 from .parallel.sequence import all_agree, deciding_ranks
 from .tiers import Tier, effective_tier
 
@@ -119,6 +120,58 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
     if not config.threshold >= 0:
         raise ValueError(f"the cache threshold must be >= 0, got {config.threshold!r}")
     return config, rest
+
+
+# --- other step caches on the same model -----------------------------------------------------------------------
+
+#: diffusers' block-cache hooks (FirstBlockCache, MagCache) by registry name, and the config class each belongs to
+_DIFFUSERS_BLOCK_CACHE_HOOKS = {"fbc_leader_block_hook": "FirstBlockCacheConfig", "fbc_block_hook":
+                                "FirstBlockCacheConfig", "mag_cache_leader_block_hook": "MagCacheConfig",
+                                "mag_cache_block_hook": "MagCacheConfig"}
+
+
+def foreign_cache(model: torch.nn.Module, blocks=(), ours: Optional["StepCache"] = None) -> Optional[str]:
+    """What step cache other than accelpatch's own (``ours``) ``model`` carries, and how to take it off; None when
+    it carries none. Seen: cache-dit's (``cache_dit.enable_cache`` marks the transformer), diffusers' own through
+    ``enable_cache`` (any of its caches: the model's ``_cache_config``) or put on ``blocks`` directly
+    (``apply_first_block_cache``, ``apply_mag_cache``)."""
+    if model.__dict__.get("_is_cached") is True and "_context_manager" in model.__dict__:
+        return "cache-dit's cache (cache_dit.enable_cache): drop it with cache_dit.disable_cache(pipe)"
+    config = model.__dict__.get("_cache_config")
+    if config is not None and not isinstance(config, StepCacheConfig):
+        name = type(config).__name__
+        instead = (f"; to have accelpatch run it, tier-gated and per call, pass that {name} as apply(..., cache=...) "
+                   "instead" if name in ("FirstBlockCacheConfig", "MagCacheConfig") else "")
+        return f"diffusers' {name} (enable_cache): drop it with transformer.disable_cache(){instead}"
+    if ours is not None:
+        return None  # its blocks carry our own hooks, checked by StepCache.check_alone
+    for index, block in enumerate(blocks):
+        registry = block.__dict__.get("_diffusers_hook")
+        for name in getattr(registry, "hooks", {}):
+            if name in _DIFFUSERS_BLOCK_CACHE_HOOKS:
+                config = _DIFFUSERS_BLOCK_CACHE_HOOKS[name]
+                return (f"diffusers' {config.removesuffix('Config')} hooks on block {index} ({name}): take them off "
+                        f"(HookRegistry.remove_hook), or pass its {config} as apply(..., cache=...) to have "
+                        "accelpatch run it, tier-gated and per call")
+    return None
+
+
+def refuse_foreign_cache(model: torch.nn.Module, blocks=(), ours: Optional["StepCache"] = None) -> None:
+    """Raise :class:`CacheConflictError` when ``model`` carries another step cache than accelpatch's (``ours``)."""
+    found = foreign_cache(model, blocks, ours)
+    if found is not None:
+        refuse_cache_stack(model, found, after_apply=ours is not None)
+
+
+def refuse_cache_stack(model: torch.nn.Module, found: str, *, after_apply: bool) -> None:
+    """Raise :class:`CacheConflictError` for another step cache ``found`` (what it is, how to drop it) on ``model``,
+    met at ``apply(cache=...)`` or, ``after_apply``, at a call of a model that got it afterwards."""
+    what = (f"this {type(model).__name__} got another step cache after accelpatch.apply(cache=...)" if after_apply
+            else f"accelpatch.apply(cache=...): this {type(model).__name__} already carries another step cache")
+    raise CacheConflictError(
+        f"{what}, {found}. Two step caches on one model skip the same blocks by their own decisions and break each "
+        "other's state: keep one. To keep the other cache, apply accelpatch without cache= (its lossless paths run "
+        "under any cache); to keep accelpatch's, drop the other as said.")
 
 
 # --- per-context state -----------------------------------------------------------------------------------------
@@ -253,8 +306,6 @@ class CacheCounters:
 
 #: the block layout every single-stream family has: the hidden states alone (index 0), no second stream
 SINGLE_STREAM = (0, None, "encoder_hidden_states")
-#: block classes accelpatch registered → the metadata it registered (re-registered when a family declares another)
-_REGISTERED: dict[type, Any] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -275,35 +326,39 @@ def _stream_metadata_class():
     return StreamMetadata
 
 
-def _register_block(block_class: type, streams: tuple = SINGLE_STREAM) -> None:
-    """Register ``block_class`` with diffusers' block registry (its cache hooks look blocks up by class, and read
-    parameters by name from the class's forward: a gated class's forward carries the original's signature).
+def _register_block(block_class: type, registrations: Registrations, streams: tuple = SINGLE_STREAM) -> None:
+    """Register the blocks' class with diffusers' block registry for as long as the model is patched (its cache
+    hooks look blocks up by class, and read parameters by name from the class's forward): the original class, and
+    the gated class ``block_class`` may be (a copy of the original's entry, see :mod:`accelpatch.block_registry`).
     ``streams`` = (output index of the hidden states, output index of the second stream or None, the forward
     argument the second stream enters by), as the family's adapter declares it. A class diffusers registers itself
     must agree (else ValueError naming both): its entry then serves as is."""
-    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+    from diffusers.hooks._helpers import TransformerBlockMetadata
 
+    original = block_registry.original_of(block_class)
     hidden, second, argument = streams
-    TransformerBlockRegistry._register()
     renamed = second is not None and argument != "encoder_hidden_states"
-    existing = TransformerBlockRegistry._registry.get(block_class)
+    existing = block_registry.entry(original)
+    replace = False
     if existing is not None:
         found = (existing.return_hidden_states_index, existing.return_encoder_hidden_states_index,
                  existing.encoder_hidden_states_argument_name if existing.return_encoder_hidden_states_index
                  is not None else argument)
-        if found == streams and (not renamed or isinstance(existing, _stream_metadata_class())):
-            return
-        if _REGISTERED.get(block_class) is not existing:
-            raise ValueError(f"diffusers registers {block_class.__name__} for its cache hooks with (hidden states "
-                             f"at output {found[0]}, second stream at {found[1]}, argument {found[2]!r}); accelpatch "
-                             f"expects ({hidden}, {second}, {argument!r}): a diffusers version this adapter does "
-                             "not know")
+        agrees = found == streams and (not renamed or isinstance(existing, _stream_metadata_class()))
+        if not block_registry.is_ours(original):
+            if not agrees:
+                raise ValueError(f"diffusers registers {original.__name__} for its cache hooks with (hidden states at "
+                                 f"output {found[0]}, second stream at {found[1]}, argument {found[2]!r}); accelpatch "
+                                 f"expects ({hidden}, {second}, {argument!r}): a diffusers version this adapter does "
+                                 "not know")
+        replace = not agrees
     metadata_class = _stream_metadata_class() if renamed else TransformerBlockMetadata
     metadata = metadata_class(return_hidden_states_index=hidden, return_encoder_hidden_states_index=second,
                               encoder_hidden_states_argument_name=argument if second is not None
                               else "encoder_hidden_states")
-    TransformerBlockRegistry.register(block_class, metadata)
-    _REGISTERED[block_class] = metadata
+    registrations.register(original, metadata, replace=replace)
+    if original is not block_class:
+        registrations.mirror(block_class)
 
 
 class _RemainingBlocksState:
@@ -391,6 +446,7 @@ class StepCache:
         #: MagCache: why this call may not reuse (None: MagCache decides), set before the blocks run
         self._blocked: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_mag_{id(self)}", default=None)
         self._model = model
+        self._registrations = Registrations(model)  # the registry entries its blocks need, released by remove()
         self._blocks = list(getattr(model, blocks_attribute)) if blocks_attribute else []
         self._root_had_registry = "_diffusers_hook" in model.__dict__
         if not self._blocks:
@@ -400,14 +456,42 @@ class StepCache:
             self.states = ContextLocalStateManager(_RemainingBlocksState, self._key)
             model.__dict__["_remaining_blocks_cache"] = self
         elif config.method == "mag":
-            _register_block(type(self._blocks[0]), block_streams)
+            _register_block(type(self._blocks[0]), self._registrations, block_streams)
             self._attach_mag(model)
         else:
-            _register_block(type(self._blocks[0]), block_streams)
+            _register_block(type(self._blocks[0]), self._registrations, block_streams)
             self._attach_first_block(model)
         self._own_block_forwards(strict=False)
+        #: (name, hook) of the decision hook on the first block: another cache put there later replaces it
+        self._leader = self._leader_hook()
+        #: diffusers' CacheMixin: while this cache is on, the model says so (model.is_cache_enabled), and diffusers'
+        #: enable_cache() refuses to stack one of its own caches on it; remove() puts back what was there
+        self._cache_config_slot = None
+        if hasattr(type(model), "_cache_config") and getattr(model, "_cache_config", None) is None:
+            self._cache_config_slot = ("_cache_config" in model.__dict__,)
+            model._cache_config = config
         self._handles = [model.register_forward_pre_hook(self._enter_call, with_kwargs=True),
                          model.register_forward_hook(self._exit_call)]
+
+    def _leader_hook(self) -> Optional[tuple]:
+        registry = self._blocks[0].__dict__.get("_diffusers_hook") if self._blocks else None
+        for name in ("fbc_leader_block_hook", "mag_cache_leader_block_hook"):
+            if registry is not None and name in registry.hooks:
+                return name, registry.hooks[name]
+        return None
+
+    def check_alone(self) -> None:
+        """Raise :class:`CacheConflictError` when another step cache was put on the model after ``apply()``:
+        cache-dit's, diffusers' through ``enable_cache``, or diffusers' hooks replacing ours on the first block."""
+        found = foreign_cache(self._model, ours=self)
+        if found is None and self._leader is not None:
+            registry = self._blocks[0].__dict__.get("_diffusers_hook")
+            name, hook = self._leader
+            if registry is None or registry.hooks.get(name) is not hook:
+                found = (f"diffusers' cache hooks put on block 0 after apply() in place of accelpatch's ({name}): "
+                         "take them off (HookRegistry.remove_hook)")
+        if found is not None:
+            refuse_cache_stack(self._model, found, after_apply=True)
 
     def _attach_first_block(self, model: torch.nn.Module) -> None:
         from diffusers.hooks.first_block_cache import (FBCHeadBlockHook, FBCSharedBlockState, FirstBlockCacheConfig,
@@ -463,6 +547,8 @@ class StepCache:
         step starts a new generation with clean state; calls at the same step are CFG branches 0, 1, ..."""
         if self.__dict__.pop("_rewire", False):  # a copy: refuse blocks whose forward is still the original's
             self._own_block_forwards(strict=True)
+            self._leader = self._leader_hook()
+        self.check_alone()
         step = steps.current_step().step
         key = self._key.get()
         if key is not None and key.open:  # the context's last call raised or was interrupted midway
@@ -592,6 +678,12 @@ class StepCache:
             registry = self._model.__dict__.get("_diffusers_hook")
             if registry is not None and not registry.hooks:
                 del self._model._diffusers_hook
+        if self._cache_config_slot is not None and self._model.__dict__.get("_cache_config") is self.config:
+            if self._cache_config_slot[0]:
+                self._model._cache_config = None
+            else:
+                del self._model._cache_config
+        self._registrations.release()
         self.states.reset()
 
     def _own_block_forwards(self, strict: bool) -> None:

@@ -199,6 +199,14 @@ class SanaVideo2Block(nn.Module):
         raise ValueError(f"sublayer must be 'attention' or 'mlp', got {sublayer!r}")
 
 
+def _plain_linear(layer: nn.Module) -> bool:
+    """Whether calling ``layer`` is exactly ``F.linear`` over its plain tensor weight: torch's own ``nn.Linear``,
+    weight and bias plain tensors (not a quantized tensor subclass), no hooks and no instance ``forward``."""
+    return (type(layer) is nn.Linear and type(layer.weight) in (torch.Tensor, nn.Parameter)
+            and (layer.bias is None or type(layer.bias) in (torch.Tensor, nn.Parameter))
+            and not (layer._forward_pre_hooks or layer._forward_hooks or "forward" in layer.__dict__))
+
+
 class BlockAttentionResidual(nn.Module):
     """Attention Residuals over depth: each sub-layer's input is a softmax mix, per token, of the sources so far
     (the embedded input, each finished group's summed deltas, the current group's partial sum), keyed by a
@@ -222,8 +230,19 @@ class BlockAttentionResidual(nn.Module):
         """Mix ``values`` [n, B, N, C] with their ``keys``; n = 1 passes the only source through."""
         if values.shape[0] == 1:
             return values[0]
-        logits = torch.einsum("d,nbtd->nbt", projection.weight[0], keys)
-        return torch.einsum("nbt,nbtd->btd", F.softmax(logits, dim=0), values)
+        return torch.einsum("nbt,nbtd->btd", F.softmax(BlockAttentionResidual.logits(projection, keys), dim=0),
+                            values)
+
+    @staticmethod
+    def logits(projection: nn.Linear, keys: torch.Tensor) -> torch.Tensor:
+        """The score ``w · key`` [n, B, N] of each source and token. A plain ``nn.Linear`` (a plain tensor weight, no
+        hooks) is read as one einsum over its weight row, the model's numbers since its first release; any other
+        layer is called, as diffusers calls its layers: a quantized weight (torchao's tensor subclasses, GGUF) runs
+        its own kernels, a layer class of its own (optimum-quanto, PEFT) its own forward, and hooks (offloading,
+        layerwise casting) get to move or cast the weight first."""
+        if _plain_linear(projection):
+            return torch.einsum("d,nbtd->nbt", projection.weight[0], keys)
+        return projection(keys).squeeze(-1)
 
 
 class _Sources:
@@ -319,8 +338,8 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
     _no_split_modules = ["SanaVideo2Block"]
     _repeated_blocks = ["SanaVideo2Block"]
     #: kept in the compute dtype by ``enable_layerwise_casting``: the patch embedding and norms (diffusers' usual
-    #: choice), and the Attention Residual scores, whose three tiny weight rows are read directly (not through their
-    #: Linear's forward, where the casting hook would upcast them)
+    #: choice), and the Attention Residual scores, whose three tiny weight rows are read directly where nothing
+    #: hooks their Linear (BlockAttentionResidual.logits): casting them would also move the model's numbers
     _skip_layerwise_casting_patterns = ["x_embedder", "norm", "attn_res"]
 
     @register_to_config
