@@ -211,7 +211,7 @@ def test_casting_and_offloading(tool, family, order):
     check = None
     if tool in HOOKS_EACH_LINEAR and op is not None:
         calls = {"sana_video": 8, "sana_video2": 12}[family]
-        check = lambda m: W.assert_ran_itself(m, op, calls, ("hook",))  # noqa: E731
+        check = lambda m: W.assert_ran_itself(m, op, calls, ("hook",), hooked=True)  # noqa: E731
     _check(family, MEMORY[tool], order, report_check=check)
 
 
@@ -347,8 +347,6 @@ def test_add_adapter_to_a_transformer(order):
            report_check=lambda m: W.assert_ran_itself(m, "linear", 8, ("peft", "lora", "LoRA")))
 
 
-@pytest.mark.xfail(strict=True, reason="the fused ops' module-runs reason is generic today (accelpatch/fused_ops.py "
-                   "and accelpatch/verify.py, being rewritten elsewhere): it should name the layer's class and why")
 @pytest.mark.parametrize("tool", ["quanto", "lora"])
 def test_the_report_names_the_class_of_a_layer_that_runs_itself(tool):
     peft = W.need("peft")
