@@ -136,6 +136,9 @@ class ModelReport(_Tally):
                 f"{check * 1e3:.1f} ms of checks in this process")
         head += f"; {_saved(sum(saved))} in the calls counted here, by first-sight timings):" if saved else "):"
         lines = [head]
+        kernels = _cpu_kernels_status()
+        if kernels:  # apart from the checks: a build is a one-off per machine, not a cost of verification
+            lines.append(f"  CPU kernels: {kernels}")
         for f in self.fusions:
             lines.append("  " + f.line())
             lines.extend(f"    declined {sig}: {reason}" for sig, reason, _ in f.declined)
@@ -216,6 +219,12 @@ class ModelReport(_Tally):
         warning = (f" — {unknown} call(s) had no known step, so the step-based policy (dense_steps) could not apply"
                    if unknown else "")
         return f"step clock: {counts}{warning}"
+
+
+def _cpu_kernels_status() -> Optional[str]:
+    from .ops.fused import cpu_build
+
+    return cpu_build.status()
 
 
 def _saved(seconds: float) -> str:

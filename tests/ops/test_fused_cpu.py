@@ -658,6 +658,7 @@ with torch.no_grad():
     accelpatch.apply(model)
     assert torch.equal(model(**inputs).sample, expected)
 print(sum(f.fused_calls for f in accelpatch.report(model).models[0].fusions))
+print(next(line.strip() for line in str(accelpatch.report(model)).splitlines() if "CPU kernels:" in line))
 """
 
 
@@ -672,7 +673,9 @@ def test_the_first_patched_call_announces_its_build_and_racing_processes_share_i
                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in racers]
     assert [p.returncode for p in racers] == [0, 0], outs
-    assert all(int(out.strip()) > 0 for out, _ in outs), outs  # fused ops ran in both
+    assert all(int(out.split()[0]) > 0 for out, _ in outs), outs  # fused ops ran in both
+    # the report tells the build (or, for the process that waited on the other's lock, the load) apart from checks
+    assert any("CPU kernels: built in this process in" in out for out, _ in outs), outs
     announced = [err for _, err in outs if "accelpatch: building the fused CPU kernels" in err]
     assert announced, outs
     assert "build-kernels" in announced[0] and "ACCELPATCH_CPU_KERNELS=0" in announced[0]
@@ -681,22 +684,25 @@ def test_the_first_patched_call_announces_its_build_and_racing_processes_share_i
     assert len(folders) == 1 and (folders[0] / f"{cpu_build.NAMESPACE}.so").is_file()
     third = subprocess.run([sys.executable, "-W", "ignore", "-c", _FIRST_CALL], env=env, capture_output=True,
                            text=True, timeout=600)
-    assert third.returncode == 0 and int(third.stdout.strip()) > 0, third.stderr
+    assert third.returncode == 0 and int(third.stdout.split()[0]) > 0, third.stderr
     assert "accelpatch:" not in third.stderr, third.stderr
+    assert "CPU kernels: loaded from the cache in" in third.stdout
 
 
 def test_switched_off_by_the_environment_nothing_is_built(tmp_path):
     """ACCELPATCH_CPU_KERNELS=0: the first patched call builds nothing, says nothing, stays bit-identical, and the
     report counts why the fused ops ran their reference chains."""
     code = _FIRST_CALL.replace("print(sum(", "print(sorted({k for f in accelpatch.report(model).models[0].fusions "
-                                            "for k in f.reference_calls}), sum(")
+                                            "for k in f.reference_calls}), sum(", 1)
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), OMP_NUM_THREADS="1", **{cpu_build.SWITCH: "0"})
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
     assert "accelpatch:" not in done.stderr and not (tmp_path / "accelpatch").exists(), done.stderr
     assert "reference: CPU kernels switched off (ACCELPATCH_CPU_KERNELS=0)" in done.stdout
-    assert done.stdout.strip().endswith(" 0")  # no fused call
+    first, status = done.stdout.strip().splitlines()
+    assert first.endswith(" 0")  # no fused call
+    assert status == "CPU kernels: switched off (ACCELPATCH_CPU_KERNELS=0)"
 
 
 def test_every_reference_op_has_a_cpu_op_with_its_signature():
