@@ -13,6 +13,7 @@ from accelpatch import testing as t
 from accelpatch import verify
 
 from _cpu_kind import ONEDNN_EMULATED_BF16, check_onednn_counts
+from _wrapped_tensors import Wrapped
 from ops.test_fused_cpu import needs_kernels
 
 pytestmark = needs_kernels
@@ -162,28 +163,6 @@ def test_where_the_probe_refuses_the_ops_decline_by_its_reason_and_stay_bit_iden
     assert torch.equal(_forward(model, inputs), expected)
 
 
-class _Wrapped(torch.Tensor):
-    """A weight wrapper whose storage is not its values (torchao's, GGUF's and quanto's are such wrappers):
-    data_ptr() is 0, and every op unwraps it. A kernel reading its address reads address 0."""
-
-    @staticmethod
-    def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, strides=inner.stride())
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from torch.utils._pytree import tree_map
-
-        def unwrap(a):
-            return a.inner if isinstance(a, _Wrapped) else a
-        if func is torch.ops.aten.detach.default:  # a Parameter of it stays a wrapper
-            return _Wrapped(args[0].inner.detach())
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
-
-
 def _accepting_everywhere(monkeypatch):
     """As on the CPU kind the kernels replay, with the probe accepting every signature: any operand that reaches
     the op's kernel is run by it."""
@@ -206,13 +185,13 @@ def test_a_wrapped_weight_never_reaches_the_kernel(monkeypatch):
     for block in model.transformer_blocks:
         for name in ("to_q", "to_k", "to_v"):
             layer = getattr(block.attn1, name)
-            layer.weight = torch.nn.Parameter(_Wrapped(layer.weight.detach()), requires_grad=False)
+            layer.weight = torch.nn.Parameter(Wrapped(layer.weight.detach()), requires_grad=False)
     assert model.transformer_blocks[0].attn1.to_q.weight.data_ptr() == 0
     expected = _forward(model, inputs)
     accelpatch.apply(model)
     assert torch.equal(_forward(model, inputs), expected)
     fusion = _conv_fusion(model, "linear")
-    wrapped = {k: v for k, v in fusion.reference_calls.items() if "_Wrapped" in k}
+    wrapped = {k: v for k, v in fusion.reference_calls.items() if "Wrapped" in k}
     assert sum(wrapped.values()) == 3 * _blocks(model) and "tensor subclass" in next(iter(wrapped))
     # to_out[0] holds a plain weight: the op takes it, fused where the forced order is eager's, else declined by
     # the first-sight check (this is a check of the operand gate, not of the order)

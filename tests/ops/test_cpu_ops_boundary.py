@@ -10,6 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from accelpatch.ops.fused import cpu, cpu_build, onednn_bf16
 from accelpatch.ops.fused.operands import foreign_operand
 
+from _wrapped_tensors import Wrapped
+
 from .test_fused_cpu import BF16, F32, assert_same, mixed, needs_kernels
 
 pytestmark = needs_kernels
@@ -114,31 +116,16 @@ class _Recording(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _Opaque(torch.Tensor):
-    """A wrapper subclass whose storage is not its values (as torchao's and GGUF's are): data_ptr() is 0."""
-
-    @staticmethod
-    def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, strides=inner.stride())
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise NotImplementedError(f"_Opaque does not implement {func}")
-
-
 def test_a_subclass_is_declined_before_any_kernel():
     """Every native op's first check names the subclass; a wrapper's data_ptr() is 0, which a raw-pointer boundary
     read (the torchao crash). Through the typed op it reaches the subclass's own dispatch, never the kernel."""
-    weight = _Opaque(mixed((5, 6), BF16, 5))
+    weight = Wrapped(mixed((5, 6), BF16, 5), opaque=True)
     assert weight.data_ptr() == 0
     x = mixed((1, 3, 6), BF16, 4)
     assert "tensor subclass" in foreign_operand([x, weight], "cpu")
     assert "tensor subclass" in cpu.unsupported("linear", x, weight, None)
     assert "tensor subclass" in onednn_bf16.why_linear(x, weight, None)
-    with pytest.raises(NotImplementedError, match="_Opaque"):
+    with pytest.raises(NotImplementedError, match="Wrapped does not implement"):
         _ops().gemm_bf16(x, weight, None, torch.empty(1, 3, 5, dtype=BF16), [1, 6, 5, 3, 1], [0, 1, 6, 0],
                          [0, 1, 5, 0], 6, False)
 
@@ -185,7 +172,7 @@ def test_the_triton_kernels_decline_what_they_do_not_understand_first():
     from accelpatch.ops.fused import triton_kernels
 
     x = mixed((4, 8), F32, 1)
-    assert "tensor subclass" in triton_kernels.unsupported("modulate", x, _Opaque(x), x)
+    assert "tensor subclass" in triton_kernels.unsupported("modulate", x, Wrapped(x, opaque=True), x)
     assert "quantized" in triton_kernels.unsupported("modulate", x, torch.quantize_per_tensor(x, 0.1, 0,
                                                                                            torch.qint8), x)
     assert "negated" in triton_kernels.unsupported("modulate", x, x._neg_view(), x)

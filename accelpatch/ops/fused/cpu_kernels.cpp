@@ -824,6 +824,15 @@ bool with_type(Dt t, Types<Ts...>, F&& f) {
 
 using Floats = Types<float, BF16, F16>;
 
+// Calls f with values of the kernel types of q and w (the activations' and the tables' dtypes) among QTypes and
+// WTypes; false where either is not among them.
+template <class QTypes, class WTypes, class F>
+bool with_pair(Dt q, Dt w, QTypes qs, WTypes ws, F&& f) {
+  bool done = false;
+  with_type(q, qs, [&](auto qtag) { done = with_type(w, ws, [&](auto wtag) { f(qtag, wtag); }); });
+  return done;
+}
+
 }  // namespace
 
 bool modulate(Dt t, void* out, const void* x, const void* scale, const void* shift, const i64* size, const i64* st) {
@@ -846,15 +855,11 @@ bool gated_residual(Dt t, void* out, const void* residual, const void* gate, con
 }
 
 bool scale_to(Dt ot, Dt zt, void* out, const float* x, const void* z, const i64* size, const i64* st) {
-  bool done = false;
-  with_type(ot, Types<BF16, F16>{}, [&](auto otag) {
-    done = with_type(zt, Floats{}, [&](auto ztag) {
-      using T = decltype(otag);
-      using Z = decltype(ztag);
-      ::scale_to<T, Z>(static_cast<uint16_t*>(out), x, static_cast<const typename Io<Z>::S*>(z), size, st);
-    });
+  return with_pair(ot, zt, Types<BF16, F16>{}, Floats{}, [&](auto otag, auto ztag) {
+    using T = decltype(otag);
+    using Z = decltype(ztag);
+    ::scale_to<T, Z>(static_cast<uint16_t*>(out), x, static_cast<const typename Io<Z>::S*>(z), size, st);
   });
-  return done;
 }
 
 void table_bf16(uint16_t* out, const uint16_t* x, const uint32_t* table, const i64* size, const i64* st) {
@@ -879,50 +884,37 @@ void glu_gate_bf16(uint16_t* out, const uint16_t* x, const uint16_t* gate, const
   for_rows<3>(size, st, [&](const i64* off) { glu_row(out + off[0], x + off[1], gate + off[2], table, n); });
 }
 
-bool relu_rope(Dt q, Dt w, const void* qp, const void* kp, const void* c, const void* s, void* rq, void* rk,
-               float* oq, float* ok, const uint16_t* table, const i64* size, const i64* st) {
-  bool done = false;
-  with_type(q, Types<BF16, float>{}, [&](auto qtag) {
-    done = with_type(w, Types<BF16, float, double>{}, [&](auto wtag) {
-      using Q = decltype(qtag);
-      using W = decltype(wtag);
-      using QS = typename Io<Q>::S;
-      using WS = typename Table<W>::S;
-      const QS* qq = static_cast<const QS*>(qp);
-      const QS* kk = static_cast<const QS*>(kp);
-      const WS* cc = static_cast<const WS*>(c);
-      const WS* ss = static_cast<const WS*>(s);
-      if (table)
-        ::relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByTable{table}, size,
-                          st);
-      else
-        ::relu_rope<Q, W>(qq, kk, cc, ss, static_cast<QS*>(rq), static_cast<QS*>(rk), oq, ok, ByFormula{}, size,
-                          st);
-    });
-  });
-  return done;
+// The pointers of a q/k pair kernel's tensors as its types: query, key, cos, sin, then the two outputs in Q.
+template <class Q, class W, class QS = typename Io<Q>::S, class WS = typename Table<W>::S>
+auto pair_args(const void* qp, const void* kp, const void* c, const void* s, void* oq, void* ok) {
+  return std::make_tuple(static_cast<const QS*>(qp), static_cast<const QS*>(kp), static_cast<const WS*>(c),
+                         static_cast<const WS*>(s), static_cast<QS*>(oq), static_cast<QS*>(ok));
 }
 
-// One q/k pair kernel: ``Fn<Q, W, P>`` (a rotation loop under policy P) with tables of ``Tables<W>::S``.
+bool relu_rope(Dt q, Dt w, const void* qp, const void* kp, const void* c, const void* s, void* rq, void* rk,
+               float* oq, float* ok, const uint16_t* table, const i64* size, const i64* st) {
+  return with_pair(q, w, Types<BF16, float>{}, Types<BF16, float, double>{}, [&](auto qtag, auto wtag) {
+    using Q = decltype(qtag);
+    using W = decltype(wtag);
+    const auto args = std::tuple_cat(pair_args<Q, W>(qp, kp, c, s, rq, rk), std::make_tuple(oq, ok));
+    if (table)
+      std::apply([&](auto... a) { ::relu_rope<Q, W>(a..., ByTable{table}, size, st); }, args);
+    else
+      std::apply([&](auto... a) { ::relu_rope<Q, W>(a..., ByFormula{}, size, st); }, args);
+  });
+}
+
 bool rope(Dt q, Dt w, bool per_channel, const void* qp, const void* kp, const void* c, const void* s, void* oq,
           void* ok, const i64* size, const i64* st) {
-  bool done = false;
-  with_type(q, Types<BF16, float>{}, [&](auto qtag) {
-    done = with_type(w, Types<BF16, float, double>{}, [&](auto wtag) {
-      using Q = decltype(qtag);
-      using W = decltype(wtag);
-      using QS = typename Io<Q>::S;
-      using WS = typename Table<W>::S;
-      const auto args = std::make_tuple(static_cast<const QS*>(qp), static_cast<const QS*>(kp),
-                                        static_cast<const WS*>(c), static_cast<const WS*>(s), static_cast<QS*>(oq),
-                                        static_cast<QS*>(ok), size, st);
-      if (per_channel)
-        std::apply(::rope<Q, W, PerChannel>, args);
-      else
-        std::apply(::rope<Q, W, Paired>, args);
-    });
+  return with_pair(q, w, Types<BF16, float>{}, Types<BF16, float, double>{}, [&](auto qtag, auto wtag) {
+    using Q = decltype(qtag);
+    using W = decltype(wtag);
+    const auto args = std::tuple_cat(pair_args<Q, W>(qp, kp, c, s, oq, ok), std::make_tuple(size, st));
+    if (per_channel)
+      std::apply(::rope<Q, W, PerChannel>, args);
+    else
+      std::apply(::rope<Q, W, Paired>, args);
   });
-  return done;
 }
 
 bool rotate_half(Dt q, Dt w, RotateHalf policy, const void* qp, const void* kp, const void* c, const void* s, void* oq,
@@ -930,24 +922,16 @@ bool rotate_half(Dt q, Dt w, RotateHalf policy, const void* qp, const void* kp, 
   // the instantiations the models need: MiniMax-H3's bf16/fp16/float32 activations with float32 or bf16 tables;
   // the split RoPE's likewise, but fp16 activations with float32 tables only
   if (policy != RotateHalf::in_q && q == Dt::f16 && w != Dt::f32) return false;
-  bool done = false;
-  with_type(q, Floats{}, [&](auto qtag) {
-    done = with_type(w, Types<float, BF16>{}, [&](auto wtag) {
-      using Q = decltype(qtag);
-      using W = decltype(wtag);
-      using QS = typename Io<Q>::S;
-      using WS = typename Io<W>::S;
-      const auto args = std::make_tuple(static_cast<const QS*>(qp), static_cast<const QS*>(kp),
-                                        static_cast<const WS*>(c), static_cast<const WS*>(s), static_cast<QS*>(oq),
-                                        static_cast<QS*>(ok), size, st);
-      switch (policy) {
-        case RotateHalf::in_q: std::apply(::rotate_half<Q, W, InQ>, args); break;
-        case RotateHalf::split_mul_add: std::apply(::rotate_half<Q, W, SplitMulAdd>, args); break;
-        case RotateHalf::split_fma: std::apply(::rotate_half<Q, W, SplitFma>, args); break;
-      }
-    });
+  return with_pair(q, w, Floats{}, Types<float, BF16>{}, [&](auto qtag, auto wtag) {
+    using Q = decltype(qtag);
+    using W = decltype(wtag);
+    const auto args = std::tuple_cat(pair_args<Q, W>(qp, kp, c, s, oq, ok), std::make_tuple(size, st));
+    switch (policy) {
+      case RotateHalf::in_q: std::apply(::rotate_half<Q, W, InQ>, args); break;
+      case RotateHalf::split_mul_add: std::apply(::rotate_half<Q, W, SplitMulAdd>, args); break;
+      case RotateHalf::split_fma: std::apply(::rotate_half<Q, W, SplitFma>, args); break;
+    }
   });
-  return done;
 }
 
 bool rotary_complex(Dt q, const void* qp, const void* kp, const double* f, void* oq, void* ok, const i64* size,
