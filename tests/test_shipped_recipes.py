@@ -74,6 +74,10 @@ from accelpatch.recipes import available_recipes, load_recipe
 known = available_recipes()
 for name, path in known.items():
     assert load_recipe(name).name == name
+from importlib import resources
+from accelpatch.ops.fused import cpu_build  # what the CPU kernels' build reads from the installed package
+for name in cpu_build.SOURCES + cpu_build.HEADERS:
+    assert resources.files("accelpatch.ops.fused").joinpath(name).is_file(), name
 print(json.dumps({"package": accelpatch.__file__, "recipes": {n: str(p) for n, p in known.items()}}))
 """
 
@@ -82,6 +86,8 @@ def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(t
     wheel = _build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"accelpatch/recipe_files/{p.name}" for p in SHIPPED} <= names
+    kernels = {"cpu_kernels.cpp", "cpu_kernels.h", "cpu_ops.cpp"}  # the CPU kernels are built from these
+    assert {f"accelpatch/ops/fused/{name}" for name in kernels} <= names
     python = _fresh_venv(tmp_path, wheel)
     work = tmp_path / "elsewhere"
     work.mkdir()
