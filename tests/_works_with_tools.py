@@ -9,7 +9,8 @@ import gc
 import hashlib
 import importlib
 import warnings
-from typing import Callable
+import weakref
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -46,8 +47,25 @@ def forward(model: torch.nn.Module, family_or_inputs) -> torch.Tensor:
         return model(**kwargs).sample
 
 
+#: transformer -> diffusers' block-registry entries accelpatch held just before the test applied it
+_HELD_BEFORE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def held_entries() -> dict[type, int]:
+    """How many patched models hold each class accelpatch registered in diffusers' block registry (other tests'
+    models that are still alive, such as one a failed test's traceback keeps, hold theirs)."""
+    from accelpatch import block_registry
+
+    gc.collect()
+    with block_registry._LOCK:
+        return {cls: held[1] for cls, held in block_registry._HELD.items()}
+
+
 def apply(target, **kwargs):
-    """``accelpatch.apply`` without the CPU box's expected "not mounted: CUDA is unavailable" warnings."""
+    """``accelpatch.apply`` without the CPU box's expected "not mounted: CUDA is unavailable" warnings; remembers
+    the registry entries held before, for :func:`assert_unpatched`."""
+    for model in accelpatch.patcher.transformers_of(target):
+        _HELD_BEFORE.setdefault(model, held_entries())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(not mounted|CUDA).*", category=RuntimeWarning)
         return accelpatch.apply(target, **kwargs)
@@ -127,18 +145,20 @@ def assert_never_fused(target, op: str) -> None:
     assert all(o.startswith(("reference:", "declined:")) for o in outcomes), outcomes
 
 
-def assert_unpatched(model: torch.nn.Module) -> None:
-    """No module keeps a gated class, and diffusers' block registry keeps none of accelpatch's classes (a patched
-    model dropped without ``remove()`` lets go of its entries when it is collected)."""
+def assert_unpatched(model: torch.nn.Module, like: Optional[torch.nn.Module] = None) -> None:
+    """No module keeps a gated class, and diffusers' block registry holds what it held before the test applied
+    ``model`` (or ``like``, the model it was copied from): ``remove()`` let go of what the patch registered (a
+    patched model dropped without ``remove()`` lets go of its entries when it is collected), whatever other live
+    models hold. No entry of a gated class is left that no patched model holds."""
     from diffusers.hooks._helpers import TransformerBlockRegistry
 
-    def gated_entries():
-        return [c for c in TransformerBlockRegistry._registry if "_accelpatch_original_class" in c.__dict__]
+    from accelpatch import block_registry
 
     assert not [m for m in model.modules() if "_accelpatch_original_class" in type(m).__dict__]
-    if gated_entries():
-        gc.collect()
-    assert not gated_entries()
+    assert held_entries() == _HELD_BEFORE[like if like is not None else model]
+    orphans = [c for c in TransformerBlockRegistry._registry
+               if "_accelpatch_original_class" in c.__dict__ and c not in block_registry._HELD]
+    assert not orphans, orphans
 
 
 # -- the tools -------------------------------------------------------------------------------------------------------

@@ -466,13 +466,16 @@ def test_a_copy_holds_its_own_registry_entries():
         W.forward(twin, "wan")
     twin.disable_cache()
     accelpatch.remove(twin)
-    W.assert_unpatched(twin)
+    W.assert_unpatched(twin, like=model)
 
 
 def test_diffusers_first_block_cache_on_sana_video_is_refused_alike():
     """diffusers registers no SANA-Video block: its FirstBlockCache refuses the unpatched model, and the patched one,
     also after accelpatch's own cache came and went (which once registered the class for the rest of the process)."""
     from diffusers.hooks import apply_first_block_cache
+
+    from accelpatch import block_registry
+    from diffusers.models.transformers.transformer_sana_video import SanaVideoTransformerBlock
 
     def attempt(patch):
         model = W.build("sana_video")
@@ -484,6 +487,11 @@ def test_diffusers_first_block_cache_on_sana_video_is_refused_alike():
         W.apply(model, cache="first_block")
         accelpatch.remove(model)
 
+    if block_registry.entry(SanaVideoTransformerBlock) is not None:
+        # another live model of this process (one a failed test's traceback keeps, say) carries accelpatch's step
+        # cache: it holds the block's entry, and so diffusers' cache takes SANA-Video models while it lives
+        assert block_registry.is_ours(SanaVideoTransformerBlock) and W.held_entries().get(SanaVideoTransformerBlock)
+        return
     attempt(lambda m: None)
     attempt(came_and_went)
     attempt(W.apply)
