@@ -490,7 +490,8 @@ def test_diffusers_first_block_cache_on_sana_video_is_refused_alike():
     if block_registry.entry(SanaVideoTransformerBlock) is not None:
         # another live model of this process (one a failed test's traceback keeps, say) carries accelpatch's step
         # cache: it holds the block's entry, and so diffusers' cache takes SANA-Video models while it lives
-        assert block_registry.is_ours(SanaVideoTransformerBlock) and W.held_entries().get(SanaVideoTransformerBlock)
+        assert block_registry.is_ours(SanaVideoTransformerBlock)
+        assert W.held_entries(collect=True).get(SanaVideoTransformerBlock)
         return
     attempt(lambda m: None)
     attempt(came_and_went)
