@@ -63,7 +63,7 @@ class SiteCounters:
     lossless fused ops its calls ran (``chains``: "op|outcome" -> calls, see accelpatch.verify)."""
 
     __slots__ = ("_lock", "fast", "reference", "fallbacks", "notes", "stat_sums", "stat_counts", "_compiled",
-                 "uncounted", "chains")
+                 "uncounted", "chains", "_lazy")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -77,6 +77,9 @@ class SiteCounters:
         #: tallies made inside torch.compile'd code: 0-dim tensors bumped in place (a Python int there would be a
         #: guarded constant, recompiling at every count; a lock would break the graph), keyed by (field, name)
         self._compiled: dict[tuple[str, str], torch.Tensor] = {}
+        #: eager counts given as 0-dim tensors (a decision the device made, e.g. "did Sol-Attn skip a block"): summed
+        #: on their device, read (one sync) only when the totals are
+        self._lazy: dict[tuple[str, str], torch.Tensor] = {}
         #: why some calls could not be counted (None: every call was): set when the site was traced for export
         self.uncounted: Optional[str] = None
 
@@ -115,17 +118,32 @@ class SiteCounters:
         _tally_add(tally, value, 1)
         return True
 
-    def count_fast(self) -> None:
+    def _add_lazy(self, field: str, name: str, value: torch.Tensor) -> None:
+        with self._lock:
+            known = self._lazy.get((field, name))
+            self._lazy[(field, name)] = value.detach().long() if known is None else known + value.detach().long()
+
+    def count_fast(self, value: Optional[torch.Tensor] = None) -> None:
+        """One fast call; or, with ``value`` (a 0/1 tensor), one when the device says so, without a host sync."""
         if torch.compiler.is_compiling():
-            self._bump("fast", "")
+            self._bump("fast", "", value)
+            return
+        if value is not None:
+            self._add_lazy("fast", "", value)
             return
         with self._lock:
             self.fast += 1
 
-    def count_reference(self, reason: str, *, fallback: bool = False) -> None:
+    def count_reference(self, reason: str, *, fallback: bool = False, value: Optional[torch.Tensor] = None) -> None:
+        """One call that ran the reference for ``reason`` (``value``: a 0/1 tensor, as in :meth:`count_fast`)."""
         if torch.compiler.is_compiling():
-            if self._bump("reference", reason) and fallback:
-                self._bump("fallbacks", reason)
+            if self._bump("reference", reason, value) and fallback:
+                self._bump("fallbacks", reason, value)
+            return
+        if value is not None:
+            self._add_lazy("reference", reason, value)
+            if fallback:
+                self._add_lazy("fallbacks", reason, value)
             return
         with self._lock:
             self.reference[reason] += 1
@@ -166,8 +184,8 @@ class SiteCounters:
                    "fallbacks": collections.Counter(self.fallbacks), "notes": collections.Counter(self.notes),
                    "chains": collections.Counter(self.chains)}
             sums, counts = dict(self.stat_sums), dict(self.stat_counts)
-            compiled = dict(self._compiled)
-        for (field, name), tally in compiled.items():
+            compiled = list(self._compiled.items()) + list(self._lazy.items())
+        for (field, name), tally in compiled:
             if field == "fast":
                 out["fast"] += int(tally)
             elif field in ("reference", "fallbacks", "notes", "chains"):
@@ -194,7 +212,39 @@ class SiteCounters:
             self.stat_counts.clear()
             for tally in self._compiled.values():
                 tally.zero_()
+            self._lazy.clear()
             self.uncounted = None
+
+
+class WorkWatch:
+    """Whether one eager call of a site did the work that makes it fast (a fused op that fused), where the path
+    cannot tell from its own code: the ops it calls decide per call. Watches nest per thread (a block site calling
+    its attention site): :func:`note_work` marks the innermost watch of the counting site."""
+
+    __slots__ = ("counters", "did_work")
+
+    _open = threading.local()
+
+    def __init__(self, counters: SiteCounters) -> None:
+        self.counters, self.did_work = counters, False
+
+    def __enter__(self) -> "WorkWatch":
+        stack = getattr(WorkWatch._open, "stack", None)
+        if stack is None:
+            stack = WorkWatch._open.stack = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        WorkWatch._open.stack.pop()
+
+
+def note_work(counters: SiteCounters) -> None:
+    """Mark the innermost open :class:`WorkWatch` of ``counters`` (in this thread): its call did fast work."""
+    for watch in reversed(getattr(WorkWatch._open, "stack", ())):
+        if watch.counters is counters:
+            watch.did_work = True
+            return
 
 
 class QualityGatedFusion:

@@ -29,6 +29,8 @@ class SiteReport:
     uncounted: Optional[str] = None
     #: the lossless fused ops this site's calls ran: op -> {"fused" or the reason the reference ran: calls}
     fused_ops: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: what a fast call here did: "fused", "sparse" or "approximate" (see FAST_KINDS)
+    work: str = "approximate"
 
     @property
     def status(self) -> str:
@@ -76,14 +78,41 @@ def merge_counts(dicts) -> dict[str, int]:
     return out
 
 
+#: what a counted fast call did, for ``assert_fast_path_ran(kind=...)``: a bit-exact fused op fused ("fused"),
+#: Sol-Attn skipped attention blocks ("sparse"), an approximate high-tier path ran ("approximate"), or a step cache
+#: reused a transformer call's blocks ("cache")
+FAST_KINDS = ("fused", "sparse", "approximate", "cache")
+
+
 class _Tally:
-    """Totals over ``self.sites``, shared by the per-model and the whole report."""
+    """Totals over ``self.sites``, shared by the per-model and the whole report. Only calls that did fast work
+    count as fast: a fused site call whose every op ran its eager chain, or a Sol-Attn call that skipped nothing,
+    counts as a reference call with that reason."""
 
     sites: tuple[SiteReport, ...]
 
     @property
     def fast_calls(self) -> int:
         return sum(s.fast_calls for s in self.sites)
+
+    @property
+    def fast_calls_by_tier(self) -> dict[str, int]:
+        """Fast calls at each tier: {"lossless": bit-exact fused calls, "high": approximate ones, step-cache reuse
+        included}."""
+        out = {"lossless": 0, "high": 0}
+        for s in self.sites:
+            out[s.tier] = out.get(s.tier, 0) + s.fast_calls
+        out["high"] += self.reused_calls
+        return out
+
+    @property
+    def fast_calls_by_kind(self) -> dict[str, int]:
+        """Fast calls by what they did (:data:`FAST_KINDS`)."""
+        out = dict.fromkeys(FAST_KINDS, 0)
+        for s in self.sites:
+            out[s.work] += s.fast_calls
+        out["cache"] += self.reused_calls
+        return out
 
     @property
     def fallback_calls(self) -> dict[str, int]:
@@ -186,9 +215,10 @@ class ModelReport(_Tally):
 
     def headline(self) -> str:
         options = "".join(f" {k}={_shown(v)}" for k, v in self.options.items())
+        tiers = self.fast_calls_by_tier
         return (f"{self.model_class} ({self.family}) backend={self.backend or 'none'}{options}"
-                f"{' strict' if self.strict else ''}: {len(self.sites)} sites, {self.fast_calls} fast calls; "
-                f"{self.tier_statement}")
+                f"{' strict' if self.strict else ''}: {len(self.sites)} sites, fast calls: {tiers['lossless']} "
+                f"lossless, {tiers['high']} high; {self.tier_statement}")
 
     def cache_line(self) -> Optional[str]:
         if self.cache is None:
@@ -280,13 +310,29 @@ class Report(_Tally):
         """Transformer calls whose remaining blocks a step cache reused, over all models."""
         return sum(m.reused_calls for m in self.models)
 
-    def assert_fast_path_ran(self) -> None:
-        """Raise AssertionError unless some fast path ran (a fast site call, or a step-cache reuse): a guard
-        against silent no-ops in tests and scripts."""
-        if self.fast_calls == 0 and self.reused_calls == 0:
+    @property
+    def fast_calls_by_kind(self) -> dict[str, int]:
+        """Fast calls by what they did (:data:`FAST_KINDS`), the ``sol_attn`` attention backend's sparse calls
+        included."""
+        out = super().fast_calls_by_kind
+        if self.attention_backend is not None:
+            out["sparse"] += self.attention_backend.sparse_calls
+        return out
+
+    def assert_fast_path_ran(self, kind: Optional[str] = None) -> None:
+        """Raise AssertionError unless something fast ran — of ``kind`` when given (one of :data:`FAST_KINDS`:
+        "fused", "sparse", "approximate", "cache"): a guard against silent no-ops in tests and scripts. A call
+        that entered a fast path but did no fast work (every fused op ran its eager chain, Sol-Attn skipped
+        nothing) does not count."""
+        if kind is not None and kind not in FAST_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(FAST_KINDS)} (or None for any), got {kind!r}")
+        counts = self.fast_calls_by_kind
+        if (counts[kind] if kind else sum(counts.values())) == 0:
             uncounted = "".join(f"; {line}" for m in self.models for line in [m.uncounted_line()] if line)
-            raise AssertionError(f"no accelpatch fast path ran; reference calls by reason: "
-                                 f"{self.reference_calls}{uncounted}")
+            ran = ", ".join(f"{k} {n}" for k, n in counts.items() if n)
+            what = f"no {kind} fast path" if kind else "no accelpatch fast path"
+            raise AssertionError(f"{what} ran{f' (fast calls by kind: {ran})' if ran else ''}; reference calls by "
+                                 f"reason: {self.reference_calls}{uncounted}")
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -359,7 +405,7 @@ def build_report(models, *, reset: bool = False) -> Report:
                 reference_calls={k: v for k, v in totals["reference"].items() if v},
                 fallback_calls={k: v for k, v in totals["fallbacks"].items() if v}, stats=totals["stats"],
                 notes={k: v for k, v in totals["notes"].items() if v}, uncounted=totals["uncounted"],
-                fused_ops=_by_op(totals["chains"])))
+                fused_ops=_by_op(totals["chains"]), work=site.fast_path.work))
             if reset:
                 c.reset()
         step_sources = dict(patch.step_sources.counts)

@@ -27,6 +27,7 @@ import torch
 
 from . import call_context
 from .errors import FastPathUnavailableError, is_fatal
+from .gate import note_work
 from .ops.fused.operands import foreign_operand
 
 FUSED = "fused"
@@ -342,10 +343,10 @@ class FusedOp:
         _count(site, self.name, outcome)
 
     def _first_sight(self, site: Any, key: tuple, args: tuple, device: torch.device):
-        start = time.perf_counter()
         fused, unsupported, reason = self.implementation(device)
         if reason is None:
-            reason = unsupported(self.name, *args)  # builds the kernels if need be, before anything is timed
+            reason = unsupported(self.name, *args)  # builds the kernels if need be: a one-off, reported apart
+        start = time.perf_counter()  # the check's cost: the reference, the fused op, the comparison
         reference_out = self.reference(*args)
         reference_s = fused_s = None
         if reason is None:
@@ -376,6 +377,8 @@ class FusedOp:
 def _count(site: Any, op: str, outcome: str) -> None:
     """Count one call of ``op`` on ``site``, unless it is a recomputation for backward (gradient checkpointing
     runs the forward again: that is not a call, as the sites' own counts hold)."""
+    if outcome == FUSED:  # the site's call did fast work (see FusedOpsPath.run_counted)
+        note_work(site.counters)
     if not call_context.recomputing():
         site.counters.count_chain(op, outcome)
 

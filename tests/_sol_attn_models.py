@@ -177,3 +177,11 @@ def check_backward_and_checkpointing(case: ModelCase) -> None:
         m.disable_gradient_checkpointing()
         m.eval()
     accelpatch.remove(m)
+
+
+def sol_attn_runs(sites) -> int:
+    """Calls of ``sites`` that ran the Sol-Attn op: the fast ones (blocks skipped) and those that skipped nothing (a
+    dense stand-in kernel's, whose statistics say every pair was exact)."""
+    from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+
+    return sum(s.fast_calls + s.reference_calls.get(NOTHING_SKIPPED, 0) for s in sites)

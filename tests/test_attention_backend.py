@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import accelpatch
+from accelpatch.backends.sol_attn import NOTHING_SKIPPED
 from accelpatch.backends import attention_backend as ab
 from accelpatch.backends import attention_registry as ar
 
@@ -254,9 +255,11 @@ def test_ineligible_calls_run_dense_with_their_reason():
         with accelpatch.denoising_step(2):
             ab.sol_attn_backend(q, q, q)
     counts = accelpatch.attention_backend_report()
-    assert counts.dense_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1, ab.DENSE_STEP: 1}
+    # the eligible call ran Sol-Attn over 2 blocks, every pair exact: it skipped nothing, so it is no sparse call
+    assert counts.dense_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1, ab.DENSE_STEP: 1,
+                                  NOTHING_SKIPPED: 1}
     assert counts.fallback_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1}
-    assert counts.sparse_calls == 1
+    assert counts.sparse_calls == 0
 
 
 def test_bad_options_are_refused_naming_the_choices():
@@ -407,4 +410,6 @@ def test_minimax_h3_takes_the_switch_too():
             sparse = model(**inputs).sample
     assert not torch.equal(sparse, reference)
     counts = accelpatch.attention_backend_report()
-    assert counts.sparse_calls == 4 and counts.dense_calls == {ab.TIER: 4} and counts.exact_fraction < 1
+    # the two blocks' attention skipped blocks; the text-only refiner's short sequences skipped nothing
+    assert counts.sparse_calls == 2 and counts.dense_calls == {ab.TIER: 4, NOTHING_SKIPPED: 2}
+    assert counts.exact_fraction < 1

@@ -17,7 +17,7 @@ from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_
 
 from _step_cache_streams import (STEPS, all_bits_equal, apply_cache, cached_high_run, check_dual_stream_cache,
                                  mag_reference, reused_reference, run_steps)
-from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing,
+from _sol_attn_models import (SPARSE, ModelCase, sol_attn_runs, check_backward_and_checkpointing,
                               check_exact_lossless_and_default_dense_layers, check_kernel_error,
                               check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
 
@@ -106,7 +106,7 @@ def test_the_restated_path_is_the_processors_and_a_wrong_kernel_is_caught(model,
     assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE, text rows, padding rows, to_out as diffusers'
     monkeypatch.setattr(ops, "sol_attn", _masked_dense_kernel(VIDEO + TEXT, perturb=True))
     assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
-    assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+    assert sol_attn_runs(_sol(accelpatch.report(m))) == 4
 
 
 def test_remove_restores_classes_processors_hooks_and_bits(model):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import accelpatch
+from accelpatch.backends.sol_attn import NOTHING_SKIPPED
 from accelpatch.errors import FastPathUnavailableError
 from accelpatch.reporting import merge_counts
 from accelpatch.adapters import minimax_h3 as h3_adapter
@@ -99,7 +100,11 @@ def test_all_exact_tau_is_close_to_dense_and_a_large_tau_really_runs_sparse(mode
     accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=-1e9)
     torch.testing.assert_close(_forward(m, inputs), reference, atol=1e-4, rtol=1e-4)
     sites = [s for s in accelpatch.report(m).sites if s.kind == "sol_attn"]
-    assert all(s.fast_calls == 1 and s.stats["exact_fraction"] == 1.0 for s in sites)
+    # the kernel ran, but skipped nothing: not a fast call (issue #30: it once counted as one)
+    assert all(s.fast_calls == 0 and s.reference_calls == {NOTHING_SKIPPED: 1} and s.stats["exact_fraction"] == 1.0
+               for s in sites), sites
+    with pytest.raises(AssertionError, match="no sparse fast path ran"):
+        accelpatch.report(m).assert_fast_path_ran(kind="sparse")
 
     accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)  # re-configures in place
     out = _forward(m, inputs)
@@ -107,6 +112,7 @@ def test_all_exact_tau_is_close_to_dense_and_a_large_tau_really_runs_sparse(mode
     sites = [s for s in accelpatch.report(m).sites if s.kind == "sol_attn"]
     assert all(s.fast_calls == 1 and s.stats["exact_fraction"] < 0.6 for s in sites), sites
     assert "exact_fraction" in str(accelpatch.report(m))
+    accelpatch.report(m).assert_fast_path_ran(kind="sparse")
 
 
 def test_direct_calls_use_the_denoising_step_context(model):
@@ -365,7 +371,9 @@ def test_sequences_shorter_than_a_few_blocks_run_sparse_and_match_dense(video_ro
     reference = _forward(m, inputs)
     accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
     out = _forward(m, inputs)
-    # With at most 3 blocks every block is its own neighbour's neighbour: exact, so sparse equals dense.
+    # With at most 3 blocks every block is its own neighbour's neighbour: exact, so sparse equals dense, and the
+    # call, which skipped nothing, is counted as such rather than as a fast call.
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
     sites = [s for s in accelpatch.report(m).sites if s.kind == "sol_attn"]
-    assert all(s.fast_calls == 1 and s.stats["exact_fraction"] == 1.0 for s in sites)
+    assert all(s.fast_calls == 0 and s.reference_calls == {NOTHING_SKIPPED: 1} and s.stats["exact_fraction"] == 1.0
+               for s in sites), sites

@@ -57,7 +57,7 @@ COMPILED = START + textwrap.dedent("""
             out["compiled"] = model(**inputs).sample
             out["blocks_compiled"] = all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks)
             compiled = accelpatch.report(model)
-        out["counts"] = [{(s.path, s.kind): (s.fast_calls, sorted(s.reference_calls)) for s in r.sites}
+        out["counts"] = [{(s.path, s.kind, s.tier): (s.fast_calls, dict(s.reference_calls)) for s in r.sites}
                          for r in (eager, compiled)]
 
         from diffusers.hooks import apply_group_offloading
@@ -112,10 +112,19 @@ def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
 
 
 def test_compiled_and_offloaded_blocks_on_a_split_model_match_the_eager_split(tmp_path):
+    from accelpatch.sites.base import NO_FUSED_OP_COMPILED
+
     for rank in run_ranks(tmp_path, COMPILED, 2):
         assert rank["blocks_compiled"]
         assert torch.equal(rank["compiled"], rank["eager"])  # the eager backend: the same ops, the same bits
-        assert rank["counts"][0] == rank["counts"][1]
+        eager, compiled = rank["counts"]
+        assert eager.keys() == compiled.keys()
+        for site, (fast, reference) in eager.items():  # every site ran as often, compiled or not
+            assert fast + sum(reference.values()) == compiled[site][0] + sum(compiled[site][1].values()), site
+            if site[2] == "lossless" and fast:  # the compiled graph runs no fused op of ours: not a fast call there
+                assert compiled[site] == (0, {**reference, NO_FUSED_OP_COMPILED: fast}), site
+            else:
+                assert compiled[site] == (fast, reference), site
         sana = rank["sana_video"]
         assert sana["blocks_compiled"] and sana["offloaded_files"] >= 2  # a safetensors file per block group
         for name in ("compiled", "compiled_again", "offloaded", "offloaded_again"):

@@ -18,7 +18,7 @@ from _multiprocess import START, run_ranks
 from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
                                 wan_transformer_inputs)
 
-from _sol_attn_models import (SPARSE, ModelCase, check_backward_and_checkpointing,
+from _sol_attn_models import (SPARSE, ModelCase, sol_attn_runs, check_backward_and_checkpointing,
                               check_exact_lossless_and_default_dense_layers, check_kernel_error,
                               check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
 
@@ -103,7 +103,7 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
         assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE and to_out exactly as WanAttnProcessor's
         monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
         assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
-        assert sum(s.fast_calls for s in _sol(accelpatch.report(m))) == 4
+        assert sol_attn_runs(_sol(accelpatch.report(m))) == 4
     finally:
         accelpatch.remove(m)
         if fused_qkv:

@@ -32,7 +32,7 @@ import torch
 from .. import steps
 from ..gate import SiteCounters
 from ..tiers import Tier, effective_tier
-from .sol_attn import SolAttnConfig
+from .sol_attn import NOTHING_SKIPPED, SolAttnConfig
 
 NAME = "sol_attn"
 
@@ -98,7 +98,8 @@ _config_lock = threading.Lock()
 #: process-wide tallies of every call of the backend (eager and compiled)
 COUNTERS = SiteCounters()
 COUNTERS.prepare([(field, reason) for reason in REASONS for field in ("reference", "fallbacks")]
-                 + [("fast", ""), ("stat_sums", "exact_fraction"), ("stat_counts", "exact_fraction")])
+                 + [("fast", ""), ("reference", NOTHING_SKIPPED), ("stat_sums", "exact_fraction"),
+                    ("stat_counts", "exact_fraction")])
 
 
 def configure_sol_attn_backend(**options: Any) -> SolAttnBackendConfig:
@@ -228,14 +229,13 @@ def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def run_sparse(config: SolAttnBackendConfig, query, key, value) -> torch.Tensor:
     """The Sol-Attn op on q, k, v [B, T, H, D] with ``config``'s options; counted with its exact-block fraction."""
     from ..ops.sol_attn import sol_attn
+    from ..sites.sol_attention import count_routing
 
     kv_splits = config.solattn.resolve_kv_splits(query.device, query.shape[1])
     out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,
                           sink_tokens=config.sink_tokens, sink_start=config.sink_start, impl=config.impl,
                           return_stats=True)
-    COUNTERS.count_fast()
-    COUNTERS.add_stat("exact_fraction",
-                      stats.exact_pairs.detach().sum() / (stats.total_pairs * stats.exact_pairs.numel()))
+    count_routing(COUNTERS, stats)
     return out
 
 

@@ -24,6 +24,10 @@ IMPLS = ("auto", "torch", "triton", "upstream")
 #: ``dense_rows`` choices: the model's text/audio query rows dense (only video rows sparse), or no row dense
 DENSE_ROWS = ("text_audio", "none")
 
+#: how a Sol-Attn call that skipped no work is counted (not as a fast call)
+NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pair exactly at this tau and sequence "
+                   "length (or every row was recomputed densely)")
+
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 

@@ -21,7 +21,7 @@ import torch
 
 from .. import call_context
 from ..errors import FastPathUnavailableError, is_fatal
-from ..gate import QualityGatedFusion, SiteCounters, fusion_by_name
+from ..gate import QualityGatedFusion, SiteCounters, WorkWatch, fusion_by_name
 from ..tiers import Tier, effective_tier
 
 
@@ -54,6 +54,17 @@ def cuda_reject_reason() -> Optional[str]:
     if not torch.cuda.is_available():
         return "CUDA is unavailable: no CUDA device is visible"
     return None
+
+
+#: words of the reasons that are about this machine rather than the model or the call: no CUDA (or no Triton),
+#: another kind of CPU
+_MACHINE_WORDS = ("CUDA is unavailable", "needs CUDA", "no CUDA device", "not this CPU")
+
+
+def expected_here(reason: str) -> bool:
+    """Whether ``reason`` says this machine cannot run the path (no CUDA, another CPU): expected there, not a
+    fault to report."""
+    return any(word in reason for word in _MACHINE_WORDS)
 
 
 def device_reject_reason(device: torch.device, what: str = "the fast path") -> Optional[str]:
@@ -130,6 +141,12 @@ class FastPath:
     stat_names: tuple[str, ...] = ()
     #: the lossless fused ops (accelpatch.verify.FusedOp) the restated forward calls, for counters and the report
     fused_ops: tuple = ()
+    #: what a fast call of this path does (report().fast_calls_by_kind): "approximate" (a lower-precision or
+    #: restated computation that runs whenever the path does), "fused" (bit-exact fused ops) or "sparse" (skipped
+    #: attention blocks)
+    work: str = "approximate"
+    #: the reasons a call that ran counts when it did no fast work (a fused forward whose ops all ran eagerly)
+    work_reasons: tuple[str, ...] = ()
 
     @property
     def tier(self) -> Tier:
@@ -168,6 +185,15 @@ class FastPath:
     def run(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError
 
+    def run_counted(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
+        """``run``, then count the call as fast when it did this path's fast work (a :class:`Decline` or
+        :class:`Dense` is counted by the site). Here every call that ran did; paths whose work is decided further
+        in (fused ops, sparse routing) count it there."""
+        out = self.run(module, site, args, kwargs)
+        if not isinstance(out, _Outcome) and not call_context.recomputing():
+            site.counters.count_fast()
+        return out
+
     #: whether an exception raised inside ``run`` is taken for kernel trouble (counted, warned, the reference runs)
     catches_errors: bool = True
 
@@ -181,6 +207,10 @@ def restated_class_mismatch(site: "Site", expected: type, owner: str = "diffuser
     return None
 
 
+NO_FUSED_OP = "no fused op fused in this call: each ran its eager chain (why: the report's lossless fusions)"
+NO_FUSED_OP_COMPILED = "inside torch.compile: the fused ops stand aside (the compiler fuses the chain itself)"
+
+
 class FusedOpsPath(FastPath):
     """A fast path that restates a forward around verified fused ops (accelpatch.verify): the ops handle their own
     trouble (a failing or mismatching kernel declines its signature and runs the eager chain), so an exception that
@@ -188,6 +218,26 @@ class FusedOpsPath(FastPath):
     would from the original forward — once, not again from a fallback."""
 
     catches_errors = False
+    work = "fused"
+    work_reasons = (NO_FUSED_OP, NO_FUSED_OP_COMPILED)
+
+    def run_counted(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
+        """``run``, counted as fast only when one of its fused ops fused: a restated forward whose every op ran
+        its eager chain (a declined signature, another CPU, threads, compiled code) did nothing fast."""
+        counting = not call_context.recomputing()
+        if torch.compiler.is_compiling():  # the ops stand aside in compiled code (the compiler fuses)
+            out = self.run(module, site, args, kwargs)
+            if counting and not isinstance(out, _Outcome):
+                site.counters.count_reference(NO_FUSED_OP_COMPILED)
+            return out
+        with WorkWatch(site.counters) as watch:
+            out = self.run(module, site, args, kwargs)
+        if counting and not isinstance(out, _Outcome):
+            if watch.did_work:
+                site.counters.count_fast()
+            else:
+                site.counters.count_reference(NO_FUSED_OP)
+        return out
 
 
 @dataclass(eq=False)
@@ -218,7 +268,8 @@ class Site:
 
     def prepare_counters(self) -> None:
         """Create the tallies compiled code will bump (see SiteCounters.prepare)."""
-        reasons = [reason for row in _TIER_REASONS for reason in row] + list(self.fast_path.policy_reasons)
+        reasons = [reason for row in _TIER_REASONS for reason in row] + list(self.fast_path.policy_reasons) + list(
+            self.fast_path.work_reasons)
         keys = [("fast", "")] + [("reference", r) for r in reasons]
         keys += [(field, r) for r in (self.model.unmounted_reason(self.kind),) + self.fast_path.policy_reasons
                  for field in ("reference", "fallbacks")]
@@ -265,7 +316,7 @@ class Site:
         if not self.is_mounted(module):
             return self.fallback(module, args, kwargs, self.model.unmounted_reason(self.kind))
         try:
-            out = self.fast_path.run(module, self, args, kwargs)
+            out = self.fast_path.run_counted(module, self, args, kwargs)
         except FastPathUnavailableError:
             raise  # strict mode, raised by a fused op the path called: already says where and why
         except Exception as error:  # noqa: BLE001 - any kernel trouble falls back unless fatal or strict
@@ -276,8 +327,6 @@ class Site:
             return self.fallback(module, args, kwargs, out.reason)
         if isinstance(out, Dense):
             return self.reference(module, args, kwargs, out.reason)
-        if not call_context.recomputing():
-            self.counters.count_fast()
         return out
 
 

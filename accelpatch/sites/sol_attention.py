@@ -23,7 +23,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import call_context
-from ..backends.sol_attn import SolAttnConfig
+from ..backends.sol_attn import NOTHING_SKIPPED, SolAttnConfig
 from .base import Decline, Dense, FastPath, Site, bind_call, step_layer_policy
 
 DENSE_STEP = "dense step (step < dense_steps)"
@@ -81,6 +81,12 @@ class SolAttnFastPath(FastPath):
     #: exact_fraction: of the (query block, key block) pairs the kernel routed, all query blocks; sparse_row_fraction:
     #: of the query rows, those whose output is the sparse kernel's (the rest were recomputed densely)
     stat_names = ("exact_fraction", "sparse_row_fraction")
+    work = "sparse"
+    work_reasons = (NOTHING_SKIPPED,)
+
+    def run_counted(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        """``run``; its call is counted where the routing's statistics are (:func:`count_routing`)."""
+        return self.run(attn, site, args, kwargs)
 
     def keeps_reference_layer(self, site: Site) -> bool:
         return site.layer_index in site.model.backend.dense_layers
@@ -198,9 +204,6 @@ def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> tor
     out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,
                           sink_tokens=call.sink_tokens, sink_start=call.sink_start, impl=config.impl,
                           return_stats=True)
-    if counting:
-        site.counters.add_stat("exact_fraction",
-                               stats.exact_pairs.detach().sum() / (stats.total_pairs * stats.exact_pairs.numel()))
     dense = 0
     if call.dense_rows is not None:
         # The model's dense query rows attend to every key, the model's way (all keys, no sink or routing); the
@@ -214,7 +217,20 @@ def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> tor
     if counting:
         site.counters.add_stat("sparse_row_fraction",
                                torch.tensor(1.0 - dense / query.shape[1], dtype=torch.float64))
+        count_routing(site.counters, stats, sparse_rows=dense < query.shape[1])
     return out
+
+
+def count_routing(counters, stats, *, sparse_rows: bool = True) -> None:
+    """Count one Sol-Attn call by what its routing did, on the device (no host sync): fast when it skipped some
+    (query block, key block) pair in rows whose output it kept, else with :data:`NOTHING_SKIPPED`; and its
+    exact-block fraction."""
+    exact = stats.exact_pairs.detach().sum()
+    total = stats.total_pairs * stats.exact_pairs.numel()
+    counters.add_stat("exact_fraction", exact / total)
+    skipped = exact < total if sparse_rows else torch.zeros((), dtype=torch.bool, device=exact.device)
+    counters.count_fast(value=skipped)
+    counters.count_reference(NOTHING_SKIPPED, value=~skipped)
 
 
 MASKED_CALL = "an attention_mask was given: the sparse path covers unmasked attention only"
