@@ -23,7 +23,7 @@ from .parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, re
 from .adapters import ADAPTERS, find_adapter
 from .adapters.base import ModelAdapter
 from .step_cache import StepCache, refuse_foreign_cache, resolve_cache
-from .sites.base import SITE_ATTR, Site, gated_class, is_gated
+from .sites.base import SITE_ATTR, Site, expected_here, gated_class, is_gated
 from .tiers import Tier, parse_tier
 
 from .reporting import MODEL_REJECTED
@@ -32,6 +32,16 @@ from .model_state import STATE_ATTR, patch_of  # noqa: F401 - patch_of is part o
 #: patches by token, for warnings raised while Dynamo traces (see ModelPatch.warn_once)
 _PATCHES: "weakref.WeakValueDictionary[int, ModelPatch]" = weakref.WeakValueDictionary()
 _TOKENS = itertools.count()
+#: the (fast-path kind, reason) pairs warned about in this process: each is said once, whichever model meets it
+#: first (a bench or tune builds many models; the report keeps every model's full tally)
+_WARNED: set = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def forget_warnings() -> None:
+    """Let every (kind, reason) warn again (tests: each test starts as a fresh process would)."""
+    with _WARNED_LOCK:
+        _WARNED.clear()
 
 
 @dataclass(eq=False)
@@ -59,8 +69,6 @@ class ModelPatch:
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
     #: checks a split model's ranks agree; undoes parallelism enabled after apply (accelpatch.parallel.lifecycle)
     parallel_guard: Any = field(default=None, repr=False)
-    _warned: set = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
     _token: int = field(default=-1, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,19 +78,15 @@ class ModelPatch:
         self._token = next(_TOKENS)
         _PATCHES[self._token] = self
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_lock", None)
-        return state
-
     def __setstate__(self, state: dict) -> None:
+        state.pop("_warned", None), state.pop("_lock", None)  # a pickle from before warnings were per process
         self.__dict__.update(state)
-        self._lock = threading.Lock()
-        self._register()  # a copy or an unpickled patch warns on its own
+        self._register()  # a copy or an unpickled patch can warn from compiled code too
 
     def warn_once(self, kind: str, reason: str, *, at_apply: bool = False) -> None:
-        """One warning per model, fast-path kind and reason (at ``apply`` or at a call, whichever comes first);
-        the counters keep the full tally. Inside code Dynamo traces, the warning is given while tracing (through
+        """One warning per process, fast-path kind and reason (at ``apply`` or at a call, whichever comes first),
+        worded as expected where the reason is this machine (no CUDA, another CPU); the counters keep the full
+        tally. Inside code Dynamo traces, the warning is given while tracing (through
         ``comptime``, no graph break): a decision made there is baked into the graph, so every run of that graph
         takes the same path, and the user hears of it once, as in eager code."""
         if torch.compiler.is_dynamo_compiling():
@@ -92,17 +96,18 @@ class ModelPatch:
             comptime(_warn_while_tracing)
             return
         key = (kind, reason)
-        with self._lock:
-            if key in self._warned:
+        with _WARNED_LOCK:
+            if key in _WARNED:
                 return
-            self._warned.add(key)
+            _WARNED.add(key)
+        expected = " (expected on this machine, not a fault)" if expected_here(reason) else ""
         if at_apply:
             then = ("will raise FastPathUnavailableError (strict=True)" if self.strict else
                     "will run the reference path (see accelpatch.report(model); strict=True raises)")
             message = (f"accelpatch: the {kind} fast path was not mounted on {self.model_class}: "
-                       f"{reason.removeprefix('not mounted: ')}. Calls that request it {then}.")
+                       f"{reason.removeprefix('not mounted: ')}{expected}. Calls that request it {then}.")
         else:
-            message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}. "
+            message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}{expected}. "
                        "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
         warnings.warn(message, RuntimeWarning, stacklevel=5 if at_apply else 2)  # apply: the user's line
         logger.debug(message)

@@ -1,0 +1,158 @@
+"""Issue #30 item 1: ``report().fast_calls`` and ``assert_fast_path_ran()`` count calls that did fast work, not calls
+that entered a fast path. A lossless site call whose every fused op ran its eager chain, and a Sol-Attn call that
+skipped no block, once counted as fast: the guard against silent no-ops passed on a silent no-op."""
+import warnings
+
+import pytest
+import torch
+
+import accelpatch
+import accelpatch.testing as t
+from accelpatch.backends import attention_backend
+from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.gate import SiteCounters, WorkWatch, note_work
+from accelpatch.reporting import FAST_KINDS
+from accelpatch.sites.base import NO_FUSED_OP
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CUDA-only paths are not mounted on CPU
+        yield
+
+
+def _sana_video():
+    model = t.tiny_sana_video_transformer(dtype=torch.bfloat16)
+    return model, t.sana_video_transformer_inputs(model, seed=1)
+
+
+def _forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+def test_a_fused_call_whose_ops_all_ran_their_eager_chains_is_not_a_fast_call():
+    model, inputs = _sana_video()
+    accelpatch.apply(model, cpu_kernels=False)  # every fused op runs diffusers' chain: nothing fast can run
+    _forward(model, inputs)
+    report = accelpatch.report(model)
+    lossless = [s for s in report.sites if s.tier == "lossless"]
+    assert lossless and all(s.work == "fused" for s in lossless)
+    assert [(s.fast_calls, s.reference_calls) for s in lossless] == [(0, {NO_FUSED_OP: 1})] * len(lossless)
+    assert report.fast_calls == 0 and report.fast_calls_by_tier == {"lossless": 0, "high": 0}
+    with pytest.raises(AssertionError, match="no accelpatch fast path ran"):
+        report.assert_fast_path_ran()
+    with pytest.raises(AssertionError, match="no fused fast path ran"):
+        report.assert_fast_path_ran(kind="fused")
+    assert "fast calls: 0 lossless, 0 high" in str(report)
+    accelpatch.remove(model)
+
+
+def test_a_call_whose_fused_ops_fused_counts_as_fused_work_only():
+    model, inputs = _sana_video()
+    accelpatch.apply(model)
+    _forward(model, inputs)
+    report = accelpatch.report(model)
+    fused = sum(f.fused_calls for f in report.models[0].fusions)
+    assert fused > 0  # relu_rope, modulate, gated residual... fuse on every CPU the kernels build on
+    counts = report.fast_calls_by_kind
+    assert counts["fused"] == report.fast_calls > 0 and counts["sparse"] == counts["cache"] == 0, counts
+    report.assert_fast_path_ran()
+    report.assert_fast_path_ran(kind="fused")
+    with pytest.raises(AssertionError, match=r"no sparse fast path ran \(fast calls by kind: fused \d+\)"):
+        report.assert_fast_path_ran(kind="sparse")
+    accelpatch.remove(model)
+
+
+def test_assert_fast_path_ran_names_the_valid_kinds():
+    model, inputs = _sana_video()
+    accelpatch.apply(model)
+    with pytest.raises(ValueError, match="kind must be one of fused, sparse, approximate, cache .* got 'fast'"):
+        accelpatch.report(model).assert_fast_path_ran(kind="fast")
+    assert FAST_KINDS == ("fused", "sparse", "approximate", "cache")
+    accelpatch.remove(model)
+
+
+def test_lossless_and_high_are_reported_apart():
+    """MiniMax-H3 with sol_attn: the Sol-Attn calls that skipped blocks are the high calls, the fused blocks the
+    lossless ones, and the headline says both."""
+    model = t.tiny_minimax_h3_transformer()
+    inputs = t.minimax_h3_transformer_inputs(model, num_video=300)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    _forward(model, inputs)
+    report = accelpatch.report(model)
+    sparse = sum(s.fast_calls for s in report.sites if s.kind == "sol_attn")
+    lossless = sum(s.fast_calls for s in report.sites if s.tier == "lossless")
+    assert sparse == len(model.transformer_blocks)
+    assert report.fast_calls_by_tier == {"lossless": lossless, "high": sparse}
+    assert report.fast_calls_by_kind["sparse"] == sparse
+    assert f"fast calls: {lossless} lossless, {sparse} high" in report.models[0].headline()
+    report.assert_fast_path_ran(kind="sparse")
+    accelpatch.remove(model)
+
+
+def _qkv(tokens):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(1, tokens, 2, 16, generator=gen) for _ in range(3)]
+
+
+def test_the_attention_backend_counts_a_call_that_skipped_nothing_as_dense():
+    config = attention_backend.SolAttnBackendConfig(tau=3.0)
+    attention_backend.COUNTERS.reset()
+    try:
+        attention_backend.run_sparse(config, *_qkv(100))  # two blocks: every pair is exact
+        totals = attention_backend.COUNTERS.totals()
+        assert (totals["fast"], totals["reference"][NOTHING_SKIPPED]) == (0, 1)
+        attention_backend.run_sparse(config, *_qkv(640))  # ten blocks at tau=3: some pairs skipped
+        totals = attention_backend.COUNTERS.totals()
+        assert (totals["fast"], totals["reference"][NOTHING_SKIPPED]) == (1, 1)
+    finally:
+        attention_backend.COUNTERS.reset()
+
+
+def test_work_watches_nest_and_mark_only_their_own_site():
+    outer, inner = SiteCounters(), SiteCounters()
+    note_work(outer)  # no call open: nothing to mark, no error
+    with WorkWatch(outer) as a:
+        with WorkWatch(inner) as b:
+            note_work(outer)
+        assert (a.did_work, b.did_work) == (True, False)
+        with WorkWatch(inner) as c:
+            note_work(inner)
+        assert c.did_work
+
+
+def _accelpatch_warnings(record):
+    return [str(w.message) for w in record if str(w.message).startswith("accelpatch:")]
+
+
+def test_a_warning_is_given_once_per_process_per_kind_and_reason():
+    """Issue #30 item 2: every model a bench, validate or tune built said "not mounted: CUDA" again."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        models = [t.tiny_sana_video_transformer() for _ in range(3)]
+        for model in models:
+            accelpatch.apply(model)
+        inputs = t.sana_video_transformer_inputs(models[0])
+        with accelpatch.quality("high"):  # requests the unmounted path: the same reason, already said
+            for model in models:
+                _forward(model, inputs)
+    said = _accelpatch_warnings(record)
+    assert len(said) == 1, said
+    assert "CUDA is unavailable" in said[0] and "(expected on this machine, not a fault)" in said[0], said
+    for model in models:
+        accelpatch.remove(model)
+
+
+def test_a_reason_about_the_model_is_not_worded_as_expected():
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    model = t.tiny_sana_video_transformer()
+    model.transformer_blocks[1].attn1.set_processor(AttnProcessor2_0())
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        accelpatch.apply(model)
+    said = [m for m in _accelpatch_warnings(record) if "processor is AttnProcessor2_0" in m]
+    assert said and not any("expected on this machine" in m for m in said), said
+    accelpatch.remove(model)
