@@ -390,6 +390,37 @@ def test_bad_spaces_and_seeds_are_refused(sana2):
     assert patch_state(pipe) == before
 
 
+def test_space_offers_only_the_knobs_the_pipeline_can_take(sana, sana2, capsys):
+    # SANA-Video runs no sol_attn: tau/dense_steps/dense_layers are neither listed nor accepted there (they used to
+    # be listed, and a space naming one failed later, applying its candidates); SANA-Video 2.0 takes them
+    from accelpatch.__main__ import main
+    from accelpatch.adapters import ADAPTERS
+
+    pipe, kwargs = sana
+    before = patch_state(pipe)
+    cache_knobs = "cache_threshold, cache_max_reuse, cache_warmup_steps, cache_final_steps"
+    for space, first in (({"tau": [0.5, 1.0]}, "knob 'tau' does not apply here (it is a knob of backend 'sol_attn', "
+                                                "which SANA-Video models cannot run)"),
+                         ({"cache_threshold": [0.1, 0.2], "dense_steps": [2, 0]}, "knob 'dense_steps' does not apply"),
+                         ({"dense_layer": ["0", ""]}, "unknown knob 'dense_layer';")):
+        with pytest.raises(ValueError) as info:
+            quiet(accelpatch.tune, pipe, kwargs, space=space, progress=False)
+        message = str(info.value)
+        assert first in message
+        assert message.endswith(f"knobs tune can search on this SANA-Video model: {cache_knobs}"), message
+    assert patch_state(pipe) == before
+    pipe2, kwargs2 = sana2
+    with pytest.raises(ValueError, match=r"unknown knob 'taus' \(did you mean 'tau'\?\).*: " + cache_knobs
+                       + ", tau, dense_steps, dense_layers, anchor_fp32_steps, anchor_fp32_layers$"):
+        accelpatch.tune(pipe2, kwargs2, space={"taus": [0.5, 1.0]}, progress=False)
+    # the CLI's help says which families cannot take sol_attn's knobs, as the adapters do
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at a hyphen
+    assert [a.family for a in ADAPTERS if "sol_attn" not in a.backends] == ["SANA-Video"]
+    assert "tau,dense_steps,dense_layers(notSANA-Video,whichcannotrunsol_attn)" in help_text
+
+
 def test_nothing_to_tune_says_what_to_patch():
     pipe = testing.tiny_sana_video_pipeline()
     kwargs = testing.sana_video_pipeline_call_kwargs(num_inference_steps=2)
