@@ -18,7 +18,7 @@ import accelpatch
 from accelpatch import testing
 from accelpatch.patcher import patch_of
 from accelpatch.tools import tune_search
-from accelpatch.tools.tune import NoPassingSetting
+from accelpatch.tools.tune import REFERENCE_NAME, NoPassingSetting
 from accelpatch.tools.tune_space import derive_space, parse_budget
 
 # --- the search alone, on synthetic monotone problems -----------------------------------------------------------
@@ -105,9 +105,14 @@ def test_a_deliberately_wrong_bisection_is_caught(monkeypatch):
 # --- helpers for the pipelines -------------------------------------------------------------------------------------
 
 
+ROUNDS = 7
+
+
 class FakeTimer:
-    """Speed-up from the setting, higher for looser values (index in the test's own safe-to-fast grid), with an
-    interval of ±2 %; records what it was asked."""
+    """Seconds per step per round, from the setting: the reference takes 1 s times a drift shared by the round, a
+    setting that over its ``value`` (higher for looser values: index in the test's own safe-to-fast grid) with ±0.5 %
+    of jitter alternating by round. So only the safe point (value 1) is noise against the reference, and two settings
+    of different value are told apart. Records what it was asked."""
 
     def __init__(self, grid):
         self.grid, self.asked = grid, []
@@ -118,8 +123,23 @@ class FakeTimer:
 
     def __call__(self, specs):
         self.asked.append([s.name for s in specs])
-        return {s.name: (self.value(s.options), 0.98 * self.value(s.options), 1.02 * self.value(s.options))
-                for s in specs}
+        drift = [1.0 + 0.04 * ((3 * i) % 5) for i in range(ROUNDS)]
+        jitter = [1.0 + 0.005 * (-1) ** i for i in range(ROUNDS)]
+        times = {REFERENCE_NAME: drift}
+        for spec in specs:
+            times[spec.name] = [d * j / self.value(spec.options) for d, j in zip(drift, jitter)]
+        return times
+
+
+class ScriptedTimer:
+    """Seconds per step per round scripted per ``cache_threshold`` (the reference: 1 s every round)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, specs):
+        return {REFERENCE_NAME: [1.0] * ROUNDS,
+                **{spec.name: list(self.seconds[spec.options["cache_threshold"]]) for spec in specs}}
 
 
 def patch_state(pipe):
@@ -294,6 +314,75 @@ def test_impossible_gate_gives_no_recipe_and_the_closest_failing(sana2, tmp_path
         result.save_recipe(str(tmp_path / "never.yaml"), model="tiny:sana-video2")
     assert not (tmp_path / "never.yaml").exists()
     assert "no passing setting" in str(result)
+
+
+def test_noise_is_not_crowned_the_safest_passing_setting_is_kept(sana2, tmp_path):
+    # the trial of issue 30: 1.0 at a median of 1.03x inside 0.77-1.56 (noise) against the bit-identical 0.05 at
+    # 0.90x; tune used to crown 1.0 and write "speedup: 1.03" into the recipe
+    pipe, kwargs = sana2
+    ratios = [0.77, 0.95, 1.0, 1.03, 1.1, 1.2, 1.56]
+    timer = ScriptedTimer({0.05: [1 / 0.9] * ROUNDS, 1.0: [1 / r for r in ratios]})
+    grid = {"cache_threshold": [0.05, 1.0]}
+    result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 20.0}, space=grid, progress=False,
+                   _timer=timer)
+    assert all(t.passed for t in result.trials) and len(result.trials) == 2
+    loose = next(t for t in result.trials if t.setting == {"cache_threshold": 1.0})
+    assert loose.speedup == pytest.approx(1.03) and (loose.speed_low, loose.speed_high) == (0.77, 1.56)
+    assert result.winner.setting == {"cache_threshold": 0.05} and result.winner.held_out_passed
+    assert not result.faster and not result.winner.faster and not loose.faster
+    text = str(result)
+    assert "no setting is measurably faster here: kept the safest passing setting, cache_threshold=0.05" in text
+    assert "winner:" not in text and "1.03x (0.77-1.56) noise" in text
+    assert any("the highest median, cache_threshold=1.0, is not measurably faster than exact" in n
+               for n in result.notes)
+    path = tmp_path / "kept.yaml"
+    result.save_recipe(str(path), model="tiny:sana-video2")
+    recipe = accelpatch.load_recipe(str(path))
+    assert recipe.options["cache_threshold"] == 0.05
+    assert "speedup" not in recipe.measured and recipe.measured["measurably_faster"] is False
+    assert recipe.measured["speedup_interval"] == [pytest.approx(0.9), pytest.approx(0.9)]
+    assert "no setting was measurably faster" in path.read_text()
+    assert json.loads(result.to_json())["measurably_faster"] is False
+
+
+def test_a_winner_must_beat_every_safer_passing_setting(sana2, tmp_path):
+    # both settings are measurably faster than the reference, and 1.0 has the higher median (1.56x against 1.52x),
+    # but round by round it is not told apart from the safer 0.05: 0.05 wins; against one clearly faster, 1.0 does
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.05, 1.0]}
+    safe = [0.66] * ROUNDS
+    for loose, winner in (([0.62, 0.70, 0.62, 0.70, 0.63, 0.69, 0.64], 0.05), ([0.5] * ROUNDS, 1.0)):
+        result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 20.0}, space=grid, progress=False,
+                       _timer=ScriptedTimer({0.05: safe, 1.0: loose}))
+        assert result.faster and result.winner.setting == {"cache_threshold": winner}
+        assert all(t.speed_low > 1.0 for t in result.trials)  # each alone is faster than the reference
+        by = {t.setting["cache_threshold"]: t for t in result.trials}
+        assert by[1.0].faster is (winner == 1.0) and by[0.05].faster
+        if winner == 0.05:
+            assert by[1.0].speedup > by[0.05].speedup
+            assert "not measurably faster than the safer passing setting cache_threshold=0.05" in \
+                by[1.0].why_not_faster
+        path = tmp_path / "won.yaml"
+        result.save_recipe(str(path), model="tiny:sana-video2")
+        assert accelpatch.load_recipe(str(path)).measured["speedup"] == pytest.approx(result.winner.speedup)
+        assert "winner: cache_threshold=" in str(result)
+
+
+def test_bench_and_tune_call_faster_by_the_same_rule():
+    # one rule: "faster" only when the whole interval lies above 1 (bench's verdict, tune's winner and table)
+    from accelpatch.recipes import CandidateSpec
+    from accelpatch.tools.stats import compare_timings
+    from accelpatch.tools.tune import Trial
+
+    reference = [1.0] * ROUNDS
+    for ratios, faster, words in (([0.77, 0.95, 1.0, 1.03, 1.1, 1.2, 1.56], False, "not distinguishable from noise"),
+                                  ([1.1, 1.12, 1.13, 1.13, 1.15, 1.2, 1.22], True, "1.13x faster"),
+                                  ([0.85, 0.88, 0.9, 0.9, 0.9, 0.92, 0.95], False, "1.11x slower")):
+        versus = compare_timings(reference, [1 / r for r in ratios])
+        assert versus.faster is faster and versus.describe().startswith(words)
+        trial = Trial(point=(0,), setting={}, spec=CandidateSpec(name="s"), passed=True, speedup=versus.speedup,
+                      speed_low=versus.low, speed_high=versus.high)
+        assert trial.speed_text().endswith("faster" if faster else "slower" if "slower" in words else "noise")
 
 
 def _interrupting_run_call(monkeypatch, when, error):

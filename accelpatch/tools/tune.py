@@ -4,10 +4,17 @@ The knobs come from what the pipeline is patched with (:mod:`accelpatch.tools.tu
 :mod:`accelpatch.tools.tune_search` (bisection on monotone knobs, then a greedy combination). Quality verdicts are
 :func:`accelpatch.validate`'s (several candidates per call share its reference runs), speed is
 :func:`accelpatch.bench`'s (interleaved rounds, a ratio interval against the reference). Everything tried is timed
-together at the end; the fastest passing setting is validated again on held-out seeds before it is returned (if it
-fails there, the next fastest is, and the result says so). An impossible gate returns no winner and the failing
-settings closest to passing. The pipeline ends in the patch state it started in, also after an interrupt or an
-error.
+together at the end, in one bench call (so every two settings are paired round by round).
+
+**A winner must be measurably faster** (:func:`_judge_speed`): the 95 % interval of its speed-up over the reference
+lies above 1, and so does the interval of its speed-up over every safer passing setting (each knob at the same or a
+safer index: the search space's order), from the same interleaved rounds (:func:`accelpatch.tools.stats.
+compare_timings`, the rule bench's "faster" verdict uses). The fastest such setting is validated again on held-out
+seeds before it is returned (if it fails there, the next is, and the result says so). When none is measurably
+faster, the result says "no setting is measurably faster here" and keeps the safest passing setting, with no
+speed-up claimed for it (a median of 1.03x inside 0.77-1.56 is noise, not a reason to loosen a setting). An
+impossible gate returns no winner and the failing settings closest to passing. The pipeline ends in the patch
+state it started in, also after an interrupt or an error.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..recipes import CandidateSpec, Gates, Recipe
 from ._report_text import TextReport, format_table
+from .stats import TimingComparison, compare_timings
 from .tune_search import Point, SearchLog, search
 from .tune_space import SearchSpace, derive_space, parse_budget, parse_space
 
@@ -56,17 +64,27 @@ class Trial:
     held_out_min_ssim: Optional[float] = None
     held_out_min_psnr: Optional[float] = None
     held_out_reasons: list[str] = field(default_factory=list)
+    #: the final timing: transformer seconds per step per interleaved round, and the comparison with the reference
+    seconds: list[float] = field(default_factory=list)
+    vs_reference: Optional[TimingComparison] = None
+    #: passing settings only: measurably faster than the reference and every safer passing setting
+    #: (:func:`_judge_speed`), and why not when it is not
+    faster: Optional[bool] = None
+    why_not_faster: Optional[str] = None
 
     @property
     def label(self) -> str:
         return self.spec.name or self.spec.label
 
     def speed_text(self) -> str:
+        """``"1.13x (1.01-1.22) faster"``, ``"1.03x (0.77-1.56) noise"`` or ``"0.90x (0.85-0.95) slower"``: the
+        words are bench's (faster only when the interval lies above 1)."""
         if self.speedup is None:
             return "-"
         if self.speed_low is None or self.speed_high is None:
-            return f"{self.speedup:.2f}x (interval: too few rounds)"
-        return f"{self.speedup:.2f}x ({self.speed_low:.2f}-{self.speed_high:.2f})"
+            return f"{self.speedup:.2f}x (interval: too few rounds) noise"
+        word = "faster" if self.speed_low > 1.0 else "slower" if self.speed_high < 1.0 else "noise"
+        return f"{self.speedup:.2f}x ({self.speed_low:.2f}-{self.speed_high:.2f}) {word}"
 
     def to_dict(self) -> dict:
         return {"label": self.label, "setting": self.setting, "spec": self.spec.model_dump(), "passed": self.passed,
@@ -74,6 +92,8 @@ class Trial:
                 "min_audio_snr": _finite(self.min_audio_snr), "min_audio_corr": _finite(self.min_audio_corr),
                 "reasons": self.reasons, "error": self.error, "speedup": self.speedup,
                 "speedup_interval": [_finite(self.speed_low), _finite(self.speed_high)],
+                "seconds_per_step": self.seconds, "measurably_faster": self.faster,
+                "why_not_faster": self.why_not_faster,
                 "held_out_passed": self.held_out_passed, "held_out_min_ssim": _finite(self.held_out_min_ssim),
                 "held_out_min_psnr": _finite(self.held_out_min_psnr), "held_out_reasons": self.held_out_reasons}
 
@@ -112,22 +132,15 @@ class _Setup:
         self.references = report.references
         return report
 
-    def bench(self, specs: list[CandidateSpec]) -> dict[str, tuple[float, Optional[float], Optional[float]]]:
-        """Speed-up of each spec over the reference (median of interleaved rounds, 95 % interval)."""
+    def bench(self, specs: list[CandidateSpec]) -> dict[str, list[float]]:
+        """Transformer seconds per step of each spec and of the reference (under ``REFERENCE_NAME``), one value per
+        interleaved round of one bench call: any two of them are paired round by round."""
         from .bench import bench
 
         reference = CandidateSpec(name=REFERENCE_NAME, tier=self.reference)
         report = bench(self.pipe, self.call_kwargs, [reference, *specs], baseline=REFERENCE_NAME,
                        rounds=self.rounds, warmup=self.warmup, seed=self.seeds[0], progress=False)
-        return {c.label: (c.vs_baseline.speedup, _finite(c.vs_baseline.low), _finite(c.vs_baseline.high))
-                for c in report.candidates if c.vs_baseline is not None}
-
-
-def _as_speed(value: Any) -> tuple[float, Optional[float], Optional[float]]:
-    if isinstance(value, (int, float)):
-        return float(value), None, None
-    speedup, low, high = value
-    return float(speedup), _finite(low), _finite(high)
+        return {c.label: list(c.seconds_per_step) for c in report.candidates}
 
 
 class _PipelineOracle:
@@ -189,14 +202,17 @@ class _PipelineOracle:
         return results
 
     # -- speed ----------------------------------------------------------------------------------------------------
-    def measure(self, points: list[Point]) -> dict[Point, tuple[float, Optional[float], Optional[float]]]:
+    def measure(self, points: list[Point]) -> tuple[list[float], dict[Point, list[float]]]:
+        """One interleaved timing of ``points`` and the reference: (the reference's seconds per step per round,
+        each point's)."""
         specs = [self.trials[p].spec if p in self.trials else self.spec(p) for p in points]
         self.bar.set_postfix_str(f"bench {len(specs)} setting(s) against the reference")
         raw = self.timer(specs) if self.timer is not None else self.setup.bench(specs)
-        return {p: _as_speed(raw[s.name]) for p, s in zip(points, specs)}
+        return list(raw[REFERENCE_NAME]), {p: list(raw[s.name]) for p, s in zip(points, specs)}
 
     def speed(self, points: list[Point]) -> dict[Point, float]:
-        return {p: s[0] for p, s in self.measure(points).items()}
+        reference, seconds = self.measure(points)
+        return {p: compare_timings(reference, s).speedup for p, s in seconds.items()}
 
     # -- budget ---------------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -245,6 +261,12 @@ class TuneResult(TextReport):
         return self.winner is not None
 
     @property
+    def faster(self) -> bool:
+        """Whether the winner is measurably faster (:func:`_judge_speed`); False when tune kept the safest passing
+        setting because no setting was."""
+        return self.winner is not None and bool(self.winner.faster)
+
+    @property
     def passing(self) -> list[Trial]:
         return [t for t in self.trials if t.passed]
 
@@ -258,7 +280,8 @@ class TuneResult(TextReport):
 
     def to_dict(self) -> dict:
         return {"kind": "accelpatch.tune", "version": 1, "description": self.description, "passed": self.passed,
-                "winner": None if self.winner is None else self.winner.to_dict(), "reference": self.reference,
+                "winner": None if self.winner is None else self.winner.to_dict(), "measurably_faster": self.faster,
+                "reference": self.reference,
                 "seeds": self.seeds, "held_out_seeds": self.held_out_seeds, "gates": self.gates.model_dump(),
                 "space": self.space.to_dict(), "grid_points": self.grid_points, "tried": len(self.trials),
                 "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "stopped_by_budget": self.stopped_by_budget,
@@ -280,8 +303,11 @@ class TuneResult(TextReport):
                          "-" if t.min_audio_snr is None else f"{t.min_audio_snr:.1f}", t.speed_text(), held))
         lines = [head, f"  knobs (safe → fast): {knobs}"] + format_table(rows)
         lines += [f"  note: {note}" for note in self.notes]
-        if self.winner is not None:
+        if self.faster:
             lines.append(f"winner: {self.winner.label} ({self.winner.speed_text()} vs {self.reference})")
+        elif self.winner is not None:
+            lines.append(f"no setting is measurably faster here: kept the safest passing setting, {self.winner.label} "
+                         f"({self.winner.speed_text()} vs {self.reference})")
         else:
             closest = ", ".join(t.label for t in self.best_failing) or "none"
             lines.append(f"no passing setting; closest failing: {closest}")
@@ -291,14 +317,18 @@ class TuneResult(TextReport):
                model: Optional[str] = None) -> Recipe:
         """The winner as a :class:`Recipe`: ``template`` (the recipe tune ran from) gives the model, call and the
         rest; else ``model``, the pipeline's own name, and the call arguments that fit a YAML file. Raises
-        :class:`NoPassingSetting` without a winner."""
+        :class:`NoPassingSetting` without a winner. ``measured`` holds ``speedup`` only for a measurably faster
+        winner; a kept safest setting gets its interval and ``measurably_faster: false``, no speed-up."""
         if self.winner is None:
             raise NoPassingSetting("tune found no passing setting, so there is no recipe to write; closest failing: "
                                    + (", ".join(t.label for t in self.best_failing) or "none")
                                    + " (loosen the gates, or widen the space towards safer values)")
         w = self.winner
-        measured = {"by": "accelpatch tune", "speedup": w.speedup, "speedup_interval": [w.speed_low, w.speed_high],
-                    "versus": self.reference, "min_ssim": _finite(w.min_ssim), "min_psnr": _finite(w.min_psnr),
+        speed = {"speedup": w.speedup} if self.faster else {}
+        measured = {"by": "accelpatch tune", "measurably_faster": self.faster, **speed,
+                    "speedup_interval": [_finite(w.speed_low), _finite(w.speed_high)], "versus": self.reference,
+                    "speed": w.speed_text() + ("" if self.faster else "; no setting was measurably faster"),
+                    "min_ssim": _finite(w.min_ssim), "min_psnr": _finite(w.min_psnr),
                     "seeds": self.seeds, "held_out_seeds": self.held_out_seeds,
                     "held_out_min_ssim": _finite(w.held_out_min_ssim),
                     "held_out_min_psnr": _finite(w.held_out_min_psnr),
@@ -308,8 +338,10 @@ class TuneResult(TextReport):
             if getattr(w, audio) is not None:
                 measured[audio] = _finite(getattr(w, audio))
         options = {k: v for k, v in w.spec.options.items()}
-        description = (f"tuned by accelpatch tune: {w.label}; {w.speed_text()} vs {self.reference}, worst SSIM "
-                       f"{w.min_ssim:.4f}" if w.min_ssim is not None else f"tuned by accelpatch tune: {w.label}")
+        speed_words = (f"{w.speed_text()} vs {self.reference}" if self.faster else
+                       f"no setting measurably faster than {self.reference}: the safest passing one")
+        description = f"tuned by accelpatch tune: {w.label}; {speed_words}" + (
+            f", worst SSIM {w.min_ssim:.4f}" if w.min_ssim is not None else "")
         fields: dict[str, Any] = {"name": name or (f"{template.name}-tuned" if template is not None else "tuned"),
                                   "description": description, "tier": "high", "backend": w.spec.backend,
                                   "options": options, "reference": self.reference, "gates": self.gates,
@@ -336,7 +368,9 @@ class TuneResult(TextReport):
         recipe = self.recipe(template=template, name=name, model=model)
         data = recipe.model_dump(exclude_none=True, exclude={"name"})
         data = {k: v for k, v in data.items() if k != "candidates"}
-        text = (f"# written by accelpatch tune: the fastest setting that passed every gate on seeds {self.seeds} "
+        what = ("the fastest measurably faster setting" if self.faster else
+                "no setting was measurably faster: the safest setting")
+        text = (f"# written by accelpatch tune: {what} that passed every gate on seeds {self.seeds} "
                 f"(and held-out seeds {self.held_out_seeds}) of {len(self.trials)} tried\n")
         text += yaml.safe_dump(data, sort_keys=False)
         with open(path, "w") as handle:
@@ -409,8 +443,10 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     ``seeds``. ``explore``: after the bisections, keep validating untried points (fastest predicted first) until
     the budget ends: knobs are not always monotone on a real model (a guard that moves which steps a cache reuses).
     ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it
-    started in, also after KeyboardInterrupt or an error. ``_timer(specs) -> {name: speedup or (speedup, low,
-    high)}`` and ``_clock`` replace bench and the clock (tests).
+    started in, also after KeyboardInterrupt or an error. The winner is measurably faster than the reference and every
+    safer passing setting, else the safest passing setting is kept and the result says no setting is measurably
+    faster (module docstring). ``_timer(specs) -> {name: seconds per round}`` (with ``REFERENCE_NAME``'s, all from
+    the same interleaved rounds) and ``_clock`` replace bench and the clock (tests).
     """
     from tqdm import tqdm
 
@@ -448,9 +484,13 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
         log: SearchLog = search(space.sizes, oracle, orders=orders, explore=explore)
         trials = list(oracle.trials.values())
         if trials:
-            for point, speed in oracle.measure([t.point for t in trials]).items():
+            reference_seconds, timed = oracle.measure([t.point for t in trials])
+            for point, seconds in timed.items():
                 trial = oracle.trials[point]
-                trial.speedup, trial.speed_low, trial.speed_high = speed
+                trial.seconds, trial.vs_reference = seconds, compare_timings(reference_seconds, seconds)
+                trial.speedup = trial.vs_reference.speedup
+                trial.speed_low, trial.speed_high = _finite(trial.vs_reference.low), _finite(trial.vs_reference.high)
+            _judge_speed(trials, reference)
         winner = _held_out_winner(setup, trials, held_out, notes, bar)
         if log.stopped_by_budget:
             notes.append(f"the budget ({budget_s:.0f} s) stopped the search after {len(trials)} setting(s): the "
@@ -488,20 +528,60 @@ def _warn_once(caught: list) -> None:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
+def _safer(a: Point, b: Point) -> bool:
+    """``a`` is a safer setting than ``b``: every knob at the same or a safer index (the space's order), not equal."""
+    return a != b and all(i <= j for i, j in zip(a, b))
+
+
+def _judge_speed(trials: list[Trial], reference: str) -> None:
+    """Set ``faster`` on each passing, timed trial: True when the interval of its speed-up over the reference lies
+    above 1 and, for every safer passing trial, so does the interval of its speed-up over that one (paired ratios of
+    the same interleaved rounds, :func:`compare_timings`). A looser setting must buy a speed-up this measurement can
+    tell from noise, or the safer one is as good and is kept."""
+    passing = [t for t in trials if t.passed and t.vs_reference is not None]
+    for trial in passing:
+        trial.faster, trial.why_not_faster = True, None
+        if not trial.vs_reference.faster:
+            trial.faster = False
+            trial.why_not_faster = f"not measurably faster than {reference}: {trial.speed_text()}"
+            continue
+        for safer in sorted((t for t in passing if _safer(t.point, trial.point)), key=_safety):
+            versus = compare_timings(safer.seconds, trial.seconds)
+            if not versus.faster:
+                trial.faster = False
+                trial.why_not_faster = (f"not measurably faster than the safer passing setting {safer.label}: "
+                                        f"{versus.describe()}")
+                break
+
+
+def _safety(trial: Trial) -> tuple:
+    """Sort key: safest first (fewest steps from the safe end of the knobs, then by grid position)."""
+    return sum(trial.point), trial.point
+
+
 def _held_out_winner(setup: _Setup, trials: list[Trial], held_out: list[int], notes: list[str],
                      bar: Any) -> Optional[Trial]:
-    """The fastest passing trial that also passes on the held-out seeds; falls back in speed order, noting why."""
-    passing = sorted((t for t in trials if t.passed), key=lambda t: -(t.speedup if t.speedup is not None else 0.0))
-    for rank, trial in enumerate(passing):
+    """The fastest measurably faster passing trial that also passes on the held-out seeds; when none is measurably
+    faster (or none of those passes there), the safest passing trial that does, and a note that says so."""
+    passing = [t for t in trials if t.passed]
+    faster = sorted((t for t in passing if t.faster), key=lambda t: -t.speedup)
+    for rank, trial in enumerate(faster + sorted((t for t in passing if not t.faster), key=_safety)):
         bar.set_postfix_str(f"held-out seeds {held_out}: {trial.label}")
         result = setup.validate([trial.spec], held_out).candidates[0]
         trial.held_out_passed = bool(result.passed)
         trial.held_out_min_ssim, trial.held_out_min_psnr = result.min_ssim, result.min_psnr
         trial.held_out_reasons = list(result.reasons)
         if trial.held_out_passed:
-            if rank:
+            if trial.faster and rank:
                 notes.append(f"{rank} faster setting(s) failed on the held-out seeds {held_out}; the winner is the "
                              f"next fastest that passed there: {trial.label}")
+            elif not trial.faster:
+                notes.append(f"no setting is measurably faster here: kept the safest passing setting, {trial.label}"
+                             + (f" ({len(faster)} measurably faster setting(s) failed on the held-out seeds)"
+                                if faster else ""))
+                best = max((t for t in passing if t.speedup is not None), key=lambda t: t.speedup, default=None)
+                if best is not None and best is not trial and best.why_not_faster:
+                    notes.append(f"the highest median, {best.label}, is {best.why_not_faster}")
             return trial
         notes.append(f"{trial.label} passed on seeds {setup.seeds} but failed on the held-out seeds {held_out}: "
                      + ("; ".join(trial.held_out_reasons[:2]) or "gate failed"))
