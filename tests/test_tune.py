@@ -38,9 +38,6 @@ class Synthetic:
     def speed(self, points):
         return {p: 1.0 + sum(w * i for w, i in zip(self.weights, p)) for p in points}
 
-    def out_of_budget(self):
-        return False
-
 
 def check_log(log, sizes, rule):
     """What the search claims is true: each point it calls passing passes (and failing fails), and each maximal
@@ -445,6 +442,109 @@ def test_the_budget_stops_the_search_with_the_best_so_far(sana2):
     assert 0 < len(result.trials) <= 3  # the first batch only: the safe point and each knob's loosest value
     assert result.winner is not None and result.winner.passed and result.winner.held_out_passed
     assert any("budget" in note for note in result.notes)
+
+
+def test_the_search_stops_inside_a_level_when_the_oracle_runs_out():
+    # the oracle answers a prefix of a batch when the budget ends inside it: the search keeps those verdicts, stops,
+    # and says where (stage) and what it did not run; an oracle with no time to time the knobs stops it too
+    class Budgeted(Synthetic):
+        def __init__(self, rule, weights, points, timing=True):
+            super().__init__(rule, weights)
+            self.left, self.timing = points, timing
+
+        def passes(self, points):
+            answered = points[:self.left]
+            self.left -= len(answered)
+            return super().passes(answered) if answered else {}
+
+        def speed(self, points):
+            return super().speed(points) if self.timing else {}
+
+    rule = lambda p: p[0] <= 2 and p[1] <= 1  # noqa: E731
+    log = tune_search.search((5, 4), Budgeted(rule, [1, 1], points=2))
+    assert log.stopped_by_budget and log.stopped_in == tune_search.FRONTIERS
+    assert list(log.results) == [(0, 0), (4, 0)] and log.skipped == [(0, 3)]
+    assert all(log.results[p] == rule(p) for p in log.results)
+    unexplored = tune_search.unexplored((5, 4), log)
+    assert (0, 3) in unexplored and (4, 2) not in unexplored and (0, 0) not in unexplored  # (4, 2): beyond (4, 0)
+    log = tune_search.search((5, 4), Budgeted(rule, [1, 1], points=100, timing=False))
+    assert log.stopped_by_budget and log.stopped_in == tune_search.ORDERING and not log.skipped
+    assert log.frontier == [2, 1] and not log.speeds
+
+
+class FakeClock:
+    """Seconds that pass only when the pipeline runs: ``per_call`` for each validate call of the pipeline and each
+    call a (fake) bench would make, (rounds + warm-up) per setting and the reference."""
+
+    def __init__(self, monkeypatch, per_call=1.0):
+        import accelpatch.tools.validate as validate_module
+
+        self.now, self.per_call = 0.0, per_call
+        real = validate_module.run_call
+
+        def run_call(*args, **kwargs):
+            self.now += self.per_call
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(validate_module, "run_call", run_call)
+
+    def __call__(self):
+        return self.now
+
+    def timer(self, grid, rounds=6, warmup=1):
+        fake = FakeTimer(grid)
+
+        def timed(specs):
+            self.now += self.per_call * (rounds + warmup) * (len(specs) + 1)
+            return fake(specs)
+
+        return timed
+
+
+def test_the_budget_bounds_the_whole_tune_and_says_what_is_left(sana2, monkeypatch):
+    # 1 s per pipeline call: the safe point costs 3 s (the reference twice, then it), each next setting 1 s, timing
+    # n settings 7 (n + 1) s, the held-out check 3 s. 30 s leave room for one more setting of the first level, not
+    # for both: the search stops inside the level, and search, timing and held-out check end within the 30 s
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 0.05, 0.1, 0.2, 1.0], "cache_max_reuse": [1, 2, 3, 4]}
+    clock = FakeClock(monkeypatch)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget=30, progress=False, _timer=clock.timer(grid),
+                   _clock=clock, gates={"psnr_floor": 55.0})
+    assert result.stopped_by_budget and [t.setting for t in result.trials] == [
+        {"cache_threshold": 0.02, "cache_max_reuse": 1}, {"cache_threshold": 1.0, "cache_max_reuse": 1}]
+    assert clock.now <= 30.0 and result.elapsed_s == clock.now
+    assert result.seconds == {"search": 4.0, "timing": 21.0, "held-out check": 3.0}
+    assert result.winner is not None and result.winner.held_out_passed
+    notes = " | ".join(result.notes)
+    assert ("the budget (30 s) stopped the search while finding each knob's limit alone, after 2 setting(s); not "
+            "validated: cache_threshold=0.02,cache_max_reuse=4; not reached: timing the knobs alone to order them, "
+            "combining the knobs; ") in notes
+    assert "time: search 4.0 s, timing 21.0 s, held-out check 3.0 s (budget 30 s)" in notes
+    assert json.loads(result.to_json())["seconds"] == result.seconds
+    # more budget, more settings, and still within it
+    for budget in (45, 60, 90):
+        clock.now = 0.0
+        wider = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget=budget, progress=False,
+                      _timer=clock.timer(grid), _clock=clock, gates={"psnr_floor": 55.0})
+        assert clock.now <= budget and len(wider.trials) > len(result.trials)
+        assert not wider.stopped_by_budget or any("not reached" in n or "not validated" in n for n in wider.notes)
+
+
+def test_a_budget_too_small_for_one_setting_says_so_and_claims_no_speed(sana2, monkeypatch, tmp_path):
+    # the safe point always runs (nothing is timed before it); with no time left to time it, no speed is measured,
+    # none is claimed, and the overrun is reported
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 1.0], "cache_max_reuse": [1, 2]}
+    clock = FakeClock(monkeypatch)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget=2, progress=False, _timer=clock.timer(grid),
+                   _clock=clock, gates={"psnr_floor": 55.0})
+    assert len(result.trials) == 1 and result.winner is result.trials[0] and result.winner.speedup is None
+    assert not result.faster and "no setting is measurably faster here" in str(result)
+    notes = " | ".join(result.notes)
+    assert "no time left in the budget (2 s) to time the 1 setting(s) tried" in notes
+    assert "time: search 3.0 s, timing 0.0 s, held-out check 3.0 s (budget 2 s; 4.0 s over it" in notes
+    result.save_recipe(str(tmp_path / "kept.yaml"), model="tiny:sana-video2")
+    assert "speedup" not in accelpatch.load_recipe(str(tmp_path / "kept.yaml")).measured
 
 
 @pytest.mark.parametrize("budget, match", [("30 minutes", "not a duration"), ("m", "not a duration"),

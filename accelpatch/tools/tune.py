@@ -144,16 +144,24 @@ class _Setup:
 
 
 class _PipelineOracle:
-    """The search's oracle on a real pipeline: validate in batches, bench for speed, the clock for the budget."""
+    """The search's oracle on a real pipeline: validate in batches, bench for speed, the clock for the budget.
+
+    The budget bounds the whole tune (search, final timing, held-out check): before validating more settings it
+    runs only as many as fit, at the measured seconds per pipeline call, with room left for timing every setting
+    tried and the held-out check; so it stops inside a level, between settings. The first setting (the safe point)
+    always runs: nothing can be estimated before a call has been timed."""
 
     def __init__(self, setup: _Setup, space: SearchSpace, *, budget_s: Optional[float], clock: Callable[[], float],
-                 timer: Optional[Callable], bar: Any, orders: Optional[int]) -> None:
+                 timer: Optional[Callable], bar: Any, orders: Optional[int], held_out: Sequence[int]) -> None:
         self.setup, self.space, self.budget_s, self.clock, self.bar = setup, space, budget_s, clock, bar
         self.timer = timer
         self.start = clock()
         self.trials: dict[Point, Trial] = {}
-        self.run_seconds: list[float] = []  # seconds per pipeline call, from the validate calls so far
         self.orders = orders
+        self.held_out = list(held_out)
+        # pipeline calls made and the seconds they took: validate's (references included) and bench's
+        self.validate_calls, self.validate_seconds = 0, 0.0
+        self.bench_calls, self.bench_seconds = 0, 0.0
 
     # -- quality ------------------------------------------------------------------------------------------------
     def spec(self, point: Point) -> CandidateSpec:
@@ -161,16 +169,30 @@ class _PipelineOracle:
         return self.space.spec(point).model_copy(update={"name": _short_label(setting)})
 
     def passes(self, points: list[Point]) -> dict[Point, bool]:
+        """Validate ``points`` in order, as many as the budget allows (one validate call for those, after a first
+        call of one setting alone when nothing has been timed yet); the answer holds the ones validated."""
+        verdicts: dict[Point, bool] = {}
+        todo = list(points)
+        while todo:
+            count = self.affordable(len(todo))
+            if not count:
+                break
+            chunk, todo = todo[:count], todo[count:]
+            verdicts.update(self._validate(chunk))
+        return verdicts
+
+    def _validate(self, points: list[Point]) -> dict[Point, bool]:
         specs = [self.spec(p) for p in points]
         more = f" (+{len(specs) - 1} more)" if len(specs) > 1 else ""
         self.bar.set_postfix_str(f"validate {specs[0].name}{more}")
+        calls = self._validate_calls(len(specs), self.setup.seeds)
         began = self.clock()
         try:
             results = self.setup.validate(specs, self.setup.seeds).candidates
         except Exception as error:  # noqa: BLE001 - a candidate that raises fails; KeyboardInterrupt propagates
             results = self._one_by_one(specs, error)
-        calls = len(self.setup.seeds) * (2 + len(specs))
-        self.run_seconds.append((self.clock() - began) / calls)
+        self.validate_calls += calls
+        self.validate_seconds += self.clock() - began
         for point, spec, result in zip(points, specs, results):
             trial = Trial(point=point, setting=self.space.setting(point), spec=spec, passed=False)
             if isinstance(result, BaseException):
@@ -207,10 +229,16 @@ class _PipelineOracle:
         each point's)."""
         specs = [self.trials[p].spec if p in self.trials else self.spec(p) for p in points]
         self.bar.set_postfix_str(f"bench {len(specs)} setting(s) against the reference")
+        began = self.clock()
         raw = self.timer(specs) if self.timer is not None else self.setup.bench(specs)
+        self.bench_calls += self._bench_calls(len(specs))
+        self.bench_seconds += self.clock() - began
         return list(raw[REFERENCE_NAME]), {p: list(raw[s.name]) for p, s in zip(points, specs)}
 
     def speed(self, points: list[Point]) -> dict[Point, float]:
+        """Speed-ups to order the knobs by; empty when timing them would not leave room for the end."""
+        if not self.fits(self.timing_seconds(len(points)) + self.end_seconds(len(self.trials))):
+            return {}
         reference, seconds = self.measure(points)
         return {p: compare_timings(reference, s).speedup for p, s in seconds.items()}
 
@@ -218,19 +246,50 @@ class _PipelineOracle:
     def elapsed(self) -> float:
         return self.clock() - self.start
 
-    def reserve(self) -> float:
-        """Seconds the end needs after the search (timing everything tried, the held-out validation), estimated
-        from the calls so far."""
-        per_call = sum(self.run_seconds) / len(self.run_seconds) if self.run_seconds else 0.0
-        timing = 0.0 if self.timer is not None else (self.setup.rounds + self.setup.warmup) * (len(self.trials) + 2)
-        return per_call * (timing + 3 * max(1, len(self.setup.seeds)))
+    def _validate_calls(self, specs: int, seeds: Sequence[int]) -> int:
+        """Pipeline calls of one validate call: each candidate once per seed, the reference twice per seed it has
+        not run yet."""
+        known = self.setup.references.runs if self.setup.references is not None else {}
+        return len(seeds) * specs + 2 * sum(seed not in known for seed in seeds)
 
-    def out_of_budget(self) -> bool:
+    def _bench_calls(self, specs: int) -> int:
+        return (self.setup.rounds + self.setup.warmup) * (specs + 1)  # the reference is timed too
+
+    def per_call(self, kind: str = "validate") -> Optional[float]:
+        """Measured seconds per pipeline call (bench's falls back on validate's until bench has run)."""
+        if kind == "bench" and self.bench_calls:
+            return self.bench_seconds / self.bench_calls
+        return self.validate_seconds / self.validate_calls if self.validate_calls else None
+
+    def timing_seconds(self, settings: int) -> float:
+        """Estimated seconds to time ``settings`` settings against the reference."""
+        return (self.per_call("bench") or 0.0) * self._bench_calls(settings)
+
+    def held_out_seconds(self) -> float:
+        """Estimated seconds of the held-out check of one setting (its reference runs included)."""
+        return (self.per_call() or 0.0) * self._validate_calls(1, self.held_out)
+
+    def end_seconds(self, settings: int) -> float:
+        """Estimated seconds of the end after a search that tried ``settings``: timing them, the held-out check."""
+        return self.timing_seconds(settings) + self.held_out_seconds()
+
+    def fits(self, seconds: float) -> bool:
+        return self.budget_s is None or self.elapsed() + seconds <= self.budget_s
+
+    def affordable(self, wanted: int) -> int:
+        """How many of ``wanted`` more settings to validate now: all without a budget; one when no call has been
+        timed yet; else the most whose validation, and then the end with them tried, fit in the budget."""
+        per_call = self.per_call()
         if self.budget_s is None:
-            return False
-        per_call = sum(self.run_seconds) / len(self.run_seconds) if self.run_seconds else 0.0
-        next_batch = per_call * len(self.setup.seeds) * (2 + len(self.space.knobs))
-        return self.elapsed() + next_batch + self.reserve() > self.budget_s
+            return wanted
+        if per_call is None:
+            return 1
+        tried = len(self.trials)
+        for count in range(wanted, 0, -1):
+            validation = per_call * self._validate_calls(count, self.setup.seeds)
+            if self.fits(validation + self.end_seconds(tried + count)):
+                return count
+        return 0
 
 
 @dataclass(repr=False)  # repr is the table (TextReport)
@@ -250,6 +309,8 @@ class TuneResult(TextReport):
     stopped_by_budget: bool
     grid_points: int
     notes: list[str] = field(default_factory=list)
+    #: where the time went: "search", "timing" (every setting tried, against the reference), "held-out check"
+    seconds: dict = field(default_factory=dict)
     call: dict = field(default_factory=dict)
     model: Optional[str] = None
     dtype: Optional[str] = None
@@ -284,7 +345,8 @@ class TuneResult(TextReport):
                 "reference": self.reference,
                 "seeds": self.seeds, "held_out_seeds": self.held_out_seeds, "gates": self.gates.model_dump(),
                 "space": self.space.to_dict(), "grid_points": self.grid_points, "tried": len(self.trials),
-                "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "stopped_by_budget": self.stopped_by_budget,
+                "elapsed_s": self.elapsed_s, "seconds": self.seconds, "budget_s": self.budget_s,
+                "stopped_by_budget": self.stopped_by_budget,
                 "notes": self.notes, "trials": [t.to_dict() for t in self.trials],
                 "best_failing": [t.label for t in self.best_failing] if self.winner is None else []}
 
@@ -437,15 +499,17 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
 
     ``space`` None: the knobs of what ``pipe`` is patched with (step cache, ``sol_attn``, SANA-Video 2.0 anchors;
     see :mod:`accelpatch.tools.tune_space`), else a mapping knob → values. ``budget``: seconds or ``"30m"``/
-    ``"90s"``/``"1h"`` (None: no limit); the search stops when the next batch and the end (timing everything
-    tried, ``rounds`` interleaved rounds after ``warmup``, and the held-out validation) would not fit, and returns
-    the best passing setting so far. ``held_out_seeds`` (default: one seed after ``seeds``) must not overlap
-    ``seeds``. ``explore``: after the bisections, keep validating untried points (fastest predicted first) until
-    the budget ends: knobs are not always monotone on a real model (a guard that moves which steps a cache reuses).
-    ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it
-    started in, also after KeyboardInterrupt or an error. The winner is measurably faster than the reference and every
-    safer passing setting, else the safest passing setting is kept and the result says no setting is measurably
-    faster (module docstring). ``_timer(specs) -> {name: seconds per round}`` (with ``REFERENCE_NAME``'s, all from
+    ``"90s"``/``"1h"`` (None: no limit) bounds the whole tune: the search validates a setting only when it and the
+    end (timing everything tried, ``rounds`` interleaved rounds after ``warmup``, and the held-out validation) fit,
+    at the seconds per call measured so far, so it stops between settings, also inside a level; the notes say what
+    was left unexplored and where the time went, and the result is the best of what was validated.
+    ``held_out_seeds`` (default: one seed after ``seeds``) must not overlap ``seeds``. ``explore``: after the
+    bisections, keep validating untried points (fastest predicted first) until the budget ends: knobs are not always
+    monotone on a real model (a guard that moves which steps a cache reuses).
+    ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it started in, also
+    after KeyboardInterrupt or an error. The winner is measurably faster than the reference and every safer passing
+    setting, else the safest passing setting is kept and the result says no setting is measurably faster (module
+    docstring). ``_timer(specs) -> {name: seconds per round}`` (with ``REFERENCE_NAME``'s, all from
     the same interleaved rounds) and ``_clock`` replace bench and the clock (tests).
     """
     from tqdm import tqdm
@@ -480,10 +544,16 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     try:
         _check_space_values(pipe, space)
         oracle = _PipelineOracle(setup, space, budget_s=budget_s, clock=_clock, timer=_timer, bar=bar,
-                                 orders=orders)
+                                 orders=orders, held_out=held_out)
         log: SearchLog = search(space.sizes, oracle, orders=orders, explore=explore)
+        marks = [oracle.elapsed()]  # the end of the search, of the timing, of the held-out check
         trials = list(oracle.trials.values())
-        if trials:
+        if log.stopped_by_budget:
+            notes.append(_budget_note(log, space, oracle, budget_s, explore))
+        if trials and not oracle.fits(oracle.end_seconds(len(trials))):
+            notes.append(f"no time left in the budget ({budget_s:.0f} s) to time the {len(trials)} setting(s) "
+                         f"tried (about {oracle.timing_seconds(len(trials)):.0f} s): no speed was measured")
+        elif trials:
             reference_seconds, timed = oracle.measure([t.point for t in trials])
             for point, seconds in timed.items():
                 trial = oracle.trials[point]
@@ -491,15 +561,20 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
                 trial.speedup = trial.vs_reference.speedup
                 trial.speed_low, trial.speed_high = _finite(trial.vs_reference.low), _finite(trial.vs_reference.high)
             _judge_speed(trials, reference)
+        marks.append(oracle.elapsed())
         winner = _held_out_winner(setup, trials, held_out, notes, bar)
-        if log.stopped_by_budget:
-            notes.append(f"the budget ({budget_s:.0f} s) stopped the search after {len(trials)} setting(s): the "
-                         "winner is the best found so far")
+        marks.append(oracle.elapsed())
+        elapsed = marks[-1]
+        times = {"search": marks[0], "timing": marks[1] - marks[0], "held-out check": marks[2] - marks[1]}
+        if budget_s is not None:
+            spent = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items())
+            notes.append(f"time: {spent} (budget {budget_s:.0f} s" + (
+                f"; {elapsed - budget_s:.1f} s over it: the first setting alone, or the end, took longer than "
+                "estimated from the calls before)" if elapsed > budget_s else ")"))
         if not log.passing:
             notes.append("no setting tried passed on the search seeds" + (
                 " (the safest setting of the space fails: every looser one is taken to fail too)"
                 if log.results and not next(iter(log.results.values())) else ""))
-        elapsed = oracle.elapsed()
     finally:
         bar.close()
         try:
@@ -513,9 +588,25 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     dtype, device = _dtype_name(pipe)
     model = getattr(getattr(pipe, "config", None), "_name_or_path", None) or getattr(pipe, "name_or_path", None)
     return TuneResult(winner=winner, trials=trials, space=space, gates=gates, reference=reference, seeds=seeds,
-                      held_out_seeds=held_out, elapsed_s=elapsed, budget_s=budget_s,
+                      held_out_seeds=held_out, elapsed_s=elapsed, seconds=times, budget_s=budget_s,
                       stopped_by_budget=log.stopped_by_budget, grid_points=space.size(), notes=notes, call=call,
                       model=model or None, dtype=dtype, device=device, description=description)
+
+
+def _budget_note(log: SearchLog, space: SearchSpace, oracle: _PipelineOracle, budget_s: float,
+                 explore: bool) -> str:
+    """What a budget stop left unexplored: the stage it stopped in, the settings of that batch not validated, the
+    stages not reached, and how many grid points were neither validated nor ruled out."""
+    from .tune_search import STAGES, EXPLORING, unexplored
+
+    later = [stage for stage in STAGES[STAGES.index(log.stopped_in) + 1:] if explore or stage != EXPLORING]
+    skipped = [_short_label(space.setting(p)) for p in log.skipped]
+    shown = "; ".join(skipped[:4]) + (f" and {len(skipped) - 4} more" if len(skipped) > 4 else "")
+    return (f"the budget ({budget_s:.0f} s) stopped the search while {log.stopped_in}, after {len(oracle.trials)} "
+            f"setting(s)" + (f"; not validated: {shown}" if skipped else "")
+            + (f"; not reached: {', '.join(later)}" if later else "")
+            + f"; {len(unexplored(space.sizes, log))} of the grid's {space.size()} settings were neither validated "
+            "nor ruled out by a failing safer one. The result is the best of what was validated")
 
 
 def _warn_once(caught: list) -> None:
