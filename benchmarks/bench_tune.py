@@ -57,9 +57,6 @@ class _Synthetic:
     def speed(self, points):
         return {p: self.speed_of(p) for p in points}
 
-    def out_of_budget(self):
-        return False
-
 
 def synthetic(problems: int = 400, seed: int = 0) -> dict:
     """Search against exhaustive answers on random monotone problems; returns summary numbers."""

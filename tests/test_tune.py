@@ -18,7 +18,7 @@ import accelpatch
 from accelpatch import testing
 from accelpatch.patcher import patch_of
 from accelpatch.tools import tune_search
-from accelpatch.tools.tune import NoPassingSetting
+from accelpatch.tools.tune import REFERENCE_NAME, NoPassingSetting
 from accelpatch.tools.tune_space import derive_space, parse_budget
 
 # --- the search alone, on synthetic monotone problems -----------------------------------------------------------
@@ -37,9 +37,6 @@ class Synthetic:
 
     def speed(self, points):
         return {p: 1.0 + sum(w * i for w, i in zip(self.weights, p)) for p in points}
-
-    def out_of_budget(self):
-        return False
 
 
 def check_log(log, sizes, rule):
@@ -105,9 +102,14 @@ def test_a_deliberately_wrong_bisection_is_caught(monkeypatch):
 # --- helpers for the pipelines -------------------------------------------------------------------------------------
 
 
+ROUNDS = 7
+
+
 class FakeTimer:
-    """Speed-up from the setting, higher for looser values (index in the test's own safe-to-fast grid), with an
-    interval of ±2 %; records what it was asked."""
+    """Seconds per step per round, from the setting: the reference takes 1 s times a drift shared by the round, a
+    setting that over its ``value`` (higher for looser values: index in the test's own safe-to-fast grid) with ±0.5 %
+    of jitter alternating by round. So only the safe point (value 1) is noise against the reference, and two settings
+    of different value are told apart. Records what it was asked."""
 
     def __init__(self, grid):
         self.grid, self.asked = grid, []
@@ -118,8 +120,23 @@ class FakeTimer:
 
     def __call__(self, specs):
         self.asked.append([s.name for s in specs])
-        return {s.name: (self.value(s.options), 0.98 * self.value(s.options), 1.02 * self.value(s.options))
-                for s in specs}
+        drift = [1.0 + 0.04 * ((3 * i) % 5) for i in range(ROUNDS)]
+        jitter = [1.0 + 0.005 * (-1) ** i for i in range(ROUNDS)]
+        times = {REFERENCE_NAME: drift}
+        for spec in specs:
+            times[spec.name] = [d * j / self.value(spec.options) for d, j in zip(drift, jitter)]
+        return times
+
+
+class ScriptedTimer:
+    """Seconds per step per round scripted per ``cache_threshold`` (the reference: 1 s every round)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, specs):
+        return {REFERENCE_NAME: [1.0] * ROUNDS,
+                **{spec.name: list(self.seconds[spec.options["cache_threshold"]]) for spec in specs}}
 
 
 def patch_state(pipe):
@@ -296,6 +313,75 @@ def test_impossible_gate_gives_no_recipe_and_the_closest_failing(sana2, tmp_path
     assert "no passing setting" in str(result)
 
 
+def test_noise_is_not_crowned_the_safest_passing_setting_is_kept(sana2, tmp_path):
+    # the trial of issue 30: 1.0 at a median of 1.03x inside 0.77-1.56 (noise) against the bit-identical 0.05 at
+    # 0.90x; tune used to crown 1.0 and write "speedup: 1.03" into the recipe
+    pipe, kwargs = sana2
+    ratios = [0.77, 0.95, 1.0, 1.03, 1.1, 1.2, 1.56]
+    timer = ScriptedTimer({0.05: [1 / 0.9] * ROUNDS, 1.0: [1 / r for r in ratios]})
+    grid = {"cache_threshold": [0.05, 1.0]}
+    result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 20.0}, space=grid, progress=False,
+                   _timer=timer)
+    assert all(t.passed for t in result.trials) and len(result.trials) == 2
+    loose = next(t for t in result.trials if t.setting == {"cache_threshold": 1.0})
+    assert loose.speedup == pytest.approx(1.03) and (loose.speed_low, loose.speed_high) == (0.77, 1.56)
+    assert result.winner.setting == {"cache_threshold": 0.05} and result.winner.held_out_passed
+    assert not result.faster and not result.winner.faster and not loose.faster
+    text = str(result)
+    assert "no setting is measurably faster here: kept the safest passing setting, cache_threshold=0.05" in text
+    assert "winner:" not in text and "1.03x (0.77-1.56) noise" in text
+    assert any("the highest median, cache_threshold=1.0, is not measurably faster than exact" in n
+               for n in result.notes)
+    path = tmp_path / "kept.yaml"
+    result.save_recipe(str(path), model="tiny:sana-video2")
+    recipe = accelpatch.load_recipe(str(path))
+    assert recipe.options["cache_threshold"] == 0.05
+    assert "speedup" not in recipe.measured and recipe.measured["measurably_faster"] is False
+    assert recipe.measured["speedup_interval"] == [pytest.approx(0.9), pytest.approx(0.9)]
+    assert "no setting was measurably faster" in path.read_text()
+    assert json.loads(result.to_json())["measurably_faster"] is False
+
+
+def test_a_winner_must_beat_every_safer_passing_setting(sana2, tmp_path):
+    # both settings are measurably faster than the reference, and 1.0 has the higher median (1.56x against 1.52x),
+    # but round by round it is not told apart from the safer 0.05: 0.05 wins; against one clearly faster, 1.0 does
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.05, 1.0]}
+    safe = [0.66] * ROUNDS
+    for loose, winner in (([0.62, 0.70, 0.62, 0.70, 0.63, 0.69, 0.64], 0.05), ([0.5] * ROUNDS, 1.0)):
+        result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 20.0}, space=grid, progress=False,
+                       _timer=ScriptedTimer({0.05: safe, 1.0: loose}))
+        assert result.faster and result.winner.setting == {"cache_threshold": winner}
+        assert all(t.speed_low > 1.0 for t in result.trials)  # each alone is faster than the reference
+        by = {t.setting["cache_threshold"]: t for t in result.trials}
+        assert by[1.0].faster is (winner == 1.0) and by[0.05].faster
+        if winner == 0.05:
+            assert by[1.0].speedup > by[0.05].speedup
+            assert "not measurably faster than the safer passing setting cache_threshold=0.05" in \
+                by[1.0].why_not_faster
+        path = tmp_path / "won.yaml"
+        result.save_recipe(str(path), model="tiny:sana-video2")
+        assert accelpatch.load_recipe(str(path)).measured["speedup"] == pytest.approx(result.winner.speedup)
+        assert "winner: cache_threshold=" in str(result)
+
+
+def test_bench_and_tune_call_faster_by_the_same_rule():
+    # one rule: "faster" only when the whole interval lies above 1 (bench's verdict, tune's winner and table)
+    from accelpatch.recipes import CandidateSpec
+    from accelpatch.tools.stats import compare_timings
+    from accelpatch.tools.tune import Trial
+
+    reference = [1.0] * ROUNDS
+    for ratios, faster, words in (([0.77, 0.95, 1.0, 1.03, 1.1, 1.2, 1.56], False, "not distinguishable from noise"),
+                                  ([1.1, 1.12, 1.13, 1.13, 1.15, 1.2, 1.22], True, "1.13x faster"),
+                                  ([0.85, 0.88, 0.9, 0.9, 0.9, 0.92, 0.95], False, "1.11x slower")):
+        versus = compare_timings(reference, [1 / r for r in ratios])
+        assert versus.faster is faster and versus.describe().startswith(words)
+        trial = Trial(point=(0,), setting={}, spec=CandidateSpec(name="s"), passed=True, speedup=versus.speedup,
+                      speed_low=versus.low, speed_high=versus.high)
+        assert trial.speed_text().endswith("faster" if faster else "slower" if "slower" in words else "noise")
+
+
 def _interrupting_run_call(monkeypatch, when, error):
     """Make validate's pipeline call raise ``error`` whenever ``when(spec)`` holds, after checking the model is
     then in the candidate's state (so that the restore under test has something to undo)."""
@@ -358,6 +444,109 @@ def test_the_budget_stops_the_search_with_the_best_so_far(sana2):
     assert any("budget" in note for note in result.notes)
 
 
+def test_the_search_stops_inside_a_level_when_the_oracle_runs_out():
+    # the oracle answers a prefix of a batch when the budget ends inside it: the search keeps those verdicts, stops,
+    # and says where (stage) and what it did not run; an oracle with no time to time the knobs stops it too
+    class Budgeted(Synthetic):
+        def __init__(self, rule, weights, points, timing=True):
+            super().__init__(rule, weights)
+            self.left, self.timing = points, timing
+
+        def passes(self, points):
+            answered = points[:self.left]
+            self.left -= len(answered)
+            return super().passes(answered) if answered else {}
+
+        def speed(self, points):
+            return super().speed(points) if self.timing else {}
+
+    rule = lambda p: p[0] <= 2 and p[1] <= 1  # noqa: E731
+    log = tune_search.search((5, 4), Budgeted(rule, [1, 1], points=2))
+    assert log.stopped_by_budget and log.stopped_in == tune_search.FRONTIERS
+    assert list(log.results) == [(0, 0), (4, 0)] and log.skipped == [(0, 3)]
+    assert all(log.results[p] == rule(p) for p in log.results)
+    unexplored = tune_search.unexplored((5, 4), log)
+    assert (0, 3) in unexplored and (4, 2) not in unexplored and (0, 0) not in unexplored  # (4, 2): beyond (4, 0)
+    log = tune_search.search((5, 4), Budgeted(rule, [1, 1], points=100, timing=False))
+    assert log.stopped_by_budget and log.stopped_in == tune_search.ORDERING and not log.skipped
+    assert log.frontier == [2, 1] and not log.speeds
+
+
+class FakeClock:
+    """Seconds that pass only when the pipeline runs: ``per_call`` for each validate call of the pipeline and each
+    call a (fake) bench would make, (rounds + warm-up) per setting and the reference."""
+
+    def __init__(self, monkeypatch, per_call=1.0):
+        import accelpatch.tools.validate as validate_module
+
+        self.now, self.per_call = 0.0, per_call
+        real = validate_module.run_call
+
+        def run_call(*args, **kwargs):
+            self.now += self.per_call
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(validate_module, "run_call", run_call)
+
+    def __call__(self):
+        return self.now
+
+    def timer(self, grid, rounds=6, warmup=1):
+        fake = FakeTimer(grid)
+
+        def timed(specs):
+            self.now += self.per_call * (rounds + warmup) * (len(specs) + 1)
+            return fake(specs)
+
+        return timed
+
+
+def test_the_budget_bounds_the_whole_tune_and_says_what_is_left(sana2, monkeypatch):
+    # 1 s per pipeline call: the safe point costs 3 s (the reference twice, then it), each next setting 1 s, timing
+    # n settings 7 (n + 1) s, the held-out check 3 s. 30 s leave room for one more setting of the first level, not
+    # for both: the search stops inside the level, and search, timing and held-out check end within the 30 s
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 0.05, 0.1, 0.2, 1.0], "cache_max_reuse": [1, 2, 3, 4]}
+    clock = FakeClock(monkeypatch)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget=30, progress=False, _timer=clock.timer(grid),
+                   _clock=clock, gates={"psnr_floor": 55.0})
+    assert result.stopped_by_budget and [t.setting for t in result.trials] == [
+        {"cache_threshold": 0.02, "cache_max_reuse": 1}, {"cache_threshold": 1.0, "cache_max_reuse": 1}]
+    assert clock.now <= 30.0 and result.elapsed_s == clock.now
+    assert result.seconds == {"search": 4.0, "timing": 21.0, "held-out check": 3.0}
+    assert result.winner is not None and result.winner.held_out_passed
+    notes = " | ".join(result.notes)
+    assert ("the budget (30 s) stopped the search while finding each knob's limit alone, after 2 setting(s); not "
+            "validated: cache_threshold=0.02,cache_max_reuse=4; not reached: timing the knobs alone to order them, "
+            "combining the knobs; ") in notes
+    assert "time: search 4.0 s, timing 21.0 s, held-out check 3.0 s (budget 30 s)" in notes
+    assert json.loads(result.to_json())["seconds"] == result.seconds
+    # more budget, more settings, and still within it
+    for budget in (45, 60, 90):
+        clock.now = 0.0
+        wider = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget=budget, progress=False,
+                      _timer=clock.timer(grid), _clock=clock, gates={"psnr_floor": 55.0})
+        assert clock.now <= budget and len(wider.trials) > len(result.trials)
+        assert not wider.stopped_by_budget or any("not reached" in n or "not validated" in n for n in wider.notes)
+
+
+def test_a_budget_too_small_for_one_setting_says_so_and_claims_no_speed(sana2, monkeypatch, tmp_path):
+    # the safe point always runs (nothing is timed before it); with no time left to time it, no speed is measured,
+    # none is claimed, and the overrun is reported
+    pipe, kwargs = sana2
+    grid = {"cache_threshold": [0.02, 1.0], "cache_max_reuse": [1, 2]}
+    clock = FakeClock(monkeypatch)
+    result = quiet(accelpatch.tune, pipe, kwargs, space=grid, budget=2, progress=False, _timer=clock.timer(grid),
+                   _clock=clock, gates={"psnr_floor": 55.0})
+    assert len(result.trials) == 1 and result.winner is result.trials[0] and result.winner.speedup is None
+    assert not result.faster and "no setting is measurably faster here" in str(result)
+    notes = " | ".join(result.notes)
+    assert "no time left in the budget (2 s) to time the 1 setting(s) tried" in notes
+    assert "time: search 3.0 s, timing 0.0 s, held-out check 3.0 s (budget 2 s; 4.0 s over it" in notes
+    result.save_recipe(str(tmp_path / "kept.yaml"), model="tiny:sana-video2")
+    assert "speedup" not in accelpatch.load_recipe(str(tmp_path / "kept.yaml")).measured
+
+
 @pytest.mark.parametrize("budget, match", [("30 minutes", "not a duration"), ("m", "not a duration"),
                                            (0, "positive"), (-5, "positive"), (True, "positive"),
                                            ([30], "positive"), ("1h30x", "not a duration")])
@@ -388,6 +577,37 @@ def test_bad_spaces_and_seeds_are_refused(sana2):
     with pytest.raises(ValueError, match="budget"):
         accelpatch.tune(pipe, kwargs, budget="soon", progress=False)
     assert patch_state(pipe) == before
+
+
+def test_space_offers_only_the_knobs_the_pipeline_can_take(sana, sana2, capsys):
+    # SANA-Video runs no sol_attn: tau/dense_steps/dense_layers are neither listed nor accepted there (they used to
+    # be listed, and a space naming one failed later, applying its candidates); SANA-Video 2.0 takes them
+    from accelpatch.__main__ import main
+    from accelpatch.adapters import ADAPTERS
+
+    pipe, kwargs = sana
+    before = patch_state(pipe)
+    cache_knobs = "cache_threshold, cache_max_reuse, cache_warmup_steps, cache_final_steps"
+    for space, first in (({"tau": [0.5, 1.0]}, "knob 'tau' does not apply here (it is a knob of backend 'sol_attn', "
+                                                "which SANA-Video models cannot run)"),
+                         ({"cache_threshold": [0.1, 0.2], "dense_steps": [2, 0]}, "knob 'dense_steps' does not apply"),
+                         ({"dense_layer": ["0", ""]}, "unknown knob 'dense_layer';")):
+        with pytest.raises(ValueError) as info:
+            quiet(accelpatch.tune, pipe, kwargs, space=space, progress=False)
+        message = str(info.value)
+        assert first in message
+        assert message.endswith(f"knobs tune can search on this SANA-Video model: {cache_knobs}"), message
+    assert patch_state(pipe) == before
+    pipe2, kwargs2 = sana2
+    with pytest.raises(ValueError, match=r"unknown knob 'taus' \(did you mean 'tau'\?\).*: " + cache_knobs
+                       + ", tau, dense_steps, dense_layers, anchor_fp32_steps, anchor_fp32_layers$"):
+        accelpatch.tune(pipe2, kwargs2, space={"taus": [0.5, 1.0]}, progress=False)
+    # the CLI's help says which families cannot take sol_attn's knobs, as the adapters do
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at a hyphen
+    assert [a.family for a in ADAPTERS if "sol_attn" not in a.backends] == ["SANA-Video"]
+    assert "tau,dense_steps,dense_layers(notSANA-Video,whichcannotrunsol_attn)" in help_text
 
 
 def test_nothing_to_tune_says_what_to_patch():

@@ -142,8 +142,12 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="TUNED.yaml", help="write the winning setting as a recipe here")
     parser.add_argument("--budget", default="30m", help="time for the search: seconds or 90s, 30m, 1h (default 30m)")
     parser.add_argument("--space", default=None, metavar="YAML",
-                        help="knobs to search, inline YAML/JSON: '{tau: [0.5, 1, 2], dense_steps: [4, 0]}' "
-                             "(default: the knobs of the recipe's patch)")
+                        help="knobs to search, inline YAML/JSON: '{cache_threshold: [0.05, 0.1, 0.2]}' (default: "
+                             "the knobs of the recipe's patch). Only knobs the recipe's pipeline can take: the step "
+                             "cache's cache_threshold, cache_max_reuse, cache_warmup_steps, cache_final_steps (every "
+                             "family); sol_attn's tau, dense_steps, dense_layers (not SANA-Video, which cannot run "
+                             "sol_attn); anchor_fp32_steps, anchor_fp32_layers (SANA-Video 2.0). Another is refused "
+                             "with the ones it can take")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="search seeds (default: the recipe's)")
     parser.add_argument("--held-out-seeds", type=int, nargs="+", default=None,
                         help="seeds the winner must also pass (default: one after the search seeds)")

@@ -80,12 +80,23 @@ class TimingComparison:
     def distinguishable(self) -> bool:
         return not (self.low <= 1.0 <= self.high)
 
+    @property
+    def faster(self) -> bool:
+        """Measurably faster: the whole interval lies above 1. The one rule for "faster" (bench's verdicts, tune's
+        winner): a median above 1 with an interval that holds 1 is noise, not a speed-up."""
+        return math.isfinite(self.low) and self.low > 1.0
+
+    @property
+    def slower(self) -> bool:
+        """Measurably slower: the whole interval lies below 1."""
+        return math.isfinite(self.high) and self.high < 1.0
+
     def describe(self) -> str:
         """``"1.49x faster (95% CI 1.41-1.57x)"``, or ``"not distinguishable from noise (0.93-1.08x)"``."""
         if not math.isfinite(self.low) or not math.isfinite(self.high):
             return f"not distinguishable: too few rounds ({self.baseline.n}) for a {self.confidence:.0%} interval"
         interval = f"{self.low:.2f}-{self.high:.2f}x"
-        if not self.distinguishable:
+        if not (self.faster or self.slower):
             return f"not distinguishable from noise ({interval})"
         return f"{self.verdict()} ({self.confidence:.0%} CI {self._interval('x', '-')})"
 
@@ -95,7 +106,7 @@ class TimingComparison:
         if not math.isfinite(self.low) or not math.isfinite(self.high):
             return "noise (too few rounds)"
         interval = f"{self.low:.2f}–{self.high:.2f}×"
-        if not self.distinguishable:
+        if not (self.faster or self.slower):
             return f"noise ({interval})"
         return f"{self.verdict('×')} ({self._interval('×', '–')})"
 

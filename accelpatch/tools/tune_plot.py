@@ -1,7 +1,8 @@
 """The picture of a tune: speed-up against worst-case quality of every setting tried, with the Pareto front.
 
 One panel for the worst SSIM, one more for the worst audio SNR when validate measured audio. Passing settings are
-filled, failing ones hollow, the winner is starred; the speed-up's interval is drawn as a horizontal bar where bench
+filled, failing ones hollow, the winner is starred (labelled "kept" when no setting was measurably faster and tune
+kept the safest passing one); the speed-up's interval is drawn as a horizontal bar where bench
 had enough rounds for one. The front joins the passing settings no other passing setting beats on both speed and
 quality. matplotlib is optional, as for :mod:`accelpatch.tools.plots`.
 """
@@ -25,7 +26,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, floor: Optional[float],
-           title: str, ylabel: str) -> None:
+           title: str, ylabel: str, crowned: str = "winner") -> None:
     shown = [t for t in trials if t.speedup is not None and getattr(t, metric) is not None]
     for passed, style in ((True, dict(color="tab:green", label="passes")),
                           (False, dict(facecolors="none", edgecolors="tab:red", label="fails"))):
@@ -40,7 +41,7 @@ def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, 
         axis.plot(*zip(*front), color="tab:green", alpha=0.6, linestyle="-", label="Pareto front (passing)")
     if winner is not None and winner in shown:
         axis.scatter([winner.speedup], [getattr(winner, metric)], marker="*", s=220, color="gold",
-                     edgecolors="black", zorder=5, label=f"winner: {winner.label}")
+                     edgecolors="black", zorder=5, label=f"{crowned}: {winner.label}")
     if floor is not None:
         axis.axhline(floor, color="red", linestyle="--", label=f"floor {floor}")
     axis.axvline(1.0, color="black", linewidth=0.8, alpha=0.5)
@@ -57,11 +58,12 @@ def plot_tune(result: "TuneResult", path: Optional[str] = None):
     audio = any(t.min_audio_snr is not None for t in result.trials)
     figure = _new_figure(figsize=(11 if audio else 6.5, 4.5), constrained_layout=True)
     axes = figure.subplots(1, 2 if audio else 1, squeeze=False)[0]
+    crowned = "winner" if result.faster else "kept (none measurably faster)"
     _panel(axes[0], result.trials, result.winner, "min_ssim", result.gates.ssim_floor,
-           f"tune: {len(result.trials)} settings tried", "worst SSIM (over frames and seeds)")
+           f"tune: {len(result.trials)} settings tried", "worst SSIM (over frames and seeds)", crowned)
     if audio:
         floor = getattr(result.gates, "audio_snr_floor", None)
-        _panel(axes[1], result.trials, result.winner, "min_audio_snr", floor, "audio", "worst audio SNR (dB)")
+        _panel(axes[1], result.trials, result.winner, "min_audio_snr", floor, "audio", "worst audio SNR (dB)", crowned)
     if path is not None:
         figure.savefig(path, dpi=100)
     return figure

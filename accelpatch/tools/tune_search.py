@@ -17,28 +17,36 @@ validate "passing"; inferred failures are simply not run.
 4. **Explore** (``explore=True``, until the budget ends): the points not run, fastest first by an additive model
    of the speeds timed in step 2, without inferring failures: knobs of a real model are not always monotone.
 
-Everything is asked through an :class:`Oracle` (validate for quality, bench for speed, a clock for the budget),
-so the same code runs against a pipeline or a synthetic problem (tests, the benchmark).
+Everything is asked through an :class:`Oracle` (validate for quality, bench for speed), so the same code runs
+against a pipeline or a synthetic problem (tests, the benchmark). The budget is the oracle's: it answers only the
+points it had time for (a prefix of a batch, so it can stop inside a level), and the search then stops, recording
+the stage it was in and the points of that batch it did not run (:attr:`SearchLog.stopped_in`,
+:attr:`SearchLog.skipped`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
-__all__ = ["Oracle", "SearchLog", "search", "search_grid", "all_points"]
+__all__ = ["Oracle", "SearchLog", "search", "search_grid", "all_points", "unexplored", "STAGES"]
 
 Point = tuple[int, ...]
+
+#: the search's stages, in order (what a budget stop names as reached or not)
+FRONTIERS = "finding each knob's limit alone"
+ORDERING = "timing the knobs alone to order them"
+COMBINING = "combining the knobs"
+EXPLORING = "exploring untried settings (explore=True)"
+STAGES = (FRONTIERS, ORDERING, COMBINING, EXPLORING)
 
 
 class Oracle(Protocol):
     def passes(self, points: list[Point]) -> dict[Point, bool]:
-        """Validate ``points`` (one batch: one validate call) and say which pass every gate on every seed."""
+        """Validate ``points`` in order and say which pass every gate on every seed; the answer holds only the
+        points it validated: a prefix, shorter when the budget ended inside the batch."""
 
     def speed(self, points: list[Point]) -> dict[Point, float]:
-        """Speed-up over the reference of each point (higher is faster)."""
-
-    def out_of_budget(self) -> bool:
-        """Whether the time budget leaves no room for another batch."""
+        """Speed-up over the reference of each point (higher is faster); empty when the budget has no room."""
 
 
 @dataclass
@@ -52,6 +60,14 @@ class SearchLog:
     batches: int = 0
     stopped_by_budget: bool = False
     maximal: list[Point] = field(default_factory=list)
+    #: where the budget stopped it: the stage (one of STAGES) and the points asked for but not run
+    stopped_in: Optional[str] = None
+    skipped: list[Point] = field(default_factory=list)
+    stage: str = FRONTIERS
+
+    def stop(self, skipped: Sequence[Point] = ()) -> None:
+        """Record a budget stop in the current stage, with the points it did not run."""
+        self.stopped_by_budget, self.stopped_in, self.skipped = True, self.stage, list(skipped)
 
     @property
     def passing(self) -> list[Point]:
@@ -73,16 +89,19 @@ class _Runner:
         return False if self.inferred_fail(point) else None
 
     def run(self, points: Sequence[Point]) -> Optional[dict[Point, bool]]:
-        """Verdicts of ``points`` (known ones without a call); None when the budget stops the batch."""
+        """Verdicts of ``points`` (known ones without a call); None when the budget stopped the batch (what it
+        validated before is kept)."""
         todo = list(dict.fromkeys(p for p in points if self.known(p) is None))
         if todo:
-            if self.log.batches and self.oracle.out_of_budget():
-                self.log.stopped_by_budget = True
-                return None
-            self.log.batches += 1
             verdicts = self.oracle.passes(todo)
+            self.log.batches += bool(verdicts)
             for p in todo:
-                self.log.results[p] = bool(verdicts[p])
+                if p in verdicts:
+                    self.log.results[p] = bool(verdicts[p])
+            missing = [p for p in todo if p not in verdicts]
+            if missing:
+                self.log.stop(missing)
+                return None
         return {p: bool(self.known(p)) for p in points}
 
 
@@ -162,14 +181,15 @@ def _explore(sizes: Point, oracle: Oracle, log: SearchLog) -> None:
     todo = sorted((p for p in all_points(sizes) if p not in log.results and predict(p) > best),
                   key=lambda p: (-predict(p), p))
     batch = len(sizes) + 1
+    log.stage = EXPLORING
     while todo:
-        if oracle.out_of_budget():
-            log.stopped_by_budget = True
-            return
         chunk, todo = todo[:batch], todo[batch:]
-        log.batches += 1
         verdicts = oracle.passes(chunk)
-        log.results.update({p: bool(verdicts[p]) for p in chunk})
+        log.batches += bool(verdicts)
+        log.results.update({p: bool(ok) for p, ok in verdicts.items()})
+        if len(verdicts) < len(chunk):
+            log.stop([p for p in chunk if p not in verdicts] + todo)
+            return
         passed = [p for p in chunk if verdicts[p]]
         if passed:
             best = max(best, max(predict(p) for p in passed))
@@ -205,7 +225,13 @@ def _structured(sizes: Sequence[int], oracle: Oracle, *, orders: Optional[int] =
     if len(moving) == 1:
         log.maximal.append(alone[moving[0]])
         return log
-    log.speeds.update(oracle.speed(list(alone.values())))
+    log.stage = ORDERING
+    speeds = oracle.speed(list(alone.values()))
+    if len(speeds) < len(alone):
+        log.stop()
+        return log
+    log.speeds.update(speeds)
+    log.stage = COMBINING
     order = sorted(moving, key=lambda k: -log.speeds.get(alone[k], 0.0))
     corner = tuple(log.frontier)
     verdict = runner.run([corner])
@@ -240,10 +266,17 @@ def search_grid(sizes: Sequence[int], oracle: Oracle, *, batch: int = 16) -> Sea
     points = all_points(sizes)
     for start in range(0, len(points), batch):
         chunk = points[start:start + batch]
-        if log.batches and oracle.out_of_budget():
-            log.stopped_by_budget = True
-            break
-        log.batches += 1
         verdicts = oracle.passes(chunk)
-        log.results.update({p: bool(verdicts[p]) for p in chunk})
+        log.batches += bool(verdicts)
+        log.results.update({p: bool(ok) for p, ok in verdicts.items()})
+        if len(verdicts) < len(chunk):
+            log.stop(points[start + len(verdicts):])
+            break
     return log
+
+
+def unexplored(sizes: Sequence[int], log: SearchLog) -> list[Point]:
+    """The grid points neither validated nor ruled out (at or beyond a failing point in every knob): what a
+    budget stop left open."""
+    runner = _Runner(None, log)  # type: ignore[arg-type]  (inference only: no oracle call)
+    return [p for p in all_points(sizes) if runner.known(p) is None]

@@ -22,8 +22,9 @@ knob                     faster (and worse) when     why (where in the code)
 
 ``space=None`` takes the knobs of what the model is patched with: the step cache's when it has a FirstBlockCache,
 the backend's when it runs ``sol_attn``, SANA-Video 2.0's anchor options when it runs its own BF16 anchors (under
-``sol_attn`` they do nothing). A user's space (``{"tau": [0.5, 1, 2], ...}``) is checked: an unknown knob is refused
-with the valid ones, and its values are put in the safe-to-fast order above.
+``sol_attn`` they do nothing). A user's space (``{"tau": [0.5, 1, 2], ...}``) is checked: an unknown knob, or one
+the model's family cannot take (``tau`` on SANA-Video, which runs no ``sol_attn``), is refused with the knobs it
+can take, and its values are put in the safe-to-fast order above.
 """
 from __future__ import annotations
 
@@ -151,6 +152,9 @@ class BaseSetting:
     layers: int
     default_dense_layers: Optional[frozenset]
     family_resolved: Any = None
+    #: what the family can take at all (the adapter's): backend names and step-cache methods
+    family_backends: tuple[str, ...] = ()
+    family_cache_methods: tuple[str, ...] = ()
 
     @property
     def options(self) -> dict:
@@ -206,7 +210,8 @@ def base_setting(pipe: Any) -> BaseSetting:
     resolved = adapter.resolve_options(family_options) if adapter.options_class is not None else None
     return BaseSetting(backend=backend, backend_options=backend_options or {}, family_options=family_options,
                        cache_options=cache_options, cache_method=method, family=adapter.family, anchors=anchors,
-                       layers=len(blocks), default_dense_layers=default_dense, family_resolved=resolved)
+                       layers=len(blocks), default_dense_layers=default_dense, family_resolved=resolved,
+                       family_backends=tuple(adapter.backends), family_cache_methods=tuple(adapter.cache_methods))
 
 
 # --- grids -------------------------------------------------------------------------------------------------------
@@ -277,14 +282,29 @@ def derive_space(pipe: Any, call_kwargs: Mapping[str, Any]) -> SearchSpace:
 
 
 def _valid_knobs(base: BaseSetting) -> list[str]:
-    """The knobs a user's space may name on this model."""
+    """The knobs a user's space may name on this model: only those its family can take (SANA-Video runs no
+    ``sol_attn``, so ``tau``/``dense_steps``/``dense_layers`` are not offered there), so the error lists no knob
+    that would fail later when its candidates are applied."""
     valid = []
-    if base.cache_method in (None, "first_block"):
+    if "first_block" in base.family_cache_methods and base.cache_method in (None, "first_block"):
         valid += CACHE_KNOBS
-    valid += SOL_KNOBS
+    if "sol_attn" in base.family_backends:
+        valid += SOL_KNOBS
     if base.anchors:
         valid += ANCHOR_KNOBS
     return valid
+
+
+def _not_applicable(name: str, base: BaseSetting) -> str:
+    """Why a known knob ``name`` is not one this model can take (for the error naming the valid ones)."""
+    owner = KNOB_DIRECTIONS[name][0]
+    if name in SOL_KNOBS:
+        return f"it is a knob of backend 'sol_attn', which {base.family} models cannot run"
+    if name in CACHE_KNOBS:
+        if base.cache_method not in (None, "first_block"):
+            return f"this model runs a calibrated {base.cache_method!r} step cache, kept as it is"
+        return f"{base.family} models run no first-block step cache"
+    return f"it is an option of the {owner}, which this {base.family} model does not have"
 
 
 def _order(name: str, values: Sequence) -> tuple:
@@ -314,11 +334,13 @@ def parse_space(pipe: Any, space: Any) -> SearchSpace:
                          f"None to derive it from the model; got {space!r}")
     base = base_setting(pipe)
     valid = _valid_knobs(base)
-    unknown = [name for name in space if name not in valid]
-    if unknown:
-        name = str(unknown[0])
-        raise ValueError(f"space: unknown knob {name!r}{did_you_mean(name, valid)}; knobs tune can search on this "
-                         f"{base.family} model: {', '.join(valid)}")
+    refused = [name for name in space if name not in valid]
+    if refused:
+        name = str(refused[0])
+        listed = f"knobs tune can search on this {base.family} model: {', '.join(valid) or 'none'}"
+        if name in KNOB_DIRECTIONS:
+            raise ValueError(f"space: knob {name!r} does not apply here ({_not_applicable(name, base)}); {listed}")
+        raise ValueError(f"space: unknown knob {name!r}{did_you_mean(name, valid)}; {listed}")
     options = dict(base.options)
     backend = base.backend
     if any(name in SOL_KNOBS for name in space) and backend is None:
