@@ -172,14 +172,21 @@ def test_cli_validate_exit_codes_json_plot_and_frames(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
-    assert main(["validate", "--recipe", "no-such-recipe"]) == 2
+    # the recipe is read and checked before anything runs: a usage error (SystemExit 2), one line
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--recipe", "no-such-recipe"])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("accelpatch: error: no recipe file or known recipe named 'no-such-recipe'")
+    assert err.startswith("accelpatch validate: error: no recipe file or known recipe named 'no-such-recipe'")
     assert len(err.strip().splitlines()) == 1
-    assert main(["bench", "--recipe", str(_write(tmp_path, tier="fast"))]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--recipe", str(_write(tmp_path, tier="fast"))])
+    assert exit_.value.code == 2
     assert "tier: unknown quality tier 'fast'" in capsys.readouterr().err
-    assert main(["bench", "--recipe", str(_write(tmp_path)), "--rounds", "1", "--no-progress"]) == 2
-    assert "rounds must be an integer >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--recipe", str(_write(tmp_path)), "--rounds", "1", "--no-progress"])
+    assert exit_.value.code == 2
+    assert "argument --rounds: must be an integer >= 2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["validate"])
     assert "--recipe" in capsys.readouterr().err
