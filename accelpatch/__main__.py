@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser(
         "bench", help="time a recipe's candidates per denoising step, interleaved, with a noise-aware verdict",
         description="Time each candidate (the reference first) per denoising step in interleaved rounds after a "
-                    "warm-up; report median, spread and a speed-up with a bootstrap interval, or 'not "
+                    "warm-up; report median, spread and a speed-up (the median of the per-round ratios) with a "
+                    "distribution-free 95% interval from order statistics (6 rounds at least), or 'not "
                     "distinguishable from noise'.")
     recipe_cli.add_bench_arguments(bench_parser)
     bench_parser.set_defaults(check=lambda args: recipe_cli.check_recipe_arguments(args, bench_parser),

@@ -226,3 +226,26 @@ def test_early_refusals_import_no_torch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "False False"
 
+
+def test_bench_help_names_the_interval_it_computes(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "bootstrap" not in text  # accelpatch.tools.stats: order statistics of the per-round ratios
+    assert "distribution-free 95% interval from order statistics" in text
+
+
+def test_bench_header_says_device_and_dtype_once(tmp_path, capsys, monkeypatch):
+    """Not "on cpu (cpu)" (platform.processor() is often empty on Linux), and the recipe's description does not
+    repeat what the header measured."""
+    import platform
+
+    from accelpatch.tools import bench
+
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(bench, "_cpu_name", lambda: "", raising=False)
+    recipe = _write_recipe(tmp_path, candidates=[{"tier": "lossless"}])
+    assert main(["bench", "--recipe", recipe, "--rounds", "2", "--warmup", "0", "--no-progress"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("accelpatch bench: recipe recipe: tiny:sana-video (random weights) on cpu, float32; "), head
+    assert head.count("cpu") == 1 and head.count("float32") + head.count("fp32") == 1, head
