@@ -192,7 +192,7 @@ EARLY_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("argv, message", EARLY_REFUSALS, ids=[" ".join(a[:1] + a[-2:]) for a, _ in EARLY_REFUSALS])
+@pytest.mark.parametrize("argv, message", EARLY_REFUSALS, ids=[" ".join(x for x in a if x not in (OUT, "--out", "--recipe")) for a, _ in EARLY_REFUSALS])
 def test_arguments_that_need_no_model_are_refused_before_any_model_is_built(capsys, nothing_built, argv, message):
     line = usage_error(capsys, argv + ["--no-progress"])
     assert line.startswith(message), line
