@@ -75,3 +75,40 @@ def test_readme_python_block_runs(index, stand_ins, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(compile(code, f"README.md python block {index + 1}", "exec"), namespace)
+
+
+# --- the docs match the repository and the code ------------------------------------------------------------------
+
+
+def _readme_section(title: str) -> str:
+    start = README.index(title)
+    return README[start:README.index("\n## ", start + 1)]
+
+
+def test_the_blocks_that_plot_say_they_need_matplotlib():
+    """`make demo` installs accelpatch without matplotlib: a README block that plots must say so."""
+    demo_install = re.search(r"^\$\(VENV\)/\.installed-demo:.*?\n\t\$\(call install,([^,]*),", (REPO / "Makefile")
+                             .read_text(), flags=re.S | re.M).group(1)
+    assert demo_install == ".", demo_install  # no extra: if `make demo` ever installs [plots], loosen this test
+    plotting = [block for block in BLOCKS if ".plot(" in block]
+    assert plotting
+    for block in plotting:
+        assert "needs matplotlib" in block, block
+
+
+def test_plotting_without_matplotlib_says_what_to_install(monkeypatch):
+    from accelpatch.tools.plots import _new_figure
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if matplotlib were not installed
+    with pytest.raises(ImportError, match=r"plotting needs matplotlib: pip install matplotlib"):
+        _new_figure()
+
+
+def test_the_bench_example_says_why_sol_attn_is_slower_on_the_tiny_model():
+    """The validate/bench block benches tiny-minimax-h3-sol-attn, whose sol_attn candidates time ~1.8x slower on a
+    CPU; the text under it must say so and why (the sequence is too short for the routing to pay)."""
+    section = _readme_section("## Check it yourself")
+    assert "tiny-minimax-h3-sol-attn" in section
+    text = " ".join(section.split())
+    assert "`sol_attn` candidates time about 1.8× *slower* than `exact`" in text
+    assert "567 rows" in text and "Sol-Attn is for long sequences" in text
