@@ -112,3 +112,23 @@ def test_the_bench_example_says_why_sol_attn_is_slower_on_the_tiny_model():
     text = " ".join(section.split())
     assert "`sol_attn` candidates time about 1.8× *slower* than `exact`" in text
     assert "567 rows" in text and "Sol-Attn is for long sequences" in text
+
+
+def test_the_anchor_layers_the_readme_gives_for_the_release_apply_to_it():
+    """The anchor_fp32_layers the README names for the released 5B model apply to that model (release shape, on the
+    meta device); a range over linear-attention layers is refused, as the README says, naming the anchors."""
+    import accelpatch
+    from accelpatch import testing
+
+    section = _readme_section("## SANA-Video 2.0")
+    values = re.findall(r'\(release: "([^"]+)"\)', section) + re.findall(r'`"([^"]+)"`: the release', section)
+    assert values, "the SANA-Video 2.0 section names no anchor_fp32_layers for the release"
+    model = testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG)
+    anchors = ",".join(map(str, model.softmax_layer_indices))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for value in values:
+            accelpatch.apply(model, anchor_fp32_layers=value)
+            accelpatch.remove(model)
+        with pytest.raises(ValueError, match=f"not anchor layers.*its softmax anchors are {anchors.replace(',', ', ')}"):
+            accelpatch.apply(model, anchor_fp32_layers="3-15")
