@@ -132,3 +132,31 @@ def test_the_anchor_layers_the_readme_gives_for_the_release_apply_to_it():
             accelpatch.remove(model)
         with pytest.raises(ValueError, match=f"not anchor layers.*its softmax anchors are {anchors.replace(',', ', ')}"):
             accelpatch.apply(model, anchor_fp32_layers="3-15")
+
+
+#: paths the docs cite in *other* repositories, by prefix, and whose they are
+EXTERNAL_PATHS = {"tests/models/": "diffusers' repository (its wheel ships no tests)",
+                  "docs/sana_video2.md": "NVlabs/Sana's repository"}
+CITED = re.compile(r"(?<![\w/.~-])((?:accelpatch|benchmarks|docs|notebooks|recipes|shared|tests)/[\w./*-]*[\w*/])")
+
+
+def _doc_texts():
+    """(file, text) of every document in the repository that cites paths: the Markdown files, the notebooks and the
+    Python files (docstrings and comments)."""
+    for pattern in ("*.md", "notebooks/*.ipynb", "accelpatch/**/*.py", "benchmarks/**/*.py", "tests/**/*.py"):
+        for path in sorted(REPO.glob(pattern)):
+            if ".venv" not in path.parts:
+                yield path, path.read_text()
+
+
+def test_every_repo_path_the_docs_cite_exists():
+    missing = []
+    for path, text in _doc_texts():
+        for match in CITED.finditer(text):
+            cited = match.group(1).rstrip(".")
+            if any(cited.startswith(prefix) for prefix in EXTERNAL_PATHS):
+                continue
+            if not ((REPO / cited).exists() or any(REPO.glob(cited)) or (path.parent / cited).exists()):
+                line = text.count("\n", 0, match.start()) + 1
+                missing.append(f"{path.relative_to(REPO)}:{line}: {cited}")
+    assert not missing, "the docs cite files that are not in the repository:\n" + "\n".join(missing)
