@@ -33,15 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "the recipe's candidates; report per-frame PSNR/SSIM, bit identity and which fast paths ran "
                     "(speed: see bench). Everything is checked before the first call. Exit code 1 when a gate fails.")
     recipe_cli.add_validate_arguments(validate_parser)
-    validate_parser.set_defaults(check=lambda args: recipe_cli.check_outputs(args, validate_parser),
+    validate_parser.set_defaults(check=lambda args: recipe_cli.check_recipe_arguments(args, validate_parser),
                                  run=recipe_cli.run_validate)
     bench_parser = commands.add_parser(
         "bench", help="time a recipe's candidates per denoising step, interleaved, with a noise-aware verdict",
         description="Time each candidate (the reference first) per denoising step in interleaved rounds after a "
-                    "warm-up; report median, spread and a speed-up with a bootstrap interval, or 'not "
+                    "warm-up; report median, spread and a speed-up (the median of the per-round ratios) with a "
+                    "distribution-free 95% interval from order statistics (6 rounds at least), or 'not "
                     "distinguishable from noise'.")
     recipe_cli.add_bench_arguments(bench_parser)
-    bench_parser.set_defaults(check=lambda args: recipe_cli.check_outputs(args, bench_parser),
+    bench_parser.set_defaults(check=lambda args: recipe_cli.check_recipe_arguments(args, bench_parser),
                               run=recipe_cli.run_bench)
     tune_parser = commands.add_parser(
         "tune", help="search a recipe's knobs for the fastest setting that passes its gates; write it as a recipe",

@@ -12,17 +12,19 @@ those (``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
 from __future__ import annotations
 
 import difflib
+import numbers
 import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import did_you_mean
 from .tiers import parse_tier
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
-           "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors"]
+           "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
+           "call_problems", "minimum_steps", "MIN_ROUNDS", "MIN_WARMUP"]
 
 #: the recipes that ship with the package (package data: the wheel carries them)
 SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
@@ -30,6 +32,55 @@ SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
 TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3")
 DTYPES = ("bf16", "fp16", "fp32")
+
+#: the largest seed: seeds are torch.Generator.manual_seed's non-negative range, 0 to 2**64 - 1 (torch folds a
+#: negative seed onto a positive one, 0xffff_ffff_ffff_ffff + seed, so -1 would name the noise of another seed)
+SEED_MAX = 2**64 - 1
+#: bench's timed rounds (a spread needs two samples; a 95 % verdict needs 6) and untimed warm-up calls, at least
+MIN_ROUNDS, MIN_WARMUP = 2, 0
+
+#: call arguments that count something: what each counts (each at least 1; num_inference_steps: minimum_steps())
+CALL_COUNTS = {"num_inference_steps": "denoising steps", "num_frames": "frames", "height": "pixels",
+               "width": "pixels"}
+#: model families that need more denoising steps: (family, least num_inference_steps, why)
+_FAMILY_MINIMUM_STEPS = (
+    ("minimax-h3", 2, "MiniMax-H3's scheduler counts the final sigma 0 as one of the steps, so n steps run n-1 "
+                      "transformer calls and its scheduler refuses fewer than 2"),
+)
+
+
+def seed_problem(seed: Any) -> Optional[str]:
+    """Why ``seed`` is not a seed (an integer from 0 to :data:`SEED_MAX`), or None."""
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        return f"a seed is an integer from 0 to 2**64-1, got {type(seed).__name__} {seed!r}"
+    if not 0 <= seed <= SEED_MAX:
+        return (f"seed {seed} is out of range: seeds are integers from 0 to 2**64-1 ({SEED_MAX}; torch folds a "
+                "negative seed onto a positive one)")
+    return None
+
+
+def minimum_steps(model: str) -> tuple[int, str]:
+    """(the least ``num_inference_steps`` a run of ``model`` takes, why): 1 (a run needs a step), more for a
+    family known by its name (``tiny:minimax-h3``, ``MiniMaxAI/MiniMax-H3``) or its scheduler's class name."""
+    name = str(model).lower().replace("_", "-")
+    for family, least, why in _FAMILY_MINIMUM_STEPS:
+        if family in name or family.replace("-", "") in name.replace("-", ""):
+            return least, why
+    return 1, "a run needs at least one denoising step"
+
+
+def call_problems(call: Any, model: str = "") -> list[str]:
+    """One line per call argument out of its range: ``num_inference_steps`` (at least :func:`minimum_steps` of
+    ``model``), ``num_frames``, ``height`` and ``width`` (integers of at least 1). None leaves a pipeline default."""
+    problems = []
+    for name, what in CALL_COUNTS.items():
+        value = call.get(name) if hasattr(call, "get") else None
+        if value is None:
+            continue
+        least, why = minimum_steps(model) if name == "num_inference_steps" else (1, f"a number of {what}")
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+            problems.append(f"{name} must be an integer >= {least} ({why}), not {value!r}")
+    return problems
 
 
 def _known_backend(value: Optional[str]) -> Optional[str]:
@@ -160,8 +211,8 @@ class CandidateSpec(_Strict):
 class BenchSettings(_Strict):
     """How ``bench`` times candidates: untimed warm-up calls per candidate, then interleaved timed rounds."""
 
-    warmup: int = Field(1, ge=0)
-    rounds: int = Field(7, ge=2, description="timed calls per candidate, interleaved (6 or more for a verdict)")
+    warmup: int = Field(1, ge=MIN_WARMUP)
+    rounds: int = Field(7, ge=MIN_ROUNDS, description="timed calls per candidate, interleaved (6 or more for a verdict)")
 
 
 class Recipe(_Strict):
@@ -205,9 +256,24 @@ class Recipe(_Strict):
 
     @field_validator("call")
     @classmethod
-    def _no_generator(cls, value: dict) -> dict:
+    def _no_generator(cls, value: dict, info: ValidationInfo) -> dict:
         if "generator" in value:
             raise ValueError("give seeds (the 'seeds' field), not a generator: each run builds its own")
+        problems = call_problems(value, info.data.get("model", ""))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_in_range(cls, value: list[int]) -> list[int]:
+        for seed in value:
+            problem = seed_problem(seed)
+            if problem:
+                raise ValueError(problem)
+        repeated = sorted({s for s in value if value.count(s) > 1})
+        if repeated:
+            raise ValueError(f"seeds must be distinct, got {repeated} more than once")
         return value
 
     @property

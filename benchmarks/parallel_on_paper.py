@@ -1,6 +1,6 @@
 """Communication per denoising step of split SANA-Video 2.0 (and SANA-Video) at release sizes, on paper, and the
-scaling it implies on NVLink. No GPU needed: arithmetic from the model configs and the layer inventory of
-``shared/reference/sequence_parallel.md`` §5.
+scaling it implies on NVLink. No GPU needed: arithmetic from the model configs and the layer inventory of the
+sequence split (what ``accelpatch/parallel/sequence.py`` exchanges per layer, listed below).
 
 Per rank and step, batched CFG (B = 2) or CFG parallel (B = 1 per rank, one output gather per step):
 

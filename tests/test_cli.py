@@ -2,8 +2,10 @@
 
 Everything runs in-process through `accelpatch.__main__.main` except the import checks, which need a fresh
 interpreter (torch is already imported here). The demo itself is run by tests/test_demo.py, not here."""
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -138,3 +140,112 @@ def test_build_kernels_builds_or_loads_and_says_where(capsys, monkeypatch):
     monkeypatch.setenv(cpu_build.SWITCH, "0")
     assert main(["build-kernels"]) == 1
     assert "switched off (ACCELPATCH_CPU_KERNELS=0): unset ACCELPATCH_CPU_KERNELS" in capsys.readouterr().out
+
+
+# --- validate / bench / tune: what needs no model is refused before any model is built ------------------------
+
+def _write_recipe(tmp_path, model="tiny:sana-video", **fields):
+    import yaml
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"model": model, "dtype": "fp32", "device": "cpu",
+                                    "call": {"num_inference_steps": 2}, **fields}))
+    return str(path)
+
+
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fail the test when a command gets as far as loading its recipe's pipeline (or any model)."""
+    from accelpatch.tools import pipelines, recipe_cli
+
+    fail = lambda *a, **k: pytest.fail("a model was built for an argument that needs none")  # noqa: E731
+    monkeypatch.setattr(recipe_cli, "_load", fail)
+    monkeypatch.setattr(pipelines, "load_pipeline", fail)
+
+
+OUT = os.path.join(tempfile.gettempdir(), "accelpatch-test-cli-tuned.yaml")  # only its folder is checked
+EARLY_REFUSALS = [
+    (["bench", "--recipe", "tiny-sana-video", "--rounds", "1"],
+     "accelpatch bench: error: argument --rounds: must be an integer >= 2 (a spread needs two samples; a verdict "
+     "six), got '1'"),
+    (["bench", "--recipe", "tiny-sana-video", "--warmup", "-2"],
+     "accelpatch bench: error: argument --warmup: must be an integer >= 0, got '-2'"),
+    (["bench", "--recipe", "tiny-sana-vide"],
+     "accelpatch bench: error: no recipe file or known recipe named 'tiny-sana-vide' (did you mean "
+     "'tiny-sana-video'?)"),
+    (["validate", "--recipe", "tiny-sana-vide"], "accelpatch validate: error: no recipe file or known recipe named"),
+    (["validate", "--recipe", "tiny-sana-video", "--seeds", "-1"],
+     "accelpatch validate: error: argument --seeds: seed -1 is out of range: seeds are integers from 0 to 2**64-1"),
+    (["validate", "--recipe", "tiny-sana-video", "--seeds", "3", "3"],
+     "accelpatch validate: error: --seeds: seeds must be distinct, got [3] more than once"),
+    (["tune", "--recipe", "tiny-sana-video-step-cache", "--out", OUT, "--space", "{cache_treshold: [0.1, 0.2]}"],
+     "accelpatch tune: error: --space: unknown knob 'cache_treshold' (did you mean 'cache_threshold'?); tune's "
+     "knobs: cache_threshold,"),
+    (["tune", "--recipe", "tiny-sana-video-step-cache", "--out", OUT, "--rounds", "0"],
+     "accelpatch tune: error: argument --rounds: must be an integer >= 2"),
+    (["tune", "--recipe", "tiny-sana-video-step-cache", "--out", OUT, "--seeds", "-1"],
+     "accelpatch tune: error: argument --seeds: seed -1 is out of range"),
+    (["tune", "--recipe", "tiny-sana-video-step-cache", "--out", OUT, "--held-out-seeds", "0"],
+     "accelpatch tune: error: --held-out-seeds must not overlap the search seeds [0]"),
+    (["tune", "--recipe", "tiny-sana-vide", "--out", OUT],
+     "accelpatch tune: error: no recipe file or known recipe named 'tiny-sana-vide'"),
+]
+
+
+@pytest.mark.parametrize("argv, message", EARLY_REFUSALS, ids=[" ".join(x for x in a if x not in (OUT, "--out", "--recipe")) for a, _ in EARLY_REFUSALS])
+def test_arguments_that_need_no_model_are_refused_before_any_model_is_built(capsys, nothing_built, argv, message):
+    line = usage_error(capsys, argv + ["--no-progress"])
+    assert line.startswith(message), line
+
+
+@pytest.mark.parametrize("model, steps, least", [("tiny:sana-video", 0, 1), ("tiny:sana-video2", 0, 1),
+                                                 ("tiny:minimax-h3", 0, 2), ("tiny:minimax-h3", 1, 2)])
+def test_a_recipe_call_out_of_range_is_refused_with_the_range_before_any_model(tmp_path, capsys, nothing_built,
+                                                                               model, steps, least):
+    recipe = _write_recipe(tmp_path, model, call={"num_inference_steps": steps})
+    for command in (["validate"], ["bench"], ["tune", "--out", str(tmp_path / "t.yaml")]):
+        line = usage_error(capsys, command + ["--recipe", recipe, "--no-progress"])
+        assert f"call: num_inference_steps must be an integer >= {least} (" in line and f"not {steps}" in line
+
+
+def test_early_refusals_import_no_torch(tmp_path):
+    """The refusals above come before torch is imported: seconds, not the 7-136 s of building a model first."""
+    cases = [argv for argv, _ in EARLY_REFUSALS] + [
+        ["validate", "--recipe", _write_recipe(tmp_path, "tiny:minimax-h3", call={"num_inference_steps": 0})]]
+    code = ("import sys\n"
+            "from accelpatch.__main__ import main\n"
+            f"for argv in {cases!r}:\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit as exc:\n"
+            "        assert exc.code == 2, (argv, exc.code)\n"
+            "    else:\n"
+            "        raise AssertionError(f'not refused: {argv}')\n"
+            "print('torch' in sys.modules, 'diffusers' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_bench_help_names_the_interval_it_computes(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "bootstrap" not in text  # accelpatch.tools.stats: order statistics of the per-round ratios
+    assert "distribution-free 95% interval from order statistics" in text
+
+
+def test_bench_header_says_device_and_dtype_once(tmp_path, capsys, monkeypatch):
+    """Not "on cpu (cpu)" (platform.processor() is often empty on Linux), and the recipe's description does not
+    repeat what the header measured."""
+    import platform
+
+    from accelpatch.tools import bench
+
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    monkeypatch.setattr(bench, "_cpu_name", lambda: "", raising=False)
+    recipe = _write_recipe(tmp_path, candidates=[{"tier": "lossless"}])
+    assert main(["bench", "--recipe", recipe, "--rounds", "2", "--warmup", "0", "--no-progress"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith("accelpatch bench: recipe recipe: tiny:sana-video (random weights) on cpu, float32; "), head
+    assert head.count("cpu") == 1 and head.count("float32") + head.count("fp32") == 1, head

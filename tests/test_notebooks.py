@@ -175,3 +175,16 @@ def test_notebook_runs(name, kernel_specs):
     check = CHECKS.get(name)
     if check is not None:
         check(_text(nb), _images(nb))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
+def test_notebook_says_how_to_run_it_at_the_top(name):
+    """Stored without outputs, so the first cell must say how to run it (and the README, where it lists them)."""
+    first = nbformat.read(NOTEBOOKS / name, as_version=4).cells[0]
+    assert first.cell_type == "markdown"
+    for needed in ("**Run it**", 'pip install -e ".[notebooks]" jupyterlab', "jupyter lab notebooks/",
+                   "make test PYTEST_ARGS=tests/test_notebooks.py"):
+        assert needed in first.source, f"{name}: the first cell does not say {needed!r}"
+    readme = (REPO / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| learn by running |"))
+    assert "jupyter lab notebooks/" in row and 'pip install -e ".[notebooks]" jupyterlab' in row

@@ -75,3 +75,88 @@ def test_readme_python_block_runs(index, stand_ins, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(compile(code, f"README.md python block {index + 1}", "exec"), namespace)
+
+
+# --- the docs match the repository and the code ------------------------------------------------------------------
+
+
+def _readme_section(title: str) -> str:
+    start = README.index(title)
+    return README[start:README.index("\n## ", start + 1)]
+
+
+def test_the_blocks_that_plot_say_they_need_matplotlib():
+    """`make demo` installs accelpatch without matplotlib: a README block that plots must say so."""
+    demo_install = re.search(r"^\$\(VENV\)/\.installed-demo:.*?\n\t\$\(call install,([^,]*),", (REPO / "Makefile")
+                             .read_text(), flags=re.S | re.M).group(1)
+    assert demo_install == ".", demo_install  # no extra: if `make demo` ever installs [plots], loosen this test
+    plotting = [block for block in BLOCKS if ".plot(" in block]
+    assert plotting
+    for block in plotting:
+        assert "needs matplotlib" in block, block
+
+
+def test_plotting_without_matplotlib_says_what_to_install(monkeypatch):
+    from accelpatch.tools.plots import _new_figure
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if matplotlib were not installed
+    with pytest.raises(ImportError, match=r"plotting needs matplotlib: pip install matplotlib"):
+        _new_figure()
+
+
+def test_the_bench_example_says_why_sol_attn_is_slower_on_the_tiny_model():
+    """The validate/bench block benches tiny-minimax-h3-sol-attn, whose sol_attn candidates time ~1.8x slower on a
+    CPU; the text under it must say so and why (the sequence is too short for the routing to pay)."""
+    section = _readme_section("## Check it yourself")
+    assert "tiny-minimax-h3-sol-attn" in section
+    text = " ".join(section.split())
+    assert "`sol_attn` candidates time about 1.8× *slower* than `exact`" in text
+    assert "567 rows" in text and "Sol-Attn is for long sequences" in text
+
+
+def test_the_anchor_layers_the_readme_gives_for_the_release_apply_to_it():
+    """The anchor_fp32_layers the README names for the released 5B model apply to that model (release shape, on the
+    meta device); a range over linear-attention layers is refused, as the README says, naming the anchors."""
+    import accelpatch
+    from accelpatch import testing
+
+    section = _readme_section("## SANA-Video 2.0")
+    values = re.findall(r'\(release: "([^"]+)"\)', section) + re.findall(r'`"([^"]+)"`: the release', section)
+    assert values, "the SANA-Video 2.0 section names no anchor_fp32_layers for the release"
+    model = testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG)
+    anchors = ",".join(map(str, model.softmax_layer_indices))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for value in values:
+            accelpatch.apply(model, anchor_fp32_layers=value)
+            accelpatch.remove(model)
+        with pytest.raises(ValueError, match=f"not anchor layers.*its softmax anchors are {anchors.replace(',', ', ')}"):
+            accelpatch.apply(model, anchor_fp32_layers="3-15")
+
+
+#: paths the docs cite in *other* repositories, by prefix, and whose they are
+EXTERNAL_PATHS = {"tests/models/": "diffusers' repository (its wheel ships no tests)",
+                  "docs/sana_video2.md": "NVlabs/Sana's repository"}
+CITED = re.compile(r"(?<![\w/.~-])((?:accelpatch|benchmarks|docs|notebooks|recipes|shared|tests)/[\w./*-]*[\w*/])")
+
+
+def _doc_texts():
+    """(file, text) of every document in the repository that cites paths: the Markdown files, the notebooks and the
+    Python files (docstrings and comments)."""
+    for pattern in ("*.md", "notebooks/*.ipynb", "accelpatch/**/*.py", "benchmarks/**/*.py", "tests/**/*.py"):
+        for path in sorted(REPO.glob(pattern)):
+            if ".venv" not in path.parts:
+                yield path, path.read_text()
+
+
+def test_every_repo_path_the_docs_cite_exists():
+    missing = []
+    for path, text in _doc_texts():
+        for match in CITED.finditer(text):
+            cited = match.group(1).rstrip(".")
+            if any(cited.startswith(prefix) for prefix in EXTERNAL_PATHS):
+                continue
+            if not ((REPO / cited).exists() or any(REPO.glob(cited)) or (path.parent / cited).exists()):
+                line = text.count("\n", 0, match.start()) + 1
+                missing.append(f"{path.relative_to(REPO)}:{line}: {cited}")
+    assert not missing, "the docs cite files that are not in the repository:\n" + "\n".join(missing)

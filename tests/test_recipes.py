@@ -47,12 +47,63 @@ def test_the_promised_recipes_ship_and_load():
      "candidates.0.bakend: unknown field (did you mean 'backend'?)"),
     ({"model": "m", "call": {"generator": 1}}, "call: give seeds (the 'seeds' field), not a generator"),
     ({"model": "m", "bench": {"rounds": 1}}, "bench.rounds: Input should be greater than or equal to 2"),
+    # call values out of their range, for every family (the least steps named); seeds in torch's range
+    ({"model": "tiny:sana-video", "call": {"num_inference_steps": 0}},
+     "call: num_inference_steps must be an integer >= 1 (a run needs at least one denoising step), not 0"),
+    ({"model": "tiny:sana-video2", "call": {"num_inference_steps": -3}}, "num_inference_steps must be an integer >= 1"),
+    ({"model": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "call": {"num_inference_steps": 0}},
+     "num_inference_steps must be an integer >= 1"),
+    ({"model": "./some/hunyuan-folder", "call": {"num_inference_steps": 2.5}}, "must be an integer >= 1"),
+    ({"model": "tiny:minimax-h3", "call": {"num_inference_steps": 0}},
+     "call: num_inference_steps must be an integer >= 2 (MiniMax-H3's scheduler counts the final sigma 0 as one of "
+     "the steps"),
+    ({"model": "MiniMaxAI/MiniMax-H3", "call": {"num_inference_steps": 1}},
+     "num_inference_steps must be an integer >= 2"),
+    ({"model": "m", "call": {"num_frames": 0, "height": -64}},
+     "call: num_frames must be an integer >= 1 (a number of frames), not 0; height must be an integer >= 1"),
+    ({"model": "m", "seeds": [0, -1]}, "seeds: seed -1 is out of range: seeds are integers from 0 to 2**64-1"),
+    ({"model": "m", "seeds": [2**64]}, "seeds: seed 18446744073709551616 is out of range"),
+    ({"model": "m", "seeds": [4, 4]}, "seeds: seeds must be distinct, got [4] more than once"),
     ({"name": "x"}, "model: Field required"),
 ])
 def test_schema_errors_name_the_field_and_what_is_allowed(data, message):
     with pytest.raises(RecipeError) as error:
         load_recipe({"name": "x", **data})
     assert message in str(error.value)
+
+
+def test_call_values_in_range_load():
+    assert load_recipe({"name": "x", "model": "tiny:minimax-h3", "call": {"num_inference_steps": 2}, "seeds": [0]})
+    assert load_recipe({"name": "x", "model": "tiny:sana-video", "call": {"num_inference_steps": 1, "height": None},
+                        "seeds": [2**64 - 1]})
+
+
+def test_the_api_refuses_call_values_and_seeds_out_of_range_before_the_first_call():
+    """validate/bench/tune called from Python check the same ranges before the first call; MiniMax-H3 is known by
+    its scheduler (a ModularPipeline's class says nothing)."""
+    from accelpatch.tools.preflight import check_call_arguments, check_seed, check_seeds
+
+    class MiniMaxH3Scheduler:
+        pass
+
+    class Pipeline:
+        def __init__(self, scheduler=None):
+            self.scheduler = scheduler
+
+        def __call__(self, num_inference_steps=50, height=64):
+            raise AssertionError("not called")
+
+    check_call_arguments(Pipeline(), {"num_inference_steps": 1}, "validate")
+    with pytest.raises(ValueError, match=r"call_kwargs: num_inference_steps must be an integer >= 1 .*not 0"):
+        check_call_arguments(Pipeline(), {"num_inference_steps": 0}, "validate")
+    with pytest.raises(ValueError, match=r"num_inference_steps must be an integer >= 2 \(MiniMax-H3's"):
+        check_call_arguments(Pipeline(MiniMaxH3Scheduler()), {"num_inference_steps": 1}, "bench")
+    with pytest.raises(ValueError, match="height must be an integer >= 1"):
+        check_call_arguments(Pipeline(), {"height": 0}, "bench")
+    with pytest.raises(ValueError, match="seed -1 is out of range: seeds are integers from 0 to 2\\*\\*64-1"):
+        check_seeds([0, -1])
+    with pytest.raises(ValueError, match="seed -5 is out of range"):
+        check_seed(-5)
 
 
 def test_unknown_recipe_names_list_the_known_ones_and_bad_yaml_is_named(tmp_path):
@@ -121,14 +172,21 @@ def test_cli_validate_exit_codes_json_plot_and_frames(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
-    assert main(["validate", "--recipe", "no-such-recipe"]) == 2
+    # the recipe is read and checked before anything runs: a usage error (SystemExit 2), one line
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--recipe", "no-such-recipe"])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("accelpatch: error: no recipe file or known recipe named 'no-such-recipe'")
+    assert err.startswith("accelpatch validate: error: no recipe file or known recipe named 'no-such-recipe'")
     assert len(err.strip().splitlines()) == 1
-    assert main(["bench", "--recipe", str(_write(tmp_path, tier="fast"))]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--recipe", str(_write(tmp_path, tier="fast"))])
+    assert exit_.value.code == 2
     assert "tier: unknown quality tier 'fast'" in capsys.readouterr().err
-    assert main(["bench", "--recipe", str(_write(tmp_path)), "--rounds", "1", "--no-progress"]) == 2
-    assert "rounds must be an integer >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--recipe", str(_write(tmp_path)), "--rounds", "1", "--no-progress"])
+    assert exit_.value.code == 2
+    assert "argument --rounds: must be an integer >= 2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["validate"])
     assert "--recipe" in capsys.readouterr().err

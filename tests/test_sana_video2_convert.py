@@ -1,7 +1,7 @@
 """Loading released SANA-Video 2.0 weights (original NVlabs/Sana format) and converting them to diffusers.
 
-The synthetic checkpoints here are built from the key table of ``shared/reference/sana_video2_checkpoint.md`` §2,
-written out below as key → shape formulas. They do not come from our model's ``state_dict``, so a naming or shape
+The synthetic checkpoints here are built from the key table of the original NVlabs/Sana checkpoint (a reference
+note outside this repository, §2), written out below as key → shape formulas. They do not come from our model's ``state_dict``, so a naming or shape
 drift in the model is caught. Bit identity is checked with ``torch.equal``.
 """
 import math

@@ -60,6 +60,8 @@ class BenchReport(TextReport):
     device: str
     candidates: list[BenchCandidate]
     description: str = ""
+    #: the transformer's parameter dtype ("bfloat16"; "" when unknown)
+    dtype: str = ""
 
     def candidate(self, label: str) -> BenchCandidate:
         for c in self.candidates:
@@ -69,12 +71,13 @@ class BenchReport(TextReport):
 
     def to_dict(self) -> dict:
         return {"kind": "accelpatch.bench", "version": 1, "description": self.description, "device": self.device,
-                "host": platform.node(), "torch": torch.__version__, "baseline": self.baseline,
+                "dtype": self.dtype, "host": platform.node(), "torch": torch.__version__, "baseline": self.baseline,
                 "rounds": self.rounds, "warmup": self.warmup, "timing": "transformer seconds per denoising step",
                 "candidates": [c.to_dict() for c in self.candidates]}
 
     def __str__(self) -> str:
-        head = (f"accelpatch bench: {self.description or 'pipeline'} on {self.device}; {self.rounds} interleaved "
+        where = self.device + (f", {self.dtype}" if self.dtype else "")
+        head = (f"accelpatch bench: {self.description or 'pipeline'} on {where}; {self.rounds} interleaved "
                 f"rounds after {self.warmup} warm-up call(s) per candidate; time inside the transformer per "
                 "denoising step")
         rows = [("candidate", "median s/step", "spread (p25-p75)", "fast calls", f"vs {self.baseline}")]
@@ -142,7 +145,29 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
     for entry in results.values():
         if entry is not base:
             entry.vs_baseline = compare_timings(base.seconds_per_step, entry.seconds_per_step)
-    device = device_of(pipe, switcher.models)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or 'cpu'}"
-    return BenchReport(baseline=baseline, rounds=rounds, warmup=warmup, device=f"{device} ({name})",
+    device, dtype = hardware(pipe, switcher.models)
+    return BenchReport(baseline=baseline, rounds=rounds, warmup=warmup, device=device, dtype=dtype,
                        candidates=list(results.values()), description=description)
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor()), or "" when unknown."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.lower().startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor().strip()
+
+
+def hardware(pipe: Any, models: list) -> tuple[str, str]:
+    """(where ``pipe`` runs, its transformer's dtype), each said once: ``("cuda:0 (NVIDIA H200)", "bfloat16")``,
+    ``("cpu (Intel(R) Xeon(R) ...)", "float32")``, ``("cpu", ...)`` when the CPU does not say its name."""
+    device = device_of(pipe, models)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    where = f"{device} ({name})" if name and name != device.type else str(device)
+    parameter = next(models[0].parameters(), None) if models else None
+    dtype = str(parameter.dtype).removeprefix("torch.") if parameter is not None else ""
+    return where, dtype

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from ..errors import did_you_mean
-from ..recipes import CandidateSpec, Gates, schema_errors
+from ..recipes import CandidateSpec, Gates, call_problems, schema_errors, seed_problem
 
 __all__ = ["require_pipeline", "check_seeds", "check_seed", "accepted_call_arguments", "check_call_arguments",
            "parse_gates", "check_candidates", "pipeline_makes_audio", "check_audio_request", "refuse_audio_request"]
@@ -52,6 +52,10 @@ def check_seeds(seeds: Any) -> list[int]:
     if bad:
         raise TypeError(f"seeds must be integers, got {bad[0]!r} ({type(bad[0]).__name__}) in {seeds!r}")
     seeds = [int(s) for s in seeds]
+    for seed in seeds:
+        problem = seed_problem(seed)
+        if problem:
+            raise ValueError(problem)
     if not seeds:
         raise ValueError("give at least one seed (seeds=[0])")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
@@ -65,6 +69,9 @@ def check_seed(seed: Any) -> int:
     if not _is_integer(seed):
         raise TypeError(f"seed must be one integer (bench seeds every call with it), got {type(seed).__name__} "
                         f"{seed!r}")
+    problem = seed_problem(int(seed))
+    if problem:
+        raise ValueError(problem)
     return int(seed)
 
 
@@ -91,6 +98,12 @@ def check_call_arguments(pipe: Any, call_kwargs: Mapping[str, Any], verb: str) -
                         f"{type(call_kwargs).__name__}")
     if "generator" in call_kwargs:
         raise ValueError(f"call_kwargs must not hold a generator: {verb} seeds each run itself")
+    # the scheduler's class names the family where the pipeline's does not (MiniMax-H3 is a ModularPipeline)
+    scheduler = getattr(pipe, "scheduler", None)
+    family = f"{type(pipe).__name__} {type(scheduler).__name__ if scheduler is not None else ''}"
+    problems = call_problems(call_kwargs, family)
+    if problems:
+        raise ValueError(f"call_kwargs: {'; '.join(problems)}")
     accepted = accepted_call_arguments(pipe)
     if accepted is None:
         return

@@ -1,9 +1,12 @@
 """``python -m accelpatch validate|bench|recipes``: the instruments on the command line, driven by a recipe.
 
 ``validate`` exits 0 when every candidate passes its gate, 1 when one fails, 2 on a usage or recipe error.
-``bench`` exits 0 after printing its table. Output paths (``--json``, ``--plot``, ``--frames``) are checked before
-anything runs (:func:`check_outputs`), so a typo in a folder name costs no run. Importing this module is cheap (no
-torch): the work is imported when a command runs, so ``--help`` answers at once.
+``bench`` exits 0 after printing its table. Everything that needs no model is checked before torch is imported or
+a model built (:func:`check_outputs`, :func:`check_recipe_arguments`): the integer options by their argparse types
+(``--rounds 1``, ``--warmup -2``, ``--seeds -1`` name the valid range), the recipe (an unknown name, a bad field,
+``num_inference_steps: 0``), ``--space``'s knob names and the output paths, so a typo costs no run: one ``error:``
+line, exit code 2. Importing this module is cheap (no torch): the work is imported when a command runs, so
+``--help`` answers at once.
 """
 from __future__ import annotations
 
@@ -17,6 +20,42 @@ from typing import Optional
 _OUTPUTS = {"json": None, "plot": "matplotlib", "frames": "PIL"}
 
 
+def at_least(minimum: int, why: str = ""):
+    """An argparse type: an integer >= ``minimum``; anything else is argparse's usage error naming the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}{why}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed, an integer from 0 to 2**64-1 (:func:`accelpatch.recipes.seed_problem`)."""
+    from ..recipes import seed_problem
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a seed is an integer from 0 to 2**64-1, got {text!r}") from None
+    problem = seed_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def _rounds_option(parser: argparse.ArgumentParser) -> None:
+    from ..recipes import MIN_ROUNDS
+
+    parser.add_argument("--rounds", type=at_least(MIN_ROUNDS, " (a spread needs two samples; a verdict six)"),
+                        default=None, help="timed interleaved rounds (default: the recipe's)")
+
+
 def _recipe_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", required=True, metavar="R",
                         help="a recipe name (see `accelpatch recipes`) or a path to a recipe YAML file")
@@ -27,7 +66,8 @@ def _recipe_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     _recipe_argument(parser)
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="override the recipe's seeds")
+    parser.add_argument("--seeds", type=seed, nargs="+", default=None,
+                        help="override the recipe's seeds (integers from 0 to 2**64-1)")
     parser.add_argument("--plot", metavar="OUT.png", default=None,
                         help="PSNR/SSIM per frame per candidate, and audio SNR/correlation per second when the "
                              "pipeline returns audio (PNG)")
@@ -36,9 +76,12 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..recipes import MIN_WARMUP
+
     _recipe_argument(parser)
-    parser.add_argument("--rounds", type=int, default=None, help="timed interleaved rounds (default: the recipe's)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default: the recipe's)")
+    _rounds_option(parser)
+    parser.add_argument("--warmup", type=at_least(MIN_WARMUP), default=None,
+                        help="untimed calls per candidate (default: the recipe's)")
 
 
 def output_problem(option: str, path: str) -> Optional[str]:
@@ -70,6 +113,31 @@ def check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
 
 
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> None:
+    parser.exit(2, f"{parser.prog}: error: {' '.join(str(message).split())}\n")
+
+
+def _distinct(option: str, seeds: Optional[list[int]]) -> Optional[str]:
+    repeated = sorted({s for s in seeds or () if seeds.count(s) > 1})
+    return f"{option}: seeds must be distinct, got {repeated} more than once" if repeated else None
+
+
+def check_recipe_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """validate/bench, before torch is imported or a model built: the output paths, then the recipe (read and
+    checked: an unknown name with the known ones, a bad field with what it allows, a call value out of its range),
+    kept on ``args`` for the run. One ``error:`` line, exit code 2."""
+    from ..recipes import RecipeError, load_recipe
+
+    check_outputs(args, parser)
+    problem = _distinct("--seeds", getattr(args, "seeds", None))
+    if problem:
+        _usage_error(parser, problem)
+    try:
+        args.loaded_recipe = load_recipe(args.recipe)
+    except RecipeError as error:
+        _usage_error(parser, str(error))
+
+
 def _load(args: argparse.Namespace):
     """(recipe, loaded pipeline, candidates) for a command, with ``--device`` applied."""
     import torch
@@ -77,7 +145,7 @@ def _load(args: argparse.Namespace):
     from ..recipes import load_recipe
     from .pipelines import load_pipeline
 
-    recipe = load_recipe(args.recipe)
+    recipe = getattr(args, "loaded_recipe", None) or load_recipe(args.recipe)
     if args.device is not None:
         recipe = recipe.model_copy(update={"device": args.device})
     if recipe.is_tiny:
@@ -108,11 +176,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
     recipe, loaded = _load(args)
     candidates = [recipe.reference_spec(), *recipe.candidate_specs()]
+    # without the device and dtype: the report's header says those it measured, once
+    description = f"recipe {recipe.name}: {recipe.model}" + (" (random weights)" if recipe.is_tiny else "")
     report = bench(loaded.pipe, loaded.call_kwargs, candidates,
                    rounds=args.rounds if args.rounds is not None else recipe.bench.rounds,
                    warmup=args.warmup if args.warmup is not None else recipe.bench.warmup,
-                   seed=recipe.seeds[0], progress=not args.no_progress,
-                   description=f"recipe {recipe.name}: {loaded.description}")
+                   seed=recipe.seeds[0], progress=not args.no_progress, description=description)
     print(report)
     if args.json:
         report.to_json(args.json)
@@ -148,10 +217,11 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                              "family); sol_attn's tau, dense_steps, dense_layers (not SANA-Video, which cannot run "
                              "sol_attn); anchor_fp32_steps, anchor_fp32_layers (SANA-Video 2.0). Another is refused "
                              "with the ones it can take")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="search seeds (default: the recipe's)")
-    parser.add_argument("--held-out-seeds", type=int, nargs="+", default=None,
+    parser.add_argument("--seeds", type=seed, nargs="+", default=None,
+                        help="search seeds, integers from 0 to 2**64-1 (default: the recipe's)")
+    parser.add_argument("--held-out-seeds", type=seed, nargs="+", default=None,
                         help="seeds the winner must also pass (default: one after the search seeds)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed interleaved rounds (default: the recipe's)")
+    _rounds_option(parser)
     parser.add_argument("--device", default=None, help="override the recipe's device (auto, cpu, cuda, cuda:N)")
     parser.add_argument("--json", metavar="OUT", nargs="?", const="-", default=None,
                         help="the result as JSON: to OUT, or alone on stdout with a bare --json")
@@ -160,8 +230,12 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_tune_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Usage errors before anything is built: the budget, the space, and every output path (as check_outputs)."""
-    from .tune_space import parse_budget
+    """Usage errors before torch is imported or anything built: the budget, the space (YAML, a mapping, knob names
+    tune knows; which of them the model takes is checked once it is built), the seeds, every output path (as
+    check_outputs) and the recipe (as :func:`check_recipe_arguments`)."""
+    from ..errors import did_you_mean
+    from ..recipes import RecipeError, load_recipe
+    from .tune_space import KNOB_DIRECTIONS, parse_budget
 
     problems = []
     try:
@@ -178,6 +252,14 @@ def check_tune_arguments(args: argparse.Namespace, parser: argparse.ArgumentPars
         else:
             if not isinstance(args.space, dict):
                 problems.append(f"--space must be a mapping of knob to values, got {args.space!r}")
+            else:
+                unknown = [str(name) for name in args.space if name not in KNOB_DIRECTIONS]
+                if unknown:
+                    problems.append(f"--space: unknown knob {unknown[0]!r}{did_you_mean(unknown[0], KNOB_DIRECTIONS)}"
+                                    f"; tune's knobs: {', '.join(KNOB_DIRECTIONS)} (which of them apply depends on "
+                                    "the model)")
+    problems += [p for p in (_distinct("--seeds", args.seeds), _distinct("--held-out-seeds", args.held_out_seeds))
+                 if p]
     for option, path in (("json", None if args.json == "-" else args.json), ("plot", args.plot)):
         problem = None if path is None else output_problem(option, path)
         if problem:
@@ -187,8 +269,19 @@ def check_tune_arguments(args: argparse.Namespace, parser: argparse.ArgumentPars
         problems.append(f"--out {args.out}: is a folder; give a file name")
     elif not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         problems.append(f"--out {args.out}: folder {str(out.parent)!r} does not exist or is not writable")
+    if not problems:
+        try:
+            args.loaded_recipe = load_recipe(args.recipe)
+        except RecipeError as error:
+            problems.append(str(error))
+    if not problems:
+        seeds = args.seeds or args.loaded_recipe.seeds
+        overlap = sorted(set(seeds) & set(args.held_out_seeds or ()))
+        if overlap:
+            problems.append(f"--held-out-seeds must not overlap the search seeds {seeds} (a held-out check on a "
+                            f"search seed checks nothing); both have {overlap}")
     if problems:
-        parser.exit(2, f"{parser.prog}: error: {problems[0]}\n")
+        _usage_error(parser, problems[0])
 
 
 def run_tune(args: argparse.Namespace) -> int:

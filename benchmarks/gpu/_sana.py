@@ -6,7 +6,7 @@
 * ``sana_video2_anchor``: one SANA-Video 2.0 anchor attention module at the 720p shape: the release's FP32
   attention against BF16 anchors and ``backend="sol_attn"`` over a tau sweep.
 * ``sana_video2_step``: one 5B SANA-Video 2.0 denoising step at 480p, ``exact`` against the ``high`` settings
-  (what ``benchmarks/gpu_sana_video2_forward.py`` measured before it was folded in here).
+  (formerly a script of its own).
 
 On a dry run the same code runs on CPU at tiny shapes with the release head dims; the CUDA-only fast paths run
 their exact CPU emulations there (see ``run_all.py``).

@@ -3,11 +3,11 @@
 * ``sol_attn_vs_flash``: the op alone, Triton kernel against SDPA flash attention (bf16), at the MiniMax-H3
   shape (38,016 packed rows, 56 heads × 128) and the SANA-Video 2.0 anchor shape (23,000 tokens, 10 heads × 256),
   over a tau sweep: exact fraction, time, speed-up, relative L2 error against dense, and the project's target
-  (≥ 4× wherever ≥ 85 % of the blocks are skipped). Folded in from ``benchmarks/gpu_sol_attn.py``.
+  (≥ 4× wherever ≥ 85 % of the blocks are skipped). Formerly a script of its own.
 * ``minimax_h3_layers``: a MiniMax-H3 transformer with release-shaped layers (6 of them) over a release-sized
   packed sequence, dense against ``backend="sol_attn"`` (dense layers 0 and 1, as by default): step time, mean
   exact fraction, PSNR against dense; the issue's target is ≥ 1.3× at PSNR 31–33 dB (prior art 1.15–1.23×).
-  Folded in from ``benchmarks/gpu_minimax_h3_sol_attn.py``.
+  Formerly a script of its own.
 
 Inputs of the op vary smoothly along the sequence (random walk + sinusoids + noise), like video tokens, so the
 exact fraction moves with tau. Random-weight PSNRs say nothing about quality on real weights; they show that the

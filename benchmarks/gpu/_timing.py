@@ -1,4 +1,4 @@
-"""Timing and comparison helpers of the GPU evidence run (moved here from ``benchmarks/_gpu.py``).
+"""Timing and comparison helpers of the GPU evidence run.
 
 Times are medians over repeats after a warm-up (kernel selection, Triton compiles), measured with CUDA events on
 a GPU and with the wall clock on a CPU dry run. Comparisons are made in float64 so that bf16 outputs compare
