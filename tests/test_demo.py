@@ -1,5 +1,6 @@
 """The demo runs end to end offline and tells the truth: fallbacks are labelled with their reason, timing differences
-inside the noise read as noise, and the MiniMax-H3 sol_attn section shows a fast path that runs on CPU."""
+inside the noise read as noise, the MiniMax-H3 sol_attn section shows a fast path that runs on CPU, the header
+prints before the first section and every section says how long it took."""
 import dataclasses
 import re
 
@@ -16,6 +17,8 @@ ROW = re.compile(r"^(?P<label>\S.*?)\s{2,}(?P<seconds>\d+\.\d{4})\s{2}(?P<timing
                  r"\s+(?P<psnr>inf|\d+\.\d dB)\s+(?P<ssim>\d\.\d{4})\s{2}(?P<fast>.+)$")
 NOISE = re.compile(r"^noise \((?P<low>\d+\.\d\d)–(?P<high>\d+\.\d\d)×\)$")
 RATIO = re.compile(r"^(?P<ratio>\d+\.\d\d)× (?P<word>faster|slower) \((?P<low>\d+\.\d\d)–(?P<high>\d+\.\d\d)×\)$")
+SECTION_TIME = re.compile(r"^-- (?P<title>.+): (?P<wall>\d+\.\d) s wall, (?P<cpu>\d+\.\d) s CPU \(build, calls and "
+                          r"scoring\)$")
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the demo says where CUDA is missing")
 
 
@@ -75,7 +78,8 @@ def test_sana_video_tiers_on_cpu_label_the_fallback_and_time_in_rounds():
     assert any(line.startswith("  lossless fusions (bit-exact;") for line in lines), lines
     for op, fused in (("modulate", 4), ("gated_residual", 4), ("relu_rope_pair", 2)):
         assert any(line.strip().startswith(f"{op} on ") and f": {fused} fused;" in line for line in lines), (op, lines)
-    assert lines[-1].startswith("after accelpatch.remove(pipe): bit-identical to unpatched: yes (")
+    assert lines[-2].startswith("after accelpatch.remove(pipe): bit-identical to unpatched: yes (")
+    assert SECTION_TIME.match(lines[-1]) and SECTION_TIME.match(lines[-1])["title"] == "SANA-Video", lines[-1]
 
 
 def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_it_must(monkeypatch):
@@ -100,7 +104,8 @@ def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_i
     assert sol["timing"] == f"no verdict (2 < {demo.MIN_ROUNDS} rounds)"
     assert f"Sol-Attn speed: no verdict from 2 round(s)" in text
     assert 'quality("lossless") under sol_attn: bit-identical to unpatched: yes' in text
-    assert lines[-1] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
+    assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
+    assert SECTION_TIME.match(lines[-1]), lines[-1]
 
 
 def test_timing_inside_the_noise_never_prints_a_bare_ratio():
@@ -189,7 +194,7 @@ def test_demo_runs_sana_video2_from_the_command_line(capsys):
     assert rows["patched, default"]["fast"] == "0, by design: tier lossless does not admit high; 24 lossless fused calls"
     assert "  lossless fusions (bit-exact;" in text and "rotary_complex_pair on 8 site(s): 8 fused;" in text
     assert "SanaVideo2Transformer3DModel" in text and "== MiniMax-H3" not in text
-    assert text.rstrip().endswith("bit-identical to unpatched: yes (1 call after remove())")
+    assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
 
 
 def test_cli_rejects_an_unknown_model(capsys):
@@ -199,3 +204,39 @@ def test_cli_rejects_an_unknown_model(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--model", "sana-video,nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+# Regression tests for issue #30, item 7: the header printed only when the whole demo had finished (minutes on a
+# loaded machine), and no section said how long it took.
+
+def _fake_section(title, seen=None, capsys=None):
+    """A stand-in for a demo section: records what had been printed when it started."""
+    def section(spec, **kwargs):
+        if capsys is not None:
+            seen.append(capsys.readouterr().out)
+        return [f"== {spec.title}: stand-in", "body"]
+    return section
+
+
+def test_the_header_prints_before_the_first_section_starts(monkeypatch, capsys):
+    printed_before = []
+    monkeypatch.setattr(demo, "_sana_section", _fake_section("SANA-Video", printed_before, capsys))
+    monkeypatch.setattr("torch.set_num_threads", lambda n: None)
+    assert main(["demo", "--model", "sana-video", "--no-progress"]) == 0
+    assert len(printed_before) == 1 and printed_before[0].startswith("accelpatch demo: tiny random-weight pipelines"), \
+        printed_before
+    assert "== SANA-Video: stand-in" in capsys.readouterr().out  # the section follows, printed once
+
+
+def test_every_section_ends_with_its_wall_and_cpu_time(monkeypatch):
+    monkeypatch.setattr(demo, "_sana_section", _fake_section("SANA-Video"))
+    chunks = []
+    text = run_demo(model="sana-video,sana-video2", progress=False, emit=chunks.append)
+    assert text == "\n".join(chunks) and len(chunks) == 4  # header, two sections, the total
+    for title in ("SANA-Video", "SANA-Video 2.0"):
+        lines = section(text, title)
+        assert lines[:2] == [f"== {title}: stand-in", "body"]
+        timing = SECTION_TIME.match(lines[2])
+        assert timing and timing["title"] == title and float(timing["wall"]) >= 0.0, lines
+    total = SECTION_TIME.match(text.splitlines()[-1])
+    assert total and total["title"] == "all 2 sections", text

@@ -10,6 +10,9 @@ once per round, each round starting one row later, so that drift of a shared mac
 only when its 95% interval excludes 1; otherwise the row reads "noise (low–high×)". A row that asked for a fast
 path that could not mount reads "fell back: <reason>" (the reason comes from ``accelpatch.report``).
 
+Output streams: the header prints before the first section is built and each section as soon as it is done, closed
+by how long it took (wall and CPU seconds), so a slow machine shows progress and the README's times can be checked.
+
 Importing this module is cheap (no torch, no diffusers): ``add_arguments`` declares the command line, so that
 ``--help`` answers at once; torch is imported by the functions that run.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
@@ -418,11 +422,18 @@ def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, r
     return lines
 
 
+def _section_time(title: str, wall: float, cpu: float) -> str:
+    """The closing line of a section: its wall-clock and CPU seconds (building, calls and scoring included)."""
+    return f"-- {title}: {wall:.1f} s wall, {cpu:.1f} s CPU (build, calls and scoring)"
+
+
 def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
              repeats: Optional[int] = None, progress: bool = True,
-             model: Union[str, Sequence[str]] = DEFAULT_MODELS) -> str:
-    """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, or a sequence of keys) and return
-    the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default."""
+             model: Union[str, Sequence[str]] = DEFAULT_MODELS, emit: Optional[Callable[[str], None]] = None) -> str:
+    """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, or a sequence of keys)
+    and return the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default.
+    ``emit`` (e.g. a flushing print) gets the text as it is ready: the header before the first section is built,
+    then each section with its time, so a long run shows progress instead of all of it at the end."""
     import torch  # noqa: PLC0415
 
     from diffusers.utils import logging as diffusers_logging  # noqa: PLC0415
@@ -435,20 +446,35 @@ def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = 
     torch_dtype = _torch_dtype(dtype, device)
     diffusers_logging.set_verbosity_error()
     dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16"}[torch_dtype]
-    lines = [f"accelpatch demo: tiny random-weight pipelines built offline; {device}, {dtype_name}"
-             f"{' (auto)' if dtype == 'auto' else ''}, {torch.get_num_threads()} thread(s), seed {seed}",
-             "Rounds run every row once, each starting one row later. s/step: median of the transformer's seconds per "
-             "denoising step (VAE decode not included). vs unpatched: median of the per-round ratios with its 95% "
-             "interval (order statistics); \"noise\" when the interval contains 1 (a difference this machine cannot tell "
-             f"apart). PSNR/SSIM: worst frame against the unpatched frames (at most {QUALITY_FRAMES}, evenly "
-             "spaced)."]
+    chunks: list[str] = []
+
+    def put(text: str) -> None:
+        chunks.append(text)
+        if emit is not None:
+            emit(text)
+
+    put("\n".join([
+        f"accelpatch demo: tiny random-weight pipelines built offline; {device}, {dtype_name}"
+        f"{' (auto)' if dtype == 'auto' else ''}, {torch.get_num_threads()} thread(s), seed {seed}; "
+        f"{_plural(len(names), 'section')}: {', '.join(MODELS[n].title for n in names)}",
+        "Rounds run every row once, each starting one row later. s/step: median of the transformer's seconds per "
+        "denoising step (VAE decode not included). vs unpatched: median of the per-round ratios with its 95% "
+        "interval (order statistics); \"noise\" when the interval contains 1 (a difference this machine cannot tell "
+        f"apart). PSNR/SSIM: worst frame against the unpatched frames (at most {QUALITY_FRAMES}, evenly "
+        "spaced)."]))
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
     for name in names:
         spec = MODELS[name]
+        wall, cpu = time.perf_counter(), time.process_time()
         section = _h3_section if spec.family == "minimax-h3" else _sana_section
-        lines.append("")
-        lines += section(spec, steps=steps or spec.default_steps, dtype=torch_dtype, device=device, seed=seed,
-                         rounds=repeats or spec.default_rounds, progress=progress)
-    return "\n".join(lines)
+        lines = section(spec, steps=steps or spec.default_steps, dtype=torch_dtype, device=device, seed=seed,
+                        rounds=repeats or spec.default_rounds, progress=progress)
+        lines.append(_section_time(spec.title, time.perf_counter() - wall, time.process_time() - cpu))
+        put("\n".join(["", *lines]))
+    if len(names) > 1:
+        put("\n" + _section_time(f"all {len(names)} sections", time.perf_counter() - start_wall,
+                                 time.process_time() - start_cpu))
+    return "\n".join(chunks)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -547,6 +573,6 @@ def main(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1) if args.device == "cpu" else None
-    print(run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
-                   progress=not args.no_progress, model=args.model))
+    run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
+             progress=not args.no_progress, model=args.model, emit=lambda text: print(text, flush=True))
     return 0
