@@ -240,3 +240,22 @@ def test_every_section_ends_with_its_wall_and_cpu_time(monkeypatch):
         assert timing and timing["title"] == title and float(timing["wall"]) >= 0.0, lines
     total = SECTION_TIME.match(text.splitlines()[-1])
     assert total and total["title"] == "all 2 sections", text
+
+
+def test_the_minimax_h3_section_runs_one_denoising_step_by_default(monkeypatch):
+    """Regression (issue #30, item 7): at 2 steps per call the section took 48 s on an idle 2-core EPYC and 2:44
+    under load, most of `make demo`; one step keeps its sequence (where the sparse path pays) and halves the
+    transformer's share. Small frames here: the default is what is checked, not the size."""
+    monkeypatch.setattr(demo, "H3_CALL_SIZE", {"height": 64, "width": 64, "num_frames": 124})
+    forwards = []
+    real_timed = demo._timed
+
+    def timed(timer, run):
+        out = real_timed(timer, run)
+        forwards.append(timer.forwards)
+        return out
+
+    monkeypatch.setattr(demo, "_timed", timed)
+    text = run_demo(model="minimax-h3", repeats=1, progress=False)
+    assert "124 frames, 1 denoising step (num_inference_steps=2: " in section(text, "MiniMax-H3")[0]
+    assert forwards == [1, 1, 1], forwards  # one forward per call: unpatched, sol_attn (high), sol_attn lossless

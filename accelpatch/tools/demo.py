@@ -63,7 +63,7 @@ MODELS: dict[str, DemoModel] = {
     "sana-video2": DemoModel("SANA-Video 2.0", "sana", "tiny_sana_video2_pipeline", "sana_video2_pipeline_call_kwargs",
                              "SANA_VIDEO2_MEDIUM_CONFIG", 4, 12),
     "minimax-h3": DemoModel("MiniMax-H3", "minimax-h3", "tiny_minimax_h3_pipeline", "minimax_h3_pipeline_call_kwargs",
-                            "MINIMAX_H3_MEDIUM_CONFIG", 2, 6),
+                            "MINIMAX_H3_MEDIUM_CONFIG", 1, 6),
 }
 #: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path.
 DEFAULT_MODELS = ("sana-video", "minimax-h3")
@@ -72,9 +72,10 @@ DEFAULT_MODELS = ("sana-video", "minimax-h3")
 #: which halves the cost of a forward and leaves room for a longer sequence.
 H3_CONFIG_OVERRIDES: dict[str, Any] = {"num_attention_heads": 2}
 #: 256x384, 124 frames (the shortest clip the pipeline takes): 3,552 video rows after 5 text and 414 audio rows. At
-#: this length block sparsity pays on one CPU thread (Sol-Attn computes ~25% of the key blocks exactly) while a
-#: call stays near 2.5 s; the sparse attention's advantage grows with the sequence (about 1.4x per layer at 2.8k
-#: rows, 1.7x at 4k, 2.2x at 5.7k, one thread).
+#: this length block sparsity pays on one CPU thread (Sol-Attn computes ~25% of the key blocks exactly); the sparse
+#: attention's advantage grows with the sequence (about 1.4x per layer at 2.8k rows, 1.7x at 4k, 2.2x at 5.7k, one
+#: thread). The section runs one denoising step per call (its default): ~0.9 s of transformer and ~1.4 s of VAE
+#: decode per call on a 2-core AVX2 EPYC, 14 calls; at the former 2 steps it took 48 s idle, 2:44 under load.
 H3_CALL_SIZE: dict[str, int] = {"height": 256, "width": 384, "num_frames": 124}
 #: Options of ``apply(pipe, backend="sol_attn", ...)``; tau (1.0) and the thresholds stay at their defaults. The
 #: default dense_steps=10 is meant for ~50-step runs: it would keep every step of a few-step demo dense (0 fast
@@ -394,8 +395,9 @@ def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, r
     options = ", ".join(f"{k}={v!r}" for k, v in H3_SOL_OPTIONS.items())
     lines = [f"== {spec.title}: tiny random t2va pipeline ({cfg.num_layers} layers, {cfg.num_attention_heads} heads × "
              f"{cfg.attention_head_dim}), {H3_CALL_SIZE['height']}×{H3_CALL_SIZE['width']}, "
-             f"{H3_CALL_SIZE['num_frames']} frames, {steps} denoising steps (num_inference_steps={steps + 1}: the "
-             f"distilled pipeline runs one forward per step), {_plural(rounds, 'interleaved round')}",
+             f"{H3_CALL_SIZE['num_frames']} frames, {_plural(steps, 'denoising step')} "
+             f"(num_inference_steps={steps + 1}: the distilled pipeline runs one forward per step), "
+             f"{_plural(rounds, 'interleaved round')}",
              f"   packed sequence {layout.sequence_length:,} rows: {layout.num_text} text + {layout.num_audio} audio "
              f"(the always-exact sink) + {layout.num_video:,} video",
              f"   accelpatch.apply(pipe, backend=\"sol_attn\", {options}); tau=1.0 (default)",
