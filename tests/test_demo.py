@@ -1,6 +1,7 @@
 """The demo runs end to end offline and tells the truth: fallbacks are labelled with their reason, timing differences
-inside the noise read as noise, the MiniMax-H3 sol_attn section shows a fast path that runs on CPU, the header
-prints before the first section and every section says how long it took."""
+inside the noise read as noise, the MiniMax-H3 sol_attn section shows a fast path that runs on CPU, Wan,
+HunyuanVideo 1.5 and LTX-2 have sections of their own, the header prints before the first section and every section
+says how long it took."""
 import dataclasses
 import re
 
@@ -259,3 +260,52 @@ def test_the_minimax_h3_section_runs_one_denoising_step_by_default(monkeypatch):
     text = run_demo(model="minimax-h3", repeats=1, progress=False)
     assert "124 frames, 1 denoising step (num_inference_steps=2: " in section(text, "MiniMax-H3")[0]
     assert forwards == [1, 1, 1], forwards  # one forward per call: unpatched, sol_attn (high), sol_attn lossless
+
+
+# Regression (issue #30, item 7): Wan, HunyuanVideo 1.5 and LTX-2 had no section, and --model had no `all`.
+
+def test_model_option_names_all_six_families_and_all():
+    assert set(demo.MODELS) == {"sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2"}
+    assert parse_models("all") == tuple(demo.MODELS)
+    assert parse_models("ltx2, all") == ("ltx2", *(n for n in demo.MODELS if n != "ltx2"))
+    assert build_parser().parse_args(["demo", "--model", "wan,hunyuan-video15"]).model == ("wan", "hunyuan-video15")
+    help_text = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
+    assert "all" in help_text and "ltx2" in help_text
+
+
+#: The smallest calls whose sparse attention still skips blocks (256 video tokens: 4 blocks of 64), ~0.3 s each.
+SMALL_CALLS = {"wan": dict(height=128, width=128, num_frames=13), "hunyuan-video15": dict(height=32, width=32),
+               "ltx2": dict(height=32, width=32, num_frames=3)}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_CALLS))
+def test_wan_hunyuan_video15_and_ltx2_sections_run_sol_attn_and_stay_bit_identical_where_they_must(name, monkeypatch):
+    import accelpatch
+
+    spec = dataclasses.replace(demo.MODELS[name], call_size=SMALL_CALLS[name])
+    monkeypatch.setitem(demo.MODELS, name, spec)
+    reports = []
+    real_report = accelpatch.report
+
+    def spy(*args, **kwargs):
+        reports.append(real_report(*args, **kwargs))
+        return reports[-1]
+
+    monkeypatch.setattr(accelpatch, "report", spy)
+    text = run_demo(model=name, steps=1, repeats=1, progress=False)
+    lines = section(text, spec.title)
+    rows = table(lines)
+    assert list(rows) == ["unpatched", "sol_attn (high)", "sol_attn, lossless"]
+    assert (rows["sol_attn, lossless"]["identical"], rows["sol_attn, lossless"]["psnr"]) == ("yes", "inf")
+    # the high row's report (the first patched call): every sparse self-attention site mounted at tier high, and the
+    # fast calls the table shows are the report's
+    high = reports[0]
+    sol = [s for s in high.sites if s.kind.endswith("_sol_attn")]
+    assert sol and all(s.mounted and s.tier == "high" for s in sol), sol
+    fast = sum(s.fast_calls for s in high.sites if s.tier != "lossless")
+    assert fast > 0 and rows["sol_attn (high)"]["fast"].startswith(f"{fast} fast calls, mean exact-block fraction")
+    assert rows["sol_attn (high)"]["timing"] == f"no verdict (1 < {demo.MIN_ROUNDS} rounds)"
+    both = " (frames and audio)" if name == "ltx2" else ""
+    assert f'quality("lossless") under sol_attn: bit-identical to unpatched{both}: yes' in lines
+    assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
+    assert SECTION_TIME.match(lines[-1]) and "video tokens per forward" in lines[1]
