@@ -309,3 +309,22 @@ def test_wan_hunyuan_video15_and_ltx2_sections_run_sol_attn_and_stay_bit_identic
     assert f'quality("lossless") under sol_attn: bit-identical to unpatched{both}: yes' in lines
     assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
     assert SECTION_TIME.match(lines[-1]) and "video tokens per forward" in lines[1]
+
+
+def test_readme_and_help_give_each_section_its_measured_time():
+    """Regression (issue #30, item 7): the README said the demo takes "about a minute" (it took 3:54-5:04 on a
+    loaded machine); it and --help now give each section's time as measured, and the CPU it was measured on."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("- `python -m accelpatch demo [")
+    bullet = " ".join(readme[start:readme.index("\n- `", start + 1)].split())
+    assert "about a minute" not in bullet and "2-core AVX2 AMD EPYC" in bullet
+    for name, spec in demo.MODELS.items():
+        assert re.search(rf"{re.escape(spec.title)} ~\d+ s", bullet), spec.title
+        assert f"`{name}`" in bullet, name
+    assert re.search(r"`make demo` takes about \d+ s", bullet) and re.search(r"`--model all` about \d+ min", bullet)
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["demo"].format_help().split())
+    for name in demo.MODELS:
+        assert re.search(rf"{re.escape(name)} ~\d+ s", help_text), name
+    assert "2-core AVX2 EPYC" in help_text

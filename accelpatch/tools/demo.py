@@ -84,9 +84,10 @@ MODELS: dict[str, DemoModel] = {
 DEFAULT_MODELS = ("sana-video", "minimax-h3")
 #: What ``--help`` says of the default and of the rest: times measured on a 2-core AVX2 EPYC, idle (the README's;
 #: each section prints its own, and a busy machine stretches them).
-DEFAULT_HELP = ("the SANA-Video tiers, ~7 s, and the MiniMax-H3 sol_attn path, which runs on CPU, ~35 s; ~45 s with "
-                "start-up. The others run only when named: sana-video2 ~12 s, wan ~27 s, hunyuan-video15 ~6 s, "
-                "ltx2 ~6 s; all ~1.5 min")
+DEFAULT_HELP = ("sana-video ~8 s, the SANA-Video tiers, and minimax-h3 ~35 s, the MiniMax-H3 sol_attn path, which "
+                "runs on CPU; ~45 s with start-up. The others run only when named: sana-video2 ~11 s, wan ~25 s, "
+                "hunyuan-video15 ~6 s, ltx2 ~6 s; all ~1 min 40 s. Measured on a 2-core AVX2 EPYC, one thread; "
+                "each section prints its own time")
 
 #: The MiniMax-H3 section's transformer: MINIMAX_H3_MEDIUM_CONFIG (4 layers, head dim 128, hidden 128) with 2 heads,
 #: which halves the cost of a forward and leaves room for a longer sequence.
