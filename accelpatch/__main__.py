@@ -22,8 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser = commands.add_parser(
         "demo", help="tiny pipelines: SANA-Video tiers and MiniMax-H3 sol_attn (--model picks)",
         description="Run tiny random pipelines offline: SANA-Video unpatched and under each tier, and MiniMax-H3 "
-                    "with backend sol_attn (--model picks: sana-video, sana-video2, minimax-h3, or a comma list); "
-                    "report speed with its noise, bit identity, PSNR/SSIM, what ran and what fell back.")
+                    "with backend sol_attn; --model picks any of the six families (sana-video, sana-video2, "
+                    "minimax-h3, wan, hunyuan-video15, ltx2), a comma list, or all. Report speed with its noise, bit "
+                    "identity, PSNR/SSIM, what ran and what fell back; each section prints when done, with its time.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)
 

@@ -30,7 +30,7 @@ __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "
 SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
 
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
-TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3")
+TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2")
 DTYPES = ("bf16", "fp16", "fp32")
 
 #: the largest seed: seeds are torch.Generator.manual_seed's non-negative range, 0 to 2**64 - 1 (torch folds a

@@ -116,16 +116,18 @@ def test_other_command_errors_keep_their_traceback(monkeypatch):
 def test_arguments_reach_the_demo(monkeypatch, capsys):
     seen = {}
 
-    def fake_run_demo(**kwargs):
+    def fake_run_demo(emit, **kwargs):
         seen.update(kwargs)
-        return "report"
+        emit("header")  # the demo prints through emit as it goes (the header first), not all at the end
+        emit("section")
+        return "header\nsection"
 
     monkeypatch.setattr(demo, "run_demo", fake_run_demo)
     monkeypatch.setattr("torch.set_num_threads", lambda n: None)
     assert main(["demo", "--steps", "2", "--repeats", "1", "--seed", "0", "--dtype", "fp32", "--no-progress"]) == 0
     assert seen == dict(steps=2, dtype="fp32", device="cpu", seed=0, repeats=1, progress=False,
                         model=("sana-video", "minimax-h3"))
-    assert capsys.readouterr().out == "report\n"
+    assert capsys.readouterr().out == "header\nsection\n"
 
 
 def test_build_kernels_builds_or_loads_and_says_where(capsys, monkeypatch):

@@ -1,14 +1,19 @@
 """``python -m accelpatch demo``: tiny random pipelines, unpatched next to patched, measured so that it tells the truth.
 
-By default two sections: SANA-Video under every tier (its fast path needs CUDA, so on a CPU its ``high`` row falls
-back, and the row says so and why), then MiniMax-H3 with ``backend="sol_attn"`` (block-sparse attention, the fast
-path that does run on a CPU). ``--model`` picks the sections (one name or a comma list).
+Six sections, one per family. By default two run: SANA-Video under every tier (its fast path needs CUDA, so on a
+CPU its ``high`` row falls back, and the row says so and why), then MiniMax-H3 with ``backend="sol_attn"``
+(block-sparse attention, the fast path that does run on a CPU). ``--model`` picks others (one name, a comma list,
+or ``all``): SANA-Video 2.0 through the tiers, and Wan 2.x, HunyuanVideo 1.5 and LTX-2 with ``sol_attn`` like
+MiniMax-H3 (tier high sparse, ``quality("lossless")`` bit-identical with the fused kernels, ``remove()``).
 
 Everything is built offline with random weights under a fixed seed. Rows are timed in interleaved rounds (every row
 once per round, each round starting one row later, so that drift of a shared machine hits all rows alike). The
 "vs unpatched" column is :func:`accelpatch.tools.stats.compare_timings` of the per-round samples: a ratio appears
 only when its 95% interval excludes 1; otherwise the row reads "noise (low–high×)". A row that asked for a fast
 path that could not mount reads "fell back: <reason>" (the reason comes from ``accelpatch.report``).
+
+Output streams: the header prints before the first section is built and each section as soon as it is done, closed
+by how long it took (wall and CPU seconds), so a slow machine shows progress and the README's times can be checked.
 
 Importing this module is cheap (no torch, no diffusers): ``add_arguments`` declares the command line, so that
 ``--help`` answers at once; torch is imported by the functions that run.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
@@ -41,7 +47,10 @@ class DemoModel:
     """One section of the demo: its title, how its tiny pipeline is built and called (names in
     :mod:`accelpatch.testing`; ``transformer_config`` None is the builder's default), the family (``"sana"``: a
     diffusers pipeline run through every tier; ``"minimax-h3"``: the modular pipeline with the ``sol_attn``
-    backend), and its defaults: denoising steps per call and interleaved timing rounds (cheap calls get more)."""
+    backend; ``"sol"``: a diffusers pipeline with the ``sol_attn`` backend), its defaults (denoising steps per call,
+    interleaved timing rounds: cheap calls get more), ``outputs``: the attributes of a diffusers pipeline's output
+    that must stay bit-identical (LTX-2's audio too), and ``call_size``: call arguments over the call-kwargs
+    builder's defaults (None: the builder's size, 1,024 video tokens per forward for Wan, HunyuanVideo 1.5, LTX-2)."""
 
     title: str
     family: str
@@ -50,45 +59,69 @@ class DemoModel:
     transformer_config: Optional[str]
     default_steps: int
     default_rounds: int
+    outputs: tuple[str, ...] = ("frames",)
+    call_size: Optional[dict] = field(default=None, hash=False)
 
 
-#: ``--model`` choices. The transformer configs keep the released head dims, so head-dim-gated fast paths apply.
+#: ``--model`` choices, in the order ``all`` runs them. The transformer configs keep the released head dims, so
+#: head-dim-gated fast paths apply (Wan, HunyuanVideo 1.5, LTX-2: their builders' default Sol configs, head dim 128,
+#: 1,024 video tokens per forward at the default call size).
 MODELS: dict[str, DemoModel] = {
     "sana-video": DemoModel("SANA-Video", "sana", "tiny_sana_video_pipeline", "sana_video_pipeline_call_kwargs",
                             "SANA_VIDEO_RELEASE_LIKE_CONFIG", 4, 12),
     "sana-video2": DemoModel("SANA-Video 2.0", "sana", "tiny_sana_video2_pipeline", "sana_video2_pipeline_call_kwargs",
                              "SANA_VIDEO2_MEDIUM_CONFIG", 4, 12),
     "minimax-h3": DemoModel("MiniMax-H3", "minimax-h3", "tiny_minimax_h3_pipeline", "minimax_h3_pipeline_call_kwargs",
-                            "MINIMAX_H3_MEDIUM_CONFIG", 2, 6),
+                            "MINIMAX_H3_MEDIUM_CONFIG", 1, 6),
+    "wan": DemoModel("Wan 2.x", "sol", "tiny_wan_pipeline", "wan_pipeline_call_kwargs", None, 2, 6),
+    "hunyuan-video15": DemoModel("HunyuanVideo 1.5", "sol", "tiny_hunyuan_video15_pipeline",
+                                 "hunyuan_video15_pipeline_call_kwargs", None, 2, 6),
+    "ltx2": DemoModel("LTX-2", "sol", "tiny_ltx2_pipeline", "ltx2_pipeline_call_kwargs", None, 2, 6,
+                      ("frames", "audio")),
 }
-#: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path.
+#: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path (one
+#: family whose fast path needs CUDA, one whose fast path runs here); the other four are a ``--model`` away.
 DEFAULT_MODELS = ("sana-video", "minimax-h3")
+#: What ``--help`` says of the default and of the rest: times measured on a 2-core AVX2 EPYC, idle (the README's;
+#: each section prints its own, and a busy machine stretches them).
+DEFAULT_HELP = ("sana-video ~8 s, the SANA-Video tiers, and minimax-h3 ~35 s, the MiniMax-H3 sol_attn path, which "
+                "runs on CPU; ~45 s with start-up. The others run only when named: sana-video2 ~11 s, wan ~25 s, "
+                "hunyuan-video15 ~6 s, ltx2 ~6 s; all ~1 min 40 s. Measured on a 2-core AVX2 EPYC, one thread; "
+                "each section prints its own time")
 
 #: The MiniMax-H3 section's transformer: MINIMAX_H3_MEDIUM_CONFIG (4 layers, head dim 128, hidden 128) with 2 heads,
 #: which halves the cost of a forward and leaves room for a longer sequence.
 H3_CONFIG_OVERRIDES: dict[str, Any] = {"num_attention_heads": 2}
 #: 256x384, 124 frames (the shortest clip the pipeline takes): 3,552 video rows after 5 text and 414 audio rows. At
-#: this length block sparsity pays on one CPU thread (Sol-Attn computes ~25% of the key blocks exactly) while a
-#: call stays near 2.5 s; the sparse attention's advantage grows with the sequence (about 1.4x per layer at 2.8k
-#: rows, 1.7x at 4k, 2.2x at 5.7k, one thread).
+#: this length block sparsity pays on one CPU thread (Sol-Attn computes ~25% of the key blocks exactly); the sparse
+#: attention's advantage grows with the sequence (about 1.4x per layer at 2.8k rows, 1.7x at 4k, 2.2x at 5.7k, one
+#: thread). The section runs one denoising step per call (its default): ~0.9 s of transformer and ~1.4 s of VAE
+#: decode per call on a 2-core AVX2 EPYC, 14 calls; at the former 2 steps it took 48 s idle, 2:44 under load.
 H3_CALL_SIZE: dict[str, int] = {"height": 256, "width": 384, "num_frames": 124}
-#: Options of ``apply(pipe, backend="sol_attn", ...)``; tau (1.0) and the thresholds stay at their defaults. The
-#: default dense_steps=10 is meant for ~50-step runs: it would keep every step of a few-step demo dense (0 fast
-#: calls). The default dense layers (0 and 1) are 2 of the released model's 50 layers but half of this 4-layer toy,
-#: so the toy runs every layer sparse, which is closer to the release's 96% sparse layers.
-H3_SOL_OPTIONS: dict[str, Any] = {"dense_steps": 0, "dense_layers": ""}
-#: Why each of :data:`H3_SOL_OPTIONS` differs from its default, for the section header.
-H3_SOL_OPTION_REASONS = ("dense_steps=0: the default 10 would keep every step of a few-step run dense; "
-                         "dense_layers='': the default 0,1 is 2 of the release's 50 layers but half of this toy")
+#: Options of ``apply(pipe, backend="sol_attn", ...)`` in the sol_attn sections; tau (1.0) and the thresholds stay
+#: at their defaults. The default dense_steps=10 is meant for ~50-step runs: it would keep every step of a few-step
+#: demo dense (0 fast calls). The default dense layers (0 and 1) are 2 of a released model's 30-60 layers but half
+#: or all of these 2-4-layer toys, so the toys run every layer sparse, closer to the release's ~96% sparse layers.
+SOL_OPTIONS: dict[str, Any] = {"dense_steps": 0, "dense_layers": ""}
+
+
+def _sol_option_reasons(layers: int) -> str:
+    """Why each of :data:`SOL_OPTIONS` differs from its default, for a section header."""
+    return ("dense_steps=0: the default 10 would keep every step of a few-step run dense; dense_layers='': the "
+            f"default 0,1 is 2 of a release's 30-60 layers but {'all' if layers <= 2 else 'half' if layers == 4 else 2}"
+            f" of this {layers}-layer toy")
 
 
 def parse_models(text: str) -> tuple[str, ...]:
-    """argparse type for ``--model``: one name of :data:`MODELS` or a comma list of them, in the order given."""
+    """argparse type for ``--model``: one name of :data:`MODELS`, a comma list of them (in the order given), or
+    ``all`` (every section, in :data:`MODELS`' order)."""
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if "all" in names:
+        names = tuple(dict.fromkeys([*(n for n in names if n != "all"), *MODELS]))
     unknown = [n for n in names if n not in MODELS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"invalid choice: {', '.join(map(repr, unknown)) or repr(text)} "
-                                         f"(choose from {', '.join(MODELS)}, or a comma list of them)")
+                                         f"(choose from {', '.join(MODELS)}, all, or a comma list of them)")
     return names
 
 
@@ -163,7 +196,7 @@ class Row:
     timed: bool = True
     seconds: list[float] = field(default_factory=list)  # per call: transformer seconds per denoising step
     identical: bool = True  # every call's frames equal the never-patched reference
-    frames: Any = None  # the last call's frames
+    frames: Any = None  # the last call's output: frames, or a tuple of frames and audio (see _video)
     report: Any = None  # accelpatch.report of the last call
     quality: Any = None  # VideoQuality of the last frames against the reference, once scored
 
@@ -205,8 +238,6 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
     accelpatch as the rows need. Each round starts one row later (a cyclic shift): every row takes every place in
     the round equally often, and no row runs twice in a row across a round boundary, where one burst of load from
     another process would slow two of its samples at once."""
-    import torch  # noqa: PLC0415
-
     import accelpatch  # noqa: PLC0415
 
     from accelpatch.tools.candidates import CallTimer, device_of  # noqa: PLC0415
@@ -228,7 +259,7 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
             with accelpatch.quality(row.tier) if row.tier else contextlib.nullcontext():
                 frames, seconds = _timed(timer, call)
             row.seconds.append(seconds)
-            row.identical &= torch.equal(frames, reference)
+            row.identical &= _same(frames, reference)
             row.frames = frames
             if patched:
                 row.report = accelpatch.report(pipe, reset=True)
@@ -236,14 +267,29 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
                     seen.site_report = str(row.report)
             elif removed:
                 seen.after_remove += 1
-                seen.after_remove_identical &= torch.equal(frames, reference)
+                seen.after_remove_identical &= _same(frames, reference)
             bar.update(1)
     if patched:
         accelpatch.remove(pipe)
     if not seen.after_remove:  # a single round never reaches an unpatched call after remove(): make one
         bar.set_postfix_str("after remove()")
-        seen.after_remove, seen.after_remove_identical = 1, torch.equal(call(), reference)
+        seen.after_remove, seen.after_remove_identical = 1, _same(call(), reference)
     return seen
+
+
+def _same(output, reference) -> bool:
+    """Bit identity of a call's output with the reference: ``torch.equal`` of the frames, and of every other output
+    (LTX-2's audio) when the call returns a tuple."""
+    import torch  # noqa: PLC0415
+
+    if isinstance(reference, tuple):
+        return len(output) == len(reference) and all(torch.equal(a, b) for a, b in zip(output, reference))
+    return torch.equal(output, reference)
+
+
+def _video(output):
+    """The frames of a call's output (the first of a tuple)."""
+    return output[0] if isinstance(output, tuple) else output
 
 
 def _calls(rows: list[Row], rounds: int) -> int:
@@ -267,7 +313,7 @@ def _quality(row: Row, reference):
     from accelpatch.tools.metrics import compare_videos  # noqa: PLC0415
 
     if row.quality is None:
-        row.quality = compare_videos(_frame_subset(reference), _frame_subset(row.frames))
+        row.quality = compare_videos(_frame_subset(_video(reference)), _frame_subset(_video(row.frames)))
     return row.quality
 
 
@@ -346,25 +392,17 @@ def _sana_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int,
     return lines
 
 
-def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, rounds: int, progress: bool
-                ) -> list[str]:
-    """The MiniMax-H3 modular pipeline unpatched and with ``backend="sol_attn"`` (tier high, its default), timed,
-    plus one ``quality("lossless")`` call; closes with the Sol-Attn verdict: speed-up with its interval, or noise."""
+def _build_h3(spec: DemoModel, *, steps: int, dtype, device: str, seed: int):
+    """The MiniMax-H3 modular t2va pipeline at :data:`H3_CALL_SIZE` and a call returning its video."""
     import torch  # noqa: PLC0415
-    from tqdm.auto import tqdm  # noqa: PLC0415
 
     import accelpatch.testing as testing  # noqa: PLC0415
-    from accelpatch.tools.stats import compare_timings  # noqa: PLC0415
 
     config = {**getattr(testing, spec.transformer_config), **H3_CONFIG_OVERRIDES}
-    rows = [Row("unpatched", False), Row("sol_attn (high)", True), Row("sol_attn, lossless", True, "lossless", False)]
-    bar = tqdm(total=2 + _calls(rows, rounds), desc=spec.title, disable=not progress, unit="call")
-    bar.set_postfix_str("building the tiny pipeline")
     transformer = testing.tiny_minimax_h3_transformer(config, dtype=dtype, seed=seed, device=device)
     pipe = getattr(testing, spec.pipeline)(transformer=transformer, seed=seed)
     if torch.device(device).type != "cpu":
         pipe.to(device)
-    bar.update(1)
 
     def call():
         kwargs = getattr(testing, spec.call_kwargs)(num_inference_steps=steps + 1, pipeline=pipe, seed=seed,
@@ -372,6 +410,65 @@ def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, r
         kwargs["prompt_embeds"] = kwargs["prompt_embeds"].to(device)
         return pipe(**kwargs, output="videos")
 
+    return pipe, call
+
+
+def _build_diffusers(spec: DemoModel, *, steps: int, dtype, device: str, seed: int):
+    """A tiny diffusers pipeline (Wan, HunyuanVideo 1.5, LTX-2) at its call-kwargs builder's default size and a call
+    returning its frames, or a tuple of :attr:`DemoModel.outputs` (LTX-2: frames and audio)."""
+    import accelpatch.testing as testing  # noqa: PLC0415
+
+    config = None if spec.transformer_config is None else getattr(testing, spec.transformer_config)
+    pipe = getattr(testing, spec.pipeline)(dtype=dtype, seed=seed, device=device, transformer_config=config)
+    call_kwargs = getattr(testing, spec.call_kwargs)
+
+    def call():
+        out = pipe(**call_kwargs(num_inference_steps=steps, seed=seed, **(spec.call_size or {})))
+        values = tuple(getattr(out, name) for name in spec.outputs)
+        return values if len(values) > 1 else values[0]
+
+    return pipe, call
+
+
+def _video_tokens(hidden_states, config) -> int:
+    """Video tokens per forward from the transformer's ``hidden_states``: patchified (B, S, C) as LTX-2 takes them,
+    or latents (B, C, F, H, W) cut into ``patch_size`` (Wan's (1, 2, 2); HunyuanVideo 1.5's ``patch_size_t`` x
+    ``patch_size``²)."""
+    if hidden_states.ndim == 3:
+        return int(hidden_states.shape[1])
+    patch = config.patch_size
+    if isinstance(patch, (tuple, list)):
+        pt, ph, pw = patch
+    else:
+        pt, ph, pw = getattr(config, "patch_size_t", 1), patch, patch
+    frames, height, width = hidden_states.shape[2:]
+    return (frames // pt) * (height // ph) * (width // pw)
+
+
+def _shape(output) -> str:
+    """The call output's shape(s): frames, and ``audio (…)`` for a tuple."""
+    if isinstance(output, tuple):
+        return f"frames {tuple(output[0].shape)}, audio {tuple(output[1].shape)}"
+    return f"frames {tuple(output.shape)}"
+
+
+def _sol_attn_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, rounds: int, progress: bool
+                      ) -> list[str]:
+    """A pipeline unpatched and with ``backend="sol_attn"`` (tier high, its default), timed, plus one
+    ``quality("lossless")`` call; closes with the Sol-Attn verdict (speed-up with its interval, or noise) and the
+    bit-identity checks. MiniMax-H3 (the modular pipeline) and the diffusers pipelines Wan, HunyuanVideo 1.5 and LTX-2
+    differ only in how they are built and called and in the header's sequence line."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    import accelpatch.testing as testing  # noqa: PLC0415
+    from accelpatch.tools.stats import compare_timings  # noqa: PLC0415
+
+    h3 = spec.family == "minimax-h3"
+    rows = [Row("unpatched", False), Row("sol_attn (high)", True), Row("sol_attn, lossless", True, "lossless", False)]
+    bar = tqdm(total=2 + _calls(rows, rounds), desc=spec.title, disable=not progress, unit="call")
+    bar.set_postfix_str("building the tiny pipeline")
+    pipe, call = (_build_h3 if h3 else _build_diffusers)(spec, steps=steps, dtype=dtype, device=device, seed=seed)
+    bar.update(1)
     captured: dict = {}
     hook = pipe.transformer.register_forward_pre_hook(lambda m, a, kw: captured.update(kw), with_kwargs=True)
     bar.set_postfix_str("warm-up (the reference frames)")
@@ -379,26 +476,35 @@ def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, r
         reference = call()
     finally:
         hook.remove()
-    layout = testing.minimax_h3_layout(captured)
     bar.update(1)
-    seen = _run_rounds(pipe, rows, call, reference, rounds=rounds,
-                       apply_options={"backend": "sol_attn", **H3_SOL_OPTIONS}, bar=bar)
+    seen = _run_rounds(pipe, rows, call, reference, rounds=rounds, apply_options={"backend": "sol_attn", **SOL_OPTIONS},
+                       bar=bar)
     bar.close()
 
     cfg = pipe.transformer.config
     unpatched, sol, lossless = rows
-    options = ", ".join(f"{k}={v!r}" for k, v in H3_SOL_OPTIONS.items())
-    lines = [f"== {spec.title}: tiny random t2va pipeline ({cfg.num_layers} layers, {cfg.num_attention_heads} heads × "
-             f"{cfg.attention_head_dim}), {H3_CALL_SIZE['height']}×{H3_CALL_SIZE['width']}, "
-             f"{H3_CALL_SIZE['num_frames']} frames, {steps} denoising steps (num_inference_steps={steps + 1}: the "
-             f"distilled pipeline runs one forward per step), {_plural(rounds, 'interleaved round')}",
-             f"   packed sequence {layout.sequence_length:,} rows: {layout.num_text} text + {layout.num_audio} audio "
-             f"(the always-exact sink) + {layout.num_video:,} video",
-             f"   accelpatch.apply(pipe, backend=\"sol_attn\", {options}); tau=1.0 (default)",
-             f"   ({H3_SOL_OPTION_REASONS})", ""]
+    model = f"{cfg.num_layers} layers, {cfg.num_attention_heads} heads × {cfg.attention_head_dim}"
+    if h3:
+        layout = testing.minimax_h3_layout(captured)
+        lines = [f"== {spec.title}: tiny random t2va pipeline ({model}), {H3_CALL_SIZE['height']}×"
+                 f"{H3_CALL_SIZE['width']}, {H3_CALL_SIZE['num_frames']} frames, {_plural(steps, 'denoising step')} "
+                 f"(num_inference_steps={steps + 1}: the distilled pipeline runs one forward per step), "
+                 f"{_plural(rounds, 'interleaved round')}",
+                 f"   packed sequence {layout.sequence_length:,} rows: {layout.num_text} text + {layout.num_audio} "
+                 f"audio (the always-exact sink) + {layout.num_video:,} video"]
+    else:
+        lines = [f"== {spec.title}: tiny random {type(pipe).__name__} ({model}), {_shape(reference)}, "
+                 f"{_plural(steps, 'denoising step')} with classifier-free guidance, "
+                 f"{_plural(rounds, 'interleaved round')}",
+                 f"   {_video_tokens(captured['hidden_states'], cfg):,} video tokens per forward in the sparse "
+                 "self-attention; cross-attention and other streams stay dense (the report says which)"]
+    options = ", ".join(f"{k}={v!r}" for k, v in SOL_OPTIONS.items())
+    lines += [f"   accelpatch.apply(pipe, backend=\"sol_attn\", {options}); tau=1.0 (default)",
+              f"   ({_sol_option_reasons(int(cfg.num_layers))})", ""]
     lines += _table(rows, reference, rounds)
     lines += ["", "accelpatch.report(pipe) after one sol_attn call:", seen.site_report or "-", ""]
     verdict = compare_timings(unpatched.seconds, sol.seconds)
+    bench = "benchmarks/bench_minimax_h3_sol_attn.py" if h3 else "benchmarks/bench_video_sol_attn.py"
     if rounds < MIN_ROUNDS:
         lines.append(f"Sol-Attn speed: no verdict from {rounds} round(s); it takes --repeats {MIN_ROUNDS} or more")
     elif verdict.distinguishable and verdict.speedup > 1.0:
@@ -406,23 +512,31 @@ def _h3_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: int, r
                      f"{_median(unpatched.seconds):.3f} s → {_median(sol.seconds):.3f} s per step on {device}")
     else:
         lines.append(f"Sol-Attn speed: {verdict.describe()}: no speed-up that this run can tell apart from the "
-                     "machine's noise (a busy machine widens the interval; benchmarks/bench_minimax_h3_sol_attn.py "
+                     f"machine's noise (a short sequence, or a busy machine widening the interval; {bench} "
                      "measures longer sequences)")
     if not sol.identical:
         quality = _quality(sol, reference)
         lines.append(f"Sol-Attn quality (approximate, tier high): worst-frame PSNR {quality.min_psnr:.1f} dB, "
                      f"SSIM {quality.min_ssim:.4f} against unpatched (random weights: an illustration, not a gate)")
-    lines.append(f"quality(\"lossless\") under sol_attn: bit-identical to unpatched: "
+    what = " (frames and audio)" if isinstance(reference, tuple) else ""
+    lines.append(f"quality(\"lossless\") under sol_attn: bit-identical to unpatched{what}: "
                  f"{'yes' if lossless.identical else 'NO'}")
     lines.append(_removal_line(seen.after_remove, seen.after_remove_identical))
     return lines
 
 
+def _section_time(title: str, wall: float, cpu: float) -> str:
+    """The closing line of a section: its wall-clock and CPU seconds (building, calls and scoring included)."""
+    return f"-- {title}: {wall:.1f} s wall, {cpu:.1f} s CPU (build, calls and scoring)"
+
+
 def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
              repeats: Optional[int] = None, progress: bool = True,
-             model: Union[str, Sequence[str]] = DEFAULT_MODELS) -> str:
-    """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, or a sequence of keys) and return
-    the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default."""
+             model: Union[str, Sequence[str]] = DEFAULT_MODELS, emit: Optional[Callable[[str], None]] = None) -> str:
+    """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, ``all``, or a sequence of keys)
+    and return the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default.
+    ``emit`` (e.g. a flushing print) gets the text as it is ready: the header before the first section is built,
+    then each section with its time, so a long run shows progress instead of all of it at the end."""
     import torch  # noqa: PLC0415
 
     from diffusers.utils import logging as diffusers_logging  # noqa: PLC0415
@@ -435,20 +549,35 @@ def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = 
     torch_dtype = _torch_dtype(dtype, device)
     diffusers_logging.set_verbosity_error()
     dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16"}[torch_dtype]
-    lines = [f"accelpatch demo: tiny random-weight pipelines built offline; {device}, {dtype_name}"
-             f"{' (auto)' if dtype == 'auto' else ''}, {torch.get_num_threads()} thread(s), seed {seed}",
-             "Rounds run every row once, each starting one row later. s/step: median of the transformer's seconds per "
-             "denoising step (VAE decode not included). vs unpatched: median of the per-round ratios with its 95% "
-             "interval (order statistics); \"noise\" when the interval contains 1 (a difference this machine cannot tell "
-             f"apart). PSNR/SSIM: worst frame against the unpatched frames (at most {QUALITY_FRAMES}, evenly "
-             "spaced)."]
+    chunks: list[str] = []
+
+    def put(text: str) -> None:
+        chunks.append(text)
+        if emit is not None:
+            emit(text)
+
+    put("\n".join([
+        f"accelpatch demo: tiny random-weight pipelines built offline; {device}, {dtype_name}"
+        f"{' (auto)' if dtype == 'auto' else ''}, {torch.get_num_threads()} thread(s), seed {seed}; "
+        f"{_plural(len(names), 'section')}: {', '.join(MODELS[n].title for n in names)}",
+        "Rounds run every row once, each starting one row later. s/step: median of the transformer's seconds per "
+        "denoising step (VAE decode not included). vs unpatched: median of the per-round ratios with its 95% "
+        "interval (order statistics); \"noise\" when the interval contains 1 (a difference this machine cannot tell "
+        f"apart). PSNR/SSIM: worst frame against the unpatched frames (at most {QUALITY_FRAMES}, evenly "
+        "spaced)."]))
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
     for name in names:
         spec = MODELS[name]
-        section = _h3_section if spec.family == "minimax-h3" else _sana_section
-        lines.append("")
-        lines += section(spec, steps=steps or spec.default_steps, dtype=torch_dtype, device=device, seed=seed,
-                         rounds=repeats or spec.default_rounds, progress=progress)
-    return "\n".join(lines)
+        wall, cpu = time.perf_counter(), time.process_time()
+        section = _sana_section if spec.family == "sana" else _sol_attn_section
+        lines = section(spec, steps=steps or spec.default_steps, dtype=torch_dtype, device=device, seed=seed,
+                        rounds=repeats or spec.default_rounds, progress=progress)
+        lines.append(_section_time(spec.title, time.perf_counter() - wall, time.process_time() - cpu))
+        put("\n".join(["", *lines]))
+    if len(names) > 1:
+        put("\n" + _section_time(f"all {len(names)} sections", time.perf_counter() - start_wall,
+                                 time.process_time() - start_cpu))
+    return "\n".join(chunks)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -477,11 +606,10 @@ non_negative_int = _int_at_least(0)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the demo's options (no heavy import: ``--help`` stays fast)."""
     parser.add_argument("--model", type=parse_models, default=DEFAULT_MODELS, metavar="MODEL[,MODEL]",
-                        help=f"which tiny pipelines to run, in order: {', '.join(MODELS)}, or a comma list "
-                             f"(default {','.join(DEFAULT_MODELS)}: the SANA-Video tiers and the MiniMax-H3 sol_attn "
-                             "path, which runs on CPU)")
+                        help=f"which tiny pipelines to run, in order: {', '.join(MODELS)}, a comma list, or all "
+                             f"(default {','.join(DEFAULT_MODELS)}: {DEFAULT_HELP})")
     parser.add_argument("--steps", type=positive_int, default=None,
-                        help="denoising steps (transformer forwards) per call, >= 1 (default: "
+                        help="denoising steps per call, >= 1 (default: "
                              + ", ".join(f"{n} {m.default_steps}" for n, m in MODELS.items()) + ")")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                         help="model dtype (default auto: fp32 on cpu, where bf16 matmuls are slow without bf16 units; "
@@ -547,6 +675,6 @@ def main(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1) if args.device == "cpu" else None
-    print(run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
-                   progress=not args.no_progress, model=args.model))
+    run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
+             progress=not args.no_progress, model=args.model, emit=lambda text: print(text, flush=True))
     return 0

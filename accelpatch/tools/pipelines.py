@@ -87,6 +87,14 @@ def _tiny(recipe: Recipe, device: torch.device) -> LoadedPipeline:
         pipe = testing.tiny_sana_video2_pipeline(dtype=dtype, device=device)
         own, rest = _accepted(testing.sana_video2_pipeline_call_kwargs, call)
         kwargs = {**testing.sana_video2_pipeline_call_kwargs(**own), **rest, "output_type": "pt"}
+    elif name in ("wan", "hunyuan-video15", "ltx2"):  # sol_attn families: the builders' Sol configs (head dim 128)
+        build, call_kwargs = {"wan": (testing.tiny_wan_pipeline, testing.wan_pipeline_call_kwargs),
+                              "hunyuan-video15": (testing.tiny_hunyuan_video15_pipeline,
+                                                  testing.hunyuan_video15_pipeline_call_kwargs),
+                              "ltx2": (testing.tiny_ltx2_pipeline, testing.ltx2_pipeline_call_kwargs)}[name]
+        pipe = build(dtype=dtype, device=device)
+        own, rest = _accepted(call_kwargs, call)
+        kwargs = {**call_kwargs(**own), **rest, "output_type": "pt"}
     else:  # minimax-h3
         if recipe.dtype != "fp32" or device.type != "cpu":
             raise RecipeError("tiny:minimax-h3 is built in fp32 on the CPU; set dtype: fp32 and device: cpu")
