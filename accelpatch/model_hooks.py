@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from . import call_context, steps
+from .tiers import Tier, effective_tier
 
 
 #: the open calls' frames, innermost last: (owner id, [(var, token), ...]) each
@@ -108,6 +109,9 @@ class ModelForwardHooks:
         self._bind = self._clock is not None or adapter.captures(backend)
         self._checkpointing = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
         self._parallel_guard = patch.parallel_guard
+        self._patch = patch
+        #: whether tier high can do anything on this model (read at the first call: the sites exist by then)
+        self._high_path: Optional[bool] = None
         self.handles = [model.register_forward_pre_hook(self.pre, with_kwargs=True),
                         model.register_forward_hook(self.post, always_call=True)]
 
@@ -123,7 +127,16 @@ class ModelForwardHooks:
             return steps.StepReading(steps.scheduler_step(scheduler), steps.SCHEDULER)
         return self._clock.advance(steps.timestep_values(bound.get(self._adapter.timestep_argument)))
 
+    def _check_high(self) -> None:
+        """A call under tier high on a model with no high fast path runs the lossless path: say so (once)."""
+        if self._high_path is None:
+            self._high_path = self._patch.has_high_path
+        if not self._high_path and effective_tier(self._patch.default_tier) is Tier.HIGH:
+            self._patch.say_high_does_nothing()
+
     def pre(self, module, args, kwargs):
+        if not torch.compiler.is_compiling():
+            self._check_high()
         if self._parallel_guard is not None:  # a split model: its ranks must agree before any collective runs
             self._parallel_guard.before_forward(module, args)
         for m in self._checkpointing:

@@ -38,6 +38,12 @@ _WARNED: set = set()
 _WARNED_LOCK = threading.Lock()
 
 
+#: why a call under quality("high") ran nothing approximate on a model with no high fast path
+NO_HIGH_PATH = ("tier high was asked, but this model has no high fast path without backend= or cache= (it runs the "
+                "lossless path, bit-identical to diffusers): apply(..., backend='sol_attn') or apply(..., cache=...) "
+                "adds one")
+
+
 def forget_warnings() -> None:
     """Let every (kind, reason) warn again (tests: each test starts as a fresh process would)."""
     with _WARNED_LOCK:
@@ -111,6 +117,16 @@ class ModelPatch:
                        "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
         warnings.warn(message, RuntimeWarning, stacklevel=5 if at_apply else 2)  # apply: the user's line
         logger.debug(message)
+
+    @property
+    def has_high_path(self) -> bool:
+        """Whether ``high`` can do anything here: a high-tier site, or a step cache."""
+        return self.cache is not None or any(site.tier is Tier.HIGH for site in self.sites)
+
+    def say_high_does_nothing(self, *, at_apply: bool = False) -> None:
+        """``high`` was asked of a model with no high fast path: say so once per process (it runs the lossless
+        path, bit for bit)."""
+        self.warn_once("high", NO_HIGH_PATH, at_apply=at_apply)
 
     def unmounted_reason(self, kind: str) -> str:
         """The fallback reason of a call to an unmounted site of ``kind`` (the same for all of the model's sites)."""
@@ -266,6 +282,8 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         raise
     for kind in patch.rejections:
         patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
+    if patch.default_tier is Tier.HIGH and patch.sites and not patch.has_high_path:
+        patch.say_high_does_nothing(at_apply=True)
 
 
 def _name_gated_repeated_blocks(model: torch.nn.Module, patch: ModelPatch) -> None:

@@ -82,6 +82,8 @@ def merge_counts(dicts) -> dict[str, int]:
 #: Sol-Attn skipped attention blocks ("sparse"), an approximate high-tier path ran ("approximate"), or a step cache
 #: reused a transformer call's blocks ("cache")
 FAST_KINDS = ("fused", "sparse", "approximate", "cache")
+#: the tiers ``assert_fast_path_ran(kind=...)`` also takes: any fast call at that tier
+TIERS = ("lossless", "high")
 
 
 class _Tally:
@@ -182,11 +184,17 @@ class ModelReport(_Tally):
             why = f" (backend {self.backend} is approximate)" if self.backend else " (apply(..., tier='high'))"
             return (f"runs at tier high by default{why}; quality('lossless') (the bit-exact fused kernels) or "
                     "quality('exact') (the original diffusers path) gives diffusers' bits")
+        high = ("quality('high') opts in to the approximate fast paths" if self.has_high_path else
+                "this model has no high fast path without backend= or cache= (quality('high') runs the lossless path)")
         if self.default_tier == "lossless" and self.fusions:
             return ("runs at tier lossless by default (bit-exact fused kernels: bit-identical to the unpatched "
-                    "model); quality('high') opts in to the approximate fast paths")
-        return (f"runs at tier {self.default_tier} by default (bit-identical to the unpatched model); "
-                "quality('high') opts in to the approximate fast paths")
+                    f"model); {high}")
+        return f"runs at tier {self.default_tier} by default (bit-identical to the unpatched model); {high}"
+
+    @property
+    def has_high_path(self) -> bool:
+        """Whether ``quality("high")`` can run anything approximate here: a high-tier site, or a step cache."""
+        return self.cache is not None or any(s.tier == "high" for s in self.sites)
 
     def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
         """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]. Sites rejected because
@@ -319,15 +327,24 @@ class Report(_Tally):
             out["sparse"] += self.attention_backend.sparse_calls
         return out
 
+    @property
+    def fast_calls_by_tier(self) -> dict[str, int]:
+        """Fast calls at each tier, the ``sol_attn`` attention backend's sparse calls counted as high."""
+        out = super().fast_calls_by_tier
+        if self.attention_backend is not None:
+            out["high"] += self.attention_backend.sparse_calls
+        return out
+
     def assert_fast_path_ran(self, kind: Optional[str] = None) -> None:
-        """Raise AssertionError unless something fast ran — of ``kind`` when given (one of :data:`FAST_KINDS`:
-        "fused", "sparse", "approximate", "cache"): a guard against silent no-ops in tests and scripts. A call
-        that entered a fast path but did no fast work (every fused op ran its eager chain, Sol-Attn skipped
-        nothing) does not count."""
-        if kind is not None and kind not in FAST_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(FAST_KINDS)} (or None for any), got {kind!r}")
+        """Raise AssertionError unless something fast ran — of ``kind`` when given: one of :data:`FAST_KINDS`
+        ("fused", "sparse", "approximate", "cache") or a tier ("lossless", "high"). A guard against silent no-ops
+        in tests and scripts: a call that entered a fast path but did no fast work (every fused op ran its eager
+        chain, Sol-Attn skipped nothing) does not count."""
+        if kind is not None and kind not in FAST_KINDS + TIERS:
+            raise ValueError(f"kind must be one of {', '.join(FAST_KINDS + TIERS)} (or None for any), got {kind!r}")
         counts = self.fast_calls_by_kind
-        if (counts[kind] if kind else sum(counts.values())) == 0:
+        ran = self.fast_calls_by_tier[kind] if kind in TIERS else counts[kind] if kind else sum(counts.values())
+        if ran == 0:
             uncounted = "".join(f"; {line}" for m in self.models for line in [m.uncounted_line()] if line)
             ran = ", ".join(f"{k} {n}" for k, n in counts.items() if n)
             what = f"no {kind} fast path" if kind else "no accelpatch fast path"

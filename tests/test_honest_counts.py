@@ -8,6 +8,7 @@ import torch
 
 import accelpatch
 import accelpatch.testing as t
+from accelpatch import patcher
 from accelpatch.backends import attention_backend
 from accelpatch.backends.sol_attn import NOTHING_SKIPPED
 from accelpatch.gate import SiteCounters, WorkWatch, note_work
@@ -68,7 +69,8 @@ def test_a_call_whose_fused_ops_fused_counts_as_fused_work_only():
 def test_assert_fast_path_ran_names_the_valid_kinds():
     model, inputs = _sana_video()
     accelpatch.apply(model)
-    with pytest.raises(ValueError, match="kind must be one of fused, sparse, approximate, cache .* got 'fast'"):
+    with pytest.raises(ValueError, match="kind must be one of fused, sparse, approximate, cache, lossless, high "
+                                         ".* got 'fast'"):
         accelpatch.report(model).assert_fast_path_ran(kind="fast")
     assert FAST_KINDS == ("fused", "sparse", "approximate", "cache")
     accelpatch.remove(model)
@@ -156,3 +158,44 @@ def test_a_reason_about_the_model_is_not_worded_as_expected():
     said = [m for m in _accelpatch_warnings(record) if "processor is AttnProcessor2_0" in m]
     assert said and not any("expected on this machine" in m for m in said), said
     accelpatch.remove(model)
+
+
+def test_high_on_a_model_with_no_high_fast_path_says_so():
+    """Issue #32 item 3: quality("high") on Wan without backend= or cache= ran the lossless path, counted nothing
+    and the report still said it "opts in to the approximate fast paths"."""
+    model = t.tiny_wan_transformer()
+    inputs = t.wan_transformer_inputs(model)
+    reference = _forward(model, inputs)
+    accelpatch.apply(model)
+    report = accelpatch.report(model)
+    assert "this model has no high fast path without backend= or cache=" in report.models[0].headline()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with accelpatch.quality("high"):
+            outputs = [_forward(model, inputs) for _ in range(2)]
+    said = [m for m in _accelpatch_warnings(record) if "no high fast path" in m]
+    assert len(said) == 1 and "runs the lossless path" in said[0], said
+    assert all(torch.equal(out, reference) for out in outputs)
+    with pytest.raises(AssertionError, match="no high fast path ran"):
+        accelpatch.report(model).assert_fast_path_ran(kind="high")
+    accelpatch.report(model).assert_fast_path_ran(kind="lossless")  # the fused kernels did run
+    accelpatch.remove(model)
+    patcher.forget_warnings()  # as in a fresh process: said once per process, and it was said above
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        accelpatch.apply(model, tier="high")  # asked at apply: said there
+    assert [m for m in _accelpatch_warnings(record) if "no high fast path" in m]
+    accelpatch.remove(model)
+
+
+def test_a_model_with_a_high_fast_path_does_not_say_it_has_none():
+    model, inputs = _sana_video()
+    accelpatch.apply(model)
+    assert "opts in to the approximate fast paths" in accelpatch.report(model).models[0].headline()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with accelpatch.quality("high"):
+            _forward(model, inputs)
+    assert not [m for m in _accelpatch_warnings(record) if "no high fast path" in m]
+    accelpatch.remove(model)
+
