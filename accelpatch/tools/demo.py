@@ -27,6 +27,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
+from .recipe_cli import at_least
+
 if TYPE_CHECKING:  # pragma: no cover
     from accelpatch.reporting import Report
     from accelpatch.tools.stats import TimingComparison
@@ -584,23 +586,8 @@ def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = 
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
-def _int_at_least(minimum: int):
-    """argparse type: an int >= minimum; anything else is a one-line usage error naming the value."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = _int_at_least(1)
-non_negative_int = _int_at_least(0)
+positive_int = at_least(1)
+non_negative_int = at_least(0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
