@@ -199,3 +199,16 @@ def test_a_model_with_a_high_fast_path_does_not_say_it_has_none():
     assert not [m for m in _accelpatch_warnings(record) if "no high fast path" in m]
     accelpatch.remove(model)
 
+
+
+def test_a_sparse_call_that_skipped_nothing_is_counted_once_not_handed_down():
+    """MiniMax-H3's attention carries Sol-Attn (high) over the fused attention (lossless): a Sol-Attn call that ran
+    but skipped nothing is counted by Sol-Attn with NOTHING_SKIPPED, and the site below never ran for it."""
+    model = t.tiny_minimax_h3_transformer(dtype=torch.bfloat16)
+    inputs = t.minimax_h3_transformer_inputs(model, num_video=96, video_timestep=0.1, audio_timestep=0.1)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=-1e9)  # every pair exact
+    with torch.no_grad():
+        model(**inputs)
+    sites = [s for s in accelpatch.report(model).models[0].sites if s.path == "transformer_blocks.0.attn"]
+    assert [(s.kind, s.fast_calls, dict(s.reference_calls)) for s in sites] == [
+        ("sol_attn", 0, {NOTHING_SKIPPED: 1}), ("minimax_h3_fused_attention", 0, {})]
