@@ -20,7 +20,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu" / "run_all.py"
 SECTIONS = ("lossless_bit_identity", "lossless_speed", "sana_video_linear_attention", "sana_video2_anchor",
-            "sana_video2_step", "sol_attn_vs_flash", "minimax_h3_layers", "wan_step")
+            "sana_video2_step", "sol_attn_vs_flash", "minimax_h3_layers", "wan_step", "step_cache", "compile")
 MODELS = ("SANA-Video", "SANA-Video 2.0", "MiniMax-H3")
 
 
@@ -105,6 +105,10 @@ def test_sections_report_their_fast_paths(dry_run):
     assert {row["shape"] for row in sections["sol_attn_vs_flash"]["rows"]} == {"minimax_h3", "sana_video2_anchor"}
     wan = [row for row in sections["wan_step"]["rows"] if row["setting"].startswith("sol_attn")]
     assert wan and all(row["fast_calls"] >= 1 and 0 < row["exact_fraction"] < 1 for row in wan), wan
+    cache = [row for row in sections["step_cache"]["rows"] if row["setting"].startswith("cache")]
+    assert cache and all(0 < row["reuse_fraction"] < 1 for row in cache), cache
+    compiled = {row["setting"]: row for row in sections["compile"]["rows"]}
+    assert {"eager, unpatched", "compiled, unpatched", "compiled, default tier"} <= set(compiled)
 
 
 def test_table_names_every_section(dry_run):
@@ -361,4 +365,4 @@ def test_the_dry_run_builds_gpu_sizes_and_checks_the_plan_without_running(tmp_pa
     assert report["dry_run"] is True and tuple(report["sections"]) == SECTIONS
     assert all(section["status"] == "ok" for section in report["sections"].values())
     assert report["plan"]["problems"] == [] and report["plan"]["budgets_s"] <= 480
-    assert "plan: 8 sections" in proc.stdout and "warm_up" not in report  # no kernel build on a dry run
+    assert f"plan: {len(SECTIONS)} sections" in proc.stdout and "warm_up" not in report  # no kernel build on a dry run

@@ -15,8 +15,10 @@ status "error" and its message, and the others still run):
   sol_attn_vs_flash            the Sol-Attn Triton kernel vs SDPA flash at MiniMax-H3 / SANA-Video 2.0 shapes
   minimax_h3_layers            6 release-shaped MiniMax-H3 layers, dense vs backend="sol_attn" over tau
   wan_step                     one Wan2.1-1.3B-shaped step at 480p (32,760 tokens), dense vs backend="sol_attn"
+  step_cache                   the step cache on a SANA-Video pipeline over thresholds: time, reuse, PSNR
+  compile                      torch.compile of one release-width SANA-Video block, unpatched and patched
 
-The default run is sized for 8 minutes: the budgets add up to 450 s plus 20 s of start-up, and ``--time-limit``
+The default run is sized for 8 minutes: the budgets add up to 460 s plus 20 s of start-up, and ``--time-limit``
 (480 s) caps the whole run (a section's budget and hard limit shrink to what is left; sections that cannot start
 are "skipped"). Repeats are small (one warm-up, then the median of ``--repeats`` timed calls); the shapes are the
 real ones. The JSON is rewritten (atomically) after every section, so a run killed at its limit keeps what it
@@ -60,6 +62,7 @@ import torch  # noqa: E402
 import accelpatch  # noqa: E402
 from _lossless import CASES, failed_checks, lossless_bit_identity, lossless_bit_identity_builds  # noqa: E402
 from _lossless_speed import lossless_speed, lossless_speed_builds  # noqa: E402
+from _later import compile_builds, compile_section, step_cache, step_cache_builds  # noqa: E402
 from _plan import PLAN_LIMIT_S, plan_check, timed_plan  # noqa: E402
 from _runner import Options, Section, format_table, json_safe, run_section, skipped  # noqa: E402
 from _sana import (sana_video2_anchor, sana_video2_anchor_builds, sana_video2_step, sana_video2_step_builds,  # noqa
@@ -72,26 +75,32 @@ DEFAULT_TIME_LIMIT_S = PLAN_LIMIT_S
 
 #: in priority order: the lossless evidence first (a later section that wedges the GPU cannot take it along)
 SECTIONS = (
-    Section("lossless_bit_identity", 45, lossless_bit_identity,
+    Section("lossless_bit_identity", 40, lossless_bit_identity,
             "default tier / quality('lossless') bit-identical to unpatched, per model", lossless_bit_identity_builds),
-    Section("lossless_speed", 60, lossless_speed,
+    Section("lossless_speed", 55, lossless_speed,
             "default tier (bit-exact fused kernels) vs unpatched at release layer shapes, SHA-256 equal",
             lossless_speed_builds),
-    Section("sana_video_linear_attention", 40, sana_video_linear_attention,
+    Section("sana_video_linear_attention", 35, sana_video_linear_attention,
             "SANA-Video linear-attention site at 480p: exact (FP32 GEMMs) vs high (BF16-operand GEMM)",
             sana_video_linear_attention_builds),
-    Section("sana_video2_anchor", 65, sana_video2_anchor,
+    Section("sana_video2_anchor", 55, sana_video2_anchor,
             "SANA-Video 2.0 anchor at 720p: FP32 vs BF16 anchors vs Sol-Attn over tau", sana_video2_anchor_builds),
-    Section("sana_video2_step", 65, sana_video2_step,
+    Section("sana_video2_step", 55, sana_video2_step,
             "one 5B SANA-Video 2.0 step at 480p: exact vs the high settings", sana_video2_step_builds),
-    Section("sol_attn_vs_flash", 60, sol_attn_vs_flash,
+    Section("sol_attn_vs_flash", 55, sol_attn_vs_flash,
             "Sol-Attn Triton kernel vs SDPA flash at MiniMax-H3 / SANA-Video 2.0 shapes over tau",
             sol_attn_vs_flash_builds),
-    Section("minimax_h3_layers", 70, minimax_h3_layers,
+    Section("minimax_h3_layers", 60, minimax_h3_layers,
             "6 release-shaped MiniMax-H3 layers: dense vs backend='sol_attn' over tau", minimax_h3_layers_builds),
-    Section("wan_step", 45, wan_step,
+    Section("wan_step", 40, wan_step,
             "one Wan2.1-1.3B-shaped step at 480p: dense vs backend='sol_attn' (dense layers 0, 1) over tau",
             wan_step_builds),
+    Section("step_cache", 25, step_cache,
+            "step cache (first_block, tier high) on a SANA-Video pipeline: time, reuse, PSNR over thresholds",
+            step_cache_builds),
+    Section("compile", 40, compile_section,
+            "torch.compile of one release-width SANA-Video block, unpatched and patched: compile s, ms",
+            compile_builds),
 )
 SECTION_NAMES = tuple(section.name for section in SECTIONS)
 #: sections whose "required" rows must be bit-identical (exit code 1 otherwise)
