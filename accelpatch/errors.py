@@ -29,14 +29,17 @@ _FATAL_MARKERS = ("out of memory", "illegal memory access", "device-side assert"
 
 def is_fatal(error: BaseException) -> bool:
     """True for errors that re-raise instead of falling back to the reference path: out of memory, illegal memory
-    access, device-side assert (the device state is unknown after them), interrupts, and the exception
+    access, device-side assert (the device state is unknown after them), interrupts and any other ``BaseException``
+    that is not an ``Exception`` (a caller's time limit), and the exception
     non-reentrant checkpointing raises to stop a recomputation once it has what backward needs (control flow,
     not trouble: running the reference instead would recompute into a finished frame)."""
     import torch
     import torch.utils.checkpoint as checkpoint
 
     stop = getattr(checkpoint, "_StopRecomputationError", ())
-    if isinstance(error, (torch.cuda.OutOfMemoryError, KeyboardInterrupt, SystemExit, stop)):
+    if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit, a caller's alarm: never the kernel's fault
+        return True
+    if isinstance(error, (torch.cuda.OutOfMemoryError, stop)):
         return True
     text = str(error).lower()
     return any(marker in text for marker in _FATAL_MARKERS)

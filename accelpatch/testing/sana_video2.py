@@ -44,11 +44,13 @@ def tiny_sana_video2_transformer(config: Mapping[str, Any] | None = None, *, dty
     from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
 
     cfg = {**(SANA_VIDEO2_TINY_CONFIG if config is None else config), **overrides}
-    model = _build_seeded(SanaVideo2Transformer3DModel, cfg, seed=seed, dtype=torch.float32, device="cpu")
+    # built where it will run (under ``with torch.device("cuda")`` a 5B model is not initialised on the CPU), the
+    # projections drawn on the CPU with a CPU generator (explicitly: the default device may be another) and copied
+    model = _build_seeded(SanaVideo2Transformer3DModel, cfg, seed=seed, dtype=torch.float32, device=device)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for proj in (model.attn_res.attn_proj, model.attn_res.mlp_proj, model.attn_res.final_proj):
-            proj.weight.copy_(torch.randn(proj.weight.shape, generator=generator))
+            proj.weight.copy_(torch.randn(proj.weight.shape, generator=generator, device="cpu"))
     if dtype != torch.float32:
         _cast_like_from_pretrained(model, dtype)
     return model.to(device).eval()

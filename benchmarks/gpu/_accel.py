@@ -22,6 +22,14 @@ def build_on(device: str, factory: Callable[..., torch.nn.Module], *args: Any, *
         return factory(*args, device=device, **kwargs)
 
 
+def seeded_generator(device: str, seed: int) -> torch.Generator | None:
+    """A generator on ``device`` (CUDA refuses a CPU generator for a CUDA tensor), or None on the dry run's meta
+    device, which has no generators and no values to draw."""
+    if torch.device(device).type == "meta":
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 @contextlib.contextmanager
 def patched(model: torch.nn.Module, **options: Any) -> Iterator[None]:
     """``accelpatch.apply(model, **options)`` for the enclosed block, then ``accelpatch.remove(model)``."""

@@ -87,10 +87,19 @@ def compare(reference: torch.Tensor, output: torch.Tensor) -> dict[str, Any]:
     return row
 
 
+def _build(ctx: Context, case: ModelCase):
+    model = case.build(ctx.device)
+    return model, case.inputs(model)
+
+
+def lossless_bit_identity_builds(ctx: Context):
+    """(model name, build of the model and its inputs) for every case, as :func:`_check_model` builds them."""
+    return [(case.name, lambda case=case: _build(ctx, case)) for case in CASES]
+
+
 def _check_model(ctx: Context, case: ModelCase) -> None:
     """The reference, a second unpatched run, every patched check, and the run after ``remove()``: one row each."""
-    model = case.build(ctx.device)
-    inputs = case.inputs(model)
+    model, inputs = _build(ctx, case)
     reference = forward(model, inputs)
     ctx.add(model=case.name, check="unpatched (reference)", required=True, identical=True,
             sha256=sha256_hex(reference))

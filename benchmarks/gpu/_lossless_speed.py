@@ -60,7 +60,7 @@ def _cases(dry_run: bool) -> tuple[SpeedCase, ...]:
             lambda m: sana_video_transformer_inputs(m, batch_size=2, num_frames=21, height=60, width=104,
                                                     text_len=300)),
         SpeedCase("SANA-Video 2.0", "720p 193 frames: 25×23×40 = 23,000 tokens, CFG batch 2", lambda d: build_on(
-            d, tiny_sana_video2_transformer, SANA_VIDEO2_5B_CONFIG, num_layers=4, dtype=DTYPE),
+            d, tiny_sana_video2_transformer, SANA_VIDEO2_5B_CONFIG, depth=4, dtype=DTYPE),
             lambda m: sana_video2_transformer_inputs(m, frames=25, height=23, width=40)),
         SpeedCase("MiniMax-H3", "38,000 video + 2,304 text/audio rows", lambda d: build_on(
             d, tiny_minimax_h3_transformer, dict(H3_RELEASE_LAYER, num_layers=2), dtype=DTYPE),
@@ -75,13 +75,22 @@ def _fusion_summary(model: torch.nn.Module) -> tuple[str, list[str]]:
     return ran or "none", declined
 
 
+def _build(ctx: Context, case: SpeedCase):
+    model = case.build(ctx.device)
+    return model, case.inputs(model)
+
+
+def lossless_speed_builds(ctx: Context):
+    """(model name, build of the model and its inputs) for every case at the run's sizes."""
+    return [(case.name, lambda case=case: _build(ctx, case)) for case in _cases(ctx.dry_run)]
+
+
 def lossless_speed(ctx: Context) -> None:
     """Every model: unpatched, then the default tier, timed; SHA-256 of both outputs."""
     ctx.describe(dtype="bf16", what="forward of the transformer, unpatched vs accelpatch.apply() at the default "
                                     "tier (lossless fused kernels); outputs compared bit for bit")
     for case in ctx.sweep(_cases(ctx.dry_run), "models"):
-        model = case.build(ctx.device)
-        inputs = case.inputs(model)
+        model, inputs = _build(ctx, case)
 
         def forward():
             with torch.no_grad():

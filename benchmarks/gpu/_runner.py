@@ -1,10 +1,12 @@
 """The frame of the GPU evidence run: sections with time budgets, the context a section runs in, failure capture,
 the plain-text table and the JSON file.
 
-A section is one function ``run(ctx)`` that appends rows through ``ctx.add``. It has a soft budget (its sweeps stop
-starting new points once the budget is spent, and say so in the notes) and a hard limit (an alarm interrupts it).
-Any exception, the hard limit included, marks that section ``"error"`` with its message; the rows it had already
-added are kept, and the next section runs. Warnings raised inside a section are kept with it.
+A section is one function ``run(ctx)`` that appends rows through ``ctx.add``, and one function ``builds(ctx)`` that
+names the models and inputs it runs on (so that ``--dry-run`` can build them on the meta device, at GPU sizes, in
+seconds). It has a soft budget (its sweeps stop starting new points once the budget is spent, and say so in the
+notes) and a hard limit (an alarm interrupts it). Any exception, the hard limit included, marks that section
+``"error"`` with its message; the rows it had already added are kept, and the next section runs. Warnings raised
+inside a section are kept with it.
 """
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ HARD_LIMIT_SLACK_S = 30.0
 MAX_CELL = 46
 
 
-class SectionTimeout(Exception):
-    """The section ran past its hard limit."""
+class SectionTimeout(BaseException):
+    """The section ran past its hard limit. A ``BaseException`` (like ``KeyboardInterrupt``), not an ``Exception``:
+    the alarm can fire anywhere, also inside a fast path whose ``except Exception`` would record it as that fast
+    path's failure and run the reference on past the limit; only :func:`run_section` catches it."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class Section:
     budget_s: float
     run: Callable[["Context"], None]
     summary: str
+    #: ``builds(ctx)``: [(label, thunk)], each thunk building one model and its inputs as ``run`` does
+    builds: Optional[Callable[["Context"], list[tuple[str, Callable[[], Any]]]]] = None
 
 
 @dataclass
@@ -130,6 +136,12 @@ def hard_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def hard_limit_s(budget_s: float, time_cap: float) -> float:
+    """A section's hard limit: its budget times HARD_LIMIT_FACTOR plus HARD_LIMIT_SLACK_S, never past the run's
+    time left (``time_cap``), so that the run as a whole keeps to ``--time-limit``."""
+    return max(1.0, min(budget_s * HARD_LIMIT_FACTOR + HARD_LIMIT_SLACK_S, time_cap))
+
+
 def _release_memory(device: str) -> Optional[float]:
     """Free what the section left behind; the section's peak GPU memory in GiB (None off CUDA)."""
     gc.collect()
@@ -164,9 +176,9 @@ def run_section(section: Section, options: Options, *, time_cap: float, inject_f
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
-            with hard_limit(min(ctx.budget_s * HARD_LIMIT_FACTOR, time_cap) + HARD_LIMIT_SLACK_S):
+            with hard_limit(hard_limit_s(ctx.budget_s, time_cap)):
                 run(ctx)
-        except Exception as error:  # noqa: BLE001 - one section's failure must not stop the others
+        except (Exception, SectionTimeout) as error:  # noqa: BLE001 - one section's failure must not stop the others
             result.update(status="error", error=f"{type(error).__name__}: {error}",
                           traceback=traceback.format_exc(limit=-6).splitlines()[-12:])
             ctx.log(f"ERROR {result['error']}")

@@ -18,7 +18,7 @@ import math
 import torch
 
 import accelpatch
-from _accel import build_on, capture_call, patched, timed_at_tier
+from _accel import build_on, capture_call, patched, seeded_generator, timed_at_tier
 from _runner import Context
 from _timing import Timing, psnr, rel_l2, timed
 from accelpatch.testing import (SANA_VIDEO2_5B_CONFIG, SANA_VIDEO2_MEDIUM_CONFIG, SANA_VIDEO_RELEASE_CONFIG,
@@ -66,12 +66,22 @@ def _sana_video_setup(ctx: Context):
     return SANA_VIDEO_RELEASE_CONFIG, latent_grid(SANA_VIDEO_480P, WAN_VAE_STRIDE), 300
 
 
+def _linear_attention_build(ctx: Context):
+    """(model, inputs): one SANA-Video block at release width and the 480p clip's latents."""
+    config, grid, text_len = _sana_video_setup(ctx)
+    model = build_on(ctx.device, tiny_sana_video_transformer, config, num_layers=1, dtype=DTYPE)
+    return model, sana_video_transformer_inputs(model, batch_size=2, num_frames=grid[0], height=grid[1],
+                                                width=grid[2], text_len=text_len)
+
+
+def sana_video_linear_attention_builds(ctx: Context):
+    return [("SANA-Video 1 block", lambda: _linear_attention_build(ctx))]
+
+
 def sana_video_linear_attention(ctx: Context) -> None:
     """One-block SANA-Video at release width: the attn1 site and the block forward, unpatched / exact / high."""
     config, grid, text_len = _sana_video_setup(ctx)
-    model = build_on(ctx.device, tiny_sana_video_transformer, config, num_layers=1, dtype=DTYPE)
-    inputs = sana_video_transformer_inputs(model, batch_size=2, num_frames=grid[0], height=grid[1], width=grid[2],
-                                           text_len=text_len)
+    model, inputs = _linear_attention_build(ctx)
     site = model.transformer_blocks[0].attn1
     args, kwargs = capture_call(site, lambda: model(**inputs))
     patch = tuple(config["patch_size"])
@@ -113,17 +123,26 @@ def _anchor_settings(ctx: Context):
         yield f"Sol-Attn tau={tau:g}", dict(backend="sol_attn", tau=tau, dense_steps=0, dense_layers="")
 
 
-def sana_video2_anchor(ctx: Context) -> None:
-    """One anchor attention module at 720p: the release's FP32 core against BF16 anchors and Sol-Attn over tau."""
+def _anchor_build(ctx: Context):
+    """(one-anchor model, its 720p tokens, their RoPE)."""
     base = SANA_VIDEO2_MEDIUM_CONFIG if ctx.dry_run else SANA_VIDEO2_5B_CONFIG
     model = build_on(ctx.device, _sana_video2_model, {**base, "depth": 1, "softmax_ratio": 1.0,
                                                       "attn_res_block_size": 1})
     grid = SANA2_DRY_ANCHOR_GRID if ctx.dry_run else SANA2_720P_GRID
+    x = torch.randn(1, math.prod(grid), model.config.hidden_size, generator=seeded_generator(ctx.device, 1),
+                    device=ctx.device, dtype=DTYPE)
+    return model, x, model.rope_softmax(*grid, torch.device(ctx.device))
+
+
+def sana_video2_anchor_builds(ctx: Context):
+    return [("SANA-Video 2.0 anchor", lambda: _anchor_build(ctx))]
+
+
+def sana_video2_anchor(ctx: Context) -> None:
+    """One anchor attention module at 720p: the release's FP32 core against BF16 anchors and Sol-Attn over tau."""
+    model, x, rope = _anchor_build(ctx)
+    grid = SANA2_DRY_ANCHOR_GRID if ctx.dry_run else SANA2_720P_GRID
     attn = model.blocks[model.softmax_layer_indices[0]].attn
-    generator = torch.Generator(device=ctx.device).manual_seed(1)
-    x = torch.randn(1, math.prod(grid), model.config.hidden_size, generator=generator, device=ctx.device,
-                    dtype=DTYPE)
-    rope = model.rope_softmax(*grid, torch.device(ctx.device))
     ctx.describe(model=f"one SANA-Video 2.0 anchor attention module, hidden {model.config.hidden_size}, "
                        f"{attn.heads} heads × {attn.head_dim}, bf16 random weights",
                  shape=f"latents {dims(grid)} = {math.prod(grid)} tokens, batch 1"
@@ -155,12 +174,22 @@ def _step_settings(anchors: list[int]):
     ]
 
 
-def sana_video2_step(ctx: Context) -> None:
-    """One 5B denoising step at 480p under each setting of :func:`_step_settings`."""
+def _step_build(ctx: Context):
+    """(5B model, CFG-batch inputs at 480p)."""
     config = SANA_VIDEO2_MEDIUM_CONFIG if ctx.dry_run else SANA_VIDEO2_5B_CONFIG
     model = build_on(ctx.device, _sana_video2_model, config)
     grid = SANA2_DRY_GRID if ctx.dry_run else SANA2_480P_GRID
-    inputs = sana_video2_transformer_inputs(model, batch_size=2, frames=grid[0], height=grid[1], width=grid[2])
+    return model, sana_video2_transformer_inputs(model, batch_size=2, frames=grid[0], height=grid[1], width=grid[2])
+
+
+def sana_video2_step_builds(ctx: Context):
+    return [("SANA-Video 2.0 5B", lambda: _step_build(ctx))]
+
+
+def sana_video2_step(ctx: Context) -> None:
+    """One 5B denoising step at 480p under each setting of :func:`_step_settings`."""
+    model, inputs = _step_build(ctx)
+    grid = SANA2_DRY_GRID if ctx.dry_run else SANA2_480P_GRID
     params = sum(p.numel() for p in model.parameters())
     ctx.describe(model=f"SANA-Video 2.0, {params / 1e9:.2f}B parameters, bf16 random weights, anchors "
                        f"{model.softmax_layer_indices}",

@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from _accel import build_on, patched, timed_at_tier
+from _accel import build_on, patched, seeded_generator, timed_at_tier
 from _runner import Context
 from _timing import psnr, rel_l2, timed
 from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
@@ -97,12 +97,22 @@ def _tiles(q: torch.Tensor, impl: str) -> str:
     return f"BLOCK_N={t.block_n} stages={t.num_stages} GROUP={t.group} warps={t.num_warps}"
 
 
+def _op_build(ctx: Context, shape, dtype):
+    """q, k, v [B, T, H, D] of one op shape, drawn on the run's device."""
+    generator = seeded_generator(ctx.device, 0)
+    return tuple(smooth_tokens(shape, ctx.device, dtype, generator) for _ in range(3))
+
+
+def sol_attn_vs_flash_builds(ctx: Context):
+    shapes, dtype, _ = _op_setup(ctx)
+    return [(f"q, k, v {name}", lambda shape=shape: _op_build(ctx, shape, dtype)) for name, shape in shapes.items()]
+
+
 def _sweep_shape(ctx: Context, name: str, shape, dtype, impl: str) -> None:
     """Flash once, then Sol-Attn at every (tau, kv_splits) point of the sweep, on one input shape."""
     from accelpatch.ops import sol_attn
 
-    generator = torch.Generator(device=ctx.device).manual_seed(0)
-    q, k, v = (smooth_tokens(shape, ctx.device, dtype, generator) for _ in range(3))
+    q, k, v = _op_build(ctx, shape, dtype)
     q4, k4, v4 = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     flash = timed(_flash(q4, k4, v4, ctx.device == "cuda"), ctx.repeats, ctx.device)
     reference = flash.result.transpose(1, 2)
@@ -134,13 +144,26 @@ def _h3_target(speedup: float, psnr_db: float) -> str:
     return "ok (>= 1.3x)" if speedup >= 1.3 else "MISS (< 1.3x)"
 
 
+def _h3_setup(ctx: Context):
+    layer, sequence = ((H3_DRY_LAYER, H3_DRY_SEQUENCE) if ctx.dry_run else (H3_RELEASE_LAYER, H3_RELEASE_SEQUENCE))
+    return layer, sequence, torch.float32 if ctx.dry_run else torch.bfloat16
+
+
+def _h3_build(ctx: Context):
+    """(MiniMax-H3 with release-shaped layers, its packed inputs)."""
+    layer, (layers, video, text, audio), dtype = _h3_setup(ctx)
+    model = build_on(ctx.device, tiny_minimax_h3_transformer, dict(layer, num_layers=layers), dtype=dtype)
+    return model, minimax_h3_transformer_inputs(model, num_video=video, num_text=text, num_audio=audio)
+
+
+def minimax_h3_layers_builds(ctx: Context):
+    return [("MiniMax-H3 layers", lambda: _h3_build(ctx))]
+
+
 def minimax_h3_layers(ctx: Context) -> None:
     """Release-shaped MiniMax-H3 layers over a release-sized packed sequence: dense, then sol_attn per tau."""
-    layer, (layers, video, text, audio) = ((H3_DRY_LAYER, H3_DRY_SEQUENCE) if ctx.dry_run
-                                           else (H3_RELEASE_LAYER, H3_RELEASE_SEQUENCE))
-    dtype = torch.float32 if ctx.dry_run else torch.bfloat16
-    model = build_on(ctx.device, tiny_minimax_h3_transformer, dict(layer, num_layers=layers), dtype=dtype)
-    inputs = minimax_h3_transformer_inputs(model, num_video=video, num_text=text, num_audio=audio)
+    layer, (layers, video, text, audio), dtype = _h3_setup(ctx)
+    model, inputs = _h3_build(ctx)
     ctx.describe(model=f"MiniMax-H3, {layers} layers of {layer['num_attention_heads']} heads × 128 (hidden "
                        f"{layer['hidden_size']}, FFN {layer['ffn_dim']}), {str(dtype).replace('torch.', '')} "
                        "random weights",

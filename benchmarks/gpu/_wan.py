@@ -25,14 +25,28 @@ DRY_INPUTS = dict(num_frames=4, height=32, width=32, text_len=8)
 TAUS = (1.0, 1.5)
 
 
-def wan_step(ctx: Context) -> None:
-    """Dense, then sol_attn per tau, on one release-shaped Wan 1.3B step."""
-    # the dry run: three tiny layers, so that one runs sparse beside the default dense layers 0 and 1
+def _setup(ctx: Context):
+    # the CPU rehearsal: three tiny layers, so that one runs sparse beside the default dense layers 0 and 1
     config, shape = ((dict(WAN_SOL_CONFIG, num_layers=3), DRY_INPUTS) if ctx.dry_run
                      else (WAN_1_3B_CONFIG, RELEASE_INPUTS))
-    dtype = torch.float32 if ctx.dry_run else torch.bfloat16
+    return config, shape, torch.float32 if ctx.dry_run else torch.bfloat16
+
+
+def _build(ctx: Context):
+    """(Wan 1.3B-shaped model, its 480p inputs)."""
+    config, shape, dtype = _setup(ctx)
     model = build_on(ctx.device, tiny_wan_transformer, config, dtype=dtype)
-    inputs = wan_transformer_inputs(model, **shape)
+    return model, wan_transformer_inputs(model, **shape)
+
+
+def wan_step_builds(ctx: Context):
+    return [("Wan 1.3B", lambda: _build(ctx))]
+
+
+def wan_step(ctx: Context) -> None:
+    """Dense, then sol_attn per tau, on one release-shaped Wan 1.3B step."""
+    config, shape, dtype = _setup(ctx)
+    model, inputs = _build(ctx)
     tokens = shape["num_frames"] * (shape["height"] // 2) * (shape["width"] // 2)
     ctx.describe(model=f"Wan, {config['num_layers']} layers of {config['num_attention_heads']} heads × "
                        f"{config['attention_head_dim']}, {str(dtype).replace('torch.', '')} random weights",

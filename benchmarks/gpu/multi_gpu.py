@@ -29,25 +29,32 @@ from bench_parallel import side_by_side, split_as  # noqa: E402 - the benchmarks
 MODES = ("sana_video_sp", "sana_video2_sp", "sana_video_cfg", "sana_video2_cfg", "minimax_h3_cfg")
 
 
+def _build(device: str, factory, config, dtype):
+    """``factory`` under ``device`` as the default device: release-width weights are initialised where they run
+    (and on meta in the CPU check of this configuration, tests/test_gpu_evidence.py)."""
+    with torch.device(device):
+        return factory(config, dtype=dtype, device=device)
+
+
 def _case(family: str, dry_run: bool, device: str):
     from accelpatch import testing as t
 
     dtype = torch.float32 if dry_run else torch.bfloat16
     if family == "sana_video":
         config = t.SANA_VIDEO_MEDIUM_CONFIG if dry_run else dict(t.SANA_VIDEO_RELEASE_CONFIG, num_layers=2)
-        model = t.tiny_sana_video_transformer(config, dtype=dtype).to(device)
+        model = _build(device, t.tiny_sana_video_transformer, config, dtype)
         size = dict(num_frames=4, height=8, width=8) if dry_run else dict(num_frames=24, height=60, width=104,
                                                                         text_len=300)
         return model, t.sana_video_transformer_inputs(model, batch_size=2, with_mask=True, **size)
     if family == "sana_video2":
-        config = t.SANA_VIDEO2_MEDIUM_CONFIG if dry_run else dict(t.SANA_VIDEO2_5B_CONFIG, num_layers=4)
-        model = t.tiny_sana_video2_transformer(config, dtype=dtype).to(device)
+        config = t.SANA_VIDEO2_MEDIUM_CONFIG if dry_run else dict(t.SANA_VIDEO2_5B_CONFIG, depth=4)
+        model = _build(device, t.tiny_sana_video2_transformer, config, dtype)
         size = dict(frames=4, height=4, width=4) if dry_run else dict(frames=24, height=23, width=40)
         return model, t.sana_video2_transformer_inputs(model, batch_size=2, **size)
     from _sol import H3_RELEASE_LAYER
 
     config = t.MINIMAX_H3_MEDIUM_CONFIG if dry_run else dict(H3_RELEASE_LAYER, num_layers=2)
-    model = t.tiny_minimax_h3_transformer(config, dtype=dtype).to(device)
+    model = _build(device, t.tiny_minimax_h3_transformer, config, dtype)
     size = dict(num_video=600) if dry_run else dict(num_video=38000, num_text=256, num_audio=2048)
     return model, t.minimax_h3_transformer_inputs(model, batch_size=2, **size)
 
