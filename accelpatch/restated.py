@@ -10,10 +10,12 @@ that fast path by name, and the model runs diffusers' own code there; every othe
 
 The fingerprint is the SHA-256 of the function's source parsed to an AST with its docstrings dropped, written
 out the same way on every supported Python (:func:`canonical`): comments, blank lines, formatting, line numbers and
-docstrings do not count; any change to the code does. There is deliberately no bytecode fallback: bytecode differs between Python versions, so a recorded bytecode
-fingerprint would decline on every other Python anyway. A function whose source cannot be read (a sources-less
-install, code built with ``exec``) declines with that reason. Each function object is fingerprinted once
-(a weak cache), so the check costs one dictionary lookup per function at each later ``apply``.
+docstrings do not count; any change to the code does. There is deliberately no bytecode fallback: bytecode
+differs between Python versions, so a recorded bytecode fingerprint would decline on every other Python anyway. A
+function whose source cannot be read (a sources-less install, code built with ``exec``) declines with that reason.
+Each function object is fingerprinted once (a weak cache), so the check costs one dictionary lookup per function at
+each later ``apply``. The diffusers helpers a restatement calls rather than restates (``_get_qkv_projections``,
+``dispatch_attention_fn``) are not fingerprinted: the fast path calls diffusers' own, as the restated code does.
 
 Recording a new diffusers version is one command: ``python -m accelpatch.tools.fingerprints --write``.
 """

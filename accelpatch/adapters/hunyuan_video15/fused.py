@@ -85,7 +85,9 @@ class HunyuanVideo15FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "dual-stream block with its AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
-    restates = (_HY + "HunyuanVideo15TransformerBlock.forward", "diffusers.models.normalization:AdaLayerNormZero.forward")
+    #: adaln_zero restates AdaLayerNormZero.forward where the norm is diffusers' own
+    restates = (_HY + "HunyuanVideo15TransformerBlock.forward",
+                "diffusers.models.normalization:AdaLayerNormZero.forward")
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         return restated_class_mismatch(site, _hy_block_class())
