@@ -64,6 +64,25 @@ def test_the_recorded_fingerprints_match_the_installed_diffusers_for_every_resta
     assert fingerprints.main([]) == 0
 
 
+def test_every_fast_path_guarded_by_a_diffusers_processor_declares_that_processor_restated():
+    """A new fast path that checks for a diffusers processor restates its ``__call__``: it must say so, or a changed
+    processor would not decline it."""
+    from accelpatch.sites.base import FAST_PATH_CLASSES
+
+    fingerprints.restating_paths()  # imports every adapter and site module
+    checked = 0
+    for cls in FAST_PATH_CLASSES:
+        try:
+            processor = object.__new__(cls).expected_processor()
+        except NotImplementedError:  # an abstract base (its model's subclass says)
+            continue
+        if processor is None or not processor.__module__.startswith("diffusers."):
+            continue
+        checked += 1
+        assert f"{processor.__module__}:{processor.__qualname__}.__call__" in cls.restates, cls
+    assert checked >= 8, checked
+
+
 def _documented():
     def forward(x):
         """Doc."""
