@@ -323,8 +323,9 @@ def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[
     for name, sites in by_fusion.items():
         fusion = sites[0].fast_path.fusion
         for site in sites:
-            if site.reject_reason is None:
-                site.reject_reason = site.fast_path.mount_reject_reason(model.get_submodule(site.path), site)
+            if site.reject_reason is None:  # diffusers' restated code first: it decides for every site alike
+                site.reject_reason = (site.fast_path.restated_code_mismatch()
+                                      or site.fast_path.mount_reject_reason(model.get_submodule(site.path), site))
         rejected = next((s for s in sites if s.reject_reason is not None), None)
         if rejected is not None:
             patch.rejections[name] = f"{rejected.reject_reason} (at {rejected.path})"

@@ -126,6 +126,10 @@ def bind_call(args: tuple, kwargs: dict, names: tuple[str, ...]) -> dict:
     return bound
 
 
+#: every FastPath subclass defined so far (accelpatch.tools.fingerprints lists the restated functions from them)
+FAST_PATH_CLASSES: list = []
+
+
 class FastPath:
     """One kind of fast path. Subclasses set ``fusion`` and implement the guards and the math.
 
@@ -147,6 +151,22 @@ class FastPath:
     work: str = "approximate"
     #: the reasons a call that ran counts when it did no fast work (a fused forward whose ops all ran eagerly)
     work_reasons: tuple[str, ...] = ()
+    #: the diffusers functions whose code this path restates, as ``"module:Qualified.name"`` (accelpatch.restated):
+    #: at ``apply`` a function whose fingerprint is not one recorded for a tested diffusers declines the path
+    restates: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        FAST_PATH_CLASSES.append(cls)
+
+    def restated_code_mismatch(self) -> Optional[str]:
+        """Why the diffusers code this path restates is not the code recorded for a tested diffusers version
+        (None when it is, or when the path restates none); asked at ``apply`` before the per-site guards."""
+        if not self.restates:
+            return None
+        from ..restated import restated_code_mismatch
+
+        return restated_code_mismatch(self.restates)
 
     @property
     def tier(self) -> Tier:

@@ -29,6 +29,7 @@ class FusedSwiGLU(FusedOpsPath):
     fusion = FUSION
     description = "SwiGLU projection and gate x * silu(gate) fused (bit-exact, bf16)"
     fused_ops = (GLU_GATE, LINEAR)
+    restates = ("diffusers.models.activations:SwiGLU.forward",)
     policy_reasons = tuple(f"activations are {dtype}: the fused SiLU tables are bfloat16"
                            for dtype in (torch.float32, torch.float16))
 

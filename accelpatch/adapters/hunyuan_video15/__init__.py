@@ -47,7 +47,7 @@ from ...sites.base import Decline, Site, bind_call
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
-from .fused import FUSED_ATTENTION, FUSED_BLOCK
+from .fused import ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("hunyuan_video15_sol_attn", Tier.HIGH)
 REFINER_FUSION = QualityGatedFusion.named("hunyuan_video15_refiner_attention", Tier.HIGH)
@@ -99,6 +99,7 @@ class HunyuanVideo15SolAttention(DispatchSelfAttention):
                    "exact sink (and dense queries)")
     call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "image_rotary_emb")
     policy_reasons = DispatchSelfAttention.policy_reasons + (NO_JOINT, MASK_SHAPE, UNEVEN_TEXT, NOT_PREFIX, NO_CP)
+    restates = ATTENTION_RESTATES  # the RoPE is diffusers' apply_rotary_emb, called
 
     def processor_class(self) -> type:
         return _hy().HunyuanVideo15AttnProcessor2_0

@@ -47,6 +47,13 @@ NOT_REAL_TABLES = ("image_rotary_emb is not a (cos, sin) pair of [S, D] tensors:
 _CALL = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis")
 
 
+_HY = "diffusers.models.transformers.transformer_hunyuan_video15:"
+#: the joint attention's processor and the module forward the gated forward stands in for (the Sol-Attn path
+#: restates both too)
+ATTENTION_RESTATES = (_HY + "HunyuanVideo15AttnProcessor2_0.__call__",
+                      "diffusers.models.attention_processor:Attention.forward")
+
+
 def _hy_block_class() -> type:
     from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15TransformerBlock
 
@@ -78,6 +85,9 @@ class HunyuanVideo15FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "dual-stream block with its AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
+    #: adaln_zero restates AdaLayerNormZero.forward where the norm is diffusers' own
+    restates = (_HY + "HunyuanVideo15TransformerBlock.forward",
+                "diffusers.models.normalization:AdaLayerNormZero.forward")
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         return restated_class_mismatch(site, _hy_block_class())
@@ -135,6 +145,8 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
     description = "joint attention with the video q/k interleaved RoPE fused (bit-exact)"
     fused_ops = (ROPE_PAIR_PER_CHANNEL,)
     policy_reasons = (NOT_JOINT, NOT_REAL_TABLES)
+    #: ROPE_PAIR_PER_CHANNEL restates diffusers' apply_rotary_emb(use_real=True)
+    restates = ATTENTION_RESTATES + ("diffusers.models.embeddings:apply_rotary_emb",)
 
     def expected_processor(self) -> type:
         return _hy().HunyuanVideo15AttnProcessor2_0

@@ -45,7 +45,8 @@ from ...sites.base import Decline, Dense, Site, bind_call
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
-from .fused import FUSED_ATTENTION, FUSED_BLOCK, gate_and_project_out, processor_mismatch, project_qkv
+from .fused import (ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK, gate_and_project_out, processor_mismatch,
+                    project_qkv)
 
 SOL_FUSION = QualityGatedFusion.named("ltx2_sol_attn", Tier.HIGH)
 DENSE_FUSION = QualityGatedFusion.named("ltx2_dense_attention", Tier.HIGH)
@@ -76,6 +77,7 @@ class LTX2SolAttention(DispatchSelfAttention):
     description = "block-sparse Sol-Attn with rank-1 correction on LTX-2's video self-attention"
     call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "query_rotary_emb", "key_rotary_emb")
     policy_reasons = DispatchSelfAttention.policy_reasons + (PERTURBED_CALL,)
+    restates = ATTENTION_RESTATES
 
     def processor_class(self) -> type:
         return _ltx2().LTX2AudioVideoAttnProcessor

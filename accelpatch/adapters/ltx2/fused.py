@@ -55,6 +55,13 @@ CALL_NAMES = (
 DEFAULTS = {"use_a2v_cross_attention": True, "use_v2a_cross_attention": True}
 
 
+_LTX2 = "diffusers.models.transformers.transformer_ltx2:"
+#: both LTX-2 processors and the module forward that hands them their arguments (the self-attention paths, this
+#: fused one and Sol-Attn's, restate all three)
+ATTENTION_RESTATES = (_LTX2 + "LTX2AudioVideoAttnProcessor.__call__", _LTX2 + "LTX2PerturbedAttnProcessor.__call__",
+                      _LTX2 + "LTX2Attention.forward")
+
+
 def _ltx2_block_class() -> type:
     from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
 
@@ -103,6 +110,7 @@ class LTX2FusedBlock(FusedOpsPath):
     description = ("block with both streams' AdaLN modulations, the a2v/v2a modulations and every gated residual "
                    "add fused (bit-exact)")
     fused_ops = (MODULATE, GATED_RESIDUAL)
+    restates = (_LTX2 + "LTX2VideoTransformerBlock.forward",)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         return restated_class_mismatch(site, _ltx2_block_class()) or signature_mismatch(site.original_class)
@@ -330,6 +338,8 @@ class LTX2FusedAttention(FusedOpsPath):
     description = "video self-attention with the q/k RoPE (interleaved or split) fused (bit-exact)"
     fused_ops = (ROPE_PAIR_PER_CHANNEL, SPLIT_ROPE_PAIR)
     policy_reasons = (NOT_SELF, OTHER_ROPE, NO_ROPE, NOT_TABLES, SPLIT_TABLES, MASKED, PERTURBED, UNUSUAL, SWAPPED)
+    #: the fused ops restate diffusers' two RoPE functions too
+    restates = ATTENTION_RESTATES + (_LTX2 + "apply_interleaved_rotary_emb", _LTX2 + "apply_split_rotary_emb")
 
     def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
         return processor_mismatch(module)

@@ -32,7 +32,7 @@ from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
 from ...sites.fused_swiglu import FUSED_SWIGLU
 from ...fused_ops import LINEAR, ROTATE_HALF_PAIR, linear
-from .fused import FUSED_ATTENTION, FUSED_BLOCK, project_qkv
+from .fused import FUSED_ATTENTION, FUSED_BLOCK, H3_ATTENTION_RESTATES, project_qkv
 
 SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_attn_site",
                                 enabled_attr="_accelpatch_sol_attn_enabled", tier=Tier.HIGH)
@@ -114,6 +114,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink (and dense queries)"
     policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
     fused_ops = (ROTATE_HALF_PAIR, LINEAR)  # through project_qkv and the output projection
+    restates = H3_ATTENTION_RESTATES
 
     def expected_processor(self) -> type:
         return _processor_class()

@@ -23,6 +23,13 @@ BLOCK_FUSION = QualityGatedFusion.named("minimax_h3_fused_block", Tier.LOSSLESS)
 ATTENTION_FUSION = QualityGatedFusion.named("minimax_h3_fused_attention", Tier.LOSSLESS)
 
 
+_H3 = "diffusers.models.transformers.transformer_minimax_h3:"
+#: the attention's processor, the module forward the gated forward stands in for and the RoPE helper (this fused path
+#: and the Sol-Attn one, both through project_qkv)
+H3_ATTENTION_RESTATES = (_H3 + "MiniMaxH3AttnProcessor.__call__", _H3 + "MiniMaxH3Attention.forward",
+                         _H3 + "_apply_rotary_emb")  # project_qkv's ROTATE_HALF_PAIR restates it
+
+
 def _h3():
     from diffusers.models.transformers import transformer_minimax_h3
 
@@ -49,6 +56,7 @@ class MiniMaxH3FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its per-row AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
+    restates = (_H3 + "MiniMaxH3TransformerBlock.forward",)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         return restated_class_mismatch(site, _h3().MiniMaxH3TransformerBlock)
@@ -75,6 +83,8 @@ class MiniMaxH3FusedAttention(FusedOpsPath):
     fusion = ATTENTION_FUSION
     description = "attention with the q/k rotate-half RoPE and the projections fused (bit-exact)"
     fused_ops = (ROTATE_HALF_PAIR, LINEAR)
+    #: ROTATE_HALF_PAIR restates the processor's _apply_rotary_emb
+    restates = H3_ATTENTION_RESTATES
 
     def expected_processor(self) -> type:
         return _h3().MiniMaxH3AttnProcessor

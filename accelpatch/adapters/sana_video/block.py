@@ -23,6 +23,8 @@ from ...tiers import Tier
 BLOCK_FUSION = QualityGatedFusion.named("sana_video_fused_block", Tier.LOSSLESS)
 GLUMB_FUSION = QualityGatedFusion.named("sana_video_fused_glumb", Tier.LOSSLESS)
 
+_SANA = "diffusers.models.transformers.transformer_sana_video:"
+
 _BLOCK_ARGUMENTS = ("hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask",
                     "timestep", "frames", "height", "width", "rotary_emb")
 
@@ -41,6 +43,7 @@ class SanaVideoFusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
+    restates = (_SANA + "SanaVideoTransformerBlock.forward",)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         mismatch = _class_mismatch(site, "SanaVideoTransformerBlock")
@@ -79,6 +82,7 @@ class SanaVideoFusedGLUMB(FusedOpsPath):
     fusion = GLUMB_FUSION
     description = "GLUMB feed-forward with its SiLU, GLU gate and 1x1 convs fused (bit-exact, bf16)"
     fused_ops = (SILU, GLU_GATE, POINTWISE_CONV)
+    restates = (_SANA + "GLUMBTempConv.forward",)
     policy_reasons = ("activations are torch.float32: GLUMB's fused chains are bfloat16 tables",
                       "activations are torch.float16: GLUMB's fused chains are bfloat16 tables")
 

@@ -61,6 +61,10 @@ class _AcceptsSplitProcessor:
     """The fast paths restate diffusers' processor; accelpatch's split-aware subclass of it (swapped in at ``apply``,
     diffusers' code whenever the model is not split) is the same processor to them."""
 
+    #: the processor's math, and the attention module's forward the gated forward stands in for
+    restates = ("diffusers.models.transformers.transformer_sana_video:SanaLinearAttnProcessor3_0.__call__",
+                "diffusers.models.attention_processor:Attention.forward")
+
     def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
         if type(getattr(module, "processor", None)) is _split_processor_class():
             return None

@@ -33,7 +33,7 @@ from ...gate import QualityGatedFusion
 from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention
 from ...tiers import Tier
 from ..sol_attn_adapter import SolAttnAdapter
-from .fused import FUSED_ATTENTION, FUSED_BLOCK
+from .fused import ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("wan_sol_attn", Tier.HIGH)
 CROSS_FUSION = QualityGatedFusion.named("wan_cross_attention", Tier.HIGH)
@@ -68,6 +68,7 @@ class WanSolAttention(DispatchSelfAttention):
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction on Wan's self-attention"
     call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "rotary_emb")
+    restates = ATTENTION_RESTATES
 
     def processor_class(self) -> type:
         return _wan().WanAttnProcessor

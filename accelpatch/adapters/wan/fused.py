@@ -38,6 +38,11 @@ NOT_SELF = ("encoder_hidden_states given: a cross-attention call, which WanAttnP
             "(diffusers' processor runs it)")
 
 
+_WAN = "diffusers.models.transformers.transformer_wan:"
+#: the self-attention paths (this fused one and Sol-Attn's) restate the processor and the module forward it replaces
+ATTENTION_RESTATES = (_WAN + "WanAttnProcessor.__call__", _WAN + "WanAttention.forward")
+
+
 def _wan():
     from diffusers.models.transformers import transformer_wan
 
@@ -63,6 +68,7 @@ class WanFusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its float32 AdaLN modulations and gated residual adds fused (bit-exact)"
     fused_ops = (MODULATE, GATED_RESIDUAL)
+    restates = (_WAN + "WanTransformerBlock.forward",)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         return restated_class_mismatch(site, _wan_block_class())
@@ -110,6 +116,7 @@ class WanFusedAttention(FusedOpsPath):
     description = "self-attention with the q/k interleaved RoPE fused (bit-exact)"
     fused_ops = (ROPE_PAIR,)
     policy_reasons = (NOT_SELF,)
+    restates = ATTENTION_RESTATES
 
     def expected_processor(self) -> type:
         return _wan().WanAttnProcessor
