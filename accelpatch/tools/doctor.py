@@ -20,7 +20,7 @@ PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate", "numpy
 CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16", "asimd", "sve")
 
 #: what the tested torch range is (setup.cfg's install_requires says the same)
-TESTED_TORCH = "2.11 (the GPU image's, with triton 3.6) and 2.13 (with triton 3.9)"
+TESTED_TORCH = "2.11 (the GPU image's, with triton 3.6) and 2.13 (with triton 3.9) in CI; 2.15 smoke-tested by hand"
 
 
 def _version(package: str) -> str:
