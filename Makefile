@@ -24,7 +24,7 @@ USE_UV ?= 1
 PYTEST_ARGS ?= -n 2 --dist loadfile tests
 , := ,
 
-.PHONY: demo test setup setup-demo clean
+.PHONY: demo test setup setup-demo clean test-oldest setup-oldest
 
 # Prints "torch @ <where pip would take it from>", or nothing when a torch satisfying TORCH_SPEC is installed.
 TORCH_WHERE := import json, subprocess, sys; \
@@ -86,6 +86,40 @@ demo: setup-demo
 
 test: setup
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The oldest supported torch (setup.cfg's lower bound; the GPU image's torch and triton), tested by CI after the
+# main suite: a smoke subset (tiers, bit identity, compile, the Triton interpreter, doctor) in a second venv cached
+# outside the clone. It holds accelpatch's dependencies only; the tests import this clone through PYTHONPATH, so the
+# cache never goes stale. First run: creates the venv and downloads torch $(OLDEST_TORCH) (a CUDA build, ~3 GB; about
+# 2.5 min measured here); later runs reuse it, and re-install only when the requirements change. If it cannot be
+# created, the target fails with the reason: CI does not pass without the second torch.
+OLDEST_TORCH ?= 2.11.0
+OLDEST_TRITON ?= 3.6.0
+OLDEST_VENV ?= $(HOME)/.cache/accelpatch/ci-venv-torch2.11
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+OLDEST_TESTS ?= tests/test_tiers.py tests/test_lossless_bit_identity.py tests/test_compile.py tests/test_torch_compat.py \
+  tests/test_sol_attn_dense_rows.py tests/ops/test_sol_attn_triton.py tests/ops/test_fused_triton.py \
+  tests/test_triton_interpreter_probes.py tests/test_doctor.py
+OLDEST_PYTEST_ARGS ?= -n 2 --dist loadfile $(OLDEST_TESTS)
+
+setup-oldest:
+	@set -e; \
+	want="torch==$(OLDEST_TORCH) triton==$(OLDEST_TRITON) $$($(PYTHON) .ci/requirements.py | tr '\n' ' ')"; \
+	stamp="$(OLDEST_VENV)/.accelpatch-requirements"; \
+	if [ -x "$(OLDEST_PY)" ] && [ "$$(cat "$$stamp" 2>/dev/null)" = "$$want" ]; then \
+	  echo "==> torch $(OLDEST_TORCH) venv: using the cached $(OLDEST_VENV)"; exit 0; fi; \
+	echo "==> torch $(OLDEST_TORCH) venv: installing into $(OLDEST_VENV) (first run: torch $(OLDEST_TORCH) is a CUDA build"; \
+	echo "    of ~3 GB to download, about 2.5 min here; later runs reuse it)"; \
+	test -x "$(OLDEST_PY)" || $(PYTHON) -m venv "$(OLDEST_VENV)" || \
+	  { echo "error: could not create $(OLDEST_VENV): CI cannot test torch $(OLDEST_TORCH)" >&2; exit 1; }; \
+	PIP_CONSTRAINT= $(OLDEST_PY) -m pip install -q --disable-pip-version-check $$want || \
+	  { echo "error: could not install torch $(OLDEST_TORCH) and accelpatch's requirements into $(OLDEST_VENV)" \
+	    "(above): CI cannot test the oldest supported torch" >&2; exit 1; }; \
+	echo "$$want" > "$$stamp"
+
+test-oldest: setup-oldest
+	PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(OLDEST_PY) -m pytest -q \
+	  -p no:cacheprovider $(OLDEST_PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

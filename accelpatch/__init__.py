@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
     "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "load_pipeline", "Recipe",
-    "Candidate", "tune", "TuneResult",
+    "Candidate", "tune", "TuneResult", "doctor",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
     "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts",
@@ -48,6 +48,7 @@ _LAZY = {
     "tune": "accelpatch.tools.tune", "TuneResult": "accelpatch.tools.tune",
     "load_recipe": "accelpatch.recipes",
     "load_pipeline": "accelpatch.tools.pipelines",
+    "doctor": "accelpatch.tools.doctor",
     "Recipe": "accelpatch.recipes",
     "Candidate": "accelpatch.tools.candidates",
     # several processes: CFG parallelism (torch.distributed)

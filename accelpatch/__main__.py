@@ -1,5 +1,5 @@
 """The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``tune --recipe R --out F``,
-``recipes``, ``build-kernels`` and ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
+``recipes``, ``build-kernels``, ``doctor`` and ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "the reason when they cannot be built (ACCELPATCH_CPU_KERNELS=0 switches them off).")
     build_kernels.add_arguments(kernels_parser)
     kernels_parser.set_defaults(run=build_kernels.main)
+
+    doctor_parser = commands.add_parser(
+        "doctor", help="print versions, CPU features, CUDA/Triton and which fast paths this environment can run",
+        description="Print the versions accelpatch depends on, the CPU's features, CUDA and Triton, the fused CPU "
+                    "kernels' build state, and which fast paths this environment can run (and why not). Builds "
+                    "nothing.")
+    doctor_parser.set_defaults(run=lambda args: __import__("accelpatch.tools.doctor", fromlist=["main"]).main(args))
 
     convert_parser = commands.add_parser("convert", help="convert released weights into a diffusers folder",
                                          description="Convert a model's released weights (original format) into a "

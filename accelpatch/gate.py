@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from .tiers import DEFAULT_TIER, Tier, effective_tier
+from .torch_compat import is_exporting
 
 logger = logging.getLogger("accelpatch")
 
@@ -104,7 +105,7 @@ class SiteCounters:
         """Count inside traced code (see ``_compiled``); False when this trace is an export, whose program runs
         outside accelpatch's reach (``torch.export``, AOTInductor packages): nothing is counted then, and the
         report says so."""
-        if torch.compiler.is_exporting():
+        if is_exporting():
             self.uncounted = EXPORTED_UNCOUNTED
             return False
         key = (field, name)

@@ -23,6 +23,7 @@ import torch
 
 from . import call_context, steps
 from .tiers import Tier, effective_tier
+from .torch_compat import is_exporting
 
 
 #: the open calls' frames, innermost last: (owner id, [(var, token), ...]) each
@@ -149,7 +150,7 @@ class ModelForwardHooks:
             # A frame of this model still open here can only be an interrupted call's: close it while tracing (the
             # rest of this trace then reads clean values) and at every run (for frames compiled apart from this one).
             # An exported program runs outside accelpatch: nothing to close there.
-            if not torch.compiler.is_exporting():
+            if not is_exporting():
                 from torch._dynamo.comptime import comptime
 
                 owner = id(module)

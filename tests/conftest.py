@@ -20,3 +20,20 @@ def _warnings_as_in_a_fresh_process():
     patcher.forget_warnings()
     yield
 
+
+
+_interpreter_checked = False
+
+
+def pytest_runtest_setup(item):
+    """Before the first test of a process that has imported Triton: make sure its interpreter runs kernels whose loop
+    bounds are runtime scalars (tests/_triton_interpreter.py says why triton 3.6 with NumPy >= 2.4 does not)."""
+    global _interpreter_checked
+    import sys
+
+    if _interpreter_checked or "triton" not in sys.modules:
+        return
+    _interpreter_checked = True
+    from _triton_interpreter import fix_scalar_loop_bounds
+
+    fix_scalar_loop_bounds()

@@ -14,13 +14,15 @@ PACKAGE = Path(accelpatch.__file__).parent
 ALLOWED = {
     "accelpatch.errors": set(),
     "accelpatch.call_context": set(),
+    # version-dependent torch internals, feature-detected once (imports only torch)
+    "accelpatch.torch_compat": set(),
     "accelpatch.tiers": {"accelpatch.call_context"},
     "accelpatch.steps": {"accelpatch.call_context"},
     "accelpatch.ops": {"accelpatch.errors"},
     # our own models' token-mixing layers combine sequence shards with the generic collectives (which import nothing)
     "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.parallel.sequence"},
     # the gate keeps the fusion registry: fusions register where they are defined, and a pickle names that module
-    "accelpatch.gate": {"accelpatch.tiers", "accelpatch.call_context"},
+    "accelpatch.gate": {"accelpatch.tiers", "accelpatch.call_context", "accelpatch.torch_compat"},
 }
 
 

@@ -85,3 +85,18 @@ def test_an_edited_setup_cfg_installs_again(tmp_path):
     # -W: as if setup.cfg had just been edited (its mtime is left alone)
     assert '-e "."' in dry_run("demo", venv, "-W", "setup.cfg")
     assert '-e ".[dev]"' in dry_run("test", venv, "-W", "setup.cfg")
+
+
+@needs_make
+def test_ci_runs_the_smoke_subset_on_the_oldest_torch_from_a_venv_outside_the_clone(tmp_path):
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(r"^make test-oldest\s*$", ci, re.M)
+    plan = dry_run("test-oldest", tmp_path / "venv", f"OLDEST_VENV={tmp_path / 'oldest'}")
+    assert "torch==2.11.0 triton==3.6.0" in plan and "exit 1" in plan  # installs, and fails loudly when it cannot
+    run = plan.rstrip().splitlines()[-1]
+    assert f"PYTHONPATH={REPO}" in plan and "TRITON_INTERPRET=1" in plan and str(tmp_path / "oldest") in plan
+    for smoke in ("test_tiers.py", "test_lossless_bit_identity.py", "test_compile.py", "test_sol_attn_triton.py",
+                  "test_fused_triton.py"):
+        assert smoke in run, smoke
+    setup_cfg = (REPO / "setup.cfg").read_text()
+    assert re.search(r"^\s+torch>=2\.11\s*$", setup_cfg, re.M)  # the oldest tested torch is the promised floor

@@ -196,3 +196,36 @@ def test_a_recipe_with_a_yaml_boolean_dense_rows_is_refused_with_the_fix():
 
     assert patch_of(model).backend.dense_rows == "none"
     accelpatch.remove(model)
+
+
+# --- the dense-row count inside a compiled region (torch 2.11's Dynamo refuses slice.indices) -------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from accelpatch.sites.sol_attention import slice_length  # noqa: E402
+
+_bound = st.one_of(st.none(), st.integers(-12, 12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=_bound, stop=_bound, step=st.one_of(st.none(), st.integers(-4, 4).filter(bool)), n=st.integers(0, 10))
+def test_slice_length_is_the_length_of_the_rows_the_slice_takes(start, stop, step, n):
+    rows = slice(start, stop, step)
+    assert slice_length(rows, n) == len(range(*rows.indices(n))) == len(list(range(n))[rows])
+
+
+def test_slice_length_refuses_a_zero_step_as_slice_indices_does():
+    with pytest.raises(ValueError):
+        slice(0, 3, 0).indices(4)
+    with pytest.raises(ValueError, match="zero"):
+        slice_length(slice(0, 3, 0), 4)
+
+
+def test_slice_length_traces_under_fullgraph_compile():
+    """The count runs inside compiled attention: it must trace without a break (slice.indices does not, on 2.11)."""
+    def count(x):
+        return x * slice_length(slice(1, x.shape[0] - 1), x.shape[0])
+
+    x = torch.ones(6)
+    compiled = torch.compile(count, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), x * 4)

@@ -55,6 +55,29 @@ class SparseCall:
     dense_backend: object = None
 
 
+def slice_length(rows: slice, n: int) -> int:
+    """``len(range(*rows.indices(n)))`` by arithmetic: Dynamo (torch 2.11) refuses to trace ``slice.indices`` (a
+    function it marks as skipped), so a compiled region cannot call it. Same clamping rules as CPython's."""
+    step = 1 if rows.step is None else rows.step
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+    lower, upper = (0, n) if step > 0 else (-1, n - 1)
+
+    def clamp(index, default):
+        if index is None:
+            return default
+        if index < 0:
+            index += n
+            return lower if index < lower else index
+        return upper if index > upper else index
+
+    start = clamp(rows.start, lower if step > 0 else upper)
+    stop = clamp(rows.stop, upper if step > 0 else lower)
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
+
+
 def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[Dense, Decline]]:
     """The policy's verdict for this call, or None when it may run sparse."""
     return step_layer_policy(site, first_steps=config.dense_steps, step_reason=DENSE_STEP, layer_reason=DENSE_LAYER,
@@ -212,7 +235,7 @@ def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> tor
         if not isinstance(rows, slice):
             rows = torch.tensor(rows, dtype=torch.long, device=query.device)
         out[:, rows] = call.dense_attention(query[:, rows], key, value).to(out.dtype)
-        dense = len(range(*call.dense_rows.indices(query.shape[1]))) if isinstance(call.dense_rows, slice) \
+        dense = slice_length(call.dense_rows, query.shape[1]) if isinstance(call.dense_rows, slice) \
             else len(call.dense_rows)
     if counting:
         site.counters.add_stat("sparse_row_fraction",
