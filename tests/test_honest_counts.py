@@ -212,3 +212,17 @@ def test_a_sparse_call_that_skipped_nothing_is_counted_once_not_handed_down():
     sites = [s for s in accelpatch.report(model).models[0].sites if s.path == "transformer_blocks.0.attn"]
     assert [(s.kind, s.fast_calls, dict(s.reference_calls)) for s in sites] == [
         ("sol_attn", 0, {NOTHING_SKIPPED: 1}), ("minimax_h3_fused_attention", 0, {})]
+
+
+def test_a_gated_class_prints_as_the_real_diffusers_class_wrapped_by_accelpatch():
+    """Issue #32 item 4: messages printed "diffusers.models...GatedWanTransformerBlock", a class no diffusers module
+    has. A gated class prints the real class (importable from where it says) and that accelpatch wrapped it."""
+    import importlib
+
+    model = t.tiny_wan_transformer(dtype=torch.bfloat16)
+    accelpatch.apply(model)
+    gated = type(model.blocks[0])
+    assert repr(gated) == ("<class 'diffusers.models.transformers.transformer_wan.WanTransformerBlock', wrapped by "
+                           "accelpatch as GatedWanTransformerBlock>")
+    assert importlib.import_module(gated.__module__).WanTransformerBlock is gated.__mro__[1]
+    assert f"{gated}" == repr(gated)  # what an f-string message (diffusers' registry error) shows

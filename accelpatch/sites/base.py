@@ -469,13 +469,22 @@ def _reduce_gated_class(cls: type):
                                    tuple(f.defined_in for f in fusions))
 
 
+def _gated_class_repr(cls: type) -> str:
+    """A gated class as messages print it (diffusers' "Model class {cls} not registered", a user's ``type(m)``): the
+    real diffusers class and that accelpatch wrapped it; its own name exists in no diffusers module."""
+    original = getattr(cls, "_accelpatch_original_class", None)
+    if original is None:
+        return type.__repr__(cls)
+    return f"<class '{original.__module__}.{original.__qualname__}', wrapped by accelpatch as {cls.__qualname__}>"
+
+
 def _metaclass_for(original: type) -> type:
     """A metaclass deriving from ``original``'s, registered with copyreg so that a gated class pickles by what it
     is made of (it has no importable name of its own)."""
     meta = type(original)
     gated_meta = _GATED_METACLASSES.get(meta)
     if gated_meta is None:
-        gated_meta = type(f"Gated{meta.__name__}", (meta,), {"__module__": __name__})
+        gated_meta = type(f"Gated{meta.__name__}", (meta,), {"__module__": __name__, "__repr__": _gated_class_repr})
         copyreg.pickle(gated_meta, _reduce_gated_class)
         _GATED_METACLASSES[meta] = gated_meta
     return gated_meta
