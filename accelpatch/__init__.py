@@ -33,7 +33,7 @@ __all__ = [
     "AccelpatchError", "FastPathUnavailableError", "__version__",
     "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
     "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts",
-    "configure_sol_attn_backend", "attention_backend_report", "register_sol_attn_backend",
+    "configure_sol_attn_backend", "attention_backend_report", "register_attention_backend",
 ]
 
 #: Models accelpatch ships (diffusers has no class for them), imported on first access: importing them imports
@@ -59,14 +59,13 @@ _LAZY = {
     # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.backends.attention_registry)
     "configure_sol_attn_backend": "accelpatch.backends.attention_backend",
     "attention_backend_report": "accelpatch.backends.attention_registry",
-    "register_sol_attn_backend": "accelpatch.backends.attention_registry",
+    "register_attention_backend": "accelpatch.backends.attention_registry",
+    "register_sol_attn_backend": "accelpatch.backends.attention_registry",  # deprecated: it warns when called
 }
 
-# ``sol_attn`` joins diffusers' attention backends when diffusers' dispatcher is imported (now, if it already is):
-# importing accelpatch still imports neither diffusers nor torch.
+# ``sol_attn`` joins diffusers' attention backends only when asked (register_attention_backend(), apply(...,
+# backend="sol_attn")): importing accelpatch imports neither diffusers nor torch and changes nothing of theirs.
 from .backends import attention_registry as _attention_registry  # noqa: E402
-
-_attention_registry.install()
 
 
 def __getattr__(name: str) -> Any:
@@ -112,6 +111,10 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         options = {**spec, **options}
     report = _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, cpu_kernels=cpu_kernels,
                     **options)
+    if backend is not None:  # Sol-Attn asked for: diffusers' own switch set_attention_backend("sol_attn") works too
+        from .backends.attention_registry import register_quietly
+
+        register_quietly()
     try:
         ref = weakref.ref(target)
     except TypeError:

@@ -1,11 +1,12 @@
-"""diffusers' own switch: ``model.set_attention_backend("sol_attn")`` after ``import accelpatch``, no apply().
+"""diffusers' own switch: ``model.set_attention_backend("sol_attn")`` after ``accelpatch.register_attention_backend()``,
+no apply().
 
 A tiny WanTransformer3DModel (built here from a config dict; its self- and cross-attention go through diffusers'
 ``dispatch_attention_fn``): outside ``quality("high")`` bit-identical to the native backend; under ``high`` the
 self-attention runs the Sol-Attn op (checked against the op called directly on the q/k/v the processor passed, and
 that check is shown to catch a wrong kernel); cross-attention stays dense with its reason; a second model in the
 same process never runs it (diffusers' process-global active backend, diffusers#14249); counts in ``report()``;
-back to "native" leaves no trace; the registration, its version check and the import hook; torch.compile.
+back to "native" leaves no trace; the registration (only when asked) and its version check; torch.compile.
 """
 import subprocess
 import sys
@@ -139,10 +140,25 @@ def test_an_unknown_diffusers_version_is_refused_with_a_clear_message(version):
     ar.register(diffusers_version="0.42.1")
 
 
-def test_the_import_hook_warns_instead_of_breaking_diffusers_on_an_unknown_version(monkeypatch):
+def test_apply_with_the_backend_registers_quietly_and_an_unknown_version_keeps_its_reason(monkeypatch):
+    ar.unregister()
     monkeypatch.setattr(diffusers, "__version__", "0.44.0")
-    with pytest.warns(RuntimeWarning, match="set_attention_backend\\('sol_attn'\\) is unavailable.*0.44.0"):
-        ar._register_quietly()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # apply()'s own Sol-Attn sites work on any diffusers: nothing to warn about
+        ar.register_quietly()
+    assert not ar.is_registered() and "found diffusers 0.44.0" in ar.why_not_registered()
+    with pytest.raises(ar.UnsupportedDiffusersVersion, match="0.44.0"):
+        accelpatch.register_attention_backend()
+    monkeypatch.undo()
+    accelpatch.apply(tiny_wan(), backend="sol_attn")
+    assert ar.is_registered()
+
+
+def test_the_former_name_still_registers_and_says_it_is_deprecated():
+    ar.unregister()
+    with pytest.warns(DeprecationWarning, match="register_attention_backend"):
+        accelpatch.register_sol_attn_backend()
+    assert ar.is_registered()
 
 
 def test_unregister_and_register_again():
@@ -153,24 +169,29 @@ def test_unregister_and_register_again():
         assert "SOL_ATTN" not in ad.AttentionBackendName.__dict__
         with pytest.raises(ValueError, match="must be one of"):
             model.set_attention_backend("sol_attn")
-        assert not ar.is_registered() and "unregistered" in ar.why_not_registered()
+        assert not ar.is_registered() and "it was unregistered" in ar.why_not_registered()
     finally:
         ar.register()
     model.set_attention_backend("sol_attn")
     assert ad._AttentionBackendRegistry._backends[ad.AttentionBackendName.SOL_ATTN] is ab.sol_attn_backend
 
 
-def test_import_accelpatch_then_diffusers_registers_through_the_import_hook():
-    """A fresh process: importing accelpatch imports neither torch nor diffusers, and the name is there once
-    diffusers' dispatcher is imported (the hook), so set_attention_backend("sol_attn") works at once."""
+def test_import_accelpatch_changes_nothing_until_the_backend_is_asked_for():
+    """A fresh process: importing accelpatch imports neither torch nor diffusers and leaves diffusers' attention
+    backends as they are (issue #33: no import side effect); register_attention_backend() adds sol_attn, and
+    set_attention_backend("sol_attn") works from then on."""
     code = (
         "import sys, warnings; warnings.simplefilter('ignore')\n"
+        "meta_path = list(sys.meta_path)\n"
         "import accelpatch\n"
         "assert 'diffusers' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert sys.meta_path == meta_path\n"
         "from diffusers.models import attention_dispatch as ad\n"
+        "assert 'sol_attn' not in {m.value for m in ad.AttentionBackendName}\n"
+        "report = accelpatch.attention_backend_report()\n"
+        "assert not report.registered and 'register_attention_backend()' in report.why_not_registered\n"
+        "accelpatch.register_attention_backend()\n"
         "assert ad.AttentionBackendName('sol_attn').value == 'sol_attn'\n"
-        "assert not any(type(f).__name__ == '_Finder' for f in sys.meta_path)\n"
-        "from diffusers.models.attention import AttentionModuleMixin\n"
         "assert accelpatch.__file__.startswith(sys.argv[1])\n"
         "print('ok', accelpatch.attention_backend_report().registered)\n")
     import os

@@ -17,29 +17,26 @@ on a diffusers version it knows (:data:`SUPPORTED`, checked before anything is t
    when ``sol_attn`` became diffusers' process-global active backend (diffusers#14249): it gets the counted dense
    :func:`~accelpatch.backends.attention_backend.sol_attn_via_global` instead.
 
-When: ``import accelpatch`` never imports diffusers. :func:`install` (called by ``import accelpatch``) registers at
-once if ``diffusers.models.attention_dispatch`` is already imported, and otherwise adds a ``sys.meta_path`` finder
-that registers right after that module is first imported (and then removes itself). On an unknown diffusers version
-the hook only warns (importing diffusers must keep working); ``accelpatch.register_sol_attn_backend()`` raises.
+When: only when asked. ``import accelpatch`` touches nothing of diffusers (it imports neither diffusers nor
+torch); :func:`register` runs from ``accelpatch.register_attention_backend()``, from
+``accelpatch.configure_sol_attn_backend()`` and from ``apply(..., backend="sol_attn")`` (there quietly: on an unknown
+diffusers version apply()'s own Sol-Attn sites still work, and :func:`why_not_registered` keeps the reason).
 :func:`unregister` undoes all three steps. Both hold a lock; registration is idempotent.
 """
 from __future__ import annotations
 
-import importlib.abc
 import re
-import sys
 import threading
 import warnings
 from typing import Any, Optional
 
-TARGET = "diffusers.models.attention_dispatch"
 MEMBER = "SOL_ATTN"
 VALUE = "sol_attn"
 #: diffusers versions whose dispatcher this module was written against: (lowest, first excluded)
 SUPPORTED = ((0, 42, 1), (0, 43, 0))
 
 _lock = threading.RLock()
-_state: dict[str, Any] = {"registered": False, "error": None, "original_get_active": None}
+_state: dict[str, Any] = {"registered": False, "error": None, "original_get_active": None, "was_registered": False}
 
 
 class UnsupportedDiffusersVersion(RuntimeError):
@@ -73,9 +70,8 @@ def why_not_registered() -> Optional[str]:
     error = _state["error"]
     if error is not None:
         return str(error)
-    if TARGET not in sys.modules:
-        return "diffusers' attention dispatcher is not imported yet (it registers on that import)"
-    return "not registered (unregistered, or registration has not run)"
+    return ("not registered: call accelpatch.register_attention_backend() (or apply(..., backend='sol_attn')) "
+            "before set_attention_backend('sol_attn')" + (" (it was unregistered)" if _state["was_registered"] else ""))
 
 
 def _add_member(enum_cls) -> Any:
@@ -146,7 +142,7 @@ def register(*, diffusers_version: Optional[str] = None) -> None:
         get_active_backend.__doc__ = original.__func__.__doc__
         registry.get_active_backend = classmethod(get_active_backend)
         ab.prime_dense()
-        _state.update(registered=True, error=None, original_get_active=original)
+        _state.update(registered=True, error=None, original_get_active=original, was_registered=True)
 
 
 def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
@@ -167,8 +163,18 @@ def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
         uncounted=totals["uncounted"])
 
 
-#: the public name (``accelpatch.register_sol_attn_backend``)
-register_sol_attn_backend = register
+def register_attention_backend() -> None:
+    """Make ``model.set_attention_backend("sol_attn")`` work in this process: add ``sol_attn`` to diffusers'
+    attention backends (see this module). Raises :class:`UnsupportedDiffusersVersion` naming the installed diffusers
+    where the registry is not one accelpatch knows; ``apply(pipe, backend="sol_attn")`` works on any version."""
+    register()
+
+
+def register_sol_attn_backend() -> None:
+    """The former name of :func:`register_attention_backend` (deprecated, kept for one release)."""
+    warnings.warn("accelpatch.register_sol_attn_backend() is deprecated: call accelpatch.register_attention_backend()",
+                  DeprecationWarning, stacklevel=2)
+    register()
 
 
 def unregister() -> None:
@@ -192,63 +198,10 @@ def unregister() -> None:
         _state.update(registered=False, original_get_active=None)
 
 
-def _register_quietly() -> None:
-    """The import hook's registration: an unknown diffusers version warns (the import of diffusers goes on)."""
+def register_quietly() -> None:
+    """``apply(..., backend="sol_attn")``'s registration: on an unknown diffusers version nothing happens (apply's own
+    sites do not need diffusers' registry); :func:`why_not_registered` keeps the reason."""
     try:
         register()
-    except UnsupportedDiffusersVersion as error:
-        warnings.warn(f"set_attention_backend('sol_attn') is unavailable: {error}", RuntimeWarning, stacklevel=3)
-
-
-class _LoaderThatRegisters(importlib.abc.Loader):
-    """The dispatcher's own loader, followed by :func:`_register_quietly` once the module has run."""
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        _FINDER.remove()
-        _register_quietly()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for :data:`TARGET`, wraps the spec the other finders give in a registering loader."""
-
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        spec = None
-        for finder in list(sys.meta_path):
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _LoaderThatRegisters(spec.loader)
-        return spec
-
-    def remove(self) -> None:
-        with _lock:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-
-
-_FINDER = _Finder()
-
-
-def install() -> None:
-    """Called by ``import accelpatch``: register now if the dispatcher is imported, else on its import."""
-    with _lock:
-        if TARGET in sys.modules:
-            _register_quietly()
-        elif _FINDER not in sys.meta_path:
-            sys.meta_path.insert(0, _FINDER)
+    except UnsupportedDiffusersVersion:
+        pass
