@@ -32,7 +32,7 @@ import torch
 from .. import steps
 from ..gate import SiteCounters
 from ..tiers import Tier, effective_tier
-from .sol_attn import NOTHING_SKIPPED, SolAttnConfig
+from .sol_attn import DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig, dense_step_reason
 
 NAME = "sol_attn"
 
@@ -48,7 +48,6 @@ GQA = "enable_gqa=True"
 LSE = "return_lse=True: Sol-Attn returns no log-sum-exp"
 PARALLEL = "context parallelism: the sol_attn backend runs sparse on whole sequences only"
 DTYPE = "q/k/v dtype is not one of fp32, bf16, fp16 (or they differ)"
-DENSE_STEP = "dense step (step < dense_steps)"
 STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply: wrap the call in "
                 "accelpatch.denoising_step(i) or configure dense_steps=0")
 #: every reason a call can run dense (prepared as compiled-code tallies ahead of time: no recompile when counted)
@@ -201,13 +200,7 @@ def ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
         return DTYPE
     if scale is not None and scale != query.shape[-1] ** -0.5:
         return SCALE
-    if config.dense_steps:
-        before = steps.step_before(config.dense_steps)
-        if before is None:
-            return STEP_UNKNOWN
-        if before:
-            return DENSE_STEP
-    return None
+    return dense_step_reason(config.dense_steps, STEP_UNKNOWN)  # the same policy as apply()'s sites
 
 
 def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
