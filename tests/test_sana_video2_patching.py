@@ -15,8 +15,8 @@ from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_
 
 from _cpu_kind import NOT_THIS_CPU, ONEDNN_EMULATED_BF16
 
-SOFTMAX_MARKERS = ("_sgl_sana_video2_softmax_attention_site", "_sgl_sana_video2_softmax_attention_enabled")
-LINEAR_MARKERS = ("_sgl_sana_video2_linear_attention_site", "_sgl_sana_video2_linear_attention_enabled")
+SOFTMAX_MARKERS = ("_accelpatch_sana_video2_softmax_attention_site", "_accelpatch_sana_video2_softmax_attention_enabled")
+LINEAR_MARKERS = ("_accelpatch_sana_video2_linear_attention_site", "_accelpatch_sana_video2_linear_attention_enabled")
 HIGH_KINDS = {"blocks.0.attn": "sana_video2_linear_attention", "blocks.1.attn": "sana_video2_linear_attention",
               "blocks.2.attn": "sana_video2_linear_attention", "blocks.3.attn": "sana_video2_softmax_attention"}
 LOSSLESS_KINDS = {"blocks.0": "sana_video2_fused_block", "blocks.0.attn": "sana_video2_fused_linear_attention",

@@ -33,12 +33,7 @@ from ...sites.base import (Decline, FastPath, FusedOpsPath, Site, bind_call, dev
                            run_fast_paths_on_cpu)
 from .restated_attention import attention_shards, linear_attention, linear_attention_bf16_gemm  # noqa: F401
 
-FUSION = QualityGatedFusion(
-    name="sana_video_linear_attention",
-    marker_attr="_sgl_sana_video_linear_attention_site",
-    enabled_attr="_sgl_sana_video_linear_attention_enabled",
-    tier=Tier.HIGH,
-)
+FUSION = QualityGatedFusion.named("sana_video_linear_attention", Tier.HIGH)
 FUSED_FUSION = QualityGatedFusion.named("sana_video_fused_linear_attention", Tier.LOSSLESS)
 
 #: TEST-ONLY: the GEMM's CUDA guard is bypassed and the exact FP32 emulation runs on CPU (see sites.base).

@@ -39,18 +39,8 @@ from ..base import ModelAdapter
 from ...fused_ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE
 from .fused import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair, sigmoid_gate
 
-SOFTMAX_FUSION = QualityGatedFusion(
-    name="sana_video2_softmax_attention",
-    marker_attr="_sgl_sana_video2_softmax_attention_site",
-    enabled_attr="_sgl_sana_video2_softmax_attention_enabled",
-    tier=Tier.HIGH,
-)
-LINEAR_FUSION = QualityGatedFusion(
-    name="sana_video2_linear_attention",
-    marker_attr="_sgl_sana_video2_linear_attention_site",
-    enabled_attr="_sgl_sana_video2_linear_attention_enabled",
-    tier=Tier.HIGH,
-)
+SOFTMAX_FUSION = QualityGatedFusion.named("sana_video2_softmax_attention", Tier.HIGH)
+LINEAR_FUSION = QualityGatedFusion.named("sana_video2_linear_attention", Tier.HIGH)
 SOL_FUSION = QualityGatedFusion(
     name="sana_video2_sol_attn",
     marker_attr="_accelpatch_sana_video2_sol_attn_site",
