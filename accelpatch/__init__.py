@@ -57,7 +57,7 @@ _LAZY = {
     "parallel_mesh": "accelpatch.parallel.cfg",
     "cfg_parallel_counts": "accelpatch.parallel.cfg",
     # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.backends.attention_registry)
-    "configure_sol_attn_backend": "accelpatch.backends.attention_backend",
+    "configure_sol_attn_backend": "accelpatch.backends.attention_registry",
     "attention_backend_report": "accelpatch.backends.attention_registry",
     "register_attention_backend": "accelpatch.backends.attention_registry",
     "register_sol_attn_backend": "accelpatch.backends.attention_registry",  # deprecated: it warns when called

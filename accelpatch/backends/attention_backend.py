@@ -118,9 +118,6 @@ def configure_sol_attn_backend(**options: Any) -> SolAttnBackendConfig:
     reason = impl_unavailable_reason(config.impl)
     if reason is not None:
         raise ValueError(reason)
-    from .attention_registry import register
-
-    register()  # configuring the backend asks for it (an unknown diffusers version raises, naming itself)
     prime_dense(config)  # raises for an unknown name (or a bad DIFFUSERS_ATTN_BACKEND) before it takes effect
     steps.register_thresholds(config.dense_steps)
     with _config_lock:

@@ -170,6 +170,15 @@ def register_attention_backend() -> None:
     register()
 
 
+def configure_sol_attn_backend(**options: Any):
+    """Register the backend (:func:`register_attention_backend`: configuring it asks for it) and set its
+    process-wide options (:func:`accelpatch.backends.attention_backend.configure_sol_attn_backend`)."""
+    from .attention_backend import configure_sol_attn_backend as configure
+
+    register()
+    return configure(**options)
+
+
 def register_sol_attn_backend() -> None:
     """The former name of :func:`register_attention_backend` (deprecated, kept for one release)."""
     warnings.warn("accelpatch.register_sol_attn_backend() is deprecated: call accelpatch.register_attention_backend()",
