@@ -19,7 +19,7 @@ import dataclasses
 import weakref
 from typing import Any, Iterator
 
-from .backends.sol_attn import SolAttnConfig
+from .sol_attn.config import SolAttnConfig
 from .errors import AccelpatchError, FastPathUnavailableError
 from .steps import current_denoising_step, denoising_step
 from .tiers import Tier, quality
@@ -56,16 +56,16 @@ _LAZY = {
     "disable_cfg_parallel": "accelpatch.parallel.cfg",
     "parallel_mesh": "accelpatch.parallel.cfg",
     "cfg_parallel_counts": "accelpatch.parallel.cfg",
-    # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.backends.attention_registry)
-    "configure_sol_attn_backend": "accelpatch.backends.attention_registry",
-    "attention_backend_report": "accelpatch.backends.attention_registry",
-    "register_attention_backend": "accelpatch.backends.attention_registry",
-    "register_sol_attn_backend": "accelpatch.backends.attention_registry",  # deprecated: it warns when called
+    # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.sol_attn.registration)
+    "configure_sol_attn_backend": "accelpatch.sol_attn.registration",
+    "attention_backend_report": "accelpatch.sol_attn.registration",
+    "register_attention_backend": "accelpatch.sol_attn.registration",
+    "register_sol_attn_backend": "accelpatch.sol_attn.registration",  # deprecated: it warns when called
 }
 
 # ``sol_attn`` joins diffusers' attention backends only when asked (register_attention_backend(), apply(...,
 # backend="sol_attn")): importing accelpatch imports neither diffusers nor torch and changes nothing of theirs.
-from .backends import attention_registry as _attention_registry  # noqa: E402
+from .sol_attn import registration as _attention_registry  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:
@@ -112,7 +112,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
     report = _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, cpu_kernels=cpu_kernels,
                     **options)
     if backend is not None:  # Sol-Attn asked for: diffusers' own switch set_attention_backend("sol_attn") works too
-        from .backends.attention_registry import register_quietly
+        from .sol_attn.registration import register_quietly
 
         register_quietly()
     try:
@@ -182,8 +182,8 @@ def report(target: Any, *, reset: bool = False):
     models = transformers_of(target, verb="report")
     report = build_report(models, reset=reset)
     if _attention_registry.is_registered():
-        from .backends.attention_backend import uses_sol_attn
-        from .backends.attention_registry import attention_backend_report
+        from .sol_attn.diffusers_backend import uses_sol_attn
+        from .sol_attn.registration import attention_backend_report
 
         if uses_sol_attn(models):  # counted process-wide: diffusers passes the backend no module
             report = dataclasses.replace(report, attention_backend=attention_backend_report(reset=reset))

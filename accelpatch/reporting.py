@@ -290,7 +290,7 @@ class Report(_Tally):
     #: set on the report apply() returns: undoes that apply (see __enter__)
     _undo: Optional[Callable[[], None]] = field(default=None, repr=False, compare=False)
     #: the process-wide counts of the ``sol_attn`` attention backend (``set_attention_backend("sol_attn")``), where
-    #: the reported models have processors set to it (accelpatch.backends.attention_backend)
+    #: the reported models have processors set to it (accelpatch.sol_attn.diffusers_backend)
     attention_backend: Optional[Any] = None
 
     def undone_by(self, undo: Callable[[], None]) -> "Report":

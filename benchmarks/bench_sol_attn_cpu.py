@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     if args.quick:
         args.seq, args.repeats, args.taus = [1024], 1, [-1e9, 1.0, 3.0]
     torch.set_num_threads(1)
-    from accelpatch.ops import sol_attn  # noqa: PLC0415
+    from accelpatch.sol_attn.op import sol_attn  # noqa: PLC0415
 
     clock = CLOCKS[args.clock]
     print(f"threads=1 H={args.heads} fp32 repeats={args.repeats} clock={args.clock} (times: medians of side-by-side "

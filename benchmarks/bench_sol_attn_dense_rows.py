@@ -24,9 +24,9 @@ import warnings
 import torch
 
 import accelpatch
-import accelpatch.ops as ops
-from accelpatch.ops.sol_attn.options import BLOCK
-from accelpatch.ops.sol_attn.torch_impl import route
+import accelpatch.sol_attn.op as ops
+from accelpatch.sol_attn.op.options import BLOCK
+from accelpatch.sol_attn.op.torch_impl import route
 from accelpatch.testing import minimax_h3_layout, minimax_h3_pipeline_call_kwargs, tiny_minimax_h3_pipeline
 from accelpatch.tools.audio_metrics import compare_audio
 from accelpatch.tools.bench import bench

@@ -1,7 +1,7 @@
 """What the compiler makes of the Sol-Attn Triton kernel, per GPU target, on a machine without a GPU.
 
 For each (target, dtype, head dim) the package's own host code picks the tiles (resources.py) and the launch is
-captured under a stand-in driver and compiled ahead of time (accelpatch.ops.sol_attn.aot): the table shows the
+captured under a stand-in driver and compiled ahead of time (accelpatch.sol_attn.op.aot): the table shows the
 tiles (BLOCK_N keys per sub-tile, num_stages, route GROUP, warps), the shared memory the model predicts, what the
 compiled kernel asks for, the chip's per-block limit, registers and stack (spills) per thread from cuobjdump, the
 blocks one SM holds at once (from shared memory and registers), and the cp.async / wgmma instructions in the PTX.
@@ -32,7 +32,7 @@ def main(argv=None) -> None:
 
     import torch  # noqa: PLC0415
 
-    from accelpatch.ops.sol_attn import aot, resources  # noqa: PLC0415
+    from accelpatch.sol_attn.op import aot, resources  # noqa: PLC0415
 
     head = (f"{'target':>6} {'dtype':>5} {'D':>4} {'BLOCK_N':>7} {'stages':>6} {'GROUP':>5} {'warps':>5} "
             f"{'model_B':>8} {'shared_B':>8} {'limit_B':>8} {'regs':>4} {'stack_B':>7} {'blk/SM':>6} {'cp.async':>8} "

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import accelpatch
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.sites.base import NO_FUSED_OP, NO_FUSED_OP_COMPILED, run_fast_paths_on_cpu
 
 #: reference-counted reasons of a call the site's own fast path ran (it did no fast work): not handed to the site below

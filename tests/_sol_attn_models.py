@@ -115,7 +115,7 @@ def check_remove_restores(case: ModelCase, model, processors_of: Callable[[torch
 def check_kernel_error(case: ModelCase, model, monkeypatch, calls: int) -> None:
     """A kernel that raises: strict mode raises; otherwise each of the ``calls`` sparse calls falls back, warned and
     counted, and the output is the unpatched model's."""
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     m, inputs, reference = model
     reference = _as_tuple(reference)
@@ -182,6 +182,6 @@ def check_backward_and_checkpointing(case: ModelCase) -> None:
 def sol_attn_runs(sites) -> int:
     """Calls of ``sites`` that ran the Sol-Attn op: the fast ones (blocks skipped) and those that skipped nothing (a
     dense stand-in kernel's, whose statistics say every pair was exact)."""
-    from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+    from accelpatch.sol_attn.config import NOTHING_SKIPPED
 
     return sum(s.fast_calls + s.reference_calls.get(NOTHING_SKIPPED, 0) for s in sites)

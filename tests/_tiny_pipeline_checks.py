@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 import accelpatch
-import accelpatch.ops as ops
+import accelpatch.sol_attn.op as ops
 from accelpatch.sites import sol_attention
 
 from _sol_attn_models import SPARSE, all_equal

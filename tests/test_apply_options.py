@@ -9,7 +9,7 @@ import torch
 
 import accelpatch
 from accelpatch.errors import FastPathUnavailableError
-from accelpatch.ops.sol_attn import dispatch
+from accelpatch.sol_attn.op import dispatch
 from accelpatch.testing import (minimax_h3_transformer_inputs, tiny_minimax_h3_transformer,
                                 tiny_sana_video2_transformer, tiny_sana_video_transformer)
 

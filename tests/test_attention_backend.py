@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
-from accelpatch.backends import attention_backend as ab
-from accelpatch.backends import attention_registry as ar
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
+from accelpatch.sol_attn import diffusers_backend as ab
+from accelpatch.sol_attn import registration as ar
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.models import attention_dispatch as ad  # noqa: E402
@@ -96,7 +96,7 @@ def recorder(monkeypatch):
 def check_calls_against_independent_math(calls, tau):
     """Each self-attention call's output equals the Sol-Attn op run here on the same q/k/v; each cross-attention
     call's equals torch's SDPA run here. Raises AssertionError otherwise."""
-    from accelpatch.ops.sol_attn import sol_attn
+    from accelpatch.sol_attn.op import sol_attn
 
     selfs = crosses = 0
     for kwargs, out in calls:
@@ -240,7 +240,7 @@ def test_under_high_the_self_attention_runs_the_sol_attn_op(recorder):
 def test_the_check_catches_a_wrong_kernel(recorder, monkeypatch):
     import importlib
 
-    ops = importlib.import_module("accelpatch.ops.sol_attn")  # the package (accelpatch.ops re-exports the function)
+    ops = importlib.import_module("accelpatch.sol_attn.op")  # the package (accelpatch.ops re-exports the function)
     real = ops.sol_attn
 
     def wrong(q, k, v, **kwargs):  # the right op, one key row perturbed

@@ -9,8 +9,8 @@ import torch
 import accelpatch
 import accelpatch.testing as t
 from accelpatch import patcher
-from accelpatch.backends import attention_backend
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn import diffusers_backend as attention_backend
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.gate import SiteCounters, WorkWatch, note_work
 from accelpatch.reporting import FAST_KINDS
 from accelpatch.sites.base import NO_FUSED_OP

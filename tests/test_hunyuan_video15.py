@@ -99,7 +99,7 @@ def _masked_dense_kernel(total, perturb=False):
 @pytest.mark.parametrize("dense_rows", ["text_audio", "none"])
 def test_the_restated_path_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch, dense_rows):
     m, inputs, reference = model
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     accelpatch.apply(m, **SPARSE, dense_rows=dense_rows)
     monkeypatch.setattr(ops, "sol_attn", _masked_dense_kernel(VIDEO + TEXT))
@@ -114,7 +114,7 @@ def test_remove_restores_classes_processors_hooks_and_bits(model):
 
 def test_a_mask_that_is_not_the_layout_declines_counted_and_strict_raises(model, monkeypatch):
     m, inputs, reference = model
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
@@ -202,7 +202,7 @@ def test_image_to_video_with_no_padding_runs_sparse_over_the_whole_sequence(mode
     """I2V (image tokens valid) with every text token valid: the prefix is the whole joint sequence (no padding
     rows); the stand-in dense kernel still gives diffusers' bits and the real one runs sparse."""
     m, _, _ = model
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     inputs = hunyuan_video15_transformer_inputs(m, image=True, text_valid=8, text_2_valid=4)
     reference = _forward(m, inputs)

@@ -18,9 +18,12 @@ ALLOWED = {
     "accelpatch.torch_compat": set(),
     "accelpatch.tiers": {"accelpatch.call_context"},
     "accelpatch.steps": {"accelpatch.call_context"},
-    "accelpatch.ops": {"accelpatch.errors"},
+    # ``accelpatch.ops.sol_attn`` (the function) is still found there for one release, lazily, from its new home
+    "accelpatch.ops": {"accelpatch.errors", "accelpatch.sol_attn.op"},
+    # the Sol-Attn op (moved beside the rest of Sol-Attn) builds its AOT checks on the ops' Triton helpers
+    "accelpatch.sol_attn.op": {"accelpatch.errors", "accelpatch.ops"},
     # our own models' token-mixing layers combine sequence shards with the generic collectives (which import nothing)
-    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.parallel.sequence"},
+    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.sol_attn.op", "accelpatch.parallel.sequence"},
     # the gate keeps the fusion registry: fusions register where they are defined, and a pickle names that module
     "accelpatch.gate": {"accelpatch.tiers", "accelpatch.call_context", "accelpatch.torch_compat"},
 }

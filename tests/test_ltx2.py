@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.adapters import ltx2 as ltx2_adapter
 from accelpatch.errors import FastPathUnavailableError
 from accelpatch.sites import sol_attention
@@ -110,7 +110,7 @@ def _dense_kernel(perturb=False):
 def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model_and_reference, monkeypatch,
                                                                                  layout):
     """LTX-2 (interleaved RoPE) and LTX-2.3 (split RoPE, per-head gates, the STG processor, prompt modulation)."""
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     if layout == "ltx2":
         m, inputs, reference = model_and_reference
@@ -133,7 +133,7 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
 
 
 def test_ltx23_stg_blocks_and_masked_calls_run_the_processor_counted(monkeypatch):
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     m = tiny_ltx2_transformer(LTX2_3_TINY_CONFIG)
     stg = {**ltx2_transformer_inputs(m), "spatio_temporal_guidance_blocks": [1],

@@ -22,7 +22,7 @@ import accelpatch
 import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch import verify
 from accelpatch.adapters.ltx2 import fused as ltx2_fused
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.sites.base import NO_FUSED_OP, NO_FUSED_OP_COMPILED, SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 
@@ -191,7 +191,7 @@ def _dense_sol_kernel(q, k, v, **kwargs):
 
 @pytest.mark.parametrize("layout", list(CONFIGS))
 def test_with_sol_attn_the_fusions_sit_below_and_high_runs_them(layout, monkeypatch):
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     model = tiny_ltx2_transformer(CONFIGS[layout])
     inputs = ltx2_transformer_inputs(model)  # 1,024 video tokens: 16 blocks, so that some are skipped

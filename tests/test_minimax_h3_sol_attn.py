@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.errors import FastPathUnavailableError
 from accelpatch.reporting import merge_counts
 from accelpatch.adapters import minimax_h3 as h3_adapter
@@ -269,7 +269,7 @@ def test_kernel_errors_fall_back_with_a_reason_and_strict_raises(model, monkeypa
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     monkeypatch.setattr(ops, "sol_attn", broken)
     accelpatch.apply(m, backend=accelpatch.SolAttnConfig(dense_steps=0, dense_layers=""))

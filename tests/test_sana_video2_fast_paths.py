@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.adapters import sana_video2 as sv2
 from accelpatch.patcher import patch_of
 from accelpatch.sites.base import run_fast_paths_on_cpu
-from accelpatch.sites.sol_attention import DENSE_LAYER, DENSE_STEP
+from accelpatch.sol_attn.sites import DENSE_LAYER, DENSE_STEP
 from accelpatch.testing import (SANA_VIDEO2_MEDIUM_CONFIG, SANA_VIDEO2_TINY_VAE_8X_CONFIG, sana_video2_pipeline_call_kwargs,
                                 sana_video2_transformer_inputs, tiny_sana_video2_pipeline, tiny_sana_video2_transformer)
 

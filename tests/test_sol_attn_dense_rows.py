@@ -202,7 +202,7 @@ def test_a_recipe_with_a_yaml_boolean_dense_rows_is_refused_with_the_fix():
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from accelpatch.sites.sol_attention import slice_length  # noqa: E402
+from accelpatch.sol_attn.sites import slice_length  # noqa: E402
 
 _bound = st.one_of(st.none(), st.integers(-12, 12))
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.backends.sol_attn import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.sites.base import NO_FUSED_OP
 from accelpatch import verify
 from accelpatch.adapters.sana_video import linear_attention as sana_site

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.ops.sol_attn import upstream
+from accelpatch.sol_attn.op import upstream
 from accelpatch.testing import (minimax_h3_transformer_inputs, tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer,
                                 tiny_sana_video_pipeline, tiny_sana_video_transformer)
 

@@ -92,7 +92,7 @@ def _dense_kernel(perturb=False):
 @pytest.mark.parametrize("fused_qkv", [False, True])
 def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch, fused_qkv):
     m, inputs, reference = model
-    import accelpatch.ops as ops
+    import accelpatch.sol_attn.op as ops
 
     if fused_qkv:  # diffusers' fuse_qkv_projections: one to_qkv linear (numerically another GEMM: a new reference)
         m.fuse_qkv_projections()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import did_you_mean
-from .sol_attn import SolAttnConfig
+from ..sol_attn.config import SolAttnConfig
 
 #: backend name → config class with ``option_names()`` and ``from_options(**options)``
 BACKENDS: dict[str, type] = {SolAttnConfig.name: SolAttnConfig}

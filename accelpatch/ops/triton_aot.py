@@ -9,7 +9,7 @@ launch), registers and stack per thread (cuobjdump), spilled bytes (`ptxas -v`, 
 instruction counts — cp.async / wgmma in the PTX, fused multiply-adds in the SASS, flush-to-zero and approximate
 instructions in the PTX (a bit-exact kernel must have none of the last three). Nothing touches a device.
 TRITON_INTERPRET must be unset before the kernel modules are imported (the interpreter replaces the JIT function).
-Used by accelpatch.ops.sol_attn.aot and the fused kernels' AOT test.
+Used by accelpatch.sol_attn.op.aot and the fused kernels' AOT test.
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def fast_paths() -> list[tuple[str, Optional[str]]]:
     """(fast path family, why it cannot run here or None) for each family, in tier order."""
     from ..ops.fused import onednn_bf16
     from ..ops.gemm import bmm_bf16_fp32_reject_reason
-    from ..ops.sol_attn.dispatch import impl_unavailable_reason
+    from ..sol_attn.op.dispatch import impl_unavailable_reason
     from ..sites.base import cuda_reject_reason
 
     def triton_on_cuda() -> Optional[str]:

@@ -162,7 +162,7 @@ class BaseSetting:
 
 
 def _layers_text(value: Any) -> str:
-    from ..backends.sol_attn import format_layers, parse_layers
+    from ..sol_attn.config import format_layers, parse_layers
 
     return format_layers(parse_layers(value) if not isinstance(value, frozenset) else value)
 
@@ -172,7 +172,7 @@ def base_setting(pipe: Any) -> BaseSetting:
     from dataclasses import fields as dataclass_fields
 
     from ..adapters import find_adapter
-    from ..backends.sol_attn import SolAttnConfig
+    from ..sol_attn.config import SolAttnConfig
     from ..patcher import patch_of, transformers_of
 
     model = transformers_of(pipe, verb="tune")[0]
@@ -232,7 +232,7 @@ def _step_grid(current: Optional[int], steps: int) -> tuple[int, ...]:
 
 def _layer_grid(layers: Sequence[int]) -> tuple[str, ...]:
     """Nested layer sets from all of ``layers`` down to none (prefixes, at most about five), as comma lists."""
-    from ..backends.sol_attn import format_layers
+    from ..sol_attn.config import format_layers
 
     layers = sorted(layers)
     n = len(layers)
@@ -309,7 +309,7 @@ def _not_applicable(name: str, base: BaseSetting) -> str:
 
 def _order(name: str, values: Sequence) -> tuple:
     """A user's ``values`` for knob ``name`` in safe-to-fast order (duplicates dropped)."""
-    from ..backends.sol_attn import parse_layers
+    from ..sol_attn.config import parse_layers
 
     direction = KNOB_DIRECTIONS[name][1]
     if direction == "fewer":

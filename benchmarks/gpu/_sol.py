@@ -85,10 +85,10 @@ def _target(skipped: float, speedup: float) -> str:
 
 
 def _tiles(q: torch.Tensor, impl: str) -> str:
-    """The Triton kernel's tiles on this GPU (accelpatch/ops/sol_attn/resources.py), or why it runs PyTorch."""
+    """The Triton kernel's tiles on this GPU (accelpatch/sol_attn/op/resources.py), or why it runs PyTorch."""
     if impl != "triton" or q.device.type != "cuda":
         return "-"
-    from accelpatch.ops.sol_attn import resources
+    from accelpatch.sol_attn.op import resources
 
     reason = resources.unfit_reason(q)
     if reason is not None:
@@ -110,7 +110,7 @@ def sol_attn_vs_flash_builds(ctx: Context):
 
 def _sweep_shape(ctx: Context, name: str, shape, dtype, impl: str) -> None:
     """Flash once, then Sol-Attn at every (tau, kv_splits) point of the sweep, on one input shape."""
-    from accelpatch.ops import sol_attn
+    from accelpatch.sol_attn.op import sol_attn
 
     q, k, v = _op_build(ctx, shape, dtype)
     q4, k4, v4 = (x.transpose(1, 2).contiguous() for x in (q, k, v))

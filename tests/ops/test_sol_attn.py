@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelpatch.ops import SolAttnStats, sol_attn, sol_attn_varlen
+from accelpatch.sol_attn.op import SolAttnStats, sol_attn, sol_attn_varlen
 
 # ---- independent float64 reference ----
 
@@ -276,7 +276,7 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
 
 
 def test_upstream_falls_back_with_recorded_reason():
-    from accelpatch.ops.sol_attn import upstream
+    from accelpatch.sol_attn.op import upstream
 
     q, k, v = qkv(1, 70, 1, 64)
     upstream.FALLBACKS.reset()
@@ -315,13 +315,13 @@ def test_compiles_without_graph_break():
 
 
 def test_package_import_does_not_import_triton():
-    code = "import sys, accelpatch.ops; assert 'triton' not in sys.modules, 'triton imported'; print('ok')"
+    code = "import sys, accelpatch.sol_attn.op; assert 'triton' not in sys.modules, 'triton imported'; print('ok')"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
 
 
 def test_head_chunking_matches_single_pass(monkeypatch):
-    from accelpatch.ops.sol_attn import torch_impl
+    from accelpatch.sol_attn.op import torch_impl
 
     q, k, v = qkv(1, 200, 5, 64, seed=12, smooth=True)
     whole = sol_attn(q, k, v, tau=0.5, impl="torch", return_stats=True)
@@ -355,7 +355,7 @@ def cached_reference(key, q, k, v, **kw):
 
 def test_scattered_inputs_route_off_the_diagonal():
     """The scattered family really has exact blocks far from the diagonal (not only neighbours)."""
-    from accelpatch.ops.sol_attn.torch_impl import route
+    from accelpatch.sol_attn.op.torch_impl import route
 
     q, k, v = scattered_qkv(1024, 2, 64, seed=1)
     exact = route(q, k, v, 64**-0.5, 1.0, "diag", 0, None)[0][0]  # [H, N, N]
@@ -371,7 +371,7 @@ def test_chunking_paths_match_float64_reference(monkeypatch, d, dtype, tol, piec
     """Ragged T (last block of 9 tokens), two heads, scattered exact blocks, a sink, some items with every block
     exact: with the default workspaces, with one-item chunks gathered one key block per piece, and with small
     batched chunks (padding slots and the short last block masked), the output matches the float64 reference."""
-    from accelpatch.ops.sol_attn import torch_impl
+    from accelpatch.sol_attn.op import torch_impl
 
     esz = torch.tensor([], dtype=dtype).element_size()
     if piece_blocks:
@@ -392,7 +392,7 @@ def test_chunking_paths_match_float64_reference(monkeypatch, d, dtype, tol, piec
 def test_chunking_covers_full_and_sparse_items(d):
     """The data of test_chunking_paths_match_float64_reference has items of every kind: all blocks exact, many
     exact blocks, few exact blocks, and the short last key block exact for some."""
-    from accelpatch.ops.sol_attn.torch_impl import route
+    from accelpatch.sol_attn.op.torch_impl import route
 
     q, k, v = scattered_qkv(457, 2, d, torch.float64, seed=d)
     n = math.ceil(457 / BLOCK)

@@ -1,5 +1,5 @@
 """The Triton Sol-Attn kernel compiled ahead of time for sm_80 (A100) and sm_90a (H100/H200) on a CPU-only machine,
-at the configurations the package launches (its own host code picks the tiles; accelpatch.ops.sol_attn.aot): every
+at the configurations the package launches (its own host code picks the tiles; accelpatch.sol_attn.op.aot): every
 launch must fit its chip's per-block shared memory (else its first launch raises OutOfResources), the resource
 model must bound the compiled allocation tightly, pipelined tiles must really pipeline their loads (cp.async), and
 what the model refuses must be refused before any compile. One subprocess (the test process runs the interpreter);
@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from accelpatch.ops.sol_attn import resources  # noqa: E402
+from accelpatch.sol_attn.op import resources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # (arch, dtype, head dim, kv_splits): the head dims of the models accelpatch patches (MiniMax-H3 128, SANA-Video
@@ -32,7 +32,7 @@ REFUSED = [(80, "float32", 512), (90, "float32", 1024), (80, "bfloat16", 1024)]
 _SCRIPT = r'''
 import json, sys
 import torch
-from accelpatch.ops.sol_attn import aot, resources
+from accelpatch.sol_attn.op import aot, resources
 for arch, dtype, d, splits in json.loads(sys.argv[1]):
     launch = aot.capture_launch(arch, getattr(torch, dtype), d, kv_splits=splits)
     usage = aot.inspect_launch(launch)

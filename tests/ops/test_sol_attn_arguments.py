@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from accelpatch.ops import sol_attn, sol_attn_varlen
+from accelpatch.sol_attn.op import sol_attn, sol_attn_varlen
 
 
 def qkv(*shape, seed=0):

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelpatch.ops import sol_attn, sol_attn_varlen
-from accelpatch.ops.sol_attn import backward as bw
-from accelpatch.ops.sol_attn.routing import LOG2E, summaries, thresholds
+from accelpatch.sol_attn.op import sol_attn, sol_attn_varlen
+from accelpatch.sol_attn.op import backward as bw
+from accelpatch.sol_attn.op.routing import LOG2E, summaries, thresholds
 
 
 def smooth(shape, dtype, seed):
@@ -168,7 +168,7 @@ def test_varlen_grads_equal_per_segment_grads():
 def test_chunked_backward_matches_single_chunk(monkeypatch):
     """Tiny budgets: one head per route pass, one head per group and 64 query rows per chunk, so the
     k/v grads accumulate over query chunks and over passes."""
-    from accelpatch.ops.sol_attn import torch_impl
+    from accelpatch.sol_attn.op import torch_impl
 
     q, k, v = qkv(2, 200, 3, 8, seed=GC_SEED)
     go = smooth(q.shape, torch.float64, 7)
@@ -246,7 +246,7 @@ def test_compile_with_backward_inside_the_function():
 
 
 def test_opcheck():
-    from accelpatch.ops.sol_attn import custom_op  # noqa: F401  (registers the ops)
+    from accelpatch.sol_attn.op import custom_op  # noqa: F401  (registers the ops)
 
     ops = torch.ops.accelpatch
     q, k, v = qkv(1, 130, 2, 8, dtype=torch.float32, seed=3, requires_grad=True)

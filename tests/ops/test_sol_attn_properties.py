@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelpatch.ops import sol_attn
+from accelpatch.sol_attn.op import sol_attn
 
 DTYPES = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.ops import sol_attn
-from accelpatch.ops.sol_attn.fallbacks import ImplFallbacks
-from accelpatch.ops.sol_attn import resources
+from accelpatch.sol_attn.op import sol_attn
+from accelpatch.sol_attn.op.fallbacks import ImplFallbacks
+from accelpatch.sol_attn.op import resources
 from accelpatch.testing import minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 

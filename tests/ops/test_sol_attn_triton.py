@@ -5,7 +5,7 @@ real compiler makes of the kernel (shared memory, pipelining) is checked ahead o
 import pytest
 import torch
 
-from accelpatch.ops import sol_attn, sol_attn_varlen
+from accelpatch.sol_attn.op import sol_attn, sol_attn_varlen
 
 pytest.importorskip("triton")
 
@@ -21,7 +21,7 @@ def qkv(b, t, h, d, dtype=torch.float32, seed=0):
 
 
 def kernel(q, k, v, tau, *, thresh_type="diag", sink_tokens=0, sink_start=None, kv_splits=1, group=None):
-    from accelpatch.ops.sol_attn.triton_impl import sol_attn_triton
+    from accelpatch.sol_attn.op.triton_impl import sol_attn_triton
 
     return sol_attn_triton(q, k, v, q.shape[-1] ** -0.5, tau, thresh_type, sink_tokens, sink_start,
                            kv_splits=kv_splits, group=group)
@@ -70,11 +70,11 @@ def test_half_matches_torch(dtype):
 @pytest.mark.parametrize("block_n", [16, 32])
 def test_key_sub_tiles_match_torch(block_n):
     """Exact blocks taken in sub-tiles of 16 or 32 keys (the tiles that fit smaller GPUs), a short last block."""
-    from accelpatch.ops.sol_attn.resources import Tiles
+    from accelpatch.sol_attn.op.resources import Tiles
 
     q, k, v = qkv(1, 200, 2, 64, seed=11)
     tiles = Tiles(block_n=block_n, num_stages=2, group=32, num_warps=4, block_d=64)
-    from accelpatch.ops.sol_attn.triton_impl import sol_attn_triton
+    from accelpatch.sol_attn.op.triton_impl import sol_attn_triton
 
     out, pairs = sol_attn_triton(q, k, v, 64 ** -0.5, 0.3, "diag", 10, None, tiles=tiles)
     ref, ref_pairs = torch_ref(q, k, v, 0.3, sink_tokens=10)

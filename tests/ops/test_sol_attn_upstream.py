@@ -1,6 +1,6 @@
 """impl="upstream": the gate (`upstream.unsupported_reason`) and the call-time fallback, on CPU.
 
-The device is simulated by monkeypatching the probes in accelpatch.ops.sol_attn.upstream (importable,
+The device is simulated by monkeypatching the probes in accelpatch.sol_attn.op.upstream (importable,
 device_capability, cute_runtime_available), and the upstream package by a stub `sol_attn` module in
 sys.modules. The stub applies upstream's own validation and backend rules (written here from upstream's
 interface, independently of the gate; the only check skipped is "tensors are on a CUDA device") and
@@ -14,9 +14,9 @@ import types
 import pytest
 import torch
 
-from accelpatch.ops import sol_attn, sol_attn_varlen
-from accelpatch.ops.sol_attn.fallbacks import ImplFallbacks
-from accelpatch.ops.sol_attn import upstream
+from accelpatch.sol_attn.op import sol_attn, sol_attn_varlen
+from accelpatch.sol_attn.op.fallbacks import ImplFallbacks
+from accelpatch.sol_attn.op import upstream
 
 MARKER = 7.0
 

@@ -44,9 +44,9 @@ import torch
 
 from ...gate import QualityGatedFusion
 from ...sites.base import Decline, Site, bind_call
-from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall
+from ...sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall
 from ...tiers import Tier
-from ..sol_attn_adapter import SolAttnAdapter
+from ...sol_attn.adapter import SolAttnAdapter
 from .fused import ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("hunyuan_video15_sol_attn", Tier.HIGH)

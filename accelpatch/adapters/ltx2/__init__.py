@@ -42,9 +42,9 @@ import torch
 
 from ...gate import QualityGatedFusion
 from ...sites.base import Decline, Dense, Site, bind_call
-from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
+from ...sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
 from ...tiers import Tier
-from ..sol_attn_adapter import SolAttnAdapter
+from ...sol_attn.adapter import SolAttnAdapter
 from .fused import (ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK, gate_and_project_out, processor_mismatch,
                     project_qkv)
 

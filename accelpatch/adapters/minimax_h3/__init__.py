@@ -26,10 +26,10 @@ import torch
 from ... import call_context
 from ...gate import QualityGatedFusion
 from ...sites.base import Decline, Site, bind_call
-from ...sites.sol_attention import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
+from ...sol_attn.sites import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
                                      SparseCall)
 from ...tiers import Tier
-from ..sol_attn_adapter import SolAttnAdapter
+from ...sol_attn.adapter import SolAttnAdapter
 from ...sites.fused_swiglu import FUSED_SWIGLU
 from ...fused_ops import LINEAR, ROTATE_HALF_PAIR, linear
 from .fused import FUSED_ATTENTION, FUSED_BLOCK, H3_ATTENTION_RESTATES, project_qkv

@@ -11,7 +11,7 @@ described here are ``high`` tier.
 - **Linear attention, first GEMM on BF16 operands with FP32 accumulation** (``ops.gemm.key_value_state_bf16``, as
   SANA-Video's site), the second GEMM in FP32 as the release.
 - **``backend="sol_attn"``**: the anchors run Sol-Attn at head dim 256 under the backend's policy
-  (:mod:`accelpatch.sites.sol_attention`, shared with MiniMax-H3); no sink (text enters through cross-attention);
+  (:mod:`accelpatch.sol_attn.sites`, shared with MiniMax-H3); no sink (text enters through cross-attention);
   ``dense_layers`` name anchor layers and default to the first one. The linear layers keep their BF16-GEMM path.
 
 Each path restates only what it changes: the processors' own parts (``anchor_qkv``, ``anchor_output``,
@@ -28,12 +28,12 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from ...backends.sol_attn import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
+from ...sol_attn.config import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
 from ...gate import QualityGatedFusion
 from ...ops.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from ...sites.base import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
                           step_layer_policy)
-from ...sites.sol_attention import SolAttnFastPath, SparseCall
+from ...sol_attn.sites import SolAttnFastPath, SparseCall
 from ...tiers import DEFAULT_TIER, Tier
 from ..base import ModelAdapter
 from ...fused_ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE

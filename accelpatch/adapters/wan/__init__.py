@@ -30,9 +30,9 @@ from typing import Optional
 import torch
 
 from ...gate import QualityGatedFusion
-from ...sites.sol_attention import AlwaysDense, DispatchSelfAttention
+from ...sol_attn.sites import AlwaysDense, DispatchSelfAttention
 from ...tiers import Tier
-from ..sol_attn_adapter import SolAttnAdapter
+from ...sol_attn.adapter import SolAttnAdapter
 from .fused import ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK
 
 SOL_FUSION = QualityGatedFusion.named("wan_sol_attn", Tier.HIGH)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import triton_aot
-from ..triton_aot import TARGETS, StandInDriver as _StandInDriver, Usage, _resource_usage  # noqa: F401 (public)
+from ...ops import triton_aot
+from ...ops.triton_aot import TARGETS, StandInDriver as _StandInDriver, Usage, _resource_usage  # noqa: F401 (public)
 
 
 @dataclass(frozen=True)

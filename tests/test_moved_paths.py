@@ -1,0 +1,60 @@
+"""Issue #33: Sol-Attn moved into ``accelpatch/sol_attn/``. Each old import path still gives the moved module itself
+(one module object: state and monkeypatching shared) with a DeprecationWarning naming the new path, for one release;
+accelpatch's own code imports only the new paths, so a user who does not use an old path never sees the warning."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import accelpatch
+
+PACKAGE = Path(accelpatch.__file__).parent
+MOVED = {
+    "accelpatch.backends.sol_attn": "accelpatch.sol_attn.config",
+    "accelpatch.backends.attention_backend": "accelpatch.sol_attn.diffusers_backend",
+    "accelpatch.backends.attention_registry": "accelpatch.sol_attn.registration",
+    "accelpatch.sites.sol_attention": "accelpatch.sol_attn.sites",
+    "accelpatch.adapters.sol_attn_adapter": "accelpatch.sol_attn.adapter",
+}
+
+
+def test_an_old_path_is_the_moved_module_and_warns():
+    code = f"""
+import importlib, warnings
+moved = {MOVED!r}
+for old, new in moved.items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new), old
+    said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert any(old in s and new in s for s in said), (old, said)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from accelpatch.ops import sol_attn
+assert sol_attn is importlib.import_module("accelpatch.sol_attn.op").sol_attn
+assert any("accelpatch.sol_attn.op" in str(w.message) for w in caught)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_accelpatch_itself_imports_no_old_path():
+    stubs = {PACKAGE.parent / (old.replace(".", "/") + ".py") for old in MOVED}
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        if path in stubs:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if any(("." + name).endswith(old.removeprefix("accelpatch")) for old in MOVED):  # relative too
+                    bad.append(f"{path.relative_to(PACKAGE.parent)}: {name}")
+    assert not bad, bad
+    assert all(stub.exists() for stub in stubs)
