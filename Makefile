@@ -24,7 +24,7 @@ USE_UV ?= 1
 PYTEST_ARGS ?= -n 2 --dist loadfile tests
 , := ,
 
-.PHONY: demo test setup setup-demo clean test-oldest setup-oldest
+.PHONY: demo test docs setup setup-demo clean test-oldest setup-oldest
 
 # Prints "torch @ <where pip would take it from>", or nothing when a torch satisfying TORCH_SPEC is installed.
 TORCH_WHERE := import json, subprocess, sys; \
@@ -87,6 +87,12 @@ demo: setup-demo
 test: setup
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The documentation site (docs/, mkdocs.yml) into site/: --strict fails on any warning (a broken link, a page left
+# out of the nav, a docstring mkdocstrings cannot read). The tools come with the dev extra; CI runs it after
+# `make test`.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
+
 # The oldest supported torch (setup.cfg's lower bound; the GPU image's torch and triton), tested by CI after the
 # main suite: a smoke subset (tiers, bit identity, compile, the Triton interpreter, doctor) in a second venv cached
 # outside the clone. It holds accelpatch's dependencies only; the tests import this clone through PYTHONPATH, so the
@@ -122,4 +128,4 @@ test-oldest: setup-oldest
 	  -p no:cacheprovider $(OLDEST_PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site

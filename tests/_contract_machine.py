@@ -191,7 +191,7 @@ class Tally:
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         #: set while the machine runs backward(): gradient checkpointing's recomputations are not calls (the
-        #: README: report() does not count them again)
+        #: docs/training.md: report() does not count them again)
         self.paused = False
 
     def add(self, path: str) -> None:
@@ -368,7 +368,7 @@ class ContractMachine(RuleBasedStateMachine):
         return self.kwargs.get("tier") or ("high" if self.kwargs.get("backend") else "lossless")
 
     def _tier_of_call(self, tier: Optional[str]) -> str:
-        """The tier the model runs a call under (the README's rule), 'exact' when unpatched."""
+        """The tier the model runs a call under (the rule of docs/tiers.md), 'exact' when unpatched."""
         if self.kwargs is None:
             return "exact"
         return tier or self._default_tier()
@@ -464,7 +464,7 @@ class ContractMachine(RuleBasedStateMachine):
         self._apply(kwargs)
 
     def _apply(self, kwargs: dict) -> None:
-        same = kwargs == self.kwargs  # the README: the same arguments again do nothing
+        same = kwargs == self.kwargs  # docs/contract.md: the same arguments again do nothing
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             given = {k: v for k, v in kwargs.items() if v is not None}

@@ -65,7 +65,7 @@ def test_fullgraph_compile_at_every_tier_equals_eager(name, region):
     accelpatch.apply(model, **options)
     # Every tier used costs one graph per compiled region; compiled per block, SANA-Video 2.0's one block code serves
     # two attention kinds and two sub-layers, so three tiers take ~10 graphs: more than dynamo's default
-    # recompile_limit (8 per code object). The README says to raise it for such use.
+    # recompile_limit (8 per code object). docs/compile.md says to raise it for such use.
     tiers = (None, "exact", "lossless", "high") if region == "whole" else (None, "exact", "high")
     limit = 16 if (name, region) == ("sana-video2", "blocks") else 8
     eager = {}

@@ -266,8 +266,9 @@ def test_flushing_subnormals_is_part_of_the_cpu_signature():
 
 def test_a_gated_forward_carries_the_original_signature_and_pickles_by_reference():
     """diffusers reads parameters by name from inspect.signature(type(module).forward) (block registry for its cache
-    hooks, context-parallel split hooks: the README's torchrun example raised "Parameter 'adaln_indices' not found"
-    on a gated MiniMax-H3 block); the per-class forward must still pickle (by reference, in any process)."""
+    hooks, context-parallel split hooks: the torchrun example, then in the README, now in docs/parallelism.md,
+    raised "Parameter 'adaln_indices' not found" on a gated MiniMax-H3 block); the per-class forward must still
+    pickle (by reference, in any process)."""
     import inspect
     import pickle
     import subprocess

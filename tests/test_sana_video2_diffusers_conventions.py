@@ -3,7 +3,8 @@
 diffusers' generic model tests (``tests/models/testing_utils`` in its repository: common, compile, memory, training,
 cache) are not shipped in its wheel, so these are our own restatements of their checks, wherever their assumptions
 hold for this model, on the CPU. Where they do not hold (LoRA target names, diffusers' block caches, fused QKV
-projections, accelerator-only checks), the README section "SANA-Video 2.0 and diffusers' model conventions" says why.
+projections, accelerator-only checks), the section "SANA-Video 2.0 and diffusers' model conventions" of
+docs/models/sana-video2.md says why.
 """
 import copy
 import pickle

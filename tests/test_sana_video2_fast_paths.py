@@ -227,8 +227,9 @@ def test_sol_attn_on_the_anchors():
 
 # -- quality: the tiny pipeline under each setting, against exact -------------------------------------------------
 
-#: The settings the README documents, with the gate each passed on the tiny CPU model (every frame SSIM >= 0.92 and
-#: PSNR >= 24 dB against exact). The tiny random model says nothing about the released weights: see the README.
+#: The settings docs/models/sana-video2.md documents, with the gate each passed on the tiny CPU model (every frame
+#: SSIM >= 0.92 and PSNR >= 24 dB against exact). The tiny random model says nothing about the released weights:
+#: see that page.
 DOCUMENTED_SETTINGS = {
     "BF16 anchors everywhere (anchor_fp32_steps=0)": dict(anchor_fp32_steps=0),
     "default (anchor_fp32_steps=10)": dict(),

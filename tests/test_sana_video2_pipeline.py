@@ -443,7 +443,8 @@ def test_save_pretrained_from_pretrained_round_trip_offline(pipe, tmp_path):
     "import accelpatch; accelpatch.SanaVideo2Transformer3DModel",
 ])
 def test_diffusion_pipeline_loads_a_saved_folder_after_the_documented_import(pipe, tmp_path, documented_import):
-    """In a fresh process: the import the README names, then diffusers' generic loader and nothing else."""
+    """In a fresh process: the import docs/models/sana-video2.md names, then diffusers' generic loader and nothing
+    else."""
     pipe.save_pretrained(tmp_path)
     code = (f"{documented_import}\nimport diffusers\n"
             "print('pipeline imported:', 'accelpatch.modeling.sana_video2.pipeline' in sys.modules)\n"

@@ -88,6 +88,21 @@ def test_an_edited_setup_cfg_installs_again(tmp_path):
 
 
 @needs_make
+def test_ci_builds_the_docs_strictly_with_the_dev_extras_tools(tmp_path):
+    """`make docs` is `mkdocs build --strict` in the test venv (the dev extra holds the tools); CI runs it after
+    `make test`."""
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(r"^make test\s*\nmake docs\s*$", ci, re.M), ci
+    plan = dry_run("docs", tmp_path / "venv")
+    assert '-e ".[dev]"' in plan
+    assert plan.rstrip().splitlines()[-1].endswith("-m mkdocs build --strict -d site")
+    setup_cfg = (REPO / "setup.cfg").read_text()
+    dev = setup_cfg[setup_cfg.index("\ndev =") : setup_cfg.index("\n[", setup_cfg.index("\ndev ="))]
+    for tool in ("mkdocs>=", "mkdocs-material>=", "mkdocstrings[python]>="):
+        assert f"\n    {tool}" in dev, tool
+
+
+@needs_make
 def test_ci_runs_the_smoke_subset_on_the_oldest_torch_from_a_venv_outside_the_clone(tmp_path):
     ci = (REPO / ".ci" / "run").read_text()
     assert re.search(r"^make test-oldest\s*$", ci, re.M)

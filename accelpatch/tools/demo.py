@@ -13,7 +13,8 @@ only when its 95% interval excludes 1; otherwise the row reads "noise (low–hig
 path that could not mount reads "fell back: <reason>" (the reason comes from ``accelpatch.report``).
 
 Output streams: the header prints before the first section is built and each section as soon as it is done, closed
-by how long it took (wall and CPU seconds), so a slow machine shows progress and the README's times can be checked.
+by how long it took (wall and CPU seconds), so a slow machine shows progress and the times in docs/cli.md can be
+checked.
 
 Importing this module is cheap (no torch, no diffusers): ``add_arguments`` declares the command line, so that
 ``--help`` answers at once; torch is imported by the functions that run.
@@ -84,7 +85,7 @@ MODELS: dict[str, DemoModel] = {
 #: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path (one
 #: family whose fast path needs CUDA, one whose fast path runs here); the other four are a ``--model`` away.
 DEFAULT_MODELS = ("sana-video", "minimax-h3")
-#: What ``--help`` says of the default and of the rest: times measured on a 2-core AVX2 EPYC, idle (the README's;
+#: What ``--help`` says of the default and of the rest: times measured on a 2-core AVX2 EPYC, idle (docs/cli.md's;
 #: each section prints its own, and a busy machine stretches them).
 DEFAULT_HELP = ("sana-video ~8 s, the SANA-Video tiers, and minimax-h3 ~35 s, the MiniMax-H3 sol_attn path, which "
                 "runs on CPU; ~45 s with start-up. The others run only when named: sana-video2 ~11 s, wan ~25 s, "

@@ -65,8 +65,8 @@ class SanaVideo2Options:
 
     ``anchor_fp32_steps``: denoising steps with index < N keep FP32 anchors (the step clock of accelpatch.steps);
     default 10 of the release's 50, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
-    released weights: see the README). ``anchor_fp32_layers``: anchor layers that always keep FP32 (``"3,7"``, an
-    iterable; a range such as ``"3-11"`` only where every layer in it is an anchor).
+    released weights: see docs/models/sana-video2.md). ``anchor_fp32_layers``: anchor layers that always keep FP32
+    (``"3,7"``, an iterable; a range such as ``"3-11"`` only where every layer in it is an anchor).
     ``anchor_fp32_steps=0, anchor_fp32_layers=""`` is the prior art's full-speed setting.
     """
 
