@@ -171,8 +171,10 @@ def register_attention_backend() -> None:
 
 
 def configure_sol_attn_backend(**options: Any):
-    """Register the backend (:func:`register_attention_backend`: configuring it asks for it) and set its
-    process-wide options (:func:`accelpatch.sol_attn.diffusers_backend.configure_sol_attn_backend`)."""
+    """Set the ``sol_attn`` attention backend's options for this process (unnamed options keep their defaults, not
+    their previous values) and register the backend (configuring it asks for it; see
+    :func:`register_attention_backend`); returns the config in force. Options: tau, thresh_type, sink_tokens,
+    sink_start, kv_splits, impl, dense_steps, dense_backend (a registered diffusers backend name, checked here)."""
     from .diffusers_backend import configure_sol_attn_backend as configure
 
     register()
