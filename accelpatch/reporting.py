@@ -432,7 +432,9 @@ def build_report(models, *, reset: bool = False) -> Report:
         options = dataclasses.asdict(patch.options) if dataclasses.is_dataclass(patch.options) else {}
         cache = None
         if patch.step_cache is not None:
-            cache = {"method": patch.cache.describe(), **patch.step_cache.counters.totals(reset=reset)}
+            from .step_cache import cache_totals
+
+            cache = {"method": patch.cache.describe(), **cache_totals(patch.step_cache.counters, reset=reset)}
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
                                step_sources=step_sources, options=options, cache=cache,

@@ -36,6 +36,7 @@ import torch
 from . import block_registry, steps
 from .block_registry import Registrations
 from .errors import CacheConflictError, did_you_mean
+from .gate import SiteCounters
 from .parallel.sequence import all_agree, deciding_ranks
 from .tiers import Tier, effective_tier
 
@@ -261,45 +262,16 @@ class ContextLocalStateManager:
         self._lock = threading.Lock()
 
 
-@dataclass
-class CacheCounters:
-    """Per model: steps whose remaining blocks were computed or reused, and why a reuse was not allowed."""
-
-    computed: int = 0
-    reused: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-    #: calls that ran with a guard unable to apply, by note
-    notes: dict[str, int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def note(self, text: str) -> None:
-        with self._lock:
-            self.notes[text] = self.notes.get(text, 0) + 1
-
-    def count(self, reused: bool, reason: Optional[str] = None) -> None:
-        with self._lock:
-            if reused:
-                self.reused += 1
-            else:
-                self.computed += 1
-            if reason is not None:
-                self.reasons[reason] = self.reasons.get(reason, 0) + 1
-
-    def totals(self, reset: bool = False) -> dict:
-        with self._lock:
-            out = {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons),
-                   "notes": dict(self.notes)}
-            if reset:
-                self.computed, self.reused, self.reasons, self.notes = 0, 0, {}, {}
-            return out
-
-    def __getstate__(self) -> dict:
-        return {"computed": self.computed, "reused": self.reused, "reasons": dict(self.reasons),
-                "notes": dict(self.notes)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+def cache_totals(counters: SiteCounters, reset: bool = False) -> dict:
+    """A step cache's counts, kept in the one counter type every site uses (:class:`~accelpatch.gate.SiteCounters`):
+    a reused step is the cache's fast call, a computed step a reference call counted with why it could not reuse,
+    and a guard that could not apply a note."""
+    totals = counters.totals()
+    if reset:
+        counters.reset()
+    reasons = {reason: n for reason, n in totals["reference"].items() if n}
+    return {"computed": sum(reasons.values()), "reused": totals["fast"], "reasons": reasons,
+            "notes": {note: n for note, n in totals["notes"].items() if n}}
 
 
 # --- attaching ------------------------------------------------------------------------------------------------
@@ -439,7 +411,7 @@ class StepCache:
         offers its own hook point (``_remaining_blocks_cache``: ``reuse(first_block_delta)``, ``store(tail)``).
         ``block_streams``: where those blocks' streams sit (see :func:`_register_block`)."""
         self.config = config
-        self.counters = CacheCounters()
+        self.counters = SiteCounters()
         self._default_tier = default_tier
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None  # for its scheduler's timesteps
         self._key: contextvars.ContextVar = contextvars.ContextVar(f"accelpatch_step_cache_{id(self)}", default=None)
@@ -565,7 +537,7 @@ class StepCache:
             key = _CallKey(key.generation, step, 0)
         self._key.set(key)
         if self.config.final_steps and self._final_step_index() is None:
-            self.counters.note("final-step guard off: no pipeline scheduler (apply() the pipeline to enable it)")
+            self.counters.count_note("final-step guard off: no pipeline scheduler (apply() the pipeline to enable it)")
         if self.config.method == "mag":
             split = MAG_SPLIT if deciding_ranks(self._model) is not None else None
             self._blocked.set(split or self._blocked_reason(self.states.get_state(), "previous_residual"))
@@ -620,7 +592,10 @@ class StepCache:
     def _record(self, state, reused: bool, reason: Optional[str]) -> None:
         """Count one call's decision, and the reuses in a row the reuse limit reads."""
         state.reused_in_a_row = state.reused_in_a_row + 1 if reused else 0
-        self.counters.count(reused=reused, reason=reason)
+        if reused:
+            self.counters.count_fast()
+        else:
+            self.counters.count_reference(reason)
 
     def _blocked_reason(self, state, history: str) -> Optional[str]:
         """Why this call may not reuse (None: the cache's own test decides); ``history`` names the state field that

@@ -392,7 +392,10 @@ def test_a_cached_model_survives_deepcopy_and_pickle_into_another_process(tmp_pa
         path.write_bytes(pickle.dumps((model, inputs)))
         with torch.no_grad():
             expected = model(**inputs).sample
-        probe = (f"import pickle, torch, sys; model, inputs = pickle.loads(open({str(path)!r}, 'rb').read()); "
+        # the same thread count as here: float32 GEMMs sum in another order on another count (pytest run without
+        # the Makefile's OMP_NUM_THREADS=1 gave the other process 2 threads and 5e-7 of difference)
+        probe = (f"import pickle, torch, sys; torch.set_num_threads({torch.get_num_threads()}); "
+                 f"model, inputs = pickle.loads(open({str(path)!r}, 'rb').read()); "
                  "import accelpatch\n"
                  "with torch.no_grad(): out = model(**inputs).sample\n"
                  "cache = accelpatch.report(model).models[0].cache\n"
