@@ -13,7 +13,8 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .tools import build_kernels, convert, demo, recipe_cli  # light at import: torch loads when a command runs
+    from .eval import recipe_cli
+    from .tools import build_kernels, convert, demo  # light at import: torch loads when a command runs
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
                                      "pipelines: command-line tools.")

@@ -29,7 +29,7 @@ __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "
 #: the recipes that ship with the package (package data: the wheel carries them)
 SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
 
-#: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.tools.pipelines)
+#: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.eval.pipelines)
 TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2")
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -106,7 +106,7 @@ class Gates(_Strict):
     Audio gates apply by default whenever the pipeline returns audio (``audio: auto``): a pipeline with sound gets
     its sound checked. Setting any ``audio_*`` threshold (to other than its default), or ``audio: required``, asks
     for them: a pipeline that returns no audio is then refused with the reason (before the candidates run). ``audio: off`` reports the audio
-    scores without gating them. The audio metrics are defined in :mod:`accelpatch.tools.audio_metrics`.
+    scores without gating them. The audio metrics are defined in :mod:`accelpatch.eval.audio_metrics`.
 
     Why the audio defaults (engineering choices by analogy, not perceptual thresholds): ``audio_snr_floor`` 10 dB
     lets the error carry at most a tenth of the signal's power in the worst second (per track), the audio

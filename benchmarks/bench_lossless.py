@@ -35,7 +35,7 @@ import torch
 
 import accelpatch
 from accelpatch import verify
-from accelpatch.tools.stats import compare_timings
+from accelpatch.eval.stats import compare_timings
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 #: Wan at the other models' medium size: 4 heads x 128 (hidden 512), 4 layers, FFN 1024

@@ -2,7 +2,7 @@
 reference, and speed, with every query row sparse (``dense_rows="none"``) and with the text/audio rows dense
 (``"text_audio"``, the default).
 
-Quality, per seed, against the unpatched pipeline: audio through ``accelpatch.tools.audio_metrics.compare_audio``
+Quality, per seed, against the unpatched pipeline: audio through ``accelpatch.eval.audio_metrics.compare_audio``
 (whole-clip SNR, worst per-track correlation, nMSE, the worst 1-second window, and the final second on its own, as
 the prior art reported it) and video through ``compare_videos`` (worst-frame SSIM / PSNR); worst over seeds. The
 routing is also read back from the kernel's own inputs (the exact-block fraction of the query blocks that hold
@@ -28,10 +28,10 @@ import accelpatch.sol_attn.op as ops
 from accelpatch.sol_attn.op.options import BLOCK
 from accelpatch.sol_attn.op.torch_impl import route
 from accelpatch.testing import minimax_h3_layout, minimax_h3_pipeline_call_kwargs, tiny_minimax_h3_pipeline
-from accelpatch.tools.audio_metrics import compare_audio
-from accelpatch.tools.bench import bench
-from accelpatch.tools.metrics import compare_videos
-from accelpatch.tools.stats import compare_timings
+from accelpatch.eval.audio_metrics import compare_audio
+from accelpatch.eval.bench import bench
+from accelpatch.eval.metrics import compare_videos
+from accelpatch.eval.stats import compare_timings
 
 VARIANTS = ("none", "text_audio")
 

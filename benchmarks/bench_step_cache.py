@@ -41,10 +41,10 @@ import torch  # noqa: E402
 import accelpatch  # noqa: E402
 from accelpatch import testing  # noqa: E402
 from accelpatch.recipes import Gates  # noqa: E402
-from accelpatch.tools._report_text import format_table  # noqa: E402
-from accelpatch.tools.candidates import CallTimer, frames_of  # noqa: E402
-from accelpatch.tools.metrics import compare_videos  # noqa: E402
-from accelpatch.tools.stats import compare_timings  # noqa: E402
+from accelpatch.eval._report_text import format_table  # noqa: E402
+from accelpatch.eval.candidates import CallTimer, frames_of  # noqa: E402
+from accelpatch.eval.metrics import compare_videos  # noqa: E402
+from accelpatch.eval.stats import compare_timings  # noqa: E402
 
 SCHEMA = "accelpatch.bench_step_cache"
 VERSION = 1

@@ -4,7 +4,7 @@ Two parts:
 
 * **Synthetic** (instant): random monotone problems on grids shaped like tune's derived spaces (a point passes when
   a weighted sum of its knob indices stays under a limit, or when every knob stays under its own limit; speed is
-  another weighted sum). For each, the search (:func:`accelpatch.tools.tune_search.search`) against the
+  another weighted sum). For each, the search (:func:`accelpatch.eval.tune_search.search`) against the
   exhaustive answer: points validated, validate calls, and whether its fastest passing point is within 5 % of the
   grid's.
 * **Tiny pipelines** (CPU, random weights, one thread): tune on SANA-Video and SANA-Video 2.0 with a step cache
@@ -38,9 +38,9 @@ import torch  # noqa: E402
 import accelpatch  # noqa: E402
 from accelpatch import testing  # noqa: E402
 from accelpatch.recipes import CandidateSpec  # noqa: E402
-from accelpatch.tools import tune_search  # noqa: E402
-from accelpatch.tools._report_text import format_table  # noqa: E402
-from accelpatch.tools.tune_space import parse_space  # noqa: E402
+from accelpatch.eval import tune_search  # noqa: E402
+from accelpatch.eval._report_text import format_table  # noqa: E402
+from accelpatch.eval.tune_space import parse_space  # noqa: E402
 
 WITHIN = 0.95  # "within 5 % of the best": speed at least 95 % of the grid's fastest passing
 

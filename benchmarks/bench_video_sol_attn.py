@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 import accelpatch
 from accelpatch import testing as t
-from accelpatch.tools.metrics import psnr_per_frame, ssim_per_frame
+from accelpatch.eval.metrics import psnr_per_frame, ssim_per_frame
 
 
 class VideoModel(NamedTuple):
@@ -114,7 +114,7 @@ def quality_grid(spec: VideoModel, name: str, steps: int, taus: list[float], den
     if build is None or call_kwargs is None:
         print(f"\n{name}: no tiny pipeline in accelpatch.testing ({spec.pipeline}): quality grid not run")
         return
-    from accelpatch.tools.audio_metrics import compare_audio
+    from accelpatch.eval.audio_metrics import compare_audio
 
     pipe = build()
     call = lambda: call_kwargs(num_inference_steps=steps)  # noqa: E731

@@ -11,11 +11,11 @@ import torch
 import accelpatch
 from accelpatch import testing
 from accelpatch.recipes import Gates
-from accelpatch.tools import audio_metrics
-from accelpatch.tools.audio_metrics import compare_audio, window_bounds
-from accelpatch.tools.candidates import audio_of
-from accelpatch.tools.preflight import check_audio_request, pipeline_makes_audio
-from accelpatch.tools.validate import validate
+from accelpatch.eval import audio_metrics
+from accelpatch.eval.audio_metrics import compare_audio, window_bounds
+from accelpatch.eval.candidates import audio_of
+from accelpatch.eval.preflight import check_audio_request, pipeline_makes_audio
+from accelpatch.eval.validate import validate
 
 SR = 1000  # 1-second windows of 1000 samples; 10 Hz sines fit whole periods in each
 

@@ -158,7 +158,7 @@ def _write_recipe(tmp_path, model="tiny:sana-video", **fields):
 @pytest.fixture
 def nothing_built(monkeypatch):
     """Fail the test when a command gets as far as loading its recipe's pipeline (or any model)."""
-    from accelpatch.tools import pipelines, recipe_cli
+    from accelpatch.eval import pipelines, recipe_cli
 
     fail = lambda *a, **k: pytest.fail("a model was built for an argument that needs none")  # noqa: E731
     monkeypatch.setattr(recipe_cli, "_load", fail)
@@ -233,7 +233,7 @@ def test_bench_help_names_the_interval_it_computes(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "bootstrap" not in text  # accelpatch.tools.stats: order statistics of the per-round ratios
+    assert "bootstrap" not in text  # accelpatch.eval.stats: order statistics of the per-round ratios
     assert "distribution-free 95% interval from order statistics" in text
 
 
@@ -242,7 +242,7 @@ def test_bench_header_says_device_and_dtype_once(tmp_path, capsys, monkeypatch):
     repeat what the header measured."""
     import platform
 
-    from accelpatch.tools import bench
+    from accelpatch.eval import bench
 
     monkeypatch.setattr(platform, "processor", lambda: "")
     monkeypatch.setattr(bench, "_cpu_name", lambda: "", raising=False)

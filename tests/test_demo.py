@@ -12,7 +12,7 @@ from accelpatch.__main__ import build_parser, main
 from accelpatch.reporting import ModelReport, Report, SiteReport
 from accelpatch.tools import demo
 from accelpatch.tools.demo import fast_path_text, format_timing, parse_models, run_demo
-from accelpatch.tools.stats import compare_timings
+from accelpatch.eval.stats import compare_timings
 
 ROW = re.compile(r"^(?P<label>\S.*?)\s{2,}(?P<seconds>\d+\.\d{4})\s{2}(?P<timing>\S.*?)\s{2,}(?P<identical>yes|no)"
                  r"\s+(?P<psnr>inf|\d+\.\d dB)\s+(?P<ssim>\d\.\d{4})\s{2}(?P<fast>.+)$")

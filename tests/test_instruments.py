@@ -10,9 +10,9 @@ import torch
 
 import accelpatch
 from accelpatch import testing
-from accelpatch.tools.bench import bench
-from accelpatch.tools.stats import compare_timings, summarize
-from accelpatch.tools.validate import validate, video_sha256
+from accelpatch.eval.bench import bench
+from accelpatch.eval.stats import compare_timings, summarize
+from accelpatch.eval.validate import validate, video_sha256
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_a_real_twofold_speedup_is_distinguishable_with_an_interval_around_it():
 
 
 def test_the_median_interval_is_distribution_free_and_needs_six_rounds():
-    from accelpatch.tools.stats import median_interval
+    from accelpatch.eval.stats import median_interval
 
     assert median_interval([1, 2, 3, 4, 5]) == (-math.inf, math.inf)  # P(all 5 on one side) = 1/16 > 5 %
     assert median_interval([1, 2, 3, 4, 5, 6]) == (1.0, 6.0)
@@ -319,7 +319,7 @@ def test_call_arguments_the_pipeline_does_not_take_are_refused_before_the_first_
 
 def test_a_modular_pipeline_is_checked_against_its_blocks_inputs():
     """diffusers' ModularPipeline takes **kwargs and drops unknown ones with a warning: its blocks say which count."""
-    from accelpatch.tools.preflight import accepted_call_arguments, check_call_arguments
+    from accelpatch.eval.preflight import accepted_call_arguments, check_call_arguments
 
     pipe = testing.tiny_minimax_h3_pipeline()
     accepted = accepted_call_arguments(pipe)
@@ -377,7 +377,7 @@ def test_bench_rejects_bad_arguments(sana):
 
 
 def test_per_step_timing_counts_cfg_as_two_calls_as_one_step():
-    from accelpatch.tools.candidates import CallTimer
+    from accelpatch.eval.candidates import CallTimer
 
     model = testing.tiny_sana_video_transformer()
     inputs = testing.sana_video_transformer_inputs(model)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from accelpatch.tools.metrics import (
+from accelpatch.eval.metrics import (
     SSIM_K1,
     VideoQuality,
     compare_videos,

@@ -1,4 +1,4 @@
-"""Issue #33: Sol-Attn moved into ``accelpatch/sol_attn/``. Each old import path still gives the moved module itself
+"""Issue #33: Sol-Attn moved into ``accelpatch/sol_attn/``, the evaluation tools into ``accelpatch/eval/``. Each old import path still gives the moved module itself
 (one module object: state and monkeypatching shared) with a DeprecationWarning naming the new path, for one release;
 accelpatch's own code imports only the new paths, so a user who does not use an old path never sees the warning."""
 import ast
@@ -15,6 +15,10 @@ MOVED = {
     "accelpatch.backends.attention_registry": "accelpatch.sol_attn.registration",
     "accelpatch.sites.sol_attention": "accelpatch.sol_attn.sites",
     "accelpatch.adapters.sol_attn_adapter": "accelpatch.sol_attn.adapter",
+    # the evaluation tools: accelpatch.eval
+    **{f"accelpatch.tools.{name}": f"accelpatch.eval.{name}" for name in (
+        "validate", "bench", "tune", "tune_space", "tune_search", "tune_plot", "metrics", "audio_metrics", "plots",
+        "stats", "candidates", "preflight", "pipelines", "_report_text", "recipe_cli")},
 }
 
 

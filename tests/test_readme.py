@@ -122,7 +122,7 @@ def test_the_blocks_that_plot_say_they_need_matplotlib():
 
 
 def test_plotting_without_matplotlib_says_what_to_install(monkeypatch):
-    from accelpatch.tools.plots import _new_figure
+    from accelpatch.eval.plots import _new_figure
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if matplotlib were not installed
     with pytest.raises(ImportError, match=r"plotting needs matplotlib: pip install matplotlib"):

@@ -81,7 +81,7 @@ def test_call_values_in_range_load():
 def test_the_api_refuses_call_values_and_seeds_out_of_range_before_the_first_call():
     """validate/bench/tune called from Python check the same ranges before the first call; MiniMax-H3 is known by
     its scheduler (a ModularPipeline's class says nothing)."""
-    from accelpatch.tools.preflight import check_call_arguments, check_seed, check_seeds
+    from accelpatch.eval.preflight import check_call_arguments, check_seed, check_seeds
 
     class MiniMaxH3Scheduler:
         pass
@@ -223,7 +223,7 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize("command, option", [("validate", "--json"), ("validate", "--plot"),
                                              ("validate", "--frames"), ("bench", "--json")])
 def test_cli_output_paths_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch, command, option):
-    from accelpatch.tools import pipelines
+    from accelpatch.eval import pipelines
 
     monkeypatch.setattr(pipelines, "load_pipeline", lambda recipe: pytest.fail("nothing may run before the check"))
     recipe = str(_write(tmp_path))

@@ -241,7 +241,7 @@ GATE_SSIM, GATE_PSNR = 0.92, 24.0
 
 
 def test_the_tiny_pipeline_passes_the_gate_under_each_documented_setting(on_cpu, capsys):
-    from accelpatch.tools.metrics import compare_videos
+    from accelpatch.eval.metrics import compare_videos
 
     # An 8x VAE: 128x128x17 frames are 16x16x3 = 768 tokens, enough for BF16 rounding to show and for Sol-Attn to
     # be sparse, while SSIM over the decoded frames stays cheap.

@@ -16,7 +16,7 @@ import torch
 from accelpatch import testing
 from accelpatch.recipes import SHIPPED_RECIPES, load_recipe
 from accelpatch.testing.wan import WAN_1_3B_CONFIG
-from accelpatch.tools.preflight import check_candidates
+from accelpatch.eval.preflight import check_candidates
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
@@ -122,7 +122,7 @@ RELEASE_MODELS = {
 
 def _model_for(recipe):
     if recipe.is_tiny:
-        from accelpatch.tools.pipelines import load_pipeline
+        from accelpatch.eval.pipelines import load_pipeline
 
         return load_pipeline(recipe.model_copy(update={"device": "cpu"})).pipe
     assert recipe.model in RELEASE_MODELS, f"recipe {recipe.name}: add its model {recipe.model!r} to RELEASE_MODELS"

@@ -8,7 +8,7 @@ import pytest
 from accelpatch.__main__ import main
 from accelpatch.recipes import TINY_MODELS, load_recipe
 from accelpatch.tools import demo
-from accelpatch.tools.pipelines import load_pipeline
+from accelpatch.eval.pipelines import load_pipeline
 
 #: tiny name -> the diffusers pipeline class it builds and the outputs a call returns
 NEW = {"wan": ("WanPipeline", ("frames",)), "hunyuan-video15": ("HunyuanVideo15Pipeline", ("frames",)),

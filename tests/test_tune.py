@@ -17,9 +17,9 @@ import torch
 import accelpatch
 from accelpatch import testing
 from accelpatch.patcher import patch_of
-from accelpatch.tools import tune_search
-from accelpatch.tools.tune import REFERENCE_NAME, NoPassingSetting
-from accelpatch.tools.tune_space import derive_space, parse_budget
+from accelpatch.eval import tune_search
+from accelpatch.eval.tune import REFERENCE_NAME, NoPassingSetting
+from accelpatch.eval.tune_space import derive_space, parse_budget
 
 # --- the search alone, on synthetic monotone problems -----------------------------------------------------------
 
@@ -368,8 +368,8 @@ def test_a_winner_must_beat_every_safer_passing_setting(sana2, tmp_path):
 def test_bench_and_tune_call_faster_by_the_same_rule():
     # one rule: "faster" only when the whole interval lies above 1 (bench's verdict, tune's winner and table)
     from accelpatch.recipes import CandidateSpec
-    from accelpatch.tools.stats import compare_timings
-    from accelpatch.tools.tune import Trial
+    from accelpatch.eval.stats import compare_timings
+    from accelpatch.eval.tune import Trial
 
     reference = [1.0] * ROUNDS
     for ratios, faster, words in (([0.77, 0.95, 1.0, 1.03, 1.1, 1.2, 1.56], False, "not distinguishable from noise"),
@@ -385,7 +385,7 @@ def test_bench_and_tune_call_faster_by_the_same_rule():
 def _interrupting_run_call(monkeypatch, when, error):
     """Make validate's pipeline call raise ``error`` whenever ``when(spec)`` holds, after checking the model is
     then in the candidate's state (so that the restore under test has something to undo)."""
-    import accelpatch.tools.validate as validate_module
+    import accelpatch.eval.validate as validate_module
 
     real = validate_module.run_call
     seen = {"raised": 0}
@@ -477,7 +477,7 @@ class FakeClock:
     call a (fake) bench would make, (rounds + warm-up) per setting and the reference."""
 
     def __init__(self, monkeypatch, per_call=1.0):
-        import accelpatch.tools.validate as validate_module
+        import accelpatch.eval.validate as validate_module
 
         self.now, self.per_call = 0.0, per_call
         real = validate_module.run_call
@@ -640,7 +640,7 @@ def test_cli_tune_writes_a_recipe_that_loads(tmp_path, capsys):
 
 
 def test_a_winner_failing_on_held_out_seeds_falls_back_to_the_next_fastest(sana2, monkeypatch):
-    from accelpatch.tools import tune as tune_module
+    from accelpatch.eval import tune as tune_module
 
     pipe, kwargs = sana2
     grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
@@ -667,7 +667,7 @@ def test_a_winner_failing_on_held_out_seeds_falls_back_to_the_next_fastest(sana2
 
 def test_a_deliberately_slow_winner_is_caught(sana2, monkeypatch):
     # the check used above must fail on a tune that returns the slowest passing setting instead of the fastest
-    from accelpatch.tools import tune as tune_module
+    from accelpatch.eval import tune as tune_module
 
     pipe, kwargs = sana2
     grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
@@ -705,8 +705,8 @@ def test_audio_scores_are_reported_and_plotted_when_validate_has_them(tmp_path):
     # validate's audio gates land separately: tune reads min_audio_snr/min_audio_corr with getattr, so a result
     # that has them shows them (JSON, table, a second plot panel) and one without them works as before
     from accelpatch.recipes import CandidateSpec, Gates
-    from accelpatch.tools.tune import Trial, TuneResult, _scores
-    from accelpatch.tools.tune_space import Knob, SearchSpace
+    from accelpatch.eval.tune import Trial, TuneResult, _scores
+    from accelpatch.eval.tune_space import Knob, SearchSpace
 
     class Result:  # a CandidateResult as it is after the audio merge
         min_ssim, min_psnr, min_audio_snr, min_audio_corr = 0.95, 30.0, 18.5, 0.9

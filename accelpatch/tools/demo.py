@@ -8,7 +8,7 @@ MiniMax-H3 (tier high sparse, ``quality("lossless")`` bit-identical with the fus
 
 Everything is built offline with random weights under a fixed seed. Rows are timed in interleaved rounds (every row
 once per round, each round starting one row later, so that drift of a shared machine hits all rows alike). The
-"vs unpatched" column is :func:`accelpatch.tools.stats.compare_timings` of the per-round samples: a ratio appears
+"vs unpatched" column is :func:`accelpatch.eval.stats.compare_timings` of the per-round samples: a ratio appears
 only when its 95% interval excludes 1; otherwise the row reads "noise (low–high×)". A row that asked for a fast
 path that could not mount reads "fell back: <reason>" (the reason comes from ``accelpatch.report``).
 
@@ -28,15 +28,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
-from .recipe_cli import at_least
+from ..eval.recipe_cli import at_least
 
 if TYPE_CHECKING:  # pragma: no cover
     from accelpatch.reporting import Report
-    from accelpatch.tools.stats import TimingComparison
+    from accelpatch.eval.stats import TimingComparison
 
 DTYPE_NAMES = ("auto", "bf16", "fp32")
 
-#: Fewer paired rounds than this give no 95% interval for the median ratio (accelpatch.tools.stats.median_interval:
+#: Fewer paired rounds than this give no 95% interval for the median ratio (accelpatch.eval.stats.median_interval:
 #: order statistics with binomial coverage need n >= 6); below it the demo shows no verdict rather than a false one.
 #: The default rounds are 6 (MiniMax-H3) and 12 (SANA-Video).
 MIN_ROUNDS = 6
@@ -205,7 +205,7 @@ class Row:
 
 
 def _timed(timer, run: Callable[[], Any]) -> tuple[Any, float]:
-    """``run()`` under ``timer`` (:class:`accelpatch.tools.candidates.CallTimer`, hooks only around this call, so
+    """``run()`` under ``timer`` (:class:`accelpatch.eval.candidates.CallTimer`, hooks only around this call, so
     that ``apply``/``remove`` never see them): its output and the transformer's seconds per denoising step."""
     timer.reset()
     with timer:
@@ -243,7 +243,7 @@ def _run_rounds(pipe, rows: list[Row], call: Callable[[], Any], reference, *, ro
     another process would slow two of its samples at once."""
     import accelpatch  # noqa: PLC0415
 
-    from accelpatch.tools.candidates import CallTimer, device_of  # noqa: PLC0415
+    from accelpatch.eval.candidates import CallTimer, device_of  # noqa: PLC0415
 
     timer = CallTimer([pipe.transformer], device_of(pipe, [pipe.transformer]))
     patched, removed = False, False
@@ -313,7 +313,7 @@ def _frame_subset(video):
 def _quality(row: Row, reference):
     """compare_videos of the row's last frames against the reference, on the same evenly spaced frames of both
     (see :data:`QUALITY_FRAMES`); computed once per row."""
-    from accelpatch.tools.metrics import compare_videos  # noqa: PLC0415
+    from accelpatch.eval.metrics import compare_videos  # noqa: PLC0415
 
     if row.quality is None:
         row.quality = compare_videos(_frame_subset(_video(reference)), _frame_subset(_video(row.frames)))
@@ -323,7 +323,7 @@ def _quality(row: Row, reference):
 def _table(rows: list[Row], reference, rounds: int) -> list[str]:
     """The section's table: s/step (median of the calls), vs unpatched, bit identity, worst-frame PSNR/SSIM
     against the unpatched frames, and the fast-path cell."""
-    from accelpatch.tools.stats import compare_timings  # noqa: PLC0415
+    from accelpatch.eval.stats import compare_timings  # noqa: PLC0415
 
     width = max(len(r.label) for r in rows) + 2
     lines = [f"{'run':<{width}}{'s/step':>8}  {'vs unpatched':<28}{'bit-identical':>13}{'PSNR':>10}{'SSIM':>8}  "
@@ -464,7 +464,7 @@ def _sol_attn_section(spec: DemoModel, *, steps: int, dtype, device: str, seed: 
     from tqdm.auto import tqdm  # noqa: PLC0415
 
     import accelpatch.testing as testing  # noqa: PLC0415
-    from accelpatch.tools.stats import compare_timings  # noqa: PLC0415
+    from accelpatch.eval.stats import compare_timings  # noqa: PLC0415
 
     h3 = spec.family == "minimax-h3"
     rows = [Row("unpatched", False), Row("sol_attn (high)", True), Row("sol_attn, lossless", True, "lossless", False)]

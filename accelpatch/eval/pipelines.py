@@ -1,0 +1,130 @@
+"""Build the pipeline a recipe names, and the keyword arguments of its call.
+
+``tiny:<model>`` builds an offline random pipeline from :mod:`accelpatch.testing` (release head dims where the fast
+paths need them) with the recipe's call arguments over the tiny defaults. Anything else is a hub id or a local
+folder loaded with diffusers (``DiffusionPipeline``, or ``ModularPipeline`` for MiniMax-H3) in the recipe's dtype,
+on its device. Calls ask for tensor output so frames can be compared.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import did_you_mean
+from ..recipes import Recipe, RecipeError
+
+__all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "TORCH_DTYPES"]
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class LoadedPipeline:
+    """A pipeline built from a recipe and the base keyword arguments of its call (no generator: runs add one)."""
+
+    pipe: Any
+    call_kwargs: dict[str, Any]
+    device: torch.device
+    description: str
+
+
+def _runnable_device_types() -> list[str]:
+    """The device types this torch can run a pipeline on here (cpu always; cuda, mps, xpu when available)."""
+    types = ["cpu"]
+    if torch.cuda.is_available():
+        types.append("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        types.append("mps")
+    if getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+        types.append("xpu")
+    return types
+
+
+def resolve_device(text: str) -> torch.device:
+    """``"auto"`` → cuda when available, else cpu; anything else must be a device this torch can run on here.
+    A bad one is refused in one line naming the valid choices (with a close match), not torch's list of every
+    device type it knows."""
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    here = _runnable_device_types()
+    forms = ["auto", *here] + (["cuda:N"] if "cuda" in here else [])
+    valid = f"valid here: {', '.join(forms)}" + ("" if "cuda" in here else " (cuda and cuda:N need a CUDA GPU)")
+    hint = did_you_mean(str(text).strip().lower(), forms)
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise RecipeError(f"device {text!r} is not a device name{hint}; {valid}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(f"device {text!r}: CUDA is not available here; {valid}")
+    if device.type not in here:
+        raise RecipeError(f"device {text!r} cannot run a pipeline here{hint}; {valid}")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RecipeError(f"device {text!r}: there are {torch.cuda.device_count()} CUDA device(s) here "
+                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return device
+
+
+def _accepted(fn: Callable, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``values`` into (arguments ``fn`` accepts, the rest)."""
+    names = set(inspect.signature(fn).parameters)
+    return ({k: v for k, v in values.items() if k in names}, {k: v for k, v in values.items() if k not in names})
+
+
+def _tiny(recipe: Recipe, device: torch.device) -> LoadedPipeline:
+    from .. import testing
+
+    name, dtype, call = recipe.model[len("tiny:"):], TORCH_DTYPES[recipe.dtype], dict(recipe.call)
+    if name == "sana-video":
+        pipe = testing.tiny_sana_video_pipeline(dtype=dtype, device=device,
+                                                transformer_config=testing.SANA_VIDEO_RELEASE_LIKE_CONFIG)
+        own, rest = _accepted(testing.sana_video_pipeline_call_kwargs, call)
+        kwargs = {**testing.sana_video_pipeline_call_kwargs(**own), **rest, "output_type": "pt"}
+    elif name == "sana-video2":
+        pipe = testing.tiny_sana_video2_pipeline(dtype=dtype, device=device)
+        own, rest = _accepted(testing.sana_video2_pipeline_call_kwargs, call)
+        kwargs = {**testing.sana_video2_pipeline_call_kwargs(**own), **rest, "output_type": "pt"}
+    elif name in ("wan", "hunyuan-video15", "ltx2"):  # sol_attn families: the builders' Sol configs (head dim 128)
+        build, call_kwargs = {"wan": (testing.tiny_wan_pipeline, testing.wan_pipeline_call_kwargs),
+                              "hunyuan-video15": (testing.tiny_hunyuan_video15_pipeline,
+                                                  testing.hunyuan_video15_pipeline_call_kwargs),
+                              "ltx2": (testing.tiny_ltx2_pipeline, testing.ltx2_pipeline_call_kwargs)}[name]
+        pipe = build(dtype=dtype, device=device)
+        own, rest = _accepted(call_kwargs, call)
+        kwargs = {**call_kwargs(**own), **rest, "output_type": "pt"}
+    else:  # minimax-h3
+        if recipe.dtype != "fp32" or device.type != "cpu":
+            raise RecipeError("tiny:minimax-h3 is built in fp32 on the CPU; set dtype: fp32 and device: cpu")
+        pipe = testing.tiny_minimax_h3_pipeline()
+        own, rest = _accepted(testing.minimax_h3_pipeline_call_kwargs, call)
+        kwargs = {**testing.minimax_h3_pipeline_call_kwargs(pipeline=pipe, **own), **rest, "output": "videos"}
+    kwargs.pop("generator", None)
+    return LoadedPipeline(pipe, kwargs, device, f"{recipe.model} (random weights, {recipe.dtype}, {device})")
+
+
+def _pretrained(recipe: Recipe, device: torch.device) -> LoadedPipeline:
+    import diffusers
+
+    import accelpatch.modeling.sana_video2  # noqa: F401  (lets diffusers resolve SanaVideo2Pipeline folders)
+
+    dtype = TORCH_DTYPES[recipe.dtype]
+    modular = recipe.pipeline == "modular" or (
+        recipe.pipeline == "auto" and (Path(recipe.model) / "modular_model_index.json").is_file())
+    if modular:
+        pipe = diffusers.ModularPipeline.from_pretrained(recipe.model)
+        pipe.load_components(torch_dtype=dtype)
+        pipe.to(device)
+        kwargs = {**recipe.call, "output": "videos"}
+    else:
+        pipe = diffusers.DiffusionPipeline.from_pretrained(recipe.model, torch_dtype=dtype).to(device)
+        kwargs = {**recipe.call, "output_type": "pt"}
+    return LoadedPipeline(pipe, kwargs, device, f"{recipe.model} ({recipe.dtype}, {device})")
+
+
+def load_pipeline(recipe: Recipe) -> LoadedPipeline:
+    """The recipe's pipeline (unpatched) and its call arguments."""
+    device = resolve_device(recipe.device)
+    return _tiny(recipe, device) if recipe.is_tiny else _pretrained(recipe, device)

@@ -1,0 +1,139 @@
+"""Pictures of a validation: PSNR/SSIM per frame per candidate (matplotlib), the audio SNR and correlation per
+second next to them when the pipeline returned audio, and the worst frames side by side.
+
+matplotlib is optional (``pip install matplotlib``, in the ``plots`` and ``dev`` extras); the frame strip needs only
+Pillow. Identical frames (and seconds of audio) have infinite PSNR (SNR) and are drawn at the top of the axis; a
+second of audio with non-finite samples (SNR -inf) at its bottom.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .validate import ValidationReport
+
+__all__ = ["plot_validation", "worst_frame_strip"]
+
+#: where frames with infinite PSNR (bit-identical) are drawn
+PSNR_CEILING = 100.0
+#: where seconds of audio with infinite SNR (bit-identical) are drawn: above float32 rounding (~140 dB)
+SNR_CEILING = 160.0
+#: where seconds of audio with SNR -inf (non-finite candidate samples) are drawn
+SNR_BOTTOM = -40.0
+
+
+def _new_figure(**kwargs):
+    """A matplotlib Figure that pyplot does not track: a notebook then shows it once, where it is displayed or
+    returned (a pyplot figure is also shown again by the inline backend at the end of the cell)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install matplotlib (or accelpatch[plots])") from None
+    return Figure(**kwargs)
+
+
+def _clamped(values, bottom, top):
+    return [top if math.isnan(v) or v > top else max(v, bottom) for v in values]
+
+
+def _plot_audio(report: "ValidationReport", snr_axis, corr_axis) -> None:
+    """Audio SNR and correlation per 1-second window, one line per candidate and seed, the audio gates dashed."""
+    for candidate in report.candidates:
+        for scores in candidate.scores:
+            if scores.audio is None:
+                continue
+            quality = scores.audio
+            label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
+            starts = [start / quality.sample_rate for start, _ in quality.windows]
+            snr = _clamped(quality.window_snr_db, SNR_BOTTOM, SNR_CEILING)
+            snr_axis.plot(starts, snr, marker="o", markersize=3, label=label)
+            corr = [math.nan if c is None else c for c in quality.window_corr]  # a gap where it means nothing
+            corr_axis.plot(starts, corr, marker="o", markersize=3, label=label)
+    gates = report.gates
+    style = dict(color="red", linestyle="--") if gates.gates_audio else dict(color="grey", linestyle=":")
+    snr_axis.axhline(gates.audio_snr_floor, label=f"audio_snr_floor {gates.audio_snr_floor} dB", **style)
+    corr_axis.axhline(gates.audio_corr_floor, label=f"audio_corr_floor {gates.audio_corr_floor}", **style)
+    off = "" if gates.gates_audio else " (audio: off, not gated)"
+    snr_axis.set(title=f"audio SNR per second, worst track (identical at {SNR_CEILING:.0f} dB){off}",
+                 xlabel="window start (s)", ylabel="dB")
+    corr_axis.set(title=f"audio correlation per second, worst track{off}", xlabel="window start (s)",
+                  ylabel="Pearson r")
+
+
+def plot_validation(report: "ValidationReport", path: Optional[str] = None):
+    """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed; with
+    audio, two more below: audio SNR and correlation per second with the audio gates."""
+    audio = report.has_audio
+    figure = _new_figure(figsize=(11, 8 if audio else 4), constrained_layout=True)
+    axes = figure.subplots(2 if audio else 1, 2)
+    psnr_axis, ssim_axis = axes[0] if audio else axes
+    for candidate in report.candidates:
+        for scores in candidate.scores:
+            label = candidate.label if len(report.seeds) == 1 else f"{candidate.label} (seed {scores.seed})"
+            frames = range(len(scores.ssim))
+            psnr = [min(p, PSNR_CEILING) if not math.isnan(p) else PSNR_CEILING for p in scores.psnr]
+            psnr_axis.plot(frames, psnr, marker="o", markersize=3, label=label)
+            ssim_axis.plot(frames, scores.ssim, marker="o", markersize=3, label=label)
+    psnr_axis.axhline(report.gates.psnr_floor, color="red", linestyle="--", label=f"floor {report.gates.psnr_floor} dB")
+    ssim_axis.axhline(report.gates.ssim_floor, color="red", linestyle="--", label=f"floor {report.gates.ssim_floor}")
+    psnr_axis.set(title=f"PSNR vs {report.reference} (identical frames at {PSNR_CEILING:.0f} dB)", xlabel="frame",
+                  ylabel="dB")
+    ssim_axis.set(title=f"SSIM vs {report.reference}", xlabel="frame", ylabel="SSIM")
+    if audio:
+        _plot_audio(report, *axes[1])
+    for axis in (axes.flatten() if audio else (psnr_axis, ssim_axis)):
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="small")
+    if path is not None:
+        figure.savefig(path, dpi=100)
+    return figure
+
+
+def _to_image(frame: torch.Tensor, size: int):
+    """(C, H, W) in [0, 1] → a PIL RGB image at least ``size`` pixels high (nearest-neighbour upscaling)."""
+    from PIL import Image
+
+    frame = frame.float().clamp(0, 1)
+    if frame.shape[0] == 1:
+        frame = frame.expand(3, -1, -1)
+    array = (frame[:3].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    image = Image.fromarray(array, "RGB")
+    scale = max(1, math.ceil(size / image.height))
+    return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+
+
+def worst_frame_strip(report: "ValidationReport", path: str, *, min_height: int = 128) -> None:
+    """One row per candidate: reference | candidate | |difference| (scaled so the largest difference is white)."""
+    from PIL import Image, ImageDraw
+
+    rows = []
+    for candidate in report.candidates:
+        if candidate.worst is None:
+            continue
+        reference, frame, index, seed, ssim = candidate.worst
+        difference = (frame.float() - reference.float()).abs()
+        peak = float(difference.max())
+        scaled = difference / peak if peak > 0 else difference
+        tiles = [_to_image(reference, min_height), _to_image(frame, min_height), _to_image(scaled, min_height)]
+        caption = (f"{candidate.label}: seed {seed} frame {index}, SSIM {ssim:.4f}; "
+                   f"reference | candidate | difference x{(1 / peak) if peak > 0 else 1:.0f}")
+        rows.append((tiles, caption))
+    if not rows:
+        raise ValueError("the report has no candidate frames to show")
+    caption_height, gap = 16, 4
+    width = max(sum(t.width for t in tiles) + gap * (len(tiles) - 1) for tiles, _ in rows)
+    height = sum(tiles[0].height + caption_height + gap for tiles, _ in rows)
+    strip = Image.new("RGB", (max(width, 480), height), "white")
+    draw = ImageDraw.Draw(strip)
+    y = 0
+    for tiles, caption in rows:
+        draw.text((2, y + 2), caption, fill="black")
+        x = 0
+        for tile in tiles:
+            strip.paste(tile, (x, y + caption_height))
+            x += tile.width + gap
+        y += tiles[0].height + caption_height + gap
+    strip.save(path)
