@@ -21,47 +21,55 @@ from typing import Any, Iterator
 
 from .sol_attn.config import SolAttnConfig
 from .errors import AccelpatchError, FastPathUnavailableError
-from .steps import current_denoising_step, denoising_step
-from .tiers import Tier, quality
+from .steps import denoising_step
+from .tiers import quality
 
 __version__ = "0.1.0"
 
+#: the public surface: patch, choose the tier, see what ran, check and time it (issue #33); everything else lives in
+#: its subpackage: accelpatch.sol_attn, accelpatch.parallel, accelpatch.eval, accelpatch.modeling, accelpatch.steps,
+#: accelpatch.tiers
 __all__ = [
-    "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "current_denoising_step",
-    "supported_models", "SolAttnConfig", "Tier", "validate", "bench", "load_recipe", "load_pipeline", "Recipe",
-    "Candidate", "tune", "TuneResult", "doctor",
+    "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "supported_models",
+    "SolAttnConfig", "Recipe", "load_recipe", "validate", "bench", "tune", "doctor",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
-    "SanaVideo2Transformer3DModel", "SanaVideo2Pipeline",
-    "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts",
-    "configure_sol_attn_backend", "attention_backend_report", "register_attention_backend",
 ]
 
-#: Models accelpatch ships (diffusers has no class for them), imported on first access: importing them imports
-#: diffusers, which ``import accelpatch`` must not. (diffusers' loaders find a saved component by its module path,
-#: among the modules the process has imported: touching one of these names imports it.)
+#: public names imported on first use: the instruments import torch-heavy modules only when used
 _LAZY = {
-    "SanaVideo2Transformer3DModel": "accelpatch.modeling.sana_video2",
-    "SanaVideo2Pipeline": "accelpatch.modeling.sana_video2",
-    # the instruments import torch-heavy modules only when used
     "validate": "accelpatch.eval.validate",
     "bench": "accelpatch.eval.bench",
-    "tune": "accelpatch.eval.tune", "TuneResult": "accelpatch.eval.tune",
+    "tune": "accelpatch.eval.tune",
     "load_recipe": "accelpatch.recipes",
-    "load_pipeline": "accelpatch.eval.pipelines",
-    "doctor": "accelpatch.tools.doctor",
     "Recipe": "accelpatch.recipes",
-    "Candidate": "accelpatch.eval.candidates",
-    # several processes: CFG parallelism (torch.distributed)
-    "enable_cfg_parallel": "accelpatch.parallel.cfg",
-    "disable_cfg_parallel": "accelpatch.parallel.cfg",
-    "parallel_mesh": "accelpatch.parallel.cfg",
-    "cfg_parallel_counts": "accelpatch.parallel.cfg",
-    # diffusers' own switch, model.set_attention_backend("sol_attn") (accelpatch.sol_attn.registration)
-    "configure_sol_attn_backend": "accelpatch.sol_attn.registration",
-    "attention_backend_report": "accelpatch.sol_attn.registration",
-    "register_attention_backend": "accelpatch.sol_attn.registration",
-    "register_sol_attn_backend": "accelpatch.sol_attn.registration",  # deprecated: it warns when called
+    "doctor": "accelpatch.tools.doctor",
 }
+
+#: names that were top-level before the public surface shrank (issue #33) -> their subpackage: still found here for
+#: one release, with a DeprecationWarning naming the new home
+_MOVED = {
+    "current_denoising_step": "accelpatch.steps",
+    "Tier": "accelpatch.tiers",
+    "load_pipeline": "accelpatch.eval",
+    "Candidate": "accelpatch.eval",
+    "TuneResult": "accelpatch.eval",
+    # models accelpatch ships (diffusers has no class for them): importing them imports diffusers
+    "SanaVideo2Transformer3DModel": "accelpatch.modeling",
+    "SanaVideo2Pipeline": "accelpatch.modeling",
+    # several processes: CFG parallelism (torch.distributed)
+    "enable_cfg_parallel": "accelpatch.parallel",
+    "disable_cfg_parallel": "accelpatch.parallel",
+    "parallel_mesh": "accelpatch.parallel",
+    "cfg_parallel_counts": "accelpatch.parallel",
+    # diffusers' own switch, model.set_attention_backend("sol_attn")
+    "configure_sol_attn_backend": "accelpatch.sol_attn",
+    "attention_backend_report": "accelpatch.sol_attn",
+    "register_attention_backend": "accelpatch.sol_attn",
+    "register_sol_attn_backend": "accelpatch.sol_attn",  # deprecated twice: calling it warns too
+}
+
+#: subpackages reachable as attributes after ``import accelpatch`` (imported on first access)
+_SUBPACKAGES = ("sol_attn", "parallel", "eval", "modeling", "steps", "tiers", "testing", "tools")
 
 # ``sol_attn`` joins diffusers' attention backends only when asked (register_attention_backend(), apply(...,
 # backend="sol_attn")): importing accelpatch imports neither diffusers nor torch and changes nothing of theirs.
@@ -69,17 +77,26 @@ from .sol_attn import registration as _attention_registry  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _MOVED:
+        import warnings
+
+        home = _MOVED[name]
+        warnings.warn(f"accelpatch.{name} moved to {home}.{name}; use it from there (the top-level name goes in the "
+                      "next release)", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(home), name)  # not cached: each use says it
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"accelpatch.{name}")
     raise AttributeError(f"module 'accelpatch' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
 
 
 def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
@@ -137,7 +154,7 @@ def current_quality(target: Any = None) -> str:
         return tiers.current_quality()
     from .patcher import patch_of, transformers_of
 
-    found = [tiers.effective_tier(patch.default_tier) if patch is not None else Tier.EXACT
+    found = [tiers.effective_tier(patch.default_tier) if patch is not None else tiers.Tier.EXACT
              for patch in map(patch_of, transformers_of(target, verb="current_quality"))]
     return str(max(found))
 

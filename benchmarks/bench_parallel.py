@@ -57,7 +57,7 @@ def split_as(mode: str, model: torch.nn.Module, world: int) -> None:
     if how == "sp":
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
     else:
-        accelpatch.enable_cfg_parallel(model)
+        accelpatch.parallel.enable_cfg_parallel(model)
 
 
 MODES = ("sana_video_sp", "sana_video2_sp", "sana_video_cfg", "sana_video2_cfg", "minimax_h3_cfg")

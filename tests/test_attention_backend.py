@@ -1,4 +1,4 @@
-"""diffusers' own switch: ``model.set_attention_backend("sol_attn")`` after ``accelpatch.register_attention_backend()``,
+"""diffusers' own switch: ``model.set_attention_backend("sol_attn")`` after ``accelpatch.sol_attn.register_attention_backend()``,
 no apply().
 
 A tiny WanTransformer3DModel (built here from a config dict; its self- and cross-attention go through diffusers'
@@ -62,12 +62,12 @@ def clean_state():
     quiet.__enter__()
     warnings.simplefilter("ignore")
     ar.register()
-    accelpatch.configure_sol_attn_backend()
+    accelpatch.sol_attn.configure_sol_attn_backend()
     ab.COUNTERS.reset()
     ad._AttentionBackendRegistry._active_backend = ad.AttentionBackendName.NATIVE
     yield
     ar.register()
-    accelpatch.configure_sol_attn_backend()
+    accelpatch.sol_attn.configure_sol_attn_backend()
     ab.COUNTERS.reset()
     ad._AttentionBackendRegistry._active_backend = ad.AttentionBackendName.NATIVE
     quiet.__exit__(None, None, None)
@@ -148,7 +148,7 @@ def test_apply_with_the_backend_registers_quietly_and_an_unknown_version_keeps_i
         ar.register_quietly()
     assert not ar.is_registered() and "found diffusers 0.44.0" in ar.why_not_registered()
     with pytest.raises(ar.UnsupportedDiffusersVersion, match="0.44.0"):
-        accelpatch.register_attention_backend()
+        accelpatch.sol_attn.register_attention_backend()
     monkeypatch.undo()
     accelpatch.apply(tiny_wan(), backend="sol_attn")
     assert ar.is_registered()
@@ -157,7 +157,7 @@ def test_apply_with_the_backend_registers_quietly_and_an_unknown_version_keeps_i
 def test_the_former_name_still_registers_and_says_it_is_deprecated():
     ar.unregister()
     with pytest.warns(DeprecationWarning, match="register_attention_backend"):
-        accelpatch.register_sol_attn_backend()
+        accelpatch.sol_attn.register_sol_attn_backend()
     assert ar.is_registered()
 
 
@@ -188,12 +188,12 @@ def test_import_accelpatch_changes_nothing_until_the_backend_is_asked_for():
         "assert sys.meta_path == meta_path\n"
         "from diffusers.models import attention_dispatch as ad\n"
         "assert 'sol_attn' not in {m.value for m in ad.AttentionBackendName}\n"
-        "report = accelpatch.attention_backend_report()\n"
+        "report = accelpatch.sol_attn.attention_backend_report()\n"
         "assert not report.registered and 'register_attention_backend()' in report.why_not_registered\n"
-        "accelpatch.register_attention_backend()\n"
+        "accelpatch.sol_attn.register_attention_backend()\n"
         "assert ad.AttentionBackendName('sol_attn').value == 'sol_attn'\n"
         "assert accelpatch.__file__.startswith(sys.argv[1])\n"
-        "print('ok', accelpatch.attention_backend_report().registered)\n")
+        "print('ok', accelpatch.sol_attn.attention_backend_report().registered)\n")
     import os
     from pathlib import Path
 
@@ -218,7 +218,7 @@ def test_outside_high_the_output_is_the_native_backends_bit_for_bit(dtype):
     for tier in ("exact", "lossless"):
         with accelpatch.quality(tier):
             assert_same_bits(forward(model, inputs), reference)
-    counts = accelpatch.attention_backend_report()
+    counts = accelpatch.sol_attn.attention_backend_report()
     assert counts.sparse_calls == 0 and counts.dense_calls == {ab.TIER: 3 * 2 * 2}  # 3 forwards, 2 layers, self+cross
 
 
@@ -227,12 +227,12 @@ def test_under_high_the_self_attention_runs_the_sol_attn_op(recorder):
     reference = forward(tiny_wan(), inputs)
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
-    accelpatch.configure_sol_attn_backend(tau=1.5)
+    accelpatch.sol_attn.configure_sol_attn_backend(tau=1.5)
     with accelpatch.quality("high"):
         out = forward(model, inputs)
     assert not torch.equal(out, reference) and torch.isfinite(out).all()
     assert check_calls_against_independent_math(recorder, tau=1.5) == (2, 2)
-    counts = accelpatch.attention_backend_report()
+    counts = accelpatch.sol_attn.attention_backend_report()
     assert counts.sparse_calls == 2 and counts.dense_calls == {ab.SHAPES: 2} and counts.fallback_calls == {ab.SHAPES: 2}
     assert 0 < counts.exact_fraction < 1  # sparse for real on 8 key blocks
 
@@ -269,13 +269,13 @@ def test_ineligible_calls_run_dense_with_their_reason():
             t = q.transpose(1, 2)
             sdpa_extra = {"attn_mask": mask[:, None, None]} if "attn_mask" in extra else extra
             assert torch.equal(out, dense(t, t, t, **sdpa_extra).transpose(1, 2)), reason
-        accelpatch.configure_sol_attn_backend(dense_steps=2)
+        accelpatch.sol_attn.configure_sol_attn_backend(dense_steps=2)
         ab.sol_attn_backend(q, q, q)
         with accelpatch.denoising_step(1):
             ab.sol_attn_backend(q, q, q)
         with accelpatch.denoising_step(2):
             ab.sol_attn_backend(q, q, q)
-    counts = accelpatch.attention_backend_report()
+    counts = accelpatch.sol_attn.attention_backend_report()
     # the eligible call ran Sol-Attn over 2 blocks, every pair exact: it skipped nothing, so it is no sparse call
     assert counts.dense_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1, ab.DENSE_STEP: 1,
                                   NOTHING_SKIPPED: 1}
@@ -285,15 +285,15 @@ def test_ineligible_calls_run_dense_with_their_reason():
 
 def test_bad_options_are_refused_naming_the_choices():
     with pytest.raises(ValueError, match="valid options: tau"):
-        accelpatch.configure_sol_attn_backend(dense_layers="0,1")
+        accelpatch.sol_attn.configure_sol_attn_backend(dense_layers="0,1")
     with pytest.raises(ValueError, match="thresh_type must be one of diag, exact"):
-        accelpatch.configure_sol_attn_backend(thresh_type="full")
+        accelpatch.sol_attn.configure_sol_attn_backend(thresh_type="full")
     with pytest.raises(ValueError, match="not a registered diffusers attention backend; valid: .*native"):
-        accelpatch.configure_sol_attn_backend(dense_backend="fa5")
+        accelpatch.sol_attn.configure_sol_attn_backend(dense_backend="fa5")
     with pytest.raises(ValueError, match="cannot be 'sol_attn'"):
-        accelpatch.configure_sol_attn_backend(dense_backend="sol_attn")
+        accelpatch.sol_attn.configure_sol_attn_backend(dense_backend="sol_attn")
     with pytest.raises(RuntimeError, match="flash-attn"):  # diffusers' own requirement check, at configure time
-        accelpatch.configure_sol_attn_backend(dense_backend="flash")
+        accelpatch.sol_attn.configure_sol_attn_backend(dense_backend="flash")
     assert ab.current_config() == ab.SolAttnBackendConfig()
 
 
@@ -304,7 +304,7 @@ def test_a_named_dense_backend_runs_outside_high():
     expected = forward(reference, inputs)
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
-    accelpatch.configure_sol_attn_backend(dense_backend="_native_math")
+    accelpatch.sol_attn.configure_sol_attn_backend(dense_backend="_native_math")
     assert_same_bits(forward(model, inputs), expected)
 
 
@@ -325,7 +325,7 @@ def test_a_model_that_did_not_ask_for_sol_attn_never_runs_it():
         with ad.attention_backend("sol_attn"):
             assert_same_bits(forward(other, inputs), other_reference)
         forward(model, inputs)
-    counts = accelpatch.attention_backend_report()
+    counts = accelpatch.sol_attn.attention_backend_report()
     assert counts.dense_calls[ab.VIA_GLOBAL] == 2 * 4 and counts.sparse_calls == 2
     assert accelpatch.report(other).attention_backend is None  # `other` uses no sol_attn processor
     report = accelpatch.report(model)
@@ -341,13 +341,13 @@ def test_report_reset_and_back_to_native_leaves_no_trace():
     with accelpatch.quality("high"):
         forward(model, inputs)
     assert accelpatch.report(model, reset=True).attention_backend.sparse_calls == 2
-    assert accelpatch.attention_backend_report().sparse_calls == 0
+    assert accelpatch.sol_attn.attention_backend_report().sparse_calls == 0
     model.set_attention_backend("native")
     assert not ab.uses_sol_attn([model])
     assert ad._AttentionBackendRegistry._active_backend is ad.AttentionBackendName.NATIVE
     with accelpatch.quality("high"):
         assert_same_bits(forward(model, inputs), reference)
-    counts = accelpatch.attention_backend_report()
+    counts = accelpatch.sol_attn.attention_backend_report()
     assert counts.sparse_calls == 0 and counts.dense_calls == {}
     assert str(accelpatch.report(model)) == "accelpatch: nothing is patched"
 
@@ -370,7 +370,7 @@ def test_compiled_model_keeps_the_contract_and_the_counts():
         with accelpatch.quality("high"):
             assert_same_bits(forward(compiled, inputs), eager_high)
             assert_same_bits(forward(compiled, inputs), eager_high)
-        counts = accelpatch.attention_backend_report()
+        counts = accelpatch.sol_attn.attention_backend_report()
         assert counts.sparse_calls == 4 and counts.dense_calls == {ab.TIER: 4, ab.SHAPES: 4}
     finally:
         torch._dynamo.reset()
@@ -430,7 +430,7 @@ def test_minimax_h3_takes_the_switch_too():
         with accelpatch.quality("high"):
             sparse = model(**inputs).sample
     assert not torch.equal(sparse, reference)
-    counts = accelpatch.attention_backend_report()
+    counts = accelpatch.sol_attn.attention_backend_report()
     # the two blocks' attention skipped blocks; the text-only refiner's short sequences skipped nothing
     assert counts.sparse_calls == 2 and counts.dense_calls == {ab.TIER: 4, NOTHING_SKIPPED: 2}
     assert counts.exact_fraction < 1

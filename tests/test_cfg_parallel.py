@@ -79,8 +79,8 @@ TWO = COMMON + textwrap.dedent("""
 
         pipe = T.tiny_sana_video_pipeline()
         before = hooks(pipe.transformer)
-        accelpatch.enable_cfg_parallel(pipe)
-        accelpatch.enable_cfg_parallel(pipe)  # again: nothing changes
+        accelpatch.parallel.enable_cfg_parallel(pipe)
+        accelpatch.parallel.enable_cfg_parallel(pipe)  # again: nothing changes
         out["sana"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames
         out["sana_no_guidance"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent",
                                                                           guidance_scale=1.0)).frames
@@ -89,7 +89,7 @@ TWO = COMMON + textwrap.dedent("""
         out["sana_applied"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames
         out["sana_report"] = counts(pipe)
         accelpatch.remove(pipe)  # CFG parallelism off too: on again
-        accelpatch.enable_cfg_parallel(pipe)
+        accelpatch.parallel.enable_cfg_parallel(pipe)
         # the step cache: rank 0 alone would reuse, rank 1 alone never
         decide_alone(rank == 0)
         accelpatch.apply(pipe, tier="high", cache="first_block", cache_warmup_steps=0, cache_final_steps=0,
@@ -97,7 +97,7 @@ TWO = COMMON + textwrap.dedent("""
         out["sana_cache"] = pipe(**T.sana_video_pipeline_call_kwargs(4, output_type="latent")).frames
         out["cache_counts"] = accelpatch.report(pipe).models[0].cache
         accelpatch.remove(pipe)
-        accelpatch.enable_cfg_parallel(pipe)
+        accelpatch.parallel.enable_cfg_parallel(pipe)
         from diffusers import MagCacheConfig  # ratios of 1: alone, MagCache would skip whenever the guards allow
         accelpatch.apply(pipe, tier="high", cache=MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4,
                                                                  retention_ratio=0.0, max_skip_steps=2),
@@ -105,22 +105,22 @@ TWO = COMMON + textwrap.dedent("""
         pipe(**T.sana_video_pipeline_call_kwargs(4, output_type="latent"))
         out["mag_counts"] = accelpatch.report(pipe).models[0].cache
         accelpatch.remove(pipe)
-        accelpatch.disable_cfg_parallel(pipe)
+        accelpatch.parallel.disable_cfg_parallel(pipe)
         out["sana_undone"] = (before, hooks(pipe.transformer))
         i2v = SanaImageToVideoPipeline(**pipe.components)
-        accelpatch.enable_cfg_parallel(i2v)
+        accelpatch.parallel.enable_cfg_parallel(i2v)
         kwargs = T.sana_video_pipeline_call_kwargs(output_type="latent")
         kwargs["image"] = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
         out["i2v"] = i2v(**kwargs).frames
-        accelpatch.disable_cfg_parallel(i2v)
+        accelpatch.parallel.disable_cfg_parallel(i2v)
 
         pipe2 = T.tiny_sana_video2_pipeline()
-        accelpatch.enable_cfg_parallel(pipe2)
+        accelpatch.parallel.enable_cfg_parallel(pipe2)
         accelpatch.apply(pipe2)  # the default tier: bit-identical to the unpatched per-branch reference
         out["sana2"] = pipe2(**sana2_kwargs(pipe2)).frames
         out["sana2_report"] = counts(pipe2)
         accelpatch.remove(pipe2)  # CFG parallelism off too: on again
-        accelpatch.enable_cfg_parallel(pipe2)
+        accelpatch.parallel.enable_cfg_parallel(pipe2)
         seeds = sana2_kwargs(pipe2)
         seeds["generator"] = torch.Generator().manual_seed(rank)  # each rank its own noise: rank 0's is denoised
         out["different_seeds"] = pipe2(**seeds).frames
@@ -130,33 +130,33 @@ TWO = COMMON + textwrap.dedent("""
         with torch.no_grad():  # per-frame timesteps [2B, 1, F, 1, 1] (image-to-video), straight into the model
             out["sana2_per_frame"] = pipe2.transformer(**T.sana_video2_transformer_inputs(
                 pipe2.transformer, per_frame_timesteps=True), return_dict=False)
-        accelpatch.disable_cfg_parallel(pipe2)
+        accelpatch.parallel.disable_cfg_parallel(pipe2)
 
         model = T.tiny_minimax_h3_transformer()
         before = hooks(model)
-        accelpatch.enable_cfg_parallel(model)
+        accelpatch.parallel.enable_cfg_parallel(model)
         accelpatch.apply(model)
         with torch.no_grad():
             out["minimax"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40))
         out["minimax_report"] = counts(model)
         accelpatch.remove(model)  # CFG parallelism off too: on again
-        accelpatch.enable_cfg_parallel(model)
+        accelpatch.parallel.enable_cfg_parallel(model)
         with torch.no_grad():
             out["minimax_batch1"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=1, num_video=40))
             out["odd_batch"] = error(lambda: model(**T.minimax_h3_transformer_inputs(model, batch_size=3)))
         out["minimax_counts"] = cfg_parallel_counts(model)
         import copy
         out["copy"] = error(lambda: copy.deepcopy(model))
-        out["no_cfg_dim"] = error(lambda: accelpatch.enable_cfg_parallel(model, mesh=accelpatch.parallel_mesh(
+        out["no_cfg_dim"] = error(lambda: accelpatch.parallel.enable_cfg_parallel(model, mesh=accelpatch.parallel.parallel_mesh(
             cfg=1, ulysses=2)))
-        accelpatch.disable_cfg_parallel(model)
+        accelpatch.parallel.disable_cfg_parallel(model)
         out["minimax_undone"] = (before, hooks(model))
-        mesh = accelpatch.parallel_mesh(cfg=1, ulysses=2)  # a cfg degree of 1: calls run whole, counted
-        accelpatch.enable_cfg_parallel(model, mesh=mesh)
+        mesh = accelpatch.parallel.parallel_mesh(cfg=1, ulysses=2)  # a cfg degree of 1: calls run whole, counted
+        accelpatch.parallel.enable_cfg_parallel(model, mesh=mesh)
         with torch.no_grad():
             out["minimax_degree1"] = model(**T.minimax_h3_transformer_inputs(model, batch_size=2, num_video=40))
         out["degree1_counts"] = cfg_parallel_counts(model)
-        out["bad_mesh"] = error(lambda: accelpatch.parallel_mesh(cfg=2, ulysses=2))
+        out["bad_mesh"] = error(lambda: accelpatch.parallel.parallel_mesh(cfg=2, ulysses=2))
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
 
@@ -362,9 +362,9 @@ def test_no_process_group():
     from accelpatch import testing as T
 
     with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
-        accelpatch.enable_cfg_parallel(T.tiny_minimax_h3_transformer())
+        accelpatch.parallel.enable_cfg_parallel(T.tiny_minimax_h3_transformer())
     with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
-        accelpatch.parallel_mesh()
+        accelpatch.parallel.parallel_mesh()
 
 
 def test_undo_leaves_nothing_registered(two):
@@ -384,14 +384,14 @@ FOUR = COMMON + textwrap.dedent("""
         out = {}
         inputs = lambda model, seed=0: T.minimax_h3_transformer_inputs(  # noqa: E731
             model, batch_size=2, num_video=40, seed=seed)
-        mesh = accelpatch.parallel_mesh(cfg=2, ulysses=2)
+        mesh = accelpatch.parallel.parallel_mesh(cfg=2, ulysses=2)
 
         model = T.tiny_minimax_h3_transformer()
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
-        accelpatch.enable_cfg_parallel(model, mesh=mesh)
+        accelpatch.parallel.enable_cfg_parallel(model, mesh=mesh)
         with torch.no_grad():
             out["both"] = model(**inputs(model)).to_tuple()
-        out["no_mesh"] = error(lambda: accelpatch.enable_cfg_parallel(T.tiny_minimax_h3_transformer()))
+        out["no_mesh"] = error(lambda: accelpatch.parallel.enable_cfg_parallel(T.tiny_minimax_h3_transformer()))
 
         # the step cache under CFG x sequence: alone, ranks 0 and 2 would reuse, 1 and 3 never
         model = T.tiny_minimax_h3_transformer()
@@ -399,7 +399,7 @@ FOUR = COMMON + textwrap.dedent("""
         accelpatch.apply(model, tier="high", cache="first_block", cache_warmup_steps=0, cache_final_steps=0,
                          cache_max_reuse=1)
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
-        accelpatch.enable_cfg_parallel(model, mesh=mesh)
+        accelpatch.parallel.enable_cfg_parallel(model, mesh=mesh)
         with torch.no_grad():
             for step in range(4):
                 with accelpatch.denoising_step(step):
@@ -410,7 +410,7 @@ FOUR = COMMON + textwrap.dedent("""
         other = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("ulysses", "cfg", "ring"))
         model = T.tiny_minimax_h3_transformer()
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
-        accelpatch.enable_cfg_parallel(model, mesh=other)
+        accelpatch.parallel.enable_cfg_parallel(model, mesh=other)
         with torch.no_grad():
             out["other_mesh"] = error(lambda: model(**inputs(model)))
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
@@ -452,10 +452,10 @@ ONE = COMMON + textwrap.dedent("""
         out = {"plain": pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            accelpatch.enable_cfg_parallel(pipe)
+            accelpatch.parallel.enable_cfg_parallel(pipe)
             out["enabled"] = pipe(**T.sana_video_pipeline_call_kwargs(output_type="latent")).frames
         out["warnings"] = [str(w.message) for w in caught if "CFG parallelism" in str(w.message)]
-        out["counts"] = accelpatch.cfg_parallel_counts(pipe)
+        out["counts"] = accelpatch.parallel.cfg_parallel_counts(pipe)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
         dist.destroy_process_group()
 

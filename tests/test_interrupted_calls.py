@@ -87,7 +87,7 @@ def test_an_eager_call_after_a_stopped_call_starts_and_ends_clean(error):
     assert seen and set(seen) == {steps.StepReading(0, steps.TIMESTEP)}  # a new generation: step 0, not 4
     assert steps.current_step() == steps.StepReading(None, steps.UNKNOWN)
     assert steps.current_step().step is None
-    assert accelpatch.current_denoising_step() == 0
+    assert accelpatch.steps.current_denoising_step() == 0
 
 
 def _compile(model, how, fullgraph):

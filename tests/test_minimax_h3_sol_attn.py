@@ -120,7 +120,7 @@ def test_direct_calls_use_the_denoising_step_context(model):
     accelpatch.apply(m, backend="sol_attn", dense_steps=2, dense_layers="", tau=3.0)
     seen = []
     hook = m.transformer_blocks[0].attn.register_forward_pre_hook(
-        lambda *_: seen.append(accelpatch.current_denoising_step()))
+        lambda *_: seen.append(accelpatch.steps.current_denoising_step()))
     try:
         assert torch.equal(_forward(m, inputs), reference)  # no clock: step 0, dense
         with accelpatch.denoising_step(1):
@@ -146,7 +146,7 @@ def test_step_clock_through_the_modular_pipeline_restarts_each_call():
     accelpatch.apply(pipe, backend="sol_attn", dense_steps=1, dense_layers="", tau=1.0)
     seen = []
     hook = pipe.transformer.transformer_blocks[1].attn.register_forward_pre_hook(
-        lambda *_: seen.append(accelpatch.current_denoising_step()))
+        lambda *_: seen.append(accelpatch.steps.current_denoising_step()))
     first = _call(pipe)
     second = _call(pipe)
     hook.remove()

@@ -62,3 +62,28 @@ def test_accelpatch_itself_imports_no_old_path():
                     bad.append(f"{path.relative_to(PACKAGE.parent)}: {name}")
     assert not bad, bad
     assert all(stub.exists() for stub in stubs)
+
+
+def test_the_public_surface_is_small_and_a_former_top_level_name_warns_naming_its_home():
+    """accelpatch.__all__ is the core (patch, tier, report, check and time it); a name that moved to its subpackage
+    is still found at the top for one release, as the same object, with a DeprecationWarning naming the new home."""
+    import importlib
+    import warnings
+
+    assert set(accelpatch.__all__) == {
+        "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "supported_models",
+        "SolAttnConfig", "Recipe", "load_recipe", "validate", "bench", "tune", "doctor", "AccelpatchError",
+        "FastPathUnavailableError", "__version__"}
+    for name, home in accelpatch._MOVED.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(accelpatch, name)
+        assert value is getattr(importlib.import_module(home), name), name
+        assert any(issubclass(w.category, DeprecationWarning) and f"{home}.{name}" in str(w.message)
+                   for w in caught), name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the core and the subpackages are reached without a warning
+        for name in accelpatch.__all__:
+            getattr(accelpatch, name)
+        for package in ("sol_attn", "parallel", "eval", "modeling", "steps", "tiers"):
+            assert getattr(accelpatch, package).__name__ == f"accelpatch.{package}"

@@ -23,9 +23,9 @@ BOTH = START + textwrap.dedent("""
         from accelpatch.testing import sana_video_pipeline_call_kwargs, tiny_sana_video_pipeline
         pipe = tiny_sana_video_pipeline()
         accelpatch.apply(pipe)
-        mesh = accelpatch.parallel_mesh(cfg=2, ulysses=2)
+        mesh = accelpatch.parallel.parallel_mesh(cfg=2, ulysses=2)
         pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
-        accelpatch.enable_cfg_parallel(pipe, mesh=mesh)
+        accelpatch.parallel.enable_cfg_parallel(pipe, mesh=mesh)
         out = {"frames": pipe(**sana_video_pipeline_call_kwargs(frames=13, output_type="latent")).frames}
         report = accelpatch.report(pipe)
         out["parallel"] = report.models[0].parallel

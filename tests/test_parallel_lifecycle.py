@@ -65,7 +65,7 @@ SCRIPT = START + textwrap.dedent("""
         # remove() also takes CFG parallelism off
         cfg_model = tiny_minimax_h3_transformer()
         accelpatch.apply(cfg_model)
-        accelpatch.enable_cfg_parallel(cfg_model)
+        accelpatch.parallel.enable_cfg_parallel(cfg_model)
         accelpatch.remove(cfg_model)
         out["cfg_after_remove"] = accelpatch.parallel.cfg.cfg_parallel_of(cfg_model)
         out["cfg_hooks_after_remove"] = len(cfg_model._forward_pre_hooks) + len(cfg_model._forward_hooks)

@@ -440,7 +440,7 @@ def test_save_pretrained_from_pretrained_round_trip_offline(pipe, tmp_path):
 
 @pytest.mark.parametrize("documented_import", [
     "import accelpatch.modeling.sana_video2",
-    "import accelpatch; accelpatch.SanaVideo2Transformer3DModel",
+    "import accelpatch; accelpatch.modeling.SanaVideo2Transformer3DModel",
 ])
 def test_diffusion_pipeline_loads_a_saved_folder_after_the_documented_import(pipe, tmp_path, documented_import):
     """In a fresh process: the import docs/models/sana-video2.md names, then diffusers' generic loader and nothing

@@ -9,4 +9,21 @@
   compare, argument checks before any work, loading a pipeline, the command line).
 
 ``accelpatch.validate``, ``accelpatch.bench`` and ``accelpatch.tune`` are these functions; ``python -m accelpatch
-validate|bench|tune`` their command lines. Plots need matplotlib (``pip install "accelpatch[eval]"``)."""
+validate|bench|tune`` their command lines. Plots need matplotlib (``pip install "accelpatch[eval]"``).
+
+Public here (imported on first use): ``validate``, ``bench``, ``tune``, ``TuneResult``, ``Candidate``,
+``load_pipeline``.
+"""
+
+
+_LAZY = {"validate": "accelpatch.eval.validate", "bench": "accelpatch.eval.bench", "tune": "accelpatch.eval.tune",
+         "TuneResult": "accelpatch.eval.tune", "Candidate": "accelpatch.eval.candidates",
+         "load_pipeline": "accelpatch.eval.pipelines"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

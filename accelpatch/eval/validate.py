@@ -432,7 +432,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
              references: Optional[ReferenceRuns] = None) -> ValidationReport:
     """Run ``pipe(**call_kwargs)`` under ``reference`` (twice) and each candidate, for each seed, and judge them.
 
-    ``candidates``: tier names (``"high"``), ``"unpatched"``, mappings or :class:`accelpatch.Candidate` objects
+    ``candidates``: tier names (``"high"``), ``"unpatched"``, mappings or :class:`accelpatch.eval.Candidate` objects
     (tier plus ``backend``/``options``). ``gates``: :class:`accelpatch.recipes.Gates` or a mapping of its fields
     (default: every frame SSIM >= 0.92 and PSNR >= 24 dB; with audio, every second's SNR >= 10 dB and correlation
     >= 0.95). ``call_kwargs`` must not hold a generator (each run gets one seeded from ``seeds``); the output must be

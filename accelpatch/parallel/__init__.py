@@ -11,4 +11,19 @@
 
 Model-specific plans and layers live with each model (``accelpatch/adapters/<model>/``, our own models' modeling
 code); this package knows no model.
+
+Public here (imported on first use): ``enable_cfg_parallel``, ``disable_cfg_parallel``, ``parallel_mesh``,
+``cfg_parallel_counts``.
 """
+
+
+_LAZY = {name: "accelpatch.parallel.cfg" for name in (
+    "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,9 +12,9 @@ to ``ContextParallelConfig(mesh=...)`` too, composes CFG and sequence parallelis
 Under ``torchrun --nproc-per-node 4`` (2-way CFG × 2-way Ulysses; every rank runs the same script)::
 
     dist.init_process_group("nccl"); torch.cuda.set_device(dist.get_rank())
-    mesh = accelpatch.parallel_mesh(cfg=2, ulysses=2)
+    mesh = accelpatch.parallel.parallel_mesh(cfg=2, ulysses=2)
     pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2, mesh=mesh))
-    accelpatch.enable_cfg_parallel(pipe, mesh=mesh)         # with 2 ranks and no sequence split: mesh=None
+    accelpatch.parallel.enable_cfg_parallel(pipe, mesh=mesh)         # with 2 ranks and no sequence split: mesh=None
     video = pipe(prompt, generator=torch.Generator().manual_seed(0)).frames   # the same seed on every rank
 
 Calls that do not split run whole on every rank, counted by reason in :func:`cfg_parallel_counts` (and warned
@@ -98,13 +98,13 @@ def _cfg_group(mesh: Any) -> tuple[SequenceShards, SequenceShards, list[int]]:
     if mesh is None:
         if world > 2:
             raise ValueError(f"CFG parallelism splits the two guidance branches over 2 ranks; the world has {world}: "
-                             "pass mesh=accelpatch.parallel_mesh(cfg=2, ulysses=...) to combine it with sequence "
+                             "pass mesh=accelpatch.parallel.parallel_mesh(cfg=2, ulysses=...) to combine it with sequence "
                              "parallelism")
         shards = SequenceShards(None, rank, world)
         return shards, shards, [rank]
     names = getattr(mesh, "mesh_dim_names", None) or ()
     if "cfg" not in names:
-        raise ValueError(f"the mesh has no 'cfg' dim (dims {tuple(names)}): build it with accelpatch.parallel_mesh()")
+        raise ValueError(f"the mesh has no 'cfg' dim (dims {tuple(names)}): build it with accelpatch.parallel.parallel_mesh()")
     cfg = mesh["cfg"]
     if cfg.size() > 2:
         raise ValueError(f"CFG parallelism splits the two guidance branches: the mesh's cfg dim must be 1 or 2, got "
@@ -209,7 +209,7 @@ class CfgParallel:
 
     def __reduce__(self):  # its process groups belong to this process
         raise TypeError("a transformer with CFG parallelism cannot be copied or pickled (its process groups belong to "
-                        "this process): call accelpatch.disable_cfg_parallel() first, enable it again on the copy")
+                        "this process): call accelpatch.parallel.disable_cfg_parallel() first, enable it again on the copy")
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -245,7 +245,7 @@ class CfgParallel:
             if sorted(ranks) != sorted(self._slice):
                 raise ValueError(f"CFG parallelism with sequence parallelism: the sequence group {sorted(ranks)} "
                                  f"must be the ranks sharing this rank's cfg index {sorted(self._slice)}; give the "
-                                 "same accelpatch.parallel_mesh(...) to ContextParallelConfig(mesh=...) and to "
+                                 "same accelpatch.parallel.parallel_mesh(...) to ContextParallelConfig(mesh=...) and to "
                                  "enable_cfg_parallel(mesh=...)")
             self._checked_sequence = True
 
@@ -356,7 +356,7 @@ def enable_cfg_parallel(target: Any, mesh: Any = None) -> None:
         current = cfg_parallel_of(model)
         if current is not None and current.mesh is not mesh:
             raise ValueError(f"CFG parallelism is already enabled on this {type(model).__name__} with another mesh: "
-                             "call accelpatch.disable_cfg_parallel() first")
+                             "call accelpatch.parallel.disable_cfg_parallel() first")
     for model in models:
         current = cfg_parallel_of(model)
         if current is None:

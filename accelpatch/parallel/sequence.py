@@ -92,7 +92,7 @@ def unsplit_in_one_process(model: torch.nn.Module) -> None:
             processor._parallel_config = None
 
 
-#: where :func:`accelpatch.enable_cfg_parallel` keeps its state on a transformer (named here, on the ground floor,
+#: where :func:`accelpatch.parallel.enable_cfg_parallel` keeps its state on a transformer (named here, on the ground floor,
 #: so that the model code can see every split a model is in without importing the CFG machinery)
 CFG_STATE_ATTR = "_accelpatch_cfg_parallel"
 

@@ -6,7 +6,23 @@
 - :mod:`.sites`: the fast paths a model's attention modules carry under ``apply(pipe, backend="sol_attn")``;
 - :mod:`.adapter`: what every model adapter with a Sol-Attn backend shares (default dense layers, layer checks);
 - :mod:`.diffusers_backend` and :mod:`.registration`: diffusers' own switch, ``set_attention_backend("sol_attn")``,
-  registered only when asked (``accelpatch.register_attention_backend()``).
+  registered only when asked (``accelpatch.sol_attn.register_attention_backend()``).
 
 Model-specific parts (which modules, the packed layout of MiniMax-H3) stay with each model's adapter. Importing this
-package imports nothing heavy (``import accelpatch`` reads ``SolAttnConfig`` from :mod:`.config`)."""
+package imports nothing heavy (``import accelpatch`` reads ``SolAttnConfig`` from :mod:`.config`).
+
+Public here (imported on first use): ``register_attention_backend``, ``configure_sol_attn_backend``,
+``attention_backend_report``.
+"""
+
+
+_LAZY = {name: "accelpatch.sol_attn.registration" for name in (
+    "configure_sol_attn_backend", "attention_backend_report", "register_attention_backend", "register_sol_attn_backend")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,8 @@ on a diffusers version it knows (:data:`SUPPORTED`, checked before anything is t
    :func:`~accelpatch.sol_attn.diffusers_backend.sol_attn_via_global` instead.
 
 When: only when asked. ``import accelpatch`` touches nothing of diffusers (it imports neither diffusers nor
-torch); :func:`register` runs from ``accelpatch.register_attention_backend()``, from
-``accelpatch.configure_sol_attn_backend()`` and from ``apply(..., backend="sol_attn")`` (there quietly: on an unknown
+torch); :func:`register` runs from ``accelpatch.sol_attn.register_attention_backend()``, from
+``accelpatch.sol_attn.configure_sol_attn_backend()`` and from ``apply(..., backend="sol_attn")`` (there quietly: on an unknown
 diffusers version apply()'s own Sol-Attn sites still work, and :func:`why_not_registered` keeps the reason).
 :func:`unregister` undoes all three steps. Both hold a lock; registration is idempotent.
 """
@@ -70,7 +70,7 @@ def why_not_registered() -> Optional[str]:
     error = _state["error"]
     if error is not None:
         return str(error)
-    return ("not registered: call accelpatch.register_attention_backend() (or apply(..., backend='sol_attn')) "
+    return ("not registered: call accelpatch.sol_attn.register_attention_backend() (or apply(..., backend='sol_attn')) "
             "before set_attention_backend('sol_attn')" + (" (it was unregistered)" if _state["was_registered"] else ""))
 
 
@@ -183,7 +183,7 @@ def configure_sol_attn_backend(**options: Any):
 
 def register_sol_attn_backend() -> None:
     """The former name of :func:`register_attention_backend` (deprecated, kept for one release)."""
-    warnings.warn("accelpatch.register_sol_attn_backend() is deprecated: call accelpatch.register_attention_backend()",
+    warnings.warn("accelpatch.sol_attn.register_sol_attn_backend() is deprecated: call accelpatch.sol_attn.register_attention_backend()",
                   DeprecationWarning, stacklevel=2)
     register()
 

@@ -179,7 +179,7 @@ class SanaVideo2Pipeline(DiffusionPipeline):
     Image-to-video (the release's LTX Euler path with a clean first frame) is not implemented.
 
     **Several processes.** With the transformer split over ranks (``pipe.transformer.enable_parallelism(config=
-    ContextParallelConfig(ulysses_degree=N))`` under ``torchrun``, or ``accelpatch.enable_cfg_parallel(pipe)``),
+    ContextParallelConfig(ulysses_degree=N))`` under ``torchrun``, or ``accelpatch.parallel.enable_cfg_parallel(pipe)``),
     every rank runs the whole call, and only the first rank decodes: the others return ``frames=None`` (the VAE
     would repeat the same decode on every GPU), unless ``decode_on_every_rank=True``; ``output_type="latent"``
     returns the latents everywhere. The initial noise is the first rank's, sent to the others, so ranks seeded
