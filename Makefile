@@ -126,6 +126,9 @@ setup-oldest:
 test-oldest: setup-oldest
 	PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(OLDEST_PY) -m pytest -q \
 	  -p no:cacheprovider $(OLDEST_PYTEST_ARGS)
+	@echo "==> the GPU day's one command rehearsed on CPU, shaped like the lent GPU image: torch $(OLDEST_TORCH), no"
+	@echo "    diffusers or pydantic, the six carried wheels installed from a folder with no index (about 30 s)"
+	PYTHON=$(OLDEST_PY) benchmarks/gpu/rehearse.sh --dry-run
 
 clean:
 	rm -rf $(VENV) build *.egg-info site
