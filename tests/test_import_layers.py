@@ -13,6 +13,8 @@ PACKAGE = Path(accelpatch.__file__).parent
 #: what each ground-floor module or folder may import from accelpatch (besides itself)
 ALLOWED = {
     "accelpatch.errors": set(),
+    # old paths of moved modules and lazily imported public names (imports only what it is asked for, by name)
+    "accelpatch._moved": set(),
     "accelpatch.call_context": set(),
     # version-dependent torch internals, feature-detected once (imports only torch)
     "accelpatch.torch_compat": set(),
@@ -23,7 +25,8 @@ ALLOWED = {
     # the Sol-Attn op (moved beside the rest of Sol-Attn) builds its AOT checks on the ops' Triton helpers
     "accelpatch.sol_attn.op": {"accelpatch.errors", "accelpatch.ops"},
     # our own models' token-mixing layers combine sequence shards with the generic collectives (which import nothing)
-    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.sol_attn.op", "accelpatch.parallel.sequence"},
+    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.sol_attn.op", "accelpatch.parallel.sequence",
+                            "accelpatch._moved"},
     # the gate keeps the fusion registry: fusions register where they are defined, and a pickle names that module
     "accelpatch.gate": {"accelpatch.tiers", "accelpatch.call_context", "accelpatch.torch_compat"},
 }

@@ -14,16 +14,10 @@ validate|bench|tune`` their command lines. Plots need matplotlib (``pip install 
 Public here (imported on first use): ``validate``, ``bench``, ``tune``, ``TuneResult``, ``Candidate``,
 ``load_pipeline``.
 """
-
+from accelpatch._moved import lazy_attributes
 
 _LAZY = {"validate": "accelpatch.eval.validate", "bench": "accelpatch.eval.bench", "tune": "accelpatch.eval.tune",
          "TuneResult": "accelpatch.eval.tune", "Candidate": "accelpatch.eval.candidates",
          "load_pipeline": "accelpatch.eval.pipelines"}
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

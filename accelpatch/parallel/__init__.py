@@ -15,15 +15,9 @@ code); this package knows no model.
 Public here (imported on first use): ``enable_cfg_parallel``, ``disable_cfg_parallel``, ``parallel_mesh``,
 ``cfg_parallel_counts``.
 """
-
+from accelpatch._moved import lazy_attributes
 
 _LAZY = {name: "accelpatch.parallel.cfg" for name in (
     "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts")}
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -14,15 +14,9 @@ package imports nothing heavy (``import accelpatch`` reads ``SolAttnConfig`` fro
 Public here (imported on first use): ``register_attention_backend``, ``configure_sol_attn_backend``,
 ``attention_backend_report``.
 """
-
+from accelpatch._moved import lazy_attributes
 
 _LAZY = {name: "accelpatch.sol_attn.registration" for name in (
     "configure_sol_attn_backend", "attention_backend_report", "register_attention_backend", "register_sol_attn_backend")}
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
