@@ -108,10 +108,14 @@ def test_ci_runs_the_smoke_subset_on_the_oldest_torch_from_a_venv_outside_the_cl
     assert re.search(r"^make test-oldest\s*$", ci, re.M)
     plan = dry_run("test-oldest", tmp_path / "venv", f"OLDEST_VENV={tmp_path / 'oldest'}")
     assert "torch==2.11.0 triton==3.6.0" in plan and "exit 1" in plan  # installs, and fails loudly when it cannot
-    run = plan.rstrip().splitlines()[-1]
+    lines = plan.replace("\\\n", " ").rstrip().splitlines()  # one line per command (make -n keeps the \\-breaks)
+    run = next(line for line in lines if " -m pytest " in line)
     assert f"PYTHONPATH={REPO}" in plan and "TRITON_INTERPRET=1" in plan and str(tmp_path / "oldest") in plan
     for smoke in ("test_tiers.py", "test_lossless_bit_identity.py", "test_compile.py", "test_sol_attn_triton.py",
                   "test_fused_triton.py"):
         assert smoke in run, smoke
+    # then the GPU day's one command, rehearsed as a dry run on that torch in an image-shaped environment
+    assert lines[-1] == f"PYTHON={tmp_path / 'oldest' / 'bin' / 'python'} benchmarks/gpu/rehearse.sh --dry-run"
+    assert lines.index(run) < len(lines) - 1
     setup_cfg = (REPO / "setup.cfg").read_text()
     assert re.search(r"^\s+torch>=2\.11\s*$", setup_cfg, re.M)  # the oldest tested torch is the promised floor
