@@ -126,6 +126,18 @@ def step_before(threshold: int) -> Optional[bool]:
     return phase.before[threshold]
 
 
+def first_steps_reason(first_steps: int, step_reason: str, unknown_reason: str) -> Optional[str]:
+    """The one "keep the first steps exact" policy every fast path with such an option reads: ``step_reason`` while
+    the calling context's step is < ``first_steps``, ``unknown_reason`` when no step is known (the policy cannot
+    apply), None when the step allows the fast path (or ``first_steps`` <= 0)."""
+    if first_steps <= 0:
+        return None
+    before = step_before(first_steps)
+    if before is None:
+        return unknown_reason
+    return step_reason if before else None
+
+
 def current_step() -> StepReading:
     """The step in force for the calling context and its source (step None: unknown)."""
     step = _read_explicit()

@@ -103,14 +103,11 @@ def step_layer_policy(site: "Site", *, first_steps: int, step_reason: str, layer
     """A policy keeping the reference for the first ``first_steps`` denoising steps (by the step clock; an unknown
     step declines, since the policy cannot apply) and for the site's layer when the fast path's
     :meth:`FastPath.keeps_reference_layer` said so at ``apply``; None when the fast path may run."""
-    if first_steps > 0:
-        from .. import steps
+    from .. import steps
 
-        before = steps.step_before(first_steps)
-        if before is None:
-            return Decline(unknown_reason)
-        if before:
-            return Dense(step_reason)
+    reason = steps.first_steps_reason(first_steps, step_reason, unknown_reason)
+    if reason is not None:
+        return Dense(reason) if reason == step_reason else Decline(reason)
     if site.keeps_reference_layer:
         return Dense(layer_reason)
     return None

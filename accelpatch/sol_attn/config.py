@@ -28,23 +28,11 @@ DENSE_ROWS = ("text_audio", "none")
 NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pair exactly at this tau and sequence "
                    "length (or every row was recomputed densely)")
 
-#: Sol-Attn's dense policy, the one both routes apply (``apply(backend="sol_attn")``'s sites and diffusers'
-#: ``set_attention_backend("sol_attn")``): the first ``dense_steps`` steps, and (sites only) the ``dense_layers``
+#: Sol-Attn's dense policy, read by both routes (``apply(backend="sol_attn")``'s sites and diffusers'
+#: ``set_attention_backend("sol_attn")``) through :func:`accelpatch.steps.first_steps_reason`: the first
+#: ``dense_steps`` steps, and (sites only) the ``dense_layers``
 DENSE_STEP = "dense step (step < dense_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"
-
-
-def dense_step_reason(dense_steps: int, unknown_reason: str) -> Optional[str]:
-    """Why a call runs dense under ``dense_steps`` (the step clock: :data:`DENSE_STEP` before that step,
-    ``unknown_reason`` when no step is known, a fallback), or None when the step allows sparse."""
-    if dense_steps <= 0:
-        return None
-    from .. import steps
-
-    before = steps.step_before(dense_steps)
-    if before is None:
-        return unknown_reason
-    return DENSE_STEP if before else None
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")

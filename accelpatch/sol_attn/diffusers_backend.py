@@ -16,7 +16,7 @@ Calls that reach the backend through diffusers' process-global active backend (a
 global default, diffusers#14249, or inside ``attention_backend("sol_attn")``) run :func:`sol_attn_via_global`:
 always dense, counted under :data:`VIA_GLOBAL`. Only processors set to ``sol_attn`` themselves ever run sparse.
 
-Options are process-wide (:func:`configure_sol_attn_backend`): the dispatcher passes the backend no module, so it
+Options are process-wide (:func:`accelpatch.sol_attn.configure_sol_attn_backend`, which registers the backend and calls :func:`set_options`): the dispatcher passes the backend no module, so it
 cannot tell models or layers apart. For the same reason ``dense_layers`` cannot apply, and ``dense_steps`` only
 where the calling context names the step (``accelpatch.denoising_step(i)``): default 0; with a positive value and
 no known step a call runs dense, counted. Counts are process-wide too (:data:`COUNTERS`, compile-safe tallies).
@@ -32,7 +32,7 @@ import torch
 from .. import steps
 from ..gate import SiteCounters
 from ..tiers import Tier, effective_tier
-from .config import DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig, dense_step_reason
+from .config import DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
 
 NAME = "sol_attn"
 
@@ -101,7 +101,7 @@ COUNTERS.prepare([(field, reason) for reason in REASONS for field in ("reference
                     ("stat_counts", "exact_fraction")])
 
 
-def configure_sol_attn_backend(**options: Any) -> SolAttnBackendConfig:
+def set_options(**options: Any) -> SolAttnBackendConfig:
     """Set the ``sol_attn`` attention backend's options for this process (unnamed options keep their defaults, not
     their previous values); returns the config in force. Options: tau, thresh_type, sink_tokens, sink_start,
     kv_splits, impl, dense_steps, dense_backend (a registered diffusers backend name, checked here)."""
@@ -197,7 +197,7 @@ def ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
         return DTYPE
     if scale is not None and scale != query.shape[-1] ** -0.5:
         return SCALE
-    return dense_step_reason(config.dense_steps, STEP_UNKNOWN)  # the same policy as apply()'s sites
+    return steps.first_steps_reason(config.dense_steps, DENSE_STEP, STEP_UNKNOWN)  # the policy apply()'s sites read
 
 
 def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -175,10 +175,10 @@ def configure_sol_attn_backend(**options: Any):
     their previous values) and register the backend (configuring it asks for it; see
     :func:`register_attention_backend`); returns the config in force. Options: tau, thresh_type, sink_tokens,
     sink_start, kv_splits, impl, dense_steps, dense_backend (a registered diffusers backend name, checked here)."""
-    from .diffusers_backend import configure_sol_attn_backend as configure
+    from .diffusers_backend import set_options
 
     register()
-    return configure(**options)
+    return set_options(**options)
 
 
 def register_sol_attn_backend() -> None:

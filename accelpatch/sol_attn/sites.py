@@ -23,8 +23,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import call_context
-from .config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig, dense_step_reason
-from ..sites.base import Decline, Dense, FastPath, Site, bind_call
+from ..sites.base import Decline, Dense, FastPath, Site, bind_call, step_layer_policy
+from .config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
 STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
                 "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0 "
                 "(inside a whole-model torch.compile graph only denoising_step() is seen: compile the blocks instead)")
@@ -76,12 +76,9 @@ def slice_length(rows: slice, n: int) -> int:
 
 
 def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[Dense, Decline]]:
-    """The policy's verdict for this call (:func:`~accelpatch.sol_attn.config.dense_step_reason`, then the
-    layers in ``dense_layers``), or None when it may run sparse."""
-    reason = dense_step_reason(config.dense_steps, STEP_UNKNOWN)
-    if reason is not None:
-        return Dense(reason) if reason == DENSE_STEP else Decline(reason)
-    return Dense(DENSE_LAYER) if site.keeps_reference_layer else None
+    """The policy's verdict for this call, or None when it may run sparse."""
+    return step_layer_policy(site, first_steps=config.dense_steps, step_reason=DENSE_STEP, layer_reason=DENSE_LAYER,
+                             unknown_reason=STEP_UNKNOWN)
 
 
 def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]:
