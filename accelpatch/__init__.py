@@ -19,16 +19,20 @@ import dataclasses
 import weakref
 from typing import Any, Iterator
 
-from .sol_attn.config import SolAttnConfig
-from .errors import AccelpatchError, FastPathUnavailableError
-from .steps import denoising_step
-from .tiers import quality
+from accelpatch import _moved
+
+_moved.install()  # old import paths of moved modules (accelpatch.* only) still import, with a DeprecationWarning
+
+from accelpatch.sol_attn.config import SolAttnConfig  # noqa: E402
+from accelpatch.core.errors import AccelpatchError, FastPathUnavailableError
+from accelpatch.core.steps import denoising_step
+from accelpatch.core.tiers import quality
 
 __version__ = "0.1.0"
 
 #: the public surface: patch, choose the tier, see what ran, check and time it (issue #33); everything else lives in
-#: its subpackage: accelpatch.sol_attn, accelpatch.parallel, accelpatch.eval, accelpatch.modeling, accelpatch.steps,
-#: accelpatch.tiers
+#: its subpackage: accelpatch.core, accelpatch.lossless, accelpatch.sol_attn, accelpatch.step_cache, accelpatch.parallel,
+#: accelpatch.models, accelpatch.eval
 __all__ = [
     "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "supported_models",
     "SolAttnConfig", "Recipe", "load_recipe", "validate", "bench", "tune", "doctor",
@@ -48,14 +52,14 @@ _LAZY = {
 #: names that were top-level before the public surface shrank (issue #33) -> their subpackage: still found here for
 #: one release, with a DeprecationWarning naming the new home
 _MOVED = {
-    "current_denoising_step": "accelpatch.steps",
-    "Tier": "accelpatch.tiers",
+    "current_denoising_step": "accelpatch.core.steps",
+    "Tier": "accelpatch.core.tiers",
     "load_pipeline": "accelpatch.eval",
     "Candidate": "accelpatch.eval",
     "TuneResult": "accelpatch.eval",
     # models accelpatch ships (diffusers has no class for them): importing them imports diffusers
-    "SanaVideo2Transformer3DModel": "accelpatch.modeling",
-    "SanaVideo2Pipeline": "accelpatch.modeling",
+    "SanaVideo2Transformer3DModel": "accelpatch.models.sana_video2",
+    "SanaVideo2Pipeline": "accelpatch.models.sana_video2",
     # several processes: CFG parallelism (torch.distributed)
     "enable_cfg_parallel": "accelpatch.parallel",
     "disable_cfg_parallel": "accelpatch.parallel",
@@ -69,11 +73,11 @@ _MOVED = {
 }
 
 #: subpackages reachable as attributes after ``import accelpatch`` (imported on first access)
-_SUBPACKAGES = ("sol_attn", "parallel", "eval", "modeling", "steps", "tiers", "testing", "tools")
+_SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "models", "eval", "testing", "tools")
 
 # ``sol_attn`` joins diffusers' attention backends only when asked (register_attention_backend(), apply(...,
 # backend="sol_attn")): importing accelpatch imports neither diffusers nor torch and changes nothing of theirs.
-from .sol_attn import registration as _attention_registry  # noqa: E402
+from accelpatch.sol_attn import registration as _attention_registry  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:
@@ -115,10 +119,10 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
     chains, counted; ``ACCELPATCH_CPU_KERNELS=0`` does it for the process, before anything is built). Returns the
     :func:`report` of the patched models (a table in a notebook).
     """
-    from .patcher import apply as _apply
+    from accelpatch.core.patcher import apply as _apply
 
     if recipe is not None:
-        from .recipes import load_recipe
+        from accelpatch.recipes import load_recipe
 
         spec = load_recipe(recipe).apply_arguments()
         recipe_backend, recipe_tier, recipe_cache = spec.pop("backend"), spec.pop("tier"), spec.pop("cache", None)
@@ -129,7 +133,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
     report = _apply(target, backend=backend, strict=strict, tier=tier, cache=cache, cpu_kernels=cpu_kernels,
                     **options)
     if backend is not None:  # Sol-Attn asked for: diffusers' own switch set_attention_backend("sol_attn") works too
-        from .sol_attn.registration import register_quietly
+        from accelpatch.sol_attn.registration import register_quietly
 
         register_quietly()
     try:
@@ -148,11 +152,11 @@ def current_quality(target: Any = None) -> str:
     :func:`quality` block says otherwise). A model accelpatch has not patched runs untouched diffusers: ``"exact"``.
     For a pipeline with several transformers, the least exact of their tiers.
     """
-    from . import tiers
+    from accelpatch.core import tiers
 
     if target is None:
         return tiers.current_quality()
-    from .patcher import patch_of, transformers_of
+    from accelpatch.core.patcher import patch_of, transformers_of
 
     found = [tiers.effective_tier(patch.default_tier) if patch is not None else tiers.Tier.EXACT
              for patch in map(patch_of, transformers_of(target, verb="current_quality"))]
@@ -164,7 +168,7 @@ def patched(target: Any, **kwargs: Any) -> Iterator[Any]:
     """``with accelpatch.patched(pipe, ...) as report:`` patches like :func:`apply` (same arguments) for the block
     only: on leaving it, also through an exception, the models are as they were before (unpatched, or patched as
     they were, by the same arguments)."""
-    from .patcher import patch_of, transformers_of
+    from accelpatch.core.patcher import patch_of, transformers_of
 
     before = [(model, patch_of(model).reapply_arguments()) for model in transformers_of(target, verb="patched")
               if patch_of(model) is not None]
@@ -183,7 +187,7 @@ def patched(target: Any, **kwargs: Any) -> Iterator[Any]:
 def remove(target: Any) -> None:
     """Restore the original classes and attributes; afterwards the model equals the never-patched one, also where a
     hook added after :func:`apply` still holds the patched forward."""
-    from .patcher import remove as _remove
+    from accelpatch.core.patcher import remove as _remove
 
     _remove(target)
 
@@ -193,14 +197,14 @@ def report(target: Any, *, reset: bool = False):
     pipeline or transformer; for a model set to ``set_attention_backend("sol_attn")`` (patched or not), also the
     backend's counts (``report.attention_backend``: process-wide, see :func:`attention_backend_report`).
     ``reset=True`` zeroes the counters after reading them."""
-    from .patcher import transformers_of
-    from .reporting import build_report
+    from accelpatch.core.patcher import transformers_of
+    from accelpatch.core.reporting import build_report
 
     models = transformers_of(target, verb="report")
     report = build_report(models, reset=reset)
     if _attention_registry.is_registered():
-        from .sol_attn.diffusers_backend import uses_sol_attn
-        from .sol_attn.registration import attention_backend_report
+        from accelpatch.sol_attn.diffusers_backend import uses_sol_attn
+        from accelpatch.sol_attn.registration import attention_backend_report
 
         if uses_sol_attn(models):  # counted process-wide: diffusers passes the backend no module
             report = dataclasses.replace(report, attention_backend=attention_backend_report(reset=reset))
@@ -209,6 +213,6 @@ def report(target: Any, *, reset: bool = False):
 
 def supported_models() -> dict[str, tuple[str, ...]]:
     """Supported transformer classes and the backends each accepts."""
-    from .adapters import ADAPTERS
+    from accelpatch.models.registry import ADAPTERS
 
     return {name: adapter.backends for adapter in ADAPTERS for name in adapter.class_names}

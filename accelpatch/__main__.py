@@ -12,9 +12,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .eval import recipe_cli
-    from .tools import build_kernels, convert, demo  # light at import: torch loads when a command runs
+    from accelpatch import __version__
+    from accelpatch.eval import recipe_cli
+    from accelpatch.tools import build_kernels, convert, demo  # light at import: torch loads when a command runs
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
                                      "pipelines: command-line tools.")
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import AccelpatchError
+    from accelpatch.core.errors import AccelpatchError
 
     parser = build_parser()
     args = parser.parse_args(argv)

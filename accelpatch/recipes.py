@@ -19,8 +19,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from .errors import did_you_mean
-from .tiers import parse_tier
+from accelpatch.core.errors import did_you_mean
+from accelpatch.core.tiers import parse_tier
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
            "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
@@ -84,7 +84,7 @@ def call_problems(call: Any, model: str = "") -> list[str]:
 
 
 def _known_backend(value: Optional[str]) -> Optional[str]:
-    from .backends import available_backends
+    from accelpatch.core.backends import available_backends
 
     if value is not None and value.strip().lower().replace("-", "_") not in available_backends():
         raise ValueError(f"unknown backend {value!r}; backends: {', '.join(available_backends())} (or null)")

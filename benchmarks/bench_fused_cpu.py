@@ -1,4 +1,4 @@
-"""CPU benchmark: each lossless fused op (accelpatch.ops.fused.cpu) against its eager reference chain, one thread.
+"""CPU benchmark: each lossless fused op (accelpatch.lossless.kernels.cpu) against its eager reference chain, one thread.
 
 Shapes are the medium SANA-Video test model's (accelpatch.testing.SANA_VIDEO_MEDIUM_CONFIG: 5 frames of 16x16
 latents -> 320 tokens, hidden 448, 4 heads x 112; GLUMB hidden 1120, conv_inverted 2240 channels on
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from accelpatch.ops.fused import cpu, cpu_build
-from accelpatch.ops.fused import reference as ref
+from accelpatch.lossless.kernels import cpu, cpu_build
+from accelpatch.lossless.kernels import reference as ref
 from accelpatch.testing import SANA_VIDEO_MEDIUM_CONFIG
 
 BF16, F32 = torch.bfloat16, torch.float32

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 import accelpatch
-from accelpatch import verify
+from accelpatch.lossless import verify
 from accelpatch.eval.stats import compare_timings
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -71,8 +71,8 @@ def cpu_seconds() -> float:
 def child(mode: str, checkpoint: str, config: dict, out: str) -> dict:
     import torch
 
-    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
-    from accelpatch.modeling.sana_video2.convert import convert_sana_video2
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel
+    from accelpatch.models.sana_video2.modeling.convert import convert_sana_video2
 
     torch.set_num_threads(2)
     before, peak_at_start = rss_kib(), peak_kib()

@@ -49,7 +49,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.sites.base import NO_FUSED_OP, NO_FUSED_OP_COMPILED, run_fast_paths_on_cpu
+from accelpatch.core.sites import NO_FUSED_OP, NO_FUSED_OP_COMPILED, run_fast_paths_on_cpu
 
 #: reference-counted reasons of a call the site's own fast path ran (it did no fast work): not handed to the site below
 RAN_HERE = {NOTHING_SKIPPED, NO_FUSED_OP, NO_FUSED_OP_COMPILED}
@@ -628,7 +628,7 @@ class ContractMachine(RuleBasedStateMachine):
     def outside_calls_nothing_is_in_force(self):
         assert self.session.run(accelpatch.current_quality) == "lossless"
         if checks("no_step_between_calls"):
-            from accelpatch import steps
+            from accelpatch.core import steps
             reading = self.session.run(steps.current_step)
             assert reading.step is None, f"between calls a step is still in force: {reading}"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from accelpatch.ops.fused import reference
+from accelpatch.lossless.kernels import reference
 
 CALLS: dict[str, int] = {}
 WRONG: set[str] = set()

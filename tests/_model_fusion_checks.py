@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import _fused_doubles as doubles
-import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
-from accelpatch import verify
+import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
+from accelpatch.lossless import verify
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.errors import FastPathUnavailableError
-from accelpatch.sites.base import SITE_ATTR
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.core.sites import SITE_ATTR
 
 #: sparse from the first step and layer on
 SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
@@ -81,7 +81,7 @@ def check_exact_lossless_and_default_dense_layers(case: ModelCase, model, sol_pa
     """Patched with ``sol_attn``: the default tier becomes high, exact and lossless are the unpatched bits, and the
     default dense layers (0, 1: every layer of the tiny model) warn that nothing runs sparse, give the unpatched
     bits and count each Sol-Attn site (``sol_paths``) once as a dense layer."""
-    from accelpatch.sites import sol_attention
+    from accelpatch.sol_attn import sites as sol_attention
 
     m, inputs, reference = model
     reference = _as_tuple(reference)

@@ -12,7 +12,7 @@ import torch
 
 import accelpatch
 import accelpatch.sol_attn.op as ops
-from accelpatch.sites import sol_attention
+from accelpatch.sol_attn import sites as sol_attention
 
 from _sol_attn_models import SPARSE, all_equal
 

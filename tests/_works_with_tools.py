@@ -55,7 +55,7 @@ def held_entries(collect: bool = False) -> dict[type, int]:
     """How many patched models hold each class accelpatch registered in diffusers' block registry (other tests'
     models that are still alive, such as one a failed test's traceback keeps, hold theirs); ``collect`` first lets
     the garbage collector release what unreachable models hold."""
-    from accelpatch import block_registry
+    from accelpatch.core import block_registry
 
     if collect:
         gc.collect()
@@ -71,7 +71,7 @@ def _within(now: dict, before: dict) -> bool:
 def apply(target, **kwargs):
     """``accelpatch.apply`` without the CPU box's expected "not mounted: CUDA is unavailable" warnings; remembers
     the registry entries held before, for :func:`assert_unpatched`."""
-    from accelpatch.patcher import transformers_of
+    from accelpatch.core.patcher import transformers_of
 
     for model in transformers_of(target):
         _HELD_BEFORE.setdefault(model, held_entries())
@@ -131,8 +131,8 @@ def op_outcomes(target, op: str) -> dict[str, int]:
 
 
 def module_runs_reasons() -> tuple[str, ...]:
-    """The generic reason a fused op counts when the module it stands in for runs itself (accelpatch.verify)."""
-    verify = importlib.import_module("accelpatch.verify")
+    """The generic reason a fused op counts when the module it stands in for runs itself (accelpatch.lossless.verify)."""
+    verify = importlib.import_module("accelpatch.lossless.verify")
     return tuple(r for r in (getattr(verify, "MODULE_RUNS", None),) if r)
 
 
@@ -161,7 +161,7 @@ def assert_unpatched(model: torch.nn.Module, like: Optional[torch.nn.Module] = N
     models hold. No entry of a gated class is left that no patched model holds."""
     from diffusers.hooks._helpers import TransformerBlockRegistry
 
-    from accelpatch import block_registry
+    from accelpatch.core import block_registry
 
     assert not [m for m in model.modules() if "_accelpatch_original_class" in type(m).__dict__]
     before = _HELD_BEFORE[like if like is not None else model]

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _warnings_as_in_a_fresh_process():
     """accelpatch says each (fast-path kind, reason) once per process: each test hears them as a new process would."""
-    from accelpatch import patcher
+    from accelpatch.core import patcher
 
     patcher.forget_warnings()
     yield

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.errors import FastPathUnavailableError
+from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn.op import dispatch
 from accelpatch.testing import (minimax_h3_transformer_inputs, tiny_minimax_h3_transformer,
                                 tiny_sana_video2_transformer, tiny_sana_video_transformer)

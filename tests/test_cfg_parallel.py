@@ -51,7 +51,7 @@ COMMON = HELPERS + textwrap.dedent("""
     def decide_alone(would_reuse):
         # this rank's own threshold test says would_reuse (the same cache settings everywhere: ranks patched
         # differently are refused); the ranks then decide together
-        from accelpatch.step_cache import StepCache
+        from accelpatch.step_cache.cache import StepCache
         original = StepCache._may_reuse
         StepCache._may_reuse = lambda self, state, unchanged: original(self, state, lambda: would_reuse)
 
@@ -342,7 +342,7 @@ def test_the_step_cache_decides_together(two):
     assert counts[0]["computed"] == counts[1]["computed"] == 4 and counts[0]["reused"] == counts[1]["reused"] == 0
     assert any("another rank computes" in reason for reason in counts[0]["reasons"])
     assert torch.equal(two[0]["sana_cache"], two[1]["sana_cache"])
-    from accelpatch.step_cache import MAG_SPLIT
+    from accelpatch.step_cache.cache import MAG_SPLIT
 
     for rank in two:  # MagCache decides inside diffusers' hook, per rank: on a split model it computes, saying why
         assert (rank["mag_counts"]["computed"], rank["mag_counts"]["reused"]) == (4, 0)

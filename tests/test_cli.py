@@ -133,7 +133,7 @@ def test_arguments_reach_the_demo(monkeypatch, capsys):
 def test_build_kernels_builds_or_loads_and_says_where(capsys, monkeypatch):
     """`build-kernels` readies the CPU kernels (here: loads the suite's cached build) and names the cache; with the
     kernels switched off it says how to switch them on, exit code 1."""
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     monkeypatch.delenv(cpu_build.SWITCH, raising=False)
     assert main(["build-kernels"]) == 0

@@ -13,8 +13,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import accelpatch
-from accelpatch.sites.base import NO_FUSED_OP_COMPILED
-from accelpatch.sites.base import run_fast_paths_on_cpu
+from accelpatch.core.sites import NO_FUSED_OP_COMPILED
+from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 sana_video2_transformer_inputs, tiny_minimax_h3_transformer, tiny_sana_video2_transformer,
                                 tiny_sana_video_transformer)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.sites.base import NO_FUSED_OP_COMPILED
-from accelpatch import verify
+from accelpatch.core.sites import NO_FUSED_OP_COMPILED
+from accelpatch.lossless import verify
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 sana_video2_transformer_inputs, tiny_minimax_h3_transformer, tiny_sana_video2_transformer,
                                 tiny_sana_video_transformer)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _multiprocess import START, run_ranks
-from accelpatch.sites import sol_attention
+from accelpatch.sol_attn import sites as sol_attention
 
 SCRIPT = START + textwrap.dedent("""
     def worker(rank, world, port, folder):

@@ -73,7 +73,7 @@ def _step_in_force_after(error):
         with pytest.raises(type(error)):
             _sana_video2_call_at(model, 400.0)  # the next step: step 1
         handle.remove()
-        return accelpatch.steps.current_denoising_step()
+        return accelpatch.core.steps.current_denoising_step()
 
     return contextvars.Context().run(session)
 

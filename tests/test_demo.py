@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from accelpatch.__main__ import build_parser, main
-from accelpatch.reporting import ModelReport, Report, SiteReport
+from accelpatch.core.reporting import ModelReport, Report, SiteReport
 from accelpatch.tools import demo
 from accelpatch.tools.demo import fast_path_text, format_timing, parse_models, run_demo
 from accelpatch.eval.stats import compare_timings

@@ -23,7 +23,7 @@ PLUGIN = ["-p", "accelpatch.testing.diffusers_tests_plugin", "-p", "no:cacheprov
 BUILDS_A_WAN_MODEL = f"""
 import torch
 import accelpatch
-from accelpatch.sites.base import is_gated
+from accelpatch.core.sites import is_gated
 from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
 def test_built_model_comes_out_patched():

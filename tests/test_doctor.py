@@ -33,7 +33,7 @@ def test_a_fast_path_that_cannot_run_says_why(monkeypatch):
     monkeypatch.setenv("ACCELPATCH_CPU_KERNELS", "0")
     text = doctor_module.report_text()
     assert "no   lossless: fused CPU kernels" in text and "switched off (ACCELPATCH_CPU_KERNELS=0)" in text
-    monkeypatch.setattr("accelpatch.sites.base.cuda_reject_reason", lambda: "CUDA is unavailable: (test) none")
+    monkeypatch.setattr("accelpatch.core.sites.cuda_reject_reason", lambda: "CUDA is unavailable: (test) none")
     assert "no   high: SANA-Video 2.0 BF16 anchors\n         CUDA is unavailable: (test) none" in \
         doctor_module.report_text()
 

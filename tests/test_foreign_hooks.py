@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.captured_forwards import slots
-from accelpatch.sites.base import is_gated_forward
+from accelpatch.core.captured_forwards import slots
+from accelpatch.core.sites import is_gated_forward
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 tiny_minimax_h3_transformer, tiny_sana_video_transformer)
 

@@ -2,8 +2,8 @@
 import torch
 
 import accelpatch
-from accelpatch.gate import QualityGatedFusion
-from accelpatch.tiers import Tier
+from accelpatch.core.gate import QualityGatedFusion
+from accelpatch.core.tiers import Tier
 
 
 def _fusion(tier=Tier.HIGH):

@@ -168,7 +168,7 @@ def test_budgets_stop_sweeps_and_the_hard_limit_interrupts(monkeypatch):
 def test_a_high_row_whose_high_path_fell_back_shows_no_fast_calls(monkeypatch):
     """Regression (issue #17): the lossless sites' calls once counted as a high row's fast calls, so a high path
     that fell back still showed fast_calls > 0 next to the reference's time."""
-    from accelpatch.reporting import SiteReport
+    from accelpatch.core.reporting import SiteReport
 
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     accel = importlib.import_module("_accel")
@@ -285,7 +285,7 @@ def test_a_section_timeout_is_not_swallowed_by_a_fast_paths_fallback(monkeypatch
     """Regression (issue #31, 3): ``SectionTimeout`` was an ``Exception``; raised by the alarm inside a fused op's
     first sight (a cold kernel build), the op's ``except Exception`` declined it and ran the reference on past
     the limit. Now it passes through the fast path, and only the section runner catches it."""
-    from accelpatch import verify
+    from accelpatch.lossless import verify
     from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
     runner = _gpu_module(monkeypatch, "_runner")
@@ -316,7 +316,7 @@ def test_a_section_timeout_is_not_swallowed_by_a_fast_paths_fallback(monkeypatch
 
 def test_is_fatal_lets_any_non_exception_through():
     """A caller's time limit (any ``BaseException`` that is not an ``Exception``) is never a kernel's failure."""
-    from accelpatch.errors import is_fatal
+    from accelpatch.core.errors import is_fatal
 
     class Alarm(BaseException):
         pass

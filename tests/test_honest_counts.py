@@ -8,12 +8,12 @@ import torch
 
 import accelpatch
 import accelpatch.testing as t
-from accelpatch import patcher
+from accelpatch.core import patcher
 from accelpatch.sol_attn import diffusers_backend as attention_backend
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.gate import SiteCounters, WorkWatch, note_work
-from accelpatch.reporting import FAST_KINDS
-from accelpatch.sites.base import NO_FUSED_OP
+from accelpatch.core.gate import SiteCounters, WorkWatch, note_work
+from accelpatch.core.reporting import FAST_KINDS
+from accelpatch.core.sites import NO_FUSED_OP
 
 
 @pytest.fixture(autouse=True)

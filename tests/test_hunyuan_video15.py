@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.adapters import hunyuan_video15 as hy_adapter
-from accelpatch.errors import FastPathUnavailableError
-from accelpatch.sites import sol_attention
-from accelpatch.sites.base import SITE_ATTR
+from accelpatch.models import hunyuan_video15 as hy_adapter
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.sol_attn import sites as sol_attention
+from accelpatch.core.sites import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
 from _step_cache_streams import (STEPS, all_bits_equal, apply_cache, cached_high_run, check_dual_stream_cache,

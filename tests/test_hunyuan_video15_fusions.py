@@ -1,4 +1,4 @@
-"""HunyuanVideo 1.5's lossless fusions (accelpatch/adapters/hunyuan_video15/fused.py: the block's AdaLN chains, and
+"""HunyuanVideo 1.5's lossless fusions (accelpatch/models/hunyuan_video15/lossless.py: the block's AdaLN chains, and
 the joint attention's video q/k RoPE as rope_pair_per_channel): the default tier is bit-identical to unpatched
 diffusers in fp32 and bf16, batch 1 and 2, text-to-video and image-to-video, with the text padding mask, and the
 real fused kernels running; a deliberately wrong kernel is declined on first sight, ``exact`` never fuses,
@@ -15,11 +15,11 @@ import _fused_doubles as doubles
 from _model_fusion_checks import (BITS, bits_equal, check_exact_never_fuses, fresh_verdicts, fusion_of,
                                   lossless_warnings, stand_in_kernels)  # noqa: F401 - fixtures
 import accelpatch
-from accelpatch.sites.base import NO_FUSED_OP_COMPILED
-import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
-from accelpatch import verify
-from accelpatch.ops.fused import reference as ref
-from accelpatch.sites.base import SITE_ATTR
+from accelpatch.core.sites import NO_FUSED_OP_COMPILED
+import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
+from accelpatch.lossless import verify
+from accelpatch.lossless.kernels import reference as ref
+from accelpatch.core.sites import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 
 #: fused calls per forward: 2 blocks x 2 streams x 2 chains (the AdaLN-Zero and feed-forward modulations; the

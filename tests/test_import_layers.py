@@ -1,4 +1,4 @@
-"""The ground floor imports nothing above it: tiers, steps, call_context, errors, ops/ and modeling/ are read by the
+"""The ground floor imports nothing above it: tiers, steps, call_context, errors, the kernels and our model code are read by the
 patching machinery, never the reverse (once, tiers imported the patcher and the gate imported every adapter, which
 tied 15 modules into one import circle). Every import counts, also one inside a function."""
 import ast
@@ -12,23 +12,27 @@ PACKAGE = Path(accelpatch.__file__).parent
 
 #: what each ground-floor module or folder may import from accelpatch (besides itself)
 ALLOWED = {
-    "accelpatch.errors": set(),
+    "accelpatch.core.errors": set(),
     # old paths of moved modules and lazily imported public names (imports only what it is asked for, by name)
     "accelpatch._moved": set(),
-    "accelpatch.call_context": set(),
+    "accelpatch.core.call_context": set(),
     # version-dependent torch internals, feature-detected once (imports only torch)
-    "accelpatch.torch_compat": set(),
-    "accelpatch.tiers": {"accelpatch.call_context"},
-    "accelpatch.steps": {"accelpatch.call_context"},
-    # ``accelpatch.ops.sol_attn`` (the function) is still found there for one release, lazily, from its new home
-    "accelpatch.ops": {"accelpatch.errors", "accelpatch.sol_attn.op"},
-    # the Sol-Attn op (moved beside the rest of Sol-Attn) builds its AOT checks on the ops' Triton helpers
-    "accelpatch.sol_attn.op": {"accelpatch.errors", "accelpatch.ops"},
+    "accelpatch.core.torch_compat": set(),
+    "accelpatch.core.tiers": {"accelpatch.core.call_context"},
+    "accelpatch.core.steps": {"accelpatch.core.call_context"},
+    # the shared ahead-of-time Triton capture (imports only torch and triton)
+    "accelpatch.core.triton_aot": set(),
+    # the lossless kernels and the Sol-Attn op build their AOT checks on the shared Triton capture
+    "accelpatch.lossless.kernels": {"accelpatch.core.errors", "accelpatch.core.triton_aot"},
+    "accelpatch.sol_attn.op": {"accelpatch.core.errors", "accelpatch.core.triton_aot"},
+    # SANA-Video's BF16 GEMM (a kernel, no model knowledge)
+    "accelpatch.models.sana_video.gemm": set(),
     # our own models' token-mixing layers combine sequence shards with the generic collectives (which import nothing)
-    "accelpatch.modeling": {"accelpatch.errors", "accelpatch.ops", "accelpatch.sol_attn.op", "accelpatch.parallel.sequence",
-                            "accelpatch._moved"},
+    "accelpatch.models.sana_video2.modeling": {"accelpatch.core.errors", "accelpatch.models.sana_video.gemm",
+                                               "accelpatch.models.sana_video2.release",
+                                               "accelpatch.sol_attn.op", "accelpatch.parallel.sequence"},
     # the gate keeps the fusion registry: fusions register where they are defined, and a pickle names that module
-    "accelpatch.gate": {"accelpatch.tiers", "accelpatch.call_context", "accelpatch.torch_compat"},
+    "accelpatch.core.gate": {"accelpatch.core.tiers", "accelpatch.core.call_context", "accelpatch.core.torch_compat"},
 }
 
 
@@ -55,10 +59,16 @@ def _imports_of(source: str, package: str) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            if node.module:
+            submodules = [f"{module}.{alias.name}" for alias in node.names]  # `from . import x` imports module x
+            if node.module and not all(map(_is_module, submodules)):  # a package's own names: its __init__ counts
                 found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)  # `from . import x` imports module x
+            found.update(submodules)
     return {m for m in found if m == "accelpatch" or m.startswith("accelpatch.")}
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _floor_of(module: str) -> str:
@@ -85,8 +95,8 @@ def test_ground_floor_imports_nothing_above_it(floor):
 
 
 def test_the_check_sees_every_kind_of_import():
-    source = "from . import call_context\ndef f():\n    from .patcher import patch_of\n    import accelpatch.gate\n"
-    found = _imports_of(source, "accelpatch")
-    assert {"accelpatch.call_context", "accelpatch.patcher", "accelpatch.gate"} <= found
-    assert not _is_allowed("accelpatch.patcher", "accelpatch.tiers")
-    assert _is_allowed("accelpatch.call_context", "accelpatch.tiers")
+    source = "from . import call_context\ndef f():\n    from .patcher import patch_of\n    import accelpatch.core.gate\n"
+    found = _imports_of(source, "accelpatch.core")
+    assert {"accelpatch.core.call_context", "accelpatch.core.patcher", "accelpatch.core.gate"} <= found
+    assert not _is_allowed("accelpatch.core.patcher", "accelpatch.core.tiers")
+    assert _is_allowed("accelpatch.core.call_context", "accelpatch.core.tiers")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.sites.base import NO_FUSED_OP_COMPILED
-from accelpatch import steps
+from accelpatch.core.sites import NO_FUSED_OP_COMPILED
+from accelpatch.core import steps
 from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
 
@@ -87,7 +87,7 @@ def test_an_eager_call_after_a_stopped_call_starts_and_ends_clean(error):
     assert seen and set(seen) == {steps.StepReading(0, steps.TIMESTEP)}  # a new generation: step 0, not 4
     assert steps.current_step() == steps.StepReading(None, steps.UNKNOWN)
     assert steps.current_step().step is None
-    assert accelpatch.steps.current_denoising_step() == 0
+    assert accelpatch.core.steps.current_denoising_step() == 0
 
 
 def _compile(model, how, fullgraph):

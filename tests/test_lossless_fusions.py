@@ -1,4 +1,4 @@
-"""The first-sight contract of the lossless fusions (accelpatch.verify), on SANA-Video with stand-in kernels.
+"""The first-sight contract of the lossless fusions (accelpatch.lossless.verify), on SANA-Video with stand-in kernels.
 
 The stand-ins (tests/_fused_doubles.py) are the reference chains themselves, so they are exact; a test makes one
 wrong, unsupported or failing on purpose and checks what the contract promises: the output stays bit-identical,
@@ -14,9 +14,9 @@ import torch
 
 import _fused_doubles as doubles
 import accelpatch
-import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
-from accelpatch import verify
-from accelpatch.errors import FastPathUnavailableError
+import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
+from accelpatch.lossless import verify
+from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
 

@@ -11,10 +11,10 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.adapters import ltx2 as ltx2_adapter
-from accelpatch.errors import FastPathUnavailableError
-from accelpatch.sites import sol_attention
-from accelpatch.sites.base import SITE_ATTR
+from accelpatch.models import ltx2 as ltx2_adapter
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.sol_attn import sites as sol_attention
+from accelpatch.core.sites import SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, LTX2_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 
 from _step_cache_streams import all_bits_equal, cached_high_run, check_dual_stream_cache, reused_reference

@@ -1,4 +1,4 @@
-"""LTX-2's lossless fusions (accelpatch/adapters/ltx2/fused.py: the block's AdaLN chains and gated residual adds, the
+"""LTX-2's lossless fusions (accelpatch/models/ltx2/lossless.py: the block's AdaLN chains and gated residual adds, the
 video self-attention's q/k RoPE as rope_pair_per_channel (interleaved) or rope_split_pair (split)): the default tier
 is bit-identical to unpatched diffusers on both outputs (video and audio) in fp32 and bf16, batch 1 and 2, with the
 text and self-attention masks, per-token timestep rows and LTX-2.3's layout (cross-attention AdaLN, gates, the STG
@@ -19,11 +19,11 @@ import _fused_doubles as doubles
 from _model_fusion_checks import (bits_equal, check_exact_never_fuses, fresh_verdicts, fusion_of,
                                   lossless_warnings, stand_in_kernels)  # noqa: F401 - fixtures
 import accelpatch
-import accelpatch.fused_ops  # noqa: F401 - registers the ops verify.ops() lists
-from accelpatch import verify
-from accelpatch.adapters.ltx2 import fused as ltx2_fused
+import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
+from accelpatch.lossless import verify
+from accelpatch.models.ltx2.adapter import fused as ltx2_fused
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.sites.base import NO_FUSED_OP, NO_FUSED_OP_COMPILED, SITE_ATTR
+from accelpatch.core.sites import NO_FUSED_OP, NO_FUSED_OP_COMPILED, SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
 
 from _step_cache_streams import COMPUTED, STEPS, all_bits_equal, apply_cache, reused_reference, run_steps
@@ -310,7 +310,7 @@ def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_it
 
 
 def test_a_changed_block_signature_is_refused_with_what_differed():
-    from accelpatch.adapters.ltx2 import fused
+    from accelpatch.models.ltx2.adapter import fused
     from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
 
     assert fused.signature_mismatch(LTX2VideoTransformerBlock) is None

@@ -8,9 +8,9 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.errors import FastPathUnavailableError
-from accelpatch.reporting import merge_counts
-from accelpatch.adapters import minimax_h3 as h3_adapter
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.core.reporting import merge_counts
+from accelpatch.models import minimax_h3 as h3_adapter
 from accelpatch.testing import (minimax_h3_layout, minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer)
 
@@ -120,7 +120,7 @@ def test_direct_calls_use_the_denoising_step_context(model):
     accelpatch.apply(m, backend="sol_attn", dense_steps=2, dense_layers="", tau=3.0)
     seen = []
     hook = m.transformer_blocks[0].attn.register_forward_pre_hook(
-        lambda *_: seen.append(accelpatch.steps.current_denoising_step()))
+        lambda *_: seen.append(accelpatch.core.steps.current_denoising_step()))
     try:
         assert torch.equal(_forward(m, inputs), reference)  # no clock: step 0, dense
         with accelpatch.denoising_step(1):
@@ -146,7 +146,7 @@ def test_step_clock_through_the_modular_pipeline_restarts_each_call():
     accelpatch.apply(pipe, backend="sol_attn", dense_steps=1, dense_layers="", tau=1.0)
     seen = []
     hook = pipe.transformer.transformer_blocks[1].attn.register_forward_pre_hook(
-        lambda *_: seen.append(accelpatch.steps.current_denoising_step()))
+        lambda *_: seen.append(accelpatch.core.steps.current_denoising_step()))
     first = _call(pipe)
     second = _call(pipe)
     hook.remove()
@@ -238,7 +238,7 @@ def test_config_object_parses_layer_ranges():
 
 
 def test_default_dense_layers_are_the_prior_arts_for_minimax_h3(model):
-    from accelpatch.patcher import patch_of
+    from accelpatch.core.patcher import patch_of
 
     m, inputs, reference = model
     accelpatch.apply(m, backend="sol_attn", dense_steps=0, tau=3.0)

@@ -10,7 +10,7 @@ import torch
 
 import accelpatch
 from accelpatch import testing as t
-from accelpatch import verify
+from accelpatch.lossless import verify
 
 from _cpu_kind import ONEDNN_EMULATED_BF16, check_onednn_counts
 from _wrapped_tensors import Wrapped
@@ -135,9 +135,9 @@ def test_where_the_probe_refuses_the_ops_decline_by_its_reason_and_stay_bit_iden
     """On the CPU kind the kernels replay, a signature whose order the probe cannot find (here: it is offered only
     wrong block lengths, on every CPU) is declined with the probe's reason, warned once per op, counted, and the
     reference runs: bit-identical. Then under strict=True the same decline raises."""
-    from accelpatch import fused_ops
-    from accelpatch.errors import FastPathUnavailableError
-    from accelpatch.ops.fused import onednn_bf16
+    from accelpatch.lossless import ops as fused_ops
+    from accelpatch.core.errors import FastPathUnavailableError
+    from accelpatch.lossless.kernels import onednn_bf16
 
     for op in (fused_ops.POINTWISE_CONV, fused_ops.LINEAR):
         monkeypatch.setattr(op, "_host_outcome", [None])  # as on AVX-512 without bf16 instructions
@@ -166,8 +166,8 @@ def test_where_the_probe_refuses_the_ops_decline_by_its_reason_and_stay_bit_iden
 def _accepting_everywhere(monkeypatch):
     """As on the CPU kind the kernels replay, with the probe accepting every signature: any operand that reaches
     the op's kernel is run by it."""
-    from accelpatch import fused_ops
-    from accelpatch.ops.fused import onednn_bf16
+    from accelpatch.lossless import ops as fused_ops
+    from accelpatch.lossless.kernels import onednn_bf16
 
     for op in (fused_ops.POINTWISE_CONV, fused_ops.LINEAR):
         monkeypatch.setattr(op, "_host_outcome", [None])

@@ -112,7 +112,7 @@ def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
 
 
 def test_compiled_and_offloaded_blocks_on_a_split_model_match_the_eager_split(tmp_path):
-    from accelpatch.sites.base import NO_FUSED_OP_COMPILED
+    from accelpatch.core.sites import NO_FUSED_OP_COMPILED
 
     for rank in run_ranks(tmp_path, COMPILED, 2):
         assert rank["blocks_compiled"]

@@ -37,7 +37,7 @@ BLOCK_IDS = [f"{document}-block{number}" for document, number, _ in BLOCKS]
 
 def _release_style_yaml(config: dict) -> dict:
     """The tiny config written the way the release's config.yaml is laid out (sections of original field names)."""
-    from accelpatch.modeling.sana_video2.convert import _YAML_FIXED, _YAML_MAPPED
+    from accelpatch.models.sana_video2.modeling.convert import _YAML_FIXED, _YAML_MAPPED
 
     document: dict = {}
     for section, fields in _YAML_MAPPED.items():

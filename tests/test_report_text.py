@@ -7,7 +7,7 @@ import pytest
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 import accelpatch
-from accelpatch.sites.base import run_fast_paths_on_cpu
+from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.testing import tiny_minimax_h3_transformer, tiny_sana_video2_transformer, tiny_sana_video_transformer
 
 

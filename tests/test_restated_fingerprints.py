@@ -1,4 +1,4 @@
-"""A diffusers upgrade declines, it does not break (accelpatch.restated): every fast path that restates diffusers
+"""A diffusers upgrade declines, it does not break (accelpatch.core.restated): every fast path that restates diffusers
 code carries the fingerprints of that code for the tested diffusers versions; at ``apply`` a function whose code is
 not one recorded (a new diffusers, an edited install, a function replaced at run time) declines that fast path by
 name (report, one warning, strict raises), the model gives diffusers' own bits, and the other fast paths keep
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch import restated
-from accelpatch.errors import FastPathUnavailableError
+from accelpatch.core import restated
+from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.testing import (sana_video_transformer_inputs, tiny_sana_video_transformer, tiny_wan_transformer,
                                 wan_transformer_inputs)
 from accelpatch.tools import fingerprints
@@ -67,7 +67,7 @@ def test_the_recorded_fingerprints_match_the_installed_diffusers_for_every_resta
 def test_every_fast_path_guarded_by_a_diffusers_processor_declares_that_processor_restated():
     """A new fast path that checks for a diffusers processor restates its ``__call__``: it must say so, or a changed
     processor would not decline it."""
-    from accelpatch.sites.base import FAST_PATH_CLASSES
+    from accelpatch.core.sites import FAST_PATH_CLASSES
 
     fingerprints.restating_paths()  # imports every adapter and site module
     checked = 0

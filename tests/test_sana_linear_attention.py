@@ -9,7 +9,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
 
 import accelpatch
-from accelpatch.adapters.sana_video.linear_attention import (FUSED_FUSION, FUSION, emulate_bf16_gemm_on_cpu,
+from accelpatch.models.sana_video.linear_attention import (FUSED_FUSION, FUSION, emulate_bf16_gemm_on_cpu,
                                                              linear_attention_bf16_gemm)
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
@@ -184,7 +184,7 @@ def test_unmount_restores_the_reference_bit_for_bit():
 
 
 def test_the_switch_is_off_outside_its_block():
-    from accelpatch.sites.base import fast_paths_run_on_cpu
+    from accelpatch.core.sites import fast_paths_run_on_cpu
 
     assert fast_paths_run_on_cpu() is False
     with emulate_bf16_gemm_on_cpu():
@@ -196,7 +196,7 @@ def test_the_switch_is_off_outside_its_block():
 def test_the_bf16_gemm_has_the_gradients_of_its_fp32_emulation(device, monkeypatch):
     """torch has no derivative for bmm(..., out_dtype=float32) ("derivative for aten::bmm is not implemented"):
     the fast path's GEMM carries its own, equal to autograd through the exact FP32 emulation."""
-    from accelpatch.ops import gemm
+    from accelpatch.models.sana_video.adapter import gemm
 
     if device == "cpu":  # no CPU kernel for out_dtype: the same autograd.Function around the emulation
         monkeypatch.setattr(gemm, "_bmm_out_fp32", gemm.bmm_bf16_fp32_emulated)

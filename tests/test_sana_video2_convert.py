@@ -16,8 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from accelpatch.__main__ import main
-from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel, anchor_layer_indices
-from accelpatch.modeling.sana_video2.convert import (CheckpointError, UnsafeCheckpointError, convert_sana_video2,
+from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel, anchor_layer_indices
+from accelpatch.models.sana_video2.modeling.convert import (CheckpointError, UnsafeCheckpointError, convert_sana_video2,
                                                      infer_sana_video2_config, sana_video2_config_from_yaml)
 from accelpatch.testing.sana_video2 import (SANA_VIDEO2_14B_CONFIG, SANA_VIDEO2_5B_CONFIG, SANA_VIDEO2_TINY_CONFIG,
                                             sana_video2_transformer_inputs, sana_video2_transformer_on_meta,

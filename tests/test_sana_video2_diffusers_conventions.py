@@ -16,7 +16,7 @@ import torch._dynamo
 import torch.fx.experimental._config as fx_config
 from torch._dynamo.testing import CompileCounter
 
-from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
+from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel
 from accelpatch.testing.sana_video2 import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
 

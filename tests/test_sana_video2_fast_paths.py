@@ -8,9 +8,9 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.adapters import sana_video2 as sv2
-from accelpatch.patcher import patch_of
-from accelpatch.sites.base import run_fast_paths_on_cpu
+from accelpatch.models import sana_video2 as sv2
+from accelpatch.core.patcher import patch_of
+from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.sol_attn.sites import DENSE_LAYER, DENSE_STEP
 from accelpatch.testing import (SANA_VIDEO2_MEDIUM_CONFIG, SANA_VIDEO2_TINY_VAE_8X_CONFIG, sana_video2_pipeline_call_kwargs,
                                 sana_video2_transformer_inputs, tiny_sana_video2_pipeline, tiny_sana_video2_transformer)
@@ -68,7 +68,7 @@ def test_the_bf16_anchor_path_is_the_processor_without_the_fp32_upcast(on_cpu):
 def test_the_linear_path_runs_its_first_gemm_on_bf16_operands(on_cpu, monkeypatch):
     model = _bf16_model()
     attn, x, rope = _attn_inputs(model, 0)
-    from accelpatch.ops import gemm
+    from accelpatch.models.sana_video.adapter import gemm
 
     seen = []
     real = gemm.bmm_bf16_operands
@@ -161,7 +161,7 @@ def test_fp32_anchor_steps_and_layers(on_cpu):
 
 
 def test_an_unknown_step_keeps_fp32_anchors_and_says_so(on_cpu, monkeypatch):
-    from accelpatch import steps
+    from accelpatch.core import steps
 
     model = _bf16_model()
     inputs = sana_video2_transformer_inputs(model)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.modeling.sana_video2 import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
+from accelpatch.models.sana_video2.modeling import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
 from _cpu_kind import NOT_THIS_CPU, ONEDNN_EMULATED_BF16

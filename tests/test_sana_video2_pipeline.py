@@ -14,8 +14,8 @@ import PIL.Image
 import pytest
 import torch
 
-from accelpatch.modeling.sana_video2 import SanaVideo2Pipeline
-from accelpatch.modeling.sana_video2.pipeline import (RELEASE_CHI_PROMPT, RELEASE_NEGATIVE_PROMPT,
+from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline
+from accelpatch.models.sana_video2.modeling.pipeline import (RELEASE_CHI_PROMPT, RELEASE_NEGATIVE_PROMPT,
                                                       motion_prompt_suffix)
 from accelpatch.testing import sana_video2_pipeline_call_kwargs, tiny_sana_video2_pipeline
 
@@ -424,7 +424,7 @@ def test_save_pretrained_from_pretrained_round_trip_offline(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
     index = json.loads((tmp_path / "model_index.json").read_text())
     assert index["_class_name"] == "SanaVideo2Pipeline"
-    assert index["transformer"] == ["accelpatch.modeling.sana_video2.transformer", "SanaVideo2Transformer3DModel"]
+    assert index["transformer"] == ["accelpatch.models.sana_video2.modeling.transformer", "SanaVideo2Transformer3DModel"]
     assert index["vae"] == ["diffusers", "AutoencoderKLLTX2Video"]
     for loader in (SanaVideo2Pipeline, diffusers.DiffusionPipeline):
         loaded = loader.from_pretrained(tmp_path)
@@ -439,15 +439,15 @@ def test_save_pretrained_from_pretrained_round_trip_offline(pipe, tmp_path):
 
 
 @pytest.mark.parametrize("documented_import", [
-    "import accelpatch.modeling.sana_video2",
-    "import accelpatch; accelpatch.modeling.SanaVideo2Transformer3DModel",
+    "import accelpatch.models.sana_video2.modeling",
+    "import accelpatch; accelpatch.models.sana_video2.modeling.SanaVideo2Transformer3DModel",
 ])
 def test_diffusion_pipeline_loads_a_saved_folder_after_the_documented_import(pipe, tmp_path, documented_import):
     """In a fresh process: the import docs/models/sana-video2.md names, then diffusers' generic loader and nothing
     else."""
     pipe.save_pretrained(tmp_path)
     code = (f"{documented_import}\nimport diffusers\n"
-            "print('pipeline imported:', 'accelpatch.modeling.sana_video2.pipeline' in sys.modules)\n"
+            "print('pipeline imported:', 'accelpatch.models.sana_video2.modeling.pipeline' in sys.modules)\n"
             "loaded = diffusers.DiffusionPipeline.from_pretrained(sys.argv[1])\n"
             "print(type(loaded).__module__, type(loaded).__name__, type(loaded.transformer).__name__)\n"
             "print(diffusers.AutoencoderKLLTX2Video.__name__, hasattr(diffusers, 'NoSuchPipeline'))\n")
@@ -456,7 +456,7 @@ def test_diffusion_pipeline_loads_a_saved_folder_after_the_documented_import(pip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
         "pipeline imported: False",  # the import stays light: the pipeline loads when diffusers asks for it
-        "accelpatch.modeling.sana_video2.pipeline SanaVideo2Pipeline SanaVideo2Transformer3DModel",
+        "accelpatch.models.sana_video2.modeling.pipeline SanaVideo2Pipeline SanaVideo2Transformer3DModel",
         "AutoencoderKLLTX2Video False"]  # diffusers' own lazy names still resolve
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from accelpatch.modeling.sana_video2 import anchor_layer_indices
+from accelpatch.models.sana_video2.modeling import anchor_layer_indices
 from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
 TOL = dict(atol=1e-10, rtol=1e-10)

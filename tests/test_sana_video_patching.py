@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.sites.base import NO_FUSED_OP_COMPILED
-from accelpatch import verify
-from accelpatch.errors import FastPathUnavailableError
-from accelpatch.reporting import merge_counts
-from accelpatch.adapters.sana_video.linear_attention import FUSION, emulate_bf16_gemm_on_cpu
+from accelpatch.core.sites import NO_FUSED_OP_COMPILED
+from accelpatch.lossless import verify
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.core.reporting import merge_counts
+from accelpatch.models.sana_video.linear_attention import FUSION, emulate_bf16_gemm_on_cpu
 from accelpatch.testing import (
     sana_video_pipeline_call_kwargs,
     sana_video_transformer_inputs,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.patcher import patch_of
+from accelpatch.core.patcher import patch_of
 from accelpatch.testing import sana_video_transformer_inputs, tiny_minimax_h3_transformer, tiny_sana_video_transformer
 
 

@@ -63,7 +63,7 @@ def one_process_group():
 
 
 def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
-    from accelpatch.adapters.sana_video import restated_attention, sequence_parallel
+    from accelpatch.models.sana_video.adapter import restated_attention, sequence_parallel
     from accelpatch.parallel.sequence import shards_of_group, sum_over_ranks
 
     model = tiny_sana_video_transformer()
@@ -91,7 +91,7 @@ def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
 
 
 def test_apply_and_remove_leave_the_unsplit_model_alone():
-    from accelpatch.adapters.sana_video.split_processors import LocalCrossAttnProcessor, SplitLinearAttnProcessor
+    from accelpatch.models.sana_video.split_processors import LocalCrossAttnProcessor, SplitLinearAttnProcessor
 
     model = tiny_sana_video_transformer()
     originals = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
@@ -118,8 +118,8 @@ SCRIPT = textwrap.dedent("""
         sys.path.insert(0, tests)
         import accelpatch
         from diffusers import ContextParallelConfig
-        from accelpatch.adapters.sana_video import linear_attention, restated_attention, sequence_parallel
-        from accelpatch.adapters.sana_video.split_processors import SplitLinearAttnProcessor
+        from accelpatch.models.sana_video.adapter import linear_attention, restated_attention, sequence_parallel
+        from accelpatch.models.sana_video.split_processors import SplitLinearAttnProcessor
         from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
         from test_sequence_parallel_sana_video import FRAMES, _cases, _run
         config = lambda: ContextParallelConfig(ulysses_degree=world)

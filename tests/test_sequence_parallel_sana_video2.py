@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
             fp32_exchange=False, perturbed_exchange=False, anything=False):
         import accelpatch
         from diffusers import ContextParallelConfig
-        from accelpatch.modeling.sana_video2 import attention, transformer as sv2
+        from accelpatch.models.sana_video2.modeling import attention, transformer as sv2
         target = build()
         model = target.transformer if pipeline else target
         if apply is not None:
@@ -288,7 +288,7 @@ def one_process_group():
 @pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "lossless"])
 def test_world_size_one_is_bit_identical(one_process_group, per_frame, patched):
     import accelpatch
-    from accelpatch.modeling.sana_video2 import attention
+    from accelpatch.models.sana_video2.modeling import attention
     from accelpatch.parallel.sequence import shards_of_group
     from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
@@ -317,7 +317,7 @@ def test_world_size_one_is_bit_identical(one_process_group, per_frame, patched):
 
 def test_a_perturbed_reduction_is_seen_at_world_size_one(one_process_group):
     """The world-size-1 comparison can fail: a state all-reduce that adds a rounding-sized error is caught."""
-    from accelpatch.modeling.sana_video2 import attention
+    from accelpatch.models.sana_video2.modeling import attention
     from accelpatch.parallel.sequence import shards_of_group
     from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
@@ -342,7 +342,7 @@ def test_anchor_heads_and_ring_are_checked_before_the_model_is_touched():
     on 4 ranks)."""
     from diffusers import ContextParallelConfig
 
-    from accelpatch.modeling.sana_video2.sequence_parallel import check_parallel_config
+    from accelpatch.models.sana_video2.modeling.sequence_parallel import check_parallel_config
     from accelpatch.testing import sana_video2_transformer_on_meta, tiny_sana_video2_transformer
 
     release = sana_video2_transformer_on_meta()  # the 5B model: 10 anchor heads
@@ -366,7 +366,7 @@ def test_every_linear_attention_caller_passes_its_shards():
     """``shards`` has no default, so a fast path cannot silently call the linear attention unsplit."""
     import inspect
 
-    from accelpatch.modeling.sana_video2.attention import gated_linear_attention
+    from accelpatch.models.sana_video2.modeling.attention import gated_linear_attention
 
     parameter = inspect.signature(gated_linear_attention).parameters["shards"]
     assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is inspect.Parameter.empty

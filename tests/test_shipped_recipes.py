@@ -75,9 +75,9 @@ known = available_recipes()
 for name, path in known.items():
     assert load_recipe(name).name == name
 from importlib import resources
-from accelpatch.ops.fused import cpu_build  # what the CPU kernels' build reads from the installed package
+from accelpatch.lossless.kernels import cpu_build  # what the CPU kernels' build reads from the installed package
 for name in cpu_build.SOURCES + cpu_build.HEADERS:
-    assert resources.files("accelpatch.ops.fused").joinpath(name).is_file(), name
+    assert resources.files("accelpatch.lossless.kernels").joinpath(name).is_file(), name
 print(json.dumps({"package": accelpatch.__file__, "recipes": {n: str(p) for n, p in known.items()}}))
 """
 
@@ -87,7 +87,7 @@ def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(t
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"accelpatch/recipe_files/{p.name}" for p in SHIPPED} <= names
     kernels = {"cpu_kernels.cpp", "cpu_kernels.h", "cpu_ops.cpp"}  # the CPU kernels are built from these
-    assert {f"accelpatch/ops/fused/{name}" for name in kernels} <= names
+    assert {f"accelpatch/lossless/kernels/{name}" for name in kernels} <= names
     python = _fresh_venv(tmp_path, wheel)
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -140,6 +140,6 @@ def test_every_shipped_recipe_and_candidate_applies_to_its_model_at_release_size
         accelpatch.apply(target, **recipe.apply_arguments())
         accelpatch.remove(target)
         check_candidates(target, recipe.candidate_specs())  # raises naming the candidate that does not apply
-    from accelpatch.patcher import patch_of, transformers_of
+    from accelpatch.core.patcher import patch_of, transformers_of
 
     assert all(patch_of(model) is None for model in transformers_of(target))  # left unpatched, as it came

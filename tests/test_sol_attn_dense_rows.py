@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.adapters import minimax_h3 as h3_adapter
+from accelpatch.models import minimax_h3 as h3_adapter
 from accelpatch.testing import minimax_h3_layout, minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 ROWS = 1100  # video rows: with 6 text and 8 audio rows, 1,114 rows (18 blocks of 64), enough to be sparse
@@ -192,7 +192,7 @@ def test_a_recipe_with_a_yaml_boolean_dense_rows_is_refused_with_the_fix():
     assert not hasattr(model, "_accelpatch_state")
     accelpatch.apply(model, recipe=load_recipe({**recipe.model_dump(exclude_defaults=True),
                                                 "options": {"dense_rows": "none", "dense_layers": ""}}))
-    from accelpatch.patcher import patch_of
+    from accelpatch.core.patcher import patch_of
 
     assert patch_of(model).backend.dense_rows == "none"
     accelpatch.remove(model)

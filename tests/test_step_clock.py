@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch import steps
-from accelpatch.adapters import minimax_h3 as h3_adapter
+from accelpatch.core import steps
+from accelpatch.models import minimax_h3 as h3_adapter
 from accelpatch.testing import (minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 sana_video_pipeline_call_kwargs, tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer,
                                 tiny_sana_video_pipeline)

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 import accelpatch
-from accelpatch.tiers import Tier, effective_tier, parse_tier, requested_tier
+from accelpatch.core.tiers import Tier, effective_tier, parse_tier, requested_tier
 
 
 @pytest.mark.parametrize("text,tier", [("exact", Tier.EXACT), ("LOSSLESS", Tier.LOSSLESS), (" High ", Tier.HIGH)])

@@ -1,10 +1,10 @@
-"""Torch internals that differ across the supported versions (accelpatch.torch_compat). On torch 2.11, Dynamo folded
+"""Torch internals that differ across the supported versions (accelpatch.core.torch_compat). On torch 2.11, Dynamo folded
 ``torch.compiler.is_exporting()`` to True in every traced region: counters inside ``torch.compile``d code then
 believed they were being exported and counted nothing, and the pre-hook skipped closing an interrupted call's frame."""
 import torch
 
-from accelpatch.gate import SiteCounters
-from accelpatch.torch_compat import is_exporting
+from accelpatch.core.gate import SiteCounters
+from accelpatch.core.torch_compat import is_exporting
 
 
 def test_is_exporting_is_false_in_eager_and_under_torch_compile_and_true_under_export():

@@ -7,9 +7,9 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.sites.base import NO_FUSED_OP
-from accelpatch import verify
-from accelpatch.adapters.sana_video import linear_attention as sana_site
+from accelpatch.core.sites import NO_FUSED_OP
+from accelpatch.lossless import verify
+from accelpatch.models.sana_video.adapter import linear_attention as sana_site
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 tiny_minimax_h3_transformer, tiny_sana_video_transformer)
 
@@ -121,7 +121,7 @@ def test_a_lossless_forward_recomputes_lossless_even_when_backward_runs_inside_q
 
 
 def test_a_recomputation_does_not_count_the_fused_ops_again():
-    """Regression: accelpatch.verify.FusedOp counted its calls again while a checkpointed block was recomputed (the
+    """Regression: accelpatch.lossless.verify.FusedOp counted its calls again while a checkpointed block was recomputed (the
     sites' own counters skip recomputations, call_context.recomputing())."""
     model = tiny_sana_video_transformer()
     inputs = sana_video_transformer_inputs(model, batch_size=1)

@@ -16,7 +16,7 @@ import torch
 
 import accelpatch
 from accelpatch import testing
-from accelpatch.patcher import patch_of
+from accelpatch.core.patcher import patch_of
 from accelpatch.eval import tune_search
 from accelpatch.eval.tune import REFERENCE_NAME, NoPassingSetting
 from accelpatch.eval.tune_space import derive_space, parse_budget
@@ -583,7 +583,7 @@ def test_space_offers_only_the_knobs_the_pipeline_can_take(sana, sana2, capsys):
     # SANA-Video runs no sol_attn: tau/dense_steps/dense_layers are neither listed nor accepted there (they used to
     # be listed, and a space naming one failed later, applying its candidates); SANA-Video 2.0 takes them
     from accelpatch.__main__ import main
-    from accelpatch.adapters import ADAPTERS
+    from accelpatch.models.registry import ADAPTERS
 
     pipe, kwargs = sana
     before = patch_state(pipe)

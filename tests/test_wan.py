@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.adapters import wan as wan_adapter
-from accelpatch.errors import FastPathUnavailableError
-from accelpatch.sites import sol_attention
-from accelpatch.sites.base import SITE_ATTR
+from accelpatch.models import wan as wan_adapter
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.sol_attn import sites as sol_attention
+from accelpatch.core.sites import SITE_ATTR
 from _multiprocess import START, run_ranks
 from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
                                 wan_transformer_inputs)

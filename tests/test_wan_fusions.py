@@ -1,4 +1,4 @@
-"""Wan 2.x's lossless fusions (accelpatch/adapters/wan/fused.py: the block's AdaLN chains, the self-attention's q/k
+"""Wan 2.x's lossless fusions (accelpatch/models/wan/lossless.py: the block's AdaLN chains, the self-attention's q/k
 RoPE): the default tier is bit-identical to unpatched diffusers in fp32 and bf16 (Wan 2.1's [B, 6, C] rows and Wan
 2.2 TI2V's per-token rows) with the real fused kernels running, a deliberately wrong kernel is declined on first
 sight and never run again, ``exact`` never fuses, ``remove()`` restores, and with ``backend="sol_attn"`` the
@@ -13,7 +13,7 @@ from _sol_attn_models import sol_attn_runs
 from _model_fusion_checks import (bits_equal, check_exact_never_fuses, fresh_verdicts, fusion_of,
                                   lossless_warnings, stand_in_kernels)  # noqa: F401 - fixtures
 import accelpatch
-from accelpatch.sites.base import SITE_ATTR
+from accelpatch.core.sites import SITE_ATTR
 from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
 #: fused calls per forward of the 2-block model: two modulations and two gated residual adds per block, one RoPE

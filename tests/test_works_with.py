@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.errors import CacheConflictError
+from accelpatch.core.errors import CacheConflictError
 from accelpatch.testing import (WAN_TINY_CONFIG, sana_video_pipeline_call_kwargs, tiny_sana_video_pipeline,
                                 tiny_wan_pipeline, wan_pipeline_call_kwargs)
 
@@ -69,7 +69,7 @@ def test_torchao_quantize(config, family, order):
 def test_sana_video2_runs_quantized_weights_unpatched_and_patched():
     """SANA-Video 2.0 used to fail under torchao even unpatched (its Attention Residual read a Linear's weight:
     ``Int8Tensor dispatch: ... aten.unsqueeze``); its plain weights keep the einsum and its numbers."""
-    from accelpatch.modeling.sana_video2.transformer import BlockAttentionResidual
+    from accelpatch.models.sana_video2.modeling.transformer import BlockAttentionResidual
 
     projection = torch.nn.Linear(32, 1, bias=False).to(torch.bfloat16)
     keys = torch.randn(3, 2, 40, 32, dtype=torch.bfloat16)
@@ -474,7 +474,7 @@ def test_diffusers_first_block_cache_on_sana_video_is_refused_alike():
     also after accelpatch's own cache came and went (which once registered the class for the rest of the process)."""
     from diffusers.hooks import apply_first_block_cache
 
-    from accelpatch import block_registry
+    from accelpatch.core import block_registry
     from diffusers.models.transformers.transformer_sana_video import SanaVideoTransformerBlock
 
     def attempt(patch):

@@ -15,12 +15,12 @@ from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
-from ..recipes import CandidateSpec
-from ..reporting import merge_counts
-from .candidates import CandidateLike, PatchSwitcher, device_of, parse_candidates, run_call
-from .preflight import check_call_arguments, check_candidates, check_seed, require_pipeline
-from ._report_text import TextReport, format_table
-from .stats import TimingComparison, TimingSummary, compare_timings, summarize
+from accelpatch.recipes import CandidateSpec
+from accelpatch.core.reporting import merge_counts
+from accelpatch.eval.candidates import CandidateLike, PatchSwitcher, device_of, parse_candidates, run_call
+from accelpatch.eval.preflight import check_call_arguments, check_candidates, check_seed, require_pipeline
+from accelpatch.eval._report_text import TextReport, format_table
+from accelpatch.eval.stats import TimingComparison, TimingSummary, compare_timings, summarize
 
 __all__ = ["bench", "BenchReport", "BenchCandidate"]
 

@@ -17,8 +17,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Union
 
 import torch
 
-from ..errors import did_you_mean
-from ..recipes import CandidateSpec
+from accelpatch.core.errors import did_you_mean
+from accelpatch.recipes import CandidateSpec
 
 __all__ = ["Candidate", "parse_candidate", "parse_candidates", "PatchSwitcher", "CallResult", "run_call",
            "frames_of", "audio_of", "PipelineAudio", "CallTimer"]
@@ -33,8 +33,8 @@ def parse_candidate(value: CandidateLike) -> CandidateSpec:
     :class:`Candidate`. Bad values raise ValueError naming the value, the valid forms and a close match."""
     from pydantic import ValidationError
 
-    from ..recipes import schema_errors
-    from ..tiers import TIER_NAMES
+    from accelpatch.recipes import schema_errors
+    from accelpatch.core.tiers import TIER_NAMES
 
     if isinstance(value, CandidateSpec):
         return value
@@ -79,7 +79,7 @@ class PatchSwitcher:
     """Moves a pipeline between candidates' patch states; :meth:`restore` puts back the state it started in."""
 
     def __init__(self, pipe: Any) -> None:
-        from ..patcher import patch_of, transformers_of
+        from accelpatch.core.patcher import patch_of, transformers_of
 
         self.pipe = pipe
         self.models = transformers_of(pipe, verb="validate")
@@ -282,7 +282,7 @@ class CallTimer:
         return time.perf_counter()
 
     def _pre(self, module, args, kwargs):
-        from ..steps import timestep_values
+        from accelpatch.core.steps import timestep_values
 
         bound = self._signatures[id(module)].bind_partial(module, *args, **kwargs).arguments
         values = timestep_values(bound.get("timestep"))
@@ -344,7 +344,7 @@ def _counters(models: list[torch.nn.Module]) -> tuple[int, dict, dict, dict, dic
     """(fast calls, fast calls by site kind, fallbacks by reason, mean of each site statistic, fast calls by site
     tier) since the reset; transformer calls a step cache reused count as fast calls of kind
     ``step_cache (calls reused)`` and tier high."""
-    from ..reporting import build_report, merge_counts
+    from accelpatch.core.reporting import build_report, merge_counts
 
     report = build_report(models, reset=True)
     ran = [site for site in report.sites if site.fast_calls]
@@ -373,7 +373,7 @@ def run_call(pipe: Any, call_kwargs: Mapping[str, Any], spec: CandidateSpec, see
     be in ``spec``'s patch state), timed, with the counters read and reset."""
     import accelpatch
 
-    from ..patcher import transformers_of
+    from accelpatch.core.patcher import transformers_of
 
     models = transformers_of(pipe, verb="validate")
     device = device_of(pipe, models)

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import did_you_mean
-from ..recipes import Recipe, RecipeError
+from accelpatch.core.errors import did_you_mean
+from accelpatch.recipes import Recipe, RecipeError
 
 __all__ = ["LoadedPipeline", "load_pipeline", "resolve_device", "TORCH_DTYPES"]
 
@@ -75,7 +75,7 @@ def _accepted(fn: Callable, values: dict[str, Any]) -> tuple[dict[str, Any], dic
 
 
 def _tiny(recipe: Recipe, device: torch.device) -> LoadedPipeline:
-    from .. import testing
+    from accelpatch import testing
 
     name, dtype, call = recipe.model[len("tiny:"):], TORCH_DTYPES[recipe.dtype], dict(recipe.call)
     if name == "sana-video":
@@ -108,7 +108,7 @@ def _tiny(recipe: Recipe, device: torch.device) -> LoadedPipeline:
 def _pretrained(recipe: Recipe, device: torch.device) -> LoadedPipeline:
     import diffusers
 
-    import accelpatch.modeling.sana_video2  # noqa: F401  (lets diffusers resolve SanaVideo2Pipeline folders)
+    import accelpatch.models.sana_video2.modeling  # noqa: F401  (lets diffusers resolve SanaVideo2Pipeline folders)
 
     dtype = TORCH_DTYPES[recipe.dtype]
     modular = recipe.pipeline == "modular" or (

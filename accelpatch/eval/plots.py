@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .validate import ValidationReport
+    from accelpatch.eval.validate import ValidationReport
 
 __all__ = ["plot_validation", "worst_frame_strip"]
 

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
-from ..errors import did_you_mean
-from ..recipes import CandidateSpec, Gates, call_problems, schema_errors, seed_problem
+from accelpatch.core.errors import did_you_mean
+from accelpatch.recipes import CandidateSpec, Gates, call_problems, schema_errors, seed_problem
 
 __all__ = ["require_pipeline", "check_seeds", "check_seed", "accepted_call_arguments", "check_call_arguments",
            "parse_gates", "check_candidates", "pipeline_makes_audio", "check_audio_request", "refuse_audio_request"]
@@ -136,7 +136,7 @@ def check_candidates(target: Any, specs: list[CandidateSpec], switcher: Any = No
     """Apply every candidate's patch (backend, options) to ``target`` as the run will, then put ``target`` back in
     the patch state it came in; raise ValueError naming each candidate that does not apply, and why, before any
     call runs. Apply-time warnings are shown here, once."""
-    from .candidates import PatchSwitcher
+    from accelpatch.eval.candidates import PatchSwitcher
 
     switcher = switcher or PatchSwitcher(target)
     problems = []

@@ -37,7 +37,7 @@ def at_least(minimum: int, why: str = ""):
 
 def seed(text: str) -> int:
     """An argparse type: a seed, an integer from 0 to 2**64-1 (:func:`accelpatch.recipes.seed_problem`)."""
-    from ..recipes import seed_problem
+    from accelpatch.recipes import seed_problem
 
     try:
         value = int(text)
@@ -50,7 +50,7 @@ def seed(text: str) -> int:
 
 
 def _rounds_option(parser: argparse.ArgumentParser) -> None:
-    from ..recipes import MIN_ROUNDS
+    from accelpatch.recipes import MIN_ROUNDS
 
     parser.add_argument("--rounds", type=at_least(MIN_ROUNDS, " (a spread needs two samples; a verdict six)"),
                         default=None, help="timed interleaved rounds (default: the recipe's)")
@@ -76,7 +76,7 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..recipes import MIN_WARMUP
+    from accelpatch.recipes import MIN_WARMUP
 
     _recipe_argument(parser)
     _rounds_option(parser)
@@ -126,7 +126,7 @@ def check_recipe_arguments(args: argparse.Namespace, parser: argparse.ArgumentPa
     """validate/bench, before torch is imported or a model built: the output paths, then the recipe (read and
     checked: an unknown name with the known ones, a bad field with what it allows, a call value out of its range),
     kept on ``args`` for the run. One ``error:`` line, exit code 2."""
-    from ..recipes import RecipeError, load_recipe
+    from accelpatch.recipes import RecipeError, load_recipe
 
     check_outputs(args, parser)
     problem = _distinct("--seeds", getattr(args, "seeds", None))
@@ -142,8 +142,8 @@ def _load(args: argparse.Namespace):
     """(recipe, loaded pipeline, candidates) for a command, with ``--device`` applied."""
     import torch
 
-    from ..recipes import load_recipe
-    from .pipelines import load_pipeline
+    from accelpatch.recipes import load_recipe
+    from accelpatch.eval.pipelines import load_pipeline
 
     recipe = getattr(args, "loaded_recipe", None) or load_recipe(args.recipe)
     if args.device is not None:
@@ -155,7 +155,7 @@ def _load(args: argparse.Namespace):
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from .validate import validate
+    from accelpatch.eval.validate import validate
 
     recipe, loaded = _load(args)
     report = validate(loaded.pipe, loaded.call_kwargs, recipe.candidate_specs(), reference=recipe.reference,
@@ -172,7 +172,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import bench
+    from accelpatch.eval.bench import bench
 
     recipe, loaded = _load(args)
     candidates = [recipe.reference_spec(), *recipe.candidate_specs()]
@@ -189,7 +189,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_recipes(args: argparse.Namespace) -> int:
-    from ..recipes import SHIPPED_RECIPES, available_recipes, load_recipe, recipe_dirs
+    from accelpatch.recipes import SHIPPED_RECIPES, available_recipes, load_recipe, recipe_dirs
 
     known = available_recipes()
     if not known:
@@ -233,9 +233,9 @@ def check_tune_arguments(args: argparse.Namespace, parser: argparse.ArgumentPars
     """Usage errors before torch is imported or anything built: the budget, the space (YAML, a mapping, knob names
     tune knows; which of them the model takes is checked once it is built), the seeds, every output path (as
     check_outputs) and the recipe (as :func:`check_recipe_arguments`)."""
-    from ..errors import did_you_mean
-    from ..recipes import RecipeError, load_recipe
-    from .tune_space import KNOB_DIRECTIONS, parse_budget
+    from accelpatch.core.errors import did_you_mean
+    from accelpatch.recipes import RecipeError, load_recipe
+    from accelpatch.eval.tune_space import KNOB_DIRECTIONS, parse_budget
 
     problems = []
     try:
@@ -292,7 +292,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
     import accelpatch
 
-    from .tune import tune
+    from accelpatch.eval.tune import tune
 
     recipe, loaded = _load(args)
     with warnings.catch_warnings():

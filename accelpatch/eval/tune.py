@@ -24,11 +24,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..recipes import CandidateSpec, Gates, Recipe
-from ._report_text import TextReport, format_table
-from .stats import TimingComparison, compare_timings
-from .tune_search import Point, SearchLog, search
-from .tune_space import SearchSpace, derive_space, parse_budget, parse_space
+from accelpatch.recipes import CandidateSpec, Gates, Recipe
+from accelpatch.eval._report_text import TextReport, format_table
+from accelpatch.eval.stats import TimingComparison, compare_timings
+from accelpatch.eval.tune_search import Point, SearchLog, search
+from accelpatch.eval.tune_space import SearchSpace, derive_space, parse_budget, parse_space
 
 __all__ = ["tune", "TuneResult", "Trial", "NoPassingSetting"]
 
@@ -125,7 +125,7 @@ class _Setup:
 
     def validate(self, specs: list[CandidateSpec], seeds: Sequence[int]):
         """One validate call for ``specs``; the reference runs of every seed are made once per tune and reused."""
-        from .validate import validate
+        from accelpatch.eval.validate import validate
 
         report = validate(self.pipe, self.call_kwargs, specs, reference=self.reference, seeds=list(seeds),
                           gates=self.gates, progress=False, references=self.references)
@@ -135,7 +135,7 @@ class _Setup:
     def bench(self, specs: list[CandidateSpec]) -> dict[str, list[float]]:
         """Transformer seconds per step of each spec and of the reference (under ``REFERENCE_NAME``), one value per
         interleaved round of one bench call: any two of them are paired round by round."""
-        from .bench import bench
+        from accelpatch.eval.bench import bench
 
         reference = CandidateSpec(name=REFERENCE_NAME, tier=self.reference)
         report = bench(self.pipe, self.call_kwargs, [reference, *specs], baseline=REFERENCE_NAME,
@@ -441,7 +441,7 @@ class TuneResult(TextReport):
 
     def plot(self, path: Optional[str] = None):
         """Speed-up against worst SSIM (and audio SNR when measured) of every setting tried (matplotlib figure)."""
-        from .tune_plot import plot_tune
+        from accelpatch.eval.tune_plot import plot_tune
 
         return plot_tune(self, path)
 
@@ -453,7 +453,7 @@ def _default_held_out(seeds: list[int]) -> list[int]:
 def _dtype_name(pipe: Any) -> tuple[Optional[str], Optional[str]]:
     import torch
 
-    from ..patcher import transformers_of
+    from accelpatch.core.patcher import transformers_of
 
     parameter = next(transformers_of(pipe, verb="tune")[0].parameters(), None)
     if parameter is None:
@@ -477,7 +477,7 @@ def _plain_call(call_kwargs: Mapping[str, Any]) -> tuple[dict, list[str]]:
 
 def _check_space_values(pipe: Any, space: SearchSpace) -> None:
     """Every knob value applies to this model (each alone, the others at their safest), before any call runs."""
-    from .preflight import check_candidates
+    from accelpatch.eval.preflight import check_candidates
 
     specs, seen = [], set()
     for k, knob in enumerate(space.knobs):
@@ -514,8 +514,8 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     """
     from tqdm import tqdm
 
-    from .candidates import PatchSwitcher
-    from .preflight import check_call_arguments, check_seeds, parse_gates, require_pipeline
+    from accelpatch.eval.candidates import PatchSwitcher
+    from accelpatch.eval.preflight import check_call_arguments, check_seeds, parse_gates, require_pipeline
 
     require_pipeline(pipe, "tune")
     budget_s = None if budget is None else parse_budget(budget)
@@ -597,7 +597,7 @@ def _budget_note(log: SearchLog, space: SearchSpace, oracle: _PipelineOracle, bu
                  explore: bool) -> str:
     """What a budget stop left unexplored: the stage it stopped in, the settings of that batch not validated, the
     stages not reached, and how many grid points were neither validated nor ruled out."""
-    from .tune_search import STAGES, EXPLORING, unexplored
+    from accelpatch.eval.tune_search import STAGES, EXPLORING, unexplored
 
     later = [stage for stage in STAGES[STAGES.index(log.stopped_in) + 1:] if explore or stage != EXPLORING]
     skipped = [_short_label(space.setting(p)) for p in log.skipped]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .tune import Trial, TuneResult
+    from accelpatch.eval.tune import Trial, TuneResult
 
 __all__ = ["plot_tune", "pareto_front"]
 
@@ -53,7 +53,7 @@ def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, 
 def plot_tune(result: "TuneResult", path: Optional[str] = None):
     """Speed-up (x) against worst SSIM, and against worst audio SNR when any setting has one (matplotlib Figure;
     saved as PNG when ``path``)."""
-    from .plots import _new_figure
+    from accelpatch.eval.plots import _new_figure
 
     audio = any(t.min_audio_snr is not None for t in result.trials)
     figure = _new_figure(figsize=(11 if audio else 6.5, 4.5), constrained_layout=True)

@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ..errors import did_you_mean
-from ..recipes import CandidateSpec
+from accelpatch.core.errors import did_you_mean
+from accelpatch.recipes import CandidateSpec
 
 __all__ = ["Knob", "SearchSpace", "KNOB_DIRECTIONS", "derive_space", "parse_space", "parse_budget", "base_setting"]
 
@@ -162,7 +162,7 @@ class BaseSetting:
 
 
 def _layers_text(value: Any) -> str:
-    from ..sol_attn.config import format_layers, parse_layers
+    from accelpatch.sol_attn.config import format_layers, parse_layers
 
     return format_layers(parse_layers(value) if not isinstance(value, frozenset) else value)
 
@@ -171,9 +171,9 @@ def base_setting(pipe: Any) -> BaseSetting:
     """The patch of ``pipe``'s transformer (``apply()`` defaults when it is unpatched) as ``apply()`` options."""
     from dataclasses import fields as dataclass_fields
 
-    from ..adapters import find_adapter
-    from ..sol_attn.config import SolAttnConfig
-    from ..patcher import patch_of, transformers_of
+    from accelpatch.models.registry import find_adapter
+    from accelpatch.sol_attn.config import SolAttnConfig
+    from accelpatch.core.patcher import patch_of, transformers_of
 
     model = transformers_of(pipe, verb="tune")[0]
     adapter = find_adapter(model)
@@ -232,7 +232,7 @@ def _step_grid(current: Optional[int], steps: int) -> tuple[int, ...]:
 
 def _layer_grid(layers: Sequence[int]) -> tuple[str, ...]:
     """Nested layer sets from all of ``layers`` down to none (prefixes, at most about five), as comma lists."""
-    from ..sol_attn.config import format_layers
+    from accelpatch.sol_attn.config import format_layers
 
     layers = sorted(layers)
     n = len(layers)
@@ -309,7 +309,7 @@ def _not_applicable(name: str, base: BaseSetting) -> str:
 
 def _order(name: str, values: Sequence) -> tuple:
     """A user's ``values`` for knob ``name`` in safe-to-fast order (duplicates dropped)."""
-    from ..sol_attn.config import parse_layers
+    from accelpatch.sol_attn.config import parse_layers
 
     direction = KNOB_DIRECTIONS[name][1]
     if direction == "fewer":

@@ -24,15 +24,15 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from ..recipes import CandidateSpec, Gates
-from ..tiers import Tier, parse_tier
-from ..reporting import merge_counts
-from .candidates import CandidateLike, CallResult, PatchSwitcher, mean_by_key, parse_candidates, run_call
-from .audio_metrics import AudioQuality, compare_audio
-from .metrics import compare_videos
-from .preflight import (check_audio_request, check_call_arguments, check_candidates, check_seeds, parse_gates,
+from accelpatch.recipes import CandidateSpec, Gates
+from accelpatch.core.tiers import Tier, parse_tier
+from accelpatch.core.reporting import merge_counts
+from accelpatch.eval.candidates import CandidateLike, CallResult, PatchSwitcher, mean_by_key, parse_candidates, run_call
+from accelpatch.eval.audio_metrics import AudioQuality, compare_audio
+from accelpatch.eval.metrics import compare_videos
+from accelpatch.eval.preflight import (check_audio_request, check_call_arguments, check_candidates, check_seeds, parse_gates,
                         refuse_audio_request, require_pipeline)
-from ._report_text import TextReport, format_table
+from accelpatch.eval._report_text import TextReport, format_table
 
 __all__ = ["validate", "ValidationReport", "ReferenceRuns", "CandidateResult", "SeedScores", "NoiseFloor", "video_sha256",
            "audio_sha256"]
@@ -353,13 +353,13 @@ class ValidationReport(TextReport):
     def plot(self, path: Optional[str] = None):
         """PSNR and SSIM per frame per candidate with the floors, and with audio the SNR and correlation per second
         with the audio gates (matplotlib figure; saved as PNG when ``path``)."""
-        from .plots import plot_validation
+        from accelpatch.eval.plots import plot_validation
 
         return plot_validation(self, path)
 
     def save_worst_frames(self, path: str) -> None:
         """A PNG strip, one row per candidate: its lowest-SSIM frame as reference | candidate | |difference|."""
-        from .plots import worst_frame_strip
+        from accelpatch.eval.plots import worst_frame_strip
 
         worst_frame_strip(self, path)
 

@@ -9,7 +9,7 @@
 - :mod:`.ranks`: which ranks must take a data-dependent decision together (the step cache's reuse).
 - :mod:`.lifecycle`: what ``apply()``/``remove()`` check and undo on a split model.
 
-Model-specific plans and layers live with each model (``accelpatch/adapters/<model>/``, our own models' modeling
+Model-specific plans and layers live with each model (``accelpatch/models/<model>/``, our own models' modeling
 code); this package knows no model.
 
 Public here (imported on first use): ``enable_cfg_parallel``, ``disable_cfg_parallel``, ``parallel_mesh``,

@@ -40,7 +40,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .sequence import CFG_STATE_ATTR, SequenceShards, sequence_shards
+from accelpatch.parallel.sequence import CFG_STATE_ATTR, SequenceShards, sequence_shards
 
 __all__ = ["enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts", "cfg_parallel_of",
            "SHARED_ARGUMENTS"]

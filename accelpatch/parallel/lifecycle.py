@@ -17,9 +17,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..tiers import Tier, effective_tier
-from .cfg import cfg_parallel_of
-from .sequence import sequence_shards, unsplit_in_one_process
+from accelpatch.core.tiers import Tier, effective_tier
+from accelpatch.parallel.cfg import cfg_parallel_of
+from accelpatch.parallel.sequence import sequence_shards, unsplit_in_one_process
 
 
 def cfg_degree(model: torch.nn.Module) -> int:
@@ -84,7 +84,7 @@ def refuse_world_mismatch(model: torch.nn.Module, config: Any) -> None:
 
 
 class ParallelGuard:
-    """Made by ``apply()`` for every patched model and asked by its forward pre-hook (accelpatch.model_hooks):
+    """Made by ``apply()`` for every patched model and asked by its forward pre-hook (accelpatch.core.model_hooks):
     checks a split model's ranks agree; undoes parallelism enabled after ``apply()`` when the patch is removed."""
 
     def __init__(self, model: torch.nn.Module, patch: Any) -> None:

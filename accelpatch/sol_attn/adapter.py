@@ -14,10 +14,10 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .config import all_layers_dense_reason
-from ..sites.base import FastPath
-from ..tiers import DEFAULT_TIER, Tier
-from ..adapters.base import ModelAdapter
+from accelpatch.sol_attn.config import all_layers_dense_reason
+from accelpatch.core.sites import FastPath
+from accelpatch.core.tiers import DEFAULT_TIER, Tier
+from accelpatch.core.adapter import ModelAdapter
 
 
 class SolAttnAdapter(ModelAdapter):

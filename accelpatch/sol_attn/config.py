@@ -29,7 +29,7 @@ NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pa
                    "length (or every row was recomputed densely)")
 
 #: Sol-Attn's dense policy, read by both routes (``apply(backend="sol_attn")``'s sites and diffusers'
-#: ``set_attention_backend("sol_attn")``) through :func:`accelpatch.steps.first_steps_reason`: the first
+#: ``set_attention_backend("sol_attn")``) through :func:`accelpatch.core.steps.first_steps_reason`: the first
 #: ``dense_steps`` steps, and (sites only) the ``dense_layers``
 DENSE_STEP = "dense step (step < dense_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"

@@ -29,10 +29,10 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .. import steps
-from ..gate import SiteCounters
-from ..tiers import Tier, effective_tier
-from .config import DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
+from accelpatch.core import steps
+from accelpatch.core.gate import SiteCounters
+from accelpatch.core.tiers import Tier, effective_tier
+from accelpatch.sol_attn.config import DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
 
 NAME = "sol_attn"
 
@@ -113,7 +113,7 @@ def set_options(**options: Any) -> SolAttnBackendConfig:
                          "(dense_layers and dense_rows need apply(..., backend='sol_attn'): the backend sees no "
                          "module)")
     config = SolAttnBackendConfig(**options)
-    from .op.dispatch import impl_unavailable_reason
+    from accelpatch.sol_attn.op.dispatch import impl_unavailable_reason
 
     reason = impl_unavailable_reason(config.impl)
     if reason is not None:
@@ -221,8 +221,8 @@ def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 def run_sparse(config: SolAttnBackendConfig, query, key, value) -> torch.Tensor:
     """The Sol-Attn op on q, k, v [B, T, H, D] with ``config``'s options; counted with its exact-block fraction."""
-    from .op import sol_attn
-    from .sites import count_routing
+    from accelpatch.sol_attn.op import sol_attn
+    from accelpatch.sol_attn.sites import count_routing
 
     kv_splits = config.solattn.resolve_kv_splits(query.device, query.shape[1])
     out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,

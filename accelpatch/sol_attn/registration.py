@@ -122,7 +122,7 @@ def register(*, diffusers_version: Optional[str] = None) -> None:
             return
         from diffusers.models import attention_dispatch as ad
 
-        from . import diffusers_backend as ab
+        from accelpatch.sol_attn import diffusers_backend as ab
 
         registry = ad._AttentionBackendRegistry
         for attribute in ("_backends", "_constraints", "_supported_arg_names", "_supports_context_parallel",
@@ -150,7 +150,7 @@ def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
     zeroes the counts after reading them."""
     from dataclasses import asdict
 
-    from .diffusers_backend import COUNTERS, AttentionBackendReport, current_config
+    from accelpatch.sol_attn.diffusers_backend import COUNTERS, AttentionBackendReport, current_config
 
     totals = COUNTERS.totals()
     if reset:
@@ -175,7 +175,7 @@ def configure_sol_attn_backend(**options: Any):
     their previous values) and register the backend (configuring it asks for it; see
     :func:`register_attention_backend`); returns the config in force. Options: tau, thresh_type, sink_tokens,
     sink_start, kv_splits, impl, dense_steps, dense_backend (a registered diffusers backend name, checked here)."""
-    from .diffusers_backend import set_options
+    from accelpatch.sol_attn.diffusers_backend import set_options
 
     register()
     return set_options(**options)

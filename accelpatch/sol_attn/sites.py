@@ -11,7 +11,7 @@ statistics and ``impl="upstream"`` notes, and the dense recomputation of the que
 
 For the common case of a diffusers processor whose self-attention core is one ``dispatch_attention_fn(q, k, v)``
 (Wan, HunyuanVideo 1.5, LTX-2), :class:`DispatchSelfAttention` is that split already: a model names its processor
-class and says how q/k/v are projected (accelpatch.adapters.wan, a dozen lines); :class:`AlwaysDense` marks the
+class and says how q/k/v are projected (accelpatch.models.wan, a dozen lines); :class:`AlwaysDense` marks the
 attentions Sol-Attn leaves alone (cross-attention, a text refiner), so the report counts them with their reason.
 The adapter side (default dense layers, layer checks, site patterns) is accelpatch.sol_attn.adapter.
 """
@@ -22,9 +22,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import call_context
-from ..sites.base import Decline, Dense, FastPath, Site, bind_call, step_layer_policy
-from .config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
+from accelpatch.core import call_context
+from accelpatch.core.sites import Decline, Dense, FastPath, Site, bind_call, step_layer_policy
+from accelpatch.sol_attn.config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
 STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
                 "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0 "
                 "(inside a whole-model torch.compile graph only denoising_step() is seen: compile the blocks instead)")
@@ -113,7 +113,7 @@ class SolAttnFastPath(FastPath):
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         """Also refuses an ``impl`` that cannot run in this process (impl='triton' without triton or CUDA)."""
-        from .op.dispatch import impl_unavailable_reason
+        from accelpatch.sol_attn.op.dispatch import impl_unavailable_reason
 
         reason = super().mount_reject_reason(module, site)
         return reason if reason is not None else impl_unavailable_reason(site.model.backend.impl)
@@ -204,19 +204,19 @@ def ranks_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
 def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> torch.Tensor:
     """The op on ``call`` (statistics and notes counted, except while recomputing for backward), then the dense
     recomputation of ``call.dense_rows``."""
-    from .op import sol_attn
+    from accelpatch.sol_attn.op import sol_attn
 
     query, key, value = call.query, call.key, call.value
     kv_splits = config.resolve_kv_splits(query.device, query.shape[1])
     counting = not call_context.recomputing()
     if config.impl == "upstream" and counting:
-        from .op import upstream
+        from accelpatch.sol_attn.op import upstream
 
         reason = upstream.unsupported_reason(query, kv_splits, call.sink_tokens, call.sink_start, contiguous=True)
         if reason is not None:  # the op runs our own kernel instead (and warns once)
             site.counters.count_note(f"impl='upstream' ran our own kernel: {reason}")
     if config.impl in ("auto", "triton") and counting:
-        from .op import resources
+        from accelpatch.sol_attn.op import resources
 
         reason = resources.unfit_reason(query)
         if reason is not None:  # no Triton tiles fit this GPU: the op runs the PyTorch implementation (warns once)

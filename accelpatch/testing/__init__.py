@@ -39,7 +39,7 @@ such small models get slower and much noisier.
 """
 from __future__ import annotations
 
-from .ltx2 import (
+from accelpatch.testing.ltx2 import (
     LTX2_3_TINY_CONFIG,
     LTX2_TINY_AUDIO_VAE_CONFIG,
     LTX2_TINY_CONFIG,
@@ -50,7 +50,7 @@ from .ltx2 import (
     tiny_ltx2_pipeline,
     tiny_ltx2_transformer,
 )
-from .hunyuan_video15 import (
+from accelpatch.testing.hunyuan_video15 import (
     HUNYUAN_VIDEO15_PIPELINE_CONFIG,
     HUNYUAN_VIDEO15_SOL_CONFIG,
     HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
@@ -59,7 +59,7 @@ from .hunyuan_video15 import (
     tiny_hunyuan_video15_pipeline,
     tiny_hunyuan_video15_transformer,
 )
-from .minimax_h3 import (
+from accelpatch.testing.minimax_h3 import (
     MINIMAX_H3_MEDIUM_CONFIG,
     MINIMAX_H3_SOL_CONFIG,
     MINIMAX_H3_TINY_CONFIG,
@@ -70,7 +70,7 @@ from .minimax_h3 import (
     tiny_minimax_h3_pipeline,
     tiny_minimax_h3_transformer,
 )
-from .sana_video import (
+from accelpatch.testing.sana_video import (
     SANA_VIDEO_MEDIUM_CONFIG,
     SANA_VIDEO_RELEASE_CONFIG,
     SANA_VIDEO_RELEASE_LIKE_CONFIG,
@@ -81,7 +81,7 @@ from .sana_video import (
     tiny_sana_video_pipeline,
     tiny_sana_video_transformer,
 )
-from .sana_video2 import (
+from accelpatch.testing.sana_video2 import (
     SANA_VIDEO2_5B_CONFIG,
     SANA_VIDEO2_14B_CONFIG,
     SANA_VIDEO2_MEDIUM_CONFIG,
@@ -94,7 +94,7 @@ from .sana_video2 import (
     tiny_sana_video2_pipeline,
     tiny_sana_video2_transformer,
 )
-from .wan import (
+from accelpatch.testing.wan import (
     WAN_1_3B_CONFIG,
     WAN_SOL_CONFIG,
     WAN_TINY_CONFIG,

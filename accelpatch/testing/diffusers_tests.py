@@ -154,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.list:
         for t in sorted(set(unpatched) | set(patched)):
             print(f"  {unpatched.get(t, 'absent'):>8} {patched.get(t, 'absent'):>8}  {t}")
-    from .diffusers_tests_plugin import NOTHING_PATCHED, nothing_patched, summary_lines
+    from accelpatch.testing.diffusers_tests_plugin import NOTHING_PATCHED, nothing_patched, summary_lines
 
     if summary is not None:
         print("accelpatch plugin (patched run): " + "\n".join(summary_lines(summary)))

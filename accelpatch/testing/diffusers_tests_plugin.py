@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-#: ``--accelpatch-models`` names -> the adapter family each takes (accelpatch.adapters)
+#: ``--accelpatch-models`` names -> the adapter family each takes (accelpatch.models)
 MODEL_FAMILIES = {"wan": "Wan", "hunyuan_video15": "HunyuanVideo 1.5", "ltx2": "LTX-2"}
 DEFAULT_MODELS = "wan,hunyuan_video15,ltx2"
 NOTHING_PATCHED = ("accelpatch plugin: no model was patched in this session (none built, or none with a module "
@@ -35,7 +35,7 @@ NOTHING_PATCHED = ("accelpatch plugin: no model was patched in this session (non
 
 def adapters_for(names: str) -> list:
     """The adapters named by ``--accelpatch-models`` (comma-separated keys of :data:`MODEL_FAMILIES`, or ``all``)."""
-    from ..adapters import ADAPTERS
+    from accelpatch.models.registry import ADAPTERS
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     if wanted == ["all"]:
@@ -95,7 +95,7 @@ class PatchRecorder:
 
     def patch(self, model) -> None:
         import accelpatch
-        from ..model_state import patch_of
+        from accelpatch.core.model_state import patch_of
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
+from accelpatch.testing._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
                       _input_dtype_and_device)
 
 #: 2 heads x 128 (the released head dim, the Sol-Attn kernels'; RoPE axes 16 + 56 + 56 = 128 as released),

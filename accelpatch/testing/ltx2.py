@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
+from accelpatch.testing._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
                       _input_dtype_and_device)
 
 #: Tiny LTX-2 (2 layers): video 2 heads x 128 (hidden 256, the Sol-Attn kernels' head dim), audio 2 heads x 32

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _config_of, _input_dtype_and_device, _param_dtype
+from accelpatch.testing._common import _build_seeded, _config_of, _input_dtype_and_device, _param_dtype
 
 # --------------------------------------------------------------------------------------------
 # Config dicts

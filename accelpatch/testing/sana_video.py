@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
+from accelpatch.testing._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
 
 # --------------------------------------------------------------------------------------------
 # Config dicts

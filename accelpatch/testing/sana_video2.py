@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device
+from accelpatch.testing._common import _build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device
 
 #: Every structural feature of the release at 404,612 parameters (``sana_video2_checkpoint.md`` §5): 4 layers with
 #: the anchor at 3, linear head dim 16 / softmax head dim 32 (all three RoPE axes non-empty), Attention Residual
@@ -41,7 +41,7 @@ def tiny_sana_video2_transformer(config: Mapping[str, Any] | None = None, *, dty
     """A randomly initialised ``SanaVideo2Transformer3DModel`` in eval mode (``config`` defaults to
     :data:`SANA_VIDEO2_TINY_CONFIG`; ``overrides`` replace single entries). The Attention Residual projections are
     drawn too (N(0, 1)), so that mixing depends on them."""
-    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel
 
     cfg = {**(SANA_VIDEO2_TINY_CONFIG if config is None else config), **overrides}
     # built where it will run (under ``with torch.device("cuda")`` a 5B model is not initialised on the CPU), the
@@ -84,7 +84,7 @@ def sana_video2_transformer_inputs(transformer_or_config: Any, *, batch_size: in
 def sana_video2_transformer_on_meta(config: Mapping[str, Any] | None = None, **overrides: Any):
     """A release-sized model (``config`` defaults to the 5B release) with every tensor on the meta device: shapes
     and parameter counts without memory."""
-    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel
 
     with torch.device("meta"):
         return SanaVideo2Transformer3DModel(**{**(SANA_VIDEO2_5B_CONFIG if config is None else config), **overrides})
@@ -131,7 +131,7 @@ def tiny_sana_video2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int =
     """
     from transformers import Gemma2Config, Gemma2Model, GemmaTokenizer
 
-    from accelpatch.modeling.sana_video2 import SanaVideo2Pipeline
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline
 
     transformer = tiny_sana_video2_transformer(transformer_config, seed=seed, dtype=dtype)
     vae = _build_seeded(_ltx2_vae_class(), {**(SANA_VIDEO2_TINY_VAE_CONFIG if vae_config is None else vae_config),

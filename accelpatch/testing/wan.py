@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
+from accelpatch.testing._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
 
 #: diffusers' fast-test config for ``WanTransformer3DModel`` (2 heads x 12, hidden 24).
 WAN_TINY_CONFIG: dict[str, Any] = dict(
@@ -97,7 +97,7 @@ def tiny_wan_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
     from transformers import GemmaTokenizer
 
-    from .sana_video import _tiny_wan_vae
+    from accelpatch.testing.sana_video import _tiny_wan_vae
 
     if transformer is None:
         transformer = tiny_wan_transformer(transformer_config, seed=seed, dtype=dtype)

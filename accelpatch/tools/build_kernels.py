@@ -1,7 +1,7 @@
 """``python -m accelpatch build-kernels``: build the fused CPU kernels now, not inside the first patched call.
 
 Useful before timing anything, in a Docker image build, or on a login node with a compiler. The build is cached
-per machine, torch version and CPU (see :mod:`accelpatch.ops.fused.cpu_build`); a second run only loads it.
+per machine, torch version and CPU (see :mod:`accelpatch.lossless.kernels.cpu_build`); a second run only loads it.
 Exit code 0 with the cache folder printed; 1 with the reason and what to do when the kernels cannot be built.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import time
 
-    from ..ops.fused import cpu, cpu_build
+    from accelpatch.lossless.kernels import cpu, cpu_build
 
     start = time.perf_counter()
     off = cpu_build.switched_off()

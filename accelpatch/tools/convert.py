@@ -4,7 +4,7 @@ NVlabs/Sana format) into a diffusers folder that ``SanaVideo2Transformer3DModel.
 Importing this module is cheap (no torch, no diffusers). ``add_arguments`` declares the command line so that
 ``--help`` answers at once, and ``check_args`` checks every argument it can without torch (the checkpoint file,
 the whole ``--config``, the output folder) before ``main`` imports torch and diffusers, which takes seconds. The
-work is done by :func:`accelpatch.modeling.sana_video2.convert.convert_sana_video2`.
+work is done by :func:`accelpatch.models.sana_video2.modeling.convert.convert_sana_video2`.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         if config.suffix.lower() not in CONFIG_SUFFIXES:
             parser.error(f"--config {args.config}: expected the release config.yaml (.yaml or .yml)")
         # the full check of the config, torch-free: what main would find only after importing torch
-        from accelpatch.modeling.sana_video2_release import CheckpointError, sana_video2_config_from_yaml
+        from accelpatch.models.sana_video2.release import CheckpointError, sana_video2_config_from_yaml
 
         try:
             sana_video2_config_from_yaml(config)
@@ -93,7 +93,7 @@ def summary_text(summary, checkpoint: str) -> str:
         f"  folder:       {summary.out_dir}",
         "  load it with:",
         "    import torch",
-        "    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel",
+        "    from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel",
         f"    transformer = SanaVideo2Transformer3DModel.from_pretrained({str(summary.out_dir)!r}, "
         f"torch_dtype=torch.{dtype})",
     ])
@@ -104,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
         print("accelpatch convert: importing torch and diffusers ...", file=sys.stderr, flush=True)
     import torch  # noqa: PLC0415  (heavy: only when a conversion runs)
 
-    from accelpatch.modeling.sana_video2.convert import convert_sana_video2
+    from accelpatch.models.sana_video2.modeling.convert import convert_sana_video2
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     summary = convert_sana_video2(args.checkpoint, args.out, config=args.config,

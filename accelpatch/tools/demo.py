@@ -28,10 +28,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
-from ..eval.recipe_cli import at_least
+from accelpatch.eval.recipe_cli import at_least
 
 if TYPE_CHECKING:  # pragma: no cover
-    from accelpatch.reporting import Report
+    from accelpatch.core.reporting import Report
     from accelpatch.eval.stats import TimingComparison
 
 DTYPE_NAMES = ("auto", "bf16", "fp32")

@@ -39,7 +39,7 @@ def _reason(check: Callable[[], Optional[str]]) -> Optional[str]:
 
 def _cpu_kernels_state() -> tuple[str, Optional[str]]:
     """(how the fused CPU kernels stand, why they cannot run or None). Never builds."""
-    from ..ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     off = cpu_build.switched_off()
     if off:
@@ -59,10 +59,10 @@ def _cpu_kernels_state() -> tuple[str, Optional[str]]:
 
 def fast_paths() -> list[tuple[str, Optional[str]]]:
     """(fast path family, why it cannot run here or None) for each family, in tier order."""
-    from ..ops.fused import onednn_bf16
-    from ..ops.gemm import bmm_bf16_fp32_reject_reason
-    from ..sol_attn.op.dispatch import impl_unavailable_reason
-    from ..sites.base import cuda_reject_reason
+    from accelpatch.lossless.kernels import onednn_bf16
+    from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason
+    from accelpatch.sol_attn.op.dispatch import impl_unavailable_reason
+    from accelpatch.core.sites import cuda_reject_reason
 
     def triton_on_cuda() -> Optional[str]:
         return cuda_reject_reason() or impl_unavailable_reason("triton")
@@ -83,10 +83,10 @@ def report_text() -> str:
     """The doctor's report, as printed by :func:`doctor`."""
     import torch
 
-    from .. import __version__
-    from ..ops.fused import cpu_build
-    from ..sites.base import cuda_reject_reason
-    from ..torch_compat import describe as export_check
+    from accelpatch import __version__
+    from accelpatch.lossless.kernels import cpu_build
+    from accelpatch.core.sites import cuda_reject_reason
+    from accelpatch.core.torch_compat import describe as export_check
 
     lines = [f"accelpatch {__version__} doctor", "", "versions:"]
     lines.append(f"  python        {platform.python_version()} ({sys.executable})")
@@ -101,7 +101,7 @@ def report_text() -> str:
     shown = [name for name in CPU_FEATURES if name in features]
     lines.append(f"  features      {' '.join(shown) if shown else '(none of ' + ', '.join(CPU_FEATURES) + ')'}"
                  + ("" if features else " (/proc/cpuinfo cannot be read)"))
-    from ..ops.fused import onednn_bf16
+    from accelpatch.lossless.kernels import onednn_bf16
 
     onednn = _reason(onednn_bf16.why_not_this_cpu)
     lines.append(f"  oneDNN bf16   {'emulated-bf16 kernels (the replay applies)' if onednn is None else onednn}")

@@ -107,7 +107,7 @@ def sana_video_linear_attention(ctx: Context) -> None:
 
 def _sana_video2_model(config: dict, *, device: str):
     """A SANA-Video 2.0 transformer with random weights, built on ``device`` and cast to bf16."""
-    from accelpatch.modeling.sana_video2 import SanaVideo2Transformer3DModel
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Transformer3DModel
 
     torch.manual_seed(0)
     model = SanaVideo2Transformer3DModel(**config)

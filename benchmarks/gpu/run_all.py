@@ -208,7 +208,7 @@ def _cpu_fast_paths(cpu: bool):
     same fast-path code (and counts) as the GPU run; a GPU run never uses this test switch."""
     if not cpu:
         return contextlib.nullcontext()
-    from accelpatch.sites.base import run_fast_paths_on_cpu
+    from accelpatch.core.sites import run_fast_paths_on_cpu
 
     return run_fast_paths_on_cpu()
 
@@ -238,7 +238,7 @@ def summary_line(code: int, sections: dict[str, dict], missing: dict[str, list[s
 def warm_up_cpu_kernels() -> dict:
     """Build (or load) the fused CPU kernels before the first section: a cold C++ build takes minutes on a small
     machine and, inside a section, would be charged to its hard limit."""
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     started = time.perf_counter()
     _, reason = cpu_build.load()

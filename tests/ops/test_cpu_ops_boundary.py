@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from accelpatch.ops.fused import cpu, cpu_build, onednn_bf16
-from accelpatch.ops.fused.operands import foreign_operand
+from accelpatch.lossless.kernels import cpu, cpu_build, onednn_bf16
+from accelpatch.lossless.kernels.operands import foreign_operand
 
 from _wrapped_tensors import Wrapped
 
@@ -169,7 +169,7 @@ def test_opcheck_schemas_and_fake_implementations(op):
 def test_the_triton_kernels_decline_what_they_do_not_understand_first():
     """The Triton implementations take tensors by address too: a subclass, a quantized tensor and a lazily
     negated view are refused by name before a kernel is launched."""
-    from accelpatch.ops.fused import triton_kernels
+    from accelpatch.lossless.kernels import triton_kernels
 
     x = mixed((4, 8), F32, 1)
     assert "tensor subclass" in triton_kernels.unsupported("modulate", x, Wrapped(x, opaque=True), x)

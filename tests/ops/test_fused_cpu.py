@@ -1,6 +1,6 @@
-"""The CPU fused ops (accelpatch.ops.fused.cpu) against their eager reference chains, bit for bit.
+"""The CPU fused ops (accelpatch.lossless.kernels.cpu) against their eager reference chains, bit for bit.
 
-Expected values always come from accelpatch.ops.fused.reference run eagerly. Inputs are built to hit the edges:
+Expected values always come from accelpatch.lossless.kernels.reference run eagerly. Inputs are built to hit the edges:
 bf16 rounding ties (small-integer operands, whose products and sums land exactly half-way), NaN, +-inf, +-0.0,
 bf16 and fp32 subnormals, magnitudes 0.005 / 1 / 200, token counts 1 / 17 / 257, transposed, strided and
 broadcast views, every supported dtype and table dtype. Also: the comparison catches deliberately wrong kernels,
@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelpatch.ops.fused import cpu, cpu_build
-from accelpatch.ops.fused import reference as ref
-from accelpatch.ops.fused.layout import eager_layouts
+from accelpatch.lossless.kernels import cpu, cpu_build
+from accelpatch.lossless.kernels import reference as ref
+from accelpatch.lossless.kernels.layout import eager_layouts
 
 _, BUILD_REASON = cpu_build.load()
 needs_kernels = pytest.mark.skipif(BUILD_REASON is not None, reason=f"CPU kernels unavailable: {BUILD_REASON}")
@@ -243,7 +243,7 @@ def test_relu_rope_pair_double_rounding_through_float():
 def test_relu_rope_pair_every_bf16_value(relu_by, monkeypatch):
     """Every bf16 bit pattern as query, against bf16 and fp32 tables, with the ReLU by the checked formula (what
     runs here) and by eager's table (what runs where the formula does not match)."""
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     assert cpu.relu_formula_matches()
     monkeypatch.setattr(cpu, "_RELU_FORMULA", [relu_by == "formula"])
     q = all_bf16_values(torch.device("cpu")).view(1, 512, 4, 32)
@@ -372,7 +372,7 @@ def test_meta_layout_differs_through_size1_strides():
 
 @needs_kernels
 def test_silu_every_bf16_value_and_layouts():
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     values = all_bf16_values(torch.device("cpu"))
     check("silu", values)
     check("silu", values[::3])
@@ -394,7 +394,7 @@ def test_glu_gate(tokens):
 
 @needs_kernels
 def test_glu_gate_every_gate_value():
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     gate = all_bf16_values(torch.device("cpu"))
     check("glu_gate", mixed((65536,), BF16, 6), gate)
     check("glu_gate", tie_heavy((65536,), BF16, 7), gate.flip(0))
@@ -404,7 +404,7 @@ def test_glu_gate_every_gate_value():
 
 @needs_kernels
 def test_sigmoid_gate_every_gate_value():
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     gate = all_bf16_values(torch.device("cpu"))
     check("sigmoid_gate", mixed((65536,), BF16, 6), gate)
     check("sigmoid_gate", tie_heavy((65536,), BF16, 7), gate.flip(0))
@@ -428,7 +428,7 @@ def test_sigmoid_gate_key_and_output_gates(tokens):
 def test_sigmoid_gate_catches_a_wrong_table_or_rounding(monkeypatch):
     """The comparison sees the op run with the SiLU table in place of the sigmoid one (glu_gate's), and a sigmoid
     left unrounded before the product (one rounding at the end)."""
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     gate = all_bf16_values(torch.device("cpu"))
     x = mixed((65536,), BF16, 9)
     expected = ref.sigmoid_gate(x, gate)
@@ -648,7 +648,7 @@ _FIRST_CALL = """
 import torch
 import accelpatch
 from accelpatch import testing as t
-from accelpatch.ops.fused import cpu_build
+from accelpatch.lossless.kernels import cpu_build
 cpu_build.FLAGS = ("-O0", "-ffp-contract=off")  # a quick build: the numerics flags are what matter here
 torch.set_num_threads(1)
 model = t.tiny_sana_video_transformer()
@@ -716,7 +716,7 @@ def test_every_reference_op_has_a_cpu_op_with_its_signature():
 
 
 def test_sources_ship_in_the_package():
-    files = importlib.resources.files("accelpatch.ops.fused")
+    files = importlib.resources.files("accelpatch.lossless.kernels")
     for name in cpu_build.SOURCES + cpu_build.HEADERS:
         assert files.joinpath(name).is_file(), name
     assert "ffp-contract=off" in files.joinpath("cpu_kernels.cpp").read_text(encoding="utf-8")

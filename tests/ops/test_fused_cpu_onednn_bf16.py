@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelpatch.ops.fused import cpu
-from accelpatch.ops.fused import onednn_bf16 as ob
+from accelpatch.lossless.kernels import cpu
+from accelpatch.lossless.kernels import onednn_bf16 as ob
 
 from _cpu_kind import KIND, NEEDS_EMULATED_BF16, ONEDNN_EMULATED_BF16
 
@@ -85,7 +85,7 @@ def _effective(op, x, bias, order):
 
 
 def _run(op, x, weight, bias, order):
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     library, reason = cpu_build.load()
     assert library is not None, reason
@@ -295,7 +295,7 @@ def test_linear_batches_two_dimensional_inputs_and_ties():
 def test_the_probe_tells_the_bias_positions_of_a_gemm_apart():
     """The three bias positions give different results on the probe's inputs, so the probe's choice is the one."""
     x, weight, bias = _linear_operands(1, 20, 448, 64, True, True, seed=9)
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     library, _ = cpu_build.load()
     px, pw, pb = ob._probe_inputs(x, weight, bias)
@@ -332,7 +332,7 @@ def test_unsupported_inputs_say_why(case, expected):
 def test_the_portable_build_sums_in_the_same_order(tmp_path, monkeypatch):
     """Built without -march=native (no AVX-512 intrinsics: the scalar tile), the kernel gives the same bits (-O1
     keeps the build short; the numerics flags stay). A second namespace lets both libraries live in one process."""
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     flags = tuple("-O1" if f == "-O3" else f for f in cpu_build.FLAGS if f != "-march=native")

@@ -1,5 +1,5 @@
 """The CPU kernel of rope_pair (interleaved RoPE of query and key without ReLU, Wan's self-attention) against its
-eager reference chain (accelpatch.ops.fused.reference.rope_pair), bit for bit, with the helpers of test_fused_cpu.
+eager reference chain (accelpatch.lossless.kernels.reference.rope_pair), bit for bit, with the helpers of test_fused_cpu.
 
 Inputs: ties, specials (NaN, +-inf, +-0.0, subnormals), every bf16 value (the unit-stride and the strided loop),
 bf16/float32/float64 tables (float64 rounded double -> float -> bf16 as c10 does), Wan's [1, N, 1, D] tables
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelpatch.ops.fused import cpu
-from accelpatch.ops.fused import reference as ref
+from accelpatch.lossless.kernels import cpu
+from accelpatch.lossless.kernels import reference as ref
 
 from .test_fused_cpu import BF16, F32, F64, assert_same, check, mixed, needs_kernels, tie_heavy
 from .test_fused_cpu import ROPE_DTYPES, _tables  # the relu_rope tests' operands
@@ -48,7 +48,7 @@ def test_rope_pair_layouts(qdtype, tdtype):
 @pytest.mark.parametrize("tdtype", [BF16, F32, F64])
 def test_rope_pair_every_bf16_value(tdtype):
     """Every bf16 bit pattern as query (and reversed as key), in the unit-stride loop and in the strided one."""
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
 
     q = all_bf16_values(torch.device("cpu")).view(1, 512, 4, 32)
     check("rope_pair", q, q.flip(1), *_tables(1, 512, 32, tdtype, 30, ties=True))
@@ -88,7 +88,7 @@ def test_a_contracted_rope_pair_is_caught():
 def test_the_reference_is_wans_rope():
     """reference.rope_pair is WanAttnProcessor's apply_rotary_emb on query and key (the adapter's ``_rotate``,
     which restates it) with the tables WanRotaryPosEmbed builds, bit for bit."""
-    from accelpatch.adapters.wan import _rotate
+    from accelpatch.models.wan.adapter import _rotate
     from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
     for dtype in (F32, BF16):  # float32 tables with float32 or bf16 activations

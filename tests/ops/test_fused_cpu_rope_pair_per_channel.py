@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelpatch.ops.fused import cpu
-from accelpatch.ops.fused import reference as ref
+from accelpatch.lossless.kernels import cpu
+from accelpatch.lossless.kernels import reference as ref
 
 from .test_fused_cpu import BF16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
 from .test_fused_cpu import ROPE_DTYPES, _tables  # the relu_rope tests' operands
@@ -57,7 +57,7 @@ def test_rope_pair_per_channel_layouts(qdtype, tdtype):
 @pytest.mark.parametrize("tdtype", [BF16, F32, F64])
 def test_rope_pair_per_channel_every_bf16_value(tdtype):
     """Every bf16 bit pattern as query (and reversed as key), in the unit-stride loop and in the strided one."""
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
 
     q = all_bf16_values(torch.device("cpu")).view(1, 512, 4, 32)
     check(OP, q, q.flip(1), *_tables(1, 512, 32, tdtype, 30, ties=True))
@@ -104,7 +104,7 @@ def test_wans_kernel_and_a_contracted_chain_are_caught():
 def test_the_self_check_runs_the_per_channel_kernels(monkeypatch):
     """The library's known-answer self-check includes the per-channel kernel: a library whose rope op reads the
     tables paired where asked per channel (and the reverse) is refused."""
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     library, _ = cpu_build.load()
 

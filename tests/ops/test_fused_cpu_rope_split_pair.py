@@ -14,8 +14,8 @@ import itertools
 import pytest
 import torch
 
-from accelpatch.ops.fused import addcmul, cpu
-from accelpatch.ops.fused import reference as ref
+from accelpatch.lossless.kernels import addcmul, cpu
+from accelpatch.lossless.kernels import reference as ref
 
 from .test_fused_cpu import BF16, F16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
 
@@ -104,7 +104,7 @@ def test_layouts(dtype, tdtype):
 def test_every_bf16_value(tdtype):
     """Every bf16 bit pattern as query (and reversed as key): [1, 512, 128] as 2 heads of 64 with [1, 2, 512, 32]
     tables, and as one [1, 256, 256] with [1, 256, 128] tables read through a stride (the gathered path)."""
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
 
     q = all_bf16_values(torch.device("cpu")).view(1, 512, 128)
     check(OP, q, q.flip(1), *_tables(1, 2, 512, 32, tdtype, 30, ties=True))
@@ -152,7 +152,7 @@ def test_a_mul_add_kernel_and_a_contracted_chain_are_caught(monkeypatch, dtype):
 def test_the_self_check_runs_the_split_kernels(monkeypatch):
     """The library's known-answer self-check includes both split forms: a library whose rotate_half op swaps the
     mul-add and fma policies is refused."""
-    from accelpatch.ops.fused import cpu_build
+    from accelpatch.lossless.kernels import cpu_build
 
     library, _ = cpu_build.load()
     swap = {cpu.SPLIT_MUL_ADD: cpu.SPLIT_FMA, cpu.SPLIT_FMA: cpu.SPLIT_MUL_ADD}
@@ -185,7 +185,7 @@ def test_the_self_check_catches_a_wrong_form():
 
 
 def assert_split_refusals(unsupported) -> None:
-    """Both devices' ``unsupported`` (the shared checks of accelpatch.ops.fused.split_rope) name each refusal."""
+    """Both devices' ``unsupported`` (the shared checks of accelpatch.lossless.kernels.split_rope) name each refusal."""
     q = torch.zeros(1, 4, 16)
     cos, sin = torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4, 4)
     assert "[B, T, C] query" in unsupported(OP, q.view(1, 4, 2, 8), q.view(1, 4, 2, 8), cos, sin)

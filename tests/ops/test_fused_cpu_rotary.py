@@ -1,5 +1,5 @@
 """The CPU kernels of MiniMax-H3's rotate-half RoPE and SANA-Video 2.0's complex RoPE against their eager
-reference chains (accelpatch.ops.fused.reference), bit for bit, with the helpers of test_fused_cpu.
+reference chains (accelpatch.lossless.kernels.reference), bit for bit, with the helpers of test_fused_cpu.
 
 Inputs: ties, specials (NaN, +-inf, +-0.0, subnormals), every bf16 value, rotary dims below the head dim, table
 dtypes, tables with one row or strided, query/key as chunks of a fused projection, transposed and strided views,
@@ -14,8 +14,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from accelpatch.ops.fused import cpu, cpu_build
-from accelpatch.ops.fused import reference as ref
+from accelpatch.lossless.kernels import cpu, cpu_build
+from accelpatch.lossless.kernels import reference as ref
 
 from .test_fused_cpu import BF16, F16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
 
@@ -69,7 +69,7 @@ def test_rotate_half_pair_release_shape():
 
 @needs_kernels
 def test_rotate_half_pair_every_bf16_value():
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     q = all_bf16_values(torch.device("cpu")).view(1, 256, 2, 128)
     for tdtype in (F32, BF16):
         cos, sin = mixed((256, 96), tdtype, 30), mixed((256, 96), tdtype, 31)
@@ -169,7 +169,7 @@ def test_rotary_complex_pair_runs_with_one_thread_only():
 
 @needs_kernels
 def test_rotary_complex_pair_every_bf16_value():
-    from accelpatch.ops.fused.tables import all_bf16_values
+    from accelpatch.lossless.kernels.tables import all_bf16_values
     q = all_bf16_values(torch.device("cpu")).view(1, 256, 2, 128)
     check("rotary_complex_pair", q, q.flip(1), _freqs(256, 64, 20, specials=True))
 

@@ -1,4 +1,4 @@
-"""The Triton fused kernels (accelpatch.ops.fused.triton_kernels) against the eager reference chains, bit for bit,
+"""The Triton fused kernels (accelpatch.lossless.kernels.triton_kernels) against the eager reference chains, bit for bit,
 in Triton's interpreter on CPU (TRITON_INTERPRET=1, set by the test command).
 
 Inputs are built to hit the edges: bf16/fp32 rounding ties (small integers times powers of two, whose sums and
@@ -20,8 +20,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from _triton_interpreter import FMA_REASON, fma_is_fused  # noqa: E402
 
-from accelpatch.ops.fused import reference, triton_kernels as tk  # noqa: E402
-from accelpatch.ops.fused.tables import all_bf16_values  # noqa: E402
+from accelpatch.lossless.kernels import reference, triton_kernels as tk  # noqa: E402
+from accelpatch.lossless.kernels.tables import all_bf16_values  # noqa: E402
 
 MAGNITUDES = (0.005, 1.0, 200.0)
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -247,7 +247,7 @@ def test_unsupported_names_the_reason(monkeypatch):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from accelpatch.ops.fused import triton_jit as j  # noqa: E402
+from accelpatch.lossless.kernels import triton_jit as j  # noqa: E402
 
 
 @triton.jit
@@ -438,7 +438,7 @@ def test_complex_multiply_forms_are_eagers_and_a_wrong_one_is_caught(monkeypatch
     """Measured here: CPU eager's complex128 multiply rounds every product in its vectorised loop and contracts
     a*c - b*d, a*d + b*c into fmas in its scalar loop (3 pairs of a strided fp64 row take it). The kernel in the
     form probed for that loop matches it; every other form is caught on the same inputs."""
-    from accelpatch.ops.fused import complex_mul  # noqa: PLC0415
+    from accelpatch.lossless.kernels import complex_mul  # noqa: PLC0415
 
     if not fma_is_fused():  # the forms differ only in where an fma rounds once
         pytest.skip(FMA_REASON)
@@ -458,7 +458,7 @@ def test_complex_multiply_forms_are_eagers_and_a_wrong_one_is_caught(monkeypatch
 
 
 def test_complex_multiply_probe_declines_a_device_whose_loops_disagree(monkeypatch):
-    from accelpatch.ops.fused import complex_mul  # noqa: PLC0415
+    from accelpatch.lossless.kernels import complex_mul  # noqa: PLC0415
 
     cuda = torch.device("cuda")  # nothing runs on it: the loops' answers are stood in
     for loops, expected in (({"vectorised": (1, 1), "scalar": (1, 1)}, ((1, 1), None)),

@@ -1,6 +1,6 @@
 """The fused Triton kernels compiled ahead of time for sm_80 (A100) and sm_90a (H100/H200) on a CPU-only machine,
 one launch per op x dtype (x layout where the strides Triton specialises on differ) at the launch configuration the
-wrappers choose (accelpatch.ops.fused.aot, through accelpatch.ops.triton_aot's stand-in driver).
+wrappers choose (accelpatch.lossless.kernels.aot, through accelpatch.core.triton_aot's stand-in driver).
 
 Each must compile, fit the chip's per-block shared memory (A100 166,912 B, H200 232,448 B), and stay within the
 budget: 0 bytes of register spills and 0 bytes of stack (an element-wise kernel has nothing to spill; any spill
@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from accelpatch.ops.fused import aot  # noqa: E402
-from accelpatch.ops.triton_aot import SHARED_LIMIT, TARGETS  # noqa: E402
+from accelpatch.lossless.kernels import aot  # noqa: E402
+from accelpatch.core.triton_aot import SHARED_LIMIT, TARGETS  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPILL_BUDGET = 0  # bytes of spill stores + loads per kernel
@@ -29,8 +29,8 @@ FUSED_CHECK = "modulate fp32"  # compiled once more with enable_fp_fusion=True: 
 
 _SCRIPT = r'''
 import json, sys
-from accelpatch.ops import triton_aot
-from accelpatch.ops.fused import aot, triton_jit
+from accelpatch.core import triton_aot
+from accelpatch.lossless.kernels import aot, triton_jit
 print(json.dumps(dict(kernels=sorted(k.__name__ for k in triton_jit.KERNELS),
                       defined=sorted(n for n, v in vars(triton_jit).items()
                                      if n.endswith("_kernel") and hasattr(v, "arg_names")))), flush=True)
@@ -128,7 +128,7 @@ def test_a_contracted_complex_multiply_has_only_its_own_fmas(compiled):
 def test_the_sass_fma_count_reads_operand_reuse_flags():
     """`DFMA R20, R8.reuse, R6, R20` is a fused multiply-add (ptxas marks operand-cache reuse in lowercase); plain
     ops written as FMAs with RZ or an immediate are not."""
-    from accelpatch.ops.triton_aot import _fused_multiply_adds  # noqa: PLC0415
+    from accelpatch.core.triton_aot import _fused_multiply_adds  # noqa: PLC0415
 
     sass = """
         /*0730*/                   DFMA R28, R18.reuse, R10, R28 ;                       /* 0x0000000a121c722b */

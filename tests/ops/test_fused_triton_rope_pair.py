@@ -7,8 +7,8 @@ import torch
 
 from .test_fused_triton import TABLE_DTYPES, _rope_tables, _rotate_contracted, assert_same_outputs, check, edge
 
-from accelpatch.ops.fused import reference, triton_kernels as tk  # noqa: E402
-from accelpatch.ops.fused import triton_jit as j  # noqa: E402
+from accelpatch.lossless.kernels import reference, triton_kernels as tk  # noqa: E402
+from accelpatch.lossless.kernels import triton_jit as j  # noqa: E402
 
 
 @pytest.mark.parametrize("table_dtype", TABLE_DTYPES)

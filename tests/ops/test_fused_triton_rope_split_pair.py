@@ -2,7 +2,7 @@
 per pair for both halves, the second product added as the device's eager addcmul_ adds it) against
 reference.rope_split_pair, bit for bit, in Triton's interpreter on CPU (TRITON_INTERPRET=1), with the helpers of
 test_fused_triton: edge values, float32 and bf16 tables, [B, H, T, D/2] and [B, T, C/2] tables, strided and broadcast
-views. This CPU's eager addcmul_ is an fma (accelpatch.ops.fused.addcmul), so the kernel runs with FMA here; with
+views. This CPU's eager addcmul_ is an fma (accelpatch.lossless.kernels.addcmul), so the kernel runs with FMA here; with
 the other form (CUDA's functor) it is caught, and so is a chain contracted throughout."""
 import pytest
 import torch
@@ -14,8 +14,8 @@ from _triton_interpreter import FMA_REASON, fma_is_fused
 from .test_fused_cpu_rope_split_pair import assert_split_refusals
 from .test_fused_triton import assert_same_outputs, check, edge
 
-from accelpatch.ops.fused import addcmul, reference, triton_kernels as tk  # noqa: E402
-from accelpatch.ops.fused import triton_jit as j  # noqa: E402
+from accelpatch.lossless.kernels import addcmul, reference, triton_kernels as tk  # noqa: E402
+from accelpatch.lossless.kernels import triton_jit as j  # noqa: E402
 
 OP = "rope_split_pair"
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from .options import SolAttnStats, validate_max_seqlen, validate_options, validate_qkv, validate_sink
-from .routing import num_blocks
+from accelpatch.sol_attn.op.options import SolAttnStats, validate_max_seqlen, validate_options, validate_qkv, validate_sink
+from accelpatch.sol_attn.op.routing import num_blocks
 
 __all__ = ["sol_attn", "sol_attn_varlen", "SolAttnStats"]
 
 
 def _ops():
-    from . import custom_op  # noqa: F401, PLC0415  (registers the ops on first use)
+    from accelpatch.sol_attn.op import custom_op  # noqa: F401, PLC0415  (registers the ops on first use)
 
     return torch.ops.accelpatch
 

@@ -4,7 +4,7 @@
 under a stand-in Triton driver and stops the launch at its compile step; `inspect_launch` compiles it for the target
 with Triton's bundled ptxas and reads the resource usage (dynamic shared memory, registers and stack per thread,
 cp.async / wgmma instructions). The generic machinery (stand-in driver, capture, compile, usage) is
-accelpatch.ops.triton_aot, shared with the fused kernels; this module only knows Sol-Attn's launch.
+accelpatch.core.triton_aot, shared with the fused kernels; this module only knows Sol-Attn's launch.
 TRITON_INTERPRET must be unset before the kernel module is imported (the interpreter replaces the JIT function).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...ops import triton_aot
-from ...ops.triton_aot import TARGETS, StandInDriver as _StandInDriver, Usage, _resource_usage  # noqa: F401 (public)
+from accelpatch.core import triton_aot
+from accelpatch.core.triton_aot import TARGETS, StandInDriver as _StandInDriver, Usage, _resource_usage  # noqa: F401 (public)
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Launch:
         return self._capture().constexpr(name)
 
     def _capture(self) -> triton_aot.Capture:
-        from .triton_impl import _sol_attn_fwd  # noqa: PLC0415
+        from accelpatch.sol_attn.op.triton_impl import _sol_attn_fwd  # noqa: PLC0415
 
         return triton_aot.Capture(_sol_attn_fwd, self.arch, self.signature, self.constexprs, self.attrs,
                                   self.options)
@@ -45,7 +45,7 @@ def capture_launch(arch: int, dtype: torch.dtype, head_dim: int, kv_splits: int 
                    heads: int = 2) -> Launch:
     """The launch `sol_attn_triton` makes for [1, seq_len, heads, head_dim] inputs on target `arch`
     (raises resources.TilesDoNotFit where the package refuses it)."""
-    from .triton_impl import _sol_attn_fwd, sol_attn_triton  # noqa: PLC0415
+    from accelpatch.sol_attn.op.triton_impl import _sol_attn_fwd, sol_attn_triton  # noqa: PLC0415
 
     x = torch.randn(1, seq_len, heads, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
     captured = triton_aot.capture(

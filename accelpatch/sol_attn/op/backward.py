@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .options import BLOCK
-from .routing import acc_dtype, block_lengths, num_blocks
+from accelpatch.sol_attn.op.options import BLOCK
+from accelpatch.sol_attn.op.routing import acc_dtype, block_lengths, num_blocks
 
 # Target size of one chunk's score matrix [heads, rows, T + N] (the vjp holds two of these at once).
 # Query rows go in whole 64-blocks, so a chunk is at least [1, 64, T + N] whatever the budget.
@@ -38,7 +38,7 @@ _CHUNK_SCORE_BYTES = 16 << 20
 def route_for_backward(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
     """Routing of q, k, v [1, T, Hr, D] exactly as the PyTorch forward computes it on the same slice
     (the forward passes its padded acc-dtype copy of q as qh): returns (exact [Hr, N, N], kc, vc [Hr, N, D])."""
-    from .torch_impl import route  # noqa: PLC0415
+    from accelpatch.sol_attn.op.torch_impl import route  # noqa: PLC0415
 
     _, t, h, d = q.shape
     tp = num_blocks(t) * BLOCK
@@ -104,7 +104,7 @@ def augmented_attention_vjp(q, k_aug, v_aug, bias, scale, grad_out):
 def _route_passes(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start):
     """Yield (slice, exact, kc, vc) over the slices the PyTorch forward routes separately: one batch
     item at a time, heads in passes of torch_impl._MAX_ROUTE_ELEMS (same inputs, same decisions)."""
-    from . import torch_impl  # noqa: PLC0415
+    from accelpatch.sol_attn.op import torch_impl  # noqa: PLC0415
 
     b, t, h, _ = q.shape
     n = num_blocks(t)

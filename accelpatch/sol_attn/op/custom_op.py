@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from . import dispatch
+from accelpatch.sol_attn.op import dispatch
 
 
 @torch.library.custom_op("accelpatch::sol_attn", mutates_args=())
@@ -53,7 +53,7 @@ def sol_attn_backward_op(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, tau: float,
     thresh_type: str, sink_tokens: int, sink_start: Optional[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .backward import sol_attn_backward  # noqa: PLC0415
+    from accelpatch.sol_attn.op.backward import sol_attn_backward  # noqa: PLC0415
 
     return sol_attn_backward(grad_out, q, k, v, scale, tau, thresh_type, sink_tokens, sink_start)
 
@@ -68,7 +68,7 @@ def sol_attn_varlen_backward_op(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
     scale: float, tau: float, thresh_type: str, sink_tokens: int, sink_start: Optional[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .backward import sol_attn_varlen_backward  # noqa: PLC0415
+    from accelpatch.sol_attn.op.backward import sol_attn_varlen_backward  # noqa: PLC0415
 
     return sol_attn_varlen_backward(grad_out, q, k, v, cu_seqlens, scale, tau, thresh_type, sink_tokens,
                                     sink_start)

@@ -5,7 +5,7 @@ A "triton" or "auto" call whose head dim and dtype no tiles of the kernel can ho
 (resources.unfit_reason) runs PyTorch instead, recorded as a fallback (resources.record_fallback).
 "upstream" runs the upstream package when `upstream.unsupported_reason` accepts the call, and "auto"
 otherwise; if the upstream call itself raises a non-fatal exception, that is recorded as a fallback too
-and "auto" runs instead (fatal errors, see `accelpatch.errors.is_fatal`, re-raise). Triton modules are
+and "auto" runs instead (fatal errors, see `accelpatch.core.errors.is_fatal`, re-raise). Triton modules are
 imported here lazily, never at package import.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import os
 
 import torch
 
-from ...errors import is_fatal
-from . import resources, upstream
-from .routing import num_blocks
+from accelpatch.core.errors import is_fatal
+from accelpatch.sol_attn.op import resources, upstream
+from accelpatch.sol_attn.op.routing import num_blocks
 
 
 def _triton_importable() -> bool:
@@ -74,10 +74,10 @@ def _run_ours(which, q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, s
     """Our PyTorch ("torch") or Triton ("triton") implementation; returns (out, exact pairs [H])."""
     args = (scale, tau, thresh_type, sink_tokens, sink_start)
     if which == "torch":
-        from .torch_impl import sol_attn_torch  # noqa: PLC0415
+        from accelpatch.sol_attn.op.torch_impl import sol_attn_torch  # noqa: PLC0415
 
         return sol_attn_torch(q, k, v, *args)
-    from .triton_impl import sol_attn_triton  # noqa: PLC0415
+    from accelpatch.sol_attn.op.triton_impl import sol_attn_triton  # noqa: PLC0415
 
     return sol_attn_triton(q, k, v, *args, kv_splits=kv_splits)
 
@@ -96,7 +96,7 @@ def run_dense_batch(q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens, si
         return _run_ours(resolve("auto", q, kv_splits), q, k, v, scale, tau, thresh_type, kv_splits, sink_tokens,
                          sink_start)
     if want_stats:
-        from .torch_impl import route  # noqa: PLC0415
+        from accelpatch.sol_attn.op.torch_impl import route  # noqa: PLC0415
 
         pairs = route(q, k, v, scale, tau, thresh_type, sink_tokens, sink_start)[0].sum((0, 2, 3))
     else:

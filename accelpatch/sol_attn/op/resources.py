@@ -20,8 +20,8 @@ from typing import Optional
 
 import torch
 
-from .fallbacks import ImplFallbacks
-from .options import BLOCK
+from accelpatch.sol_attn.op.fallbacks import ImplFallbacks
+from accelpatch.sol_attn.op.options import BLOCK
 
 # Per-block shared memory a kernel may opt in to, by compute capability major*10 + minor (CUDA programming guide,
 # "Technical Specifications per Compute Capability"); Triton checks the device's value at the first launch.

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .options import BLOCK
+from accelpatch.sol_attn.op.options import BLOCK
 
 LOG2E = math.log2(math.e)
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .options import BLOCK
-from .routing import LOG2E, acc_dtype, block_lengths, num_blocks, sink_block_range, summaries, thresholds
+from accelpatch.sol_attn.op.options import BLOCK
+from accelpatch.sol_attn.op.routing import LOG2E, acc_dtype, block_lengths, num_blocks, sink_block_range, summaries, thresholds
 
 # bf16/fp16: target number of gathered key blocks per chunk (chunk size = TARGET // exact count, capped).
 _CHUNK_TARGET_BLOCKS = 64

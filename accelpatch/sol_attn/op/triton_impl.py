@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import resources
-from .options import BLOCK
-from .routing import LOG2E, num_blocks, sink_block_range, summaries, thresholds
+from accelpatch.sol_attn.op import resources
+from accelpatch.sol_attn.op.options import BLOCK
+from accelpatch.sol_attn.op.routing import LOG2E, num_blocks, sink_block_range, summaries, thresholds
 
 
 @triton.jit

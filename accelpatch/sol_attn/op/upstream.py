@@ -11,7 +11,7 @@ kv_splits=4 needs T > 12288). The device probes are the module-level `device_cap
 `cute_runtime_available`, so tests can simulate a device.
 
 A call outside these limits falls back to our own implementation ("auto"), and so does a call that
-upstream rejects anyway with a non-fatal exception (dispatch.py; `accelpatch.errors.is_fatal` says which
+upstream rejects anyway with a non-fatal exception (dispatch.py; `accelpatch.core.errors.is_fatal` says which
 errors re-raise instead). Every fallback is recorded in `FALLBACKS` (counts by reason, the latest reason, one warning
 per distinct reason).
 """
@@ -22,7 +22,7 @@ import importlib.util
 
 import torch
 
-from .fallbacks import ImplFallbacks
+from accelpatch.sol_attn.op.fallbacks import ImplFallbacks
 
 FALLBACKS = ImplFallbacks("sol_attn impl='upstream' falls back to our implementation")
 _importable: bool | None = None

@@ -1,0 +1,365 @@
+"""``apply`` and ``remove``: find the model adapter, swap site classes, attach hooks, and undo all of it."""
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from accelpatch.core import captured_forwards
+from accelpatch.core.apply_options import split_options
+from accelpatch.core.backends import resolve_backend
+from accelpatch.core.block_registry import Registrations
+from accelpatch.core.errors import FastPathUnavailableError
+from accelpatch.core.gate import logger
+from accelpatch.core.model_hooks import ModelForwardHooks, StepSources
+from accelpatch.parallel.cfg import disable_cfg_parallel
+from accelpatch.parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
+from accelpatch.models.registry import ADAPTERS, find_adapter
+from accelpatch.core.adapter import ModelAdapter
+from accelpatch.step_cache.cache import StepCache, refuse_foreign_cache, resolve_cache
+from accelpatch.core.sites import SITE_ATTR, Site, expected_here, gated_class, is_gated
+from accelpatch.core.tiers import Tier, parse_tier
+
+from accelpatch.core.reporting import MODEL_REJECTED
+from accelpatch.core.model_state import STATE_ATTR, patch_of  # noqa: F401 - patch_of is part of this module's API
+
+#: patches by token, for warnings raised while Dynamo traces (see ModelPatch.warn_once)
+_PATCHES: "weakref.WeakValueDictionary[int, ModelPatch]" = weakref.WeakValueDictionary()
+_TOKENS = itertools.count()
+#: the (fast-path kind, reason) pairs warned about in this process: each is said once, whichever model meets it
+#: first (a bench or tune builds many models; the report keeps every model's full tally)
+_WARNED: set = set()
+_WARNED_LOCK = threading.Lock()
+
+
+#: why a call under quality("high") ran nothing approximate on a model with no high fast path
+NO_HIGH_PATH = ("tier high was asked, but this model has no high fast path without backend= or cache= (it runs the "
+                "lossless path, bit-identical to diffusers): apply(..., backend='sol_attn') or apply(..., cache=...) "
+                "adds one")
+
+
+def forget_warnings() -> None:
+    """Let every (kind, reason) warn again (tests: each test starts as a fresh process would)."""
+    with _WARNED_LOCK:
+        _WARNED.clear()
+
+
+@dataclass(eq=False)
+class ModelPatch:
+    """Everything ``apply`` did to one transformer, kept on it as ``_accelpatch_state`` until ``remove``."""
+
+    model_class: str
+    adapter: ModelAdapter
+    backend: Any
+    strict: bool
+    default_tier: Tier
+    #: the family's own options (adapter.options_class), or None
+    options: Any = None
+    #: what apply() was asked for (backend config before defaults, strict, options): applying it again is a no-op
+    requested: tuple = ()
+    sites: list[Site] = field(default_factory=list, repr=False)
+    detach: list[Callable[[], None]] = field(default_factory=list)
+    #: False: the fused ops never run their CPU kernels on this model (apply(..., cpu_kernels=False))
+    cpu_kernels: bool = True
+    #: the step cache asked for (accelpatch.step_cache.cache), and the one attached
+    cache: Any = None
+    step_cache: Any = field(default=None, repr=False)
+    #: fusion name -> why its sites did not mount (the first rejected site's reason)
+    rejections: dict[str, str] = field(default_factory=dict)
+    step_sources: StepSources = field(default_factory=StepSources, repr=False)
+    #: checks a split model's ranks agree; undoes parallelism enabled after apply (accelpatch.parallel.lifecycle)
+    parallel_guard: Any = field(default=None, repr=False)
+    _token: int = field(default=-1, repr=False)
+
+    def __post_init__(self) -> None:
+        self._register()
+
+    def _register(self) -> None:
+        self._token = next(_TOKENS)
+        _PATCHES[self._token] = self
+
+    def __setstate__(self, state: dict) -> None:
+        state.pop("_warned", None), state.pop("_lock", None)  # a pickle from before warnings were per process
+        self.__dict__.update(state)
+        self._register()  # a copy or an unpickled patch can warn from compiled code too
+
+    def warn_once(self, kind: str, reason: str, *, at_apply: bool = False) -> None:
+        """One warning per process, fast-path kind and reason (at ``apply`` or at a call, whichever comes first),
+        worded as expected where the reason is this machine (no CUDA, another CPU); the counters keep the full
+        tally. Inside code Dynamo traces, the warning is given while tracing (through
+        ``comptime``, no graph break): a decision made there is baked into the graph, so every run of that graph
+        takes the same path, and the user hears of it once, as in eager code."""
+        if torch.compiler.is_dynamo_compiling():
+            from torch._dynamo.comptime import comptime
+
+            token = self._token  # noqa: F841 - read by _warn_while_tracing through the frame's locals
+            comptime(_warn_while_tracing)
+            return
+        key = (kind, reason)
+        with _WARNED_LOCK:
+            if key in _WARNED:
+                return
+            _WARNED.add(key)
+        expected = " (expected on this machine, not a fault)" if expected_here(reason) else ""
+        if at_apply:
+            then = ("will raise FastPathUnavailableError (strict=True)" if self.strict else
+                    "will run the reference path (see accelpatch.report(model); strict=True raises)")
+            message = (f"accelpatch: the {kind} fast path was not mounted on {self.model_class}: "
+                       f"{reason.removeprefix('not mounted: ')}{expected}. Calls that request it {then}.")
+        else:
+            message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}{expected}. "
+                       "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
+        warnings.warn(message, RuntimeWarning, stacklevel=5 if at_apply else 2)  # apply: the user's line
+        logger.debug(message)
+
+    @property
+    def has_high_path(self) -> bool:
+        """Whether ``high`` can do anything here: a high-tier site, or a step cache."""
+        return self.cache is not None or any(site.tier is Tier.HIGH for site in self.sites)
+
+    def say_high_does_nothing(self, *, at_apply: bool = False) -> None:
+        """``high`` was asked of a model with no high fast path: say so once per process (it runs the lossless
+        path, bit for bit)."""
+        self.warn_once("high", NO_HIGH_PATH, at_apply=at_apply)
+
+    def unmounted_reason(self, kind: str) -> str:
+        """The fallback reason of a call to an unmounted site of ``kind`` (the same for all of the model's sites)."""
+        return f"not mounted: {self.rejections.get(kind, 'unmounted')}"
+
+    def key(self) -> tuple:
+        return self.requested
+
+    def reapply_arguments(self) -> dict:
+        """Keyword arguments of :func:`apply` that patch a model again exactly as this patch was asked for."""
+        backend, strict, options, tier, cache, cpu_kernels = self.requested
+        return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, "cpu_kernels": cpu_kernels,
+                **dict(options)}
+
+
+def _warn_while_tracing(ctx) -> None:
+    """Run by Dynamo at trace time (comptime) from :meth:`ModelPatch.warn_once`: warn for real, once."""
+    def local(name):
+        return ctx.get_local(name).as_python_constant()
+
+    patch = _PATCHES.get(local("token"))
+    if patch is not None:
+        patch.warn_once(local("kind"), local("reason"), at_apply=local("at_apply"))
+
+
+def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module]:
+    """The transformer modules behind ``target``: a transformer itself, or a pipeline's ``transformer`` and
+    ``transformer_2``. ``verb`` names the public function in the error message."""
+    if isinstance(target, torch.nn.Module):
+        return [target]
+    found = []
+    for name in ("transformer", "transformer_2"):
+        module = getattr(target, name, None)
+        if isinstance(module, torch.nn.Module):
+            found.append(module)
+    if not found:
+        raise TypeError(
+            f"{verb}() expects a diffusers pipeline with a `transformer` (and optionally `transformer_2`) or a "
+            f"transformer module; got {type(target).__name__}")
+    return found
+
+
+def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
+          cpu_kernels: bool = True, **options: Any):
+    """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns the report of what was patched."""
+    from accelpatch.core.reporting import build_report
+
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict must be True or False, got {strict!r}")
+    if not isinstance(cpu_kernels, bool):
+        raise ValueError(f"cpu_kernels must be True or False, got {cpu_kernels!r}")
+    default_tier = None if tier is None else parse_tier(tier)
+    models = transformers_of(target)
+    adapters = [find_adapter(model) for model in models]  # raises before anything is touched
+    split = split_options(options, backend, adapters, models)  # every option has an owner in this call
+    cache_config, _ = resolve_cache(cache, split.cache)
+    requested_backend = resolve_backend(backend, split.backend)
+    model_options = split.family
+    strict = strict or bool(getattr(requested_backend, "strict", False))
+    plans = []
+    for model, adapter in zip(models, adapters):  # validate everything before touching any model
+        backend_config = adapter.complete_backend(requested_backend, model)
+        adapter.validate_backend(backend_config, model)
+        family_options = adapter.resolve_options(model_options)
+        adapter.validate_options(family_options, model)
+        if cache_config is not None:
+            adapter.validate_cache(cache_config)
+            existing = model.__dict__.get(STATE_ATTR)
+            blocks = getattr(model, adapter.cache_blocks, ()) if adapter.cache_blocks else ()
+            refuse_foreign_cache(model, blocks, ours=getattr(existing, "step_cache", None))
+        noops = adapter.static_noops(model, backend_config, family_options, requested_backend)
+        if noops and strict:
+            raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
+        requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
+                     default_tier, cache_config, cpu_kernels)
+        existing = model.__dict__.get(STATE_ATTR)
+        if existing is None:
+            refuse_split_model(model, adapter.cp_plan(model))
+        elif existing.key() != requested:
+            refuse_repatching_split_model(model, existing)
+        plans.append((model, adapter, backend_config, family_options, requested, noops))
+    pipeline = None if isinstance(target, torch.nn.Module) else target
+    for model, adapter, backend_config, family_options, requested, noops in plans:
+        existing = model.__dict__.get(STATE_ATTR)
+        if existing is not None:
+            if existing.key() == requested:
+                continue  # applying twice is the same as applying once
+            _remove_one(model, keep_cfg_parallel=True)
+        _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier,
+                   cache_config)
+        for noop in noops:  # said once, at apply(): the report counts each call's reason too
+            warnings.warn(f"accelpatch: {noop}", RuntimeWarning, stacklevel=3)  # the user's line
+    return build_report(models)
+
+
+def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bool, requested: tuple,
+               pipeline, default_tier: Optional[Tier] = None, cache_config=None) -> None:
+    if default_tier is None:
+        default_tier = adapter.default_tier(backend_config)
+    patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
+                       default_tier=default_tier, options=options, requested=requested, cache=cache_config,
+                       cpu_kernels=requested[-1])
+    model.__dict__[STATE_ATTR] = patch
+    try:
+        by_fusion: dict[str, list[Site]] = {}
+        for path, module, stack in _stacks(adapter.iter_sites(model, backend_config)):
+            if is_gated(module):
+                raise RuntimeError(f"{path} is already patched by accelpatch; call accelpatch.remove() first")
+            original = type(module)
+            sites = [Site(path=path, fast_path=fast_path, model=patch, original_class=original,
+                          layer_index=layer_index) for fast_path, layer_index in stack]
+            for upper, lower in zip(sites, sites[1:]):
+                upper.below = lower
+            module.__class__ = gated_class(original, tuple(s.fast_path.fusion for s in sites))
+            module.__dict__[SITE_ATTR] = sites[0]
+            captured, follow_reason = captured_forwards.follow(module)
+            sites[0].captured_forwards = captured
+            for site in sites:
+                site.fast_path.fusion.mark(module, site)
+                site.reject_reason = follow_reason
+                site.keeps_reference_layer = site.fast_path.keeps_reference_layer(site)
+                patch.sites.append(site)
+                by_fusion.setdefault(site.fast_path.fusion.name, []).append(site)
+        if not patch.sites:
+            backends = f" (backends: {', '.join(adapter.backends)})" if adapter.backends else ""
+            warnings.warn(f"accelpatch: this {patch.model_class} has no module accelpatch patches{backends}; it runs "
+                          "unchanged", RuntimeWarning, stacklevel=3)
+        _mount(model, patch, by_fusion)
+        _name_gated_repeated_blocks(model, patch)
+        for site in patch.sites:
+            site.prepare_counters()
+        patch.parallel_guard = ParallelGuard(model, patch)
+        hooks = ModelForwardHooks(model, patch, pipeline)
+        patch.detach.append(hooks.remove)
+        registrations = Registrations(model)  # diffusers' block registry knows the gated classes as their originals
+        registrations.mirror_modules(model)
+        patch.detach.append(registrations.release)
+        if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
+            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks,
+                                         block_streams=(*adapter.cache_block_outputs, adapter.cache_second_stream))
+            patch.detach.append(patch.step_cache.remove)
+        # diffusers' context parallelism: the family's plan where diffusers' class has none, and its split-aware
+        # layers (after the model hooks above: their pre-hooks read the unsplit inputs first); remove() undoes both
+        plan = adapter.cp_plan(model)
+        if plan is not None and getattr(type(model), "_cp_plan", None) is None:
+            model._cp_plan = plan
+            patch.detach.append(functools.partial(_drop_cp_plan, model))
+        undo_parallel = adapter.prepare_parallel(model)
+        if undo_parallel is not None:
+            patch.detach.append(undo_parallel)
+    except BaseException:
+        _remove_one(model, keep_cfg_parallel=True)  # a failed apply leaves the rest as it was
+        raise
+    for kind in patch.rejections:
+        patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
+    if patch.default_tier is Tier.HIGH and patch.sites and not patch.has_high_path:
+        patch.say_high_does_nothing(at_apply=True)
+
+
+def _name_gated_repeated_blocks(model: torch.nn.Module, patch: ModelPatch) -> None:
+    """diffusers' ``compile_repeated_blocks`` finds blocks by class name in ``_repeated_blocks``: list the gated
+    classes of those blocks too (on the instance, until ``remove()``), so regional compilation still finds them."""
+    repeated = getattr(model, "_repeated_blocks", None)
+    if not repeated:
+        return
+    gated = sorted({type(m).__name__ for m in model.modules() if is_gated(m)
+                    and type(m).__dict__.get("_accelpatch_original_class", type(m)).__name__ in repeated})
+    if gated:
+        model._repeated_blocks = list(repeated) + gated
+        patch.detach.append(functools.partial(_drop_instance_attribute, model, "_repeated_blocks"))
+
+
+def _drop_instance_attribute(model: torch.nn.Module, name: str) -> None:
+    model.__dict__.pop(name, None)
+
+
+def _drop_cp_plan(model: torch.nn.Module) -> None:
+    model.__dict__.pop("_cp_plan", None)
+
+
+def _stacks(found) -> list[tuple[str, torch.nn.Module, list]]:
+    """The adapter's ``(path, module, fast path, layer)`` rows grouped per module, in the order modules first
+    appear: ``(path, module, [(fast path, layer), ...])`` with the highest tier first (that site is asked first)."""
+    grouped: dict[int, tuple[str, torch.nn.Module, list]] = {}
+    for path, module, fast_path, layer_index in found:
+        grouped.setdefault(id(module), (path, module, []))[2].append((fast_path, layer_index))
+    for _, _, stack in grouped.values():
+        stack.sort(key=lambda row: -int(row[0].tier))  # stable: the adapter's order among equal tiers
+    return list(grouped.values())
+
+
+def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[Site]]) -> None:
+    """Mount each fusion's sites all together, or none of them; record the first rejection's reason."""
+    for name, sites in by_fusion.items():
+        fusion = sites[0].fast_path.fusion
+        for site in sites:
+            if site.reject_reason is None:  # diffusers' restated code first: it decides for every site alike
+                site.reject_reason = (site.fast_path.restated_code_mismatch()
+                                      or site.fast_path.mount_reject_reason(model.get_submodule(site.path), site))
+        rejected = next((s for s in sites if s.reject_reason is not None), None)
+        if rejected is not None:
+            patch.rejections[name] = f"{rejected.reject_reason} (at {rejected.path})"
+            for site in sites:
+                if site.reject_reason is None:
+                    site.reject_reason = f"{MODEL_REJECTED}{rejected.path}: {rejected.reject_reason}"
+        by_module = {id(model.get_submodule(s.path)): s for s in sites}
+        fusion.mount(model, reject_reason=lambda m: by_module[id(m)].reject_reason)
+
+
+def remove(target: Any) -> None:
+    """Undo :func:`apply` on ``target`` (a no-op on a model that was never patched)."""
+    for model in transformers_of(target, verb="remove"):
+        _remove_one(model)
+
+
+def _remove_one(model: torch.nn.Module, *, keep_cfg_parallel: bool = False) -> None:
+    if not keep_cfg_parallel:  # back to one process's model, also where CFG parallelism came without apply()
+        disable_cfg_parallel(model)
+    patch = model.__dict__.pop(STATE_ATTR, None)
+    if patch is None:
+        return
+    if patch.parallel_guard is not None:  # diffusers' split hooks off first, while the gated classes are in place
+        patch.parallel_guard.remove(model)
+    while patch.detach:
+        patch.detach.pop()()
+    for site in reversed(patch.sites):  # a module's stacked sites: the top one (SITE_ATTR) comes last
+        module = model.get_submodule(site.path)
+        site.fast_path.fusion.unmark(module)
+        if module.__dict__.get(SITE_ATTR) is site:
+            module.__dict__.pop(SITE_ATTR)
+            module.__class__ = site.original_class
+            captured_forwards.restore(module, site.captured_forwards)
+
+
+def supported_model_classes() -> list[str]:
+    return [name for adapter in ADAPTERS for name in adapter.class_names]

@@ -1,0 +1,516 @@
+"""The machinery shared by every fast path: the per-site state, the gated subclass and the call routing.
+
+A patched module keeps its parameters, its module path and its processor; only its ``__class__`` changes to a
+gated subclass of its own class. The subclass's ``forward`` asks the site whether the fast path may run in the
+calling context; when it may not (tier, mount decision, guard, error) the original class's ``forward`` runs
+unchanged and the reason is counted.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import copyreg
+import importlib
+import inspect
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from accelpatch.core import call_context
+from accelpatch.core.errors import FastPathUnavailableError, is_fatal
+from accelpatch.core.gate import QualityGatedFusion, SiteCounters, WorkWatch, fusion_by_name
+from accelpatch.core.tiers import Tier, effective_tier
+
+
+SITE_ATTR = "_accelpatch_site"
+
+_cpu_fast_paths = False
+
+
+@contextlib.contextmanager
+def run_fast_paths_on_cpu() -> Iterator[None]:
+    """TEST-ONLY switch: let fast paths whose guards require CUDA run on CPU (their kernels run the exact CPU
+    emulations), so their math can be tested where no GPU is. Process-global; never use it outside tests."""
+    global _cpu_fast_paths
+    previous, _cpu_fast_paths = _cpu_fast_paths, True
+    try:
+        yield
+    finally:
+        _cpu_fast_paths = previous
+
+
+def fast_paths_run_on_cpu() -> bool:
+    """Whether :func:`run_fast_paths_on_cpu` is in force."""
+    return _cpu_fast_paths
+
+
+def cuda_reject_reason() -> Optional[str]:
+    """Why CUDA cannot run here (None when a CUDA device is visible)."""
+    if torch.version.cuda is None:
+        return "CUDA is unavailable: this torch build has no CUDA"
+    if not torch.cuda.is_available():
+        return "CUDA is unavailable: no CUDA device is visible"
+    return None
+
+
+#: words of the reasons that are about this machine rather than the model or the call: no CUDA (or no Triton),
+#: another kind of CPU
+_MACHINE_WORDS = ("CUDA is unavailable", "needs CUDA", "no CUDA device", "not this CPU")
+
+
+def expected_here(reason: str) -> bool:
+    """Whether ``reason`` says this machine cannot run the path (no CUDA, another CPU): expected there, not a
+    fault to report."""
+    return any(word in reason for word in _MACHINE_WORDS)
+
+
+def device_reject_reason(device: torch.device, what: str = "the fast path") -> Optional[str]:
+    """Why a CUDA-only fast path (``what``) cannot run on ``device`` (None on CUDA, or on CPU under the test
+    switch)."""
+    if device.type == "cuda" or (_cpu_fast_paths and device.type == "cpu"):
+        return None
+    return f"input on {device.type}: {what} needs CUDA"
+
+
+class _Outcome:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.reason!r})"
+
+
+class Decline(_Outcome):
+    """Returned by a fast path whose guards reject a call: a fallback, warned about once and counted."""
+
+    __slots__ = ()
+
+
+class Dense(_Outcome):
+    """Returned by a fast path whose *policy* keeps a call on the reference path (a dense step or layer): counted
+    with its reason, never warned about, since nothing went wrong."""
+
+    __slots__ = ()
+
+
+def step_layer_policy(site: "Site", *, first_steps: int, step_reason: str, layer_reason: str,
+                      unknown_reason: str) -> Optional[_Outcome]:
+    """A policy keeping the reference for the first ``first_steps`` denoising steps (by the step clock; an unknown
+    step declines, since the policy cannot apply) and for the site's layer when the fast path's
+    :meth:`FastPath.keeps_reference_layer` said so at ``apply``; None when the fast path may run."""
+    from accelpatch.core import steps
+
+    reason = steps.first_steps_reason(first_steps, step_reason, unknown_reason)
+    if reason is not None:
+        return Dense(reason) if reason == step_reason else Decline(reason)
+    if site.keeps_reference_layer:
+        return Dense(layer_reason)
+    return None
+
+
+def bind_call(args: tuple, kwargs: dict, names: tuple[str, ...]) -> dict:
+    """Map a module call's positional and keyword arguments onto ``names`` (absent ones are None); other keyword
+    arguments are kept under their own names."""
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    for name in names:
+        bound.setdefault(name, None)
+    return bound
+
+
+#: every FastPath subclass defined so far (accelpatch.tools.fingerprints lists the restated functions from them)
+FAST_PATH_CLASSES: list = []
+
+
+class FastPath:
+    """One kind of fast path. Subclasses set ``fusion`` and implement the guards and the math.
+
+    ``mount_reject_reason`` answers once per model (at ``apply`` time) whether the path can ever run there;
+    ``run`` answers per call with an output or a :class:`Decline`.
+    """
+
+    fusion: QualityGatedFusion
+    description: str = ""
+    #: the fixed reasons this path counts (policy outcomes) and the statistics it adds, so that their tallies exist
+    #: before compiled code counts them
+    policy_reasons: tuple[str, ...] = ()
+    stat_names: tuple[str, ...] = ()
+    #: the lossless fused ops (accelpatch.lossless.verify.FusedOp) the restated forward calls, for counters and the report
+    fused_ops: tuple = ()
+    #: what a fast call of this path does (report().fast_calls_by_kind): "approximate" (a lower-precision or
+    #: restated computation that runs whenever the path does), "fused" (bit-exact fused ops) or "sparse" (skipped
+    #: attention blocks)
+    work: str = "approximate"
+    #: the reasons a call that ran counts when it did no fast work (a fused forward whose ops all ran eagerly)
+    work_reasons: tuple[str, ...] = ()
+    #: the diffusers functions whose code this path restates, as ``"module:Qualified.name"`` (accelpatch.core.restated):
+    #: at ``apply`` a function whose fingerprint is not one recorded for a tested diffusers declines the path
+    restates: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        FAST_PATH_CLASSES.append(cls)
+
+    def restated_code_mismatch(self) -> Optional[str]:
+        """Why the diffusers code this path restates is not the code recorded for a tested diffusers version
+        (None when it is, or when the path restates none); asked at ``apply`` before the per-site guards."""
+        if not self.restates:
+            return None
+        from accelpatch.core.restated import restated_code_mismatch
+
+        return restated_code_mismatch(self.restates)
+
+    @property
+    def tier(self) -> Tier:
+        return self.fusion.tier
+
+    def expected_processor(self) -> Optional[type]:
+        """The diffusers processor class whose math the fast path restates (None: any processor)."""
+        return None
+
+    def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
+        """Why ``module``'s processor is not the one the fast path restates (None when it is): a processor
+        swapped in by the user is never bypassed."""
+        expected = self.expected_processor()
+        processor = getattr(module, "processor", None)
+        if expected is None or type(processor) is expected:
+            return None
+        return f"processor is {type(processor).__name__}, expected {expected.__name__}"
+
+    def keeps_reference_layer(self, site: "Site") -> bool:
+        """Whether this site's layer always runs the reference under the model's settings (decided once, at
+        ``apply``: compiled code reading a per-layer int would compile once per layer)."""
+        return False
+
+    def kernel_reject_reason(self) -> Optional[str]:
+        """Why this path's kernels cannot run in this process at all (None when they can). Not asked under the
+        test-only CPU switch."""
+        return None
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: "Site") -> Optional[str]:
+        """Asked once per model at ``apply``: the processor being the one restated, then the kernels."""
+        mismatch = self.processor_mismatch(module)
+        if mismatch is not None or _cpu_fast_paths:
+            return mismatch
+        return self.kernel_reject_reason()
+
+    def run(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+    def run_counted(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
+        """``run``, then count the call as fast when it did this path's fast work (a :class:`Decline` or
+        :class:`Dense` is counted by the site). Here every call that ran did; paths whose work is decided further
+        in (fused ops, sparse routing) count it there."""
+        out = self.run(module, site, args, kwargs)
+        if not isinstance(out, _Outcome) and not call_context.recomputing():
+            site.counters.count_fast()
+        return out
+
+    #: whether an exception raised inside ``run`` is taken for kernel trouble (counted, warned, the reference runs)
+    catches_errors: bool = True
+
+
+def restated_class_mismatch(site: "Site", expected: type, owner: str = "diffusers' ") -> Optional[str]:
+    """Why a fast path that restates ``expected.forward`` cannot mount on ``site`` (its module is another class),
+    or None: a subclass may override the forward the path restates."""
+    if site.original_class is not expected:
+        return (f"{site.original_class.__name__} is not {owner}{expected.__name__}, whose forward this fast path "
+                "restates")
+    return None
+
+
+NO_FUSED_OP = "no fused op fused in this call: each ran its eager chain (why: the report's lossless fusions)"
+NO_FUSED_OP_COMPILED = "inside torch.compile: the fused ops stand aside (the compiler fuses the chain itself)"
+
+
+class FusedOpsPath(FastPath):
+    """A fast path that restates a forward around verified fused ops (accelpatch.lossless.verify): the ops handle their own
+    trouble (a failing or mismatching kernel declines its signature and runs the eager chain), so an exception that
+    reaches ``run`` is the user's (a hook on a layer the path calls) or diffusers' own, and it propagates as it
+    would from the original forward — once, not again from a fallback."""
+
+    catches_errors = False
+    work = "fused"
+    work_reasons = (NO_FUSED_OP, NO_FUSED_OP_COMPILED)
+
+    def run_counted(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
+        """``run``, counted as fast only when one of its fused ops fused: a restated forward whose every op ran
+        its eager chain (a declined signature, another CPU, threads, compiled code) did nothing fast."""
+        counting = not call_context.recomputing()
+        if torch.compiler.is_compiling():  # the ops stand aside in compiled code (the compiler fuses)
+            out = self.run(module, site, args, kwargs)
+            if counting and not isinstance(out, _Outcome):
+                site.counters.count_reference(NO_FUSED_OP_COMPILED)
+            return out
+        with WorkWatch(site.counters) as watch:
+            out = self.run(module, site, args, kwargs)
+        if counting and not isinstance(out, _Outcome):
+            if watch.did_work:
+                site.counters.count_fast()
+            else:
+                site.counters.count_reference(NO_FUSED_OP)
+        return out
+
+
+@dataclass(eq=False)
+class Site:
+    """The state of one patched module: where it is, which fast path it carries, whether it mounted, counters."""
+
+    path: str
+    fast_path: FastPath
+    original_class: type
+    #: the model's accelpatch.core.patcher.ModelPatch (a back-reference, kept out of repr: its sites point back here; not
+    #: imported, as the patcher sits above the sites)
+    model: Any = field(repr=False)
+    reject_reason: Optional[str] = None
+    counters: SiteCounters = field(default_factory=SiteCounters)
+    layer_index: Optional[int] = None
+    #: instance slots (hooks' captured forwards) re-pointed at the gated forward, with their previous values
+    captured_forwards: list = field(default_factory=list, repr=False)
+    #: the fast path's layer policy for this site, decided at apply (FastPath.keeps_reference_layer)
+    keeps_reference_layer: bool = False
+    #: the next site on the same module, one tier lower (a lossless fusion below a high fast path): a call this
+    #: site does not take goes there, and from the last one to the original forward
+    below: Optional["Site"] = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # The original forward as a plain function: torch.compile treats diffusers' Attention class as an in-graph
+        # callable and cannot trace ``original_class.forward`` through it (a graph break per call).
+        self.original_forward = self.original_class.forward
+
+    def prepare_counters(self) -> None:
+        """Create the tallies compiled code will bump (see SiteCounters.prepare)."""
+        reasons = [reason for row in _TIER_REASONS for reason in row] + list(self.fast_path.policy_reasons) + list(
+            self.fast_path.work_reasons)
+        keys = [("fast", "")] + [("reference", r) for r in reasons]
+        keys += [(field, r) for r in (self.model.unmounted_reason(self.kind),) + self.fast_path.policy_reasons
+                 for field in ("reference", "fallbacks")]
+        keys += [(field, name) for name in self.fast_path.stat_names for field in ("stat_sums", "stat_counts")]
+        keys += [("chains", f"{op.name}|{outcome}") for op in self.fast_path.fused_ops
+                 for outcome in op.policy_outcomes()]
+        self.counters.prepare(keys)
+
+    @property
+    def kind(self) -> str:
+        return self.fast_path.fusion.name
+
+    @property
+    def tier(self) -> Tier:
+        return self.fast_path.tier
+
+    def is_mounted(self, module: torch.nn.Module) -> bool:
+        return self.fast_path.fusion.is_mounted(module)
+
+    def reference(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str, *, fallback: bool = False):
+        """Count why this site's fast path did not run (not again while recomputing for backward), then run the
+        next lower site on the module, or the original class's forward."""
+        if not call_context.recomputing():
+            self.counters.count_reference(reason, fallback=fallback)
+        if self.below is not None:
+            return self.below.call(module, args, kwargs)
+        return self.original_forward(module, *args, **kwargs)
+
+    def fallback(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str,
+                 error: Optional[BaseException] = None):
+        """A requested fast path could not run: raise in strict mode, else warn once per model and reason and run
+        the reference."""
+        if self.model.strict:
+            raise FastPathUnavailableError(
+                f"{self.kind} at {self.path} could not run: {reason}. "
+                "Patch with strict=False to fall back to the reference path instead.") from error
+        self.model.warn_once(self.kind, reason)
+        return self.reference(module, args, kwargs, reason, fallback=True)
+
+    def call(self, module: torch.nn.Module, args: tuple, kwargs: dict):
+        tier = effective_tier(self.model.default_tier)
+        if not tier.admits(self.tier):
+            return self.reference(module, args, kwargs, _TIER_REASONS[tier.value][self.tier.value])
+        if not self.is_mounted(module):
+            return self.fallback(module, args, kwargs, self.model.unmounted_reason(self.kind))
+        try:
+            out = self.fast_path.run_counted(module, self, args, kwargs)
+        except FastPathUnavailableError:
+            raise  # strict mode, raised by a fused op the path called: already says where and why
+        except Exception as error:  # noqa: BLE001 - any kernel trouble falls back unless fatal or strict
+            if is_fatal(error) or not self.fast_path.catches_errors:
+                raise
+            return self.fallback(module, args, kwargs, f"error: {type(error).__name__}: {error}", error)
+        if isinstance(out, Decline):
+            return self.fallback(module, args, kwargs, out.reason)
+        if isinstance(out, Dense):
+            return self.reference(module, args, kwargs, out.reason)
+        return out
+
+
+_TIER_REASONS = [[f"tier {have} does not admit {need}" for need in Tier] for have in Tier]
+
+_GATED_CLASSES: dict[tuple[type, str], type] = {}
+_GATED_LOCK = threading.Lock()
+
+
+def _enabled_property(fusion: QualityGatedFusion) -> property:
+    def get(self) -> bool:
+        return fusion.is_enabled(self)
+
+    def set_(self, value: bool) -> None:
+        self.__dict__[fusion.mounted_attr] = bool(value)
+
+    def delete(self) -> None:
+        self.__dict__.pop(fusion.mounted_attr, None)
+
+    return property(get, set_, delete, f"True when {fusion.name} is mounted and the calling context's tier admits it.")
+
+
+def ungated_forward(module: torch.nn.Module) -> Callable:
+    """The forward the module's original class defines, bound to ``module``."""
+    cls = type(module)
+    original = cls.__dict__.get("_accelpatch_original_class", cls)
+    return original.forward.__get__(module)
+
+
+def _gated_forward(self, *args, **kwargs):
+    """The gated subclasses' forward. A foreign hook may hold this bound method long after ``remove()`` restored
+    the module's class (accelerate's ``_old_forward``, a diffusers hook, ``m.forward = m.forward``): without a
+    site it runs the original class's forward, so such a hook keeps working on the unpatched module."""
+    site = self.__dict__.get(SITE_ATTR)
+    if site is None or not is_gated(self):
+        return ungated_forward(self)(*args, **kwargs)
+    return site.call(self, args, kwargs)
+
+
+# A bound method pickles as getattr(module, __name__): name it after the attribute it lives under.
+_gated_forward.__name__ = "forward"
+_gated_forward._accelpatch_gated = True
+
+_FORWARD_PREFIX = "_gated_forward_of_"
+_FORWARDS: dict[str, Callable] = {}
+
+
+def _forward_name(original: type) -> str:
+    """A dot-free module attribute name that says which class's gated forward it is (pickle looks functions up
+    by module and qualified name, and splits that name at dots)."""
+    where = f"{original.__module__}:{original.__qualname__}".encode()
+    return _FORWARD_PREFIX + base64.urlsafe_b64encode(where).decode().rstrip("=")
+
+
+def _forward_for(original: type) -> Callable:
+    """The gated forward of ``original``'s gated classes: :func:`_gated_forward` under the original forward's
+    signature. diffusers reads parameters by name from ``inspect.signature(type(module).forward)`` (its cache
+    hooks' block registry, its context-parallel split hooks): they must see ``hidden_states``, not ``*args``."""
+    name = _forward_name(original)
+    forward = _FORWARDS.get(name)
+    if forward is None:
+        forward = types.FunctionType(_gated_forward.__code__, _gated_forward.__globals__, "forward")
+        forward.__qualname__ = name  # found again by module __getattr__ below, in any process
+        forward.__doc__ = _gated_forward.__doc__
+        forward.__signature__ = inspect.signature(original.forward)
+        forward._accelpatch_gated = True
+        forward = _FORWARDS.setdefault(name, forward)
+    return forward
+
+
+def __getattr__(name: str):
+    """Module attributes ``_gated_forward_of_<class>``: a pickled reference to a gated forward is resolved here,
+    also in a process that has not patched that class yet."""
+    if not name.startswith(_FORWARD_PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    encoded = name[len(_FORWARD_PREFIX):]
+    module_name, _, qualname = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode().partition(":")
+    original = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        original = getattr(original, part)
+    return _forward_for(original)
+
+
+def is_gated_forward(function: Any, module: torch.nn.Module) -> bool:
+    """True when ``function`` is the gated forward bound to ``module`` (as a hook that captured it holds it)."""
+    return (getattr(getattr(function, "__func__", None), "_accelpatch_gated", False)
+            and getattr(function, "__self__", None) is module)
+
+
+def _new_gated(original: type, fusion_names, defined_in=None):
+    """Unpickling/deepcopy constructor of a gated module (its state is restored afterwards by the module). Works
+    in a fresh process: each fusion is found by name, importing the module that defines it if need be. (A pickle
+    from before stacked sites names one fusion as a string.)"""
+    if isinstance(fusion_names, str):
+        fusion_names, defined_in = (fusion_names,), (defined_in,)
+    fusions = tuple(fusion_by_name(name, where) for name, where in zip(fusion_names, defined_in))
+    return object.__new__(gated_class(original, fusions))
+
+
+def _gated_reduce_ex(self, protocol):
+    reduced = object.__reduce_ex__(self, protocol)
+    cls = type(self)
+    fusions = [fusion_by_name(name) for name in cls._accelpatch_fusion_names]
+    return (_new_gated, (cls._accelpatch_original_class, tuple(f.name for f in fusions),
+                         tuple(f.defined_in for f in fusions))) + tuple(reduced[2:])
+
+
+_GATED_METACLASSES: dict[type, type] = {}
+
+
+def _gated_class_by_names(original: type, fusion_names: tuple, defined_in: tuple) -> type:
+    """Unpickling of a gated *class* (an object that holds ``type(module)``, like diffusers' block registry
+    metadata in a cache hook): rebuilt from the original class and the fusions' names."""
+    return gated_class(original, tuple(fusion_by_name(n, d) for n, d in zip(fusion_names, defined_in)))
+
+
+def _reduce_gated_class(cls: type):
+    fusions = [fusion_by_name(name) for name in cls._accelpatch_fusion_names]
+    return _gated_class_by_names, (cls._accelpatch_original_class, tuple(f.name for f in fusions),
+                                   tuple(f.defined_in for f in fusions))
+
+
+def _gated_class_repr(cls: type) -> str:
+    """A gated class as messages print it (diffusers' "Model class {cls} not registered", a user's ``type(m)``): the
+    real diffusers class and that accelpatch wrapped it; its own name exists in no diffusers module."""
+    original = getattr(cls, "_accelpatch_original_class", None)
+    if original is None:
+        return type.__repr__(cls)
+    return f"<class '{original.__module__}.{original.__qualname__}', wrapped by accelpatch as {cls.__qualname__}>"
+
+
+def _metaclass_for(original: type) -> type:
+    """A metaclass deriving from ``original``'s, registered with copyreg so that a gated class pickles by what it
+    is made of (it has no importable name of its own)."""
+    meta = type(original)
+    gated_meta = _GATED_METACLASSES.get(meta)
+    if gated_meta is None:
+        gated_meta = type(f"Gated{meta.__name__}", (meta,), {"__module__": __name__, "__repr__": _gated_class_repr})
+        copyreg.pickle(gated_meta, _reduce_gated_class)
+        _GATED_METACLASSES[meta] = gated_meta
+    return gated_meta
+
+
+def gated_class(original: type, fusions) -> type:
+    """The gated subclass of ``original`` for ``fusions`` (one fusion, or the tuple of those stacked on one module,
+    highest tier first); made once, then cached."""
+    fusions = (fusions,) if isinstance(fusions, QualityGatedFusion) else tuple(fusions)
+    key = (original, tuple(f.name for f in fusions))
+    with _GATED_LOCK:
+        cls = _GATED_CLASSES.get(key)
+        if cls is None:
+            kinds = ", ".join(f"{f.name} ({f.tier} tier)" for f in fusions)
+            namespace = {
+                "__module__": original.__module__,
+                "__doc__": f"{original.__name__} gated by accelpatch's {kinds}.",
+                "forward": _forward_for(original),
+                "_accelpatch_original_class": original,
+                "_accelpatch_fusion_names": key[1],
+                "__reduce_ex__": _gated_reduce_ex,
+            }
+            for fusion in fusions:
+                namespace[fusion.enabled_attr] = _enabled_property(fusion)
+            cls = _metaclass_for(original)(f"Gated{original.__name__}", (original,), namespace)
+            cls.__qualname__ = f"Gated{original.__qualname__}"
+            _GATED_CLASSES[key] = cls
+        return cls
+
+
+def is_gated(module: torch.nn.Module) -> bool:
+    return "_accelpatch_original_class" in type(module).__dict__

@@ -1,0 +1,408 @@
+"""First-sight verification: a lossless fused op runs only for input signatures where it matched its reference.
+
+A :class:`FusedOp` pairs an eager reference chain (:mod:`accelpatch.lossless.kernels.reference`) with the device's fused
+implementation (:mod:`accelpatch.lossless.kernels.cpu`, :mod:`~accelpatch.lossless.kernels.triton_kernels`). The first call
+with a new *signature* (device and capability; every tensor's dtype, shape, strides, 16-byte alignment; the other
+arguments) runs both and compares them bit for bit: dtype, shape, strides and raw bits must agree; NaN must sit at
+the same places (eager itself stores different NaN payloads in its vectorised and scalar loops, so payloads are not
+compared). The verdict is kept for the process: verified signatures run the fused op from then on; a mismatch, an
+error or inputs the implementation cannot take decline the signature for good, warn once with the largest
+difference and count the reason; ``strict=True`` raises instead. The first call always returns the reference's
+outputs.
+
+Checks happen in eager code only: inside ``torch.compile`` (tracing or export) the reference chain runs, so a
+compiled patched model equals the unpatched one compiled the same way (the compiler fuses the chain itself); an
+unverified signature met during CUDA graph capture runs the reference uncounted as verified. Under autograd the
+reference runs (the kernels have no backward). All three are counted with their reason, never warned about.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+
+from accelpatch.core import call_context
+from accelpatch.core.errors import FastPathUnavailableError, is_fatal
+from accelpatch.core.gate import note_work
+from accelpatch.lossless.kernels.operands import foreign_operand
+
+FUSED = "fused"
+IN_COMPILE = "reference: inside torch.compile (the compiler fuses the chain itself)"
+IN_AUTOGRAD = "reference: inputs require grad (the fused kernel has no backward)"
+IN_CAPTURE = "reference: first sight inside CUDA graph capture (verification needs an eager run)"
+MODULE_RUNS = ("reference: the module has hooks, its own forward or settings the op does not restate "
+               "(the module itself runs)")
+THREADED = ("reference: torch.get_num_threads() > 1 (the kernel is single-threaded; eager's threaded kernel runs "
+            "instead)")
+CPU_KERNELS_OFF = "reference: the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))"
+#: outcomes counted without a signature's verdict, whose tallies compiled code may bump
+POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
+
+#: device type -> module implementing every fused op there (functions named as the ops, plus ``unsupported``)
+IMPLEMENTATIONS = {"cpu": "accelpatch.lossless.kernels.cpu", "cuda": "accelpatch.lossless.kernels.triton_kernels"}
+
+
+@dataclass
+class Verdict:
+    """What the first sight of one signature decided, and what the check cost."""
+
+    verified: bool
+    #: why the signature was declined (None when verified)
+    reason: Optional[str]
+    #: wall time of the check: the reference, the fused op and the comparison
+    cost_s: float
+    #: the signature, readable: "cpu bfloat16[1,320,448]/(143360,448,1) ..."
+    described: str
+    #: the site whose call made the check
+    first_site: str
+    #: one warm run of the fused op and one of the reference chain, timed at first sight after the comparison
+    #: (None when declined): the basis of the report's estimate of the time saved
+    reference_s: Optional[float] = None
+    fused_s: Optional[float] = None
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+_UNAVAILABLE: dict = {}
+_UNSET = object()
+
+
+def _device_key(device: torch.device) -> tuple:
+    if device.type != "cuda":
+        # eager's CPU results can depend on both: subnormals, and where threads split the work
+        return (device.type, denormals_flushed(), torch.get_num_threads()) if device.type == "cpu" else (device.type,)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return ("cuda", index, _CAPABILITY[index])
+
+
+def denormals_flushed() -> bool:
+    """Whether this thread's CPU flushes subnormals (``torch.set_flush_denormal(True)`` sets the FTZ/DAZ bits, which
+    Python's own float arithmetic obeys too): eager results on subnormals, and the SiLU tables, depend on it."""
+    return 5e-324 * 1.0 == 0.0
+
+
+def signature(args: tuple) -> tuple:
+    """Everything that can change the eager dispatch or the fused variant: device (and capability; on CPU whether
+    subnormals are flushed and the thread count), and per argument its dtype, shape, strides and 16-byte alignment
+    (tensors) or its value. Computed on every call: kept to plain attribute reads."""
+    device = None
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if device is None:
+                device = a.device
+            parts.append((a.dtype, a.shape, a.stride(), not a.data_ptr() & 15))
+        else:
+            parts.append(("value", a))
+    parts.append(_device_key(device) if device is not None else ("none",))
+    return tuple(parts)
+
+
+def describe(args: tuple) -> str:
+    """A signature as a reader sees it."""
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            dims = ",".join(map(str, a.shape))
+            strides = ",".join(map(str, a.stride()))
+            parts.append(f"{str(a.dtype).removeprefix('torch.')}[{dims}]/({strides})")
+        else:
+            parts.append(repr(a))
+    device = next((str(a.device) for a in args if isinstance(a, torch.Tensor)), "")
+    return f"{device} " + " ".join(parts)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(width) if t.is_floating_point() else t
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """The strides that matter: those of dimensions longer than one (a size-1 dimension's stride never addresses
+    memory, and eager and meta kernels set it differently)."""
+    return tuple(stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+
+
+def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
+    """Why ``fused`` is not ``reference`` bit for bit (None when it is): count, dtype, shape, strides, then raw bits
+    with NaN compared by position only. The reason names how many elements differ and the largest difference."""
+    if len(reference) != len(fused):
+        return f"the fused op returned {len(fused)} tensors, the reference {len(reference)}"
+    for i, (ref, out) in enumerate(zip(reference, fused)):
+        which = f"output {i}" if len(reference) > 1 else "the output"
+        for what in ("dtype", "shape"):
+            if getattr(ref, what) != getattr(out, what):
+                return f"{which} has {what} {getattr(out, what)}, the reference {getattr(ref, what)}"
+        if _layout(ref) != _layout(out):
+            return f"{which} has strides {out.stride()}, the reference {ref.stride()}"
+        if not ref.is_floating_point():
+            if not torch.equal(ref, out):
+                return f"{which} differs in {int((ref != out).sum())} of {ref.numel()} elements"
+            continue
+        ref_nan, out_nan = ref.isnan(), out.isnan()
+        differ = (_bits(ref) != _bits(out)) & ~(ref_nan & out_nan)
+        count = int(differ.sum())
+        if count:
+            both = differ & ~ref_nan & ~out_nan
+            largest = float((ref[both].double() - out[both].double()).abs().max()) if bool(both.any()) else None
+            nan_note = "" if largest is not None else " (NaN where the reference has a number, or the reverse)"
+            size = f", largest difference {largest:.3g}" if largest is not None else nan_note
+            return f"{which} differs from the reference in {count} of {ref.numel()} elements{size}"
+    return None
+
+
+class FusedOp:
+    """One fused op: its reference chain, verified per signature against the device's implementation.
+
+    Called from a fast path's restated forward as ``op(site, *args)``; returns what ``reference(*args)`` returns,
+    bit for bit. ``site`` (an :class:`accelpatch.core.sites.Site`) receives the counts, warnings and strictness."""
+
+    def __init__(self, name: str, reference: Callable, description: str,
+                 dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
+                 single_threaded: bool = False, host: Optional[Callable[[], Optional[str]]] = None) -> None:
+        self.name = name
+        self.reference = reference
+        self.description = description
+        #: the activation dtypes the op is fused for (None: any the kernels take); a call in another dtype runs the
+        #: reference, counted with :meth:`other_dtype_outcome` (a policy, not a decline: never warned)
+        self.dtypes = dtypes
+        #: the device types the op is fused on (None: every type with an implementation); elsewhere the reference
+        #: runs, counted with :meth:`other_device_outcome` (a policy, not a decline)
+        self.devices = devices
+        #: a CPU kernel that is slower than eager's once eager has several threads: run the reference then, counted
+        #: as :data:`THREADED` (a policy, not a decline)
+        self.single_threaded = single_threaded
+        #: for an op that replays one kind of CPU's eager kernels: ``host()`` says why this CPU is not that kind (None
+        #: when it is), asked once per process; elsewhere the reference runs, counted with :meth:`other_cpu_outcome`
+        #: (expected on such a CPU: a policy, not a decline, so never warned and never raised under strict)
+        self.host = host
+        self._host_outcome: list[Optional[str]] = []
+        self._verdicts: dict[tuple, Verdict] = {}
+        self._implementations: dict[tuple, tuple] = {}
+        self._lock = threading.Lock()
+        self._verifying = threading.Lock()  # one first sight at a time per op; others wait, then reuse the verdict
+
+    def __repr__(self) -> str:
+        return f"FusedOp({self.name!r})"
+
+    # -- what tests and reports read -------------------------------------------------------------------------------
+    def verdicts(self) -> list[Verdict]:
+        with self._lock:
+            return list(self._verdicts.values())
+
+    def forget(self) -> None:
+        """Drop every verdict (tests; a process normally keeps them for its lifetime)."""
+        with self._lock:
+            self._verdicts.clear()
+
+    def implementation(self, device: torch.device) -> tuple[Optional[Callable], Optional[Callable], Optional[str]]:
+        """``(fused function, unsupported(op, *args), None)`` for ``device``, or ``(None, None, reason)``; looked up
+        once per device type and module (``IMPLEMENTATIONS`` may be re-pointed, as tests do)."""
+        key = (device.type, IMPLEMENTATIONS.get(device.type))
+        found = self._implementations.get(key)
+        if found is None:
+            found = self._implementations.setdefault(key, self._find_implementation(device))
+        return found
+
+    def _find_implementation(self, device: torch.device):
+        module_name = IMPLEMENTATIONS.get(device.type)
+        if module_name is None:
+            return None, None, f"no fused implementation for {device.type} tensors"
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            return None, None, f"the {device.type} kernels cannot be imported: {error}"
+        fused = getattr(module, self.name, None)
+        if fused is None:
+            return None, None, f"no {device.type} kernel for {self.name} in this version of accelpatch"
+        return fused, module.unsupported, None
+
+    def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
+        """A policy outcome where no kernel of ``device`` can run for this model or process: the CPU kernels
+        switched off (``apply(..., cpu_kernels=False)``, ``ACCELPATCH_CPU_KERNELS=0``) or not buildable here. Counted
+        with the reason, not warned per op: a failed build warns once per process where it fails."""
+        if device.type != "cpu":
+            return None
+        if not getattr(site.model, "cpu_kernels", True):
+            return CPU_KERNELS_OFF
+        name = IMPLEMENTATIONS.get("cpu")
+        why = _UNAVAILABLE.get(name, _UNSET)
+        if why is _UNSET:  # the implementation's own check, looked up once per module (tests re-point them)
+            why = _UNAVAILABLE.setdefault(name, getattr(importlib.import_module(name), "unavailable", None)
+                                          if name else None)
+        reason = why() if why is not None else None
+        return f"reference: CPU kernels {reason}" if reason else None
+
+    def other_dtype_outcome(self, dtype: torch.dtype) -> str:
+        names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+        return f"reference: {str(dtype).removeprefix('torch.')} activations (fused for {names} only)"
+
+    def other_device_outcome(self, device_type: str) -> str:
+        return f"reference: {device_type} tensors (fused on {', '.join(self.devices)} only)"
+
+    def other_cpu_outcome(self) -> Optional[str]:
+        """``"reference: not this CPU: <why>"`` where :attr:`host` says this CPU is not the kind the op replays, else
+        None (asked once per process)."""
+        if self.host is None:
+            return None
+        if not self._host_outcome:
+            why = self.host()
+            self._host_outcome.append(f"reference: not this CPU: {why}" if why else None)
+        return self._host_outcome[0]
+
+    def policy_outcomes(self) -> tuple[str, ...]:
+        """Every outcome a call can count without a verdict (for compiled code's tallies, prepared at apply)."""
+        others = () if self.dtypes is None else tuple(
+            self.other_dtype_outcome(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+            if d not in self.dtypes)
+        if self.devices is not None:
+            others += tuple(self.other_device_outcome(d) for d in ("cpu", "cuda") if d not in self.devices)
+        if self.single_threaded:
+            others += (THREADED,)
+        other_cpu = self.other_cpu_outcome()
+        if other_cpu is not None:
+            others += (other_cpu,)
+        return POLICY_OUTCOMES + others
+
+    def module_call(self, site: Any, module: torch.nn.Module, *inputs: Any, reason: str = MODULE_RUNS):
+        """Run ``module`` itself where the op would stand in for its call but cannot restate it (hooks, an
+        instance forward, a wrapper class, quantized weights, other settings), counted with ``reason``."""
+        _count(site, self.name, reason)
+        return module(*inputs)
+
+    # -- the call ---------------------------------------------------------------------------------------------------
+    def __call__(self, site: Any, *args: Any):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if self.dtypes is not None and tensors[0].dtype not in self.dtypes:
+            return self._reference(site, args, self.other_dtype_outcome(tensors[0].dtype))
+        if self.devices is not None and tensors[0].device.type not in self.devices:
+            return self._reference(site, args, self.other_device_outcome(tensors[0].device.type))
+        if self.host is not None and tensors[0].is_cpu:
+            other_cpu = self.other_cpu_outcome()
+            if other_cpu is not None:
+                return self._reference(site, args, other_cpu)
+        if torch.compiler.is_compiling():
+            return self._reference(site, args, IN_COMPILE)
+        foreign = foreign_operand(tensors, tensors[0].device.type)
+        if foreign:  # before anything reads an address: a subclass's data_ptr() may be 0 or not its values
+            return self._reference(site, args, f"reference: {foreign}")
+        unavailable = self._unavailable(site, tensors[0].device)
+        if unavailable:
+            return self._reference(site, args, unavailable)
+        if self.single_threaded and tensors[0].is_cpu and torch.get_num_threads() > 1:
+            return self._reference(site, args, THREADED)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self._reference(site, args, IN_AUTOGRAD)
+        key = signature(args)
+        verdict = self._verdicts.get(key)  # a dict read is atomic; writers hold the lock
+        if verdict is None:
+            device = tensors[0].device
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return self._reference(site, args, IN_CAPTURE)
+            with self._verifying:
+                with self._lock:
+                    verdict = self._verdicts.get(key)
+                if verdict is None:
+                    return self._first_sight(site, key, args, device)
+        if not verdict.verified:
+            return self._declined(site, args, verdict.reason)
+        fused, _, _ = self.implementation(tensors[0].device)
+        try:
+            out = fused(*args)
+        except Exception as error:  # noqa: BLE001 - a kernel failing later declines for good, like a mismatch
+            if is_fatal(error):
+                raise
+            reason = f"error: {type(error).__name__}: {error}"
+            with self._lock:
+                self._verdicts[key] = Verdict(False, reason, 0.0, describe(args), site.path)
+            return self._declined(site, args, reason)
+        _count(site, self.name, FUSED)
+        return out
+
+    def _reference(self, site: Any, args: tuple, outcome: str):
+        _count(site, self.name, outcome)
+        return self.reference(*args)
+
+    def _declined(self, site: Any, args: tuple, reason: str):
+        self._refuse(site, reason)
+        return self.reference(*args)
+
+    def _refuse(self, site: Any, reason: str) -> None:
+        """A declined signature met: raise under strict mode, else warn once per model and reason, and count it."""
+        outcome = f"declined: {reason}"
+        if site.model.strict:
+            raise FastPathUnavailableError(
+                f"lossless fusion {self.name} at {site.path} could not run: {reason}. "
+                "Patch with strict=False to run the reference chain instead.")
+        site.model.warn_once(f"lossless {self.name}", outcome)
+        _count(site, self.name, outcome)
+
+    def _first_sight(self, site: Any, key: tuple, args: tuple, device: torch.device):
+        fused, unsupported, reason = self.implementation(device)
+        if reason is None:
+            reason = unsupported(self.name, *args)  # builds the kernels if need be: a one-off, reported apart
+        start = time.perf_counter()  # the check's cost: the reference, the fused op, the comparison
+        reference_out = self.reference(*args)
+        reference_s = fused_s = None
+        if reason is None:
+            try:
+                fused_out = fused(*args)
+                reference_outs = reference_out if isinstance(reference_out, tuple) else (reference_out,)
+                fused_outs = fused_out if isinstance(fused_out, tuple) else (fused_out,)
+                reason = mismatch(reference_outs, fused_outs)
+                if reason is None:  # both warm now: one timed run each, for the report's estimate
+                    del fused_out, fused_outs
+                    _, fused_s = _timed(fused, args, device)
+                    _, reference_s = _timed(self.reference, args, device)
+            except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
+                if is_fatal(error):
+                    raise
+                reason = f"error: {type(error).__name__}: {error}"
+        verdict = Verdict(reason is None, reason, time.perf_counter() - start, describe(args), site.path,
+                          reference_s, fused_s)
+        with self._lock:
+            self._verdicts[key] = verdict
+        if reason is not None:
+            self._refuse(site, reason)
+        else:
+            _count(site, self.name, FUSED)
+        return reference_out
+
+
+def _count(site: Any, op: str, outcome: str) -> None:
+    """Count one call of ``op`` on ``site``, unless it is a recomputation for backward (gradient checkpointing
+    runs the forward again: that is not a call, as the sites' own counts hold)."""
+    if outcome == FUSED:  # the site's call did fast work (see FusedOpsPath.run_counted)
+        note_work(site.counters)
+    if not call_context.recomputing():
+        site.counters.count_chain(op, outcome)
+
+
+def _timed(fn: Callable, args: tuple, device: torch.device):
+    """``(fn(*args), seconds)``, with the device synchronised around the call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn(*args)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+_OPS: dict[str, FusedOp] = {}
+
+
+def register(op: FusedOp) -> FusedOp:
+    """Make ``op`` findable by name (pickles of sites name their ops)."""
+    _OPS.setdefault(op.name, op)
+    return _OPS[op.name]
+
+
+def ops() -> Mapping[str, FusedOp]:
+    """Every fused op registered so far, by name (accelpatch.lossless.ops registers the package's own on import)."""
+    return dict(_OPS)

@@ -1,0 +1,205 @@
+"""HunyuanVideo 1.5's lossless block fusion: ``HunyuanVideo15TransformerBlock.forward`` restated with its
+element-wise chains fused.
+
+The block runs its AdaLN chains in the activations' dtype (no upcast): ``AdaLayerNormZero`` gives six rows per
+stream, ``linear(silu(temb)).chunk(6)``, and the chains are the shared verified ops (accelpatch.lossless.ops):
+
+- the four modulations, ``norm(x) * (1 + scale[:, None]) + shift[:, None]`` (video and text, before the attention
+  inside ``norm1``/``norm1_context`` and before the feed-forwards): :data:`~accelpatch.lossless.ops.MODULATE`;
+- the four gated residual adds: after the attention ``x + out * gate.unsqueeze(1)``, as ``GATED_RESIDUAL``'s
+  ``x + gate * out`` (a product is commutative in IEEE arithmetic, NaN payloads aside, which the check ignores);
+  after the feed-forwards ``x + gate.unsqueeze(1) * out``, GATED_RESIDUAL as written.
+
+``AdaLayerNormZero.forward`` is restated (its ``linear``, ``silu`` and ``norm`` stay diffusers' modules, called as
+modules) only where the norm is diffusers' own class with no embedding of its own and no hook or forward override
+on it; otherwise the norm module is called as it is and only the later chains are fused. The joint attention
+(``attn``, where the Sol-Attn site sits), the LayerNorms and the feed-forwards stay diffusers' own.
+
+``transformer_blocks.N.attn`` (the joint attention) carries a second fusion: ``HunyuanVideo15AttnProcessor2_0``
+restated with its RoPE of the video q and k (``apply_rotary_emb(use_real=True)``: ``x.float() * cos +
+x_rot.float() * sin`` with every channel's own table entry, stored in ``x``'s dtype) as one verified op,
+:data:`~accelpatch.lossless.ops.ROPE_PAIR_PER_CHANNEL`. Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
+``sin`` at odd channels only and runs bf16 tables in bf16. The projections, the RMSNorms, the text stream's
+projections, the mask, the dispatcher and the output projections stay diffusers'; the Sol-Attn path (``high``,
+stacked above it) builds its own q/k/v with diffusers' ``apply_rotary_emb``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import torch.nn.functional as F
+
+from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
+from accelpatch.core.gate import QualityGatedFusion
+from accelpatch.core.sites import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
+from accelpatch.core.tiers import Tier
+
+BLOCK_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_block", Tier.LOSSLESS)
+ATTENTION_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_attention", Tier.LOSSLESS)
+
+NOT_JOINT = ("no encoder_hidden_states or attention_mask: not the joint video+text call HunyuanVideo 1.5's blocks "
+             "make (diffusers' processor runs it)")
+NOT_REAL_TABLES = ("image_rotary_emb is not a (cos, sin) pair of [S, D] tensors: not the tables "
+                   "HunyuanVideo15RotaryPosEmbed builds (diffusers' processor runs it)")
+
+_CALL = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis")
+
+
+_HY = "diffusers.models.transformers.transformer_hunyuan_video15:"
+#: the joint attention's processor and the module forward the gated forward stands in for (the Sol-Attn path
+#: restates both too)
+ATTENTION_RESTATES = (_HY + "HunyuanVideo15AttnProcessor2_0.__call__",
+                      "diffusers.models.attention_processor:Attention.forward")
+
+
+def _hy_block_class() -> type:
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15TransformerBlock
+
+    return HunyuanVideo15TransformerBlock
+
+
+def _restatable(norm: torch.nn.Module) -> bool:
+    """Whether ``AdaLayerNormZero.forward`` may be restated for this norm: diffusers' own class with no embedding,
+    no hooks and no instance forward (accelerate's hooks replace ``forward`` on the instance)."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    return (type(norm) is AdaLayerNormZero and norm.emb is None and not norm._forward_hooks
+            and not norm._forward_pre_hooks and "forward" not in norm.__dict__)
+
+
+def adaln_zero(site: Site, norm: torch.nn.Module, x: torch.Tensor, temb: torch.Tensor) -> tuple:
+    """``AdaLayerNormZero(x, emb=temb)`` with its modulation as MODULATE: the normalised, modulated ``x`` and the
+    rows ``gate_msa, shift_mlp, scale_mlp, gate_mlp``, bit for bit diffusers' (the module itself where it cannot
+    be restated)."""
+    if not _restatable(norm):
+        return norm(x, emb=temb)
+    emb = norm.linear(norm.silu(temb))
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+    return MODULATE(site, norm.norm(x), scale_msa[:, None], shift_msa[:, None]), gate_msa, shift_mlp, scale_mlp, \
+        gate_mlp
+
+
+class HunyuanVideo15FusedBlock(FusedOpsPath):
+    fusion = BLOCK_FUSION
+    description = "dual-stream block with its AdaLN modulations and gated residual adds fused (bit-exact)"
+    fused_ops = (MODULATE, GATED_RESIDUAL)
+    #: adaln_zero restates AdaLayerNormZero.forward where the norm is diffusers' own
+    restates = (_HY + "HunyuanVideo15TransformerBlock.forward",
+                "diffusers.models.normalization:AdaLayerNormZero.forward")
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        return restated_class_mismatch(site, _hy_block_class())
+
+    def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, _CALL)
+        hidden_states, encoder_hidden_states, temb = call["hidden_states"], call["encoder_hidden_states"], call["temb"]
+
+        # 1. Input normalization (AdaLN-Zero, both streams)
+        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero(site, block.norm1, hidden_states,
+                                                                                  temb)
+        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero(
+            site, block.norm1_context, encoder_hidden_states, temb)
+
+        # 2. Joint attention (diffusers' module: the Sol-Attn site, when there is one, sits on it)
+        attn_output, context_attn_output = block.attn(
+            hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+            attention_mask=call["attention_mask"], image_rotary_emb=call["freqs_cis"])
+
+        # 3. Modulation and residual connection
+        hidden_states = GATED_RESIDUAL(site, hidden_states, gate_msa.unsqueeze(1), attn_output)
+        encoder_hidden_states = GATED_RESIDUAL(site, encoder_hidden_states, c_gate_msa.unsqueeze(1),
+                                               context_attn_output)
+        norm_hidden_states = MODULATE(site, block.norm2(hidden_states), scale_mlp[:, None], shift_mlp[:, None])
+        norm_encoder_hidden_states = MODULATE(site, block.norm2_context(encoder_hidden_states),
+                                              c_scale_mlp[:, None], c_shift_mlp[:, None])
+
+        # 4. Feed-forward
+        ff_output = block.ff(norm_hidden_states)
+        context_ff_output = block.ff_context(norm_encoder_hidden_states)
+        hidden_states = GATED_RESIDUAL(site, hidden_states, gate_mlp.unsqueeze(1), ff_output)
+        encoder_hidden_states = GATED_RESIDUAL(site, encoder_hidden_states, c_gate_mlp.unsqueeze(1),
+                                               context_ff_output)
+        return hidden_states, encoder_hidden_states
+
+
+FUSED_BLOCK = HunyuanVideo15FusedBlock()
+
+
+def _hy():
+    from diffusers.models.transformers import transformer_hunyuan_video15
+
+    return transformer_hunyuan_video15
+
+
+def _real_tables(rotary) -> bool:
+    return (isinstance(rotary, (tuple, list)) and len(rotary) == 2
+            and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in rotary))
+
+
+class HunyuanVideo15FusedAttention(FusedOpsPath):
+    """``HunyuanVideo15AttnProcessor2_0`` on the joint call, its video q/k RoPE as ROPE_PAIR_PER_CHANNEL."""
+
+    fusion = ATTENTION_FUSION
+    description = "joint attention with the video q/k interleaved RoPE fused (bit-exact)"
+    fused_ops = (ROPE_PAIR_PER_CHANNEL,)
+    policy_reasons = (NOT_JOINT, NOT_REAL_TABLES)
+    #: ROPE_PAIR_PER_CHANNEL restates diffusers' apply_rotary_emb(use_real=True)
+    restates = ATTENTION_RESTATES + ("diffusers.models.embeddings:apply_rotary_emb",)
+
+    def expected_processor(self) -> type:
+        return _hy().HunyuanVideo15AttnProcessor2_0
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask",
+                                        "image_rotary_emb"))
+        hidden_states, encoder_hidden_states = call["hidden_states"], call["encoder_hidden_states"]
+        attention_mask, rotary = call["attention_mask"], call["image_rotary_emb"]
+        if encoder_hidden_states is None or attention_mask is None:
+            return Dense(NOT_JOINT)
+        if rotary is not None and not _real_tables(rotary):
+            return Dense(NOT_REAL_TABLES)
+        processor = attn.processor
+        # 1.-2. projections and per-head RMSNorms
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        # 3. RoPE of the video rows: apply_rotary_emb(x, rotary, sequence_dim=1) on both, fused
+        if rotary is not None:
+            cos, sin = (t[None, :, None, :].to(query.device) for t in rotary)
+            query, key = ROPE_PAIR_PER_CHANNEL(site, query, key, cos, sin)
+        # 4. the text stream's projections and norms, appended
+        encoder_query, encoder_key, encoder_value = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                                                     for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+        if attn.norm_added_q is not None:
+            encoder_query = attn.norm_added_q(encoder_query)
+        if attn.norm_added_k is not None:
+            encoder_key = attn.norm_added_k(encoder_key)
+        query = torch.cat([query, encoder_query], dim=1)
+        key = torch.cat([key, encoder_key], dim=1)
+        value = torch.cat([value, encoder_value], dim=1)
+        # the mask as the processor builds it
+        batch_size, seq_len, heads, dim = query.shape
+        attention_mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True)
+        attention_mask = attention_mask.bool()
+        self_attn_mask_1 = attention_mask.view(batch_size, 1, 1, seq_len).repeat(1, 1, seq_len, 1)
+        self_attn_mask_2 = self_attn_mask_1.transpose(2, 3)
+        attention_mask = (self_attn_mask_1 & self_attn_mask_2).bool()
+        # 5. attention
+        hidden_states = _hy().dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        # 6. output projections
+        hidden_states, encoder_hidden_states = (hidden_states[:, : -encoder_hidden_states.shape[1]],
+                                                hidden_states[:, -encoder_hidden_states.shape[1]:])
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+FUSED_ATTENTION = HunyuanVideo15FusedAttention()

@@ -1,0 +1,174 @@
+"""LTX-2 (diffusers ``LTX2VideoTransformer3DModel``: LTX-2 and LTX-2.3, a video and an audio stream in every
+block): its lossless block fusion, and the ``sol_attn`` backend.
+
+At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
+of :mod:`.fused` (both streams' AdaLN modulations, the a2v/v2a modulations, LTX-2.3's cross-attention AdaLN and
+every gated residual add as verified fused ops), and ``transformer_blocks.N.attn1`` the video self-attention with
+its q/k RoPE as one verified fused op (interleaved: rope_pair_per_channel; split, LTX-2.3's default:
+rope_split_pair); the attention sites below are the same with or without the block fusion.
+With ``sol_attn``, ``transformer_blocks.N.attn1`` (self-attention over the video tokens, LTX-2's RoPE applied to
+q and k) also carry the Sol-Attn sparse path (``high``, above the RoPE fusion, its q/k/v from the same projection
+function with diffusers' RoPE functions). Every other attention of a block is a site that always stays
+dense, counted with its reason: ``audio_attn1`` (audio self-attention: never measured sparse; short, 25 latents
+a second, and head dim 64 in the release where the upstream kernels take 128),
+``attn2``/``audio_attn2`` (text cross-attention) and ``audio_to_video_attn``/``video_to_audio_attn`` (the a2v/v2a
+cross-attention between the streams). Dense steps, dense layers, masked calls (``video_self_attention_mask``),
+STG-perturbed calls (LTX-2.3's ``spatio_temporal_guidance_blocks``) and every call that does not fit the sparse
+path run diffusers' processor unchanged. The sparse path calls diffusers' own RoPE functions (interleaved or
+split, as ``attn.rope_type`` says) and applies LTX-2.3's per-head gates as the processor does.
+``cache="first_block"`` puts the guarded FirstBlockCache on ``transformer_blocks``, registered as blocks
+returning (video, audio) with the audio entering as ``audio_hidden_states`` (diffusers' hooks ask for
+``encoder_hidden_states``, here the text: accelpatch's block metadata maps that name to the audio stream); it
+decides on the video residual and reuses both streams' cached residuals. MagCache is refused: diffusers' MagCache
+hooks pass the second stream through a skipped step without any residual, and here it is the audio output.
+
+Defaults, and where each comes from (nothing published that we found gives LTX-2-specific settings):
+* **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
+  reports LTX-2.3 at 89.8 % sparsity, 1.9x end to end, without the settings in our sources; the Gaussian estimate
+  1 - Phi(tau) gives ~16 % exact blocks at tau = 1 before the always-exact neighbours (~10 % would be tau ~ 1.3).
+* **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
+  MiniMax-H3's, Wan's). ``LTX2Pipeline``'s default 30 steps then run 20 sparse; diffusers' distilled schedule
+  (``pipelines/ltx2/utils.py`` ``DISTILLED_SIGMA_VALUES``: 8 steps, 3 in stage 2) never runs sparse at
+  dense_steps = 10: set it lower there.
+* audio self-attention dense: the issue's rule ("LTX-2's audio stream too, unless measured safe"); unmeasured.
+So the defaults are unmeasured on LTX-2: ``accelpatch validate``/``tune`` must confirm them before they are trusted.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional, Union
+
+import torch
+
+from accelpatch.core.gate import QualityGatedFusion
+from accelpatch.core.sites import Decline, Dense, Site, bind_call
+from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
+from accelpatch.core.tiers import Tier
+from accelpatch.sol_attn.adapter import SolAttnAdapter
+from accelpatch.models.ltx2.lossless import (ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK, gate_and_project_out, processor_mismatch,
+                    project_qkv)
+
+SOL_FUSION = QualityGatedFusion.named("ltx2_sol_attn", Tier.HIGH)
+DENSE_FUSION = QualityGatedFusion.named("ltx2_dense_attention", Tier.HIGH)
+
+AUDIO_DENSE = "audio self-attention stays dense: not measured safe under Sol-Attn"
+CROSS_DENSE = ("cross-attention (text, audio-to-video, video-to-audio) stays dense: Sol-Attn covers "
+               "self-attention only")
+PERTURBED_CALL = "an STG perturbation_mask was given (spatio_temporal_guidance_blocks): the processor runs it"
+
+_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
+_SELF = re.compile(r"transformer_blocks\.(\d+)\.attn1")
+_AUDIO_SELF = re.compile(r"transformer_blocks\.(\d+)\.audio_attn1")
+_CROSS = re.compile(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)")
+ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+
+
+def _ltx2():
+    from diffusers.models.transformers import transformer_ltx2
+
+    return transformer_ltx2
+
+
+class LTX2SolAttention(DispatchSelfAttention):
+    """Sol-Attn on LTX-2's video self-attention: q/k/v as ``LTX2AudioVideoAttnProcessor`` (or LTX-2.3's
+    ``LTX2PerturbedAttnProcessor`` outside STG blocks) hands them to the dispatcher, then its gates and ``to_out``."""
+
+    fusion = SOL_FUSION
+    description = "block-sparse Sol-Attn with rank-1 correction on LTX-2's video self-attention"
+    call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "query_rotary_emb", "key_rotary_emb")
+    policy_reasons = DispatchSelfAttention.policy_reasons + (PERTURBED_CALL,)
+    restates = ATTENTION_RESTATES
+
+    def processor_class(self) -> type:
+        return _ltx2().LTX2AudioVideoAttnProcessor
+
+    def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
+        return processor_mismatch(module)
+
+    def project(self, attn, call):
+        """The fused attention's :func:`~.fused.project_qkv` with diffusers' own RoPE functions (interleaved or
+        split, as ``attn.rope_type`` says; none for another type, as in the processor)."""
+        ltx2 = _ltx2()
+        rotate = {"interleaved": ltx2.apply_interleaved_rotary_emb,
+                  "split": ltx2.apply_split_rotary_emb}.get(attn.rope_type)
+
+        def rope(query, key, q_tables, k_tables):
+            return (rotate(query, q_tables), rotate(key, k_tables)) if rotate is not None else (query, key)
+
+        return project_qkv(attn, call["hidden_states"], call["query_rotary_emb"], call["key_rotary_emb"], rope)
+
+    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        """An STG-perturbed call (LTX-2.3's guidance, chosen by the caller) is dense by policy, not a failure: it
+        runs the processor, counted after the dense steps and layers."""
+        call = bind_call(args, kwargs, self.call_names)
+        perturbed = call.get("all_perturbed")
+        if call.get("perturbation_mask") is not None or (perturbed is not None and perturbed is not False):
+            verdict = dense_policy(site.model.backend, site)
+            return verdict if verdict is not None else Dense(PERTURBED_CALL)
+        return super().run(attn, site, args, kwargs)
+
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+        call = bind_call(args, kwargs, self.call_names)
+        sparse = super().prepare(attn, site, args, kwargs)
+        if isinstance(sparse, Decline) or attn.to_gate_logits is None:
+            return sparse
+        gate_logits = attn.to_gate_logits(call["hidden_states"])
+        query = sparse.query
+
+        def gated_finish(out: torch.Tensor) -> torch.Tensor:  # LTX-2.3's per-head gates, as the processor does
+            return gate_and_project_out(attn, out.flatten(2, 3).to(query.dtype), gate_logits)
+
+        sparse.finish = gated_finish
+        return sparse
+
+
+SOL_ATTENTION = LTX2SolAttention()
+AUDIO_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 audio self-attention (always dense)", AUDIO_DENSE)
+CROSS_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 cross-attention (always dense)", CROSS_DENSE)
+
+
+class LTX2Adapter(SolAttnAdapter):
+    family = "LTX-2"
+    model_classes = (("diffusers", "LTX2VideoTransformer3DModel"),)
+    block_list = "transformer_blocks"
+    sol_sites, dense_sites = _SELF, _CROSS
+    sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
+    cache_blocks = "transformer_blocks"
+    cache_methods = ("first_block",)
+    cache_block_outputs = (0, 1)  # (video, audio)
+    cache_second_stream = "audio_hidden_states"
+    cache_unsupported = ("diffusers' MagCache hooks pass a block's second stream through a skipped step without "
+                         "its residual, and LTX-2's second stream is the audio output")
+
+    #: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every ``transformer_blocks.N.attn1``
+    #: (any backend or none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
+    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
+
+    def backend_sites(self) -> tuple:
+        """The shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
+        return (_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH)
+
+    def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
+        """Every block has its six attentions as ``LTX2Attention``; the video self-attention ``attn1`` is a
+        self-attention (k/v from the hidden states) with diffusers' LTX-2 processor and a RoPE type the processor
+        knows; the model computes the video RoPE in ``rope``."""
+        ltx2 = _ltx2()
+        blocks = getattr(model, "transformer_blocks", None)
+        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+            return "it has no non-empty ModuleList `transformer_blocks`"
+        if not isinstance(getattr(model, "rope", None), ltx2.LTX2AudioVideoRotaryPosEmbed):
+            return f"`rope` is {type(getattr(model, 'rope', None)).__name__}, expected LTX2AudioVideoRotaryPosEmbed"
+        for i, block in enumerate(blocks):
+            for name in ATTENTIONS:
+                attn = getattr(block, name, None)
+                if not isinstance(attn, ltx2.LTX2Attention):
+                    return f"transformer_blocks.{i}.{name} is {type(attn).__name__}, expected LTX2Attention"
+            attn1 = block.attn1
+            mismatch = SOL_ATTENTION.processor_mismatch(attn1)
+            if mismatch is not None:
+                return f"transformer_blocks.{i}.attn1.{mismatch}"
+            if attn1.cross_attention_dim != attn1.query_dim:
+                return f"transformer_blocks.{i}.attn1 is a cross-attention (cross_attention_dim != query_dim)"
+            if attn1.rope_type not in ("interleaved", "split"):
+                return f"transformer_blocks.{i}.attn1.rope_type is {attn1.rope_type!r}, expected interleaved or split"
+        return None

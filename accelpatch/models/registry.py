@@ -1,0 +1,24 @@
+"""Every model family's adapter, in one list, and the lookup of a model's family (the models themselves are diffusers',
+or ours under accelpatch.models.sana_video2.modeling)."""
+from __future__ import annotations
+
+import torch
+
+from accelpatch.core.adapter import ModelAdapter
+from accelpatch.models.hunyuan_video15.adapter import HunyuanVideo15Adapter
+from accelpatch.models.ltx2.adapter import LTX2Adapter
+from accelpatch.models.minimax_h3.adapter import MiniMaxH3Adapter
+from accelpatch.models.sana_video.adapter import SanaVideoAdapter
+from accelpatch.models.sana_video2.adapter import SanaVideo2Adapter
+from accelpatch.models.wan.adapter import WanAdapter
+
+ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter(), WanAdapter(),
+                                 HunyuanVideo15Adapter(), LTX2Adapter()]
+
+
+def find_adapter(model: torch.nn.Module) -> ModelAdapter:
+    for adapter in ADAPTERS:
+        if adapter.matches(model):
+            return adapter
+    supported = ", ".join(name for adapter in ADAPTERS for name in adapter.class_names)
+    raise ValueError(f"accelpatch does not support {type(model).__name__}; supported model classes: {supported}")

@@ -1,0 +1,10 @@
+"""SANA-Video 2.0: accelpatch's own ``SanaVideo2Transformer3DModel`` and ``SanaVideo2Pipeline`` in diffusers format
+(:mod:`.modeling`, checkpoints from :mod:`.release`), and how accelpatch patches it: :mod:`.adapter` holds the model's
+sites (which module, which fast path, which tier) and its ``high`` paths, :mod:`.lossless` its lossless fused paths.
+Imported on first use: importing this package imports neither torch nor diffusers."""
+from accelpatch._moved import lazy_attributes
+
+_LAZY = {"SanaVideo2Adapter": f"{__name__}.adapter", "SanaVideo2Transformer3DModel": f"{__name__}.modeling",
+         "SanaVideo2Pipeline": f"{__name__}.modeling"}
+
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -1,0 +1,55 @@
+"""SANA-Video 2.0 as diffusers components: the transformer (and, alongside, its checkpoint converter and
+pipeline). Importing this imports diffusers, not the pipeline (which pulls transformers and much more of diffusers:
+about a second, and more than that on a cold start). Importing it also makes ``SanaVideo2Pipeline`` a lazy name of
+the ``diffusers`` namespace, where ``diffusers.DiffusionPipeline.from_pretrained`` looks up a saved folder's
+``_class_name``: this import is all that such a load needs.
+"""
+from accelpatch.models.sana_video2.release import anchor_layer_indices
+from accelpatch.models.sana_video2.modeling.attention import (SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2LinearAttnProcessor,
+                        SanaVideo2SoftmaxAttention, SanaVideo2SoftmaxAttnProcessor)
+from accelpatch.models.sana_video2.modeling.transformer import SanaVideo2Transformer3DModel
+
+__all__ = [
+    "SanaVideo2Transformer3DModel", "anchor_layer_indices", "SanaVideo2SoftmaxAttention", "SanaVideo2LinearAttention",
+    "SanaVideo2SoftmaxAttnProcessor", "SanaVideo2LinearAttnProcessor", "SanaVideo2CrossAttention",
+    "SanaVideo2Pipeline", "SanaVideo2PipelineOutput",
+]
+
+_PIPELINE_NAMES = ("SanaVideo2Pipeline", "SanaVideo2PipelineOutput")
+
+
+def __getattr__(name: str):
+    if name in _PIPELINE_NAMES:  # imported on first use (see the module docstring)
+        from accelpatch.models.sana_video2.modeling import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _offer_the_pipeline_to_diffusers() -> None:
+    """Add ``SanaVideo2Pipeline`` to the ``diffusers`` namespace as a lazy name (a module ``__getattr__``, PEP 562,
+    which Python consults before diffusers' own lazy lookup), so that the pipeline module is imported only when
+    diffusers asks for it. A name diffusers defines itself is never shadowed."""
+    import diffusers
+
+    name = "SanaVideo2Pipeline"
+    namespace = vars(diffusers)
+    previous = namespace.get("__getattr__")
+    if (name in namespace or name in getattr(diffusers, "_class_to_module", {}) or
+            name in getattr(diffusers, "_objects", {}) or getattr(previous, "_accelpatch_offers", None) == name):
+        return
+
+    def __getattr__(attribute: str):
+        if attribute == name:
+            from accelpatch.models.sana_video2.modeling.pipeline import SanaVideo2Pipeline  # sets the attribute for good
+
+            return SanaVideo2Pipeline
+        if previous is not None:
+            return previous(attribute)
+        raise AttributeError(f"module 'diffusers' has no attribute {attribute!r}")  # then diffusers' own lookup
+
+    __getattr__._accelpatch_offers = name
+    diffusers.__getattr__ = __getattr__
+
+
+_offer_the_pipeline_to_diffusers()
