@@ -1,4 +1,4 @@
-"""CPU benchmark: each lossless fused op (accelpatch.lossless.kernels.cpu) against its eager reference chain, one thread.
+"""CPU benchmark: each lossless fused op's CPU kernel (accelpatch.lossless.ops) against its reference chain, one thread.
 
 Shapes are the medium SANA-Video test model's (accelpatch.testing.SANA_VIDEO_MEDIUM_CONFIG: 5 frames of 16x16
 latents -> 320 tokens, hidden 448, 4 heads x 112; GLUMB hidden 1120, conv_inverted 2240 channels on
@@ -17,8 +17,9 @@ import time
 
 import torch
 
-from accelpatch.lossless.kernels import cpu, cpu_build
-from accelpatch.lossless.kernels import reference as ref
+import accelpatch.lossless.ops  # noqa: F401 - registers the ops
+from accelpatch.lossless.kernels import cpu_build
+from accelpatch.lossless.verify import ops
 from accelpatch.testing import SANA_VIDEO_MEDIUM_CONFIG
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -110,8 +111,9 @@ def _time_batch(fn, args, calls, clock):
 
 
 def bench(name, op, args, rounds, clock):
-    fused, eager = getattr(cpu, op), getattr(ref, op)
-    reason = cpu.unsupported(op, *args)
+    kernel = ops()[op].kernels["cpu"]
+    fused, eager = kernel.run, ops()[op].reference
+    reason = kernel.unsupported(*args)
     if reason:
         print(f"{name:<52} skipped: {reason}")
         return None

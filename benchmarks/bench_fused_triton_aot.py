@@ -1,6 +1,6 @@
 """Resource table of the fused Triton kernels compiled ahead of time (no GPU needed).
 
-Each launch the wrappers of accelpatch.lossless.kernels.triton_kernels make (accelpatch.lossless.kernels.aot.CASES) is captured
+Each launch the fused ops' CUDA kernels make (accelpatch.lossless.aot.CASES) is captured
 under a stand-in driver and compiled for each target with Triton's bundled ptxas: shared memory, registers, stack
 and spilled bytes per thread, fused multiply-adds / .ftz / approximate instructions (all must be 0), compile time;
 then the complex RoPE case once more with the complex multiply contracted (aot.CONTRACTED: its own fmas only).
@@ -19,7 +19,7 @@ def main(argv=None):
     os.environ.pop("TRITON_INTERPRET", None)
 
     from accelpatch.core import triton_aot  # noqa: PLC0415
-    from accelpatch.lossless.kernels import aot  # noqa: PLC0415
+    from accelpatch.lossless import aot  # noqa: PLC0415
 
     print(f"{'target':>6} {'case':<52} {'kernel':<27} {'BLOCK':>5} {'shared_B':>8} {'limit_B':>8} {'regs':>4} "
           f"{'stack_B':>7} {'spill_B':>7} {'fma':>3} {'ftz':>3} {'approx':>6} {'compile_s':>9}")

@@ -1,6 +1,6 @@
 """The fused Triton kernels on a GPU: bit identity with the eager reference chains at SANA-Video's widths, and time.
 
-For each case (the AOT cases' ops and dtypes, accelpatch.lossless.kernels.aot) it builds random inputs with edge values
+For each case (the AOT cases' ops and dtypes, accelpatch.lossless.aot) it builds random inputs with edge values
 (NaN, +-inf, +-0.0, subnormals, ties), runs reference and kernel, compares raw bits, NaN positions, dtype, shape and
 strides, and times both (CUDA events, median of --reps after a warm-up). Exit status 1 on any mismatch. It first
 prints which form the device's eager complex128 multiply takes in each loop (the fact sheet's open question 1).
@@ -113,9 +113,9 @@ def main(argv=None):
     device = torch.device(args.device)
     torch.set_num_threads(1)
 
-    from accelpatch.lossless.kernels import reference, triton_kernels  # noqa: PLC0415
-
+    import accelpatch.lossless.ops  # noqa: F401, PLC0415 - registers the ops
     from accelpatch.lossless.kernels import complex_mul  # noqa: PLC0415
+    from accelpatch.lossless.verify import ops  # noqa: PLC0415
 
     print("eager complex128 multiply on this device (0 every product rounded, 1/2 fma on the first/second product):",
           complex_mul.loop_modes(device), flush=True)
@@ -123,11 +123,12 @@ def main(argv=None):
     print(f"{'case':<50} {'eager_ms':>9} {'fused_ms':>9} {'ratio':>6}  result")
     with torch.no_grad():
         for label, op, inputs in cases(args.tokens, device):
-            reason = triton_kernels.unsupported(op, *inputs)
+            kernel = ops()[op].kernels["cuda"]
+            reason = kernel.unsupported(*inputs)
             if reason:
                 print(f"{label:<50} refused: {reason}", flush=True)
                 continue
-            fused, ref = getattr(triton_kernels, op), getattr(reference, op)
+            fused, ref = kernel.run, ops()[op].reference
             problem = mismatches(fused(*inputs), ref(*inputs))
             failed |= bool(problem)
             t_ref = timed(lambda: ref(*inputs), args.reps, device)  # noqa: B023

@@ -107,15 +107,15 @@ def bench_ops(name: str, dtype: torch.dtype, rounds: int) -> None:
     with torch.no_grad(), recording_calls() as seen:
         patched(**inputs)
     for (op_name, _), (op, args) in seen.items():
-        fused, unsupported, reason = op.implementation(args[0].device)
+        kernel, reason = op.implementation(args[0].device)
         with torch.no_grad():  # the weights of pointwise_conv and linear require grad outside it
-            reason = reason or unsupported(op_name, *args)
+            reason = reason or kernel.unsupported(*args)
         label = f"  {op_name:<20} {verify.describe(args)[:70]:<70}"
         if reason is not None:
             print(f"{label} not run: {reason}")
             continue
         with torch.no_grad():
-            base, cand = interleaved(lambda: op.reference(*args), lambda: fused(*args), rounds=rounds, repeat=20)
+            base, cand = interleaved(lambda: op.reference(*args), lambda: kernel.run(*args), rounds=rounds, repeat=20)
         comparison = compare_timings(base, cand)
         print(f"{label} eager {comparison.baseline.median * 1e6:7.1f} µs  fused "
               f"{comparison.candidate.median * 1e6:7.1f} µs  {comparison.brief()}")

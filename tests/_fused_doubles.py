@@ -1,10 +1,13 @@
-"""Stand-in implementations of the fused ops for tests of the verification machinery: each op is its reference
-chain (so it is bit-exact by construction), and ``WRONG`` names ops that return a perturbed result instead."""
+"""Stand-in CPU kernels of the fused ops for tests of the verification machinery: each op's stand-in is its
+reference chain (so it is bit-exact by construction), and ``WRONG`` names ops that return a perturbed result
+instead. ``substituted()`` puts them in place of every registered op's CPU kernel (``FusedOp.substituted``)."""
 from __future__ import annotations
 
-import torch
+import contextlib
 
-from accelpatch.lossless.kernels import reference
+import accelpatch.lossless.ops  # noqa: F401 - registers the package's ops
+from accelpatch.lossless.kernels.library import Kernel, KernelLibrary
+from accelpatch.lossless.verify import FusedOp, ops
 
 CALLS: dict[str, int] = {}
 WRONG: set[str] = set()
@@ -15,8 +18,12 @@ def unsupported(op: str, *args):
     return UNSUPPORTED.get(op)
 
 
-def _make(name):
-    fn = getattr(reference, name)
+#: a library that shares no checks and is always available (the stand-ins need no build)
+LIBRARY = KernelLibrary("cpu", "CPU", lambda name, check, args: check(*args))
+
+
+def _make(op: FusedOp) -> Kernel:
+    name, fn = op.name, op.reference
 
     def run(*args):
         CALLS[name] = CALLS.get(name, 0) + 1
@@ -29,10 +36,13 @@ def _make(name):
         return out
 
     run.__name__ = name
-    return run
+    return Kernel(name, LIBRARY, run, lambda *args: unsupported(name, *args))  # read late: tests patch it
 
 
-for _name in ("relu_rope_pair", "rope_pair", "modulate", "gated_residual", "silu", "glu_gate", "scale_to_tokens",
-              "rotate_half_pair", "rotary_complex_pair", "sigmoid_gate", "rope_pair_per_channel", "rope_split_pair",
-              "pointwise_conv", "linear"):
-    globals()[_name] = _make(_name)
+@contextlib.contextmanager
+def substituted():
+    """Every registered op's CPU kernel replaced by its stand-in inside the block."""
+    with contextlib.ExitStack() as stack:
+        for op in ops().values():
+            stack.enter_context(op.substituted(_make(op)))
+        yield

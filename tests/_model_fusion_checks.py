@@ -25,9 +25,10 @@ def fresh_verdicts():
 
 
 @pytest.fixture
-def stand_in_kernels(monkeypatch):
+def stand_in_kernels():
     """The CPU kernels replaced by :mod:`_fused_doubles` (each op its reference chain, or wrong on purpose)."""
-    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
+    with doubles.substituted():
+        yield
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

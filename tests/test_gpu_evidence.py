@@ -286,6 +286,7 @@ def test_a_section_timeout_is_not_swallowed_by_a_fast_paths_fallback(monkeypatch
     first sight (a cold kernel build), the op's ``except Exception`` declined it and ran the reference on past
     the limit. Now it passes through the fast path, and only the section runner catches it."""
     from accelpatch.lossless import verify
+    from accelpatch.lossless.kernels.library import Kernel, KernelLibrary
     from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
     runner = _gpu_module(monkeypatch, "_runner")
@@ -294,7 +295,9 @@ def test_a_section_timeout_is_not_swallowed_by_a_fast_paths_fallback(monkeypatch
     def alarm(*_args):
         raise runner.SectionTimeout("ran past its hard limit of 1 s")
 
-    monkeypatch.setattr(verify.FusedOp, "implementation", lambda self, device: (alarm, lambda *a: None, None))
+    stand_in = KernelLibrary("cpu", "CPU", lambda name, check, args: check(*args))
+    monkeypatch.setattr(verify.FusedOp, "implementation",
+                        lambda self, device: (Kernel(self.name, stand_in, alarm, lambda *a: None), None))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the CPU fused path runs single-threaded only
     model = tiny_sana_video_transformer(dtype=torch.bfloat16)
     inputs = sana_video_transformer_inputs(model, batch_size=1)

@@ -18,7 +18,7 @@ import accelpatch
 from accelpatch.core.sites import NO_FUSED_OP_COMPILED
 import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch.lossless import verify
-from accelpatch.lossless.kernels import reference as ref
+from _by_name import REFERENCE as ref
 from accelpatch.core.sites import SITE_ATTR
 from accelpatch.testing import hunyuan_video15_transformer_inputs, tiny_hunyuan_video15_transformer
 

@@ -21,12 +21,12 @@ from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_tr
 
 
 @pytest.fixture(autouse=True)
-def stand_in_kernels(monkeypatch):
-    monkeypatch.setitem(verify.IMPLEMENTATIONS, "cpu", "_fused_doubles")
+def stand_in_kernels():
     for op in verify.ops().values():
         op.forget()
     doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
-    yield
+    with doubles.substituted():
+        yield
     for op in verify.ops().values():
         op.forget()
     doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
@@ -79,8 +79,6 @@ def test_a_kernel_build_at_first_sight_is_not_counted_as_checking_time(monkeypat
         return None
 
     monkeypatch.setattr(doubles, "unsupported", slow_build)
-    for op in verify.ops().values():  # implementations are looked up once: look up the slow build again
-        monkeypatch.setattr(op, "_implementations", {})
     monkeypatch.setattr(verify, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     model, inputs, reference = _model_and_inputs()
     accelpatch.apply(model)

@@ -1,7 +1,8 @@
 """First-sight verification: a lossless fused op runs only for input signatures where it matched its reference.
 
-A :class:`FusedOp` pairs an eager reference chain (:mod:`accelpatch.lossless.kernels.reference`) with the device's fused
-implementation (:mod:`accelpatch.lossless.kernels.cpu`, :mod:`~accelpatch.lossless.kernels.triton_kernels`). The first call
+A :class:`FusedOp` pairs an eager reference chain with its fused kernel per device type (a
+:class:`~accelpatch.lossless.kernels.library.Kernel`, registered on the op by its ``kernel`` decorator in the op's
+file, ``accelpatch/lossless/ops/<name>.py``). The first call
 with a new *signature* (device and capability; every tensor's dtype, shape, strides, 16-byte alignment; the other
 arguments) runs both and compares them bit for bit: dtype, shape, strides and raw bits must agree; NaN must sit at
 the same places (eager itself stores different NaN payloads in its vectorised and scalar loops, so payloads are not
@@ -17,17 +18,19 @@ reference runs (the kernels have no backward). All three are counted with their 
 """
 from __future__ import annotations
 
-import importlib
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
 from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
 from accelpatch.core.gate import note_work
+from accelpatch.lossless.kernels.library import Kernel, KernelLibrary
 from accelpatch.lossless.kernels.operands import foreign_operand
 
 FUSED = "fused"
@@ -42,8 +45,8 @@ CPU_KERNELS_OFF = "reference: the CPU kernels are switched off for this model (a
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
 POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
 
-#: device type -> module implementing every fused op there (functions named as the ops, plus ``unsupported``)
-IMPLEMENTATIONS = {"cpu": "accelpatch.lossless.kernels.cpu", "cuda": "accelpatch.lossless.kernels.triton_kernels"}
+#: how a reason names the kernels of a device type that has none for an op ("no Triton kernel for 'linear'")
+KERNEL_KINDS = {"cpu": "CPU", "cuda": "Triton"}
 
 
 @dataclass
@@ -66,8 +69,6 @@ class Verdict:
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
-_UNAVAILABLE: dict = {}
-_UNSET = object()
 
 
 def _device_key(device: torch.device) -> tuple:
@@ -157,10 +158,11 @@ def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
 
 
 class FusedOp:
-    """One fused op: its reference chain, verified per signature against the device's implementation.
+    """One fused op: its reference chain, verified per signature against its kernel for the device.
 
     Called from a fast path's restated forward as ``op(site, *args)``; returns what ``reference(*args)`` returns,
-    bit for bit. ``site`` (an :class:`accelpatch.core.sites.Site`) receives the counts, warnings and strictness."""
+    bit for bit. ``site`` (an :class:`accelpatch.core.sites.Site`) receives the counts, warnings and strictness.
+    Its kernels are registered on it by :meth:`kernel`, one per device type."""
 
     def __init__(self, name: str, reference: Callable, description: str,
                  dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
@@ -183,7 +185,7 @@ class FusedOp:
         self.host = host
         self._host_outcome: list[Optional[str]] = []
         self._verdicts: dict[tuple, Verdict] = {}
-        self._implementations: dict[tuple, tuple] = {}
+        self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
         self._verifying = threading.Lock()  # one first sight at a time per op; others wait, then reuse the verdict
 
@@ -200,43 +202,66 @@ class FusedOp:
         with self._lock:
             self._verdicts.clear()
 
-    def implementation(self, device: torch.device) -> tuple[Optional[Callable], Optional[Callable], Optional[str]]:
-        """``(fused function, unsupported(op, *args), None)`` for ``device``, or ``(None, None, reason)``; looked up
-        once per device type and module (``IMPLEMENTATIONS`` may be re-pointed, as tests do)."""
-        key = (device.type, IMPLEMENTATIONS.get(device.type))
-        found = self._implementations.get(key)
-        if found is None:
-            found = self._implementations.setdefault(key, self._find_implementation(device))
-        return found
+    # -- kernels ----------------------------------------------------------------------------------------------------
+    def kernel(self, library: KernelLibrary, unsupported: Callable[..., Optional[str]], **options: Any):
+        """Decorator: ``run`` is this op's kernel in ``library`` (one per device type). ``unsupported(*args)`` is the
+        op's own check of the arguments (None when ``run`` takes them), asked after the library's shared checks,
+        which ``options`` tune (see the library's ``admits``). Returns ``run`` unchanged."""
+        def register_kernel(run: Callable) -> Callable:
+            if library.device_type in self._kernels:
+                raise ValueError(f"{self.name} already has a {library.device_type} kernel "
+                                 f"({self._kernels[library.device_type].run.__qualname__})")
+            self._kernels[library.device_type] = Kernel(self.name, library, run, unsupported, dict(options))
+            return run
+        return register_kernel
 
-    def _find_implementation(self, device: torch.device):
-        module_name = IMPLEMENTATIONS.get(device.type)
-        if module_name is None:
-            return None, None, f"no fused implementation for {device.type} tensors"
+    @property
+    def kernels(self) -> Mapping[str, Kernel]:
+        """The op's kernels by device type (read-only)."""
+        return MappingProxyType(self._kernels)
+
+    @contextlib.contextmanager
+    def substituted(self, kernel: Kernel) -> Iterator[Kernel]:
+        """Run ``kernel`` in place of the op's kernel for its library's device type inside the block (tests'
+        stand-in kernels); the verdicts are dropped on entry and exit, since they judged another kernel."""
+        device_type = kernel.library.device_type
+        before = self._kernels.get(device_type)
+        self._kernels[device_type] = kernel
+        self.forget()
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            return None, None, f"the {device.type} kernels cannot be imported: {error}"
-        fused = getattr(module, self.name, None)
-        if fused is None:
-            return None, None, f"no {device.type} kernel for {self.name} in this version of accelpatch"
-        return fused, module.unsupported, None
+            yield kernel
+        finally:
+            if before is None:
+                del self._kernels[device_type]
+            else:
+                self._kernels[device_type] = before
+            self.forget()
+
+    def implementation(self, device: torch.device) -> tuple[Optional[Kernel], Optional[str]]:
+        """``(kernel, None)`` for ``device``, or ``(None, reason)`` where the op has no kernel there."""
+        kernel = self._kernels.get(device.type)
+        if kernel is None:
+            return None, self._no_kernel(device.type)
+        return kernel, None
+
+    def unsupported(self, device_type: str, *args: Any) -> Optional[str]:
+        """Why the op's ``device_type`` kernel cannot run these arguments (None when it can)."""
+        kernel = self._kernels.get(device_type)
+        return self._no_kernel(device_type) if kernel is None else kernel.unsupported(*args)
+
+    def _no_kernel(self, device_type: str) -> str:
+        return f"no {KERNEL_KINDS.get(device_type, device_type)} kernel for {self.name!r} in this version of accelpatch"
 
     def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
         """A policy outcome where no kernel of ``device`` can run for this model or process: the CPU kernels
-        switched off (``apply(..., cpu_kernels=False)``, ``ACCELPATCH_CPU_KERNELS=0``) or not buildable here. Counted
-        with the reason, not warned per op: a failed build warns once per process where it fails."""
-        if device.type != "cpu":
-            return None
-        if not getattr(site.model, "cpu_kernels", True):
+        switched off (``apply(..., cpu_kernels=False)``, ``ACCELPATCH_CPU_KERNELS=0``) or not buildable here (the
+        kernel's library says). Counted with the reason, not warned per op: a failed build warns once per process
+        where it fails."""
+        if device.type == "cpu" and not getattr(site.model, "cpu_kernels", True):
             return CPU_KERNELS_OFF
-        name = IMPLEMENTATIONS.get("cpu")
-        why = _UNAVAILABLE.get(name, _UNSET)
-        if why is _UNSET:  # the implementation's own check, looked up once per module (tests re-point them)
-            why = _UNAVAILABLE.setdefault(name, getattr(importlib.import_module(name), "unavailable", None)
-                                          if name else None)
-        reason = why() if why is not None else None
-        return f"reference: CPU kernels {reason}" if reason else None
+        kernel = self._kernels.get(device.type)
+        reason = kernel.library.unavailable() if kernel is not None else None
+        return f"reference: {kernel.library.kind} kernels {reason}" if reason else None
 
     def other_dtype_outcome(self, dtype: torch.dtype) -> str:
         names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
@@ -311,9 +336,9 @@ class FusedOp:
                     return self._first_sight(site, key, args, device)
         if not verdict.verified:
             return self._declined(site, args, verdict.reason)
-        fused, _, _ = self.implementation(tensors[0].device)
+        kernel, _ = self.implementation(tensors[0].device)
         try:
-            out = fused(*args)
+            out = kernel.run(*args)
         except Exception as error:  # noqa: BLE001 - a kernel failing later declines for good, like a mismatch
             if is_fatal(error):
                 raise
@@ -343,21 +368,21 @@ class FusedOp:
         _count(site, self.name, outcome)
 
     def _first_sight(self, site: Any, key: tuple, args: tuple, device: torch.device):
-        fused, unsupported, reason = self.implementation(device)
+        kernel, reason = self.implementation(device)
         if reason is None:
-            reason = unsupported(self.name, *args)  # builds the kernels if need be: a one-off, reported apart
+            reason = kernel.unsupported(*args)  # builds the kernels if need be: a one-off, reported apart
         start = time.perf_counter()  # the check's cost: the reference, the fused op, the comparison
         reference_out = self.reference(*args)
         reference_s = fused_s = None
         if reason is None:
             try:
-                fused_out = fused(*args)
+                fused_out = kernel.run(*args)
                 reference_outs = reference_out if isinstance(reference_out, tuple) else (reference_out,)
                 fused_outs = fused_out if isinstance(fused_out, tuple) else (fused_out,)
                 reason = mismatch(reference_outs, fused_outs)
                 if reason is None:  # both warm now: one timed run each, for the report's estimate
                     del fused_out, fused_outs
-                    _, fused_s = _timed(fused, args, device)
+                    _, fused_s = _timed(kernel.run, args, device)
                     _, reference_s = _timed(self.reference, args, device)
             except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
                 if is_fatal(error):
@@ -398,11 +423,13 @@ _OPS: dict[str, FusedOp] = {}
 
 
 def register(op: FusedOp) -> FusedOp:
-    """Make ``op`` findable by name (pickles of sites name their ops)."""
+    """Make ``op`` findable by name (pickles of sites name their ops; nothing else finds an op or its kernels by
+    name)."""
     _OPS.setdefault(op.name, op)
     return _OPS[op.name]
 
 
 def ops() -> Mapping[str, FusedOp]:
-    """Every fused op registered so far, by name (accelpatch.lossless.ops registers the package's own on import)."""
+    """Every fused op registered so far, by name (importing accelpatch.lossless.ops registers the package's own, one
+    module per op)."""
     return dict(_OPS)

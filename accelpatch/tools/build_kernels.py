@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import time
 
+    import accelpatch.lossless.ops  # noqa: F401 - each op registers its known-answer runs for the self-check
     from accelpatch.lossless.kernels import cpu, cpu_build
 
     start = time.perf_counter()

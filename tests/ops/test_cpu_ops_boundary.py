@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from _by_name import CPU, REFERENCE as ref, TRITON
 from accelpatch.lossless.kernels import cpu, cpu_build, onednn_bf16
+from accelpatch.lossless.kernels.layout import eager_layouts
 from accelpatch.lossless.kernels.operands import foreign_operand
 
 from _wrapped_tensors import Wrapped
@@ -26,7 +28,7 @@ def _ops():
 def _modulate_call(n=40):
     x, scale, shift = (mixed((8, n), F32, seed) for seed in (1, 2, 3))
     out = torch.empty_like(x)
-    size, strides = cpu._flat_plan(cpu._plan_for("modulate", cpu.ref.modulate, (x, scale, shift)))
+    size, strides = cpu.flat_plan(cpu.plan_for("modulate", ref.modulate, (x, scale, shift)))
     return out, x, scale, shift, size, strides
 
 
@@ -44,7 +46,7 @@ def test_a_plan_reaching_past_a_tensor_raises_and_writes_nothing():
         _ops().modulate(out, x, scale, shift, size, walking)
     assert bool((out == 7.0).all())
     _ops().modulate(out, x, scale, shift, size, strides)  # the right plan runs
-    assert_same(out, cpu.ref.modulate(x, scale, shift), "modulate")
+    assert_same(out, ref.modulate(x, scale, shift), "modulate")
 
 
 @pytest.mark.parametrize("case,match", [
@@ -123,7 +125,7 @@ def test_a_subclass_is_declined_before_any_kernel():
     assert weight.data_ptr() == 0
     x = mixed((1, 3, 6), BF16, 4)
     assert "tensor subclass" in foreign_operand([x, weight], "cpu")
-    assert "tensor subclass" in cpu.unsupported("linear", x, weight, None)
+    assert "tensor subclass" in CPU.unsupported("linear", x, weight, None)
     assert "tensor subclass" in onednn_bf16.why_linear(x, weight, None)
     with pytest.raises(NotImplementedError, match="Wrapped does not implement"):
         _ops().gemm_bf16(x, weight, None, torch.empty(1, 3, 5, dtype=BF16), [1, 6, 5, 3, 1], [0, 1, 6, 0],
@@ -140,7 +142,7 @@ def test_other_tensors_we_do_not_understand_are_named(kind):
     reason = foreign_operand([x, other], "cpu")
     assert reason is not None and {"quantized": "quantized", "sparse": "sparse_coo", "meta": "meta",
                                    "nested-device": "meta"}[kind] in reason
-    assert cpu.unsupported("modulate", x, other, x) is not None
+    assert CPU.unsupported("modulate", x, other, x) is not None
 
 
 @pytest.mark.parametrize("op", ["modulate", "relu_rope", "gemm_bf16"])
@@ -155,8 +157,8 @@ def test_opcheck_schemas_and_fake_implementations(op):
         q, k = mixed((1, 4, 2, 8), F32, 1), mixed((1, 4, 2, 8), F32, 2)
         c, s = mixed((1, 4, 1, 8), F32, 3), mixed((1, 4, 1, 8), F32, 4)
         outs = tuple(torch.empty_strided(sh, st, dtype=dt) for sh, st, dt in
-                     cpu.eager_layouts(cpu.ref.relu_rope_pair, (q, k, c, s)))
-        size, strides = cpu._flat_plan(cpu._rope_plan((q, k, c, s)))
+                     eager_layouts(ref.relu_rope_pair, (q, k, c, s)))
+        size, strides = cpu.flat_plan(cpu.rope_plan((q, k, c, s), ref.relu_rope_pair))
         args = (q, k, c, s, *outs, None, size, strides)
     else:
         x, weight = mixed((1, 6, 2, 3), BF16, 4), mixed((5, 6), BF16, 5)
@@ -169,10 +171,8 @@ def test_opcheck_schemas_and_fake_implementations(op):
 def test_the_triton_kernels_decline_what_they_do_not_understand_first():
     """The Triton implementations take tensors by address too: a subclass, a quantized tensor and a lazily
     negated view are refused by name before a kernel is launched."""
-    from accelpatch.lossless.kernels import triton_kernels
-
     x = mixed((4, 8), F32, 1)
-    assert "tensor subclass" in triton_kernels.unsupported("modulate", x, Wrapped(x, opaque=True), x)
-    assert "quantized" in triton_kernels.unsupported("modulate", x, torch.quantize_per_tensor(x, 0.1, 0,
+    assert "tensor subclass" in TRITON.unsupported("modulate", x, Wrapped(x, opaque=True), x)
+    assert "quantized" in TRITON.unsupported("modulate", x, torch.quantize_per_tensor(x, 0.1, 0,
                                                                                            torch.qint8), x)
-    assert "negated" in triton_kernels.unsupported("modulate", x, x._neg_view(), x)
+    assert "negated" in TRITON.unsupported("modulate", x, x._neg_view(), x)

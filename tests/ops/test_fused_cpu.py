@@ -1,6 +1,7 @@
-"""The CPU fused ops (accelpatch.lossless.kernels.cpu) against their eager reference chains, bit for bit.
+"""The fused ops' CPU kernels (accelpatch.lossless.ops, on accelpatch.lossless.kernels.cpu) against their eager
+reference chains, bit for bit.
 
-Expected values always come from accelpatch.lossless.kernels.reference run eagerly. Inputs are built to hit the edges:
+Expected values always come from the ops' reference chains run eagerly. Inputs are built to hit the edges:
 bf16 rounding ties (small-integer operands, whose products and sums land exactly half-way), NaN, +-inf, +-0.0,
 bf16 and fp32 subnormals, magnitudes 0.005 / 1 / 200, token counts 1 / 17 / 257, transposed, strided and
 broadcast views, every supported dtype and table dtype. Also: the comparison catches deliberately wrong kernels,
@@ -22,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelpatch.lossless.kernels import cpu, cpu_build
-from accelpatch.lossless.kernels import reference as ref
+from _by_name import CPU, REFERENCE as ref
 from accelpatch.lossless.kernels.layout import eager_layouts
+from accelpatch.lossless.verify import FusedOp, ops
 
 _, BUILD_REASON = cpu_build.load()
 needs_kernels = pytest.mark.skipif(BUILD_REASON is not None, reason=f"CPU kernels unavailable: {BUILD_REASON}")
@@ -66,9 +68,9 @@ def assert_all_same(actual, expected, what: str = "", size1_strides: bool = True
 
 def check(op: str, *args, size1_strides: bool = True) -> None:
     """Run the fused op and its reference on the same inputs and compare every output."""
-    assert cpu.unsupported(op, *args) is None, cpu.unsupported(op, *args)
+    assert CPU.unsupported(op, *args) is None, CPU.unsupported(op, *args)
     with torch.no_grad():
-        assert_all_same(getattr(cpu, op)(*args), getattr(ref, op)(*args), op, size1_strides)
+        assert_all_same(getattr(CPU, op)(*args), getattr(ref, op)(*args), op, size1_strides)
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ def test_comparison_catches_a_wrong_kernel():
     once = (x.float() * (1 + scale.float()) + shift.float()).to(BF16)
     with pytest.raises(AssertionError, match="differ"):
         assert_same(once, expected)
-    good = cpu.modulate(x, scale, shift)
+    good = CPU.modulate(x, scale, shift)
     assert_same(good, expected)
     flipped = good.clone()
     flipped.view(torch.int16).view(-1)[5] ^= 1
@@ -160,7 +162,7 @@ def test_comparison_catches_a_contracted_rope():
     fused[..., 1::2] = (r[..., 0::2] * sin[..., 1::2].double() + r[..., 1::2] * cos[..., 0::2].double()).float()
     with pytest.raises(AssertionError, match="differ"):
         assert_same(fused, expected)
-    assert_same(cpu.relu_rope_pair(q, q, cos, sin)[2], expected)
+    assert_same(CPU.relu_rope_pair(q, q, cos, sin)[2], expected)
 
 
 # ---- rounding --------------------------------------------------------------------------------------------------
@@ -233,7 +235,7 @@ def test_relu_rope_pair_double_rounding_through_float():
     q = torch.ones(1, 1, 1, 2, dtype=BF16)
     cos = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -40, 0.0], dtype=F64).view(1, 1, 1, 2)
     sin = torch.zeros(1, 1, 1, 2, dtype=F64)
-    rotated = cpu.relu_rope_pair(q, q, cos, sin)[2]
+    rotated = CPU.relu_rope_pair(q, q, cos, sin)[2]
     assert rotated[0, 0, 0, 0].item() == 1.0
     check("relu_rope_pair", q, q, cos, sin)
 
@@ -327,7 +329,7 @@ def test_elementwise_random_broadcasts_and_strides(data):
         perm = data.draw(st.permutations(range(ndim)))
         t = t.permute(*perm).contiguous().permute(*sorted(range(ndim), key=lambda d: perm[d]))
         args.append(t)
-    reason = cpu.unsupported(op, *args)
+    reason = CPU.unsupported(op, *args)
     if reason is not None:
         assert "4 strided dims" in reason
         return
@@ -335,7 +337,7 @@ def test_elementwise_random_broadcasts_and_strides(data):
     # kernels give other strides than the CPU kernels (the two tests below). That is the layout helper's matter, not
     # the kernel's: where the meta layout differs from eager's, the values are compared in eager's own layout.
     with torch.no_grad():
-        fused, expected = getattr(cpu, op)(*args), getattr(ref, op)(*args)
+        fused, expected = getattr(CPU, op)(*args), getattr(ref, op)(*args)
     if _memory_strides(fused) != _memory_strides(expected):
         assert fused.stride() == eager_layouts(getattr(ref, op), tuple(args))[0][1]
         fused = torch.empty_strided(expected.shape, expected.stride(), dtype=expected.dtype).copy_(fused)
@@ -435,9 +437,9 @@ def test_sigmoid_gate_catches_a_wrong_table_or_rounding(monkeypatch):
     with pytest.raises(AssertionError, match="differ"):
         assert_same((x.float() * torch.sigmoid(gate.float())).to(BF16), expected)
     monkeypatch.setattr(cpu, "_PREPARED", {})  # a fresh cache, dropped with the wrong table afterwards
-    monkeypatch.setitem(cpu._WIDE, "sigmoid", cpu._wide_table("silu"))
+    monkeypatch.setitem(cpu._WIDE, "sigmoid", cpu.wide_table("silu"))
     with torch.no_grad(), pytest.raises(AssertionError, match="differ|NaN"):
-        assert_same(cpu.sigmoid_gate(x, gate), expected)
+        assert_same(CPU.sigmoid_gate(x, gate), expected)
 
 
 # ---- scale_to_tokens -------------------------------------------------------------------------------------------
@@ -457,17 +459,17 @@ def test_scale_to_tokens(dtype, zdtype, tokens):
     check("scale_to_tokens", tokens_minor, z, dtype)
     check("scale_to_tokens", x, mixed((2, 1, 1, tokens), zdtype, 6), dtype)
     check("scale_to_tokens", x, mixed((2, 3, 1, 2 * tokens), zdtype, 7)[..., ::2], dtype)  # a strided z
-    out = cpu.scale_to_tokens(x, z, dtype)
+    out = CPU.scale_to_tokens(x, z, dtype)
     assert out.shape == (2, tokens, 24) and (tokens == 1 or out.stride()[1] == 1)  # N-minor, as eager
 
 
 @needs_kernels
 def test_scale_to_tokens_to_float32_is_not_fused():
     x, z = mixed((1, 2, 4, 5), F32, 1), mixed((1, 2, 1, 5), F32, 2)
-    assert "nothing to fuse" in cpu.unsupported("scale_to_tokens", x, z, F32)
-    assert "bf16, fp16 or float32 z" in cpu.unsupported("scale_to_tokens", x, z.double(), BF16)
+    assert "nothing to fuse" in CPU.unsupported("scale_to_tokens", x, z, F32)
+    assert "bf16, fp16 or float32 z" in CPU.unsupported("scale_to_tokens", x, z.double(), BF16)
     with pytest.raises(ValueError, match="nothing to fuse"):
-        cpu.scale_to_tokens(x, z, F32)
+        CPU.scale_to_tokens(x, z, F32)
 
 
 # ---- flush-to-zero ----------------------------------------------------------------------------------------------
@@ -499,23 +501,23 @@ def test_flush_denormal_mode_is_followed():
 def test_unsupported_reasons():
     q = torch.zeros(1, 4, 2, 8, dtype=BF16)
     t = torch.zeros(1, 4, 1, 8)
-    assert cpu.unsupported("relu_rope_pair", q, q, t, t) is None
-    assert "dtype" in cpu.unsupported("relu_rope_pair", q.half(), q.half(), t, t)
-    assert "one dtype" in cpu.unsupported("relu_rope_pair", q, q.float(), t, t)
-    assert "even head dim" in cpu.unsupported("relu_rope_pair", q[..., :7], q[..., :7], t[..., :7], t[..., :7])
-    assert "broadcast" in cpu.unsupported("relu_rope_pair", q, q, torch.zeros(1, 3, 1, 8), t)
-    assert "CPU tensors" in cpu.unsupported("modulate", *(torch.zeros(4, device="meta"),) * 3)
-    assert "one dtype" in cpu.unsupported("modulate", torch.zeros(4, dtype=BF16), torch.zeros(4), torch.zeros(4))
-    assert "one dtype" in cpu.unsupported("silu", torch.zeros(4))
-    assert "no CPU kernel" in cpu.unsupported("layer_norm", q)
+    assert CPU.unsupported("relu_rope_pair", q, q, t, t) is None
+    assert "dtype" in CPU.unsupported("relu_rope_pair", q.half(), q.half(), t, t)
+    assert "one dtype" in CPU.unsupported("relu_rope_pair", q, q.float(), t, t)
+    assert "even head dim" in CPU.unsupported("relu_rope_pair", q[..., :7], q[..., :7], t[..., :7], t[..., :7])
+    assert "broadcast" in CPU.unsupported("relu_rope_pair", q, q, torch.zeros(1, 3, 1, 8), t)
+    assert "CPU tensors" in CPU.unsupported("modulate", *(torch.zeros(4, device="meta"),) * 3)
+    assert "one dtype" in CPU.unsupported("modulate", torch.zeros(4, dtype=BF16), torch.zeros(4), torch.zeros(4))
+    assert "one dtype" in CPU.unsupported("silu", torch.zeros(4))
+    assert "no CPU kernel" in FusedOp("layer_norm", F.layer_norm, "a norm").unsupported("cpu", q)
     flat = torch.ones(4)
-    assert "negated" in cpu.unsupported("modulate", flat._neg_view(), flat, flat)
+    assert "negated" in CPU.unsupported("modulate", flat._neg_view(), flat, flat)
     grad = torch.zeros(4, requires_grad=True)
-    assert "autograd" in cpu.unsupported("modulate", grad, grad, grad)
+    assert "autograd" in CPU.unsupported("modulate", grad, grad, grad)
     with torch.no_grad():
-        assert cpu.unsupported("modulate", grad, grad, grad) is None
+        assert CPU.unsupported("modulate", grad, grad, grad) is None
     with pytest.raises(ValueError, match="autograd"):
-        cpu.modulate(grad, grad, grad)
+        CPU.modulate(grad, grad, grad)
 
 
 @needs_kernels
@@ -532,14 +534,14 @@ def test_a_library_failing_the_known_answer_check_is_refused(monkeypatch):
 
     monkeypatch.setattr(cpu, "_SELF_CHECK", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
-    reason = cpu.unsupported("silu", torch.zeros(4, dtype=BF16))
+    reason = CPU.unsupported("silu", torch.zeros(4, dtype=BF16))
     assert reason is not None and "known-answer" in reason
 
 
 def test_unsupported_gives_the_build_reason(monkeypatch):
     monkeypatch.setattr(cpu_build, "_RESULT", (None, "no C++ compiler found (install g++ or set CXX)"))
     x = torch.zeros(4, dtype=BF16)
-    assert "no C++ compiler" in cpu.unsupported("silu", x)
+    assert "no C++ compiler" in CPU.unsupported("silu", x)
 
 
 @needs_kernels
@@ -707,12 +709,12 @@ def test_switched_off_by_the_environment_nothing_is_built(tmp_path):
 
 def test_every_reference_op_has_a_cpu_op_with_its_signature():
     import inspect
-    single = {"rotary_interleaved", "rotate_half", "rotary_complex"}  # one-tensor parts of the pair ops
-    names = [n for n, f in vars(ref).items() if inspect.isfunction(f) and f.__module__ == ref.__name__
-             and n not in single]
-    assert sorted(cpu.OPS) == sorted(names)
-    for name, fn in cpu.OPS.items():
-        assert list(inspect.signature(fn).parameters) == list(inspect.signature(getattr(ref, name)).parameters)
+    names = sorted(ops())  # every registered op's reference chain
+    assert sorted(name for name, op in ops().items() if "cpu" in op.kernels) == names
+    for name in names:
+        op = ops()[name]
+        assert list(inspect.signature(op.kernels["cpu"].run).parameters) == list(
+            inspect.signature(op.reference).parameters), name
 
 
 def test_sources_ship_in_the_package():
@@ -731,10 +733,10 @@ def test_prepared_signatures_keep_apart_what_the_kernels_cannot_take():
     with torch.no_grad():
         check("modulate", flat, flat, flat)
         with pytest.raises(ValueError, match="negated"):
-            cpu.modulate(flat._neg_view(), flat, flat)
+            CPU.modulate(flat._neg_view(), flat, flat)
         with pytest.raises(ValueError, match="CPU tensors"):
-            cpu.modulate(flat.to("meta"), flat, flat)
+            CPU.modulate(flat.to("meta"), flat, flat)
     grad = flat.clone().requires_grad_()
-    cpu.modulate(flat, flat, flat)
+    CPU.modulate(flat, flat, flat)
     with pytest.raises(ValueError, match="autograd"):
-        cpu.modulate(grad, flat, flat)
+        CPU.modulate(grad, flat, flat)

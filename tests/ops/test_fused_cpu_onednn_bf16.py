@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelpatch.lossless.kernels import cpu
+from _by_name import CPU
 from accelpatch.lossless.kernels import onednn_bf16 as ob
 
 from _cpu_kind import KIND, NEEDS_EMULATED_BF16, ONEDNN_EMULATED_BF16
@@ -65,15 +65,15 @@ def _check(x, weight, bias, op=OP, order=None):
         found, reason = ob.probe_order(op, x, weight, bias)
         if ONEDNN_EMULATED_BF16:
             assert reason is None and found == _effective(op, x, bias, order), (reason, found, order)
-            assert cpu.unsupported(op, x, weight, bias) is None
+            assert CPU.unsupported(op, x, weight, bias) is None
             eager = (F.conv2d if op == OP else F.linear)(x, weight, bias)
-            assert_same(getattr(cpu, op)(x, weight, bias), eager, f"{op} {tuple(x.shape)}", size1_strides=False)
+            assert_same(getattr(CPU, op)(x, weight, bias), eager, f"{op} {tuple(x.shape)}", size1_strides=False)
             assert_same(kernel, eager, f"{op} kernel {tuple(x.shape)}", size1_strides=False)
         elif reason is None:  # too few channels to tell orders apart: the order found must give eager's bits
             eager = (F.conv2d if op == OP else F.linear)(x, weight, bias)
             assert_same(_run(op, x, weight, bias, found), eager, f"{op} {tuple(x.shape)} {KIND}", size1_strides=False)
         else:  # eager sums otherwise here: no candidate order reproduces it, and the op says so
-            assert "does not replay" in reason and "does not replay" in cpu.unsupported(op, x, weight, bias), KIND
+            assert "does not replay" in reason and "does not replay" in CPU.unsupported(op, x, weight, bias), KIND
 
 
 def _effective(op, x, bias, order):
@@ -249,9 +249,9 @@ def test_the_probe_finds_the_block_and_refuses_when_none_matches(monkeypatch):
     monkeypatch.setattr(ob, "_ORDERS", {})
     order, reason = ob.probe_order(OP, x, weight, bias)
     assert order is None and "sums in an order pointwise_conv's kernel does not replay" in reason
-    assert "does not replay" in cpu.unsupported(OP, x, weight, bias)
+    assert "does not replay" in CPU.unsupported(OP, x, weight, bias)
     with pytest.raises(ValueError, match="does not replay"):
-        cpu.pointwise_conv(x, weight, bias)
+        CPU.pointwise_conv(x, weight, bias)
 
 
 def _linear_order(x, bias):
@@ -326,7 +326,7 @@ def test_unsupported_inputs_say_why(case, expected):
     elif case == "empty":
         x = x[:0]
     with torch.no_grad():
-        assert expected in cpu.unsupported(OP, x, weight, bias)
+        assert expected in CPU.unsupported(OP, x, weight, bias)
 
 
 def test_the_portable_build_sums_in_the_same_order(tmp_path, monkeypatch):

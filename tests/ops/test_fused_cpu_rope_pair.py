@@ -1,5 +1,5 @@
 """The CPU kernel of rope_pair (interleaved RoPE of query and key without ReLU, Wan's self-attention) against its
-eager reference chain (accelpatch.lossless.kernels.reference.rope_pair), bit for bit, with the helpers of test_fused_cpu.
+eager reference chain (accelpatch.lossless.ops.rope_pair.rope_pair), bit for bit, with the helpers of test_fused_cpu.
 
 Inputs: ties, specials (NaN, +-inf, +-0.0, subnormals), every bf16 value (the unit-stride and the strided loop),
 bf16/float32/float64 tables (float64 rounded double -> float -> bf16 as c10 does), Wan's [1, N, 1, D] tables
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from accelpatch.lossless.kernels import cpu
-from accelpatch.lossless.kernels import reference as ref
+from _by_name import CPU, REFERENCE as ref
 
 from .test_fused_cpu import BF16, F32, F64, assert_same, check, mixed, needs_kernels, tie_heavy
 from .test_fused_cpu import ROPE_DTYPES, _tables  # the relu_rope tests' operands
@@ -63,7 +63,7 @@ def test_rope_pair_double_rounding_through_float():
     q = torch.ones(1, 1, 1, 2, dtype=BF16)
     cos = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -40, 0.0], dtype=F64).view(1, 1, 1, 2)
     sin = torch.zeros(1, 1, 1, 2, dtype=F64)
-    assert cpu.rope_pair(q, q, cos, sin)[0][0, 0, 0, 0].item() == 1.0
+    assert CPU.rope_pair(q, q, cos, sin)[0][0, 0, 0, 0].item() == 1.0
     check("rope_pair", q, q, cos, sin)
 
 
@@ -82,7 +82,7 @@ def test_a_contracted_rope_pair_is_caught():
         assert_same(once, expected)
     finite = torch.isfinite(expected) & torch.isfinite(once)
     assert not torch.equal(once[finite], expected[finite])  # and rounding differences among the finite values
-    assert_same(cpu.rope_pair(q, q, cos, sin)[0], expected)
+    assert_same(CPU.rope_pair(q, q, cos, sin)[0], expected)
 
 
 def test_the_reference_is_wans_rope():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from accelpatch.lossless.kernels import cpu
-from accelpatch.lossless.kernels import reference as ref
+from _by_name import CPU, REFERENCE as ref
 
 from .test_fused_cpu import BF16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
 from .test_fused_cpu import ROPE_DTYPES, _tables  # the relu_rope tests' operands
@@ -73,7 +73,7 @@ def test_bf16_tables_run_a_float32_chain():
     a = torch.tensor([1 + 2.0 ** -7, 1 + 2.0 ** -7], dtype=BF16).view(1, 1, 1, 2)
     c = torch.tensor([1 + 2.0 ** -7, 1.0], dtype=BF16).view(1, 1, 1, 2)
     s = torch.tensor([1.0, 0.0], dtype=BF16).view(1, 1, 1, 2)
-    out = cpu.rope_pair_per_channel(a, a, c, s)[0]
+    out = CPU.rope_pair_per_channel(a, a, c, s)[0]
     assert out[0, 0, 0, 0].item() == 2.0 ** -7 + 2.0 ** -14
     assert ref.rope_pair(a, a, c, s.roll(1, -1))[0][0, 0, 0, 0].item() == 2.0 ** -7
     check(OP, a, a, c, s)
@@ -88,7 +88,7 @@ def test_wans_kernel_and_a_contracted_chain_are_caught():
     cos, sin = _tables(1, 257, 16, F32, 8)
     expected = ref.rope_pair_per_channel(q, q, cos, sin)
     with pytest.raises(AssertionError, match="differ|NaN"):
-        assert_all_same(cpu.rope_pair(q, q, cos, sin), expected, "rope_pair as rope_pair_per_channel")
+        assert_all_same(CPU.rope_pair(q, q, cos, sin), expected, "rope_pair as rope_pair_per_channel")
     x = q.double()
     once = torch.empty_like(expected[0])
     once[..., 0::2] = (x[..., 0::2] * cos[..., 0::2].double() - x[..., 1::2] * sin[..., 0::2].double()).float()
@@ -97,7 +97,7 @@ def test_wans_kernel_and_a_contracted_chain_are_caught():
         assert_same(once, expected[0])
     finite = torch.isfinite(expected[0]) & torch.isfinite(once)
     assert not torch.equal(once[finite], expected[0][finite])
-    assert_all_same(cpu.rope_pair_per_channel(q, q, cos, sin), expected, OP)
+    assert_all_same(CPU.rope_pair_per_channel(q, q, cos, sin), expected, OP)
 
 
 @needs_kernels
@@ -119,7 +119,7 @@ def test_the_self_check_runs_the_per_channel_kernels(monkeypatch):
 
     monkeypatch.setattr(cpu, "_SELF_CHECK", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
-    reason = cpu.unsupported("modulate", *(torch.zeros(4),) * 3)
+    reason = CPU.unsupported("modulate", *(torch.zeros(4),) * 3)
     assert reason is not None and "known-answer" in reason
 
 

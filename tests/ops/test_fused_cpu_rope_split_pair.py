@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from accelpatch.lossless.kernels import addcmul, cpu
-from accelpatch.lossless.kernels import reference as ref
+from _by_name import CPU, REFERENCE as ref
+from accelpatch.lossless.ops import rope_split_pair as split_op
 
 from .test_fused_cpu import BF16, F16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
 
@@ -134,11 +135,11 @@ def test_a_mul_add_kernel_and_a_contracted_chain_are_caught(monkeypatch, dtype):
     q, k = mixed((2, 257, 48), dtype, 7), mixed((2, 257, 48), dtype, 8)
     cos, sin = _tables(2, 3, 257, 8, F32, 9)
     expected = ref.rope_split_pair(q, k, cos, sin)
-    assert_all_same(cpu.rope_split_pair(q, k, cos, sin), expected, OP)
+    assert_all_same(CPU.rope_split_pair(q, k, cos, sin), expected, OP)
     monkeypatch.setattr(cpu, "_PREPARED", {})
-    monkeypatch.setattr(cpu, "_split_policy", lambda: cpu.SPLIT_MUL_ADD)
+    monkeypatch.setattr(split_op, "_split_policy", lambda: cpu.SPLIT_MUL_ADD)
     with pytest.raises(AssertionError, match="differ|NaN"):
-        assert_all_same(cpu.rope_split_pair(q, k, cos, sin), expected, "rope_split_pair rounded then added")
+        assert_all_same(CPU.rope_split_pair(q, k, cos, sin), expected, "rope_split_pair rounded then added")
     x = q.double().reshape(2, 257, 3, 2, 8)
     c, s = cos.double().transpose(1, 2)[..., None, :], sin.double().transpose(1, 2)[..., None, :]
     once = torch.cat([x[..., :1, :] * c - x[..., 1:, :] * s, x[..., 1:, :] * c + x[..., :1, :] * s], dim=-2)
@@ -168,7 +169,7 @@ def test_the_self_check_runs_the_split_kernels(monkeypatch):
 
     monkeypatch.setattr(cpu, "_SELF_CHECK", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
-    reason = cpu.unsupported("modulate", *(torch.zeros(4),) * 3)
+    reason = CPU.unsupported("modulate", *(torch.zeros(4),) * 3)
     assert reason is not None and "known-answer" in reason
 
 
@@ -179,7 +180,7 @@ def test_the_self_check_catches_a_wrong_form():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 64, 64, generator=g)
     cos, sin = (torch.randn(1, 64, 2, 16, generator=g).transpose(1, 2) for _ in range(2))
-    fma, mul_add = cpu._split_reference(True)(q, q, cos, sin), cpu._split_reference(False)(q, q, cos, sin)
+    fma, mul_add = split_op._split_reference(True)(q, q, cos, sin), split_op._split_reference(False)(q, q, cos, sin)
     assert not torch.equal(fma[0], mul_add[0])
     assert_all_same(fma, ref.rope_split_pair(q, q, cos, sin))  # this CPU: eager is the fma form
 
@@ -198,4 +199,4 @@ def assert_split_refusals(unsupported) -> None:
 
 @needs_kernels
 def test_refusals_name_the_reason():
-    assert_split_refusals(cpu.unsupported)
+    assert_split_refusals(CPU.unsupported)

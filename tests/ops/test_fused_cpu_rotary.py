@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from accelpatch.lossless.kernels import cpu, cpu_build
-from accelpatch.lossless.kernels import reference as ref
+from _by_name import CPU, REFERENCE as ref
+from accelpatch.lossless.ops import rotary_complex_pair as complex_op
 
 from .test_fused_cpu import BF16, F16, F32, F64, assert_all_same, assert_same, check, mixed, needs_kernels, tie_heavy
 
@@ -99,7 +100,7 @@ def test_comparison_catches_wrong_rotate_half():
     unrounded = ref.rotate_half(q.float(), cos, sin).to(BF16)  # the tables kept in float32
     with pytest.raises(AssertionError, match="differ"):
         assert_same(unrounded, expected)
-    assert_same(cpu.rotate_half_pair(q, q, cos, sin)[0], expected)
+    assert_same(CPU.rotate_half_pair(q, q, cos, sin)[0], expected)
 
 
 # ---- rotary_complex_pair ---------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def test_rotary_complex_pair(dtype, tokens, head_dim):
     (SANA-Video 2.0's 112-wide heads); tables with specials."""
     q, k = _qk((2, tokens, 3, head_dim), dtype, 1)
     if head_dim // 2 % 8:
-        assert "scalar loop" in cpu.unsupported("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 3))
+        assert "scalar loop" in CPU.unsupported("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 3))
         return
     check("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 3))
     check("rotary_complex_pair", q, k, _freqs(tokens, head_dim // 2, 4, specials=True))
@@ -151,7 +152,7 @@ def test_rotary_complex_pair_layouts(dtype):
     # where eager would take its scalar loop (strided table or pairs), declined: it contracts the product there
     check("rotary_complex_pair", q, k, freqs[:, :1])  # one factor for every pair of a token (broadcast: vector loop)
     for args in ((q, k, _freqs(8, 17, 13).t()), (mixed((2, 17, 4, 32), dtype, 14)[..., ::2], k, freqs)):
-        assert "scalar loop" in cpu.unsupported("rotary_complex_pair", *args)
+        assert "scalar loop" in CPU.unsupported("rotary_complex_pair", *args)
 
 
 @needs_kernels
@@ -161,7 +162,7 @@ def test_rotary_complex_pair_runs_with_one_thread_only():
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert "one CPU thread" in cpu.unsupported("rotary_complex_pair", q, k, freqs)
+        assert "one CPU thread" in CPU.unsupported("rotary_complex_pair", q, k, freqs)
     finally:
         torch.set_num_threads(previous)
     check("rotary_complex_pair", q, k, freqs)
@@ -180,7 +181,7 @@ def test_rotary_complex_pair_double_rounding_through_float():
     rounding would give 1.0078125); eager rounds through float, and so does the kernel."""
     q = torch.ones(1, 1, 1, 16, dtype=BF16)  # 8 pairs: a row eager runs through its vector loop
     freqs = torch.full((1, 8), complex(1 + 2.0 ** -8 + 2.0 ** -40, 0.0), dtype=torch.complex128)
-    assert cpu.rotary_complex_pair(q, q, freqs)[0][0, 0, 0, 0].item() == 1.0
+    assert CPU.rotary_complex_pair(q, q, freqs)[0][0, 0, 0, 0].item() == 1.0
     check("rotary_complex_pair", q, q, freqs)
 
 
@@ -203,7 +204,7 @@ def _kernel_f64(q, k, freqs):
     library, _ = cpu_build.load()
     args = (q, k, freqs)
     outs = tuple(torch.empty_like(t) for t in ref.rotary_complex_pair(*args))
-    size, strides = cpu._flat_plan(cpu._complex_plan(args))
+    size, strides = cpu.flat_plan(complex_op._cpu_plan(args))
     library.rotary_complex(*args, *outs, size, strides)
     return outs
 
@@ -235,7 +236,7 @@ def test_eager_float64_complex_rope_depends_on_its_loop():
     eager = ref.rotary_complex(q, freqs)
     with pytest.raises(AssertionError, match="differ"):
         assert_same(_kernel_f64(q, q, freqs)[0], eager)
-    assert "float64" in cpu.unsupported("rotary_complex_pair", q, q, freqs)
+    assert "float64" in CPU.unsupported("rotary_complex_pair", q, q, freqs)
 
 
 # ---- what is declined, with a reason ---------------------------------------------------------------------------
@@ -244,23 +245,23 @@ def test_eager_float64_complex_rope_depends_on_its_loop():
 def test_rotary_unsupported_reasons():
     q = torch.zeros(1, 4, 2, 16, dtype=BF16)
     t = torch.zeros(4, 12)
-    assert cpu.unsupported("rotate_half_pair", q, q, t, t) is None
-    assert "dtype" in cpu.unsupported("rotate_half_pair", q.double(), q.double(), t, t)
-    assert "one dtype" in cpu.unsupported("rotate_half_pair", q, q.float(), t, t)
-    assert "tables" in cpu.unsupported("rotate_half_pair", q, q, t.double(), t.double())
-    assert "even rotary dim" in cpu.unsupported("rotate_half_pair", q, q, t[:, :7], t[:, :7])
-    assert "even rotary dim" in cpu.unsupported("rotate_half_pair", q, q, torch.zeros(4, 18), torch.zeros(4, 18))
-    assert "broadcast" in cpu.unsupported("rotate_half_pair", q, q, t[:3], t[:3])
-    assert "[S, R]" in cpu.unsupported("rotate_half_pair", q, q, t[None], t[None])
+    assert CPU.unsupported("rotate_half_pair", q, q, t, t) is None
+    assert "dtype" in CPU.unsupported("rotate_half_pair", q.double(), q.double(), t, t)
+    assert "one dtype" in CPU.unsupported("rotate_half_pair", q, q.float(), t, t)
+    assert "tables" in CPU.unsupported("rotate_half_pair", q, q, t.double(), t.double())
+    assert "even rotary dim" in CPU.unsupported("rotate_half_pair", q, q, t[:, :7], t[:, :7])
+    assert "even rotary dim" in CPU.unsupported("rotate_half_pair", q, q, torch.zeros(4, 18), torch.zeros(4, 18))
+    assert "broadcast" in CPU.unsupported("rotate_half_pair", q, q, t[:3], t[:3])
+    assert "[S, R]" in CPU.unsupported("rotate_half_pair", q, q, t[None], t[None])
     freqs = torch.ones(4, 8, dtype=torch.complex128)
-    assert cpu.unsupported("rotary_complex_pair", q, q, freqs) is None
-    assert "dtype" in cpu.unsupported("rotary_complex_pair", q.half(), q.half(), freqs)
-    assert "complex128" in cpu.unsupported("rotary_complex_pair", q, q, freqs.to(torch.complex64))
-    assert "conjugated" in cpu.unsupported("rotary_complex_pair", q, q, freqs.conj())
-    assert "broadcast" in cpu.unsupported("rotary_complex_pair", q, q, freqs[:, :5])
-    assert "even D" in cpu.unsupported("rotary_complex_pair", q[..., :15], q[..., :15], freqs)
-    assert "float64" in cpu.unsupported("rotary_complex_pair", q.double(), q.double(), freqs)
-    assert "dense real" in cpu.unsupported("rotate_half_pair", q, q, t, t.to(torch.complex64))
+    assert CPU.unsupported("rotary_complex_pair", q, q, freqs) is None
+    assert "dtype" in CPU.unsupported("rotary_complex_pair", q.half(), q.half(), freqs)
+    assert "complex128" in CPU.unsupported("rotary_complex_pair", q, q, freqs.to(torch.complex64))
+    assert "conjugated" in CPU.unsupported("rotary_complex_pair", q, q, freqs.conj())
+    assert "broadcast" in CPU.unsupported("rotary_complex_pair", q, q, freqs[:, :5])
+    assert "even D" in CPU.unsupported("rotary_complex_pair", q[..., :15], q[..., :15], freqs)
+    assert "float64" in CPU.unsupported("rotary_complex_pair", q.double(), q.double(), freqs)
+    assert "dense real" in CPU.unsupported("rotate_half_pair", q, q, t, t.to(torch.complex64))
 
 
 @needs_kernels
@@ -282,6 +283,6 @@ def test_a_library_failing_the_rotary_known_answer_check_is_refused(monkeypatch)
 
     monkeypatch.setattr(cpu, "_SELF_CHECK", [])
     monkeypatch.setattr(cpu_build, "_RESULT", (Wrong(), None))
-    reason = cpu.unsupported("rotate_half_pair", torch.zeros(1, 4, 2, 16), torch.zeros(1, 4, 2, 16),
+    reason = CPU.unsupported("rotate_half_pair", torch.zeros(1, 4, 2, 16), torch.zeros(1, 4, 2, 16),
                              torch.zeros(4, 12), torch.zeros(4, 12))
     assert reason is not None and "known-answer" in reason

@@ -1,4 +1,4 @@
-"""The Triton fused kernels (accelpatch.lossless.kernels.triton_kernels) against the eager reference chains, bit for bit,
+"""The fused ops' Triton kernels (accelpatch.lossless.ops) against the eager reference chains, bit for bit,
 in Triton's interpreter on CPU (TRITON_INTERPRET=1, set by the test command).
 
 Inputs are built to hit the edges: bf16/fp32 rounding ties (small integers times powers of two, whose sums and
@@ -20,8 +20,10 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from _triton_interpreter import FMA_REASON, fma_is_fused  # noqa: E402
 
-from accelpatch.lossless.kernels import reference, triton_kernels as tk  # noqa: E402
-from accelpatch.lossless.kernels.tables import all_bf16_values  # noqa: E402
+from _by_name import REFERENCE as reference, TRITON as tk  # noqa: E402
+from accelpatch.lossless.kernels.tables import all_bf16_values, unary_table  # noqa: E402
+from accelpatch.lossless.ops import rotary_complex_pair as complex_op, sigmoid_gate as sigmoid_gate_op  # noqa: E402
+from accelpatch.lossless.verify import FusedOp  # noqa: E402
 
 MAGNITUDES = (0.005, 1.0, 200.0)
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -141,8 +143,8 @@ def test_sigmoid_gate_with_the_silu_table_is_caught(monkeypatch):
     x = edge((65536,), torch.bfloat16, 18)
     want = reference.sigmoid_gate(x, gate)
     assert_bit_identical(tk.sigmoid_gate(x, gate), want)
-    silu_table = tk.unary_table("silu", F.silu, x.device)
-    monkeypatch.setattr(tk, "unary_table", lambda *args: silu_table)
+    silu_table = unary_table("silu", F.silu, x.device)
+    monkeypatch.setattr(sigmoid_gate_op, "unary_table", lambda *args: silu_table)
     with pytest.raises(AssertionError, match="differ"):
         assert_bit_identical(tk.sigmoid_gate(x, gate), want)
 
@@ -237,7 +239,7 @@ def test_unsupported_names_the_reason(monkeypatch):
     assert "bfloat16 only" in tk.unsupported("silu", b16.float())
     assert "float32 x" in tk.unsupported("scale_to_tokens", b16[None], b16[None], torch.bfloat16)
     assert "more than 4" in tk.unsupported("silu", b16[None, None])
-    assert "no Triton kernel" in tk.unsupported("layer_norm", b16)
+    assert "no Triton kernel" in FusedOp("layer_norm", F.layer_norm, "a norm").unsupported("cuda", b16)
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "CUDA" in tk.unsupported("silu", b16)
 
@@ -449,10 +451,10 @@ def test_complex_multiply_forms_are_eagers_and_a_wrong_one_is_caught(monkeypatch
     g = torch.Generator().manual_seed(40)
     freqs = torch.polar(torch.ones(17, 3, dtype=torch.float64), torch.rand(17, 3, generator=g, dtype=torch.float64))
     args = (q, k, freqs)
-    monkeypatch.setattr(tk, "complex_mul_modes", lambda device: (scalar, None))
+    monkeypatch.setattr(complex_op, "complex_mul_modes", lambda device: (scalar, None))
     assert_same_outputs(tk.rotary_complex_pair(*args), reference.rotary_complex_pair(*args))
     for wrong in {(0, 0), (1, 1), (2, 2), (1, 0)} - {scalar}:
-        monkeypatch.setattr(tk, "complex_mul_modes", lambda device, wrong=wrong: (wrong, None))
+        monkeypatch.setattr(complex_op, "complex_mul_modes", lambda device, wrong=wrong: (wrong, None))
         with pytest.raises(AssertionError, match="elements differ"):
             assert_same_outputs(tk.rotary_complex_pair(*args), reference.rotary_complex_pair(*args))
 

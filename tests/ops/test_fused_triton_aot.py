@@ -1,6 +1,6 @@
 """The fused Triton kernels compiled ahead of time for sm_80 (A100) and sm_90a (H100/H200) on a CPU-only machine,
 one launch per op x dtype (x layout where the strides Triton specialises on differ) at the launch configuration the
-wrappers choose (accelpatch.lossless.kernels.aot, through accelpatch.core.triton_aot's stand-in driver).
+wrappers choose (accelpatch.lossless.aot, through accelpatch.core.triton_aot's stand-in driver).
 
 Each must compile, fit the chip's per-block shared memory (A100 166,912 B, H200 232,448 B), and stay within the
 budget: 0 bytes of register spills and 0 bytes of stack (an element-wise kernel has nothing to spill; any spill
@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from accelpatch.lossless.kernels import aot  # noqa: E402
+from accelpatch.lossless import aot  # noqa: E402
 from accelpatch.core.triton_aot import SHARED_LIMIT, TARGETS  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -30,7 +30,8 @@ FUSED_CHECK = "modulate fp32"  # compiled once more with enable_fp_fusion=True: 
 _SCRIPT = r'''
 import json, sys
 from accelpatch.core import triton_aot
-from accelpatch.lossless.kernels import aot, triton_jit
+from accelpatch.lossless import aot
+from accelpatch.lossless.kernels import triton_jit
 print(json.dumps(dict(kernels=sorted(k.__name__ for k in triton_jit.KERNELS),
                       defined=sorted(n for n, v in vars(triton_jit).items()
                                      if n.endswith("_kernel") and hasattr(v, "arg_names")))), flush=True)

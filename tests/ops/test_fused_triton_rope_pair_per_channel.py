@@ -8,7 +8,7 @@ import torch
 
 from .test_fused_triton import TABLE_DTYPES, _rope_tables, _rotate_contracted, assert_same_outputs, check, edge
 
-from accelpatch.lossless.kernels import reference, triton_kernels as tk  # noqa: E402
+from _by_name import REFERENCE as reference, TRITON as tk  # noqa: E402
 from accelpatch.lossless.kernels import triton_jit as j  # noqa: E402
 
 OP = "rope_pair_per_channel"

@@ -14,7 +14,9 @@ from _triton_interpreter import FMA_REASON, fma_is_fused
 from .test_fused_cpu_rope_split_pair import assert_split_refusals
 from .test_fused_triton import assert_same_outputs, check, edge
 
-from accelpatch.lossless.kernels import addcmul, reference, triton_kernels as tk  # noqa: E402
+from _by_name import REFERENCE as reference, TRITON as tk  # noqa: E402
+from accelpatch.lossless.kernels import addcmul  # noqa: E402
+from accelpatch.lossless.ops import rope_split_pair as split_op  # noqa: E402
 from accelpatch.lossless.kernels import triton_jit as j  # noqa: E402
 
 OP = "rope_split_pair"
@@ -91,7 +93,7 @@ def test_this_devices_form_runs_and_the_other_form_and_a_contracted_chain_are_ca
     expected = reference.rope_split_pair(*args)
     assert_same_outputs(tk.rope_split_pair(*args), expected)
     with monkeypatch.context() as patched:
-        patched.setattr(tk, "addcmul_form", lambda device: (addcmul.SEPARATE, None))
+        patched.setattr(split_op, "addcmul_form", lambda device: (addcmul.SEPARATE, None))
         with pytest.raises(AssertionError, match="differ|NaN"):
             assert_same_outputs(tk.rope_split_pair(*args), expected)
     monkeypatch.setattr(j, "_rotate_half_one", triton.jit(_one_contracted))

@@ -1,6 +1,6 @@
-"""The fused kernels' launches, captured ahead of time for a GPU target on a machine without one.
+"""The fused ops' Triton launches, captured ahead of time for a GPU target on a machine without one.
 
-Each case runs a wrapper of triton_kernels (which picks BLOCK and the strides Triton specialises on) under
+Each case runs an op's registered CUDA kernel (which picks BLOCK and the strides Triton specialises on) under
 accelpatch.core.triton_aot's stand-in driver, on CPU tensors of the models' widths (SANA-Video: hidden 2240, 20 heads
 x 112, GLUMB 11,200 channels; MiniMax-H3: 56 heads x 128, rotary dim 96; SANA-Video 2.0: 20 x 128 and 10 x 256)
 with a small token count of the same divisibility as the release ones (24 and 32,760 or 23,000 are 8 mod 16; 32
@@ -169,25 +169,29 @@ SPLIT_CONTRACTED = ("rope_split_pair bf16, fp32 [B, H, T, D/2] tables",)
 
 
 def capture_case(arch: int, label: str, complex_modes=None, addcmul_fma: bool = False) -> triton_aot.Capture:
-    """The one launch the wrapper of `label`'s op makes for its arguments on target `arch` (with the complex
+    """The one launch the CUDA kernel of `label`'s op makes for its arguments on target `arch` (with the complex
     multiply's forms `complex_modes` instead of the host's, when given). The split RoPE is compiled for CUDA's
     addcmul_ (the product rounded, then added: its functor, as read), or contracted with `addcmul_fma`."""
-    from accelpatch.lossless.kernels import triton_jit, triton_kernels  # noqa: PLC0415
+    from accelpatch.lossless.kernels import triton_jit  # noqa: PLC0415
+    from accelpatch.lossless.ops import rope_split_pair, rotary_complex_pair  # noqa: PLC0415
+    from accelpatch.lossless.verify import ops  # noqa: PLC0415
 
-    op, build = CASES[label]
+    name, build = CASES[label]
+    kernel = ops()[name].kernels["cuda"]
     args = build()
-    reason = triton_kernels.unsupported(op, *args)
+    reason = kernel.unsupported(*args)
     if reason is not None and "CUDA" not in reason:  # CPU tensors stand in for CUDA ones here
         raise ValueError(f"{label}: {reason}")
     from accelpatch.lossless.kernels.addcmul import FMA, SEPARATE  # noqa: PLC0415
 
-    probe, addcmul_probe = triton_kernels.complex_mul_modes, triton_kernels.addcmul_form
+    # the probes of the device's eager arithmetic, as the two ops' kernels read them, stated for the target
+    probe, addcmul_probe = rotary_complex_pair.complex_mul_modes, rope_split_pair.addcmul_form
     if complex_modes is not None:
-        triton_kernels.complex_mul_modes = lambda device: (complex_modes, None)
-    triton_kernels.addcmul_form = lambda device: (FMA if addcmul_fma else SEPARATE, None)
+        rotary_complex_pair.complex_mul_modes = lambda device: (complex_modes, None)
+    rope_split_pair.addcmul_form = lambda device: (FMA if addcmul_fma else SEPARATE, None)
     try:
-        captured = triton_aot.capture(arch, triton_jit.KERNELS, lambda: getattr(triton_kernels, op)(*args))
+        captured = triton_aot.capture(arch, triton_jit.KERNELS, lambda: kernel.run(*args))
     finally:
-        triton_kernels.complex_mul_modes, triton_kernels.addcmul_form = probe, addcmul_probe
+        rotary_complex_pair.complex_mul_modes, rope_split_pair.addcmul_form = probe, addcmul_probe
     assert len(captured) == 1, (label, len(captured))
     return captured[0]
