@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from accelpatch.core.model_state import patch_of
 from accelpatch.core.steps import UNKNOWN as UNKNOWN_STEP
+from accelpatch.core.tiers import offers_high
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class ModelReport(_Tally):
     @property
     def has_high_path(self) -> bool:
         """Whether ``quality("high")`` can run anything approximate here: a high-tier site, or a step cache."""
-        return self.cache is not None or any(s.tier == "high" for s in self.sites)
+        return offers_high((s.tier for s in self.sites), self.cache is not None)
 
     def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
         """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]. Sites rejected because
@@ -417,7 +418,7 @@ def build_report(models, *, reset: bool = False) -> Report:
             c = site.counters
             totals = c.totals()
             sites.append(SiteReport(
-                path=site.path, kind=site.kind, tier=str(site.tier), mounted=site.is_mounted(module),
+                path=site.path, kind=site.kind, tier=str(site.tier), mounted=site.mounted,
                 reason=site.reject_reason, fast_calls=totals["fast"],
                 reference_calls={k: v for k, v in totals["reference"].items() if v},
                 fallback_calls={k: v for k, v in totals["fallbacks"].items() if v}, stats=totals["stats"],

@@ -267,6 +267,9 @@ class Site:
     #: the model's accelpatch.core.patcher.ModelPatch (a back-reference, kept out of repr: its sites point back here; not
     #: imported, as the patcher sits above the sites)
     model: Any = field(repr=False)
+    #: the site's one mount state (see accelpatch.core.gate): set when the fusion mounts, read everywhere
+    mounted: bool = False
+    #: why the site is not mounted (None when it is, or before apply decides)
     reject_reason: Optional[str] = None
     counters: SiteCounters = field(default_factory=SiteCounters)
     layer_index: Optional[int] = None
@@ -303,9 +306,6 @@ class Site:
     def tier(self) -> Tier:
         return self.fast_path.tier
 
-    def is_mounted(self, module: torch.nn.Module) -> bool:
-        return self.fast_path.fusion.is_mounted(module)
-
     def reference(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str, *, fallback: bool = False):
         """Count why this site's fast path did not run (not again while recomputing for backward), then run the
         next lower site on the module, or the original class's forward."""
@@ -330,7 +330,7 @@ class Site:
         tier = effective_tier(self.model.default_tier)
         if not tier.admits(self.tier):
             return self.reference(module, args, kwargs, _TIER_REASONS[tier.value][self.tier.value])
-        if not self.is_mounted(module):
+        if not self.mounted:
             return self.fallback(module, args, kwargs, self.model.unmounted_reason(self.kind))
         try:
             out = self.fast_path.run_counted(module, self, args, kwargs)
@@ -358,10 +358,10 @@ def _enabled_property(fusion: QualityGatedFusion) -> property:
         return fusion.is_enabled(self)
 
     def set_(self, value: bool) -> None:
-        self.__dict__[fusion.mounted_attr] = bool(value)
+        fusion.record(self).mounted = bool(value)
 
     def delete(self) -> None:
-        self.__dict__.pop(fusion.mounted_attr, None)
+        fusion.record(self).mounted = False
 
     return property(get, set_, delete, f"True when {fusion.name} is mounted and the calling context's tier admits it.")
 
