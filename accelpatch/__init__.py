@@ -80,23 +80,7 @@ _SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "model
 from accelpatch.sol_attn import registration as _attention_registry  # noqa: E402
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in _MOVED:
-        import warnings
-
-        home = _MOVED[name]
-        warnings.warn(f"accelpatch.{name} moved to {home}.{name}; use it from there (the top-level name goes in the "
-                      "next release)", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(home), name)  # not cached: each use says it
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"accelpatch.{name}")
-    raise AttributeError(f"module 'accelpatch' has no attribute {name!r}")
+__getattr__ = _moved.lazy_attributes(__name__, _LAZY, moved=_MOVED, subpackages=_SUBPACKAGES)
 
 
 def __dir__() -> list[str]:

@@ -13,6 +13,7 @@ import importlib.machinery
 import sys
 import types
 import warnings
+from typing import Optional
 
 #: old package -> new package: a module below an old package that :data:`MOVED` does not name keeps its name below
 #: the new one (``accelpatch.adapters.sana_video.block`` -> ``accelpatch.models.sana_video.block``)
@@ -122,12 +123,26 @@ def install() -> None:
         sys.meta_path.insert(0, OldPathFinder())
 
 
-def lazy_attributes(package: str, table: dict):
+def lazy_attributes(package: str, table: dict, *, moved: Optional[dict] = None, subpackages: tuple = ()):
     """A module ``__getattr__`` for ``package`` that imports each name of ``table`` (name -> module) on first use:
-    the package stays cheap to import (no torch, no diffusers) and its public names are still its attributes."""
+    the package stays cheap to import (no torch, no diffusers) and its public names are still its attributes. A name
+    of ``moved`` (name -> its new home) is found there with a DeprecationWarning naming the home, at every use; a
+    name of ``subpackages`` is the subpackage ``package.<name>``, imported on first access."""
+    namespace = sys.modules[package].__dict__ if package in sys.modules else None
+    moved = moved or {}
+
     def __getattr__(name: str):
         if name in table:
-            return getattr(importlib.import_module(table[name]), name)
+            value = getattr(importlib.import_module(table[name]), name)
+            if namespace is not None:
+                namespace[name] = value  # found once: later reads are plain attribute reads
+            return value
+        if name in moved:
+            warnings.warn(f"{package}.{name} moved to {moved[name]}.{name}; use it from there (the old name goes in "
+                          "the next release)", DeprecationWarning, stacklevel=2)
+            return getattr(importlib.import_module(moved[name]), name)
+        if name in subpackages:
+            return importlib.import_module(f"{package}.{name}")
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__

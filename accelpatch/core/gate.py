@@ -1,8 +1,11 @@
 """Quality-gated fusions: marking, mounting and the per-site state behind the tier contract.
 
 A :class:`QualityGatedFusion` describes one kind of fast path (its marker and enabled attribute names and the tier
-it needs). It keeps no per-site state: everything lives on the marked modules. Mounting is all-or-nothing per
-model: one rejected site keeps the whole model on the reference path, with the reason recorded.
+it needs). It keeps no per-site state: each marked module holds one record under the marker attribute (accelpatch's
+:class:`~accelpatch.core.sites.Site`, or a :class:`Mark` around a caller's metadata), and that record's ``mounted``
+and ``reject_reason`` are the site's one mount state, read by the gate, the patcher, the report and the parallel
+checks alike. Mounting is all-or-nothing per model: one rejected site keeps the whole model on the reference path,
+with the reason recorded.
 
 A mounted site is *enabled* only when the tier in force in the calling context admits the fusion's tier, so
 ``is_enabled`` (and the enabled attribute as seen through a gated subclass) answers for the calling context.
@@ -10,6 +13,7 @@ A mounted site is *enabled* only when the tier in force in the calling context a
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import logging
 import sys
@@ -248,11 +252,25 @@ def note_work(counters: SiteCounters) -> None:
             return
 
 
+@dataclasses.dataclass(eq=False)
+class Mark:
+    """The mount record of a module marked with metadata of the caller's own (accelpatch marks with its
+    :class:`~accelpatch.core.sites.Site`, which carries the same two fields)."""
+
+    metadata: object = True
+    #: whether the site is mounted: the one mount state, set by :meth:`QualityGatedFusion.mount` / ``unmount``
+    mounted: bool = False
+    #: why it is not mounted (None when mounted, or not decided yet)
+    reject_reason: Optional[str] = None
+
+
 class QualityGatedFusion:
     """One kind of fast path: ``mark`` sites, ``mount``/``unmount`` them per model, ask ``is_enabled``.
 
-    ``marker_attr`` holds the site's metadata (accelpatch stores its :class:`~accelpatch.core.sites.Site` there);
-    ``enabled_attr`` reads True only for a mounted site whose tier the calling context admits.
+    ``marker_attr`` holds the site's mount record (accelpatch stores its :class:`~accelpatch.core.sites.Site` there,
+    other metadata is kept in a :class:`Mark`); ``enabled_attr`` reads True only for a mounted site whose tier the
+    calling context admits (a property of accelpatch's gated classes; on a module of another class, a plain
+    attribute that mounting keeps equal to the record's ``mounted``).
     """
 
     __slots__ = ("name", "marker_attr", "enabled_attr", "tier", "defined_in")
@@ -285,34 +303,40 @@ class QualityGatedFusion:
     def __repr__(self) -> str:
         return f"QualityGatedFusion(name={self.name!r}, tier={self.tier})"
 
-    @property
-    def mounted_attr(self) -> str:
-        """The plain per-instance attribute that stores the mount decision."""
-        return self.enabled_attr + "__mounted"
-
     def mark(self, module: torch.nn.Module, metadata: object = True) -> None:
-        """Make ``module`` a site of this fusion; a freshly marked site starts unmounted."""
-        module.__dict__[self.marker_attr] = metadata
+        """Make ``module`` a site of this fusion; a freshly marked site starts unmounted. ``metadata`` with mount
+        fields of its own (a :class:`~accelpatch.core.sites.Site`) is the record itself; any other is kept in a
+        :class:`Mark`."""
+        record = metadata if _is_record(metadata) else Mark(metadata)
+        module.__dict__[self.marker_attr] = record
         self._set_mounted(module, False)
 
     def unmark(self, module: torch.nn.Module) -> None:
         """Remove every attribute :meth:`mark` and :meth:`mount` put on ``module``."""
-        for attr in (self.marker_attr, self.enabled_attr, self.mounted_attr):
+        for attr in (self.marker_attr, self.enabled_attr):
             module.__dict__.pop(attr, None)
 
+    def record(self, module: torch.nn.Module) -> Optional[object]:
+        """The mount record of ``module`` (None when it is not a site of this fusion)."""
+        return module.__dict__.get(self.marker_attr)
+
     def metadata(self, module: torch.nn.Module, default: object = None) -> object:
-        return getattr(module, self.marker_attr, default)
+        record = self.record(module)
+        if record is None:
+            return default
+        return record.metadata if isinstance(record, Mark) else record
 
     def is_mounted(self, module: torch.nn.Module) -> bool:
         """The mount decision alone, whatever tier is in force."""
-        return bool(module.__dict__.get(self.mounted_attr, False))
+        record = self.record(module)
+        return record is not None and record.mounted
 
     def is_enabled(self, module: torch.nn.Module) -> bool:
         """True when ``module`` is a mounted site and the calling context's tier admits this fusion."""
-        if not self.is_mounted(module):
+        record = self.record(module)
+        if record is None or not record.mounted:
             return False
-        site = module.__dict__.get(self.marker_attr)
-        default = getattr(getattr(site, "model", None), "default_tier", DEFAULT_TIER)
+        default = getattr(getattr(record, "model", None), "default_tier", DEFAULT_TIER)
         return effective_tier(default).admits(self.tier)
 
     def iter_sites(self, root: torch.nn.Module) -> Iterator[torch.nn.Module]:
@@ -320,10 +344,13 @@ class QualityGatedFusion:
             if self.marker_attr in module.__dict__:
                 yield module
 
-    def _set_mounted(self, module: torch.nn.Module, value: bool) -> None:
-        module.__dict__[self.mounted_attr] = bool(value)
+    def _set_mounted(self, module: torch.nn.Module, value: bool, reason: Optional[str] = None) -> None:
+        record = self.record(module)
+        record.mounted = bool(value)
+        if reason is not None or value:
+            record.reject_reason = reason
         if not isinstance(type(module).__dict__.get(self.enabled_attr), property):
-            module.__dict__[self.enabled_attr] = bool(value)
+            module.__dict__[self.enabled_attr] = bool(value)  # a plain module: no property reads the record
 
     def mount(self, root: torch.nn.Module, *, reject_reason: Optional[RejectReason] = None,
               logger: Optional[logging.Logger] = logger) -> bool:
@@ -337,7 +364,7 @@ class QualityGatedFusion:
                 reason = reject_reason(site)
                 if reason is not None:
                     for s in sites:
-                        self._set_mounted(s, False)
+                        self._set_mounted(s, False, reason if s is site else None)
                     if logger is not None:
                         path = getattr(self.metadata(site), "path", type(site).__name__)
                         logger.info("%s: site %s rejected (%s); the whole model stays on the reference path",
@@ -348,5 +375,10 @@ class QualityGatedFusion:
         return True
 
     def unmount(self, root: torch.nn.Module) -> None:
+        """Turn every site under ``root`` off (their calls run the reference path, counted as not mounted)."""
         for site in self.iter_sites(root):
             self._set_mounted(site, False)
+
+
+def _is_record(metadata: object) -> bool:
+    return hasattr(metadata, "mounted") and hasattr(metadata, "reject_reason")

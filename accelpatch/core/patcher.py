@@ -24,7 +24,7 @@ from accelpatch.models.registry import ADAPTERS, find_adapter
 from accelpatch.core.adapter import ModelAdapter
 from accelpatch.step_cache.cache import StepCache, refuse_foreign_cache, resolve_cache
 from accelpatch.core.sites import SITE_ATTR, Site, expected_here, gated_class, is_gated
-from accelpatch.core.tiers import Tier, parse_tier
+from accelpatch.core.tiers import Tier, offers_high, parse_tier
 
 from accelpatch.core.reporting import MODEL_REJECTED
 from accelpatch.core.model_state import STATE_ATTR, patch_of  # noqa: F401 - patch_of is part of this module's API
@@ -70,8 +70,6 @@ class ModelPatch:
     #: the step cache asked for (accelpatch.step_cache.cache), and the one attached
     cache: Any = None
     step_cache: Any = field(default=None, repr=False)
-    #: fusion name -> why its sites did not mount (the first rejected site's reason)
-    rejections: dict[str, str] = field(default_factory=dict)
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
     #: checks a split model's ranks agree; undoes parallelism enabled after apply (accelpatch.parallel.lifecycle)
     parallel_guard: Any = field(default=None, repr=False)
@@ -121,12 +119,22 @@ class ModelPatch:
     @property
     def has_high_path(self) -> bool:
         """Whether ``high`` can do anything here: a high-tier site, or a step cache."""
-        return self.cache is not None or any(site.tier is Tier.HIGH for site in self.sites)
+        return offers_high((site.tier for site in self.sites), self.cache is not None)
 
     def say_high_does_nothing(self, *, at_apply: bool = False) -> None:
         """``high`` was asked of a model with no high fast path: say so once per process (it runs the lossless
         path, bit for bit)."""
         self.warn_once("high", NO_HIGH_PATH, at_apply=at_apply)
+
+    @functools.cached_property
+    def rejections(self) -> dict[str, str]:
+        """Fusion name -> why its sites did not mount: the reason of the site that kept them all off, read once,
+        after ``apply`` mounted, from the sites' own mount state (a summary for messages, not a second state)."""
+        found: dict[str, str] = {}
+        for site in self.sites:
+            if not site.mounted and site.reject_reason and not site.reject_reason.startswith(MODEL_REJECTED):
+                found.setdefault(site.kind, f"{site.reject_reason} (at {site.path})")
+        return found
 
     def unmounted_reason(self, kind: str) -> str:
         """The fallback reason of a call to an unmounted site of ``kind`` (the same for all of the model's sites)."""
@@ -328,7 +336,6 @@ def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[
                                       or site.fast_path.mount_reject_reason(model.get_submodule(site.path), site))
         rejected = next((s for s in sites if s.reject_reason is not None), None)
         if rejected is not None:
-            patch.rejections[name] = f"{rejected.reject_reason} (at {rejected.path})"
             for site in sites:
                 if site.reject_reason is None:
                     site.reject_reason = f"{MODEL_REJECTED}{rejected.path}: {rejected.reject_reason}"

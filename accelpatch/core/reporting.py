@@ -8,6 +8,8 @@ from typing import Any, Callable, Optional
 
 from accelpatch.core.model_state import patch_of
 from accelpatch.core.steps import UNKNOWN as UNKNOWN_STEP
+from accelpatch.core.outcomes import DECLINED, NOT_APPLICABLE, RAN
+from accelpatch.core.tiers import offers_high
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,15 @@ class SiteReport:
     @property
     def status(self) -> str:
         return "mounted" if self.mounted else "rejected"
+
+    @property
+    def outcomes(self) -> dict:
+        """This site's calls in the one vocabulary (:mod:`accelpatch.core.outcomes`): ``{"ran": calls,
+        "declined": {reason: calls}, "not applicable": {reason: calls}}``; a declined call ran the reference too, so
+        ``reference_calls`` holds both kinds."""
+        return {RAN: self.fast_calls, DECLINED: dict(self.fallback_calls),
+                NOT_APPLICABLE: {r: n - self.fallback_calls.get(r, 0) for r, n in self.reference_calls.items()
+                                 if n > self.fallback_calls.get(r, 0)}}
 
 
 @dataclass(frozen=True)
@@ -194,12 +205,12 @@ class ModelReport(_Tally):
     @property
     def has_high_path(self) -> bool:
         """Whether ``quality("high")`` can run anything approximate here: a high-tier site, or a step cache."""
-        return self.cache is not None or any(s.tier == "high" for s in self.sites)
+        return offers_high((s.tier for s in self.sites), self.cache is not None)
 
     def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
         """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]. Sites rejected because
         one site of the model was ("model rejected at P: R") share that site's note: one cause, one note."""
-        header = ("site", "kind", "tier", "status", "fast", "reference (by reason)")
+        header = ("site", "kind", "tier", "status", "ran", "did not run: declined / not applicable (by reason)")
         rows, notes = [], []
 
         def note(text: str) -> str:
@@ -214,7 +225,8 @@ class ModelReport(_Tally):
                 causes[s.path] = causes[where] = f"{why} (at {where}; one rejected site keeps every site of its kind " \
                                                  "on the reference path)"
         for s in self.sites:
-            ref = " ".join(f"{n}×{note(r)}" for r, n in sorted(s.reference_calls.items(), key=lambda x: -x[1]))
+            ref = " ".join(f"{n}×{note(f'{kind}: {r}')}" for kind in (DECLINED, NOT_APPLICABLE)
+                           for r, n in sorted(s.outcomes[kind].items(), key=lambda x: -x[1]))
             status = s.status if s.mounted else f"rejected {note(causes.get(s.path, s.reason or 'unknown'))}"
             extra = "".join(f" {k}={v:.3f}" for k, v in s.stats.items())
             extra += "".join(f" {n}×{note(text)}" for text, n in sorted(s.notes.items(), key=lambda x: -x[1]))
@@ -417,7 +429,7 @@ def build_report(models, *, reset: bool = False) -> Report:
             c = site.counters
             totals = c.totals()
             sites.append(SiteReport(
-                path=site.path, kind=site.kind, tier=str(site.tier), mounted=site.is_mounted(module),
+                path=site.path, kind=site.kind, tier=str(site.tier), mounted=site.mounted,
                 reason=site.reject_reason, fast_calls=totals["fast"],
                 reference_calls={k: v for k, v in totals["reference"].items() if v},
                 fallback_calls={k: v for k, v in totals["fallbacks"].items() if v}, stats=totals["stats"],

@@ -23,6 +23,7 @@ from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
 from accelpatch.core.gate import QualityGatedFusion, SiteCounters, WorkWatch, fusion_by_name
 from accelpatch.core.tiers import Tier, effective_tier
+from accelpatch.core.outcomes import Declined, NotApplicable, Outcome
 
 
 SITE_ATTR = "_accelpatch_site"
@@ -75,31 +76,12 @@ def device_reject_reason(device: torch.device, what: str = "the fast path") -> O
     return f"input on {device.type}: {what} needs CUDA"
 
 
-class _Outcome:
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.reason!r})"
-
-
-class Decline(_Outcome):
-    """Returned by a fast path whose guards reject a call: a fallback, warned about once and counted."""
-
-    __slots__ = ()
-
-
-class Dense(_Outcome):
-    """Returned by a fast path whose *policy* keeps a call on the reference path (a dense step or layer): counted
-    with its reason, never warned about, since nothing went wrong."""
-
-    __slots__ = ()
+#: the names of the two outcomes before the one vocabulary (accelpatch.core.outcomes): kept for one release
+Decline, Dense = Declined, NotApplicable
 
 
 def step_layer_policy(site: "Site", *, first_steps: int, step_reason: str, layer_reason: str,
-                      unknown_reason: str) -> Optional[_Outcome]:
+                      unknown_reason: str) -> Optional[Outcome]:
     """A policy keeping the reference for the first ``first_steps`` denoising steps (by the step clock; an unknown
     step declines, since the policy cannot apply) and for the site's layer when the fast path's
     :meth:`FastPath.keeps_reference_layer` said so at ``apply``; None when the fast path may run."""
@@ -107,9 +89,9 @@ def step_layer_policy(site: "Site", *, first_steps: int, step_reason: str, layer
 
     reason = steps.first_steps_reason(first_steps, step_reason, unknown_reason)
     if reason is not None:
-        return Dense(reason) if reason == step_reason else Decline(reason)
+        return NotApplicable(reason) if reason == step_reason else Declined(reason)
     if site.keeps_reference_layer:
-        return Dense(layer_reason)
+        return NotApplicable(layer_reason)
     return None
 
 
@@ -131,7 +113,8 @@ class FastPath:
     """One kind of fast path. Subclasses set ``fusion`` and implement the guards and the math.
 
     ``mount_reject_reason`` answers once per model (at ``apply`` time) whether the path can ever run there;
-    ``run`` answers per call with an output or a :class:`Decline`.
+    ``run`` answers per call with its output, a :class:`Declined` or a :class:`NotApplicable` (see
+    :mod:`accelpatch.core.outcomes`).
     """
 
     fusion: QualityGatedFusion
@@ -203,11 +186,11 @@ class FastPath:
         raise NotImplementedError
 
     def run_counted(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
-        """``run``, then count the call as fast when it did this path's fast work (a :class:`Decline` or
-        :class:`Dense` is counted by the site). Here every call that ran did; paths whose work is decided further
+        """``run``, then count the call as fast when it did this path's fast work (a :class:`Declined` or
+        :class:`NotApplicable` is counted by the site). Here every call that ran did; paths whose work is decided further
         in (fused ops, sparse routing) count it there."""
         out = self.run(module, site, args, kwargs)
-        if not isinstance(out, _Outcome) and not call_context.recomputing():
+        if not isinstance(out, Outcome) and not call_context.recomputing():
             site.counters.count_fast()
         return out
 
@@ -244,12 +227,12 @@ class FusedOpsPath(FastPath):
         counting = not call_context.recomputing()
         if torch.compiler.is_compiling():  # the ops stand aside in compiled code (the compiler fuses)
             out = self.run(module, site, args, kwargs)
-            if counting and not isinstance(out, _Outcome):
+            if counting and not isinstance(out, Outcome):
                 site.counters.count_reference(NO_FUSED_OP_COMPILED)
             return out
         with WorkWatch(site.counters) as watch:
             out = self.run(module, site, args, kwargs)
-        if counting and not isinstance(out, _Outcome):
+        if counting and not isinstance(out, Outcome):
             if watch.did_work:
                 site.counters.count_fast()
             else:
@@ -267,6 +250,9 @@ class Site:
     #: the model's accelpatch.core.patcher.ModelPatch (a back-reference, kept out of repr: its sites point back here; not
     #: imported, as the patcher sits above the sites)
     model: Any = field(repr=False)
+    #: the site's one mount state (see accelpatch.core.gate): set when the fusion mounts, read everywhere
+    mounted: bool = False
+    #: why the site is not mounted (None when it is, or before apply decides)
     reject_reason: Optional[str] = None
     counters: SiteCounters = field(default_factory=SiteCounters)
     layer_index: Optional[int] = None
@@ -303,9 +289,6 @@ class Site:
     def tier(self) -> Tier:
         return self.fast_path.tier
 
-    def is_mounted(self, module: torch.nn.Module) -> bool:
-        return self.fast_path.fusion.is_mounted(module)
-
     def reference(self, module: torch.nn.Module, args: tuple, kwargs: dict, reason: str, *, fallback: bool = False):
         """Count why this site's fast path did not run (not again while recomputing for backward), then run the
         next lower site on the module, or the original class's forward."""
@@ -330,7 +313,7 @@ class Site:
         tier = effective_tier(self.model.default_tier)
         if not tier.admits(self.tier):
             return self.reference(module, args, kwargs, _TIER_REASONS[tier.value][self.tier.value])
-        if not self.is_mounted(module):
+        if not self.mounted:
             return self.fallback(module, args, kwargs, self.model.unmounted_reason(self.kind))
         try:
             out = self.fast_path.run_counted(module, self, args, kwargs)
@@ -340,9 +323,9 @@ class Site:
             if is_fatal(error) or not self.fast_path.catches_errors:
                 raise
             return self.fallback(module, args, kwargs, f"error: {type(error).__name__}: {error}", error)
-        if isinstance(out, Decline):
+        if isinstance(out, Declined):
             return self.fallback(module, args, kwargs, out.reason)
-        if isinstance(out, Dense):
+        if isinstance(out, NotApplicable):
             return self.reference(module, args, kwargs, out.reason)
         return out
 
@@ -358,10 +341,10 @@ def _enabled_property(fusion: QualityGatedFusion) -> property:
         return fusion.is_enabled(self)
 
     def set_(self, value: bool) -> None:
-        self.__dict__[fusion.mounted_attr] = bool(value)
+        fusion.record(self).mounted = bool(value)
 
     def delete(self) -> None:
-        self.__dict__.pop(fusion.mounted_attr, None)
+        fusion.record(self).mounted = False
 
     return property(get, set_, delete, f"True when {fusion.name} is mounted and the calling context's tier admits it.")
 

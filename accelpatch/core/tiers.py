@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from accelpatch.core import call_context
 
@@ -85,3 +85,9 @@ def effective_tier(model_default: Tier = DEFAULT_TIER) -> Tier:
     """The tier a patched model runs under: the caller's :func:`quality` block, else the model's own default."""
     tier = _read_requested()
     return model_default if tier is None else tier
+
+
+def offers_high(site_tiers: Iterable[TierLike], has_step_cache: bool) -> bool:
+    """Whether ``quality("high")`` can run anything approximate on a model: one of its sites is a ``high`` fast path,
+    or it has a step cache (the one rule, read by the patch at ``apply`` and by its report)."""
+    return has_step_cache or any(parse_tier(tier) is Tier.HIGH for tier in site_tiers)

@@ -59,7 +59,7 @@ def refuse_repatching_split_model(model: torch.nn.Module, patch: Any) -> None:
 
 def fingerprint(patch: Any) -> str:
     """What must be equal on every rank: the patch as asked for, and the sites it mounted."""
-    sites = sorted((s.path, s.kind, s.reject_reason is None) for s in patch.sites)
+    sites = sorted((s.path, s.kind, s.mounted) for s in patch.sites)
     return _ADDRESS.sub("", repr((patch.model_class, patch.key(), sites)))
 
 

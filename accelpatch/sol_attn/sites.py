@@ -23,7 +23,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from accelpatch.core import call_context
-from accelpatch.core.sites import Decline, Dense, FastPath, Site, bind_call, step_layer_policy
+from accelpatch.core.outcomes import Declined, NotApplicable
+from accelpatch.core.sites import FastPath, Site, bind_call, step_layer_policy
 from accelpatch.sol_attn.config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
 STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
                 "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0 "
@@ -75,7 +76,7 @@ def slice_length(rows: slice, n: int) -> int:
     return max(0, (start - stop - step - 1) // -step)
 
 
-def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[Dense, Decline]]:
+def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[NotApplicable, Declined]]:
     """The policy's verdict for this call, or None when it may run sparse."""
     return step_layer_policy(site, first_steps=config.dense_steps, step_reason=DENSE_STEP, layer_reason=DENSE_LAYER,
                              unknown_reason=STEP_UNKNOWN)
@@ -118,7 +119,7 @@ class SolAttnFastPath(FastPath):
         reason = super().mount_reject_reason(module, site)
         return reason if reason is not None else impl_unavailable_reason(site.model.backend.impl)
 
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Declined]:
         raise NotImplementedError
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
@@ -128,23 +129,23 @@ class SolAttnFastPath(FastPath):
             return verdict
         mismatch = self.processor_mismatch(attn)
         if mismatch is not None:
-            return Decline(mismatch)
+            return Declined(mismatch)
         ulysses = None
         parallel = getattr(attn.processor, "_parallel_config", None)
         if parallel is not None:
             ulysses = ulysses_group(parallel)
-            if isinstance(ulysses, Decline):
+            if isinstance(ulysses, Declined):
                 return ulysses
         call = self.prepare(attn, site, args, kwargs)
-        if isinstance(call, Decline):
+        if isinstance(call, Declined):
             return call
         q, k, v = call.query, call.key, call.value
         if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOAT_DTYPES:
-            return Decline(f"q/k/v are {q.dtype}, {k.dtype}, {v.dtype}: the sparse path takes one of fp32, bf16, fp16")
+            return Declined(f"q/k/v are {q.dtype}, {k.dtype}, {v.dtype}: the sparse path takes one of fp32, bf16, fp16")
         if ulysses is not None:
             group, world = ulysses
             if q.shape[2] % world:
-                return Decline(f"{q.shape[2]} heads do not split over ulysses_degree={world}")
+                return Declined(f"{q.shape[2]} heads do not split over ulysses_degree={world}")
             # Each rank trades its sequence shard of all heads for the whole sequence of its share of the heads:
             # Sol-Attn then runs per rank unchanged, over whole sequences.
             call.query, call.key, call.value = (heads_to_ranks(x, group, world) for x in (q, k, v))
@@ -153,7 +154,7 @@ class SolAttnFastPath(FastPath):
         call = self.localize(call, site)  # the model's own sink and dense rows refer to the whole sequence
         sink_reason = configured_sink_reason(config, call.query.shape[1])
         if sink_reason is not None:
-            return Decline(sink_reason)
+            return Declined(sink_reason)
         if config.sink_tokens is not None:  # a configured sink replaces the model's; its dense rows stay (dense_rows)
             call.sink_tokens, call.sink_start = config.sink_tokens, config.sink_start
         return call.finish(sparse_attention(config, site, call))
@@ -164,16 +165,16 @@ class SolAttnFastPath(FastPath):
         return call
 
 
-def ulysses_group(parallel_config) -> Union[tuple, Decline]:
+def ulysses_group(parallel_config) -> Union[tuple, Declined]:
     """(process group, degree) of a pure Ulysses context-parallel config, or why the sparse path cannot run under it."""
     cp = getattr(parallel_config, "context_parallel_config", None)
     if cp is None:
-        return Decline(f"a parallel config without context parallelism ({type(parallel_config).__name__}): the "
+        return Declined(f"a parallel config without context parallelism ({type(parallel_config).__name__}): the "
                        "sparse path covers Ulysses context parallelism only")
     if (cp.ring_degree or 1) > 1:
-        return Decline(ULYSSES_ONLY)
+        return Declined(ULYSSES_ONLY)
     if cp.ulysses_anything:
-        return Decline("ulysses_anything (uneven shards) is configured: the sparse path takes even Ulysses shards")
+        return Declined("ulysses_anything (uneven shards) is configured: the sparse path takes even Ulysses shards")
     return cp._ulysses_mesh.get_group(), int(cp.ulysses_degree)
 
 
@@ -283,12 +284,12 @@ class DispatchSelfAttention(SolAttnFastPath):
         out = out.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Declined]:
         call = bind_call(args, kwargs, self.call_names)
         if call.get("attention_mask") is not None:
-            return Decline(MASKED_CALL)
+            return Declined(MASKED_CALL)
         if call.get("encoder_hidden_states") is not None:
-            return Decline(CROSS_CALL)
+            return Declined(CROSS_CALL)
         query, key, value = self.project(attn, call)
         return SparseCall(query, key, value, lambda out: self.finish(attn, out, query),
                           dense_backend=getattr(attn.processor, "_attention_backend", None))
@@ -305,4 +306,4 @@ class AlwaysDense(FastPath):
         self.policy_reasons = (reason,)
 
     def run(self, attn, site, args, kwargs):
-        return Dense(self.reason)
+        return NotApplicable(self.reason)
