@@ -4,7 +4,7 @@ expectation depends on it.
 The ``pointwise_conv`` and ``linear`` ops replay the summation order of oneDNN's emulated-bf16 kernels, which eager
 runs on AVX-512 CPUs without bf16 instructions (seen: an AVX-512 Xeon). There they fuse. On any other CPU (seen: an
 AVX2 EPYC; in principle one with avx512_bf16 or AMX) they run the reference, counted as
-``"reference: not this CPU: ..."``, never declined or warned, and the output stays bit-identical. A test asserts the
+``"not applicable: not this CPU: ..."``, never declined or warned, and the output stays bit-identical. A test asserts the
 outcome of the CPU it runs on; the statements about eager's order itself are skipped elsewhere, naming the features.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ KIND = ("AVX-512 without bf16 instructions" if ONEDNN_EMULATED_BF16 else
         "AVX2 without AVX-512" if "avx2" in FEATURES else "another CPU")
 NEEDS_EMULATED_BF16 = ("needs avx512f/bw/vl/dq without avx512_bf16 and amx_bf16 (the CPU kind whose oneDNN bf16 "
                        f"order this states); this CPU: {KIND}")
-NOT_THIS_CPU = "reference: not this CPU: "
+NOT_THIS_CPU = "not applicable: not this CPU: "
 
 
 def check_onednn_counts(fusion, fused: int, reference: Optional[Mapping[str, int]] = None) -> None:

@@ -90,7 +90,7 @@ def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
                                   "glu_gate": (0, {}, 0),
                                   # q, k, v and out in both layers' Sol-Attn and lossless attention calls: a float32
                                   # model, so the bf16-only linear op runs the reference, counted
-                                  "linear": (0, {"reference: float32 activations (fused for bfloat16 only)": 16}, 0)}
+                                  "linear": (0, {"not applicable: float32 activations (fused for bfloat16 only)": 16}, 0)}
         assert all(0 < f < 0.7 for f in out["exact_fraction"])
         assert out["deprecations"] == []  # once, our all-to-all warned on every rank (diffusers' own gathers still warn)
 

@@ -193,7 +193,7 @@ def test_demo_runs_sana_video2_from_the_command_line(capsys):
     assert re.fullmatch(r"0, fell back: CUDA is unavailable[^;]*; 24 lossless fused calls", rows["patched, high"]["fast"])
     # the default tier runs the bit-exact fused ops of both blocks' sites, never the high path
     assert rows["patched, default"]["fast"] == "0, by design: tier lossless does not admit high; 24 lossless fused calls"
-    assert "  lossless fusions (bit-exact;" in text and "rotary_complex_pair on 8 site(s): 8 fused;" in text
+    assert "  lossless fusions (bit-exact;" in text and "rotary_complex_pair on 8 site(s): 8 ran;" in text
     assert "SanaVideo2Transformer3DModel" in text and "== MiniMax-H3" not in text
     assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
 

@@ -101,19 +101,19 @@ def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
     assert _counts(_tier(rep, "lossless")) == _lossless_counts(fast_forwards=2, exact_forwards=1)
     # per forward: one modulation in each of a block's 2 sub-layer calls, one gate in its mlp call (a bf16 table:
     # in float32 the reference runs, counted with its reason)
-    glu = {"glu_gate": {"fused": 2} if dtype == torch.bfloat16 else
-           {"reference: float32 activations (fused for bfloat16 only)": 2}}
+    glu = {"glu_gate": {"ran": 2} if dtype == torch.bfloat16 else
+           {"not applicable: float32 activations (fused for bfloat16 only)": 2}}
     # and its three projections (up, gate, down) through the linear op, bf16 only as well, and only on the CPU kind
     # whose oneDNN order it replays (tests/_cpu_kind.py): the reference elsewhere, counted "not this CPU"
-    glu["linear"] = ({"fused": 3 * 2} if dtype == torch.bfloat16 and ONEDNN_EMULATED_BF16 else
+    glu["linear"] = ({"ran": 3 * 2} if dtype == torch.bfloat16 and ONEDNN_EMULATED_BF16 else
                      {NOT_THIS_CPU: 3 * 2} if dtype == torch.bfloat16 else
-                     {"reference: float32 activations (fused for bfloat16 only)": 3 * 2})
+                     {"not applicable: float32 activations (fused for bfloat16 only)": 3 * 2})
     # per attention call: the RoPE pair and the sigmoid output gate (a bf16 table, as the SwiGLU gate)
-    gate = {"sigmoid_gate": {"fused": 2} if dtype == torch.bfloat16 else
-            {"reference: float32 activations (fused for bfloat16 only)": 2}}
+    gate = {"sigmoid_gate": {"ran": 2} if dtype == torch.bfloat16 else
+            {"not applicable: float32 activations (fused for bfloat16 only)": 2}}
     assert {s.path: _cpu_outcomes(s.fused_ops) for s in _tier(rep, "lossless")} == {
-        path: ({"modulate": {"fused": 2 * 2}, **glu} if kind == "sana_video2_fused_block"
-               else {"rotary_complex_pair": {"fused": 2}, **gate}) for path, kind in LOSSLESS_KINDS.items()}
+        path: ({"modulate": {"ran": 2 * 2}, **glu} if kind == "sana_video2_fused_block"
+               else {"rotary_complex_pair": {"ran": 2}, **gate}) for path, kind in LOSSLESS_KINDS.items()}
 
 
 def test_high_on_cpu_falls_back_counts_it_and_strict_raises():

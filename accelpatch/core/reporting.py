@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from accelpatch.core.model_state import patch_of
 from accelpatch.core.steps import UNKNOWN as UNKNOWN_STEP
-from accelpatch.core.outcomes import DECLINED, NOT_APPLICABLE, RAN
+from accelpatch.core.outcomes import DECLINED, NOT_APPLICABLE, RAN, kind_of
 from accelpatch.core.tiers import offers_high
 
 
@@ -29,7 +29,7 @@ class SiteReport:
     notes: dict[str, int] = field(default_factory=dict)
     #: why some calls are missing from the counts above (None: every call was counted)
     uncounted: Optional[str] = None
-    #: the lossless fused ops this site's calls ran: op -> {"fused" or the reason the reference ran: calls}
+    #: the lossless fused ops this site's calls ran: op -> {"ran" or the outcome of a reference run: calls}
     fused_ops: dict[str, dict[str, int]] = field(default_factory=dict)
     #: what a fast call here did: "fused", "sparse" or "approximate" (see FAST_KINDS)
     work: str = "approximate"
@@ -57,7 +57,7 @@ class FusionReport:
     #: the modules whose fast paths call the op
     sites: int
     fused_calls: int
-    #: calls that ran the reference chain, by reason ("declined: ...", "reference: inside torch.compile ...")
+    #: calls that ran the reference chain, by outcome ("declined: ...", "not applicable: inside torch.compile ...")
     reference_calls: dict[str, int]
     #: (signature, check seconds) of each verified signature
     verified: tuple[tuple[str, float], ...]
@@ -71,9 +71,9 @@ class FusionReport:
         return sum(v[1] for v in self.verified) + sum(d[2] for d in self.declined)
 
     def line(self) -> str:
-        refs = "".join(f", {n} reference ({r.removeprefix('reference: ')})"
+        refs = "".join(f", {n} {kind_of(r)} ({r.partition(': ')[2]})"
                        for r, n in sorted(self.reference_calls.items(), key=lambda x: -x[1]))
-        text = (f"{self.op} on {self.sites} site(s): {self.fused_calls} fused{refs}; signatures (this process) verified "
+        text = (f"{self.op} on {self.sites} site(s): {self.fused_calls} ran{refs}; signatures (this process) verified "
                 f"{len(self.verified)}, declined {len(self.declined)}")
         if self.saved_s is not None:
             text += f"; {_saved(self.saved_s)}"

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from accelpatch.core.outcomes import RAN
+
 #: ``--accelpatch-models`` names -> the adapter family each takes (accelpatch.models)
 MODEL_FAMILIES = {"wan": "Wan", "hunyuan_video15": "HunyuanVideo 1.5", "ltx2": "LTX-2"}
 DEFAULT_MODELS = "wan,hunyuan_video15,ltx2"
@@ -126,7 +128,7 @@ class PatchRecorder:
                         continue
                     op, _, outcome = key.partition("|")
                     fused.setdefault(op, collections.Counter())[outcome] += n
-        fused_calls = sum(c.get("fused", 0) for c in fused.values())
+        fused_calls = sum(c.get(RAN, 0) for c in fused.values())
         return {"models_patched": len(self.patched), "by_class": dict(by_class),
                 "models_with_sites": sum(1 for p in self.patched if p.counters), "sites": sites,
                 "fast_calls": fast, "fused_op_calls": fused_calls,
