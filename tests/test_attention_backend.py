@@ -178,14 +178,18 @@ def test_unregister_and_register_again():
 
 def test_import_accelpatch_changes_nothing_until_the_backend_is_asked_for():
     """A fresh process: importing accelpatch imports neither torch nor diffusers and leaves diffusers' attention
-    backends as they are (issue #33: no import side effect); register_attention_backend() adds sol_attn, and
+    backends as they are (issue #33: no import side effect; the only import machinery it adds finds accelpatch's own
+    old module paths and nothing else); register_attention_backend() adds sol_attn, and
     set_attention_backend("sol_attn") works from then on."""
     code = (
         "import sys, warnings; warnings.simplefilter('ignore')\n"
         "meta_path = list(sys.meta_path)\n"
         "import accelpatch\n"
         "assert 'diffusers' not in sys.modules and 'torch' not in sys.modules\n"
-        "assert sys.meta_path == meta_path\n"
+        # the one addition: accelpatch's finder of its own old module paths, which answers for no other name
+        "added = [f for f in sys.meta_path if f not in meta_path]\n"
+        "assert [type(f).__module__ for f in added] == ['accelpatch._moved'], added\n"
+        "assert all(added[0].find_spec(n) is None for n in ('diffusers', 'diffusers.models', 'torch', 'accelpatch.core'))\n"
         "from diffusers.models import attention_dispatch as ad\n"
         "assert 'sol_attn' not in {m.value for m in ad.AttentionBackendName}\n"
         "report = accelpatch.sol_attn.attention_backend_report()\n"
