@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.models import hunyuan_video15 as hy_adapter
+from accelpatch.models.hunyuan_video15 import adapter as hy_adapter
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR

@@ -11,7 +11,7 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.models import ltx2 as ltx2_adapter
+from accelpatch.models.ltx2 import adapter as ltx2_adapter
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR

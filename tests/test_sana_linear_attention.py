@@ -196,7 +196,7 @@ def test_the_switch_is_off_outside_its_block():
 def test_the_bf16_gemm_has_the_gradients_of_its_fp32_emulation(device, monkeypatch):
     """torch has no derivative for bmm(..., out_dtype=float32) ("derivative for aten::bmm is not implemented"):
     the fast path's GEMM carries its own, equal to autograd through the exact FP32 emulation."""
-    from accelpatch.models.sana_video.adapter import gemm
+    from accelpatch.models.sana_video import gemm
 
     if device == "cpu":  # no CPU kernel for out_dtype: the same autograd.Function around the emulation
         monkeypatch.setattr(gemm, "_bmm_out_fp32", gemm.bmm_bf16_fp32_emulated)

@@ -8,7 +8,7 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.models import sana_video2 as sv2
+from accelpatch.models.sana_video2 import adapter as sv2
 from accelpatch.core.patcher import patch_of
 from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.sol_attn.sites import DENSE_LAYER, DENSE_STEP
@@ -68,7 +68,7 @@ def test_the_bf16_anchor_path_is_the_processor_without_the_fp32_upcast(on_cpu):
 def test_the_linear_path_runs_its_first_gemm_on_bf16_operands(on_cpu, monkeypatch):
     model = _bf16_model()
     attn, x, rope = _attn_inputs(model, 0)
-    from accelpatch.models.sana_video.adapter import gemm
+    from accelpatch.models.sana_video import gemm
 
     seen = []
     real = gemm.bmm_bf16_operands

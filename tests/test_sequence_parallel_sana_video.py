@@ -63,7 +63,7 @@ def one_process_group():
 
 
 def test_world_size_one_changes_no_bit(one_process_group, monkeypatch):
-    from accelpatch.models.sana_video.adapter import restated_attention, sequence_parallel
+    from accelpatch.models.sana_video import restated_attention, sequence_parallel
     from accelpatch.parallel.sequence import shards_of_group, sum_over_ranks
 
     model = tiny_sana_video_transformer()
@@ -118,7 +118,7 @@ SCRIPT = textwrap.dedent("""
         sys.path.insert(0, tests)
         import accelpatch
         from diffusers import ContextParallelConfig
-        from accelpatch.models.sana_video.adapter import linear_attention, restated_attention, sequence_parallel
+        from accelpatch.models.sana_video import linear_attention, restated_attention, sequence_parallel
         from accelpatch.models.sana_video.split_processors import SplitLinearAttnProcessor
         from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
         from test_sequence_parallel_sana_video import FRAMES, _cases, _run

@@ -9,7 +9,7 @@ import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.core.sites import NO_FUSED_OP
 from accelpatch.lossless import verify
-from accelpatch.models.sana_video.adapter import linear_attention as sana_site
+from accelpatch.models.sana_video import linear_attention as sana_site
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 tiny_minimax_h3_transformer, tiny_sana_video_transformer)
 
