@@ -37,11 +37,11 @@ So the defaults are unmeasured on HunyuanVideo 1.5: ``accelpatch validate``/``tu
 """
 from __future__ import annotations
 
-import re
 from typing import Optional, Union
 
 import torch
 
+from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.sites import Decline, Site, bind_call
 from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall
@@ -62,9 +62,6 @@ NOT_PREFIX = ("the valid text tokens are not first in the text stream (HunyuanVi
               "so): the mask is not a prefix the sparse path can drop")
 NO_CP = "HunyuanVideo 1.5 has no _cp_plan: the sparse path does not run under a parallel config"
 
-_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
-_JOINT = re.compile(r"transformer_blocks\.(\d+)\.attn")
-_REFINER = re.compile(r"context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 
 def _hy():
@@ -159,21 +156,25 @@ SOL_ATTENTION = HunyuanVideo15SolAttention()
 REFINER_DENSE_PATH = AlwaysDense(REFINER_FUSION, "HunyuanVideo 1.5 text token refiner attention (always dense)",
                                  REFINER_DENSE)
 
+#: which module carries which fast path: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on
+#: every ``transformer_blocks.N.attn`` (lossless, any backend or none); with ``sol_attn`` the Sol-Attn path on the
+#: joint attention (high, stacked above the RoPE fusion by tier) and the always-dense text refiner attention (high)
+SITES = (
+    SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn", FUSED_ATTENTION),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn", REFINER_DENSE_PATH, backend="sol_attn"),
+)
+
 
 class HunyuanVideo15Adapter(SolAttnAdapter):
     family = "HunyuanVideo 1.5"
     model_classes = (("diffusers", "HunyuanVideo15Transformer3DModel"),)
+    sites = SITES
     block_list = "transformer_blocks"
     block_noun = "dual-stream transformer blocks"
-    sol_sites, dense_sites = _JOINT, _REFINER
-    sol_path, dense_path = SOL_ATTENTION, REFINER_DENSE_PATH
-    cache_blocks = "transformer_blocks"
-    cache_methods = ("first_block", "mag")
-    cache_block_outputs = (0, 1)  # (video, text), the second stream entering as encoder_hidden_states
-
-    #: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every ``transformer_blocks.N.attn``
-    #: (any backend or none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
-    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_JOINT, FUSED_ATTENTION))
+    # (video, text), the second stream entering as encoder_hidden_states
+    cache = CacheSupport(methods=("first_block", "mag"), blocks="transformer_blocks", block_outputs=(0, 1))
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every dual-stream block has one joint ``attn`` (an ``Attention`` with added q/k/v projections and

@@ -35,11 +35,11 @@ So the defaults are unmeasured on LTX-2: ``accelpatch validate``/``tune`` must c
 """
 from __future__ import annotations
 
-import re
 from typing import Optional, Union
 
 import torch
 
+from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.sites import Decline, Dense, Site, bind_call
 from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
@@ -56,10 +56,6 @@ CROSS_DENSE = ("cross-attention (text, audio-to-video, video-to-audio) stays den
                "self-attention only")
 PERTURBED_CALL = "an STG perturbation_mask was given (spatio_temporal_guidance_blocks): the processor runs it"
 
-_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
-_SELF = re.compile(r"transformer_blocks\.(\d+)\.attn1")
-_AUDIO_SELF = re.compile(r"transformer_blocks\.(\d+)\.audio_attn1")
-_CROSS = re.compile(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)")
 ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
 
 
@@ -126,27 +122,30 @@ SOL_ATTENTION = LTX2SolAttention()
 AUDIO_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 audio self-attention (always dense)", AUDIO_DENSE)
 CROSS_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 cross-attention (always dense)", CROSS_DENSE)
 
+#: which module carries which fast path: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on
+#: every video self-attention ``transformer_blocks.N.attn1`` (lossless, any backend or none); with ``sol_attn`` the
+#: Sol-Attn path on ``attn1`` (high, stacked above the RoPE fusion by tier), and the audio self-attention and every
+#: cross-attention always dense (high), each with its reason
+SITES = (
+    SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn1", FUSED_ATTENTION),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"transformer_blocks\.(\d+)\.audio_attn1", AUDIO_DENSE_PATH, backend="sol_attn"),
+    SiteRule(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)",
+             CROSS_DENSE_PATH, backend="sol_attn"),
+)
+
 
 class LTX2Adapter(SolAttnAdapter):
     family = "LTX-2"
     model_classes = (("diffusers", "LTX2VideoTransformer3DModel"),)
+    sites = SITES
     block_list = "transformer_blocks"
-    sol_sites, dense_sites = _SELF, _CROSS
-    sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
-    cache_blocks = "transformer_blocks"
-    cache_methods = ("first_block",)
-    cache_block_outputs = (0, 1)  # (video, audio)
-    cache_second_stream = "audio_hidden_states"
-    cache_unsupported = ("diffusers' MagCache hooks pass a block's second stream through a skipped step without "
-                         "its residual, and LTX-2's second stream is the audio output")
-
-    #: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every ``transformer_blocks.N.attn1``
-    #: (any backend or none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
-    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
-
-    def backend_sites(self) -> tuple:
-        """The shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
-        return (_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH)
+    # (video, audio), the audio entering as audio_hidden_states
+    cache = CacheSupport(methods=("first_block",), blocks="transformer_blocks", block_outputs=(0, 1),
+                         second_stream="audio_hidden_states",
+                         why_not=("diffusers' MagCache hooks pass a block's second stream through a skipped step "
+                                  "without its residual, and LTX-2's second stream is the audio output"))
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has its six attentions as ``LTX2Attention``; the video self-attention ``attn1`` is a

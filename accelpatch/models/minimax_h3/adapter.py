@@ -17,13 +17,13 @@ backward, so training through the sparse path works (gradients of the sparse fun
 from __future__ import annotations
 
 import contextvars
-import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
 from accelpatch.core import call_context
+from accelpatch.core.adapter import CacheSupport, SiteRule, TimestepScale
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.sites import Decline, Site, bind_call
 from accelpatch.sol_attn.sites import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
@@ -38,11 +38,6 @@ SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_at
                                 enabled_attr="_accelpatch_sol_attn_enabled", tier=Tier.HIGH)
 REFINER_FUSION = QualityGatedFusion(name="sol_attn_refiner", marker_attr="_accelpatch_sol_attn_refiner_site",
                                     enabled_attr="_accelpatch_sol_attn_refiner_enabled", tier=Tier.HIGH)
-
-_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
-_MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
-_SWIGLU = re.compile(r"transformer_blocks\.(\d+)\.ff\.net\.0")
-_REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
 
 REFINER_DENSE = "text-only token refiner stays dense"
 LAYOUT_IN_COMPILED_REGION = ("the packed layout (the text/audio sink and dense rows) cannot be read inside a "
@@ -167,36 +162,31 @@ SOL_ATTENTION = MiniMaxH3SolAttention()
 #: the token refiner attends over text only: always dense, counted
 REFINER_DENSE_PATH = AlwaysDense(REFINER_FUSION, "text-only token refiner attention (always dense)", REFINER_DENSE)
 
+#: which module carries which fast path: every block's AdaLN/residual fusion, its attention's RoPE fusion and its
+#: SwiGLU gate (lossless, any backend or none); with ``sol_attn`` the Sol-Attn path on ``transformer_blocks.N.attn``
+#: (high, stacked above the RoPE fusion by tier) and the always-dense text refiner attention (high; no layer index)
+SITES = (
+    SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn", FUSED_ATTENTION),
+    SiteRule(r"transformer_blocks\.(\d+)\.ff\.net\.0", FUSED_SWIGLU),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"token_refiner\.refiner_blocks\.\d+\.attn", REFINER_DENSE_PATH, backend="sol_attn"),
+)
+
 
 class MiniMaxH3Adapter(SolAttnAdapter):
     family = "MiniMax-H3"
-    cache_blocks = "transformer_blocks"
-    cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "MiniMaxH3Transformer3DModel"),)
+    sites = SITES
     block_list = "transformer_blocks"
+    cache = CacheSupport(methods=("first_block", "mag"), blocks="transformer_blocks")
+    #: H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count
+    timesteps = TimestepScale(clean_is_high=True)
 
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        for path, module in model.named_modules():
-            block = _BLOCK.fullmatch(path)
-            if block is not None:
-                yield path, module, FUSED_BLOCK, int(block.group(1))
-                continue
-            match = _MAIN_ATTENTION.fullmatch(path)
-            if match is not None:
-                if backend_config is not None:
-                    yield path, module, SOL_ATTENTION, int(match.group(1))
-                yield path, module, FUSED_ATTENTION, int(match.group(1))
-            elif _SWIGLU.fullmatch(path):
-                yield path, module, FUSED_SWIGLU, int(_SWIGLU.fullmatch(path).group(1))
-            elif backend_config is not None and _REFINER_ATTENTION.fullmatch(path):
-                yield path, module, REFINER_DENSE_PATH, None
+    def capture_for(self, backend_config: Any):
+        """With a backend, the packed layout of each forward's ``token_tags`` (read by the Sol-Attn sites)."""
+        return self._capture_layout if backend_config is not None else None
 
-    def noise_level(self, timestep_values: tuple[float, ...]) -> float:
-        return 1.0 - min(timestep_values)  # H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count
-
-    def captures(self, backend_config: Any) -> bool:
-        return backend_config is not None
-
-    def capture(self, arguments: Mapping[str, Any], backend_config: Any):
+    def _capture_layout(self, arguments: Mapping[str, Any]):
         tags = arguments.get("token_tags")
         return ((_layout, layout_from_token_tags(tags) if isinstance(tags, torch.Tensor) else None),)

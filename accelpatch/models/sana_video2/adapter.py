@@ -22,20 +22,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
-from accelpatch.sol_attn.config import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
+from accelpatch.sol_attn.config import _check_int, all_layers_dense_reason, format_layers, parse_layers
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from accelpatch.core.sites import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
                           step_layer_policy)
 from accelpatch.sol_attn.sites import SolAttnFastPath, SparseCall
-from accelpatch.core.tiers import DEFAULT_TIER, Tier
-from accelpatch.core.adapter import ModelAdapter
+from accelpatch.core.tiers import Tier
+from accelpatch.core.adapter import NO_BACKEND, CacheSupport, ModelAdapter, SiteRule
 from accelpatch.lossless.ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE
 from accelpatch.models.sana_video2.lossless import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair, sigmoid_gate
 
@@ -55,8 +54,6 @@ ANCHOR_STEP_UNKNOWN = ("no denoising step is known, so anchor_fp32_steps cannot 
                        "set anchor_fp32_steps=0")
 FP32_ATTENTION_OFF = "fp32_attention is off: the reference already runs this attention in the activations' dtype"
 
-_SELF_ATTENTION = re.compile(r"blocks\.(\d+)\.attn")
-_BLOCK = re.compile(r"blocks\.(\d+)")
 
 
 @dataclass(frozen=True)
@@ -209,18 +206,44 @@ LINEAR_BF16_GEMM = LinearAttentionBF16GEMM()
 ANCHOR_SOL_ATTN = AnchorSolAttention()
 
 
+def is_anchor(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a softmax anchor attention (the other ``blocks.N.attn`` are linear attention)."""
+    from accelpatch.models.sana_video2.modeling import SanaVideo2SoftmaxAttention
+
+    return isinstance(module, SanaVideo2SoftmaxAttention)
+
+
+def is_linear(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a gated linear attention."""
+    from accelpatch.models.sana_video2.modeling import SanaVideo2LinearAttention
+
+    return isinstance(module, SanaVideo2LinearAttention)
+
+
+#: which module carries which fast path: every block's fusion and every attention's lossless fusion (any backend or
+#: none); the anchors' BF16 path without a backend and their Sol-Attn path with ``sol_attn`` (high, stacked above
+#: the anchor fusion by tier); the linear layers' BF16-GEMM path with or without a backend (high, above their fusion).
+#: Anchor or linear is the module's class (the model's config says which layers are anchors), not its path.
+SITES = (
+    SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"blocks\.(\d+)\.attn", FUSED_ANCHOR, when=is_anchor),
+    SiteRule(r"blocks\.(\d+)\.attn", LINEAR_BF16_GEMM, when=is_linear),
+    SiteRule(r"blocks\.(\d+)\.attn", FUSED_LINEAR, when=is_linear),
+    SiteRule(r"blocks\.(\d+)\.attn", ANCHOR_BF16, backend=NO_BACKEND, when=is_anchor),
+    SiteRule(r"blocks\.(\d+)\.attn", ANCHOR_SOL_ATTN, backend="sol_attn", when=is_anchor),
+)
+
+
 class SanaVideo2Adapter(ModelAdapter):
     family = "SANA-Video 2.0"
-    # the model's own hook point (its blocks feed Block Attention Residuals, not a chain of hidden states)
-    cache_methods = ("first_block",)
-    cache_unsupported = ("MagCache needs residual blocks that return the next hidden states; SANA-Video 2.0's blocks "
-                         "return deltas into Block Attention Residuals")
     model_classes = (("accelpatch.models.sana_video2.modeling", "SanaVideo2Transformer3DModel"),)
     backends = ("sol_attn",)
+    sites = SITES
     options_class = SanaVideo2Options
-
-    def default_tier(self, backend_config: Any) -> Tier:
-        return Tier.HIGH if backend_config is not None else DEFAULT_TIER
+    # the model's own hook point (its blocks feed Block Attention Residuals, not a chain of hidden states)
+    cache = CacheSupport(methods=("first_block",),
+                         why_not=("MagCache needs residual blocks that return the next hidden states; SANA-Video "
+                                  "2.0's blocks return deltas into Block Attention Residuals"))
 
     def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
         if backend_config is not None and backend_config.dense_layers is None:
@@ -266,31 +289,7 @@ class SanaVideo2Adapter(ModelAdapter):
                                "those layers, so the reference already runs them in the activations' dtype")
         return reasons
 
-    def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
-        if backend_config is not None:
-            return backend_config.dense_steps > 0
-        return options is not None and options.anchor_fp32_steps > 0
-
     def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
         if backend_config is not None:
             return (backend_config.dense_steps,)
         return (options.anchor_fp32_steps,) if options is not None else ()
-
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        from accelpatch.models.sana_video2.modeling import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
-
-        anchor_path = ANCHOR_SOL_ATTN if isinstance(backend_config, SolAttnConfig) else ANCHOR_BF16
-        for path, module in model.named_modules():
-            block = _BLOCK.fullmatch(path)
-            if block is not None:
-                yield path, module, FUSED_BLOCK, int(block.group(1))
-                continue
-            match = _SELF_ATTENTION.fullmatch(path)
-            if match is None:
-                continue
-            if isinstance(module, SanaVideo2SoftmaxAttention):
-                yield path, module, anchor_path, int(match.group(1))
-                yield path, module, FUSED_ANCHOR, int(match.group(1))
-            elif isinstance(module, SanaVideo2LinearAttention):
-                yield path, module, LINEAR_BF16_GEMM, int(match.group(1))
-                yield path, module, FUSED_LINEAR, int(match.group(1))

@@ -24,11 +24,11 @@ So the defaults are unmeasured on Wan: ``accelpatch validate``/``tune`` (and the
 """
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import torch
 
+from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention
 from accelpatch.core.tiers import Tier
@@ -40,9 +40,6 @@ CROSS_FUSION = QualityGatedFusion.named("wan_cross_attention", Tier.HIGH)
 
 CROSS_DENSE = "cross-attention (text, and image for I2V) stays dense: Sol-Attn covers self-attention only"
 
-_BLOCK = re.compile(r"blocks\.(\d+)")
-_SELF = re.compile(r"blocks\.(\d+)\.attn1")
-_CROSS = re.compile(r"blocks\.(\d+)\.attn2")
 
 
 def _wan():
@@ -85,18 +82,23 @@ class WanSolAttention(DispatchSelfAttention):
 SOL_ATTENTION = WanSolAttention()
 CROSS_DENSE_PATH = AlwaysDense(CROSS_FUSION, "Wan cross-attention (always dense)", CROSS_DENSE)
 
+#: which module carries which fast path: the block fusion on every ``blocks.N`` and the RoPE fusion on every
+#: ``blocks.N.attn1`` (lossless, any backend or none); with ``sol_attn`` the Sol-Attn path on ``blocks.N.attn1``
+#: (high, stacked above the RoPE fusion by tier) and the always-dense cross-attention ``blocks.N.attn2`` (high)
+SITES = (
+    SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"blocks\.(\d+)\.attn1", FUSED_ATTENTION),
+    SiteRule(r"blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"blocks\.(\d+)\.attn2", CROSS_DENSE_PATH, backend="sol_attn"),
+)
+
 
 class WanAdapter(SolAttnAdapter):
     family = "Wan"
     model_classes = (("diffusers", "WanTransformer3DModel"),)
+    sites = SITES
     block_list = "blocks"
-    sol_sites, dense_sites = _SELF, _CROSS
-    sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
-    cache_blocks = "blocks"
-    cache_methods = ("first_block", "mag")
-    #: the block fusion on every ``blocks.N`` and the RoPE fusion on every ``blocks.N.attn1`` (any backend or
-    #: none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
-    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
+    cache = CacheSupport(methods=("first_block", "mag"), blocks="blocks")
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has a self-attention ``attn1`` (no added image k/v) and a cross-attention ``attn2``, both
