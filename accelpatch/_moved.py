@@ -131,3 +131,17 @@ def lazy_attributes(package: str, table: dict):
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def names_moved_to(module: str, new: str):
+    """A module ``__getattr__`` for ``module`` that reads a name it no longer defines from ``new`` (imported on first
+    use): a family's ``high`` paths left its ``adapter.py`` for ``high.py``, and ``from ...adapter import X`` (or an
+    old pickle naming ``adapter.X``) still finds them, the same objects."""
+    def __getattr__(name: str):
+        if not name.startswith("__"):
+            target = importlib.import_module(new)
+            if name in vars(target):
+                return vars(target)[name]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -12,6 +12,12 @@ bit-identical to diffusers: its fused ops are verified against the eager chain o
 
 Sequence parallelism through diffusers' ``enable_parallelism`` (after ``apply``): the plan (``cp_plan``) and the
 split-aware layers (``split_layers``) of :mod:`.sequence_parallel`, idle until the model is split.
+
+The site table is :data:`SITES` below. SANA-Video keeps its own modules rather than one ``lossless.py`` and one
+``high.py``; by tier: :mod:`.block` is ``lossless`` (block, GLUMB); :mod:`.linear_attention` holds both attention
+paths (``lossless`` restatement, ``high`` BF16 first GEMM over it); :mod:`.gemm` is the ``high`` path's BF16 GEMM;
+:mod:`.restated_attention` is the restated math both paths and the ``exact`` split processor share;
+:mod:`.split_processors` and :mod:`.sequence_parallel` are ``exact``-tier context parallelism.
 """
 from __future__ import annotations
 
