@@ -10,6 +10,7 @@ reads its names from that module, so its old submodules still import below it.
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 import warnings
@@ -124,10 +125,14 @@ def install() -> None:
 
 def lazy_attributes(package: str, table: dict):
     """A module ``__getattr__`` for ``package`` that imports each name of ``table`` (name -> module) on first use:
-    the package stays cheap to import (no torch, no diffusers) and its public names are still its attributes."""
+    the package stays cheap to import (no torch, no diffusers) and its public names are still its attributes. A
+    submodule is an attribute too, imported on first use (``accelpatch.models.sana_video2.modeling`` after
+    ``import accelpatch``, as an eagerly imported package would have it)."""
     def __getattr__(name: str):
         if name in table:
             return getattr(importlib.import_module(table[name]), name)
+        if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
