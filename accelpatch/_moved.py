@@ -10,6 +10,7 @@ reads its names from that module, so its old submodules still import below it.
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 import warnings
@@ -126,8 +127,9 @@ def install() -> None:
 def lazy_attributes(package: str, table: dict, *, moved: Optional[dict] = None, subpackages: tuple = ()):
     """A module ``__getattr__`` for ``package`` that imports each name of ``table`` (name -> module) on first use:
     the package stays cheap to import (no torch, no diffusers) and its public names are still its attributes. A name
-    of ``moved`` (name -> its new home) is found there with a DeprecationWarning naming the home, at every use; a
-    name of ``subpackages`` is the subpackage ``package.<name>``, imported on first access."""
+    of ``moved`` (name -> its new home) is found there with a DeprecationWarning naming the home, at every use. A
+    submodule is an attribute too, imported on first use (``accelpatch.models.sana_video2.modeling`` after
+    ``import accelpatch``, as an eagerly imported package would have it)."""
     namespace = sys.modules[package].__dict__ if package in sys.modules else None
     moved = moved or {}
 
@@ -141,8 +143,23 @@ def lazy_attributes(package: str, table: dict, *, moved: Optional[dict] = None, 
             warnings.warn(f"{package}.{name} moved to {moved[name]}.{name}; use it from there (the old name goes in "
                           "the next release)", DeprecationWarning, stacklevel=2)
             return getattr(importlib.import_module(moved[name]), name)
-        if name in subpackages:
+        if name in subpackages or (not name.startswith("_")
+                                   and importlib.util.find_spec(f"{package}.{name}") is not None):
             return importlib.import_module(f"{package}.{name}")
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+def names_moved_to(module: str, new: str):
+    """A module ``__getattr__`` for ``module`` that reads a name it no longer defines from ``new`` (imported on first
+    use): a family's ``high`` paths left its ``adapter.py`` for ``high.py``, and ``from ...adapter import X`` (or an
+    old pickle naming ``adapter.X``) still finds them, the same objects."""
+    def __getattr__(name: str):
+        if not name.startswith("__"):
+            target = importlib.import_module(new)
+            if name in vars(target):
+                return vars(target)[name]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__

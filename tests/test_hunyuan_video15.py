@@ -3,13 +3,14 @@ restores, high runs sparse over the valid prefix with its exact fraction counted
 its reason, calls whose mask is not the model's layout decline (counted; strict raises), unknown layouts refused at
 apply(), compile, pickling, backward; the step cache (FirstBlockCache and MagCache) on the (video, text) blocks;
 and checks that catch a wrong kernel and a wrong stream layout."""
+import dataclasses
 import types
 
 import pytest
 import torch
 
 import accelpatch
-from accelpatch.models import hunyuan_video15 as hy_adapter
+from accelpatch.models.hunyuan_video15 import adapter as hy_adapter
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR
@@ -244,7 +245,8 @@ def test_a_wrong_stream_layout_is_caught_by_the_step_cache_check(model, monkeypa
     """The same check against a cache registered with the streams swapped (the text taken as the hidden states)."""
     m, inputs = model[0], _small_inputs(model[0])
     expected = reused_reference(m, inputs, CASE.outputs, "encoder_hidden_states")
-    monkeypatch.setattr(hy_adapter.HunyuanVideo15Adapter, "cache_block_outputs", (1, 0))
+    monkeypatch.setattr(hy_adapter.HunyuanVideo15Adapter, "cache",
+                        dataclasses.replace(hy_adapter.HunyuanVideo15Adapter.cache, block_outputs=(1, 0)))
     with pytest.raises(RuntimeError, match="size of tensor"):
         assert all_bits_equal(cached_high_run(m, inputs, CASE.outputs), expected)
     monkeypatch.undo()

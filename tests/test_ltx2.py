@@ -4,6 +4,7 @@ self-attention and every cross-attention stay dense with their reasons, strict m
 apply(), LTX-2.3's layout (split RoPE, gates, the STG processor), compile, pickling, backward, checkpointing; the
 step cache (FirstBlockCache) on the (video, audio) blocks; and checks that catch a wrong kernel and a wrong second
 stream."""
+import dataclasses
 import types
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.models import ltx2 as ltx2_adapter
+from accelpatch.models.ltx2 import adapter as ltx2_adapter
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR
@@ -245,7 +246,8 @@ def test_a_wrong_second_stream_is_caught_by_the_step_cache_check(model, monkeypa
     the audio through a reused step without its residual (what MagCache's hooks do) differs in the audio alone."""
     m, inputs = model[0], _small_inputs(model[0])
     expected = reused_reference(m, inputs, CASE.outputs, "audio_hidden_states")
-    monkeypatch.setattr(ltx2_adapter.LTX2Adapter, "cache_second_stream", "encoder_hidden_states")
+    monkeypatch.setattr(ltx2_adapter.LTX2Adapter, "cache",
+                        dataclasses.replace(ltx2_adapter.LTX2Adapter.cache, second_stream="encoder_hidden_states"))
     with pytest.raises(RuntimeError, match="normalized_shape"):
         cached_high_run(m, inputs, CASE.outputs)
     monkeypatch.undo()

@@ -21,7 +21,7 @@ from _model_fusion_checks import (bits_equal, check_exact_never_fuses, fresh_ver
 import accelpatch
 import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
 from accelpatch.lossless import verify
-from accelpatch.models.ltx2.adapter import fused as ltx2_fused
+from accelpatch.models.ltx2 import lossless as ltx2_fused
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.core.sites import NO_FUSED_OP, NO_FUSED_OP_COMPILED, SITE_ATTR
 from accelpatch.testing import LTX2_3_TINY_CONFIG, ltx2_transformer_inputs, tiny_ltx2_transformer
@@ -310,7 +310,7 @@ def test_a_block_class_that_is_not_diffusers_leaves_the_fusion_unmounted_with_it
 
 
 def test_a_changed_block_signature_is_refused_with_what_differed():
-    from accelpatch.models.ltx2.adapter import fused
+    from accelpatch.models.ltx2 import lossless as fused
     from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
 
     assert fused.signature_mismatch(LTX2VideoTransformerBlock) is None

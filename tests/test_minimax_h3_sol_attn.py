@@ -10,7 +10,7 @@ import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.core.reporting import merge_counts
-from accelpatch.models import minimax_h3 as h3_adapter
+from accelpatch.models.minimax_h3 import adapter as h3_adapter
 from accelpatch.testing import (minimax_h3_layout, minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer)
 

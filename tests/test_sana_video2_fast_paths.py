@@ -8,7 +8,7 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.models import sana_video2 as sv2
+from accelpatch.models.sana_video2 import adapter as sv2
 from accelpatch.core.patcher import patch_of
 from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.sol_attn.sites import DENSE_LAYER, DENSE_STEP

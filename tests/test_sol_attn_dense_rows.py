@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.models import minimax_h3 as h3_adapter
+from accelpatch.models.minimax_h3 import adapter as h3_adapter
 from accelpatch.testing import minimax_h3_layout, minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 ROWS = 1100  # video rows: with 6 text and 8 audio rows, 1,114 rows (18 blocks of 64), enough to be sparse

@@ -9,7 +9,7 @@ import torch
 
 import accelpatch
 from accelpatch.core import steps
-from accelpatch.models import minimax_h3 as h3_adapter
+from accelpatch.models.minimax_h3 import adapter as h3_adapter
 from accelpatch.testing import (minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 sana_video_pipeline_call_kwargs, tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer,
                                 tiny_sana_video_pipeline)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.models import wan as wan_adapter
+from accelpatch.models.wan import adapter as wan_adapter
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR

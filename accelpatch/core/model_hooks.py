@@ -104,10 +104,11 @@ class ModelForwardHooks:
         self._backend = backend
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
         uses_steps = adapter.uses_steps(backend, patch.options) or patch.cache is not None
-        self._clock = steps.TimestepClock(adapter.noise_level) if uses_steps else None
+        self._clock = steps.TimestepClock(adapter.timesteps.noise_level) if uses_steps else None
         steps.register_thresholds(*adapter.step_thresholds(backend, patch.options))
         self._step_sources = patch.step_sources
-        self._bind = self._clock is not None or adapter.captures(backend)
+        self._capture = adapter.capture_for(backend)
+        self._bind = self._clock is not None or self._capture is not None
         self._checkpointing = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
         self._parallel_guard = patch.parallel_guard
         self._patch = patch
@@ -126,7 +127,7 @@ class ModelForwardHooks:
         scheduler = getattr(pipeline, "scheduler", None)
         if scheduler is not None:
             return steps.StepReading(steps.scheduler_step(scheduler), steps.SCHEDULER)
-        return self._clock.advance(steps.timestep_values(bound.get(self._adapter.timestep_argument)))
+        return self._clock.advance(steps.timestep_values(bound.get(self._adapter.timesteps.argument)))
 
     def _check_high(self) -> None:
         """A call under tier high on a model with no high fast path runs the lossless path: say so (once)."""
@@ -165,8 +166,9 @@ class ModelForwardHooks:
             tokens.append((steps.MODEL_STEP, steps.MODEL_STEP.set(reading)))
             tokens.append((steps.MODEL_PHASE, steps.MODEL_PHASE.set(steps.phase_of(reading.step))))
             self._step_sources.add(steps.current_step().source)
-        for var, value in self._adapter.capture(bound, self._backend):
-            tokens.append((var, var.set(value)))
+        if self._capture is not None:
+            for var, value in self._capture(bound):
+                tokens.append((var, var.set(value)))
         _frames.set(_frames.get() + ((id(module), tokens),))
         return None
 

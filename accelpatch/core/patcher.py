@@ -203,7 +203,7 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
         if cache_config is not None:
             adapter.validate_cache(cache_config)
             existing = model.__dict__.get(STATE_ATTR)
-            blocks = getattr(model, adapter.cache_blocks, ()) if adapter.cache_blocks else ()
+            blocks = getattr(model, adapter.cache.blocks, ()) if adapter.cache.blocks else ()
             refuse_foreign_cache(model, blocks, ours=getattr(existing, "step_cache", None))
         noops = adapter.static_noops(model, backend_config, family_options, requested_backend)
         if noops and strict:
@@ -273,8 +273,8 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         registrations.mirror_modules(model)
         patch.detach.append(registrations.release)
         if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
-            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache_blocks,
-                                         block_streams=(*adapter.cache_block_outputs, adapter.cache_second_stream))
+            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache.blocks,
+                                         block_streams=(*adapter.cache.block_outputs, adapter.cache.second_stream))
             patch.detach.append(patch.step_cache.remove)
         # diffusers' context parallelism: the family's plan where diffusers' class has none, and its split-aware
         # layers (after the model hooks above: their pre-hooks read the unsplit inputs first); remove() undoes both

@@ -211,7 +211,7 @@ def base_setting(pipe: Any) -> BaseSetting:
     return BaseSetting(backend=backend, backend_options=backend_options or {}, family_options=family_options,
                        cache_options=cache_options, cache_method=method, family=adapter.family, anchors=anchors,
                        layers=len(blocks), default_dense_layers=default_dense, family_resolved=resolved,
-                       family_backends=tuple(adapter.backends), family_cache_methods=tuple(adapter.cache_methods))
+                       family_backends=tuple(adapter.backends), family_cache_methods=tuple(adapter.cache.methods))
 
 
 # --- grids -------------------------------------------------------------------------------------------------------

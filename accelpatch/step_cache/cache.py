@@ -8,7 +8,7 @@ no cache context), keeps one state per process, and knows nothing of tiers. Here
 * the block classes are registered with diffusers' ``TransformerBlockRegistry`` and diffusers' own
   ``apply_first_block_cache`` puts its hooks on the blocks; a block that returns two streams (HunyuanVideo 1.5's
   video and text, LTX-2's video and audio) is registered with the output layout and second-stream argument its
-  adapter declares (``cache_block_outputs``, ``cache_second_stream``);
+  adapter declares (its ``CacheSupport``: ``block_outputs``, ``second_stream``);
 * the hooks' state lives in a :class:`ContextLocalStateManager`: keyed by the generation and the classifier-free
   guidance branch of the calling thread or asyncio task, so every pipeline call starts clean (also after an
   exception or an interrupted call: a call at step 0 starts a new generation) and threads never share a state;

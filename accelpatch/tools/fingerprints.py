@@ -32,13 +32,13 @@ FINGERPRINTS = '''
 def restating_paths() -> dict[str, list[str]]:
     """Qualified name of each restated diffusers function -> the fast paths (fusion names) restating it, from every
     FastPath class of accelpatch's adapters and sites."""
-    from accelpatch import models as adapters
-    from accelpatch.core import sites
+    from accelpatch import models
     from accelpatch.core.sites import FAST_PATH_CLASSES
 
-    for package in (adapters, sites):
-        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            importlib.import_module(module.name)
+    # every family's modules (the models import the shared site modules: accelpatch.sol_attn.sites, ...)
+    for module in pkgutil.walk_packages(models.__path__, models.__name__ + "."):
+        importlib.import_module(module.name)
+    importlib.import_module("accelpatch.sol_attn.sites")
     found: dict[str, list[str]] = {}
     for cls in FAST_PATH_CLASSES:
         fusion = getattr(cls, "fusion", None)

@@ -2,7 +2,7 @@
 block): its lossless block fusion, and the ``sol_attn`` backend.
 
 At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
-of :mod:`.fused` (both streams' AdaLN modulations, the a2v/v2a modulations, LTX-2.3's cross-attention AdaLN and
+of :mod:`.lossless` (both streams' AdaLN modulations, the a2v/v2a modulations, LTX-2.3's cross-attention AdaLN and
 every gated residual add as verified fused ops), and ``transformer_blocks.N.attn1`` the video self-attention with
 its q/k RoPE as one verified fused op (interleaved: rope_pair_per_channel; split, LTX-2.3's default:
 rope_split_pair); the attention sites below are the same with or without the block fusion.
@@ -32,121 +32,46 @@ Defaults, and where each comes from (nothing published that we found gives LTX-2
   dense_steps = 10: set it lower there.
 * audio self-attention dense: the issue's rule ("LTX-2's audio stream too, unless measured safe"); unmeasured.
 So the defaults are unmeasured on LTX-2: ``accelpatch validate``/``tune`` must confirm them before they are trusted.
+
+The site table is :data:`SITES` below; the ``high`` fast paths are in :mod:`.high`, the lossless ones in
+:mod:`.lossless`.
 """
 from __future__ import annotations
 
-import re
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
-from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Decline, Dense, Site, bind_call
-from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
-from accelpatch.core.tiers import Tier
+from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.sol_attn.adapter import SolAttnAdapter
-from accelpatch.models.ltx2.lossless import (ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK, gate_and_project_out, processor_mismatch,
-                    project_qkv)
+from accelpatch.models.ltx2.lossless import FUSED_ATTENTION, FUSED_BLOCK
+from accelpatch._moved import names_moved_to
+from accelpatch.models.ltx2.high import ATTENTIONS, AUDIO_DENSE_PATH, CROSS_DENSE_PATH, SOL_ATTENTION, _ltx2
 
-SOL_FUSION = QualityGatedFusion.named("ltx2_sol_attn", Tier.HIGH)
-DENSE_FUSION = QualityGatedFusion.named("ltx2_dense_attention", Tier.HIGH)
-
-AUDIO_DENSE = "audio self-attention stays dense: not measured safe under Sol-Attn"
-CROSS_DENSE = ("cross-attention (text, audio-to-video, video-to-audio) stays dense: Sol-Attn covers "
-               "self-attention only")
-PERTURBED_CALL = "an STG perturbation_mask was given (spatio_temporal_guidance_blocks): the processor runs it"
-
-_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
-_SELF = re.compile(r"transformer_blocks\.(\d+)\.attn1")
-_AUDIO_SELF = re.compile(r"transformer_blocks\.(\d+)\.audio_attn1")
-_CROSS = re.compile(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)")
-ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
-
-
-def _ltx2():
-    from diffusers.models.transformers import transformer_ltx2
-
-    return transformer_ltx2
-
-
-class LTX2SolAttention(DispatchSelfAttention):
-    """Sol-Attn on LTX-2's video self-attention: q/k/v as ``LTX2AudioVideoAttnProcessor`` (or LTX-2.3's
-    ``LTX2PerturbedAttnProcessor`` outside STG blocks) hands them to the dispatcher, then its gates and ``to_out``."""
-
-    fusion = SOL_FUSION
-    description = "block-sparse Sol-Attn with rank-1 correction on LTX-2's video self-attention"
-    call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "query_rotary_emb", "key_rotary_emb")
-    policy_reasons = DispatchSelfAttention.policy_reasons + (PERTURBED_CALL,)
-    restates = ATTENTION_RESTATES
-
-    def processor_class(self) -> type:
-        return _ltx2().LTX2AudioVideoAttnProcessor
-
-    def processor_mismatch(self, module: torch.nn.Module) -> Optional[str]:
-        return processor_mismatch(module)
-
-    def project(self, attn, call):
-        """The fused attention's :func:`~.fused.project_qkv` with diffusers' own RoPE functions (interleaved or
-        split, as ``attn.rope_type`` says; none for another type, as in the processor)."""
-        ltx2 = _ltx2()
-        rotate = {"interleaved": ltx2.apply_interleaved_rotary_emb,
-                  "split": ltx2.apply_split_rotary_emb}.get(attn.rope_type)
-
-        def rope(query, key, q_tables, k_tables):
-            return (rotate(query, q_tables), rotate(key, k_tables)) if rotate is not None else (query, key)
-
-        return project_qkv(attn, call["hidden_states"], call["query_rotary_emb"], call["key_rotary_emb"], rope)
-
-    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        """An STG-perturbed call (LTX-2.3's guidance, chosen by the caller) is dense by policy, not a failure: it
-        runs the processor, counted after the dense steps and layers."""
-        call = bind_call(args, kwargs, self.call_names)
-        perturbed = call.get("all_perturbed")
-        if call.get("perturbation_mask") is not None or (perturbed is not None and perturbed is not False):
-            verdict = dense_policy(site.model.backend, site)
-            return verdict if verdict is not None else Dense(PERTURBED_CALL)
-        return super().run(attn, site, args, kwargs)
-
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
-        call = bind_call(args, kwargs, self.call_names)
-        sparse = super().prepare(attn, site, args, kwargs)
-        if isinstance(sparse, Decline) or attn.to_gate_logits is None:
-            return sparse
-        gate_logits = attn.to_gate_logits(call["hidden_states"])
-        query = sparse.query
-
-        def gated_finish(out: torch.Tensor) -> torch.Tensor:  # LTX-2.3's per-head gates, as the processor does
-            return gate_and_project_out(attn, out.flatten(2, 3).to(query.dtype), gate_logits)
-
-        sparse.finish = gated_finish
-        return sparse
-
-
-SOL_ATTENTION = LTX2SolAttention()
-AUDIO_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 audio self-attention (always dense)", AUDIO_DENSE)
-CROSS_DENSE_PATH = AlwaysDense(DENSE_FUSION, "LTX-2 cross-attention (always dense)", CROSS_DENSE)
+#: which module carries which fast path: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on
+#: every video self-attention ``transformer_blocks.N.attn1`` (lossless, any backend or none); with ``sol_attn`` the
+#: Sol-Attn path on ``attn1`` (high, stacked above the RoPE fusion by tier), and the audio self-attention and every
+#: cross-attention always dense (high), each with its reason
+SITES = (
+    SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn1", FUSED_ATTENTION),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"transformer_blocks\.(\d+)\.audio_attn1", AUDIO_DENSE_PATH, backend="sol_attn"),
+    SiteRule(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)",
+             CROSS_DENSE_PATH, backend="sol_attn"),
+)
 
 
 class LTX2Adapter(SolAttnAdapter):
     family = "LTX-2"
     model_classes = (("diffusers", "LTX2VideoTransformer3DModel"),)
+    sites = SITES
     block_list = "transformer_blocks"
-    sol_sites, dense_sites = _SELF, _CROSS
-    sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
-    cache_blocks = "transformer_blocks"
-    cache_methods = ("first_block",)
-    cache_block_outputs = (0, 1)  # (video, audio)
-    cache_second_stream = "audio_hidden_states"
-    cache_unsupported = ("diffusers' MagCache hooks pass a block's second stream through a skipped step without "
-                         "its residual, and LTX-2's second stream is the audio output")
-
-    #: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on every ``transformer_blocks.N.attn1``
-    #: (any backend or none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
-    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
-
-    def backend_sites(self) -> tuple:
-        """The shared adapter's, with a third kind: the audio self-attention, dense with its own reason."""
-        return (_SELF, SOL_ATTENTION), (_AUDIO_SELF, AUDIO_DENSE_PATH), (_CROSS, CROSS_DENSE_PATH)
+    # (video, audio), the audio entering as audio_hidden_states
+    cache = CacheSupport(methods=("first_block",), blocks="transformer_blocks", block_outputs=(0, 1),
+                         second_stream="audio_hidden_states",
+                         why_not=("diffusers' MagCache hooks pass a block's second stream through a skipped step "
+                                  "without its residual, and LTX-2's second stream is the audio output"))
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has its six attentions as ``LTX2Attention``; the video self-attention ``attn1`` is a
@@ -172,3 +97,7 @@ class LTX2Adapter(SolAttnAdapter):
             if attn1.rope_type not in ("interleaved", "split"):
                 return f"transformer_blocks.{i}.attn1.rope_type is {attn1.rope_type!r}, expected interleaved or split"
         return None
+
+
+#: the names that moved to :mod:`.high` (issue #33) still import from here
+__getattr__ = names_moved_to(__name__, "accelpatch.models.ltx2.high")

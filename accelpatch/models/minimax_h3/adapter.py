@@ -1,6 +1,6 @@
 """MiniMax-H3 (diffusers ``MiniMaxH3Transformer3DModel``) with the ``sol_attn`` backend.
 
-Sites at every tier: the lossless fused paths of :mod:`.fused` — each block (AdaLN modulations, gated residual
+Sites at every tier: the lossless fused paths of :mod:`.lossless` — each block (AdaLN modulations, gated residual
 adds), its attention (the q/k RoPE) and its SwiGLU gate. With ``sol_attn``, ``transformer_blocks.N.attn`` (full
 self-attention over the packed text/audio/video sequence) also carry the Sol-Attn sparse path (``high``), stacked
 above the lossless one; ``token_refiner.refiner_blocks.N.attn`` (text only) are sites that always stay dense, so
@@ -13,190 +13,46 @@ are sparse; text/audio rows that are not one contiguous range are gathered, coun
 (accelpatch.core.steps: the pipeline's scheduler, else the ``timestep`` argument, where 1 means clean). Dense steps and
 dense layers, and every call that does not fit the sparse path, run the original processor unchanged. The op has a
 backward, so training through the sparse path works (gradients of the sparse function).
+
+The site table is :data:`SITES` below; the ``high`` fast paths are in :mod:`.high`, the lossless ones in
+:mod:`.lossless`.
 """
 from __future__ import annotations
 
-import contextvars
-import re
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
-import torch
-
-from accelpatch.core import call_context
-from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Decline, Site, bind_call
-from accelpatch.sol_attn.sites import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
-                                     SparseCall)
-from accelpatch.core.tiers import Tier
+from accelpatch.core.adapter import CacheSupport, SiteRule, TimestepScale
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.lossless.swiglu import FUSED_SWIGLU
-from accelpatch.lossless.ops import LINEAR, ROTATE_HALF_PAIR, linear
-from accelpatch.models.minimax_h3.lossless import FUSED_ATTENTION, FUSED_BLOCK, H3_ATTENTION_RESTATES, project_qkv
+from accelpatch.models.minimax_h3.lossless import FUSED_ATTENTION, FUSED_BLOCK
+from accelpatch._moved import names_moved_to
+from accelpatch.models.minimax_h3.high import REFINER_DENSE_PATH, SOL_ATTENTION, capture_layout
 
-SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_attn_site",
-                                enabled_attr="_accelpatch_sol_attn_enabled", tier=Tier.HIGH)
-REFINER_FUSION = QualityGatedFusion(name="sol_attn_refiner", marker_attr="_accelpatch_sol_attn_refiner_site",
-                                    enabled_attr="_accelpatch_sol_attn_refiner_enabled", tier=Tier.HIGH)
-
-_BLOCK = re.compile(r"transformer_blocks\.(\d+)")
-_MAIN_ATTENTION = re.compile(r"transformer_blocks\.(\d+)\.attn")
-_SWIGLU = re.compile(r"transformer_blocks\.(\d+)\.ff\.net\.0")
-_REFINER_ATTENTION = re.compile(r"token_refiner\.refiner_blocks\.(\d+)\.attn")
-
-REFINER_DENSE = "text-only token refiner stays dense"
-LAYOUT_IN_COMPILED_REGION = ("the packed layout (the text/audio sink and dense rows) cannot be read inside a "
-                             "compiled region: the call runs dense; compile the transformer blocks instead of the "
-                             "whole model, or pass sink_tokens/sink_start with dense_rows='none'")
-NO_LAYOUT_ROWS = ("dense_rows='text_audio': no packed layout fits this call (no token_tags reached the model's "
-                  "forward, or they describe another sequence length), so every query row ran sparse; call the model "
-                  "with token_tags, or set dense_rows='none' to say so")
-GATHERED_ROWS = ("dense_rows='text_audio': the text/audio rows are not one contiguous range, so they were gathered "
-                 "and recomputed densely (exact); the sink covers their hull, video rows inside it included")
-
-
-@dataclass(frozen=True)
-class PackedLayout:
-    """Where the non-video (text/audio) rows of the packed sequence lie: one contiguous hull used as the sink, and
-    ``rows``, their sorted indices when they do not fill the hull (None when the hull is exactly those rows)."""
-
-    seq_len: int
-    sink_start: int
-    sink_tokens: int
-    rows: Optional[tuple[int, ...]] = None
-
-    def dense_rows(self):
-        """The text/audio query rows: a slice when contiguous, else their indices (None when there are none)."""
-        if self.sink_tokens == 0:
-            return None
-        return slice(self.sink_start, self.sink_start + self.sink_tokens) if self.rows is None else self.rows
-
-
-_layout: contextvars.ContextVar[Optional[PackedLayout]] = call_context.register(
-    contextvars.ContextVar("accelpatch_h3_layout", default=None))
-
-
-_LAYOUTS: dict[tuple, PackedLayout] = {}
-
-
-def layout_from_token_tags(token_tags: torch.Tensor) -> PackedLayout:
-    """The hull of the rows tagged text (1) or audio (2); video rows inside the hull only make the sink larger,
-    which keeps more keys exact and never fewer. Interned: compiled code guards on the object it reads, and the
-    layout of a generation does not change from step to step."""
-    seq_len = int(token_tags.shape[0])
-    rows = torch.nonzero(token_tags != 0).flatten()
-    if rows.numel() == 0:
-        key = (seq_len, 0, 0, None)
-    else:
-        start, end = int(rows.min()), int(rows.max()) + 1
-        key = (seq_len, start, end - start, None if rows.numel() == end - start else tuple(rows.tolist()))
-    return _LAYOUTS.setdefault(key, PackedLayout(*key))
-
-
-_read_layout = call_context.ContextReader(_layout)
-
-
-def current_layout() -> Optional[PackedLayout]:
-    return _read_layout()
-
-
-def _processor_class() -> type:
-    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
-
-    return MiniMaxH3AttnProcessor
-
-
-class MiniMaxH3SolAttention(SolAttnFastPath):
-    """Sol-Attn over the packed sequence; the text/audio hull of the layout is the always-exact key sink, and with
-    ``dense_rows="text_audio"`` the text/audio query rows are recomputed densely through diffusers' dispatcher."""
-
-    fusion = SOL_FUSION
-    description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink (and dense queries)"
-    policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
-    fused_ops = (ROTATE_HALF_PAIR, LINEAR)  # through project_qkv and the output projection
-    restates = H3_ATTENTION_RESTATES
-
-    def expected_processor(self) -> type:
-        return _processor_class()
-
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
-        if call["attention_mask"] is not None:
-            return Decline("an attention_mask was given: the sparse path covers unmasked attention only")
-        config = site.model.backend
-        layout = current_layout()
-        if layout is None and torch.compiler.is_compiling() and (config.sink_tokens is None
-                                                                 or config.dense_rows != "none"):
-            return Decline(LAYOUT_IN_COMPILED_REGION)
-        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
-
-        def finish(out: torch.Tensor) -> torch.Tensor:
-            out = out.flatten(2, 3).type_as(query)
-            return attn.to_out[1](linear(site, attn.to_out[0], out))
-
-        return SparseCall(query, key, value, finish, dense_backend=attn.processor._attention_backend)
-
-    def localize(self, call: SparseCall, site: Site) -> SparseCall:
-        """The layout's text/audio hull as the sink and, with ``dense_rows="text_audio"``, the text/audio query rows
-        to recompute densely, once q/k/v cover the whole packed sequence (at once, or after Ulysses' exchange: the
-        heads are split across ranks, the rows are not, so the layout's rows hold on every rank)."""
-        layout = current_layout()
-        wants_rows = site.model.backend.dense_rows == "text_audio"
-        counting = not call_context.recomputing()
-        if layout is None or layout.seq_len != call.query.shape[1]:
-            if wants_rows and counting:
-                site.counters.count_note(NO_LAYOUT_ROWS)
-            return call
-        if layout.sink_tokens == 0:
-            return call  # video rows only: nothing to keep dense, nothing to sink
-        call.sink_tokens, call.sink_start = layout.sink_tokens, layout.sink_start
-        if not wants_rows:
-            return call
-        from diffusers.models.transformers import transformer_minimax_h3 as h3
-
-        backend = call.dense_backend
-        call.dense_rows = layout.dense_rows()
-        call.dense_attention = lambda q, k, v: h3.dispatch_attention_fn(
-            q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, backend=backend, parallel_config=None)
-        if layout.rows is not None and counting:
-            site.counters.count_note(GATHERED_ROWS)
-        return call
-
-
-SOL_ATTENTION = MiniMaxH3SolAttention()
-#: the token refiner attends over text only: always dense, counted
-REFINER_DENSE_PATH = AlwaysDense(REFINER_FUSION, "text-only token refiner attention (always dense)", REFINER_DENSE)
+#: which module carries which fast path: every block's AdaLN/residual fusion, its attention's RoPE fusion and its
+#: SwiGLU gate (lossless, any backend or none); with ``sol_attn`` the Sol-Attn path on ``transformer_blocks.N.attn``
+#: (high, stacked above the RoPE fusion by tier) and the always-dense text refiner attention (high; no layer index)
+SITES = (
+    SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn", FUSED_ATTENTION),
+    SiteRule(r"transformer_blocks\.(\d+)\.ff\.net\.0", FUSED_SWIGLU),
+    SiteRule(r"transformer_blocks\.(\d+)\.attn", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"token_refiner\.refiner_blocks\.\d+\.attn", REFINER_DENSE_PATH, backend="sol_attn"),
+)
 
 
 class MiniMaxH3Adapter(SolAttnAdapter):
     family = "MiniMax-H3"
-    cache_blocks = "transformer_blocks"
-    cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "MiniMaxH3Transformer3DModel"),)
+    sites = SITES
     block_list = "transformer_blocks"
+    cache = CacheSupport(methods=("first_block", "mag"), blocks="transformer_blocks")
+    #: H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count
+    timesteps = TimestepScale(clean_is_high=True)
 
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        for path, module in model.named_modules():
-            block = _BLOCK.fullmatch(path)
-            if block is not None:
-                yield path, module, FUSED_BLOCK, int(block.group(1))
-                continue
-            match = _MAIN_ATTENTION.fullmatch(path)
-            if match is not None:
-                if backend_config is not None:
-                    yield path, module, SOL_ATTENTION, int(match.group(1))
-                yield path, module, FUSED_ATTENTION, int(match.group(1))
-            elif _SWIGLU.fullmatch(path):
-                yield path, module, FUSED_SWIGLU, int(_SWIGLU.fullmatch(path).group(1))
-            elif backend_config is not None and _REFINER_ATTENTION.fullmatch(path):
-                yield path, module, REFINER_DENSE_PATH, None
+    def capture_for(self, backend_config: Any):
+        """With a backend, the packed layout of each forward's ``token_tags`` (read by the Sol-Attn sites)."""
+        return capture_layout if backend_config is not None else None
 
-    def noise_level(self, timestep_values: tuple[float, ...]) -> float:
-        return 1.0 - min(timestep_values)  # H3 timesteps run from 0 (noise) to 1 (clean); the noisiest rows count
 
-    def captures(self, backend_config: Any) -> bool:
-        return backend_config is not None
-
-    def capture(self, arguments: Mapping[str, Any], backend_config: Any):
-        tags = arguments.get("token_tags")
-        return ((_layout, layout_from_token_tags(tags) if isinstance(tags, torch.Tensor) else None),)
+#: the names that moved to :mod:`.high` (issue #33) still import from here
+__getattr__ = names_moved_to(__name__, "accelpatch.models.minimax_h3.high")

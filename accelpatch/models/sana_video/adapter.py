@@ -10,50 +10,34 @@ Sites, per block ``transformer_blocks.N``:
 The cross-attention ``attn2`` goes through diffusers' dispatcher and is left alone. Every lossless path is
 bit-identical to diffusers: its fused ops are verified against the eager chain on first sight (accelpatch.lossless.verify).
 
-Sequence parallelism through diffusers' ``enable_parallelism`` (after ``apply``): the plan (:meth:`cp_plan`) and the
-split-aware layers (:meth:`prepare_parallel`) of :mod:`.sequence_parallel`, idle until the model is split.
+Sequence parallelism through diffusers' ``enable_parallelism`` (after ``apply``): the plan (``cp_plan``) and the
+split-aware layers (``split_layers``) of :mod:`.sequence_parallel`, idle until the model is split.
+
+The site table is :data:`SITES` below. SANA-Video keeps its own modules rather than one ``lossless.py`` and one
+``high.py``; by tier: :mod:`.block` is ``lossless`` (block, GLUMB); :mod:`.linear_attention` holds both attention
+paths (``lossless`` restatement, ``high`` BF16 first GEMM over it); :mod:`.gemm` is the ``high`` path's BF16 GEMM;
+:mod:`.restated_attention` is the restated math both paths and the ``exact`` split processor share;
+:mod:`.split_processors` and :mod:`.sequence_parallel` are ``exact``-tier context parallelism.
 """
 from __future__ import annotations
 
-import re
-from typing import Any, Callable, Iterator, Optional
-
-import torch
-
-from accelpatch.core.adapter import ModelAdapter
+from accelpatch.core.adapter import CacheSupport, ModelAdapter, ParallelSupport, SiteRule
 from accelpatch.models.sana_video.block import FUSED_BLOCK, FUSED_GLUMB
 from accelpatch.models.sana_video.linear_attention import BF16_LINEAR_ATTENTION, FUSED_LINEAR_ATTENTION
 
-_SITE = re.compile(r"transformer_blocks\.(\d+)(\.attn1|\.ff)?")
+#: which module carries which fast path (SANA-Video has no backend: every row mounts with or without one)
+SITES = (
+    SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),                       # lossless
+    SiteRule(r"transformer_blocks\.(\d+)\.attn1", BF16_LINEAR_ATTENTION),     # high, stacked above
+    SiteRule(r"transformer_blocks\.(\d+)\.attn1", FUSED_LINEAR_ATTENTION),    # lossless
+    SiteRule(r"transformer_blocks\.(\d+)\.ff", FUSED_GLUMB),                  # lossless
+)
 
 
 class SanaVideoAdapter(ModelAdapter):
     family = "SANA-Video"
-    cache_blocks = "transformer_blocks"
-    cache_methods = ("first_block", "mag")
     model_classes = (("diffusers", "SanaVideoTransformer3DModel"),)
     backends = ()
-
-    def cp_plan(self, model: torch.nn.Module) -> dict:
-        from accelpatch.models.sana_video.sequence_parallel import cp_plan
-
-        return cp_plan(model)
-
-    def prepare_parallel(self, model: torch.nn.Module) -> Optional[Callable[[], None]]:
-        from accelpatch.models.sana_video.sequence_parallel import split_layers
-
-        return split_layers(model)
-
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        for path, module in model.named_modules():
-            match = _SITE.fullmatch(path)
-            if match is None:
-                continue
-            layer, part = int(match.group(1)), match.group(2)
-            if part is None:
-                yield path, module, FUSED_BLOCK, layer
-            elif part == ".attn1":
-                yield path, module, BF16_LINEAR_ATTENTION, layer
-                yield path, module, FUSED_LINEAR_ATTENTION, layer
-            else:
-                yield path, module, FUSED_GLUMB, layer
+    sites = SITES
+    cache = CacheSupport(methods=("first_block", "mag"), blocks="transformer_blocks")
+    parallel = ParallelSupport("accelpatch.models.sana_video.sequence_parallel")

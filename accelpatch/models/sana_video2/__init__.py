@@ -1,6 +1,7 @@
 """SANA-Video 2.0: accelpatch's own ``SanaVideo2Transformer3DModel`` and ``SanaVideo2Pipeline`` in diffusers format
 (:mod:`.modeling`, checkpoints from :mod:`.release`), and how accelpatch patches it: :mod:`.adapter` holds the model's
-sites (which module, which fast path, which tier) and its ``high`` paths, :mod:`.lossless` its lossless fused paths.
+site table (which module, which fast path, which tier) and its adapter, :mod:`.lossless` its lossless fused paths,
+:mod:`.high` its ``high`` paths.
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._moved import lazy_attributes
 

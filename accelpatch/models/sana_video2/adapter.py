@@ -1,7 +1,7 @@
 """SANA-Video 2.0 (accelpatch's ``SanaVideo2Transformer3DModel``): its sites are the blocks ``blocks.N`` and their
 self-attention modules ``blocks.N.attn``, the softmax "anchor" layers (``SanaVideo2SoftmaxAttention``) and the gated
 linear-attention layers (``SanaVideo2LinearAttention``), each kind with its own marker pair. The lossless fused
-paths of :mod:`.fused` sit on all of them (the attention ones under the ``high`` paths below, stacked); the paths
+paths of :mod:`.lossless` sit on all of them (the attention ones under the ``high`` paths below, stacked); the paths
 described here are ``high`` tier.
 
 - **Anchors on BF16 operands**: SDPA on the BF16 q, k, v instead of the release's FP32 upcast, so a flash-class
@@ -17,210 +17,62 @@ described here are ``high`` tier.
 Each path restates only what it changes: the processors' own parts (``anchor_qkv``, ``anchor_output``,
 ``gated_linear_attention``) do the rest. Guards (CUDA, bf16 activations, ``fp32_attention`` set, the processor
 being ours) send anything else to the original processor, counted with the reason.
+
+The site table is :data:`SITES` below; the ``high`` fast paths are in :mod:`.high`, the lossless ones in
+:mod:`.lossless`.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-import re
-from dataclasses import dataclass, fields
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 import torch
 
-from accelpatch.sol_attn.config import SolAttnConfig, _check_int, all_layers_dense_reason, format_layers, parse_layers
-from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
-from accelpatch.core.sites import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
-                          step_layer_policy)
-from accelpatch.sol_attn.sites import SolAttnFastPath, SparseCall
-from accelpatch.core.tiers import DEFAULT_TIER, Tier
-from accelpatch.core.adapter import ModelAdapter
-from accelpatch.lossless.ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE
-from accelpatch.models.sana_video2.lossless import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR, anchor_attention, rope_pair, sigmoid_gate
+from accelpatch.sol_attn.config import all_layers_dense_reason, format_layers
+from accelpatch.core.adapter import NO_BACKEND, CacheSupport, ModelAdapter, SiteRule
+from accelpatch.models.sana_video2.lossless import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR
+from accelpatch._moved import names_moved_to
+from accelpatch.models.sana_video2.high import ANCHOR_BF16, ANCHOR_SOL_ATTN, LINEAR_BF16_GEMM, SanaVideo2Options
 
-SOFTMAX_FUSION = QualityGatedFusion.named("sana_video2_softmax_attention", Tier.HIGH)
-LINEAR_FUSION = QualityGatedFusion.named("sana_video2_linear_attention", Tier.HIGH)
-SOL_FUSION = QualityGatedFusion(
-    name="sana_video2_sol_attn",
-    marker_attr="_accelpatch_sana_video2_sol_attn_site",
-    enabled_attr="_accelpatch_sana_video2_sol_attn_enabled",
-    tier=Tier.HIGH,
+
+def is_anchor(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a softmax anchor attention (the other ``blocks.N.attn`` are linear attention)."""
+    from accelpatch.models.sana_video2.modeling import SanaVideo2SoftmaxAttention
+
+    return isinstance(module, SanaVideo2SoftmaxAttention)
+
+
+def is_linear(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a gated linear attention."""
+    from accelpatch.models.sana_video2.modeling import SanaVideo2LinearAttention
+
+    return isinstance(module, SanaVideo2LinearAttention)
+
+
+#: which module carries which fast path: every block's fusion and every attention's lossless fusion (any backend or
+#: none); the anchors' BF16 path without a backend and their Sol-Attn path with ``sol_attn`` (high, stacked above
+#: the anchor fusion by tier); the linear layers' BF16-GEMM path with or without a backend (high, above their fusion).
+#: Anchor or linear is the module's class (the model's config says which layers are anchors), not its path.
+SITES = (
+    SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"blocks\.(\d+)\.attn", FUSED_ANCHOR, when=is_anchor),
+    SiteRule(r"blocks\.(\d+)\.attn", LINEAR_BF16_GEMM, when=is_linear),
+    SiteRule(r"blocks\.(\d+)\.attn", FUSED_LINEAR, when=is_linear),
+    SiteRule(r"blocks\.(\d+)\.attn", ANCHOR_BF16, backend=NO_BACKEND, when=is_anchor),
+    SiteRule(r"blocks\.(\d+)\.attn", ANCHOR_SOL_ATTN, backend="sol_attn", when=is_anchor),
 )
-
-FP32_ANCHOR_STEP = "FP32 anchor step (step < anchor_fp32_steps)"
-FP32_ANCHOR_LAYER = "FP32 anchor layer (in anchor_fp32_layers)"
-ANCHOR_STEP_UNKNOWN = ("no denoising step is known, so anchor_fp32_steps cannot apply and the anchor keeps FP32; run "
-                       "it through a diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or "
-                       "set anchor_fp32_steps=0")
-FP32_ATTENTION_OFF = "fp32_attention is off: the reference already runs this attention in the activations' dtype"
-
-_SELF_ATTENTION = re.compile(r"blocks\.(\d+)\.attn")
-_BLOCK = re.compile(r"blocks\.(\d+)")
-
-
-@dataclass(frozen=True)
-class SanaVideo2Options:
-    """Options of ``apply(model, ...)`` for SANA-Video 2.0: where the BF16 anchor path keeps the release's FP32.
-
-    ``anchor_fp32_steps``: denoising steps with index < N keep FP32 anchors (the step clock of accelpatch.core.steps);
-    default 10 of the release's 50, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
-    released weights: see docs/models/sana-video2.md). ``anchor_fp32_layers``: anchor layers that always keep FP32
-    (``"3,7"``, an iterable; a range such as ``"3-11"`` only where every layer in it is an anchor).
-    ``anchor_fp32_steps=0, anchor_fp32_layers=""`` is the prior art's full-speed setting.
-    """
-
-    anchor_fp32_steps: int = 10
-    anchor_fp32_layers: frozenset = frozenset()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "anchor_fp32_steps", _check_int("anchor_fp32_steps", self.anchor_fp32_steps, 0))
-        object.__setattr__(self, "anchor_fp32_layers", parse_layers(self.anchor_fp32_layers, "anchor_fp32_layers"))
-
-    @classmethod
-    def option_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    @classmethod
-    def from_options(cls, **options: Any) -> "SanaVideo2Options":
-        return cls(**options)
-
-
-def _anchor_processor_class() -> type:
-    from accelpatch.models.sana_video2.modeling.attention import SanaVideo2SoftmaxAttnProcessor
-
-    return SanaVideo2SoftmaxAttnProcessor
-
-
-def _linear_processor_class() -> type:
-    from accelpatch.models.sana_video2.modeling.attention import SanaVideo2LinearAttnProcessor
-
-    return SanaVideo2LinearAttnProcessor
-
-
-def _bf16_guards(attn: torch.nn.Module, hidden_states: torch.Tensor, what: str) -> Optional[Union[Decline, Dense]]:
-    """The guards both BF16 paths share: CUDA, bf16 activations, and something to gain (``fp32_attention`` set)."""
-    device_reason = device_reject_reason(hidden_states.device, what)
-    if device_reason is not None:
-        return Decline(device_reason)
-    if hidden_states.dtype != torch.bfloat16:
-        return Decline(f"activations are {hidden_states.dtype}: {what} needs bfloat16")
-    if not attn.fp32_attention:
-        return Dense(FP32_ATTENTION_OFF)
-    return None
-
-
-def _bf16_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple, kwargs: dict,
-               what: str) -> tuple[Optional[dict], Optional[Union[Decline, Dense]]]:
-    """(the call's ``hidden_states`` and ``rotary_emb``, None) when the processor is the one ``apply()`` found and
-    the shared BF16 guards pass; else (None, the verdict)."""
-    mismatch = fast_path.processor_mismatch(attn)
-    if mismatch is not None:
-        return None, Decline(mismatch)
-    call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
-    verdict = _bf16_guards(attn, call["hidden_states"], what)
-    return (None, verdict) if verdict is not None else (call, None)
-
-
-class AnchorAttentionBF16(FastPath):
-    """SDPA on the anchors' BF16 q, k, v instead of the FP32 upcast."""
-
-    fusion = SOFTMAX_FUSION
-    description = "anchor attention on BF16 operands (SDPA without the FP32 upcast)"
-    policy_reasons = (FP32_ANCHOR_STEP, FP32_ANCHOR_LAYER, ANCHOR_STEP_UNKNOWN, FP32_ATTENTION_OFF)
-    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
-
-    def expected_processor(self) -> type:
-        return _anchor_processor_class()
-
-    def kernel_reject_reason(self) -> Optional[str]:
-        return cuda_reject_reason()
-
-    def keeps_reference_layer(self, site: Site) -> bool:
-        return site.layer_index in site.model.options.anchor_fp32_layers
-
-    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from accelpatch.models.sana_video2.modeling.attention import anchor_qkv
-
-        options: SanaVideo2Options = site.model.options
-        verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, step_reason=FP32_ANCHOR_STEP,
-                                    layer_reason=FP32_ANCHOR_LAYER, unknown_reason=ANCHOR_STEP_UNKNOWN)
-        if verdict is not None:
-            return verdict
-        call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16 anchor path")
-        if verdict is not None:
-            return verdict
-        hidden_states = call["hidden_states"]
-        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
-        if not (query.dim() == 4 and query.shape == key.shape == value.shape):
-            return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
-                           "anchor path takes 4-D q/k/v of equal shape")
-        return anchor_attention(site, attn, hidden_states, query, key, value, upcast=False)
-
-
-class LinearAttentionBF16GEMM(FastPath):
-    """The gated linear attention with its first GEMM on BF16 operands and FP32 accumulation."""
-
-    fusion = LINEAR_FUSION
-    description = "gated linear attention, first GEMM (v·k̃ᵀ) on BF16 operands with FP32 accumulation"
-    policy_reasons = (FP32_ATTENTION_OFF,)
-    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
-
-    def expected_processor(self) -> type:
-        return _linear_processor_class()
-
-    def kernel_reject_reason(self) -> Optional[str]:
-        return bmm_bf16_fp32_reject_reason()
-
-    def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from accelpatch.models.sana_video2.modeling.attention import gated_linear_attention
-        from accelpatch.parallel.sequence import processor_shards
-
-        call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16-input GEMM")
-        if verdict is not None:
-            return verdict
-        return gated_linear_attention(attn, call["hidden_states"], call["rotary_emb"], first_gemm=key_value_state_bf16,
-                                      rope_pair=rope_pair(site), gate=sigmoid_gate(site),
-                                      shards=processor_shards(attn.processor))
-
-
-class AnchorSolAttention(SolAttnFastPath):
-    """Sol-Attn on the anchors (head dim 256), on the q, k, v in the activations' dtype; no sink."""
-
-    fusion = SOL_FUSION
-    description = "block-sparse Sol-Attn on the anchors (head dim 256, no sink)"
-    fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
-
-    def expected_processor(self) -> type:
-        return _anchor_processor_class()
-
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from accelpatch.models.sana_video2.modeling.attention import anchor_output, anchor_qkv
-
-        call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
-        hidden_states = call["hidden_states"]
-        query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
-        return SparseCall(query, key, value, functools.partial(anchor_output, attn, hidden_states=hidden_states,
-                                                               gate=sigmoid_gate(site)))
-
-
-ANCHOR_BF16 = AnchorAttentionBF16()
-LINEAR_BF16_GEMM = LinearAttentionBF16GEMM()
-ANCHOR_SOL_ATTN = AnchorSolAttention()
 
 
 class SanaVideo2Adapter(ModelAdapter):
     family = "SANA-Video 2.0"
-    # the model's own hook point (its blocks feed Block Attention Residuals, not a chain of hidden states)
-    cache_methods = ("first_block",)
-    cache_unsupported = ("MagCache needs residual blocks that return the next hidden states; SANA-Video 2.0's blocks "
-                         "return deltas into Block Attention Residuals")
     model_classes = (("accelpatch.models.sana_video2.modeling", "SanaVideo2Transformer3DModel"),)
     backends = ("sol_attn",)
+    sites = SITES
     options_class = SanaVideo2Options
-
-    def default_tier(self, backend_config: Any) -> Tier:
-        return Tier.HIGH if backend_config is not None else DEFAULT_TIER
+    # the model's own hook point (its blocks feed Block Attention Residuals, not a chain of hidden states)
+    cache = CacheSupport(methods=("first_block",),
+                         why_not=("MagCache needs residual blocks that return the next hidden states; SANA-Video "
+                                  "2.0's blocks return deltas into Block Attention Residuals"))
 
     def complete_backend(self, backend_config: Any, model: torch.nn.Module) -> Any:
         if backend_config is not None and backend_config.dense_layers is None:
@@ -266,31 +118,11 @@ class SanaVideo2Adapter(ModelAdapter):
                                "those layers, so the reference already runs them in the activations' dtype")
         return reasons
 
-    def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
-        if backend_config is not None:
-            return backend_config.dense_steps > 0
-        return options is not None and options.anchor_fp32_steps > 0
-
     def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
         if backend_config is not None:
             return (backend_config.dense_steps,)
         return (options.anchor_fp32_steps,) if options is not None else ()
 
-    def iter_sites(self, model: torch.nn.Module, backend_config: Any) -> Iterator[tuple]:
-        from accelpatch.models.sana_video2.modeling import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 
-        anchor_path = ANCHOR_SOL_ATTN if isinstance(backend_config, SolAttnConfig) else ANCHOR_BF16
-        for path, module in model.named_modules():
-            block = _BLOCK.fullmatch(path)
-            if block is not None:
-                yield path, module, FUSED_BLOCK, int(block.group(1))
-                continue
-            match = _SELF_ATTENTION.fullmatch(path)
-            if match is None:
-                continue
-            if isinstance(module, SanaVideo2SoftmaxAttention):
-                yield path, module, anchor_path, int(match.group(1))
-                yield path, module, FUSED_ANCHOR, int(match.group(1))
-            elif isinstance(module, SanaVideo2LinearAttention):
-                yield path, module, LINEAR_BF16_GEMM, int(match.group(1))
-                yield path, module, FUSED_LINEAR, int(match.group(1))
+#: the names that moved to :mod:`.high` (issue #33) still import from here
+__getattr__ = names_moved_to(__name__, "accelpatch.models.sana_video2.high")

@@ -2,7 +2,7 @@
 its lossless block fusion, and the ``sol_attn`` backend.
 
 At every tier from ``lossless`` (the default without a backend), ``blocks.N`` carry the block fusion of
-:mod:`.fused` (the float32 AdaLN modulations and gated residual adds as verified fused ops) and ``blocks.N.attn1``
+:mod:`.lossless` (the float32 AdaLN modulations and gated residual adds as verified fused ops) and ``blocks.N.attn1``
 its self-attention with the q/k RoPE as one verified fused op. With ``sol_attn``,
 ``blocks.N.attn1`` (self-attention over the video tokens, Wan's 3-D RoPE applied to q and k) also carry the
 Sol-Attn sparse path (``high``); ``blocks.N.attn2`` (cross-attention to the text, and for I2V to the image
@@ -21,82 +21,39 @@ Defaults, and where each comes from: nothing published that we found gives Wan-s
   across each other, which may explain it (our inference, unmeasured).
 So the defaults are unmeasured on Wan: ``accelpatch validate``/``tune`` (and the recipe ``wan2.1-t2v-sol-attn``,
 "measured: no") must confirm them before they are trusted.
+
+The site table is :data:`SITES` below; the ``high`` fast paths are in :mod:`.high`, the lossless ones in
+:mod:`.lossless`.
 """
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import torch
 
-from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention
-from accelpatch.core.tiers import Tier
+from accelpatch._moved import names_moved_to
+from accelpatch.core.adapter import CacheSupport, SiteRule
+from accelpatch.models.wan.high import CROSS_DENSE_PATH, SOL_ATTENTION, _wan
+from accelpatch.models.wan.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.sol_attn.adapter import SolAttnAdapter
-from accelpatch.models.wan.lossless import ATTENTION_RESTATES, FUSED_ATTENTION, FUSED_BLOCK
 
-SOL_FUSION = QualityGatedFusion.named("wan_sol_attn", Tier.HIGH)
-CROSS_FUSION = QualityGatedFusion.named("wan_cross_attention", Tier.HIGH)
-
-CROSS_DENSE = "cross-attention (text, and image for I2V) stays dense: Sol-Attn covers self-attention only"
-
-_BLOCK = re.compile(r"blocks\.(\d+)")
-_SELF = re.compile(r"blocks\.(\d+)\.attn1")
-_CROSS = re.compile(r"blocks\.(\d+)\.attn2")
-
-
-def _wan():
-    from diffusers.models.transformers import transformer_wan
-
-    return transformer_wan
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Wan's RoPE as ``WanAttnProcessor`` applies it (interleaved pairs; its tables carry each angle twice)."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = cos[..., 0::2], sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
-
-
-class WanSolAttention(DispatchSelfAttention):
-    """Sol-Attn on Wan's self-attention: q/k/v as ``WanAttnProcessor`` hands them to the dispatcher (diffusers' own
-    projection helper, the q/k RMSNorm across heads, the RoPE), then diffusers' ``to_out``."""
-
-    fusion = SOL_FUSION
-    description = "block-sparse Sol-Attn with rank-1 correction on Wan's self-attention"
-    call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "rotary_emb")
-    restates = ATTENTION_RESTATES
-
-    def processor_class(self) -> type:
-        return _wan().WanAttnProcessor
-
-    def project(self, attn, call):
-        query, key, value = _wan()._get_qkv_projections(attn, call["hidden_states"], None)
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if call["rotary_emb"] is not None:
-            query, key = _rotate(query, *call["rotary_emb"]), _rotate(key, *call["rotary_emb"])
-        return query, key, value
-
-
-SOL_ATTENTION = WanSolAttention()
-CROSS_DENSE_PATH = AlwaysDense(CROSS_FUSION, "Wan cross-attention (always dense)", CROSS_DENSE)
+#: which module carries which fast path: the block fusion on every ``blocks.N`` and the RoPE fusion on every
+#: ``blocks.N.attn1`` (lossless, any backend or none); with ``sol_attn`` the Sol-Attn path on ``blocks.N.attn1``
+#: (high, stacked above the RoPE fusion by tier) and the always-dense cross-attention ``blocks.N.attn2`` (high)
+SITES = (
+    SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
+    SiteRule(r"blocks\.(\d+)\.attn1", FUSED_ATTENTION),
+    SiteRule(r"blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
+    SiteRule(r"blocks\.(\d+)\.attn2", CROSS_DENSE_PATH, backend="sol_attn"),
+)
 
 
 class WanAdapter(SolAttnAdapter):
     family = "Wan"
     model_classes = (("diffusers", "WanTransformer3DModel"),)
+    sites = SITES
     block_list = "blocks"
-    sol_sites, dense_sites = _SELF, _CROSS
-    sol_path, dense_path = SOL_ATTENTION, CROSS_DENSE_PATH
-    cache_blocks = "blocks"
-    cache_methods = ("first_block", "mag")
-    #: the block fusion on every ``blocks.N`` and the RoPE fusion on every ``blocks.N.attn1`` (any backend or
-    #: none; the patcher stacks the sol_attn sites above the RoPE fusion by tier)
-    lossless_sites = ((_BLOCK, FUSED_BLOCK), (_SELF, FUSED_ATTENTION))
+    cache = CacheSupport(methods=("first_block", "mag"), blocks="blocks")
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has a self-attention ``attn1`` (no added image k/v) and a cross-attention ``attn2``, both
@@ -118,3 +75,7 @@ class WanAdapter(SolAttnAdapter):
             if block.attn1.add_k_proj is not None or block.attn1.is_cross_attention:
                 return f"blocks.{i}.attn1 is a cross-attention (added image k/v or is_cross_attention)"
         return None
+
+
+#: the names that moved to :mod:`.high` (issue #33) still import from here
+__getattr__ = names_moved_to(__name__, "accelpatch.models.wan.high")
