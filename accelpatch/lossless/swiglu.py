@@ -14,7 +14,8 @@ import torch
 from accelpatch.lossless.ops import GLU_GATE, LINEAR, linear
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.tiers import Tier
-from accelpatch.core.sites import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
+from accelpatch.core.outcomes import NotApplicable
+from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 
 FUSION = QualityGatedFusion.named("fused_swiglu", Tier.LOSSLESS)
 
@@ -44,7 +45,7 @@ class FusedSwiGLU(FusedOpsPath):
     def run(self, module: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         hidden_states = bind_call(args, kwargs, ("hidden_states",))["hidden_states"]
         if hidden_states.dtype != torch.bfloat16:
-            return Dense(f"activations are {hidden_states.dtype}: the fused SiLU tables are bfloat16")
+            return NotApplicable(f"activations are {hidden_states.dtype}: the fused SiLU tables are bfloat16")
         hidden_states, gate = linear(site, module.proj, hidden_states).chunk(2, dim=-1)
         return GLU_GATE(site, hidden_states, gate)
 

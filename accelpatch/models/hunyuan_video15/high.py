@@ -9,7 +9,8 @@ from typing import Union
 import torch
 
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Decline, Site, bind_call
+from accelpatch.core.outcomes import Declined
+from accelpatch.core.sites import Site, bind_call
 from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall
 from accelpatch.core.tiers import Tier
 from accelpatch.models.hunyuan_video15.lossless import ATTENTION_RESTATES
@@ -65,15 +66,15 @@ class HunyuanVideo15SolAttention(DispatchSelfAttention):
     def processor_class(self) -> type:
         return _hy().HunyuanVideo15AttnProcessor2_0
 
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Declined]:
         call = bind_call(args, kwargs, self.call_names)
         hidden, encoder, mask = call["hidden_states"], call["encoder_hidden_states"], call["attention_mask"]
         if getattr(attn.processor, "_parallel_config", None) is not None:
-            return Decline(NO_CP)
+            return Declined(NO_CP)
         if encoder is None or mask is None:
-            return Decline(NO_JOINT)
+            return Declined(NO_JOINT)
         if mask.dim() != 2 or tuple(mask.shape) != tuple(encoder.shape[:2]):
-            return Decline(MASK_SHAPE)
+            return Declined(MASK_SHAPE)
         valid = mask.bool()
         counts = valid.sum(dim=1)
         prefix_of_row = torch.arange(valid.shape[1], device=valid.device) < counts[:, None]
@@ -81,9 +82,9 @@ class HunyuanVideo15SolAttention(DispatchSelfAttention):
         text, even, first = torch.stack([counts[0], (counts == counts[0]).all().long(),
                                          (valid == prefix_of_row).all().long()]).tolist()
         if not even:
-            return Decline(UNEVEN_TEXT)
+            return Declined(UNEVEN_TEXT)
         if not first:
-            return Decline(NOT_PREFIX)
+            return Declined(NOT_PREFIX)
         query, key, value = _joint_qkv(attn, hidden, encoder, call["image_rotary_emb"])
         video, total = hidden.shape[1], query.shape[1]
         prefix = video + text

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
+from accelpatch.core.outcomes import NotApplicable
+from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_block", Tier.LOSSLESS)
@@ -157,9 +158,9 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
         hidden_states, encoder_hidden_states = call["hidden_states"], call["encoder_hidden_states"]
         attention_mask, rotary = call["attention_mask"], call["image_rotary_emb"]
         if encoder_hidden_states is None or attention_mask is None:
-            return Dense(NOT_JOINT)
+            return NotApplicable(NOT_JOINT)
         if rotary is not None and not _real_tables(rotary):
-            return Dense(NOT_REAL_TABLES)
+            return NotApplicable(NOT_REAL_TABLES)
         processor = attn.processor
         # 1.-2. projections and per-head RMSNorms
         query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))

@@ -9,7 +9,8 @@ from typing import Optional, Union
 import torch
 
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Decline, Dense, Site, bind_call
+from accelpatch.core.outcomes import Declined, NotApplicable
+from accelpatch.core.sites import Site, bind_call
 from accelpatch.sol_attn.sites import AlwaysDense, DispatchSelfAttention, SparseCall, dense_policy
 from accelpatch.core.tiers import Tier
 from accelpatch.models.ltx2.lossless import ATTENTION_RESTATES, gate_and_project_out, processor_mismatch, project_qkv
@@ -66,13 +67,13 @@ class LTX2SolAttention(DispatchSelfAttention):
         perturbed = call.get("all_perturbed")
         if call.get("perturbation_mask") is not None or (perturbed is not None and perturbed is not False):
             verdict = dense_policy(site.model.backend, site)
-            return verdict if verdict is not None else Dense(PERTURBED_CALL)
+            return verdict if verdict is not None else NotApplicable(PERTURBED_CALL)
         return super().run(attn, site, args, kwargs)
 
-    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Decline]:
+    def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict) -> Union[SparseCall, Declined]:
         call = bind_call(args, kwargs, self.call_names)
         sparse = super().prepare(attn, site, args, kwargs)
-        if isinstance(sparse, Decline) or attn.to_gate_logits is None:
+        if isinstance(sparse, Declined) or attn.to_gate_logits is None:
             return sparse
         gate_logits = attn.to_gate_logits(call["hidden_states"])
         query = sparse.query

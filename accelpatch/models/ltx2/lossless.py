@@ -37,7 +37,8 @@ import torch
 
 from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL, SPLIT_ROPE_PAIR
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
+from accelpatch.core.outcomes import NotApplicable
+from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("ltx2_fused_block", Tier.LOSSLESS)
@@ -378,7 +379,7 @@ class LTX2FusedAttention(FusedOpsPath):
         call = bind_call(args, kwargs, ATTENTION_CALL)
         reason = self.unfused_reason(attn, args, call)
         if reason is not None:
-            return Dense(reason)
+            return NotApplicable(reason)
         hidden_states = call["hidden_states"]
         gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
         rope = _fused_split_rope(site) if attn.rope_type == "split" else _fused_rope(site)

@@ -13,7 +13,8 @@ import torch
 
 from accelpatch.core import call_context
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Decline, Site, bind_call
+from accelpatch.core.outcomes import Declined
+from accelpatch.core.sites import Site, bind_call
 from accelpatch.sol_attn.sites import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
                                      SparseCall)
 from accelpatch.core.tiers import Tier
@@ -110,12 +111,12 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
     def prepare(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
         if call["attention_mask"] is not None:
-            return Decline("an attention_mask was given: the sparse path covers unmasked attention only")
+            return Declined("an attention_mask was given: the sparse path covers unmasked attention only")
         config = site.model.backend
         layout = current_layout()
         if layout is None and torch.compiler.is_compiling() and (config.sink_tokens is None
                                                                  or config.dense_rows != "none"):
-            return Decline(LAYOUT_IN_COMPILED_REGION)
+            return Declined(LAYOUT_IN_COMPILED_REGION)
         query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
 
         def finish(out: torch.Tensor) -> torch.Tensor:

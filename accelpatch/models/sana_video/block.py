@@ -17,7 +17,8 @@ import torch
 
 from accelpatch.lossless.ops import GATED_RESIDUAL, GLU_GATE, MODULATE, POINTWISE_CONV, SILU, conv1x1
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
+from accelpatch.core.outcomes import NotApplicable
+from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("sana_video_fused_block", Tier.LOSSLESS)
@@ -95,7 +96,7 @@ class SanaVideoFusedGLUMB(FusedOpsPath):
     def run(self, ff: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         hidden_states = bind_call(args, kwargs, ("hidden_states",))["hidden_states"]
         if hidden_states.dtype != torch.bfloat16:
-            return Dense(f"activations are {hidden_states.dtype}: GLUMB's fused chains are bfloat16 tables")
+            return NotApplicable(f"activations are {hidden_states.dtype}: GLUMB's fused chains are bfloat16 tables")
         if ff.residual_connection:
             residual = hidden_states
         batch_size, num_frames, height, width, num_channels = hidden_states.shape

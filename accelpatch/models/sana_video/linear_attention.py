@@ -29,8 +29,8 @@ from accelpatch.lossless.ops import LINEAR, RELU_ROPE_PAIR, SCALE_TO_TOKENS
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason
 from accelpatch.core.tiers import Tier
-from accelpatch.core.sites import (Decline, FastPath, FusedOpsPath, Site, bind_call, device_reject_reason,
-                           run_fast_paths_on_cpu)
+from accelpatch.core.outcomes import Declined
+from accelpatch.core.sites import FastPath, FusedOpsPath, Site, bind_call, device_reject_reason, run_fast_paths_on_cpu
 from accelpatch.models.sana_video.restated_attention import attention_shards, linear_attention, linear_attention_bf16_gemm  # noqa: F401
 
 FUSION = QualityGatedFusion.named("sana_video_linear_attention", Tier.HIGH)
@@ -67,15 +67,15 @@ class _AcceptsSplitProcessor:
 
 
 def _self_attention_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple, kwargs: dict):
-    """The call's hidden states and rotary tables, or a Decline naming what the restatement does not cover."""
+    """The call's hidden states and rotary tables, or a Declined naming what the restatement does not cover."""
     call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask"))
     mismatch = fast_path.processor_mismatch(attn)
     if mismatch is not None:
-        return Decline(mismatch)
+        return Declined(mismatch)
     if call["encoder_hidden_states"] is not None:
-        return Decline("encoder_hidden_states given: the fast path covers self-attention only")
+        return Declined("encoder_hidden_states given: the fast path covers self-attention only")
     if call.get("rotary_emb") is None:
-        return Decline("no rotary_emb: the reference processor needs it")
+        return Declined("no rotary_emb: the reference processor needs it")
     return call["hidden_states"], call["rotary_emb"]
 
 
@@ -89,7 +89,7 @@ class SanaLinearAttentionFused(_AcceptsSplitProcessor, FusedOpsPath):
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = _self_attention_call(self, attn, args, kwargs)
-        if isinstance(call, Decline):
+        if isinstance(call, Declined):
             return call
         hidden_states, rotary_emb = call
         return linear_attention(attn, site, hidden_states, rotary_emb, bf16_first_gemm=False,
@@ -110,14 +110,14 @@ class SanaLinearAttentionBF16(_AcceptsSplitProcessor, FastPath):
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = _self_attention_call(self, attn, args, kwargs)
-        if isinstance(call, Decline):
+        if isinstance(call, Declined):
             return call
         hidden_states, rotary_emb = call
         device_reason = device_reject_reason(hidden_states.device, "the BF16-input GEMM")
         if device_reason is not None:
-            return Decline(device_reason)
+            return Declined(device_reason)
         if hidden_states.dtype != torch.bfloat16 or attn.to_q.weight.dtype != torch.bfloat16:
-            return Decline(f"activations are {hidden_states.dtype} and weights {attn.to_q.weight.dtype}: "
+            return Declined(f"activations are {hidden_states.dtype} and weights {attn.to_q.weight.dtype}: "
                            "the fast path needs bfloat16")
         return linear_attention(attn, site, hidden_states, rotary_emb, bf16_first_gemm=True,
                                 shards=attention_shards(attn))

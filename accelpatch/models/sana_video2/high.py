@@ -14,8 +14,8 @@ import torch
 from accelpatch.sol_attn.config import _check_int, parse_layers
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
-from accelpatch.core.sites import (Decline, Dense, FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason,
-                          step_layer_policy)
+from accelpatch.core.outcomes import Declined, NotApplicable
+from accelpatch.core.sites import (FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason, step_layer_policy)
 from accelpatch.sol_attn.sites import SolAttnFastPath, SparseCall
 from accelpatch.core.tiers import Tier
 from accelpatch.lossless.ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE
@@ -77,25 +77,25 @@ def _linear_processor_class() -> type:
     return SanaVideo2LinearAttnProcessor
 
 
-def _bf16_guards(attn: torch.nn.Module, hidden_states: torch.Tensor, what: str) -> Optional[Union[Decline, Dense]]:
+def _bf16_guards(attn: torch.nn.Module, hidden_states: torch.Tensor, what: str) -> Optional[Union[Declined, NotApplicable]]:
     """The guards both BF16 paths share: CUDA, bf16 activations, and something to gain (``fp32_attention`` set)."""
     device_reason = device_reject_reason(hidden_states.device, what)
     if device_reason is not None:
-        return Decline(device_reason)
+        return Declined(device_reason)
     if hidden_states.dtype != torch.bfloat16:
-        return Decline(f"activations are {hidden_states.dtype}: {what} needs bfloat16")
+        return Declined(f"activations are {hidden_states.dtype}: {what} needs bfloat16")
     if not attn.fp32_attention:
-        return Dense(FP32_ATTENTION_OFF)
+        return NotApplicable(FP32_ATTENTION_OFF)
     return None
 
 
 def _bf16_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple, kwargs: dict,
-               what: str) -> tuple[Optional[dict], Optional[Union[Decline, Dense]]]:
+               what: str) -> tuple[Optional[dict], Optional[Union[Declined, NotApplicable]]]:
     """(the call's ``hidden_states`` and ``rotary_emb``, None) when the processor is the one ``apply()`` found and
     the shared BF16 guards pass; else (None, the verdict)."""
     mismatch = fast_path.processor_mismatch(attn)
     if mismatch is not None:
-        return None, Decline(mismatch)
+        return None, Declined(mismatch)
     call = bind_call(args, kwargs, ("hidden_states", "rotary_emb"))
     verdict = _bf16_guards(attn, call["hidden_states"], what)
     return (None, verdict) if verdict is not None else (call, None)
@@ -132,7 +132,7 @@ class AnchorAttentionBF16(FastPath):
         hidden_states = call["hidden_states"]
         query, key, value = anchor_qkv(attn, hidden_states, call["rotary_emb"], rope_pair(site))
         if not (query.dim() == 4 and query.shape == key.shape == value.shape):
-            return Decline(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
+            return Declined(f"q/k/v shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}: the BF16 "
                            "anchor path takes 4-D q/k/v of equal shape")
         return anchor_attention(site, attn, hidden_states, query, key, value, upcast=False)
 

@@ -28,7 +28,8 @@ import torch
 
 from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR
 from accelpatch.core.gate import QualityGatedFusion
-from accelpatch.core.sites import Dense, FusedOpsPath, Site, bind_call, restated_class_mismatch
+from accelpatch.core.outcomes import NotApplicable
+from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
 
 BLOCK_FUSION = QualityGatedFusion.named("wan_fused_block", Tier.LOSSLESS)
@@ -124,7 +125,7 @@ class WanFusedAttention(FusedOpsPath):
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask", "rotary_emb"))
         if call["encoder_hidden_states"] is not None or attn.add_k_proj is not None:
-            return Dense(NOT_SELF)
+            return NotApplicable(NOT_SELF)
         processor = attn.processor
         query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
         hidden_states = _wan().dispatch_attention_fn(
