@@ -76,11 +76,12 @@ class CacheSupport:
 
 @dataclass(frozen=True)
 class ParallelSupport:
-    """Where a family's context-parallel support lives: ``module`` (imported on first use) defines
-    ``cp_plan(model)`` (diffusers' plan, set as ``model._cp_plan`` where diffusers' class has none) and
-    ``split_layers(model)`` (makes the layers diffusers' hooks do not reach split-aware; returns the undo)."""
+    """A family's context-parallel support: ``cp_plan(model)`` gives diffusers' plan (set as ``model._cp_plan`` where
+    diffusers' class has none) and ``split_layers(model)`` makes the layers diffusers' hooks do not reach split-aware,
+    returning the undo."""
 
-    module: str
+    cp_plan: Callable[[torch.nn.Module], Optional[dict]]
+    split_layers: Callable[[torch.nn.Module], Optional[Callable[[], None]]]
 
 
 @dataclass(frozen=True)
@@ -228,11 +229,9 @@ class ModelAdapter:
 
     def cp_plan(self, model: torch.nn.Module) -> Optional[dict]:
         """diffusers' context-parallel plan for ``model`` (:attr:`parallel`), or None: this family adds no plan."""
-        return importlib.import_module(self.parallel.module).cp_plan(model) if self.parallel is not None else None
+        return self.parallel.cp_plan(model) if self.parallel is not None else None
 
     def prepare_parallel(self, model: torch.nn.Module) -> Optional[Callable[[], None]]:
         """Called once by ``apply``: make the layers diffusers' context-parallel hooks do not reach split-aware
         (idle, and bit-identical, while the model is not split). Returns the undo ``remove()`` runs, or None."""
-        if self.parallel is None:
-            return None
-        return importlib.import_module(self.parallel.module).split_layers(model)
+        return self.parallel.split_layers(model) if self.parallel is not None else None

@@ -31,7 +31,7 @@ from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
 from accelpatch.core.gate import note_work
 from accelpatch.core.outcomes import RAN, declined
-from accelpatch.lossless.kernels.library import Kernel, KernelLibrary
+from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kind_of
 from accelpatch.lossless.kernels.operands import foreign_operand
 
 FUSED = RAN  # a fused op that ran its kernel
@@ -45,9 +45,6 @@ THREADED = ("not applicable: torch.get_num_threads() > 1 (the kernel is single-t
 CPU_KERNELS_OFF = "not applicable: the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))"
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
 POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
-
-#: how a reason names the kernels of a device type that has none for an op ("no Triton kernel for 'linear'")
-KERNEL_KINDS = {"cpu": "CPU", "cuda": "Triton"}
 
 
 @dataclass
@@ -251,7 +248,7 @@ class FusedOp:
         return self._no_kernel(device_type) if kernel is None else kernel.unsupported(*args)
 
     def _no_kernel(self, device_type: str) -> str:
-        return f"no {KERNEL_KINDS.get(device_type, device_type)} kernel for {self.name!r} in this version of accelpatch"
+        return f"no {kind_of(device_type)} kernel for {self.name!r} in this version of accelpatch"
 
     def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
         """A policy outcome where no kernel of ``device`` can run for this model or process: the CPU kernels

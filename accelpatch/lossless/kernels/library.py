@@ -27,6 +27,19 @@ class KernelLibrary:
     admits: Callable[..., Optional[str]]
     unavailable: Callable[[], Optional[str]] = _available
 
+    def __post_init__(self) -> None:
+        _LIBRARIES.setdefault(self.device_type, self)
+
+
+#: the kernel library of each device type, by device type (each registers itself when its module is imported)
+_LIBRARIES: dict[str, KernelLibrary] = {}
+
+
+def kind_of(device_type: str) -> str:
+    """How reasons name ``device_type``'s kernels ("CPU", "Triton"), or the device type where no library has it."""
+    library = _LIBRARIES.get(device_type)
+    return library.kind if library is not None else device_type
+
 
 @dataclass(frozen=True)
 class Kernel:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from accelpatch.core.adapter import CacheSupport, ModelAdapter, ParallelSupport, SiteRule
 from accelpatch.models.sana_video.block import FUSED_BLOCK, FUSED_GLUMB
 from accelpatch.models.sana_video.linear_attention import BF16_LINEAR_ATTENTION, FUSED_LINEAR_ATTENTION
+from accelpatch.models.sana_video.sequence_parallel import cp_plan, split_layers
 
 #: which module carries which fast path (SANA-Video has no backend: every row mounts with or without one)
 SITES = (
@@ -40,4 +41,4 @@ class SanaVideoAdapter(ModelAdapter):
     backends = ()
     sites = SITES
     cache = CacheSupport(methods=("first_block", "mag"), blocks="transformer_blocks")
-    parallel = ParallelSupport("accelpatch.models.sana_video.sequence_parallel")
+    parallel = ParallelSupport(cp_plan, split_layers)
