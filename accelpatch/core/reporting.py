@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from accelpatch.core.model_state import patch_of
 from accelpatch.core.steps import UNKNOWN as UNKNOWN_STEP
-from accelpatch.core.outcomes import DECLINED, NOT_APPLICABLE, RAN, kind_of
+from accelpatch.core.outcomes import DECLINED, NOT_APPLICABLE, RAN
 from accelpatch.core.tiers import offers_high
 
 
@@ -71,7 +71,7 @@ class FusionReport:
         return sum(v[1] for v in self.verified) + sum(d[2] for d in self.declined)
 
     def line(self) -> str:
-        refs = "".join(f", {n} {kind_of(r)} ({r.partition(': ')[2]})"
+        refs = "".join(f", {n} {r.partition(': ')[0]} ({r.partition(': ')[2]})"  # "declined: why" -> declined (why)
                        for r, n in sorted(self.reference_calls.items(), key=lambda x: -x[1]))
         text = (f"{self.op} on {self.sites} site(s): {self.fused_calls} ran{refs}; signatures (this process) verified "
                 f"{len(self.verified)}, declined {len(self.declined)}")
@@ -225,8 +225,9 @@ class ModelReport(_Tally):
                 causes[s.path] = causes[where] = f"{why} (at {where}; one rejected site keeps every site of its kind " \
                                                  "on the reference path)"
         for s in self.sites:
+            outcomes = s.outcomes
             ref = " ".join(f"{n}×{note(f'{kind}: {r}')}" for kind in (DECLINED, NOT_APPLICABLE)
-                           for r, n in sorted(s.outcomes[kind].items(), key=lambda x: -x[1]))
+                           for r, n in sorted(outcomes[kind].items(), key=lambda x: -x[1]))
             status = s.status if s.mounted else f"rejected {note(causes.get(s.path, s.reason or 'unknown'))}"
             extra = "".join(f" {k}={v:.3f}" for k, v in s.stats.items())
             extra += "".join(f" {n}×{note(text)}" for text, n in sorted(s.notes.items(), key=lambda x: -x[1]))

@@ -30,19 +30,19 @@ import torch
 from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
 from accelpatch.core.gate import note_work
-from accelpatch.core.outcomes import RAN, declined
-from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kind_of
+from accelpatch.core.outcomes import RAN, declined, not_applicable
+from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kernel_kind
 from accelpatch.lossless.kernels.operands import foreign_operand
 
 FUSED = RAN  # a fused op that ran its kernel
-IN_COMPILE = "not applicable: inside torch.compile (the compiler fuses the chain itself)"
-IN_AUTOGRAD = "not applicable: inputs require grad (the fused kernel has no backward)"
-IN_CAPTURE = "not applicable: first sight inside CUDA graph capture (verification needs an eager run)"
-MODULE_RUNS = ("not applicable: the module has hooks, its own forward or settings the op does not restate "
-               "(the module itself runs)")
-THREADED = ("not applicable: torch.get_num_threads() > 1 (the kernel is single-threaded; eager's threaded kernel runs "
-            "instead)")
-CPU_KERNELS_OFF = "not applicable: the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))"
+IN_COMPILE = not_applicable("inside torch.compile (the compiler fuses the chain itself)")
+IN_AUTOGRAD = not_applicable("inputs require grad (the fused kernel has no backward)")
+IN_CAPTURE = not_applicable("first sight inside CUDA graph capture (verification needs an eager run)")
+MODULE_RUNS = not_applicable("the module has hooks, its own forward or settings the op does not restate (the module "
+                             "itself runs)")
+THREADED = not_applicable("torch.get_num_threads() > 1 (the kernel is single-threaded; eager's threaded kernel "
+                          "runs instead)")
+CPU_KERNELS_OFF = not_applicable("the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))")
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
 POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
 
@@ -248,7 +248,7 @@ class FusedOp:
         return self._no_kernel(device_type) if kernel is None else kernel.unsupported(*args)
 
     def _no_kernel(self, device_type: str) -> str:
-        return f"no {kind_of(device_type)} kernel for {self.name!r} in this version of accelpatch"
+        return f"no {kernel_kind(device_type)} kernel for {self.name!r} in this version of accelpatch"
 
     def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
         """A policy outcome where no kernel of ``device`` can run for this model or process: the CPU kernels
@@ -259,23 +259,23 @@ class FusedOp:
             return CPU_KERNELS_OFF
         kernel = self._kernels.get(device.type)
         reason = kernel.library.unavailable() if kernel is not None else None
-        return f"not applicable: {kernel.library.kind} kernels {reason}" if reason else None
+        return not_applicable(f"{kernel.library.kind} kernels {reason}") if reason else None
 
     def other_dtype_outcome(self, dtype: torch.dtype) -> str:
         names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
-        return f"not applicable: {str(dtype).removeprefix('torch.')} activations (fused for {names} only)"
+        return not_applicable(f"{str(dtype).removeprefix('torch.')} activations (fused for {names} only)")
 
     def other_device_outcome(self, device_type: str) -> str:
-        return f"not applicable: {device_type} tensors (fused on {', '.join(self.devices)} only)"
+        return not_applicable(f"{device_type} tensors (fused on {', '.join(self.devices)} only)")
 
     def other_cpu_outcome(self) -> Optional[str]:
-        """``"not applicable: not this CPU: <why>"`` where :attr:`host` says this CPU is not the kind the op replays, else
-        None (asked once per process)."""
+        """``"not applicable: not this CPU: <why>"`` where :attr:`host` says this CPU is not the kind the op replays,
+        else None (asked once per process)."""
         if self.host is None:
             return None
         if not self._host_outcome:
             why = self.host()
-            self._host_outcome.append(f"not applicable: not this CPU: {why}" if why else None)
+            self._host_outcome.append(not_applicable(f"not this CPU: {why}") if why else None)
         return self._host_outcome[0]
 
     def policy_outcomes(self) -> tuple[str, ...]:
@@ -313,7 +313,7 @@ class FusedOp:
             return self._reference(site, args, IN_COMPILE)
         foreign = foreign_operand(tensors, tensors[0].device.type)
         if foreign:  # before anything reads an address: a subclass's data_ptr() may be 0 or not its values
-            return self._reference(site, args, f"not applicable: {foreign}")
+            return self._reference(site, args, not_applicable(foreign))
         unavailable = self._unavailable(site, tensors[0].device)
         if unavailable:
             return self._reference(site, args, unavailable)

@@ -35,7 +35,7 @@ class KernelLibrary:
 _LIBRARIES: dict[str, KernelLibrary] = {}
 
 
-def kind_of(device_type: str) -> str:
+def kernel_kind(device_type: str) -> str:
     """How reasons name ``device_type``'s kernels ("CPU", "Triton"), or the device type where no library has it."""
     library = _LIBRARIES.get(device_type)
     return library.kind if library is not None else device_type

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from accelpatch.core.outcomes import not_applicable
 from accelpatch.lossless.verify import MODULE_RUNS
 
 
@@ -30,13 +31,13 @@ def why_module_runs(module: torch.nn.Module, base: type) -> Optional[str]:
     not restate; a weight that is a tensor subclass (torchao) holds values only its own operations read; hooks or
     an instance forward (accelerate's offloading, a user's hook) must run."""
     if type(module) is not base:
-        return (f"not applicable: {_qualified(type(module))} runs itself (not torch's {base.__name__}: a wrapper or "
-                "subclass, such as a LoRA or quantized layer, whose forward the op does not restate)")
+        return not_applicable(f"{_qualified(type(module))} runs itself (not torch's {base.__name__}: a wrapper or "
+                              "subclass, such as a LoRA or quantized layer, whose forward the op does not restate)")
     for name in ("weight", "bias"):
         tensor = getattr(module, name, None)
         if tensor is not None and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-            return (f"not applicable: {base.__name__} with a {_qualified(type(tensor))} {name} runs itself (a tensor "
-                    "subclass: quantized or wrapped values that only its own operations read)")
+            return not_applicable(f"{base.__name__} with a {_qualified(type(tensor))} {name} runs itself (a tensor "
+                                  "subclass: quantized or wrapped values that only its own operations read)")
     if not _unhooked(module):
         return MODULE_RUNS
     return None
