@@ -14,8 +14,7 @@ default tier against the same models unpatched, measured side by side in one run
 4. **The ceiling.** The convolutions, GEMMs and attention kernels of one unpatched forward (recorded at the aten
    level, every call with its own arguments) replayed alone, against the whole forward in interleaved rounds. The
    element-wise fusions keep those ops as they are (their reduction order sets the bits), so they cannot make the
-   forward faster than ``forward / those ops``; only a kernel that replays a library's own reduction order can go
-   past it (``pointwise_conv``: bf16 1x1 convolutions where oneDNN emulates bf16).
+   forward faster than ``forward / those ops``.
 
     python benchmarks/bench_lossless.py [--rounds 15] [--models sana_video,sana_video2,minimax_h3,wan,
                                         hunyuan_video15,ltx2,ltx2_3]
@@ -108,7 +107,7 @@ def bench_ops(name: str, dtype: torch.dtype, rounds: int) -> None:
         patched(**inputs)
     for (op_name, _), (op, args) in seen.items():
         kernel, reason = op.implementation(args[0].device)
-        with torch.no_grad():  # the weights of pointwise_conv and linear require grad outside it
+        with torch.no_grad():  # as the forward ran it
             reason = reason or kernel.unsupported(*args)
         label = f"  {op_name:<20} {verify.describe(args)[:70]:<70}"
         if reason is not None:
@@ -189,7 +188,7 @@ def bench_ceiling(name: str, dtype: torch.dtype, rounds: int) -> None:
     print(f"  {name:<12} {str(dtype).removeprefix('torch.'):<9} forward {f:7.2f} ms; its {len(recorder.calls)} "
           f"convolution/GEMM/attention calls alone {k:7.2f} ms ({k / f:.0%}): element-wise fusions cannot beat "
           f"{f / k:.2f}x; the default tier ran {p:7.2f} ms ({f / p:.2f}x), {p - k:+.2f} ms against those ops "
-          f"(the unpatched forward: {f - k:+.2f} ms; below zero where pointwise_conv replaced some of them)")
+          f"(the unpatched forward: {f - k:+.2f} ms)")
 
 
 def _pipelines():

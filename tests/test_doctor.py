@@ -11,7 +11,7 @@ import accelpatch
 from accelpatch.tools import doctor as doctor_module
 
 ITEMS = ("python", "torch", "triton", "diffusers", "transformers", "accelerate", "numpy", "tested torch",
-         "features", "oneDNN bf16", "CPU kernels", "CUDA", "Triton", "export check")
+         "features", "CPU kernels", "CUDA", "Triton", "export check")
 
 
 def test_doctor_names_each_item_and_every_fast_path_with_its_verdict():

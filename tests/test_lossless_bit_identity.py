@@ -128,8 +128,7 @@ def test_cpu_kernels_false_runs_no_kernel_for_that_model_only():
     fusions = accelpatch.report(model).models[0].fusions
     assert sum(f.fused_calls for f in fusions) == 0
     reasons = {k for f in fusions for k in f.reference_calls}
-    assert reasons and all("switched off for this model" in k or "float32" in k or "not this CPU" in k
-                           for k in reasons), reasons
+    assert reasons and all("switched off for this model" in k or "float32" in k for k in reasons), reasons
     assert sum(f.fused_calls for f in accelpatch.report(other).models[0].fusions) > 0
     accelpatch.remove(model)
     accelpatch.remove(other)

@@ -37,12 +37,6 @@ def _apply(model, **kwargs):
         return accelpatch.apply(model, **kwargs)
 
 
-def _cpu_outcomes(fused_ops):
-    """A site's per-op outcome counts with any "not this CPU: <why>" outcome keyed by its prefix alone."""
-    return {op: {NOT_THIS_CPU if k.startswith(NOT_THIS_CPU) else k: n for k, n in outcomes.items()}
-            for op, outcomes in fused_ops.items()}
-
-
 def _tier(report, tier):
     return [s for s in report.sites if s.tier == tier]
 
@@ -103,15 +97,10 @@ def test_default_lossless_and_exact_are_bit_identical(dtype, per_frame):
     # in float32 the reference runs, counted with its reason)
     glu = {"glu_gate": {"ran": 2} if dtype == torch.bfloat16 else
            {"not applicable: float32 activations (fused for bfloat16 only)": 2}}
-    # and its three projections (up, gate, down) through the linear op, bf16 only as well, and only on the CPU kind
-    # whose oneDNN order it replays (tests/_cpu_kind.py): the reference elsewhere, counted "not this CPU"
-    glu["linear"] = ({"ran": 3 * 2} if dtype == torch.bfloat16 and ONEDNN_EMULATED_BF16 else
-                     {NOT_THIS_CPU: 3 * 2} if dtype == torch.bfloat16 else
-                     {"not applicable: float32 activations (fused for bfloat16 only)": 3 * 2})
     # per attention call: the RoPE pair and the sigmoid output gate (a bf16 table, as the SwiGLU gate)
     gate = {"sigmoid_gate": {"ran": 2} if dtype == torch.bfloat16 else
             {"not applicable: float32 activations (fused for bfloat16 only)": 2}}
-    assert {s.path: _cpu_outcomes(s.fused_ops) for s in _tier(rep, "lossless")} == {
+    assert {s.path: s.fused_ops for s in _tier(rep, "lossless")} == {
         path: ({"modulate": {"ran": 2 * 2}, **glu} if kind == "sana_video2_fused_block"
                else {"rotary_complex_pair": {"ran": 2}, **gate}) for path, kind in LOSSLESS_KINDS.items()}
 

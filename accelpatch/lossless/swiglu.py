@@ -2,8 +2,8 @@
 ``lossless`` fast path any model with that module reuses.
 
 Reference: ``SwiGLU.forward``: ``proj`` → ``chunk(2, dim=-1)`` → ``x * silu(gate)``. The restatement keeps the
-projection (through the verified ``linear`` op) and calls the verified ``glu_gate`` op (bf16: an exact table of the device's own SiLU). Other dtypes run
-diffusers' forward, counted.
+projection (the module's own call) and calls the verified ``glu_gate`` op (bf16: an exact table of the device's own
+SiLU). Other dtypes run diffusers' forward, counted.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from accelpatch.lossless.ops import GLU_GATE, LINEAR, linear
+from accelpatch.lossless.ops import GLU_GATE
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.tiers import Tier
 from accelpatch.core.outcomes import NotApplicable
@@ -29,7 +29,7 @@ def swiglu_class() -> type:
 class FusedSwiGLU(FusedOpsPath):
     fusion = FUSION
     description = "SwiGLU projection and gate x * silu(gate) fused (bit-exact, bf16)"
-    fused_ops = (GLU_GATE, LINEAR)
+    fused_ops = (GLU_GATE,)
     restates = ("diffusers.models.activations:SwiGLU.forward",)
     policy_reasons = tuple(f"activations are {dtype}: the fused SiLU tables are bfloat16"
                            for dtype in (torch.float32, torch.float16))
@@ -46,7 +46,7 @@ class FusedSwiGLU(FusedOpsPath):
         hidden_states = bind_call(args, kwargs, ("hidden_states",))["hidden_states"]
         if hidden_states.dtype != torch.bfloat16:
             return NotApplicable(f"activations are {hidden_states.dtype}: the fused SiLU tables are bfloat16")
-        hidden_states, gate = linear(site, module.proj, hidden_states).chunk(2, dim=-1)
+        hidden_states, gate = module.proj(hidden_states).chunk(2, dim=-1)
         return GLU_GATE(site, hidden_states, gate)
 
 

@@ -38,13 +38,9 @@ FUSED = RAN  # a fused op that ran its kernel
 IN_COMPILE = not_applicable("inside torch.compile (the compiler fuses the chain itself)")
 IN_AUTOGRAD = not_applicable("inputs require grad (the fused kernel has no backward)")
 IN_CAPTURE = not_applicable("first sight inside CUDA graph capture (verification needs an eager run)")
-MODULE_RUNS = not_applicable("the module has hooks, its own forward or settings the op does not restate (the module "
-                             "itself runs)")
-THREADED = not_applicable("torch.get_num_threads() > 1 (the kernel is single-threaded; eager's threaded kernel "
-                          "runs instead)")
 CPU_KERNELS_OFF = not_applicable("the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))")
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
-POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE, MODULE_RUNS)
+POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE)
 
 
 @dataclass
@@ -163,8 +159,7 @@ class FusedOp:
     Its kernels are registered on it by :meth:`kernel`, one per device type."""
 
     def __init__(self, name: str, reference: Callable, description: str,
-                 dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
-                 single_threaded: bool = False, host: Optional[Callable[[], Optional[str]]] = None) -> None:
+                 dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None) -> None:
         self.name = name
         self.reference = reference
         self.description = description
@@ -174,14 +169,6 @@ class FusedOp:
         #: the device types the op is fused on (None: every type with an implementation); elsewhere the reference
         #: runs, counted with :meth:`other_device_outcome` (a policy, not a decline)
         self.devices = devices
-        #: a CPU kernel that is slower than eager's once eager has several threads: run the reference then, counted
-        #: as :data:`THREADED` (a policy, not a decline)
-        self.single_threaded = single_threaded
-        #: for an op that replays one kind of CPU's eager kernels: ``host()`` says why this CPU is not that kind (None
-        #: when it is), asked once per process; elsewhere the reference runs, counted with :meth:`other_cpu_outcome`
-        #: (expected on such a CPU: a policy, not a decline, so never warned and never raised under strict)
-        self.host = host
-        self._host_outcome: list[Optional[str]] = []
         self._verdicts: dict[tuple, Verdict] = {}
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
@@ -268,16 +255,6 @@ class FusedOp:
     def other_device_outcome(self, device_type: str) -> str:
         return not_applicable(f"{device_type} tensors (fused on {', '.join(self.devices)} only)")
 
-    def other_cpu_outcome(self) -> Optional[str]:
-        """``"not applicable: not this CPU: <why>"`` where :attr:`host` says this CPU is not the kind the op replays,
-        else None (asked once per process)."""
-        if self.host is None:
-            return None
-        if not self._host_outcome:
-            why = self.host()
-            self._host_outcome.append(not_applicable(f"not this CPU: {why}") if why else None)
-        return self._host_outcome[0]
-
     def policy_outcomes(self) -> tuple[str, ...]:
         """Every outcome a call can count without a verdict (for compiled code's tallies, prepared at apply)."""
         others = () if self.dtypes is None else tuple(
@@ -285,18 +262,7 @@ class FusedOp:
             if d not in self.dtypes)
         if self.devices is not None:
             others += tuple(self.other_device_outcome(d) for d in ("cpu", "cuda") if d not in self.devices)
-        if self.single_threaded:
-            others += (THREADED,)
-        other_cpu = self.other_cpu_outcome()
-        if other_cpu is not None:
-            others += (other_cpu,)
         return POLICY_OUTCOMES + others
-
-    def module_call(self, site: Any, module: torch.nn.Module, *inputs: Any, reason: str = MODULE_RUNS):
-        """Run ``module`` itself where the op would stand in for its call but cannot restate it (hooks, an
-        instance forward, a wrapper class, quantized weights, other settings), counted with ``reason``."""
-        _count(site, self.name, reason)
-        return module(*inputs)
 
     # -- the call ---------------------------------------------------------------------------------------------------
     def __call__(self, site: Any, *args: Any):
@@ -305,10 +271,6 @@ class FusedOp:
             return self._reference(site, args, self.other_dtype_outcome(tensors[0].dtype))
         if self.devices is not None and tensors[0].device.type not in self.devices:
             return self._reference(site, args, self.other_device_outcome(tensors[0].device.type))
-        if self.host is not None and tensors[0].is_cpu:
-            other_cpu = self.other_cpu_outcome()
-            if other_cpu is not None:
-                return self._reference(site, args, other_cpu)
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
         foreign = foreign_operand(tensors, tensors[0].device.type)
@@ -317,8 +279,6 @@ class FusedOp:
         unavailable = self._unavailable(site, tensors[0].device)
         if unavailable:
             return self._reference(site, args, unavailable)
-        if self.single_threaded and tensors[0].is_cpu and torch.get_num_threads() > 1:
-            return self._reference(site, args, THREADED)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._reference(site, args, IN_AUTOGRAD)
         key = signature(args)

@@ -1,8 +1,8 @@
 """``accelpatch.doctor()`` and ``python -m accelpatch doctor``: what this environment is and which fast paths it can run.
 
-Prints the versions accelpatch depends on, the CPU's features and the oneDNN host check, CUDA and Triton, the fused
-CPU kernels' build state, and for each family of fast paths whether it can run here, and if not, why (the same
-reason functions ``apply()`` asks, so the doctor and ``report()`` agree). Builds nothing and imports no diffusers:
+Prints the versions accelpatch depends on, the CPU's features, CUDA and Triton, the fused CPU kernels' build state,
+and for each family of fast paths whether it can run here, and if not, why (the same reason functions ``apply()``
+asks, so the doctor and ``report()`` agree). Builds nothing and imports no diffusers:
 versions are read from the installed packages' metadata.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable, Optional, TextIO
 #: the packages whose versions decide what runs (torch internals, Triton's interpreter, diffusers' classes)
 PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate", "numpy")
 
-#: the CPU features the fused CPU kernels and the oneDNN replay depend on
+#: the CPU features shown (the fused CPU kernels are built with -march=native for this CPU)
 CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16", "asimd", "sve")
 
 #: what the tested torch range is (setup.cfg's install_requires says the same)
@@ -59,7 +59,6 @@ def _cpu_kernels_state() -> tuple[str, Optional[str]]:
 
 def fast_paths() -> list[tuple[str, Optional[str]]]:
     """(fast path family, why it cannot run here or None) for each family, in tier order."""
-    from accelpatch.lossless.kernels import onednn_bf16
     from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason
     from accelpatch.sol_attn.op.dispatch import impl_unavailable_reason
     from accelpatch.core.sites import cuda_reject_reason
@@ -69,7 +68,6 @@ def fast_paths() -> list[tuple[str, Optional[str]]]:
 
     return [
         ("lossless: fused CPU kernels (RoPE, modulate, SwiGLU, ...)", _cpu_kernels_state()[1]),
-        ("lossless: oneDNN emulated-bf16 replay (bf16 linear/conv on CPU)", _reason(onednn_bf16.why_not_this_cpu)),
         ("lossless: fused Triton kernels on CUDA", _reason(triton_on_cuda)),
         ("high: SANA-Video / SANA-Video 2.0 BF16 linear attention (bmm out_dtype=float32)",
          _reason(bmm_bf16_fp32_reject_reason)),
@@ -101,10 +99,6 @@ def report_text() -> str:
     shown = [name for name in CPU_FEATURES if name in features]
     lines.append(f"  features      {' '.join(shown) if shown else '(none of ' + ', '.join(CPU_FEATURES) + ')'}"
                  + ("" if features else " (/proc/cpuinfo cannot be read)"))
-    from accelpatch.lossless.kernels import onednn_bf16
-
-    onednn = _reason(onednn_bf16.why_not_this_cpu)
-    lines.append(f"  oneDNN bf16   {'emulated-bf16 kernels (the replay applies)' if onednn is None else onednn}")
     lines.append(f"  CPU kernels   {_cpu_kernels_state()[0]}")
     lines += ["", "CUDA and Triton:"]
     cuda = cuda_reject_reason()

@@ -8,13 +8,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from _by_name import CPU, REFERENCE as ref, TRITON
-from accelpatch.lossless.kernels import cpu, cpu_build, onednn_bf16
+from accelpatch.lossless.kernels import cpu, cpu_build
 from accelpatch.lossless.kernels.layout import eager_layouts
 from accelpatch.lossless.kernels.operands import foreign_operand
 
 from _wrapped_tensors import Wrapped
 
-from .test_fused_cpu import BF16, F32, assert_same, mixed, needs_kernels
+from .test_fused_cpu import F32, assert_same, mixed, needs_kernels
 
 pytestmark = needs_kernels
 
@@ -92,20 +92,6 @@ def test_schema_types_are_checked():
         _ops().modulate(out, x, scale, shift.data_ptr(), size, strides)  # an address where a tensor goes
 
 
-def test_the_gemm_checks_its_weight_and_bias():
-    x = mixed((1, 6, 2, 3), BF16, 4)
-    weight, bias = mixed((5, 6), BF16, 5), mixed((5,), BF16, 6)
-    out = torch.empty(1, 5, 2, 3, dtype=BF16)
-    args = ([1, 6, 5, 2, 3], list(x.stride()), list(out.stride()), 6, False)
-    _ops().gemm_bf16(x, weight, bias, out, *args)
-    with pytest.raises(RuntimeError, match="weight must be"):
-        _ops().gemm_bf16(x, weight[:4], bias, out, *args)
-    with pytest.raises(RuntimeError, match="bias must be"):
-        _ops().gemm_bf16(x, weight, bias[:3], out, *args)
-    with pytest.raises(RuntimeError, match="block must be positive"):
-        _ops().gemm_bf16(x, weight, bias, out, *args[:3], 0, False)
-
-
 class _Recording(TorchDispatchMode):
     """Records every op dispatched while active."""
 
@@ -121,15 +107,13 @@ class _Recording(TorchDispatchMode):
 def test_a_subclass_is_declined_before_any_kernel():
     """Every native op's first check names the subclass; a wrapper's data_ptr() is 0, which a raw-pointer boundary
     read (the torchao crash). Through the typed op it reaches the subclass's own dispatch, never the kernel."""
-    weight = Wrapped(mixed((5, 6), BF16, 5), opaque=True)
-    assert weight.data_ptr() == 0
-    x = mixed((1, 3, 6), BF16, 4)
-    assert "tensor subclass" in foreign_operand([x, weight], "cpu")
-    assert "tensor subclass" in CPU.unsupported("linear", x, weight, None)
-    assert "tensor subclass" in onednn_bf16.why_linear(x, weight, None)
+    out, x, scale, shift, size, strides = _modulate_call()
+    scale = Wrapped(scale, opaque=True)
+    assert scale.data_ptr() == 0
+    assert "tensor subclass" in foreign_operand([x, scale], "cpu")
+    assert "tensor subclass" in CPU.unsupported("modulate", x, scale, shift)
     with pytest.raises(NotImplementedError, match="Wrapped does not implement"):
-        _ops().gemm_bf16(x, weight, None, torch.empty(1, 3, 5, dtype=BF16), [1, 6, 5, 3, 1], [0, 1, 6, 0],
-                         [0, 1, 5, 0], 6, False)
+        _ops().modulate(out, x, scale, shift, size, strides)
 
 
 @pytest.mark.parametrize("kind", ["quantized", "sparse", "meta", "nested-device"])
@@ -145,7 +129,7 @@ def test_other_tensors_we_do_not_understand_are_named(kind):
     assert CPU.unsupported("modulate", x, other, x) is not None
 
 
-@pytest.mark.parametrize("op", ["modulate", "relu_rope", "gemm_bf16"])
+@pytest.mark.parametrize("op", ["modulate", "relu_rope"])
 def test_opcheck_schemas_and_fake_implementations(op):
     """torch.library.opcheck: the schema matches what the op mutates, and the fake implementation runs under
     FakeTensorMode (what torch.compile and export trace with)."""
@@ -160,10 +144,6 @@ def test_opcheck_schemas_and_fake_implementations(op):
                      eager_layouts(ref.relu_rope_pair, (q, k, c, s)))
         size, strides = cpu.flat_plan(cpu.rope_plan((q, k, c, s), ref.relu_rope_pair))
         args = (q, k, c, s, *outs, None, size, strides)
-    else:
-        x, weight = mixed((1, 6, 2, 3), BF16, 4), mixed((5, 6), BF16, 5)
-        out = torch.empty(1, 5, 2, 3, dtype=BF16)
-        args = (x, weight, None, out, [1, 6, 5, 2, 3], list(x.stride()), list(out.stride()), 6, False)
     torch.library.opcheck(getattr(lib, op).default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 

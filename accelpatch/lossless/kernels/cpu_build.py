@@ -51,7 +51,7 @@ _BUILT_S: list = []  # seconds of each compile this process ran
 _WARNED: set = set()
 _FAKES: set = set()
 _OPS_WITH_FAKES = ("modulate", "gated_residual", "scale_to", "table_bf16", "glu_gate_bf16", "relu_rope", "rope",
-                   "rotate_half", "rotary_complex", "relu_bf16_formula", "gemm_bf16")
+                   "rotate_half", "rotary_complex", "relu_bf16_formula")
 
 
 def source_text(name: str = SOURCES[0]) -> str:

@@ -25,10 +25,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 namespace {
 
 using accelpatch_kernels::i64;
@@ -663,129 +659,6 @@ void rotary_complex(const QS* q, const QS* k, const double* f, QS* oq, QS* ok, c
   });
 }
 
-// ---- bf16 1x1 convolution in the summation order of oneDNN's emulated-bf16 kernels ---------------------------
-//
-// Where a CPU has AVX-512 but no bf16 instructions, oneDNN (eager's convolution) emulates each bf16 pair-product
-// instruction by two float FMAs, the odd input channel of a pair first, and sums the input channels of one output
-// element in blocks (a partial sum per block from +0, the blocks added in order, the bias added last, one rounding
-// to bf16). A bf16 x bf16 product is exact in float, so that order fixes every bit; this kernel sums in the same
-// order over float copies of the operands, much faster than the emulation. The block length (which oneDNN picks
-// per layout and shape) is an argument: pointwise_conv.py probes which one eager uses before this kernel runs.
-constexpr i64 kConvRows = 6;   // output pixels per register tile
-constexpr i64 kConvCols = 64;  // output channels per register tile (4 x 16 floats)
-
-inline float bf16_to_f32(uint16_t v) { return f32_from_bits(static_cast<uint32_t>(v) << 16); }
-
-// kConvRows pixels x 64 channels of partial sums over the packed input channels [c0, c1): xs[c][row] (pixels),
-// wc[c][col] (weights, the tile's 64 columns at wc, rows wstride apart), stored into part (rows prow apart) or,
-// with add, added to what part holds (the earlier blocks' sum).
-#if defined(__AVX512F__)
-inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64 c1, float* part, i64 prow,
-                      i64 rows, bool add) {
-  __m512 acc[kConvRows][4];
-  for (int i = 0; i < kConvRows; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  const float* xr = xs + c0 * kConvRows;
-  const float* wr = wc + c0 * wstride;
-  for (i64 c = c0; c < c1; ++c, xr += kConvRows, wr += wstride) {
-    const __m512 w0 = _mm512_loadu_ps(wr), w1 = _mm512_loadu_ps(wr + 16), w2 = _mm512_loadu_ps(wr + 32),
-                 w3 = _mm512_loadu_ps(wr + 48);
-#pragma GCC unroll 6
-    for (int i = 0; i < kConvRows; ++i) {
-      const __m512 xv = _mm512_set1_ps(xr[i]);
-      acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
-      acc[i][2] = _mm512_fmadd_ps(xv, w2, acc[i][2]);
-      acc[i][3] = _mm512_fmadd_ps(xv, w3, acc[i][3]);
-    }
-  }
-  for (i64 i = 0; i < rows; ++i)
-    for (int j = 0; j < 4; ++j) {
-      float* pp = part + i * prow + 16 * j;
-      _mm512_storeu_ps(pp, add ? _mm512_add_ps(_mm512_loadu_ps(pp), acc[i][j]) : acc[i][j]);
-    }
-}
-#else
-inline void conv_tile(const float* xs, const float* wc, i64 wstride, i64 c0, i64 c1, float* part, i64 prow,
-                      i64 rows, bool add) {
-  for (i64 i = 0; i < rows; ++i)
-    for (i64 j = 0; j < kConvCols; ++j) {
-      float acc = 0.0f;
-      for (i64 c = c0; c < c1; ++c) acc = std::fma(xs[c * kConvRows + i], wc[c * wstride + j], acc);
-      part[i * prow + j] = add ? part[i * prow + j] + acc : acc;
-    }
-}
-#endif
-
-// out[n, o, h, w] = bf16(blocked sum over c of x[n, c, h, w] * w[o, c] (+ bias[o])), any strides of x (xst) and
-// out (ost); w is [o, k] contiguous; bias may be null, added after the blocks or, with bias_first, before the
-// first (a GEMM that starts from its bias, as oneDNN's does for some layouts). Pixels are (n, h, w) in order.
-// nn.Linear is the same sum: its tokens are the pixels (h), its features the channels.
-// Per-thread scratch, grown to the largest call and reused: a fresh multi-megabyte buffer per call would be
-// page-faulted in again every time.
-float* scratch(std::vector<float>& buffer, i64 size) {
-  if (static_cast<i64>(buffer.size()) < size) buffer.resize(size);
-  return buffer.data();
-}
-
-void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias,
-                         uint16_t* out, const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width,
-                         i64 reduce_block, bool bias_first) {
-  thread_local std::vector<float> xs_buffer, wc_buffer, part_buffer;
-  thread_local std::vector<i64> offsets;
-  const i64 kp = k + (k & 1), pixels = images * height * width;
-  const i64 tiles = (pixels + kConvRows - 1) / kConvRows, rows_padded = tiles * kConvRows;
-  // the input once, packed per tile of pixels; the weights and the partial sums per tile of 64 output channels
-  float* xs = scratch(xs_buffer, tiles * kp * kConvRows);
-  float* wc = scratch(wc_buffer, kp * kConvCols);
-  float* part = scratch(part_buffer, rows_padded * kConvCols);
-  if (static_cast<i64>(offsets.size()) < 2 * pixels) offsets.resize(2 * pixels);
-  i64* xoff = offsets.data();
-  i64* ooff = xoff + pixels;
-  for (i64 n = 0, p = 0; n < images; ++n)
-    for (i64 h = 0; h < height; ++h)
-      for (i64 q = 0; q < width; ++q, ++p) {
-        xoff[p] = n * xst[0] + h * xst[2] + q * xst[3];
-        ooff[p] = n * ost[0] + h * ost[2] + q * ost[3];
-      }
-  // packed row c holds input channel c ^ 1 (a pair's odd channel first); pads are +0
-  for (i64 t = 0; t < tiles; ++t)
-    for (i64 c = 0; c < kp; ++c) {
-      const i64 src = c ^ 1;
-      float* to = xs + (t * kp + c) * kConvRows;
-      for (i64 i = 0; i < kConvRows; ++i) {
-        const i64 p = t * kConvRows + i;
-        to[i] = p < pixels && src < k ? bf16_to_f32(x[xoff[p] + src * xst[1]]) : 0.0f;
-      }
-    }
-  const bool start_at_bias = bias != nullptr && bias_first;
-  for (i64 j0 = 0; j0 < o; j0 += kConvCols) {
-    const i64 cols = std::min(kConvCols, o - j0);
-    for (i64 c = 0; c < kp; ++c) {
-      const i64 src = c ^ 1;
-      float* to = wc + c * kConvCols;
-      for (i64 j = 0; j < kConvCols; ++j) to[j] = j < cols && src < k ? bf16_to_f32(w[(j0 + j) * k + src]) : 0.0f;
-    }
-    if (start_at_bias)
-      for (i64 p = 0; p < rows_padded; ++p)
-        for (i64 j = 0; j < kConvCols; ++j) part[p * kConvCols + j] = j < cols ? bf16_to_f32(bias[j0 + j]) : 0.0f;
-    for (i64 t = 0; t < tiles; ++t) {
-      const i64 rows = std::min(kConvRows, pixels - t * kConvRows);
-      for (i64 c0 = 0; c0 < kp; c0 += reduce_block)
-        conv_tile(xs + t * kp * kConvRows, wc, kConvCols, c0, std::min(kp, c0 + reduce_block),
-                  part + t * kConvRows * kConvCols, kConvCols, rows, start_at_bias || c0 > 0);
-    }
-    for (i64 p = 0; p < pixels; ++p) {
-      const float* sums = part + p * kConvCols;
-      uint16_t* to = out + ooff[p] + j0 * ost[1];
-      if (bias != nullptr && !bias_first)
-        for (i64 j = 0; j < cols; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j] + bf16_to_f32(bias[j0 + j]));
-      else
-        for (i64 j = 0; j < cols; ++j) to[j * ost[1]] = Io<BF16>::store(sums[j]);
-    }
-  }
-}
-
 // The bf16 tables of table_bf16 and glu_gate_bf16 hold each 16-bit result zero-extended to 32 bits (256 KiB): a
 // 32-bit table lets the loop vectorise around the lookups (1.6x faster than 16-bit lookups, measured here).
 // Unit-stride rows of those two ops, as functions of restrict pointers: in this form gcc vectorises the loop
@@ -958,12 +831,6 @@ i64 check_bf16_rounding(uint32_t first, i64 count) {
     differ += (mine != theirs && !both_nan) ? 1 : 0;
   }
   return differ;
-}
-
-void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias, uint16_t* out,
-                         const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width, i64 reduce_block,
-                         bool bias_first) {
-  ::pointwise_conv_bf16(x, xst, w, bias, out, ost, images, k, o, height, width, reduce_block, bias_first);
 }
 
 }  // namespace accelpatch_kernels

@@ -47,10 +47,5 @@ bool rotary_complex(Dt q, const void* qp, const void* kp, const double* f, void*
 void relu_bf16_formula(uint16_t* out);
 // How many float bit patterns first .. first + count - 1 this file's bf16 rounding gives other bits than c10's.
 i64 check_bf16_rounding(uint32_t first, i64 count);
-// bf16 1x1 convolution / linear layer in oneDNN's emulated-bf16 summation order: x [images, k, height, width] at
-// xst[4], w [o, k] contiguous, bias [o] or null, out [images, o, height, width] at ost[4].
-void pointwise_conv_bf16(const uint16_t* x, const i64* xst, const uint16_t* w, const uint16_t* bias, uint16_t* out,
-                         const i64* ost, i64 images, i64 k, i64 o, i64 height, i64 width, i64 reduce_block,
-                         bool bias_first);
 
 }  // namespace accelpatch_kernels

@@ -267,34 +267,6 @@ int64_t check_bf16_rounding(int64_t first, int64_t count) {
   return k::check_bf16_rounding(static_cast<uint32_t>(first), count);
 }
 
-void gemm_bf16(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-               const at::Tensor& out, at::IntArrayRef size, at::IntArrayRef x_strides, at::IntArrayRef out_strides,
-               int64_t block, bool bias_first) {
-  constexpr const char* op = "gemm_bf16";
-  TORCH_CHECK(size.size() == 5 && x_strides.size() == 4 && out_strides.size() == 4, op,
-              ": takes sizes (images, k, o, height, width) and 4 strides of x and of out");
-  const i64 images = size[0], kk = size[1], o = size[2], height = size[3], width = size[4];
-  TORCH_CHECK(block > 0, op, ": the reduction block must be positive, not ", block);
-  const i64 xs[4] = {images, kk, height, width}, os[4] = {images, o, height, width};
-  check_span(x, xs, x_strides.data(), 0, 2, op, "x");
-  check_span(out, os, out_strides.data(), 0, 2, op, "the output");
-  check_plain(weight, op, "the weight");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == o * kk, op, ": the weight must be [", o, ", ", kk,
-              "] contiguous");
-  const uint16_t* b = nullptr;
-  if (bias.has_value()) {
-    check_plain(*bias, op, "the bias");
-    check_dtype(*bias, at::kBFloat16, op, "the bias");
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == o && bias->stride(0) == 1, op, ": the bias must be [", o,
-                "] contiguous");
-    b = static_cast<const uint16_t*>(bias->data_ptr());
-  }
-  for (const at::Tensor* t : {&x, &weight, &out}) check_dtype(*t, at::kBFloat16, op, "a tensor");
-  k::pointwise_conv_bf16(static_cast<const uint16_t*>(x.data_ptr()), x_strides.data(),
-                         static_cast<const uint16_t*>(weight.data_ptr()), b, static_cast<uint16_t*>(out.data_ptr()),
-                         out_strides.data(), images, kk, o, height, width, block, bias_first);
-}
-
 }  // namespace
 
 TORCH_LIBRARY(ACCELPATCH_CPU_NAMESPACE, m) {
@@ -314,8 +286,6 @@ TORCH_LIBRARY(ACCELPATCH_CPU_NAMESPACE, m) {
   m.def("relu_bf16_formula(Tensor(a!) out) -> ()");
   // no tensor argument, so no backend to dispatch on: one kernel for every key
   m.def("check_bf16_rounding(int first, int count) -> int", &check_bf16_rounding);
-  m.def("gemm_bf16(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) out, int[] size, int[] x_strides, "
-        "int[] out_strides, int block, bool bias_first) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ACCELPATCH_CPU_NAMESPACE, CPU, m) {
@@ -329,5 +299,4 @@ TORCH_LIBRARY_IMPL(ACCELPATCH_CPU_NAMESPACE, CPU, m) {
   m.impl("rotate_half", &rotate_half);
   m.impl("rotary_complex", &rotary_complex);
   m.impl("relu_bf16_formula", &relu_bf16_formula);
-  m.impl("gemm_bf16", &gemm_bf16);
 }

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from accelpatch.lossless.ops.gated_residual import GATED_RESIDUAL
 from accelpatch.lossless.ops.glu_gate import GLU_GATE
-from accelpatch.lossless.ops.linear_op import LINEAR, linear
 from accelpatch.lossless.ops.modulate import MODULATE
-from accelpatch.lossless.ops.pointwise_conv import POINTWISE_CONV, conv1x1
 from accelpatch.lossless.ops.relu_rope_pair import RELU_ROPE_PAIR
 from accelpatch.lossless.ops.rope_pair import ROPE_PAIR
 from accelpatch.lossless.ops.rope_pair_per_channel import ROPE_PAIR_PER_CHANNEL
@@ -23,6 +21,5 @@ from accelpatch.lossless.ops.scale_to_tokens import SCALE_TO_TOKENS
 from accelpatch.lossless.ops.sigmoid_gate import SIGMOID_GATE
 from accelpatch.lossless.ops.silu import SILU
 
-__all__ = ["GATED_RESIDUAL", "GLU_GATE", "LINEAR", "MODULATE", "POINTWISE_CONV", "RELU_ROPE_PAIR", "ROPE_PAIR",
-           "ROPE_PAIR_PER_CHANNEL", "ROTARY_COMPLEX_PAIR", "ROTATE_HALF_PAIR", "SCALE_TO_TOKENS", "SIGMOID_GATE",
-           "SILU", "SPLIT_ROPE_PAIR", "conv1x1", "linear"]
+__all__ = ["GATED_RESIDUAL", "GLU_GATE", "MODULATE", "RELU_ROPE_PAIR", "ROPE_PAIR", "ROPE_PAIR_PER_CHANNEL",
+           "ROTARY_COMPLEX_PAIR", "ROTATE_HALF_PAIR", "SCALE_TO_TOKENS", "SIGMOID_GATE", "SILU", "SPLIT_ROPE_PAIR"]

@@ -18,7 +18,7 @@ from accelpatch.core.sites import Site, bind_call
 from accelpatch.sol_attn.sites import (DENSE_LAYER, DENSE_STEP, STEP_UNKNOWN, AlwaysDense, SolAttnFastPath,  # noqa: F401
                                      SparseCall)
 from accelpatch.core.tiers import Tier
-from accelpatch.lossless.ops import LINEAR, ROTATE_HALF_PAIR, linear
+from accelpatch.lossless.ops import ROTATE_HALF_PAIR
 from accelpatch.models.minimax_h3.lossless import H3_ATTENTION_RESTATES, project_qkv
 
 SOL_FUSION = QualityGatedFusion(name="sol_attn", marker_attr="_accelpatch_sol_attn_site",
@@ -102,7 +102,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
     fusion = SOL_FUSION
     description = "block-sparse Sol-Attn with rank-1 correction; text/audio rows as exact sink (and dense queries)"
     policy_reasons = SolAttnFastPath.policy_reasons + (LAYOUT_IN_COMPILED_REGION,)
-    fused_ops = (ROTATE_HALF_PAIR, LINEAR)  # through project_qkv and the output projection
+    fused_ops = (ROTATE_HALF_PAIR,)  # through project_qkv
     restates = H3_ATTENTION_RESTATES
 
     def expected_processor(self) -> type:
@@ -121,7 +121,7 @@ class MiniMaxH3SolAttention(SolAttnFastPath):
 
         def finish(out: torch.Tensor) -> torch.Tensor:
             out = out.flatten(2, 3).type_as(query)
-            return attn.to_out[1](linear(site, attn.to_out[0], out))
+            return attn.to_out[1](attn.to_out[0](out))
 
         return SparseCall(query, key, value, finish, dense_backend=attn.processor._attention_backend)
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from accelpatch.lossless.ops import GATED_RESIDUAL, LINEAR, MODULATE, ROTATE_HALF_PAIR, linear
+from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROTATE_HALF_PAIR
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
@@ -37,13 +37,11 @@ def _h3():
 
 
 def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, rotary_emb):
-    """q, k, v [B, S, H, D] exactly as ``MiniMaxH3AttnProcessor`` builds them before attention (the projections
-    through the verified ``linear`` op)."""
+    """q, k, v [B, S, H, D] exactly as ``MiniMaxH3AttnProcessor`` builds them before attention."""
     if attn.fused_projections:
-        query, key, value = linear(site, attn.to_qkv, hidden_states).chunk(3, dim=-1)
+        query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
     else:
-        query, key, value = (linear(site, attn.to_q, hidden_states), linear(site, attn.to_k, hidden_states),
-                             linear(site, attn.to_v, hidden_states))
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
     query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
     key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
     value = value.unflatten(-1, (attn.heads, -1))
@@ -81,8 +79,8 @@ class MiniMaxH3FusedBlock(FusedOpsPath):
 
 class MiniMaxH3FusedAttention(FusedOpsPath):
     fusion = ATTENTION_FUSION
-    description = "attention with the q/k rotate-half RoPE and the projections fused (bit-exact)"
-    fused_ops = (ROTATE_HALF_PAIR, LINEAR)
+    description = "attention with the q/k rotate-half RoPE fused (bit-exact)"
+    fused_ops = (ROTATE_HALF_PAIR,)
     #: ROTATE_HALF_PAIR restates the processor's _apply_rotary_emb
     restates = H3_ATTENTION_RESTATES
 
@@ -97,7 +95,7 @@ class MiniMaxH3FusedAttention(FusedOpsPath):
             query, key, value, attn_mask=call["attention_mask"], dropout_p=0.0, is_causal=False,
             backend=processor._attention_backend, parallel_config=processor._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
-        return attn.to_out[1](linear(site, attn.to_out[0], hidden_states))
+        return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
 FUSED_BLOCK = MiniMaxH3FusedBlock()

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from accelpatch.lossless.ops import GATED_RESIDUAL, GLU_GATE, MODULATE, POINTWISE_CONV, SILU, conv1x1
+from accelpatch.lossless.ops import GATED_RESIDUAL, GLU_GATE, MODULATE, SILU
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
@@ -81,8 +81,8 @@ class SanaVideoFusedBlock(FusedOpsPath):
 
 class SanaVideoFusedGLUMB(FusedOpsPath):
     fusion = GLUMB_FUSION
-    description = "GLUMB feed-forward with its SiLU, GLU gate and 1x1 convs fused (bit-exact, bf16)"
-    fused_ops = (SILU, GLU_GATE, POINTWISE_CONV)
+    description = "GLUMB feed-forward with its SiLU and GLU gate fused (bit-exact, bf16)"
+    fused_ops = (SILU, GLU_GATE)
     restates = (_SANA + "GLUMBTempConv.forward",)
     policy_reasons = ("activations are torch.float32: GLUMB's fused chains are bfloat16 tables",
                       "activations are torch.float16: GLUMB's fused chains are bfloat16 tables")
@@ -102,12 +102,12 @@ class SanaVideoFusedGLUMB(FusedOpsPath):
         batch_size, num_frames, height, width, num_channels = hidden_states.shape
         hidden_states = hidden_states.view(batch_size * num_frames, height, width, num_channels).permute(0, 3, 1, 2)
 
-        hidden_states = SILU(site, conv1x1(site, ff.conv_inverted, hidden_states))
+        hidden_states = SILU(site, ff.conv_inverted(hidden_states))
         hidden_states = ff.conv_depth(hidden_states)
         hidden_states, gate = torch.chunk(hidden_states, 2, dim=1)
         hidden_states = GLU_GATE(site, hidden_states, gate)
 
-        hidden_states = conv1x1(site, ff.conv_point, hidden_states)
+        hidden_states = ff.conv_point(hidden_states)
 
         hidden_states_temporal = hidden_states.view(batch_size, num_frames, num_channels, height * width).permute(
             0, 2, 1, 3)

@@ -81,8 +81,8 @@ def _self_attention_call(fast_path: FastPath, attn: torch.nn.Module, args: tuple
 
 class SanaLinearAttentionFused(_AcceptsSplitProcessor, FusedOpsPath):
     fusion = FUSED_FUSION
-    description = "linear attention with its RoPE prologue, normaliser and projections fused (bit-exact)"
-    fused_ops = (RELU_ROPE_PAIR, SCALE_TO_TOKENS, LINEAR)
+    description = "linear attention with its RoPE prologue and normaliser fused (bit-exact)"
+    fused_ops = (RELU_ROPE_PAIR, SCALE_TO_TOKENS)
 
     def expected_processor(self) -> type:
         return _reference_processor_class()
@@ -106,7 +106,7 @@ class SanaLinearAttentionBF16(_AcceptsSplitProcessor, FastPath):
     def kernel_reject_reason(self) -> Optional[str]:
         return bmm_bf16_fp32_reject_reason()
 
-    fused_ops = (RELU_ROPE_PAIR, LINEAR)
+    fused_ops = (RELU_ROPE_PAIR,)
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = _self_attention_call(self, attn, args, kwargs)

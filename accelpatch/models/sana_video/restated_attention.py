@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from accelpatch.lossless.ops import RELU_ROPE_PAIR, SCALE_TO_TOKENS, linear
+from accelpatch.lossless.ops import RELU_ROPE_PAIR, SCALE_TO_TOKENS
 from accelpatch.models.sana_video.gemm import key_value_state_bf16
 from accelpatch.parallel.sequence import SequenceShards, sum_over_ranks
 from accelpatch.core.sites import Site
@@ -53,9 +53,9 @@ def linear_attention(attn: torch.nn.Module, site: Optional[Site], hidden_states:
     reference chains when ``site`` is None). With ``shards``, the local tokens' two sums are all-reduced over the
     sequence group: the output is this rank's tokens of the unsplit attention (up to summation order)."""
     original_dtype = hidden_states.dtype
-    query = linear(site, attn.to_q, hidden_states)
-    key = linear(site, attn.to_k, hidden_states)
-    value = linear(site, attn.to_v, hidden_states)
+    query = attn.to_q(hidden_states)
+    key = attn.to_k(hidden_states)
+    value = attn.to_v(hidden_states)
     if attn.norm_q is not None:
         query = attn.norm_q(query)
     if attn.norm_k is not None:
@@ -88,6 +88,6 @@ def linear_attention(attn: torch.nn.Module, site: Optional[Site], hidden_states:
         else:
             hidden_states = _chain(SCALE_TO_TOKENS, site, hidden_states, z, original_dtype)
 
-    hidden_states = linear(site, attn.to_out[0], hidden_states)
+    hidden_states = attn.to_out[0](hidden_states)
     hidden_states = attn.to_out[1](hidden_states)
     return hidden_states

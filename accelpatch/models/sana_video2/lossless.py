@@ -1,9 +1,8 @@
 """SANA-Video 2.0's lossless fast paths: its block and both self-attention kinds with their chains fused.
 
 - ``blocks.N`` (``SanaVideo2Block``): both AdaLN modulations ``norm(x) * (1 + scale) + shift`` (per frame too)
-  and the SwiGLU gate ``silu(gate_proj(x)) * up_proj(x)`` as verified fused ops, its three projections as the
-  verified ``linear`` (bf16 on CPU: oneDNN's emulated order); the sub-layer bookkeeping, the
-  per-frame gates and the Block Attention Residuals stay the model's own.
+  and the SwiGLU gate ``silu(gate_proj(x)) * up_proj(x)`` as verified fused ops; the projections, the sub-layer
+  bookkeeping, the per-frame gates and the Block Attention Residuals stay the model's own.
 - ``blocks.N.attn``: the anchor and the gated linear attention processors with the complex128 RoPE of q and k
   (float64 products, then float64 → float32 → dtype, as ``type_as`` rounds) as one fused op, and the sigmoid
   output gate as another, passed to the model's own
@@ -16,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from accelpatch.lossless.ops import GLU_GATE, LINEAR, MODULATE, ROTARY_COMPLEX_PAIR, SIGMOID_GATE, linear
+from accelpatch.lossless.ops import GLU_GATE, MODULATE, ROTARY_COMPLEX_PAIR, SIGMOID_GATE
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
@@ -58,8 +57,8 @@ def _modulated(site: Site, norm: torch.nn.Module, x: torch.Tensor, shift, scale,
 
 class SanaVideo2FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
-    description = "block with its AdaLN modulations, SwiGLU gate and MLP projections fused (bit-exact)"
-    fused_ops = (MODULATE, GLU_GATE, LINEAR)
+    description = "block with its AdaLN modulations and SwiGLU gate fused (bit-exact)"
+    fused_ops = (MODULATE, GLU_GATE)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
         from accelpatch.models.sana_video2.modeling.transformer import SanaVideo2Block, SwiGLU
@@ -89,8 +88,8 @@ class SanaVideo2FusedBlock(FusedOpsPath):
             return attn_delta + cross_delta
         mlp_in = _modulated(site, block.norm2, hidden_states, shift_mlp, scale_mlp, frames)
         mlp = block.mlp
-        gated = GLU_GATE(site, linear(site, mlp.up_proj, mlp_in), linear(site, mlp.gate_proj, mlp_in))  # bf16 only
-        return _per_frame(linear(site, mlp.down_proj, gated), gate_mlp, frames)
+        gated = GLU_GATE(site, mlp.up_proj(mlp_in), mlp.gate_proj(mlp_in))  # bf16 only
+        return _per_frame(mlp.down_proj(gated), gate_mlp, frames)
 
 
 class SanaVideo2FusedAnchor(FusedOpsPath):
