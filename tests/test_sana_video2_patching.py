@@ -13,9 +13,7 @@ import accelpatch
 from accelpatch.models.sana_video2.modeling import SanaVideo2LinearAttention, SanaVideo2SoftmaxAttention
 from accelpatch.testing import sana_video2_transformer_inputs, tiny_sana_video2_transformer
 
-from _cpu_kind import NOT_THIS_CPU, ONEDNN_EMULATED_BF16
-
-SOFTMAX_MARKERS = ("_accelpatch_sana_video2_softmax_attention_site", "_accelpatch_sana_video2_softmax_attention_enabled")
+SOFTMAX_MARKERS = ("_sgl_sana_video2_softmax_attention_site", "_sgl_sana_video2_softmax_attention_enabled")  # sglang's
 LINEAR_MARKERS = ("_accelpatch_sana_video2_linear_attention_site", "_accelpatch_sana_video2_linear_attention_enabled")
 HIGH_KINDS = {"blocks.0.attn": "sana_video2_linear_attention", "blocks.1.attn": "sana_video2_linear_attention",
               "blocks.2.attn": "sana_video2_linear_attention", "blocks.3.attn": "sana_video2_softmax_attention"}

@@ -22,7 +22,7 @@ from accelpatch.testing import (
     tiny_sana_video_transformer,
 )
 
-MARKER, ENABLED = "_accelpatch_sana_video_linear_attention_site", "_accelpatch_sana_video_linear_attention_enabled"
+MARKER, ENABLED = "_sgl_sana_video_linear_attention_site", "_sgl_sana_video_linear_attention_enabled"  # sglang's names
 
 
 def _forward(model, inputs):

@@ -29,6 +29,10 @@ logger = logging.getLogger("accelpatch")
 
 RejectReason = Callable[[torch.nn.Module], Optional[str]]
 
+#: the marker prefix of sglang diffusion's quality-gated sites (``_sgl_<name>_site`` / ``_sgl_<name>_enabled``), which
+#: the fast paths ported from it carry
+SGLANG_PREFIX = "_sgl"
+
 #: every fusion ever defined, by name: a pickled gated module names its fusion, and the loading process finds it here
 _FUSIONS: dict[str, "QualityGatedFusion"] = {}
 _FUSIONS_LOCK = threading.Lock()
@@ -290,10 +294,11 @@ class QualityGatedFusion:
             _FUSIONS.setdefault(name, self)
 
     @classmethod
-    def named(cls, name: str, tier: Tier) -> "QualityGatedFusion":
-        """A fusion whose marker and enabled attributes are named after it (``_accelpatch_<name>_site`` and
-        ``_accelpatch_<name>_enabled``), defined in the caller's module."""
-        return cls(name=name, marker_attr=f"_accelpatch_{name}_site", enabled_attr=f"_accelpatch_{name}_enabled",
+    def named(cls, name: str, tier: Tier, prefix: str = "_accelpatch") -> "QualityGatedFusion":
+        """A fusion whose marker and enabled attributes are named after it (``<prefix>_<name>_site`` and
+        ``<prefix>_<name>_enabled``), defined in the caller's module. The fast paths sglang defined first keep its
+        names (``prefix=SGLANG_PREFIX``), so code written against its site protocol finds them."""
+        return cls(name=name, marker_attr=f"{prefix}_{name}_site", enabled_attr=f"{prefix}_{name}_enabled",
                    tier=tier, defined_in=sys._getframe(1).f_globals.get("__name__"))
 
     def __reduce__(self):

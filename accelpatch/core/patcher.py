@@ -43,6 +43,9 @@ NO_HIGH_PATH = ("tier high was asked, but this model has no high fast path witho
                 "lossless path, bit-identical to diffusers): apply(..., backend='sol_attn') or apply(..., cache=...) "
                 "adds one")
 
+#: why a site accelpatch mounted is off: another caller set its enabled attribute to False (sglang's unmount)
+UNMOUNTED_AFTER_APPLY = "unmounted after apply() (its enabled attribute was set to False by another caller)"
+
 
 def forget_warnings() -> None:
     """Let every (kind, reason) warn again (tests: each test starts as a fresh process would)."""
@@ -138,7 +141,7 @@ class ModelPatch:
 
     def unmounted_reason(self, kind: str) -> str:
         """The fallback reason of a call to an unmounted site of ``kind`` (the same for all of the model's sites)."""
-        return f"not mounted: {self.rejections.get(kind, 'unmounted')}"
+        return f"not mounted: {self.rejections.get(kind, UNMOUNTED_AFTER_APPLY)}"
 
     def key(self) -> tuple:
         return self.requested

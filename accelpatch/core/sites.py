@@ -340,7 +340,10 @@ def _enabled_property(fusion: QualityGatedFusion) -> property:
         return fusion.is_enabled(self)
 
     def set_(self, value: bool) -> None:
-        fusion.record(self).mounted = bool(value)
+        # another caller's mount/unmount (sglang's site protocol sets the attribute): off always works; on only
+        # where accelpatch's own mount did not reject the site (its reason stays)
+        record = fusion.record(self)
+        record.mounted = bool(value) and record.reject_reason is None
 
     def delete(self) -> None:
         fusion.record(self).mounted = False

@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 import torch
 
 from accelpatch.sol_attn.config import _check_int, parse_layers
-from accelpatch.core.gate import QualityGatedFusion
+from accelpatch.core.gate import SGLANG_PREFIX, QualityGatedFusion
 from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from accelpatch.core.outcomes import Declined, NotApplicable
 from accelpatch.core.sites import (FastPath, Site, bind_call, cuda_reject_reason, device_reject_reason, step_layer_policy)
@@ -21,7 +21,8 @@ from accelpatch.core.tiers import Tier
 from accelpatch.lossless.ops import ROTARY_COMPLEX_PAIR, SIGMOID_GATE
 from accelpatch.models.sana_video2.lossless import anchor_attention, rope_pair, sigmoid_gate
 
-SOFTMAX_FUSION = QualityGatedFusion.named("sana_video2_softmax_attention", Tier.HIGH)
+#: sglang's anchor site, by its marker names: _sgl_sana_video2_softmax_attention_site / _enabled
+SOFTMAX_FUSION = QualityGatedFusion.named("sana_video2_softmax_attention", Tier.HIGH, prefix=SGLANG_PREFIX)
 LINEAR_FUSION = QualityGatedFusion.named("sana_video2_linear_attention", Tier.HIGH)
 SOL_FUSION = QualityGatedFusion(
     name="sana_video2_sol_attn",
