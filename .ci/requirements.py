@@ -4,7 +4,7 @@ itself (the tests import the clone through PYTHONPATH, so a venv cached outside 
 import configparser
 from pathlib import Path
 
-TEST_TOOLS = ("pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100")
+TEST_TOOLS = ("pytest>=8", "pytest-xdist>=3.5", "pytest-timeout>=2.3", "hypothesis>=6.100")
 
 config = configparser.ConfigParser()
 config.read(Path(__file__).resolve().parents[1] / "setup.cfg")

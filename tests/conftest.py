@@ -11,6 +11,9 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
+#: a crash or a hang in one test never stalls the run (tests/_suite_guard.py)
+pytest_plugins = ("_suite_guard",)
+
 
 @pytest.fixture(autouse=True)
 def _warnings_as_in_a_fresh_process():

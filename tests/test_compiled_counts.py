@@ -111,6 +111,7 @@ def _h3():
 @pytest.mark.parametrize("make", [pytest.param(_sana, marks=pytest.mark.slow),
                                   pytest.param(_sana_video2, marks=pytest.mark.slow), _h3],
                          ids=["sana-video", "sana-video2", "minimax-h3-sol_attn"])
+@pytest.mark.timeout(900)  # AOTInductor compiles C++: a minute or more per model
 def test_aotinductor_package_of_a_patched_model_equals_the_unpatched_package(make, tmp_path):
     """diffusers' test_compile_works_with_aot, at the model's default tier (H3 with sol_attn: lossless, its bit
     identical tier; no quality("exact") needed)."""

@@ -12,6 +12,7 @@
 """
 import textwrap
 
+import pytest
 import torch
 from _multiprocess import START, run_ranks
 
@@ -111,6 +112,7 @@ def test_cfg_and_sequence_parallelism_on_one_mesh_match_one_process(tmp_path):
     del accelpatch
 
 
+@pytest.mark.timeout(600)  # compiles in each of the processes: ~1 min here
 def test_compiled_and_offloaded_blocks_on_a_split_model_match_the_eager_split(tmp_path):
     from accelpatch.core.sites import NO_FUSED_OP_COMPILED
 

@@ -43,7 +43,23 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
     head = "\n".join((REPO / "README.md").read_text().splitlines()[:12])
     assert re.search(r"^make demo\s+#", head, re.M) and re.search(r"^make test\s+#", head, re.M)
     ci = (REPO / ".ci" / "run").read_text()
-    assert re.search(r"^make test\s*$", ci, re.M)
+    assert re.search(r"^stage \d+ make test\s*(#.*)?$", ci, re.M)
+
+
+def test_each_ci_stage_has_a_wall_clock_limit_and_says_when_it_runs_out():
+    """.ci/run runs every command as a stage with a limit (together under CI's 30 minutes); a stage that runs out is
+    stopped, with its children, and named."""
+    ci = (REPO / ".ci" / "run").read_text()
+    commands = [line for line in ci.splitlines() if line and not line.startswith(("#", "set ", "cd ", "source "))]
+    limits = [int(re.fullmatch(r"stage (\d+) make [a-z-]+\s*(#.*)?", line).group(1)) for line in commands]
+    assert len(limits) == 3 and sum(limits) < 30 * 60, commands
+    script = f"source {REPO / '.ci' / 'stage.sh'}; stage 1 bash -c 'sleep 60 & wait'; echo not reached"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=40)
+    assert done.returncode == 124 and "not reached" not in done.stdout, (done.stdout, done.stderr)
+    assert "CI stage 'bash -c sleep 60 & wait' ran out of its 1 s limit" in done.stderr
+    done = subprocess.run(["bash", "-c", f"source {REPO / '.ci' / 'stage.sh'}; stage 5 false; echo not reached"],
+                          capture_output=True, text=True, timeout=40)
+    assert done.returncode == 1 and "CI stage 'false' failed (exit status 1)" in done.stderr
 
 
 @needs_make
@@ -92,7 +108,7 @@ def test_ci_builds_the_docs_strictly_with_the_dev_extras_tools(tmp_path):
     """`make docs` is `mkdocs build --strict` in the test venv (the dev extra holds the tools); CI runs it after
     `make test`."""
     ci = (REPO / ".ci" / "run").read_text()
-    assert re.search(r"^make test\s*\nmake docs\s*$", ci, re.M), ci
+    assert re.search(r"^stage \d+ make test\s*(#.*)?\nstage \d+ make docs\s*(#.*)?$", ci, re.M), ci
     plan = dry_run("docs", tmp_path / "venv")
     assert '-e ".[dev]"' in plan
     assert plan.rstrip().splitlines()[-1].endswith("-m mkdocs build --strict -d site")
@@ -105,7 +121,7 @@ def test_ci_builds_the_docs_strictly_with_the_dev_extras_tools(tmp_path):
 @needs_make
 def test_ci_runs_the_smoke_subset_on_the_oldest_torch_from_a_venv_outside_the_clone(tmp_path):
     ci = (REPO / ".ci" / "run").read_text()
-    assert re.search(r"^make test-oldest\s*$", ci, re.M)
+    assert re.search(r"^stage \d+ make test-oldest\s*(#.*)?$", ci, re.M)
     plan = dry_run("test-oldest", tmp_path / "venv", f"OLDEST_VENV={tmp_path / 'oldest'}")
     assert "torch==2.11.0 triton==3.6.0" in plan and "exit 1" in plan  # installs, and fails loudly when it cannot
     lines = plan.replace("\\\n", " ").rstrip().splitlines()  # one line per command (make -n keeps the \\-breaks)

@@ -79,6 +79,7 @@ def _where(r):
     return f"sm_{r['arch']} {label} ({r['kernel']}, BLOCK={r['block']}, {r['warps']} warps)"
 
 
+@pytest.mark.timeout(900)  # the module fixture compiles every kernel for two chips: ~1 min here
 def test_every_kernel_and_case_is_compiled_for_every_target(compiled):
     kernels, rows, *_ = compiled
     assert kernels["kernels"] == kernels["defined"]  # a new kernel must join triton_jit.KERNELS (and a case here)
