@@ -46,3 +46,80 @@ def test_a_report_sorts_every_call_into_the_vocabulary():
     assert header[4:] == ("ran", "did not run: declined / not applicable (by reason)")
     assert "not applicable: tier exact does not admit lossless" in notes
     accelpatch.remove(model)
+
+
+# -- issue #40, item 1: a kernel's by-design limits are "not applicable", a mismatch or an error is "declined" ------
+
+def _stand_in(op, *, check=lambda *args: None, run=None):
+    """``op``'s CPU kernel with another check or run, on a library that admits everything but the check."""
+    from accelpatch.lossless.kernels.library import Kernel, KernelLibrary
+
+    library = KernelLibrary("cpu", "CPU", lambda name, check, args, **options: check(*args))
+    real = op.kernels["cpu"]
+    return Kernel(op.name, library, run or real.run, check, real.options)
+
+
+def _wan_bf16():
+    torch.manual_seed(0)
+    model = tiny_wan_transformer(dtype=torch.bfloat16)
+    return model, wan_transformer_inputs(model)
+
+
+def _outcomes_of(model, op_name):
+    counts = {}
+    for site in accelpatch.report(model).sites:
+        for outcome, n in site.fused_ops.get(op_name, {}).items():
+            counts[outcome] = counts.get(outcome, 0) + n
+    return counts
+
+
+def test_arguments_a_kernel_does_not_take_by_design_are_not_applicable_even_under_strict(recwarn):
+    from accelpatch.lossless.ops import MODULATE
+
+    model, inputs = _wan_bf16()
+    with torch.no_grad():
+        expected = model(**inputs).sample
+    accelpatch.apply(model, strict=True)
+    with MODULATE.substituted(_stand_in(MODULATE, check=lambda *args: "runs with one CPU thread only (a test)")):
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(model(**inputs).sample, expected)
+        counts = _outcomes_of(model, "modulate")
+    assert counts and set(counts) == {"not applicable: runs with one CPU thread only (a test)"}, counts
+    assert not [w for w in recwarn if "modulate" in str(w.message)]
+    assert not any(f.declined for f in accelpatch.report(model).models[0].fusions if f.op == "modulate")
+    accelpatch.remove(model)
+
+
+def test_a_kernel_that_gives_other_bits_is_declined_and_strict_raises():
+    from accelpatch.core.errors import FastPathUnavailableError
+    from accelpatch.lossless.ops import MODULATE
+
+    model, inputs = _wan_bf16()
+    accelpatch.apply(model, strict=True)
+    wrong = _stand_in(MODULATE, run=lambda *args: MODULATE.reference(*args) + 1)
+    with MODULATE.substituted(wrong), torch.no_grad():
+        with pytest.raises(FastPathUnavailableError, match="lossless fusion modulate .* could not run: .*differ"):
+            model(**inputs)
+    accelpatch.remove(model)
+
+
+def test_strict_sana_video2_runs_its_default_tier_on_several_threads():
+    """SANA-Video 2.0's complex RoPE op reproduces eager on one thread only: on more it is not applicable, so
+    strict=True runs the default tier instead of raising on every call (it did, from rotary_complex_pair)."""
+    from accelpatch.testing import sana_video2_pipeline_call_kwargs, tiny_sana_video2_pipeline
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        reference = tiny_sana_video2_pipeline()(**sana_video2_pipeline_call_kwargs()).frames
+        pipe = tiny_sana_video2_pipeline()
+        accelpatch.apply(pipe, strict=True)
+        frames = pipe(**sana_video2_pipeline_call_kwargs()).frames
+        counts = _outcomes_of(pipe.transformer, "rotary_complex_pair")
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(frames, reference)  # the unpatched pipeline on the same two threads
+    assert counts and all(k.startswith("not applicable: rotary_complex_pair runs with one CPU thread only")
+                          for k in counts), counts
+    accelpatch.remove(pipe)

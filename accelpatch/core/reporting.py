@@ -489,7 +489,7 @@ def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
         calls = merge_counts(s.fused_ops.get(name, {}) for s in site_reports)
         verdicts = op.verdicts()
         verified = tuple((v.described, v.cost_s) for v in verdicts if v.verified)
-        declined = tuple((v.described, v.reason, v.cost_s) for v in verdicts if not v.verified)
+        declined = tuple((v.described, v.reason, v.cost_s) for v in verdicts if v.declined)
         timed = [v for v in verdicts if v.verified and v.fused_s is not None and v.reference_s is not None]
         saved = None
         if timed and calls.get(FUSED):

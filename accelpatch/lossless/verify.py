@@ -6,10 +6,11 @@ file, ``accelpatch/lossless/ops/<name>.py``). The first call
 with a new *signature* (device and capability; every tensor's dtype, shape, strides, 16-byte alignment; the other
 arguments) runs both and compares them bit for bit: dtype, shape, strides and raw bits must agree; NaN must sit at
 the same places (eager itself stores different NaN payloads in its vectorised and scalar loops, so payloads are not
-compared). The verdict is kept for the process: verified signatures run the fused op from then on; a mismatch, an
-error or inputs the implementation cannot take decline the signature for good, warn once with the largest
-difference and count the reason; ``strict=True`` raises instead. The first call always returns the reference's
-outputs.
+compared). The verdict is kept for the process: verified signatures run the fused op from then on; a mismatch or an
+error declines the signature for good, warns once with the largest difference and counts the reason
+(``strict=True`` raises instead). Arguments the kernel does not take by design (its op's own check: a dtype, a
+layout, a thread count it does not reproduce) are not a decline: those calls count ``not applicable: <reason>``,
+like every other policy, and are never warned or raised. The first call always returns the reference's outputs.
 
 Checks happen in eager code only: inside ``torch.compile`` (tracing or export) the reference chain runs, so a
 compiled patched model equals the unpatched one compiled the same way (the compiler fuses the chain itself); an
@@ -48,7 +49,7 @@ class Verdict:
     """What the first sight of one signature decided, and what the check cost."""
 
     verified: bool
-    #: why the signature was declined (None when verified)
+    #: why the fused op does not run this signature (None when verified)
     reason: Optional[str]
     #: wall time of the check: the reference, the fused op and the comparison
     cost_s: float
@@ -60,6 +61,14 @@ class Verdict:
     #: (None when declined): the basis of the report's estimate of the time saved
     reference_s: Optional[float] = None
     fused_s: Optional[float] = None
+    #: the kernel does not take these arguments by design (its own check, or no kernel for the device): the calls
+    #: count ``not applicable: <reason>``, never warned or raised; otherwise an unverified signature is declined
+    #: (a mismatch or an error: warned once, strict raises)
+    policy: bool = False
+
+    @property
+    def declined(self) -> bool:
+        return not self.verified and not self.policy
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
@@ -293,6 +302,8 @@ class FusedOp:
                 if verdict is None:
                     return self._first_sight(site, key, args, device)
         if not verdict.verified:
+            if verdict.policy:
+                return self._reference(site, args, not_applicable(verdict.reason))
             return self._declined(site, args, verdict.reason)
         kernel, _ = self.implementation(tensors[0].device)
         try:
@@ -329,6 +340,7 @@ class FusedOp:
         kernel, reason = self.implementation(device)
         if reason is None:
             reason = kernel.unsupported(*args)  # builds the kernels if need be: a one-off, reported apart
+        policy = reason is not None  # arguments the kernel does not cover by design: not applicable, not declined
         start = time.perf_counter()  # the check's cost: the reference, the fused op, the comparison
         reference_out = self.reference(*args)
         reference_s = fused_s = None
@@ -347,13 +359,15 @@ class FusedOp:
                     raise
                 reason = f"error: {type(error).__name__}: {error}"
         verdict = Verdict(reason is None, reason, time.perf_counter() - start, describe(args), site.path,
-                          reference_s, fused_s)
+                          reference_s, fused_s, policy)
         with self._lock:
             self._verdicts[key] = verdict
-        if reason is not None:
-            self._refuse(site, reason)
-        else:
+        if reason is None:
             _count(site, self.name, FUSED)
+        elif policy:
+            _count(site, self.name, not_applicable(reason))
+        else:
+            self._refuse(site, reason)
         return reference_out
 
 
