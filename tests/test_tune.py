@@ -728,3 +728,58 @@ def test_audio_scores_are_reported_and_plotted_when_validate_has_them(tmp_path):
     assert "25.0" in str(result)
     figure = result.plot(str(tmp_path / "audio.png"))
     assert len(figure.axes) == 2 and (tmp_path / "audio.png").stat().st_size > 0
+
+
+def _timed_trials(*rounds):
+    """Passing trials at points (0,), (1,), ... (safest first) with these seconds per interleaved round, against a
+    reference of 1 s in every round."""
+    from accelpatch.recipes import CandidateSpec
+    from accelpatch.eval.stats import compare_timings
+    from accelpatch.eval.tune import Trial
+
+    trials = []
+    for i, seconds in enumerate(rounds):
+        versus = compare_timings([1.0] * len(seconds), seconds)
+        trials.append(Trial(point=(i,), setting={"tau": i}, spec=CandidateSpec(name=f"s{i}"), passed=True,
+                            seconds=list(seconds), vs_reference=versus, speedup=versus.speedup, speed_low=versus.low,
+                            speed_high=versus.high))
+    return trials
+
+
+def _scaled(speedup, factors):
+    return [f / speedup for f in factors]
+
+
+#: per-round factors: a busy machine's spread (three rounds of the safest setting ran fast), and two quiet ones
+SPREAD = [1.0, 1.1, 0.95, 1.05, 0.62, 1.08, 0.64, 1.02, 0.97, 0.66, 1.04, 0.99]
+QUIET = [1.0, 0.97, 1.04, 0.99, 1.02, 0.96, 1.05, 1.0, 0.98, 1.03, 1.01, 0.97]
+QUIET2 = [0.99, 1.02, 0.97, 1.03, 1.0, 1.01, 0.98, 0.99, 1.04, 0.97, 1.0, 1.02]
+
+
+def test_a_measured_win_is_not_hidden_by_a_safer_setting_that_is_no_faster_than_the_reference():
+    """#40: tune kept a 0.95x setting and wrote that nothing was faster, though two looser passing settings measured
+    1.30x and 1.31x against exact: the safer one, itself no faster than exact but too noisy to tell apart from
+    them, disqualified both."""
+    from accelpatch.eval.stats import compare_timings
+    from accelpatch.eval.tune import _judge_speed
+
+    safest, win, looser = _timed_trials(_scaled(0.95, SPREAD), _scaled(1.30, QUIET), _scaled(1.31, QUIET2))
+    assert not safest.vs_reference.faster and win.vs_reference.faster and looser.vs_reference.faster
+    assert not compare_timings(safest.seconds, win.seconds).faster  # the case: the win cannot beat the noisy one
+    _judge_speed([safest, win, looser], "exact")
+    assert (safest.faster, win.faster, looser.faster) == (False, True, False)
+    assert "not measurably faster than exact" in safest.why_not_faster
+    assert "not measurably faster than the safer passing setting s1" in looser.why_not_faster  # noise over s1
+
+
+def test_noise_is_never_crowned():
+    from accelpatch.eval.tune import _judge_speed
+
+    trials = _timed_trials(_scaled(1.0, SPREAD), _scaled(1.02, QUIET), _scaled(0.99, QUIET2))
+    assert not any(t.vs_reference.faster for t in trials)
+    _judge_speed(trials, "exact")
+    assert not any(t.faster for t in trials)
+    # and a looser setting measurably faster than a safer win is crowned over it
+    slow_win, fast_win = _timed_trials(_scaled(1.3, QUIET), _scaled(2.0, QUIET2))
+    _judge_speed([slow_win, fast_win], "exact")
+    assert slow_win.faster and fast_win.faster

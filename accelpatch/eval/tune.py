@@ -7,8 +7,9 @@ The knobs come from what the pipeline is patched with (:mod:`accelpatch.eval.tun
 together at the end, in one bench call (so every two settings are paired round by round).
 
 **A winner must be measurably faster** (:func:`_judge_speed`): the 95 % interval of its speed-up over the reference
-lies above 1, and so does the interval of its speed-up over every safer passing setting (each knob at the same or a
-safer index: the search space's order), from the same interleaved rounds (:func:`accelpatch.eval.stats.
+lies above 1, and so does the interval of its speed-up over every safer passing setting that is itself measurably
+faster than the reference (each knob at the same or a safer index: the search space's order; a safer setting that is
+no faster than the reference is no competitor), from the same interleaved rounds (:func:`accelpatch.eval.stats.
 compare_timings`, the rule bench's "faster" verdict uses). The fastest such setting is validated again on held-out
 seeds before it is returned (if it fails there, the next is, and the result says so). When none is measurably
 faster, the result says "no setting is measurably faster here" and keeps the safest passing setting, with no
@@ -67,8 +68,8 @@ class Trial:
     #: the final timing: transformer seconds per step per interleaved round, and the comparison with the reference
     seconds: list[float] = field(default_factory=list)
     vs_reference: Optional[TimingComparison] = None
-    #: passing settings only: measurably faster than the reference and every safer passing setting
-    #: (:func:`_judge_speed`), and why not when it is not
+    #: passing settings only: measurably faster than the reference and than every safer passing setting that is
+    #: itself measurably faster than the reference (:func:`_judge_speed`), and why not when it is not
     faster: Optional[bool] = None
     why_not_faster: Optional[str] = None
 
@@ -508,7 +509,7 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     monotone on a real model (a guard that moves which steps a cache reuses).
     ``gates`` go to :func:`accelpatch.validate` as they are. The pipeline ends in the patch state it started in, also
     after KeyboardInterrupt or an error. The winner is measurably faster than the reference and every safer passing
-    setting, else the safest passing setting is kept and the result says no setting is measurably faster (module
+    setting that is itself faster than the reference, else the safest passing setting is kept and the result says no setting is measurably faster (module
     docstring). ``_timer(specs) -> {name: seconds per round}`` (with ``REFERENCE_NAME``'s, all from
     the same interleaved rounds) and ``_clock`` replace bench and the clock (tests).
     """
@@ -626,22 +627,28 @@ def _safer(a: Point, b: Point) -> bool:
 
 def _judge_speed(trials: list[Trial], reference: str) -> None:
     """Set ``faster`` on each passing, timed trial: True when the interval of its speed-up over the reference lies
-    above 1 and, for every safer passing trial, so does the interval of its speed-up over that one (paired ratios of
-    the same interleaved rounds, :func:`compare_timings`). A looser setting must buy a speed-up this measurement can
-    tell from noise, or the safer one is as good and is kept."""
+    above 1 and, for every safer passing trial that is itself measurably faster than the reference, so does the
+    interval of its speed-up over that one (paired ratios of the same interleaved rounds, :func:`compare_timings`).
+
+    Both halves of the rule hold: noise is never crowned (a setting whose interval over the reference reaches 1 is
+    not faster, nor is one that cannot be told from a safer win: the safer one is as good and is kept), and a
+    measured win is never hidden (the safest trial measurably faster than the reference has no safer win to lose to,
+    so some trial is faster whenever one beat the reference). A safer setting that is no faster than the reference
+    is no competitor: being indistinguishable from it says nothing against a measured win."""
     passing = [t for t in trials if t.passed and t.vs_reference is not None]
+    wins = [t for t in passing if t.vs_reference.faster]
     for trial in passing:
         trial.faster, trial.why_not_faster = True, None
         if not trial.vs_reference.faster:
             trial.faster = False
             trial.why_not_faster = f"not measurably faster than {reference}: {trial.speed_text()}"
             continue
-        for safer in sorted((t for t in passing if _safer(t.point, trial.point)), key=_safety):
+        for safer in sorted((t for t in wins if _safer(t.point, trial.point)), key=_safety):
             versus = compare_timings(safer.seconds, trial.seconds)
             if not versus.faster:
                 trial.faster = False
-                trial.why_not_faster = (f"not measurably faster than the safer passing setting {safer.label}: "
-                                        f"{versus.describe()}")
+                trial.why_not_faster = (f"not measurably faster than the safer passing setting {safer.label} "
+                                        f"({safer.speed_text()} against {reference}): {versus.describe()}")
                 break
 
 
