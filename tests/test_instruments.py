@@ -398,3 +398,44 @@ def test_reports_show_as_their_table_in_a_repl_and_a_notebook(sana):
         warnings.simplefilter("ignore")
         timing = bench(pipe, kwargs, ["exact", "lossless"], rounds=2, warmup=0, progress=False)
     assert repr(timing) == str(timing) and repr(timing).startswith("accelpatch bench:")
+
+
+# --- the conditions a timing ran under (issue #40, item 3) ---------------------------------------------------------
+
+def test_timing_conditions_say_when_the_cores_are_oversubscribed():
+    from accelpatch.eval.machine import TimingConditions
+
+    quiet = TimingConditions(threads=1, cores=2, processes=1, load=0.5)
+    assert quiet.oversubscribed is None and quiet.describe() == "torch threads 1 on 2 cores, load 0.5"
+    assert quiet.header_lines() == []
+    assert TimingConditions(threads=2, cores=2, processes=1, load=1.9).oversubscribed is None
+    threads = TimingConditions(threads=2, cores=2, processes=2, load=None)
+    assert threads.oversubscribed == "torch runs 2 threads in each of 2 processes on 2 cores"
+    assert threads.describe() == "torch threads 2 x 2 processes on 2 cores"
+    busy = TimingConditions(threads=1, cores=2, processes=1, load=3.4)
+    assert "load average (3.4) is above its 2 cores" in busy.oversubscribed
+    assert busy.to_dict() == {"threads": 1, "cores": 2, "processes": 1, "load": 3.4,
+                              "oversubscribed": busy.oversubscribed}
+    assert "torch.set_num_threads(1)" in busy.header_lines()[0]
+
+
+def test_bench_and_validate_state_their_threads_and_warn_when_oversubscribed(sana, monkeypatch):
+    """(tune: tests/test_tune.py::test_tune_states_its_threads_and_warns_when_oversubscribed)"""
+    from accelpatch.eval import machine
+
+    pipe, kwargs = sana
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet = bench(pipe, kwargs, ["exact", "lossless"], rounds=2, warmup=0, progress=False)
+    threads = torch.get_num_threads()
+    assert f"torch threads {threads} on " in str(quiet).splitlines()[0]
+    assert json.loads(quiet.to_json())["conditions"]["threads"] == threads
+    monkeypatch.setattr(machine, "_load", lambda: 99.0)  # a machine busy with other work
+    with pytest.warns(RuntimeWarning, match="accelpatch bench: the machine is oversubscribed"):
+        busy = bench(pipe, kwargs, ["exact", "lossless"], rounds=2, warmup=0, progress=False)
+    assert "warning: oversubscribed, timings are unreliable: the machine's load average (99)" in str(busy)
+    assert json.loads(busy.to_json())["conditions"]["oversubscribed"].startswith("the machine's load average")
+    with pytest.warns(RuntimeWarning, match="accelpatch validate: the machine is oversubscribed"):
+        checked = validate(pipe, kwargs, ["lossless"], seeds=[0], progress=False)
+    assert "timed with torch threads" in str(checked) and "oversubscribed" in str(checked)
+    assert json.loads(checked.to_json())["conditions"]["load"] == 99.0

@@ -783,3 +783,18 @@ def test_noise_is_never_crowned():
     slow_win, fast_win = _timed_trials(_scaled(1.3, QUIET), _scaled(2.0, QUIET2))
     _judge_speed([slow_win, fast_win], "exact")
     assert slow_win.faster and fast_win.faster
+
+
+def test_tune_states_its_threads_and_warns_when_oversubscribed(sana, monkeypatch):
+    """#40: timings depend on oversubscription; tune says under which conditions it timed (header, JSON, recipe)."""
+    from accelpatch.eval import machine
+
+    pipe, kwargs = sana
+    monkeypatch.setattr(machine, "_load", lambda: 99.0)
+    grid = {"cache_threshold": [0.05, 0.2]}
+    with pytest.warns(RuntimeWarning, match="accelpatch tune: the machine is oversubscribed"):
+        result = accelpatch.tune(pipe, kwargs, space=grid, progress=False, _timer=FakeTimer(grid))
+    assert f"timed with torch threads {torch.get_num_threads()} on " in str(result)
+    assert "warning: oversubscribed, timings are unreliable" in str(result)
+    assert json.loads(result.to_json())["conditions"]["load"] == 99.0
+    assert result.recipe(model="m").measured["timed_with"].startswith("torch threads")

@@ -20,6 +20,7 @@ from accelpatch.core.reporting import merge_counts
 from accelpatch.eval.candidates import CandidateLike, PatchSwitcher, device_of, parse_candidates, run_call
 from accelpatch.eval.preflight import check_call_arguments, check_candidates, check_seed, require_pipeline
 from accelpatch.eval._report_text import TextReport, format_table
+from accelpatch.eval.machine import TimingConditions, timing_conditions
 from accelpatch.eval.stats import TimingComparison, TimingSummary, compare_timings, summarize
 
 __all__ = ["bench", "BenchReport", "BenchCandidate"]
@@ -62,6 +63,8 @@ class BenchReport(TextReport):
     description: str = ""
     #: the transformer's parameter dtype ("bfloat16"; "" when unknown)
     dtype: str = ""
+    #: torch's threads, the cores, the load when the rounds started (accelpatch.eval.machine)
+    conditions: Optional[TimingConditions] = None
 
     def candidate(self, label: str) -> BenchCandidate:
         for c in self.candidates:
@@ -73,10 +76,13 @@ class BenchReport(TextReport):
         return {"kind": "accelpatch.bench", "version": 1, "description": self.description, "device": self.device,
                 "dtype": self.dtype, "host": platform.node(), "torch": torch.__version__, "baseline": self.baseline,
                 "rounds": self.rounds, "warmup": self.warmup, "timing": "transformer seconds per denoising step",
+                "conditions": None if self.conditions is None else self.conditions.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates]}
 
     def __str__(self) -> str:
         where = self.device + (f", {self.dtype}" if self.dtype else "")
+        if self.conditions is not None:
+            where += f", {self.conditions.describe()}"
         head = (f"accelpatch bench: {self.description or 'pipeline'} on {where}; {self.rounds} interleaved "
                 f"rounds after {self.warmup} warm-up call(s) per candidate; time inside the transformer per "
                 "denoising step")
@@ -86,7 +92,7 @@ class BenchReport(TextReport):
             verdict = "baseline" if c.vs_baseline is None else c.vs_baseline.describe()
             rows.append((c.label, f"{s.median:.4g}", f"{s.p25:.4g}-{s.p75:.4g} (±{s.relative_spread / 2:.1%})",
                          str(c.fast_calls), verdict))
-        lines = [head] + format_table(rows)
+        lines = [head] + ([] if self.conditions is None else self.conditions.header_lines()) + format_table(rows)
         for c in self.candidates:
             lines += [f"  {c.label}: fell back x{n}: {reason}" for reason, n in sorted(c.fallbacks.items())]
         return "\n".join(lines)
@@ -117,6 +123,7 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
     results = {s.label: BenchCandidate(label=s.label, spec=s) for s in specs}
     switcher = PatchSwitcher(pipe)
     check_candidates(pipe, specs, switcher)
+    conditions = timing_conditions("bench")
     bar = tqdm(total=len(specs) * (warmup + rounds), desc="accelpatch bench", unit="call", disable=not progress)
     try:
         for spec in specs:
@@ -147,7 +154,7 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
             entry.vs_baseline = compare_timings(base.seconds_per_step, entry.seconds_per_step)
     device, dtype = hardware(pipe, switcher.models)
     return BenchReport(baseline=baseline, rounds=rounds, warmup=warmup, device=device, dtype=dtype,
-                       candidates=list(results.values()), description=description)
+                       candidates=list(results.values()), description=description, conditions=conditions)
 
 
 def _cpu_name() -> str:

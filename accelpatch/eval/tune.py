@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from accelpatch.recipes import CandidateSpec, Gates, Recipe
 from accelpatch.eval._report_text import TextReport, format_table
+from accelpatch.eval.machine import TimingConditions, timing_conditions
 from accelpatch.eval.stats import TimingComparison, compare_timings
 from accelpatch.eval.tune_search import Point, SearchLog, search
 from accelpatch.eval.tune_space import SearchSpace, derive_space, parse_budget, parse_space
@@ -317,6 +318,8 @@ class TuneResult(TextReport):
     dtype: Optional[str] = None
     device: Optional[str] = None
     description: str = ""
+    #: torch's threads, the cores, the load when the tune started (accelpatch.eval.machine)
+    conditions: Optional[TimingConditions] = None
 
     @property
     def passed(self) -> bool:
@@ -348,6 +351,7 @@ class TuneResult(TextReport):
                 "space": self.space.to_dict(), "grid_points": self.grid_points, "tried": len(self.trials),
                 "elapsed_s": self.elapsed_s, "seconds": self.seconds, "budget_s": self.budget_s,
                 "stopped_by_budget": self.stopped_by_budget,
+                "conditions": None if self.conditions is None else self.conditions.to_dict(),
                 "notes": self.notes, "trials": [t.to_dict() for t in self.trials],
                 "best_failing": [t.label for t in self.best_failing] if self.winner is None else []}
 
@@ -364,7 +368,9 @@ class TuneResult(TextReport):
                          "-" if t.min_ssim is None else f"{t.min_ssim:.4f}",
                          "-" if t.min_psnr is None else ("inf" if t.min_psnr == math.inf else f"{t.min_psnr:.2f}"),
                          "-" if t.min_audio_snr is None else f"{t.min_audio_snr:.1f}", t.speed_text(), held))
-        lines = [head, f"  knobs (safe → fast): {knobs}"] + format_table(rows)
+        timed = [] if self.conditions is None else [f"  timed with {self.conditions.describe()}",
+                                                     *self.conditions.header_lines()]
+        lines = [head, *timed, f"  knobs (safe → fast): {knobs}"] + format_table(rows)
         lines += [f"  note: {note}" for note in self.notes]
         if self.faster:
             lines.append(f"winner: {self.winner.label} ({self.winner.speed_text()} vs {self.reference})")
@@ -397,6 +403,8 @@ class TuneResult(TextReport):
                     "held_out_min_psnr": _finite(w.held_out_min_psnr),
                     "tried": len(self.trials), "passing": len(self.passing), "grid_points": self.grid_points,
                     "device": self.device, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if self.conditions is not None:
+            measured["timed_with"] = self.conditions.describe()
         for audio in ("min_audio_snr", "min_audio_corr"):
             if getattr(w, audio) is not None:
                 measured[audio] = _finite(getattr(w, audio))
@@ -537,6 +545,7 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     switcher = PatchSwitcher(pipe)  # the state to end in, whatever happens below
     setup = _Setup(pipe=pipe, call_kwargs=call_kwargs, gates=gates, seeds=seeds, reference=reference,
                    rounds=rounds, warmup=warmup)
+    conditions = timing_conditions("tune")
     bar = tqdm(desc="accelpatch tune", unit="setting", disable=not progress)
     notes: list[str] = []
     caught = warnings.catch_warnings(record=True)  # each validate/bench call warns anew: shown once, at the end
@@ -591,7 +600,8 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     return TuneResult(winner=winner, trials=trials, space=space, gates=gates, reference=reference, seeds=seeds,
                       held_out_seeds=held_out, elapsed_s=elapsed, seconds=times, budget_s=budget_s,
                       stopped_by_budget=log.stopped_by_budget, grid_points=space.size(), notes=notes, call=call,
-                      model=model or None, dtype=dtype, device=device, description=description)
+                      model=model or None, dtype=dtype, device=device, description=description,
+                      conditions=conditions)
 
 
 def _budget_note(log: SearchLog, space: SearchSpace, oracle: _PipelineOracle, budget_s: float,

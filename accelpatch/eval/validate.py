@@ -33,6 +33,7 @@ from accelpatch.eval.metrics import compare_videos
 from accelpatch.eval.preflight import (check_audio_request, check_call_arguments, check_candidates, check_seeds, parse_gates,
                         refuse_audio_request, require_pipeline)
 from accelpatch.eval._report_text import TextReport, format_table
+from accelpatch.eval.machine import TimingConditions, timing_conditions
 
 __all__ = ["validate", "ValidationReport", "ReferenceRuns", "CandidateResult", "SeedScores", "NoiseFloor", "video_sha256",
            "audio_sha256"]
@@ -289,6 +290,8 @@ class ValidationReport(TextReport):
     reference_seconds_per_step: list[float]
     candidates: list[CandidateResult]
     description: str = ""
+    #: torch's threads, the cores, the load when the calls started (accelpatch.eval.machine)
+    conditions: Optional[TimingConditions] = None
     #: the reference runs, for another validate call to reuse (not part of to_dict())
     references: Optional[ReferenceRuns] = field(default=None, compare=False)
 
@@ -313,6 +316,7 @@ class ValidationReport(TextReport):
                 "reference": self.reference, "seeds": self.seeds, "gates": self.gates.model_dump(),
                 "noise_floor": self.noise_floor.to_dict(),
                 "reference_seconds_per_step": self.reference_seconds_per_step, "passed": self.passed,
+                "conditions": None if self.conditions is None else self.conditions.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates]}
 
     def __str__(self) -> str:
@@ -330,7 +334,8 @@ class ValidationReport(TextReport):
                          f"{c.min_ssim:.4f}", _psnr_text(c.min_psnr))
                         + ((_psnr_text(c.min_audio_snr), _corr_text(c.min_audio_corr, c.has_audio)) if audio else ())
                         + (str(c.fast_calls), str(fallbacks)))
-        lines = [head, "  " + self.noise_floor.describe()]
+        lines = [head] + ([] if self.conditions is None else [f"  timed with {self.conditions.describe()}"]
+                          + self.conditions.header_lines()) + ["  " + self.noise_floor.describe()]
         lines += format_table(rows)
         lines.append("  speed: not compared here (one run per seed cannot tell a speed-up from noise): use bench")
         for c in self.candidates:
@@ -466,6 +471,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
         kept.floor_scores.update(references.floor_scores)
         kept.seconds_per_step.update(references.seconds_per_step)
     calls = 2 * sum(seed not in kept.runs for seed in seeds) + len(seeds) * len(specs)
+    conditions = timing_conditions("validate")
     bar = tqdm(total=calls, desc="accelpatch validate", unit="call", disable=not progress)
     try:
         if any(seed not in kept.runs for seed in seeds):
@@ -514,4 +520,4 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
         switcher.restore()
     return ValidationReport(reference=str(parse_tier(reference)), seeds=seeds, gates=gates, noise_floor=noise,
                             reference_seconds_per_step=reference_times, candidates=results, description=description,
-                            references=kept)
+                            conditions=conditions, references=kept)
