@@ -207,11 +207,19 @@ class ReportCrashOnce:
     """Mixed into xdist's scope schedulers: the test a dead worker was running counts once (xdist reports it as
     crashed) and is not run again; the rest of its file goes to the next worker; finished files stay finished; a
     replacement worker gets work once it has collected (two crashes close together made xdist hand work to one that
-    had not: KeyError, INTERNALERROR)."""
+    had not: KeyError, INTERNALERROR), and never exactly one test: a worker runs a test only once it knows the next
+    one (or that none follows), and xdist hands a replacement one file at a time, so a file of one unfinished test
+    left it waiting for ever."""
 
     def _reschedule(self, node):
-        if node in self.registered_collections:
-            super()._reschedule(node)
+        if node not in self.registered_collections:
+            return
+        super()._reschedule(node)
+        while not node.shutting_down and self._pending_of(self.assigned_work.get(node, {})) < 2:
+            if self.workqueue:
+                self._assign_work_unit(node)
+            else:
+                node.shutdown()  # runs what it holds, then ends
 
     def remove_node(self, node):
         workload = self.assigned_work.get(node)
