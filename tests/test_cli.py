@@ -249,5 +249,6 @@ def test_bench_header_says_device_and_dtype_once(tmp_path, capsys, monkeypatch):
     recipe = _write_recipe(tmp_path, candidates=[{"tier": "lossless"}])
     assert main(["bench", "--recipe", recipe, "--rounds", "2", "--warmup", "0", "--no-progress"]) == 0
     head = capsys.readouterr().out.splitlines()[0]
-    assert head.startswith("accelpatch bench: recipe recipe: tiny:sana-video (random weights) on cpu, float32; "), head
+    assert head.startswith("accelpatch bench: recipe recipe: tiny:sana-video (random weights) on cpu, float32, torch "
+                           "threads 1 on "), head  # the timing's conditions follow the device (#40)
     assert head.count("cpu") == 1 and head.count("float32") + head.count("fp32") == 1, head
