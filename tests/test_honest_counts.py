@@ -129,22 +129,61 @@ def _accelpatch_warnings(record):
     return [str(w.message) for w in record if str(w.message).startswith("accelpatch:")]
 
 
-def test_a_warning_is_given_once_per_process_per_kind_and_reason():
-    """Issue #30 item 2: every model a bench, validate or tune built said "not mounted: CUDA" again."""
+def test_a_warning_is_given_once_per_model_however_often_it_is_patched_again():
+    """Issue #30 item 2: every model a bench, validate or tune built said "not mounted: CUDA" again; they re-apply one
+    model per candidate, so: once per model, whatever it is re-patched with (and after a remove())."""
+    model = t.tiny_sana_video_transformer()
+    inputs = t.sana_video_transformer_inputs(model)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        models = [t.tiny_sana_video_transformer() for _ in range(3)]
-        for model in models:
-            accelpatch.apply(model)
-        inputs = t.sana_video_transformer_inputs(models[0])
-        with accelpatch.quality("high"):  # requests the unmounted path: the same reason, already said
-            for model in models:
+        for options in ({}, {"strict": False}, {"tier": "high"}, {}):
+            accelpatch.apply(model, **options)
+            with accelpatch.quality("high"):  # requests the unmounted path: the same reason, already said
                 _forward(model, inputs)
+        accelpatch.remove(model)
+        accelpatch.apply(model)
     said = _accelpatch_warnings(record)
     assert len(said) == 1, said
     assert "CUDA is unavailable" in said[0] and "(expected on this machine, not a fault)" in said[0], said
+    accelpatch.remove(model)
+
+
+def test_a_second_model_hears_the_warnings_the_first_heard_naming_itself():
+    """Issue #40 item 4: after one Wan warned that high has nothing to run, a second Wan, a HunyuanVideo 1.5 and an
+    LTX-2 heard nothing in that process, and a second SANA-Video 2.0 pipeline no "not mounted": once per model, as
+    docs/contract.md says, each naming its model."""
+    from accelpatch.testing import tiny_hunyuan_video15_transformer, tiny_ltx2_transformer
+
+    models = [t.tiny_wan_transformer(), t.tiny_wan_transformer(), tiny_hunyuan_video15_transformer(),
+              tiny_ltx2_transformer()]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for model in models:
+            accelpatch.apply(model, tier="high")
+    said = [m for m in _accelpatch_warnings(record) if "no high fast path" in m]
+    assert [m.removeprefix("accelpatch: ").split(":")[0] for m in said] == [
+        "WanTransformer3DModel", "WanTransformer3DModel", "HunyuanVideo15Transformer3DModel",
+        "LTX2VideoTransformer3DModel"], said
     for model in models:
         accelpatch.remove(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        pipes = [t.tiny_sana_video2_pipeline() for _ in range(2)]
+        for pipe in pipes:
+            accelpatch.apply(pipe)
+    mounted = [m for m in _accelpatch_warnings(record) if "sana_video2_softmax_attention fast path was not mounted" in m]
+    assert len(mounted) == 2 and all("on SanaVideo2Transformer3DModel" in m for m in mounted), mounted
+    for pipe in pipes:
+        accelpatch.remove(pipe)
+
+
+def test_a_warning_names_the_checkpoint_the_model_came_from(tmp_path):
+    model = t.tiny_sana_video_transformer()
+    model.save_pretrained(tmp_path / "my-sana")
+    loaded = type(model).from_pretrained(tmp_path / "my-sana")
+    with pytest.warns(RuntimeWarning, match=r"not mounted on SanaVideoTransformer3DModel \(.*my-sana\)"):
+        accelpatch.apply(loaded)
+    accelpatch.remove(loaded)
 
 
 def test_a_reason_about_the_model_is_not_worded_as_expected():

@@ -32,9 +32,10 @@ from accelpatch.core.model_state import STATE_ATTR, patch_of  # noqa: F401 - pat
 #: patches by token, for warnings raised while Dynamo traces (see ModelPatch.warn_once)
 _PATCHES: "weakref.WeakValueDictionary[int, ModelPatch]" = weakref.WeakValueDictionary()
 _TOKENS = itertools.count()
-#: the (fast-path kind, reason) pairs warned about in this process: each is said once, whichever model meets it
-#: first (a bench or tune builds many models; the report keeps every model's full tally)
-_WARNED: set = set()
+#: per model, the (fast-path kind, reason) pairs warned about: each is said once per model, however often the model is
+#: patched again (bench, validate and tune re-apply one model per candidate); the report keeps the full tally. Keyed
+#: by the model itself (weakly), or by the patch where the model is not known (a patch copied or unpickled)
+_WARNED: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
 _WARNED_LOCK = threading.Lock()
 
 
@@ -48,7 +49,7 @@ UNMOUNTED_AFTER_APPLY = "unmounted after apply() (its enabled attribute was set 
 
 
 def forget_warnings() -> None:
-    """Let every (kind, reason) warn again (tests: each test starts as a fresh process would)."""
+    """Let every (model, kind, reason) warn again (tests: each test starts as a fresh process would)."""
     with _WARNED_LOCK:
         _WARNED.clear()
 
@@ -76,6 +77,10 @@ class ModelPatch:
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
     #: checks a split model's ranks agree; undoes parallelism enabled after apply (accelpatch.parallel.lifecycle)
     parallel_guard: Any = field(default=None, repr=False)
+    #: the model's checkpoint name or folder (its config's ``_name_or_path``), named in warnings; "" when unknown
+    name_or_path: str = ""
+    #: the patched model, weakly (warnings are per model); None in a copy or an unpickled patch
+    model_ref: Optional[Callable[[], Any]] = field(default=None, repr=False)
     _token: int = field(default=-1, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,15 +90,23 @@ class ModelPatch:
         self._token = next(_TOKENS)
         _PATCHES[self._token] = self
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "model_ref": None}  # a weak reference neither pickles nor belongs to a copy
+
     def __setstate__(self, state: dict) -> None:
         state.pop("_warned", None), state.pop("_lock", None)  # a pickle from before warnings were per process
         self.__dict__.update(state)
         self._register()  # a copy or an unpickled patch can warn from compiled code too
 
+    @property
+    def model_name(self) -> str:
+        """The model as warnings name it: its class, and its checkpoint where known."""
+        return self.model_class + (f" ({self.name_or_path})" if self.name_or_path else "")
+
     def warn_once(self, kind: str, reason: str, *, at_apply: bool = False) -> None:
-        """One warning per process, fast-path kind and reason (at ``apply`` or at a call, whichever comes first),
-        worded as expected where the reason is this machine (no CUDA, another CPU); the counters keep the full
-        tally. Inside code Dynamo traces, the warning is given while tracing (through
+        """One warning per model, fast-path kind and reason (at ``apply`` or at a call, whichever comes first): a
+        second model of the process hears it too, as docs/contract.md promises; worded as expected where the reason
+        is this machine (no CUDA); the counters keep the full tally. Inside code Dynamo traces, the warning is given while tracing (through
         ``comptime``, no graph break): a decision made there is baked into the graph, so every run of that graph
         takes the same path, and the user hears of it once, as in eager code."""
         if torch.compiler.is_dynamo_compiling():
@@ -102,19 +115,22 @@ class ModelPatch:
             token = self._token  # noqa: F841 - read by _warn_while_tracing through the frame's locals
             comptime(_warn_while_tracing)
             return
-        key = (kind, reason)
+        owner = self.model_ref() if self.model_ref is not None else None
         with _WARNED_LOCK:
-            if key in _WARNED:
+            said = _WARNED.setdefault(owner if owner is not None else self, set())
+            if (kind, reason) in said:
                 return
-            _WARNED.add(key)
+            said.add((kind, reason))
         expected = " (expected on this machine, not a fault)" if expected_here(reason) else ""
-        if at_apply:
+        if reason == NO_HIGH_PATH:  # nothing fails: the call runs the lossless path, and says what would add one
+            message = f"accelpatch: {self.model_name}: {reason}."
+        elif at_apply:
             then = ("will raise FastPathUnavailableError (strict=True)" if self.strict else
                     "will run the reference path (see accelpatch.report(model); strict=True raises)")
-            message = (f"accelpatch: the {kind} fast path was not mounted on {self.model_class}: "
+            message = (f"accelpatch: the {kind} fast path was not mounted on {self.model_name}: "
                        f"{reason.removeprefix('not mounted: ')}{expected}. Calls that request it {then}.")
         else:
-            message = (f"accelpatch: {kind} fast path did not run on {self.model_class}: {reason}{expected}. "
+            message = (f"accelpatch: {kind} fast path did not run on {self.model_name}: {reason}{expected}. "
                        "The reference path runs instead (see accelpatch.report(model); strict=True raises).")
         warnings.warn(message, RuntimeWarning, stacklevel=5 if at_apply else 2)  # apply: the user's line
         logger.debug(message)
@@ -151,6 +167,11 @@ class ModelPatch:
         backend, strict, options, tier, cache, cpu_kernels = self.requested
         return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, "cpu_kernels": cpu_kernels,
                 **dict(options)}
+
+
+def _name_or_path(model: torch.nn.Module) -> str:
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if name else ""
 
 
 def _warn_while_tracing(ctx) -> None:
@@ -239,7 +260,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         default_tier = adapter.default_tier(backend_config)
     patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
                        default_tier=default_tier, options=options, requested=requested, cache=cache_config,
-                       cpu_kernels=requested[-1])
+                       cpu_kernels=requested[-1], name_or_path=_name_or_path(model), model_ref=weakref.ref(model))
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}
