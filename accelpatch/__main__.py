@@ -3,7 +3,8 @@
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
-AccelpatchError raised by a command, end in one ``error:`` line with exit code 2.
+AccelpatchError raised by a command, end in one ``accelpatch COMMAND: error:`` line with exit code 2 (argparse's own
+form); Ctrl-C ends in one ``interrupted`` line with exit code 130.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         "validate", help="run a recipe's candidates against its reference and check the quality gates",
         description="Run the same call (same seeds) under the reference tier (twice: its noise floor) and each of "
                     "the recipe's candidates; report per-frame PSNR/SSIM, bit identity and which fast paths ran "
-                    "(speed: see bench). Everything is checked before the first call. Exit code 1 when a gate fails.")
+                    "(speed: see bench). Everything is checked before the first call. Exit codes: 0 every gate "
+                    "passed, 1 a gate failed, 2 a usage or recipe error, 130 interrupted.")
     recipe_cli.add_validate_arguments(validate_parser)
     validate_parser.set_defaults(check=lambda args: recipe_cli.check_recipe_arguments(args, validate_parser),
                                  run=recipe_cli.run_validate)
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time each candidate (the reference first) per denoising step in interleaved rounds after a "
                     "warm-up; report median, spread and a speed-up (the median of the per-round ratios) with a "
                     "distribution-free 95% interval from order statistics (6 rounds at least), or 'not "
-                    "distinguishable from noise'.")
+                    "distinguishable from noise'. Exit codes: 0 done, 2 a usage or recipe error, 130 interrupted.")
     recipe_cli.add_bench_arguments(bench_parser)
     bench_parser.set_defaults(check=lambda args: recipe_cli.check_recipe_arguments(args, bench_parser),
                               run=recipe_cli.run_bench)
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tune", help="search a recipe's knobs for the fastest setting that passes its gates; write it as a recipe",
         description="Search the knobs of the recipe's patch (step cache, sol_attn, SANA-Video 2.0 anchors) for the "
                     "fastest setting that passes every gate on every seed (validate for quality, bench for speed), "
-                    "check it on held-out seeds and write it to --out as a recipe. Exit code 1 when nothing passes.")
+                    "check it on held-out seeds and write it to --out as a recipe. Exit codes: 0 a recipe written, 1 "
+                    "nothing passes, 2 a usage or recipe error, 130 interrupted.")
     recipe_cli.add_tune_arguments(tune_parser)
     tune_parser.set_defaults(check=lambda args: recipe_cli.check_tune_arguments(args, tune_parser),
                              run=recipe_cli.run_tune)
@@ -96,15 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    check = getattr(args, "check", None)
-    if check is not None:
-        check(args)  # exits with a usage error (code 2) before anything is built
+    prog = " ".join([parser.prog, args.command, *filter(None, [getattr(args, "convert_model", None)])])
     try:
+        check = getattr(args, "check", None)
+        if check is not None:
+            check(args)  # exits with a usage error (code 2) before anything is built
         return args.run(args)
     except (ValueError, AccelpatchError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # one line, as every other way a command ends; the model is left as it was
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

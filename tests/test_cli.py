@@ -102,7 +102,25 @@ def test_command_errors_are_one_line(capsys, monkeypatch, error):
     assert main(["demo", "--no-progress"]) == 2
     captured = capsys.readouterr()
     flat = " ".join(str(error).split())
-    assert captured.err == f"accelpatch: error: {flat}\n"
+    assert captured.err == f"accelpatch demo: error: {flat}\n"  # argparse's own prefix for a subcommand's errors
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_exit_code_130(capsys, monkeypatch):
+    """#40: Ctrl-C printed a 68-99-line traceback."""
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_demo", interrupted)
+    assert main(["demo", "--no-progress"]) == 130
+    assert capsys.readouterr().err.strip() == "accelpatch demo: interrupted"
+
+
+@pytest.mark.parametrize("command", ["validate", "bench", "tune"])
+def test_every_recipe_command_states_its_exit_codes(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "2 a usage or recipe error" in text and "130 interrupted" in text
 
 
 def test_other_command_errors_keep_their_traceback(monkeypatch):

@@ -241,7 +241,7 @@ def test_cli_output_paths_are_checked_before_anything_runs(tmp_path, capsys, mon
 def test_cli_a_device_torch_does_not_know_is_one_line_with_the_valid_choices(tmp_path, capsys):
     assert main(["validate", "--recipe", str(_write(tmp_path, device="tpu")), "--no-progress"]) == 2
     line = _one_error_line(capsys)
-    assert line.startswith("accelpatch: error: device 'tpu' is not a device name (did you mean 'cpu'?); valid here: "
+    assert line.startswith("accelpatch validate: error: device 'tpu' is not a device name (did you mean 'cpu'?); valid here: "
                            "auto, cpu")
     assert "mkldnn" not in line  # not torch's list of every device type it knows
 

@@ -579,7 +579,7 @@ def test_cli_refuses_a_bad_checkpoint_in_one_line(tmp_path, tiny_state, capsys):
     assert main(["convert", "sana-video2", str(tmp_path / "bad.pth"), "--out", str(out),
                  "--config", str(write_yaml(tmp_path, release_yaml(**TINY_YAML))), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("accelpatch: error: ")
+    assert err.count("\n") == 1 and err.startswith("accelpatch convert sana-video2: error: ")
     assert "missing key: blocks.2.mlp.up_proj.weight" in err
     assert not out.exists()
 
