@@ -17,7 +17,7 @@ from accelpatch.core.sites import NO_FUSED_OP_COMPILED
 from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 sana_video2_transformer_inputs, tiny_minimax_h3_transformer, tiny_sana_video2_transformer,
-                                tiny_sana_video_transformer)
+                                tiny_sana_video_transformer, tiny_wan_transformer)
 
 
 def _sana():
@@ -284,3 +284,15 @@ def test_compile_repeated_blocks_finds_the_gated_blocks_after_apply():
         assert torch.equal(model(**inputs).sample, eager)
     accelpatch.remove(model)
     assert "_repeated_blocks" not in model.__dict__ and model._repeated_blocks == type(model)._repeated_blocks
+
+
+def test_apply_on_a_compiled_transformer_says_to_apply_first_or_to_the_model_inside():
+    """#40: it said "accelpatch does not support OptimizedModule" and listed the supported classes."""
+    model = tiny_wan_transformer()
+    compiled = torch.compile(model)
+    with pytest.raises(ValueError, match=r"WanTransformer3DModel is already wrapped by torch.compile \(OptimizedModule\)"
+                                         r": apply accelpatch before compiling .* its \._orig_mod"):
+        accelpatch.apply(compiled)
+    assert "_accelpatch_state" not in model.__dict__
+    with pytest.raises(ValueError, match="does not support OptimizedModule"):
+        accelpatch.apply(torch.compile(torch.nn.Linear(2, 2)))  # not one of ours inside: the usual refusal
