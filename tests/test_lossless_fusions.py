@@ -63,8 +63,8 @@ def test_verified_ops_run_fused_after_first_sight_and_stay_bit_identical(dtype):
     modulate = _fusion(report, "modulate")
     assert modulate.sites == 2 and len(modulate.verified) == 1 and not modulate.declined
     assert modulate.fused_calls == 3 * 2 * 2  # 3 calls × 2 blocks × norm1/norm2
-    # first sight runs the stand-in twice (compare, then timed), later calls once each
-    assert doubles.CALLS["modulate"] == 2 + (3 * 4 - 1)
+    # first sight runs the stand-in once (the comparison; no timed runs since #40), later calls once each
+    assert doubles.CALLS["modulate"] == 3 * 4
     assert "lossless fusions" in str(report) and "modulate on 2 site(s): 12 ran" in str(report)
 
 
@@ -218,9 +218,10 @@ def test_threads_with_different_tiers_share_one_verdict_per_signature():
     assert not errors
     for fusion in accelpatch.report(model).models[0].fusions:
         assert len(fusion.verified) == signatures[fusion.op] and not fusion.declined, fusion.op
-    # one first sight per signature (two stand-in runs each), then one run per fused call: two tiers ran fusions
+    # one first sight per signature (one stand-in run, the comparison), then one run per fused call: two tiers ran
+    # fusions, two calls each, so four times the first forward's runs
     for op, n in first_sights.items():
-        assert doubles.CALLS[op] == n + (2 * 2 - 1) * (n - signatures[op]), op
+        assert doubles.CALLS[op] == 4 * n, op
 
 
 # -- the comparison itself -------------------------------------------------------------------------------------------

@@ -54,3 +54,37 @@ def test_layer_sets_read_as_a_user_writes_them():
     model = tiny_sana_video2_transformer()
     assert "anchor_fp32_layers=none" in str(accelpatch.apply(model, anchor_fp32_layers=""))
     assert "anchor_fp32_layers=3:" in str(accelpatch.apply(model, anchor_fp32_layers="3"))
+
+
+def test_one_cause_one_note_and_no_saving_claimed():
+    """#40: a rejected site's calls got a second note ("declined: not mounted: ...") for the cause the site's own
+    note already gave, one per site path; the fusion lines claimed "saved ≈" / "cost ≈ 0.0 ms more" from the ops'
+    own first-sight times (the gate's time not counted); an op never called had a line with no reason."""
+    import warnings
+
+    from accelpatch.testing import sana_video2_pipeline_call_kwargs, tiny_sana_video2_pipeline
+
+    pipe = tiny_sana_video2_pipeline()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # not mounted here: no CUDA
+        accelpatch.apply(pipe)
+        with accelpatch.quality("high"):
+            pipe(**sana_video2_pipeline_call_kwargs())
+    model = accelpatch.report(pipe).models[0]
+    _, rows, notes = model.table()
+    assert not [n for n in notes if "not mounted" in n], notes
+    cuda = [i for i, n in enumerate(notes, 1) if n.startswith("CUDA is unavailable")]
+    assert len(cuda) == 1, notes
+    high = [row for row in rows if row[2] == "high"]
+    assert high and all(row[3] == f"rejected [{cuda[0]}]" and row[5] == f"2×[{cuda[0]}]" for row in high), high
+    text = str(accelpatch.report(pipe))
+    assert "saved ≈" not in text and "cost ≈" not in text and "their net speed: accelpatch.bench" in text
+    accelpatch.remove(pipe)
+
+
+def test_a_fused_op_never_called_says_why_it_has_no_counts():
+    from accelpatch.core.reporting import FusionReport
+
+    line = FusionReport(op="glu_gate", description="", sites=4, fused_calls=0, reference_calls={}, verified=(),
+                        declined=()).line()
+    assert line.startswith("glu_gate on 4 site(s): not called (no call of its sites reached it")

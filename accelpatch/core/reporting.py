@@ -63,8 +63,6 @@ class FusionReport:
     verified: tuple[tuple[str, float], ...]
     #: (signature, reason, check seconds) of each declined signature
     declined: tuple[tuple[str, str, float], ...]
-    #: estimated seconds saved: fused calls × (reference − fused) time of their signature at first sight
-    saved_s: Optional[float] = None
 
     @property
     def check_s(self) -> float:
@@ -73,11 +71,11 @@ class FusionReport:
     def line(self) -> str:
         refs = "".join(f", {n} {r.partition(': ')[0]} ({r.partition(': ')[2]})"  # "declined: why" -> declined (why)
                        for r, n in sorted(self.reference_calls.items(), key=lambda x: -x[1]))
-        text = (f"{self.op} on {self.sites} site(s): {self.fused_calls} ran{refs}; signatures (this process) verified "
+        if not self.fused_calls and not refs:
+            return (f"{self.op} on {self.sites} site(s): not called (no call of its sites reached it: see the table "
+                    "below for why those calls ran as they did)")
+        return (f"{self.op} on {self.sites} site(s): {self.fused_calls} ran{refs}; signatures (this process) verified "
                 f"{len(self.verified)}, declined {len(self.declined)}")
-        if self.saved_s is not None:
-            text += f"; {_saved(self.saved_s)}"
-        return text
 
 
 def merge_counts(dicts) -> dict[str, int]:
@@ -173,11 +171,9 @@ class ModelReport(_Tally):
         if not self.fusions:
             return []
         check = sum(f.check_s for f in self.fusions)
-        saved = [f.saved_s for f in self.fusions if f.saved_s is not None]
-        head = (f"lossless fusions (bit-exact; each input signature checked against the eager chain on first sight, "
-                f"{check * 1e3:.1f} ms of checks in this process")
-        head += f"; {_saved(sum(saved))} in the calls counted here, by first-sight timings):" if saved else "):"
-        lines = [head]
+        # no "saved" figure: an op's own time is not the call's (the gate costs time too); bench measures the net
+        lines = [f"lossless fusions (bit-exact; each input signature checked against the eager chain on first sight, "
+                 f"{check * 1e3:.1f} ms of checks in this process; their net speed: accelpatch.bench):"]
         kernels = _cpu_kernels_status()
         if kernels:  # apart from the checks: a build is a one-off per machine, not a cost of verification
             lines.append(f"  CPU kernels: {kernels}")
@@ -226,9 +222,13 @@ class ModelReport(_Tally):
                                                  "on the reference path)"
         for s in self.sites:
             outcomes = s.outcomes
-            ref = " ".join(f"{n}×{note(f'{kind}: {r}')}" for kind in (DECLINED, NOT_APPLICABLE)
+            rejection = None if s.mounted else causes.get(s.path, s.reason or "unknown")
+
+            def cause(kind: str, reason: str) -> str:  # a call to a rejected site: the rejection's own note
+                return rejection if rejection is not None and reason.startswith("not mounted: ") else f"{kind}: {reason}"
+            ref = " ".join(f"{n}×{note(cause(kind, r))}" for kind in (DECLINED, NOT_APPLICABLE)
                            for r, n in sorted(outcomes[kind].items(), key=lambda x: -x[1]))
-            status = s.status if s.mounted else f"rejected {note(causes.get(s.path, s.reason or 'unknown'))}"
+            status = s.status if s.mounted else f"rejected {note(rejection)}"
             extra = "".join(f" {k}={v:.3f}" for k, v in s.stats.items())
             extra += "".join(f" {n}×{note(text)}" for text, n in sorted(s.notes.items(), key=lambda x: -x[1]))
             rows.append((s.path, s.kind, s.tier, status, f"{s.fast_calls}{extra}", ref or "-"))
@@ -276,11 +276,6 @@ def _cpu_kernels_status() -> Optional[str]:
     from accelpatch.lossless.kernels import cpu_build
 
     return cpu_build.status()
-
-
-def _saved(seconds: float) -> str:
-    """An estimate of the time the fused ops saved (or cost, when the fused op was the slower one)."""
-    return f"saved ≈ {seconds * 1e3:.1f} ms" if seconds >= 0 else f"cost ≈ {-seconds * 1e3:.1f} ms more"
 
 
 #: how the patcher words a site rejected because another site of its model was (see patcher._mount)
@@ -490,12 +485,7 @@ def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
         verdicts = op.verdicts()
         verified = tuple((v.described, v.cost_s) for v in verdicts if v.verified)
         declined = tuple((v.described, v.reason, v.cost_s) for v in verdicts if v.declined)
-        timed = [v for v in verdicts if v.verified and v.fused_s is not None and v.reference_s is not None]
-        saved = None
-        if timed and calls.get(FUSED):
-            per_call = sum(v.reference_s - v.fused_s for v in timed) / len(timed)
-            saved = per_call * calls[FUSED]
         out.append(FusionReport(op=name, description=op.description, sites=count, fused_calls=calls.get(FUSED, 0),
                                 reference_calls={k: v for k, v in calls.items() if k != FUSED},
-                                verified=verified, declined=declined, saved_s=saved))
+                                verified=verified, declined=declined))
     return tuple(out)

@@ -57,10 +57,6 @@ class Verdict:
     described: str
     #: the site whose call made the check
     first_site: str
-    #: one warm run of the fused op and one of the reference chain, timed at first sight after the comparison
-    #: (None when declined): the basis of the report's estimate of the time saved
-    reference_s: Optional[float] = None
-    fused_s: Optional[float] = None
     #: the kernel does not take these arguments by design (its own check, or no kernel for the device): the calls
     #: count ``not applicable: <reason>``, never warned or raised; otherwise an unverified signature is declined
     #: (a mismatch or an error: warned once, strict raises)
@@ -343,23 +339,18 @@ class FusedOp:
         policy = reason is not None  # arguments the kernel does not cover by design: not applicable, not declined
         start = time.perf_counter()  # the check's cost: the reference, the fused op, the comparison
         reference_out = self.reference(*args)
-        reference_s = fused_s = None
         if reason is None:
             try:
                 fused_out = kernel.run(*args)
                 reference_outs = reference_out if isinstance(reference_out, tuple) else (reference_out,)
                 fused_outs = fused_out if isinstance(fused_out, tuple) else (fused_out,)
                 reason = mismatch(reference_outs, fused_outs)
-                if reason is None:  # both warm now: one timed run each, for the report's estimate
-                    del fused_out, fused_outs
-                    _, fused_s = _timed(kernel.run, args, device)
-                    _, reference_s = _timed(self.reference, args, device)
             except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
                 if is_fatal(error):
                     raise
                 reason = f"error: {type(error).__name__}: {error}"
         verdict = Verdict(reason is None, reason, time.perf_counter() - start, describe(args), site.path,
-                          reference_s, fused_s, policy)
+                          policy=policy)
         with self._lock:
             self._verdicts[key] = verdict
         if reason is None:
@@ -378,17 +369,6 @@ def _count(site: Any, op: str, outcome: str) -> None:
         note_work(site.counters)
     if not call_context.recomputing():
         site.counters.count_chain(op, outcome)
-
-
-def _timed(fn: Callable, args: tuple, device: torch.device):
-    """``(fn(*args), seconds)``, with the device synchronised around the call."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = fn(*args)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - start
 
 
 _OPS: dict[str, FusedOp] = {}
