@@ -15,6 +15,7 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     from accelpatch import __version__
     from accelpatch.eval import recipe_cli
+    from accelpatch.lossless.kernels.cpu_build import TYPICAL_BUILD_S  # no torch at import either
     from accelpatch.tools import build_kernels, convert, demo  # light at import: torch loads when a command runs
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
@@ -64,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     kernels_parser = commands.add_parser(
         "build-kernels", help="build the fused CPU kernels now (cached per machine, torch and CPU)",
-        description="Build the lossless tier's fused CPU kernels ahead of the first patched call (about a minute on "
-                    "2 cores, once per machine, torch version and CPU); a cached build only loads. Exit code 1 with "
+        description=f"Build the lossless tier's fused CPU kernels ahead of the first patched call (about "
+                    f"{TYPICAL_BUILD_S} s on 2 cores, once per machine, torch version and CPU); a cached build only "
+                    "loads. Exit code 1 with "
                     "the reason when they cannot be built (ACCELPATCH_CPU_KERNELS=0 switches them off).")
     build_kernels.add_arguments(kernels_parser)
     kernels_parser.set_defaults(run=build_kernels.main)

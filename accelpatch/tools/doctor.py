@@ -53,8 +53,8 @@ def _cpu_kernels_state() -> tuple[str, Optional[str]]:
     folder = cpu_build.default_folder()
     if folder is not None and cpu_build.library_path(folder).exists():
         return f"not loaded in this process yet; a cached build is in {folder}", None
-    return ("not built yet: the first patched call builds them (about a minute on 2 cores), or run "
-            "`accelpatch build-kernels` now"), None
+    return (f"not built yet: the first patched call builds them (about {cpu_build.TYPICAL_BUILD_S} s on 2 cores), or "
+            "run `accelpatch build-kernels` now"), None
 
 
 def fast_paths() -> list[tuple[str, Optional[str]]]:

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -571,6 +572,39 @@ def test_failing_compiler_is_a_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     library, reason = cpu_build.build(namespace="accelpatch_cpu_broken", announce=False)
     assert library is None and "failed" in reason and "simulated failure" in reason
+
+
+def test_a_failing_build_is_announced_once_and_its_reason_is_one_line(tmp_path, monkeypatch, capsys):
+    """#40: with CXX=false the build was announced twice (the -march=native retry announced itself again) and the
+    warning's reason held a line break and a double period."""
+    fake = tmp_path / "broken-c++"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in --version|-v|-dumpversion) echo 'broken-c++ version 0'; exit 0;; esac\n"
+                    "echo 'cpu_kernels.cpp:1: error: simulated failure.' >&2\necho 'second line.' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    library, reason = cpu_build.build(namespace="accelpatch_cpu_broken_twice", announce=True)
+    err = capsys.readouterr().err
+    assert library is None and err.count("building the fused CPU kernels for this CPU") == 1, err
+    assert "trying once more without -march=native" in err
+    assert "\n" not in reason and not reason.endswith(".") and "simulated failure" in reason, reason
+    with pytest.warns(RuntimeWarning) as record:
+        cpu_build._warn_unavailable(reason + "(test)")
+    message = str(record[0].message)
+    assert ".." not in message and "\n" not in message, message
+
+
+def test_every_statement_of_the_build_time_is_the_one_constant(capsys):
+    """#40: three estimates (25 s, "about a minute", 20 s) of one build (measured 20-35 s)."""
+    from accelpatch.__main__ import main
+    from accelpatch.tools import doctor
+
+    about = f"about {cpu_build.TYPICAL_BUILD_S} s on 2 cores"
+    with pytest.raises(SystemExit):
+        main(["build-kernels", "--help"])
+    assert about in " ".join(capsys.readouterr().out.split())
+    source = (Path(doctor.__file__).read_text() + Path(cpu_build.__file__).read_text())
+    assert "about a minute" not in source and "TYPICAL_BUILD_S} s on 2 cores" in source
 
 
 def test_no_compiler_on_path_is_a_reason(tmp_path, monkeypatch):

@@ -38,8 +38,9 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math")
 #: the environment switch: 0/off/false/no switch the kernels off, 1/on/true/yes (or unset) leave them on
 SWITCH = "ACCELPATCH_CPU_KERNELS"
 _OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
-#: what a first build took on an idle 2-core AVX2 machine (20-21 s measured; 60-70 s with the other core busy)
-TYPICAL_BUILD_S = 25
+#: what a first build takes on 2 cores: 20-26 s measured idle (AVX2 and AVX-512 EPYC), 26-35 s on a busy machine, so
+#: "about 30 s"; every statement of the build time (the announcement, the doctor, build-kernels --help) reads this
+TYPICAL_BUILD_S = 30
 #: a build lock older than this was left by a killed build (ninja's own steps take well under it)
 _STALE_LOCK_S = 900
 
@@ -125,8 +126,9 @@ def cache_key(cxx: Sequence[str], flags: Sequence[str], namespace: str = NAMESPA
 
 
 def _tail(text: str, lines: int = 12) -> str:
-    kept = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
+    """The last ``lines`` lines of a build's output, on one line (a reason is one line of a warning)."""
+    kept = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(kept[-lines:]).rstrip(".")
 
 
 def _say(message: str) -> None:
@@ -198,7 +200,7 @@ def _build_with(cxx: list[str], flags: Sequence[str], env: Optional[dict], names
         text = str(exc)
         if "Ninja is required" in text:
             return None, "ninja is not installed (pip install ninja), which torch's extension builder needs"
-        return None, f"building the fused CPU kernels failed ({shlex.join(cxx)}):\n{_tail(text)}"
+        return None, f"building the fused CPU kernels failed ({shlex.join(cxx)}): {_tail(text)}"
     _BUILT_S.append(time.perf_counter() - start)
     if announce:
         _say(f"built the fused CPU kernels in {_BUILT_S[-1]:.0f} s")
@@ -231,7 +233,9 @@ def build(env: Optional[dict] = None, *, namespace: str = NAMESPACE, flags: Opti
     target, reason = _build_with(cxx, flags, env, namespace, announce)
     if target is None and "-march=native" in flags and "building" in (reason or ""):
         portable = tuple(f for f in flags if f != "-march=native")
-        target, _ = _build_with(cxx, portable, env, namespace, announce)
+        if announce:  # the build was announced once: say what this second try is, not the same again
+            _say("the build failed; trying once more without -march=native")
+        target, _ = _build_with(cxx, portable, env, namespace, False)
     if target is None:
         return None, reason  # the first failure: the one with the flags that were meant
     _register_fakes(namespace)
@@ -243,9 +247,9 @@ def _warn_unavailable(reason: str) -> None:
     if reason in _WARNED:
         return
     _WARNED.add(reason)
-    warnings.warn(f"accelpatch: the fused CPU kernels are unavailable: {reason}. The lossless tier runs diffusers' "
-                  f"own code on CPU instead (bit-identical, not faster). {SWITCH}=0 switches them off without this "
-                  "warning.", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"accelpatch: the fused CPU kernels are unavailable: {reason.rstrip('.')}. The lossless tier runs "
+                  f"diffusers' own code on CPU instead (bit-identical, not faster). {SWITCH}=0 switches them off "
+                  "without this warning.", RuntimeWarning, stacklevel=3)
 
 
 def load():
