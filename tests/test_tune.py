@@ -798,3 +798,29 @@ def test_tune_states_its_threads_and_warns_when_oversubscribed(sana, monkeypatch
     assert "warning: oversubscribed, timings are unreliable" in str(result)
     assert json.loads(result.to_json())["conditions"]["load"] == 99.0
     assert result.recipe(model="m").measured["timed_with"].startswith("torch threads")
+
+
+def test_the_tune_plot_legend_covers_no_panel(tmp_path):
+    """#40: the legend sat inside the panel, over points and the axis label; one legend now sits below every panel."""
+    from accelpatch.recipes import CandidateSpec, Gates
+    from accelpatch.eval.tune import Trial, TuneResult
+    from accelpatch.eval.tune_space import Knob, SearchSpace
+
+    space = SearchSpace(backend="sol_attn", knobs=(Knob("tau", (0.0, 1.0, 2.0), "sol_attn"),))
+    trials = [Trial(point=(i,), setting={"tau": tau}, spec=CandidateSpec(name=f"tau={tau}", backend="sol_attn",
+                                                                         options={"tau": tau}),
+                    passed=ok, min_ssim=ssim, min_psnr=30.0, min_audio_snr=snr, speedup=speed,
+                    speed_low=speed - 0.1, speed_high=speed + 0.1)
+              for i, (tau, ok, ssim, snr, speed) in enumerate([(0.0, True, 0.99, 30.0, 1.0), (1.0, True, 0.95, 15.0, 1.4),
+                                                               (2.0, False, 0.85, 5.0, 1.8)])]
+    result = TuneResult(winner=trials[1], trials=trials, space=space, gates=Gates(), reference="exact", seeds=[0],
+                        held_out_seeds=[1], elapsed_s=1.0, budget_s=None, stopped_by_budget=False, grid_points=3)
+    figure = result.plot(str(tmp_path / "tune.png"))  # saved: laid out and drawn
+    renderer = figure._get_renderer()
+    (legend,) = figure.legends
+    box = legend.get_window_extent(renderer)
+    assert all(axis.get_legend() is None for axis in figure.axes)
+    for axis in figure.axes:  # neither a panel nor its labels
+        assert not box.overlaps(axis.get_tightbbox(renderer)), axis.get_title()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "SSIM floor 0.92" in labels and any(label.startswith("audio SNR floor") for label in labels)

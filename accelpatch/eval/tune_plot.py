@@ -4,7 +4,8 @@ One panel for the worst SSIM, one more for the worst audio SNR when validate mea
 filled, failing ones hollow, the winner is starred (labelled "kept" when no setting was measurably faster and tune
 kept the safest passing one); the speed-up's interval is drawn as a horizontal bar where bench
 had enough rounds for one. The front joins the passing settings no other passing setting beats on both speed and
-quality. matplotlib is optional, as for :mod:`accelpatch.eval.plots`.
+quality. One legend for every panel, below them, so that it hides neither a point nor an axis label. matplotlib is
+optional, as for :mod:`accelpatch.eval.plots`.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, floor: Optional[float],
-           title: str, ylabel: str, crowned: str = "winner") -> None:
+           title: str, ylabel: str, crowned: str = "winner", floor_name: str = "floor") -> None:
     shown = [t for t in trials if t.speedup is not None and getattr(t, metric) is not None]
     for passed, style in ((True, dict(color="tab:green", label="passes")),
                           (False, dict(facecolors="none", edgecolors="tab:red", label="fails"))):
@@ -43,11 +44,10 @@ def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, 
         axis.scatter([winner.speedup], [getattr(winner, metric)], marker="*", s=220, color="gold",
                      edgecolors="black", zorder=5, label=f"{crowned}: {winner.label}")
     if floor is not None:
-        axis.axhline(floor, color="red", linestyle="--", label=f"floor {floor}")
+        axis.axhline(floor, color="red", linestyle="--", label=f"{floor_name} {floor}")
     axis.axvline(1.0, color="black", linewidth=0.8, alpha=0.5)
     axis.set(title=title, xlabel="speed-up vs reference (x)", ylabel=ylabel)
     axis.grid(True, alpha=0.3)
-    axis.legend(fontsize="small")
 
 
 def plot_tune(result: "TuneResult", path: Optional[str] = None):
@@ -60,10 +60,18 @@ def plot_tune(result: "TuneResult", path: Optional[str] = None):
     axes = figure.subplots(1, 2 if audio else 1, squeeze=False)[0]
     crowned = "winner" if result.faster else "kept (none measurably faster)"
     _panel(axes[0], result.trials, result.winner, "min_ssim", result.gates.ssim_floor,
-           f"tune: {len(result.trials)} settings tried", "worst SSIM (over frames and seeds)", crowned)
+           f"tune: {len(result.trials)} settings tried", "worst SSIM (over frames and seeds)", crowned, "SSIM floor")
     if audio:
         floor = getattr(result.gates, "audio_snr_floor", None)
-        _panel(axes[1], result.trials, result.winner, "min_audio_snr", floor, "audio", "worst audio SNR (dB)", crowned)
+        _panel(axes[1], result.trials, result.winner, "min_audio_snr", floor, "audio", "worst audio SNR (dB)", crowned,
+               "audio SNR floor")
+    entries = {}
+    for axis in axes:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:  # outside every panel (constrained layout makes room below them)
+        figure.legend(list(entries.values()), list(entries), loc="outside lower center", fontsize="small",
+                      ncols=min(3, len(entries)))
     if path is not None:
         figure.savefig(path, dpi=100)
     return figure
