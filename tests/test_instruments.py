@@ -439,3 +439,15 @@ def test_bench_and_validate_state_their_threads_and_warn_when_oversubscribed(san
         checked = validate(pipe, kwargs, ["lossless"], seeds=[0], progress=False)
     assert "timed with torch threads" in str(checked) and "oversubscribed" in str(checked)
     assert json.loads(checked.to_json())["conditions"]["load"] == 99.0
+
+
+def test_a_report_without_a_description_names_the_pipeline(sana):
+    """#40: the header read "accelpatch validate: pipeline; ..." with no model in it."""
+    pipe, kwargs = sana
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        checked = validate(pipe, kwargs, ["lossless"], seeds=[0], progress=False)
+        timed = bench(pipe, kwargs, ["exact", "lossless"], rounds=2, warmup=0, progress=False)
+    assert str(checked).startswith(f"accelpatch validate: {type(pipe).__name__}; ")
+    assert str(timed).startswith(f"accelpatch bench: {type(pipe).__name__} on ")
+    assert json.loads(checked.to_json())["description"] == type(pipe).__name__

@@ -17,7 +17,8 @@ import torch
 
 from accelpatch.recipes import CandidateSpec
 from accelpatch.core.reporting import merge_counts
-from accelpatch.eval.candidates import CandidateLike, PatchSwitcher, device_of, parse_candidates, run_call
+from accelpatch.eval.candidates import (CandidateLike, PatchSwitcher, describe_pipeline, device_of, parse_candidates,
+                                       run_call)
 from accelpatch.eval.preflight import check_call_arguments, check_candidates, check_seed, require_pipeline
 from accelpatch.eval._report_text import TextReport, format_table
 from accelpatch.eval.machine import TimingConditions, timing_conditions
@@ -154,7 +155,8 @@ def bench(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Candid
             entry.vs_baseline = compare_timings(base.seconds_per_step, entry.seconds_per_step)
     device, dtype = hardware(pipe, switcher.models)
     return BenchReport(baseline=baseline, rounds=rounds, warmup=warmup, device=device, dtype=dtype,
-                       candidates=list(results.values()), description=description, conditions=conditions)
+                       candidates=list(results.values()), description=description or describe_pipeline(pipe),
+                       conditions=conditions)
 
 
 def _cpu_name() -> str:

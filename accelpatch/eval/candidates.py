@@ -331,6 +331,16 @@ class CallResult:
         return self.transformer_seconds / self.steps
 
 
+def describe_pipeline(pipe: Any) -> str:
+    """What a report's header calls a pipeline given no description: its class and the checkpoint it came from
+    (``"SanaVideoPipeline (Efficient-Large-Model/SANA-Video_2B_480p_diffusers)"``), as far as it knows them."""
+    name = getattr(getattr(pipe, "config", None), "_name_or_path", None) or getattr(pipe, "name_or_path", None)
+    if not name:
+        transformer = getattr(pipe, "transformer", None)
+        name = getattr(getattr(transformer, "config", None), "_name_or_path", None)
+    return type(pipe).__name__ + (f" ({name})" if name else "")
+
+
 def device_of(pipe: Any, models: list[torch.nn.Module]) -> torch.device:
     """Where the pipeline runs: its ``device``, else its first transformer's parameters (a transformer alone)."""
     device = getattr(pipe, "device", None)

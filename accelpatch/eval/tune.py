@@ -523,7 +523,7 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     """
     from tqdm import tqdm
 
-    from accelpatch.eval.candidates import PatchSwitcher
+    from accelpatch.eval.candidates import PatchSwitcher, describe_pipeline
     from accelpatch.eval.preflight import check_call_arguments, check_seeds, parse_gates, require_pipeline
 
     require_pipeline(pipe, "tune")
@@ -600,8 +600,8 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     return TuneResult(winner=winner, trials=trials, space=space, gates=gates, reference=reference, seeds=seeds,
                       held_out_seeds=held_out, elapsed_s=elapsed, seconds=times, budget_s=budget_s,
                       stopped_by_budget=log.stopped_by_budget, grid_points=space.size(), notes=notes, call=call,
-                      model=model or None, dtype=dtype, device=device, description=description,
-                      conditions=conditions)
+                      model=model or None, dtype=dtype, device=device,
+                      description=description or describe_pipeline(pipe), conditions=conditions)
 
 
 def _budget_note(log: SearchLog, space: SearchSpace, oracle: _PipelineOracle, budget_s: float,

@@ -27,7 +27,8 @@ import torch
 from accelpatch.recipes import CandidateSpec, Gates
 from accelpatch.core.tiers import Tier, parse_tier
 from accelpatch.core.reporting import merge_counts
-from accelpatch.eval.candidates import CandidateLike, CallResult, PatchSwitcher, mean_by_key, parse_candidates, run_call
+from accelpatch.eval.candidates import (CandidateLike, CallResult, PatchSwitcher, describe_pipeline, mean_by_key,
+                                       parse_candidates, run_call)
 from accelpatch.eval.audio_metrics import AudioQuality, compare_audio
 from accelpatch.eval.metrics import compare_videos
 from accelpatch.eval.preflight import (check_audio_request, check_call_arguments, check_candidates, check_seeds, parse_gates,
@@ -519,5 +520,5 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
         bar.close()
         switcher.restore()
     return ValidationReport(reference=str(parse_tier(reference)), seeds=seeds, gates=gates, noise_floor=noise,
-                            reference_seconds_per_step=reference_times, candidates=results, description=description,
-                            conditions=conditions, references=kept)
+                            reference_seconds_per_step=reference_times, candidates=results,
+                            description=description or describe_pipeline(pipe), conditions=conditions, references=kept)
