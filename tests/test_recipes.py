@@ -206,6 +206,14 @@ def test_cli_lists_recipes_and_help_does_not_import_torch():
     listing = subprocess.run([sys.executable, "-m", "accelpatch", "recipes"], capture_output=True, text=True,
                              cwd=REPO, check=True).stdout
     assert "tiny-minimax-h3-sol-attn" in listing and "MiniMaxAI/MiniMax-H3" in listing
+    # #40: a header, and columns that hold their longest cell (a hub id overflowed the model column)
+    lines = listing.splitlines()
+    assert lines[0].endswith("recipes (use one: --recipe NAME, or accelpatch.apply(pipe, recipe=NAME)):")
+    header = lines[1]
+    assert header.split() == ["recipe", "model", "where", "description"]
+    starts = [header.index(word) for word in ("model", "where", "description")]
+    for line in lines[2:]:
+        assert all(line[start - 2:start] == "  " and line[start] != " " for start in starts), line
     probe = ("import sys; from accelpatch.__main__ import main\n"
              "try:\n    main(['validate', '--help'])\nexcept SystemExit:\n    pass\n"
              "print('torch' in sys.modules)")

@@ -196,9 +196,15 @@ def run_recipes(args: argparse.Namespace) -> int:
         looked = ", ".join(map(str, recipe_dirs())) or f"./recipes, {SHIPPED_RECIPES}"
         print(f"no recipes found (looked in {looked})")
         return 0
+    from accelpatch.eval._report_text import format_table
+
+    rows = [("recipe", "model", "where", "description")]
     for name, path in known.items():
         recipe = load_recipe(path)
-        print(f"{name:<34} {recipe.model:<48} {recipe.description}")
+        rows.append((name, recipe.model, "shipped" if Path(path).parent == Path(SHIPPED_RECIPES) else str(path),
+                     recipe.description))
+    print(f"{len(rows) - 1} recipes (use one: --recipe NAME, or accelpatch.apply(pipe, recipe=NAME)):")
+    print("\n".join(format_table(rows)))  # columns as wide as their longest cell: nothing overflows
     return 0
 
 
