@@ -143,3 +143,10 @@ def test_every_shipped_recipe_and_candidate_applies_to_its_model_at_release_size
     from accelpatch.core.patcher import patch_of, transformers_of
 
     assert all(patch_of(model) is None for model in transformers_of(target))  # left unpatched, as it came
+
+
+def test_every_shipped_recipe_is_in_the_recipes_page():
+    """#40: docs/recipes.md lacked the three tiny sol_attn recipes of Wan, HunyuanVideo 1.5 and LTX-2."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
+    missing = [p.stem for p in SHIPPED if f"`{p.stem}`" not in page]
+    assert not missing, missing
