@@ -3,6 +3,10 @@ and tiny models run fastest and least noisily on one thread."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tiny models' calls are all below the lossless paths' size floor (accelpatch.core.sites.MIN_ELEMENTS), where
+# fusing does not pay: the suite fuses every call, so that tiny models exercise the fused paths
+# (tests/test_lossless_fusions.py tests the floor itself).
+os.environ.setdefault("ACCELPATCH_FUSE_MIN_ELEMENTS", "0")
 
 import torch  # noqa: E402
 

@@ -123,3 +123,45 @@ def test_strict_sana_video2_runs_its_default_tier_on_several_threads():
     assert counts and all(k.startswith("not applicable: rotary_complex_pair runs with one CPU thread only")
                           for k in counts), counts
     accelpatch.remove(pipe)
+
+
+# -- issue #40, item 5: the default tier's size floor ----------------------------------------------------------------
+
+def test_calls_under_the_size_floor_run_the_original_forward_counted_as_not_applicable(monkeypatch):
+    """On the tiny pipelines the default tier ran ~8 % slower than unpatched: every call paid the restated forward
+    and the fused ops' calls where no fused op can save anything. Calls whose largest tensor is under the floor
+    (65,536 elements by default) run the original forward; the suite sets the floor to 0 (tests/conftest.py)."""
+    from accelpatch.core import sites
+
+    assert sites.DEFAULT_MIN_ELEMENTS == 65_536
+    model, inputs = _wan_bf16()
+    with torch.no_grad():
+        expected = model(**inputs).sample
+    accelpatch.apply(model)
+    monkeypatch.setattr(sites, "MIN_ELEMENTS", 10**9)  # every call of the tiny model is under it
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).sample, expected)
+    lossless = [s for s in accelpatch.report(model).sites if s.tier == "lossless"]
+    assert lossless and all(s.fast_calls == 0 for s in lossless)
+    assert all(s.outcomes["not applicable"] == {sites.small_call_reason(10**9): 1} for s in lossless), [
+        s.outcomes for s in lossless]
+    assert "fewer than 1,000,000,000 elements" in sites.small_call_reason(10**9)
+    assert not _outcomes_of(model, "modulate")  # no fused op was even asked
+    monkeypatch.setattr(sites, "MIN_ELEMENTS", 1)  # every call is over it: the fused paths run
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).sample, expected)
+    assert _outcomes_of(model, "modulate").get("ran")
+    accelpatch.remove(model)
+
+
+def test_the_size_floor_is_read_from_the_environment_and_a_bad_value_is_named(monkeypatch):
+    from accelpatch.core import sites
+
+    monkeypatch.delenv("ACCELPATCH_FUSE_MIN_ELEMENTS", raising=False)
+    assert sites._min_elements() == 65_536
+    monkeypatch.setenv("ACCELPATCH_FUSE_MIN_ELEMENTS", "1_000")
+    assert sites._min_elements() == 1000
+    monkeypatch.setenv("ACCELPATCH_FUSE_MIN_ELEMENTS", "lots")
+    with pytest.raises(ValueError, match=r"ACCELPATCH_FUSE_MIN_ELEMENTS='lots' is not a number of elements: give an "
+                                         r"integer >= 0 \(0 fuses every call; unset: 65536\)"):
+        sites._min_elements()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import copyreg
+import functools
 import importlib
 import inspect
+import os
 import threading
 import types
 from dataclasses import dataclass, field
@@ -210,11 +212,51 @@ NO_FUSED_OP = "no fused op fused in this call: each ran its eager chain (why: th
 NO_FUSED_OP_COMPILED = "inside torch.compile: the fused ops stand aside (the compiler fuses the chain itself)"
 
 
+def _min_elements() -> int:
+    """The fused paths' floor (``ACCELPATCH_FUSE_MIN_ELEMENTS``, default 65,536; 0 fuses every call)."""
+    text = os.environ.get(MIN_ELEMENTS_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_MIN_ELEMENTS
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{MIN_ELEMENTS_VARIABLE}={text!r} is not a number of elements: give an integer >= 0 "
+                         f"(0 fuses every call; unset: {DEFAULT_MIN_ELEMENTS})")
+    return value
+
+
+#: the environment variable that sets the lossless paths' size floor
+MIN_ELEMENTS_VARIABLE = "ACCELPATCH_FUSE_MIN_ELEMENTS"
+#: a lossless site call whose largest tensor holds fewer elements runs the original forward: there a fused op saves
+#: less than its call costs (measured on CPU: a fused modulate breaks even near 16-32 k elements, 1.8x faster at
+#: 131 k; the gate's routing adds about as much again), so the tiny pipelines ran ~8 % slower patched
+DEFAULT_MIN_ELEMENTS = 65_536
+MIN_ELEMENTS = _min_elements()
+
+
+@functools.lru_cache(maxsize=8)
+def small_call_reason(floor: int) -> str:
+    return (f"small call: its largest tensor holds fewer than {floor:,} elements, where fusing costs more than it "
+            f"saves ({MIN_ELEMENTS_VARIABLE}=0 fuses every call)")
+
+
+def _small(args: tuple, kwargs: dict) -> bool:
+    """Whether no tensor of the call holds :data:`MIN_ELEMENTS` elements (on every lossless call: kept cheap)."""
+    for values in (args, kwargs.values()):
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.numel() >= MIN_ELEMENTS:
+                return False
+    return True
+
+
 class FusedOpsPath(FastPath):
     """A fast path that restates a forward around verified fused ops (accelpatch.lossless.verify): the ops handle their own
     trouble (a failing or mismatching kernel declines its signature and runs the eager chain), so an exception that
     reaches ``run`` is the user's (a hook on a layer the path calls) or diffusers' own, and it propagates as it
-    would from the original forward — once, not again from a fallback."""
+    would from the original forward — once, not again from a fallback. A call whose largest tensor is under
+    :data:`MIN_ELEMENTS` runs the original forward, counted as not applicable (a policy)."""
 
     catches_errors = False
     work = "fused"
@@ -223,12 +265,14 @@ class FusedOpsPath(FastPath):
     def run_counted(self, module: torch.nn.Module, site: "Site", args: tuple, kwargs: dict) -> Any:
         """``run``, counted as fast only when one of its fused ops fused: a restated forward whose every op ran
         its eager chain (a declined signature, another CPU, threads, compiled code) did nothing fast."""
-        counting = not call_context.recomputing()
         if torch.compiler.is_compiling():  # the ops stand aside in compiled code (the compiler fuses)
             out = self.run(module, site, args, kwargs)
-            if counting and not isinstance(out, Outcome):
+            if not call_context.recomputing() and not isinstance(out, Outcome):
                 site.counters.count_reference(NO_FUSED_OP_COMPILED)
             return out
+        if MIN_ELEMENTS and _small(args, kwargs):
+            return NotApplicable(small_call_reason(MIN_ELEMENTS))
+        counting = not call_context.recomputing()
         with WorkWatch(site.counters) as watch:
             out = self.run(module, site, args, kwargs)
         if counting and not isinstance(out, Outcome):
