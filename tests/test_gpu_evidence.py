@@ -27,6 +27,7 @@ MODELS = ("SANA-Video", "SANA-Video 2.0", "MiniMax-H3")
 def run_all(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     """Run the script in a fresh process (one thread, Triton interpreter, as tests/conftest.py sets them)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
+    env.pop("ACCELPATCH_FUSE_MIN_ELEMENTS", None)  # as on the GPU machine: the default tier's size floor in force
     proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=180)
     return proc, json.loads(out.read_text()) if out.exists() else None
@@ -369,3 +370,21 @@ def test_the_dry_run_builds_gpu_sizes_and_checks_the_plan_without_running(tmp_pa
     assert all(section["status"] == "ok" for section in report["sections"].values())
     assert report["plan"]["problems"] == [] and report["plan"]["budgets_s"] <= 480
     assert f"plan: {len(SECTIONS)} sections" in proc.stdout and "warm_up" not in report  # no kernel build on a dry run
+
+
+def test_the_lossless_rows_fused_whatever_the_size_floor(dry_run):
+    """#40: with the default tier's size floor the section's small inputs would run the original forward, and the
+    bit identity would hold by absence: the section fuses every call, and a lossless row that fused nothing fails."""
+    _, report = dry_run
+    rows = report["sections"]["lossless_bit_identity"]["rows"]
+    default = [row for row in rows if row["check"] == "apply(), default tier"]
+    assert [row["model"] for row in default] == list(MODELS) and all(row["fast_calls"] > 0 for row in default)
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from _lossless import failed_checks
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    absent = {"model": "m", "check": "apply(), default tier", "required": True, "identical": True, "fast_calls": 0}
+    assert failed_checks([absent]) == [absent]
+    assert failed_checks([{**absent, "fast_calls": 3}]) == []
+
