@@ -563,13 +563,18 @@ def test_missing_compiler_is_a_reason(tmp_path, monkeypatch):
     assert library is None and "no C++ compiler" in reason and "no-such-c++" in reason
 
 
-def test_failing_compiler_is_a_reason(tmp_path, monkeypatch):
+def _broken_compiler(tmp_path, monkeypatch, *errors: str) -> None:
+    """CXX: a compiler that tells its version and fails every build, printing ``errors``; an empty cache."""
     fake = tmp_path / "broken-c++"
     fake.write_text("#!/bin/sh\ncase \"$1\" in --version|-v|-dumpversion) echo 'broken-c++ version 0'; exit 0;; esac\n"
-                    "echo 'cpu_kernels.cpp:1: error: simulated failure' >&2\nexit 1\n")
+                    + "".join(f"echo '{line}' >&2\n" for line in errors) + "exit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("CXX", str(fake))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_failing_compiler_is_a_reason(tmp_path, monkeypatch):
+    _broken_compiler(tmp_path, monkeypatch, "cpu_kernels.cpp:1: error: simulated failure")
     library, reason = cpu_build.build(namespace="accelpatch_cpu_broken", announce=False)
     assert library is None and "failed" in reason and "simulated failure" in reason
 
@@ -577,12 +582,7 @@ def test_failing_compiler_is_a_reason(tmp_path, monkeypatch):
 def test_a_failing_build_is_announced_once_and_its_reason_is_one_line(tmp_path, monkeypatch, capsys):
     """#40: with CXX=false the build was announced twice (the -march=native retry announced itself again) and the
     warning's reason held a line break and a double period."""
-    fake = tmp_path / "broken-c++"
-    fake.write_text("#!/bin/sh\ncase \"$1\" in --version|-v|-dumpversion) echo 'broken-c++ version 0'; exit 0;; esac\n"
-                    "echo 'cpu_kernels.cpp:1: error: simulated failure.' >&2\necho 'second line.' >&2\nexit 1\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("CXX", str(fake))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _broken_compiler(tmp_path, monkeypatch, "cpu_kernels.cpp:1: error: simulated failure.", "second line.")
     library, reason = cpu_build.build(namespace="accelpatch_cpu_broken_twice", announce=True)
     err = capsys.readouterr().err
     assert library is None and err.count("building the fused CPU kernels for this CPU") == 1, err
