@@ -84,7 +84,7 @@ def pytest_runtest_protocol(item, nextitem):
     """Arms the hard limit for the test's whole protocol (set-up, call, tear-down)."""
     limit = time_limit(item)
     if limit is not None:
-        faulthandler.dump_traceback_later(limit + _grace(item.config), exit=True, file=_fault_file(item.config))
+        faulthandler.dump_traceback_later(limit + _grace(item.config), exit=True, file=_fault_file())
     try:
         yield
     finally:
@@ -101,9 +101,10 @@ def _is_worker(config) -> bool:
 _FAULT_FILE = None
 
 
-def _fault_file(config):
-    """Where :mod:`faulthandler` writes: the worker's own file, or stderr outside xdist."""
-    return _FAULT_FILE if _FAULT_FILE is not None else sys.stderr
+def _fault_file():
+    """Where :mod:`faulthandler` writes: the worker's own file, or the process's real stderr outside xdist (pytest
+    may have replaced ``sys.stderr`` with a capture that has no file descriptor)."""
+    return _FAULT_FILE if _FAULT_FILE is not None else sys.__stderr__
 
 
 def _fault_path(folder: str, worker: str) -> Path:
