@@ -19,11 +19,8 @@ import dataclasses
 import weakref
 from typing import Any, Iterator
 
-from accelpatch import _moved
-
-_moved.install()  # old import paths of moved modules (accelpatch.* only) still import, with a DeprecationWarning
-
-from accelpatch.sol_attn.config import SolAttnConfig  # noqa: E402
+from accelpatch._lazy import lazy_attributes
+from accelpatch.sol_attn.config import SolAttnConfig
 from accelpatch.core.errors import AccelpatchError, FastPathUnavailableError
 from accelpatch.core.steps import denoising_step
 from accelpatch.core.tiers import quality
@@ -49,29 +46,6 @@ _LAZY = {
     "doctor": "accelpatch.tools.doctor",
 }
 
-#: names that were top-level before the public surface shrank (issue #33) -> their subpackage: still found here for
-#: one release, with a DeprecationWarning naming the new home
-_MOVED = {
-    "current_denoising_step": "accelpatch.core.steps",
-    "Tier": "accelpatch.core.tiers",
-    "load_pipeline": "accelpatch.eval",
-    "Candidate": "accelpatch.eval",
-    "TuneResult": "accelpatch.eval",
-    # models accelpatch ships (diffusers has no class for them): importing them imports diffusers
-    "SanaVideo2Transformer3DModel": "accelpatch.models.sana_video2",
-    "SanaVideo2Pipeline": "accelpatch.models.sana_video2",
-    # several processes: CFG parallelism (torch.distributed)
-    "enable_cfg_parallel": "accelpatch.parallel",
-    "disable_cfg_parallel": "accelpatch.parallel",
-    "parallel_mesh": "accelpatch.parallel",
-    "cfg_parallel_counts": "accelpatch.parallel",
-    # diffusers' own switch, model.set_attention_backend("sol_attn")
-    "configure_sol_attn_backend": "accelpatch.sol_attn",
-    "attention_backend_report": "accelpatch.sol_attn",
-    "register_attention_backend": "accelpatch.sol_attn",
-    "register_sol_attn_backend": "accelpatch.sol_attn",  # deprecated twice: calling it warns too
-}
-
 #: subpackages reachable as attributes after ``import accelpatch`` (imported on first access)
 _SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "models", "eval", "testing", "tools")
 
@@ -80,7 +54,7 @@ _SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "model
 from accelpatch.sol_attn import registration as _attention_registry  # noqa: E402
 
 
-__getattr__ = _moved.lazy_attributes(__name__, _LAZY, moved=_MOVED, subpackages=_SUBPACKAGES)
+__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=_SUBPACKAGES)
 
 
 def __dir__() -> list[str]:

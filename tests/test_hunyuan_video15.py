@@ -11,6 +11,7 @@ import torch
 
 import accelpatch
 from accelpatch.models.hunyuan_video15 import adapter as hy_adapter
+from accelpatch.models.hunyuan_video15 import high as hy_high
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR
@@ -67,7 +68,7 @@ def test_high_runs_sparse_with_its_exact_fraction_and_the_refiner_stays_dense(mo
     # the 6 + 3 valid text rows recomputed densely: 1024 of the prefix's 1033 rows are sparse
     assert all(s.stats["sparse_row_fraction"] == VIDEO / (VIDEO + VALID) for s in _sol(rep)), _sol(rep)
     assert [(s.path, s.fast_calls, s.reference_calls) for s in _refiner(rep)] == [
-        ("context_embedder.token_refiner.refiner_blocks.0.attn", 0, {hy_adapter.REFINER_DENSE: 1})]
+        ("context_embedder.token_refiner.refiner_blocks.0.attn", 0, {hy_high.REFINER_DENSE: 1})]
     assert rep.fallback_calls == {} and "exact_fraction" in str(rep)
     accelpatch.apply(m, **SPARSE, dense_rows="none")
     _forward(m, inputs)
@@ -136,7 +137,7 @@ def test_a_mask_that_is_not_the_layout_declines_counted_and_strict_raises(model,
     accelpatch.apply(m, **SPARSE)
     with pytest.warns(RuntimeWarning, match="different numbers of valid text tokens"):
         assert _bits_equal(_forward(m, batch), expected)  # the fallback is the processor's output
-    assert accelpatch.report(m).fallback_calls == {hy_adapter.UNEVEN_TEXT: 2}
+    assert accelpatch.report(m).fallback_calls == {hy_high.UNEVEN_TEXT: 2}
     # valid text tokens that are not first (the model's forward never builds this; a direct call can)
     attn = m.transformer_blocks[0].attn
     x, text = torch.randn(1, 64, 256), torch.randn(1, 4, 256)

@@ -13,8 +13,8 @@ PACKAGE = Path(accelpatch.__file__).parent
 #: what each ground-floor module or folder may import from accelpatch (besides itself)
 ALLOWED = {
     "accelpatch.core.errors": set(),
-    # old paths of moved modules and lazily imported public names (imports only what it is asked for, by name)
-    "accelpatch._moved": set(),
+    # lazily imported public names (imports only what it is asked for, by name)
+    "accelpatch._lazy": set(),
     "accelpatch.core.call_context": set(),
     # version-dependent torch internals, feature-detected once (imports only torch)
     "accelpatch.core.torch_compat": set(),

@@ -13,6 +13,7 @@ import torch
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.models.ltx2 import adapter as ltx2_adapter
+from accelpatch.models.ltx2 import high as ltx2_high
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR
@@ -60,7 +61,7 @@ def _expected_dense(calls=1):
     expected = {}
     for i in (0, 1):
         for name in ATTENTIONS[1:]:
-            reason = ltx2_adapter.AUDIO_DENSE if name == "audio_attn1" else ltx2_adapter.CROSS_DENSE
+            reason = ltx2_high.AUDIO_DENSE if name == "audio_attn1" else ltx2_high.CROSS_DENSE
             expected[f"transformer_blocks.{i}.{name}"] = (0, {reason: calls})
     return expected
 
@@ -146,7 +147,7 @@ def test_ltx23_stg_blocks_and_masked_calls_run_the_processor_counted(monkeypatch
     assert _both_equal(_forward(m, stg), references[0])  # no warning: a dense-by-policy call
     assert {s.path: (s.fast_calls, s.reference_calls) for s in _sol(accelpatch.report(m))} == {
         "transformer_blocks.0.attn1": (0, {NOTHING_SKIPPED: 1}),  # the dense stand-in ran: it skips nothing
-        "transformer_blocks.1.attn1": (0, {ltx2_adapter.PERTURBED_CALL: 1})}
+        "transformer_blocks.1.attn1": (0, {ltx2_high.PERTURBED_CALL: 1})}
     with pytest.warns(RuntimeWarning, match="attention_mask"):
         assert _both_equal(_forward(m, masked), references[1])
     assert all(s.reference_calls.get(sol_attention.MASKED_CALL) == 1 for s in _sol(accelpatch.report(m)))

@@ -10,7 +10,7 @@ import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.core.reporting import merge_counts
-from accelpatch.models.minimax_h3 import adapter as h3_adapter
+from accelpatch.models.minimax_h3 import high as h3_high
 from accelpatch.testing import (minimax_h3_layout, minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer)
 
@@ -74,8 +74,8 @@ def test_dense_guards_covering_everything_are_bit_identical(model, options):
     assert torch.equal(_forward(m, inputs), reference)
     rep = accelpatch.report(m)
     assert sum(s.fast_calls for s in _high(rep)) == 0 and rep.fallback_calls == {}
-    reason = h3_adapter.DENSE_STEP if options["dense_steps"] else h3_adapter.DENSE_LAYER
-    assert merge_counts(s.reference_calls for s in _high(rep)) == {reason: 2, h3_adapter.REFINER_DENSE: 2}
+    reason = h3_high.DENSE_STEP if options["dense_steps"] else h3_high.DENSE_LAYER
+    assert merge_counts(s.reference_calls for s in _high(rep)) == {reason: 2, h3_high.REFINER_DENSE: 2}
     # each dense call went to the lossless fused attention below: it is the reference bit for bit (checked above)
     assert _lossless_counts(rep) == _lossless_after(fast=1)
 
@@ -154,7 +154,7 @@ def test_step_clock_through_the_modular_pipeline_restarts_each_call():
     assert torch.equal(first, second) and not torch.equal(first, expected)
     counts = accelpatch.report(pipe).sites
     main = [s for s in counts if s.kind == "sol_attn"]
-    assert all(s.fast_calls == 4 and s.reference_calls == {h3_adapter.DENSE_STEP: 2} for s in main)
+    assert all(s.fast_calls == 4 and s.reference_calls == {h3_high.DENSE_STEP: 2} for s in main)
     with accelpatch.quality("exact"):
         assert torch.equal(_call(pipe), expected)
     accelpatch.remove(pipe)
@@ -188,22 +188,22 @@ def test_sink_rows_stay_exact_at_the_attention_level(model):
         dense = attn(hidden, rope)
         accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
         with accelpatch.denoising_step(5):
-            token = h3_adapter._layout.set(h3_adapter.layout_from_token_tags(inputs["token_tags"]))
+            token = h3_high._layout.set(h3_high.layout_from_token_tags(inputs["token_tags"]))
             try:
                 sparse = attn(hidden, rope)
             finally:
-                h3_adapter._layout.reset(token)
+                h3_high._layout.reset(token)
     prefix = layout.prefix_rows
-    assert prefix == 14 and h3_adapter.layout_from_token_tags(inputs["token_tags"]).sink_tokens == prefix
+    assert prefix == 14 and h3_high.layout_from_token_tags(inputs["token_tags"]).sink_tokens == prefix
     torch.testing.assert_close(sparse[:, :prefix], dense[:, :prefix], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(sparse[:, prefix:], dense[:, prefix:], atol=1e-4, rtol=1e-4)
 
 
 def test_layout_hull_covers_every_non_video_row():
     tags = torch.tensor([0, 0, 1, 1, 0, 2, 2, 0, 0])
-    assert h3_adapter.layout_from_token_tags(tags) == h3_adapter.PackedLayout(9, 2, 5, rows=(2, 3, 5, 6))
-    assert h3_adapter.layout_from_token_tags(torch.tensor([0, 1, 2, 2, 0])) == h3_adapter.PackedLayout(5, 1, 3)
-    assert h3_adapter.layout_from_token_tags(torch.zeros(5, dtype=torch.long)).sink_tokens == 0
+    assert h3_high.layout_from_token_tags(tags) == h3_high.PackedLayout(9, 2, 5, rows=(2, 3, 5, 6))
+    assert h3_high.layout_from_token_tags(torch.tensor([0, 1, 2, 2, 0])) == h3_high.PackedLayout(5, 1, 3)
+    assert h3_high.layout_from_token_tags(torch.zeros(5, dtype=torch.long)).sink_tokens == 0
 
 
 @pytest.mark.parametrize("options,match", [
@@ -245,8 +245,8 @@ def test_default_dense_layers_are_the_prior_arts_for_minimax_h3(model):
     assert patch_of(m).backend.dense_layers == frozenset({0, 1})
     assert torch.equal(_forward(m, inputs), reference)  # the tiny model has 2 layers: both dense
     rep = accelpatch.report(m)
-    assert merge_counts(s.reference_calls for s in _high(rep)) == {h3_adapter.DENSE_LAYER: 2,
-                                                                   h3_adapter.REFINER_DENSE: 2}
+    assert merge_counts(s.reference_calls for s in _high(rep)) == {h3_high.DENSE_LAYER: 2,
+                                                                   h3_high.REFINER_DENSE: 2}
     assert sum(s.fast_calls for s in _high(rep)) == 0 and _lossless_counts(rep) == _lossless_after(fast=1)
 
 

@@ -8,7 +8,7 @@ import torch
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.models.sana_video2 import adapter as sv2
+from accelpatch.models.sana_video2 import high as sv2_high
 from accelpatch.core.patcher import patch_of
 from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.sol_attn.sites import DENSE_LAYER, DENSE_STEP
@@ -116,7 +116,7 @@ def test_each_guard_says_why(on_cpu):
         attn = model.blocks[layer].attn
         attn.fp32_attention = False
         site = _declined(model, layer, x, rope)
-        assert site.reference_calls == {sv2.FP32_ATTENTION_OFF: 1} and site.fallback_calls == {}
+        assert site.reference_calls == {sv2_high.FP32_ATTENTION_OFF: 1} and site.fallback_calls == {}
         attn.fp32_attention = True
     accelpatch.remove(model)
     model.blocks[3].attn.set_processor(torch.nn.Identity())  # a processor the fast path does not restate
@@ -147,9 +147,9 @@ def test_fp32_anchor_steps_and_layers(on_cpu):
                 _forward(model, inputs)
     anchors = {s.path: s for s in accelpatch.report(model).sites if s.kind == "sana_video2_softmax_attention"}
     assert anchors["blocks.3.attn"].fast_calls == 2
-    assert anchors["blocks.3.attn"].reference_calls == {sv2.FP32_ANCHOR_STEP: 2}
+    assert anchors["blocks.3.attn"].reference_calls == {sv2_high.FP32_ANCHOR_STEP: 2}
     assert anchors["blocks.7.attn"].fast_calls == 0
-    assert anchors["blocks.7.attn"].reference_calls == {sv2.FP32_ANCHOR_STEP: 2, sv2.FP32_ANCHOR_LAYER: 2}
+    assert anchors["blocks.7.attn"].reference_calls == {sv2_high.FP32_ANCHOR_STEP: 2, sv2_high.FP32_ANCHOR_LAYER: 2}
     with pytest.raises(ValueError, match=r"anchor_fp32_layers names layer\(s\) \[2\] that are not anchor layers .* "
                                          r"its softmax anchors are 3, 7"):
         accelpatch.apply(model, anchor_fp32_layers="2,3")
@@ -171,7 +171,7 @@ def test_an_unknown_step_keeps_fp32_anchors_and_says_so(on_cpu, monkeypatch):
         _forward(model, inputs)
     rep = accelpatch.report(model)
     high, lossless = _attn_sites(rep, 3)
-    assert high.fast_calls == 0 and high.fallback_calls == {sv2.ANCHOR_STEP_UNKNOWN: 1}
+    assert high.fast_calls == 0 and high.fallback_calls == {sv2_high.ANCHOR_STEP_UNKNOWN: 1}
     assert lossless.fast_calls == 1  # the FP32 anchor it kept ran the lossless fused path
     assert rep.models[0].step_sources == {steps.UNKNOWN: 1}
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.models.minimax_h3 import adapter as h3_adapter
+from accelpatch.models.minimax_h3 import high as h3_high
 from accelpatch.testing import minimax_h3_layout, minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 ROWS = 1100  # video rows: with 6 text and 8 audio rows, 1,114 rows (18 blocks of 64), enough to be sparse
@@ -35,11 +35,11 @@ def _attention(model, inputs, hidden, **options):
                 return attn(hidden, rope), None
             accelpatch.apply(model, backend="sol_attn", **{**SPARSE, **options})
             with accelpatch.denoising_step(5):
-                token = h3_adapter._layout.set(h3_adapter.layout_from_token_tags(inputs["token_tags"]))
+                token = h3_high._layout.set(h3_high.layout_from_token_tags(inputs["token_tags"]))
                 try:
                     out = attn(hidden, rope)
                 finally:
-                    h3_adapter._layout.reset(token)
+                    h3_high._layout.reset(token)
             return out, accelpatch.report(model)
     finally:
         accelpatch.remove(model)
@@ -92,7 +92,7 @@ def test_a_split_off_by_one_row_is_caught(setup, runs, monkeypatch):
     rows = torch.arange(minimax_h3_layout(inputs).prefix_rows)
     for shift, failure in ((-1, "text/audio rows differ from the dense attention"),
                            (1, "video rows differ from the sparse output")):
-        monkeypatch.setattr(h3_adapter.PackedLayout, "dense_rows",
+        monkeypatch.setattr(h3_high.PackedLayout, "dense_rows",
                             lambda self, s=shift: slice(self.sink_start, self.sink_start + self.sink_tokens + s))
         wrong, _ = _attention(model, inputs, hidden, dense_rows="text_audio")
         assert failure in _rows_check(wrong, runs["dense"], runs["plain"], rows), shift
@@ -127,7 +127,7 @@ def test_rows_that_are_not_contiguous_are_gathered_and_counted(setup):
     out, report = _attention(model, shuffled, hidden, dense_rows="text_audio")
     assert _rows_check(out, dense, plain, rows) == []
     site = next(s for s in report.sites if s.path == "transformer_blocks.0.attn" and s.kind == "sol_attn")
-    assert site.notes == {h3_adapter.GATHERED_ROWS: 1} and report.fallback_calls == {}
+    assert site.notes == {h3_high.GATHERED_ROWS: 1} and report.fallback_calls == {}
     assert site.stats["sparse_row_fraction"] == pytest.approx(1 - rows.numel() / layout.sequence_length, abs=1e-12)
 
 
@@ -135,7 +135,7 @@ def test_a_call_without_a_layout_says_its_rows_ran_sparse(setup):
     model, inputs, _, hidden = setup
     attn = model.transformer_blocks[0].attn
     rope = model.rope(inputs["position_ids"])
-    for option, notes in (("text_audio", {h3_adapter.NO_LAYOUT_ROWS: 1}), ("none", {})):
+    for option, notes in (("text_audio", {h3_high.NO_LAYOUT_ROWS: 1}), ("none", {})):
         accelpatch.apply(model, backend="sol_attn", dense_rows=option, **SPARSE)
         try:
             with torch.no_grad(), accelpatch.denoising_step(5):

@@ -9,7 +9,7 @@ import torch
 
 import accelpatch
 from accelpatch.core import steps
-from accelpatch.models.minimax_h3 import adapter as h3_adapter
+from accelpatch.models.minimax_h3 import high as h3_high
 from accelpatch.testing import (minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
                                 sana_video_pipeline_call_kwargs, tiny_minimax_h3_pipeline, tiny_minimax_h3_transformer,
                                 tiny_sana_video_pipeline)
@@ -42,7 +42,7 @@ def test_a_transformer_patched_alone_follows_the_pipeline_steps_from_its_timeste
     assert all(torch.equal(a, b) for a, b in zip(alone, through_pipeline))
     rep = accelpatch.report(pipe)
     main = [s for s in rep.sites if s.kind == "sol_attn"]
-    assert all(s.fast_calls == 4 and s.reference_calls == {h3_adapter.DENSE_STEP: 2} for s in main)
+    assert all(s.fast_calls == 4 and s.reference_calls == {h3_high.DENSE_STEP: 2} for s in main)
     assert rep.models[0].step_sources == {steps.TIMESTEP: 6}
     assert "step clock: timestep argument ×6" in str(rep)
 
@@ -58,7 +58,7 @@ def test_direct_calls_count_steps_by_timestep_and_restart_when_the_noise_goes_ba
     assert [r.step for r in seen] == [0, 0, 1, 2, 0, 0]
     rep = accelpatch.report(model)
     main = [s for s in rep.sites if s.kind == "sol_attn"]
-    assert all(s.fast_calls == 2 and s.reference_calls == {h3_adapter.DENSE_STEP: 4} for s in main)
+    assert all(s.fast_calls == 2 and s.reference_calls == {h3_high.DENSE_STEP: 4} for s in main)
 
 
 def test_an_explicit_denoising_step_wins_over_the_timestep():
@@ -86,7 +86,7 @@ def test_an_unknown_step_warns_once_runs_dense_and_says_so_in_the_report(monkeyp
     assert all(torch.equal(o, reference) for o in outs)
     rep = accelpatch.report(model)
     assert rep.models[0].step_sources == {steps.UNKNOWN: 2}
-    assert rep.fallback_calls == {h3_adapter.STEP_UNKNOWN: 4}
+    assert rep.fallback_calls == {h3_high.STEP_UNKNOWN: 4}
     assert "2 call(s) had no known step" in str(rep)
 
     accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="", tau=3.0, strict=True)

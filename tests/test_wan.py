@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.models.wan import adapter as wan_adapter
+from accelpatch.models.wan import high as wan_high
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR
@@ -68,7 +68,7 @@ def test_high_runs_sparse_with_its_exact_fraction_and_cross_attention_stays_dens
     assert [(s.path, s.fast_calls) for s in _sol(rep)] == [("blocks.0.attn1", 1), ("blocks.1.attn1", 1)]
     assert all(0 < s.stats["exact_fraction"] < 1 for s in _sol(rep)), _sol(rep)
     assert [(s.path, s.fast_calls, s.reference_calls) for s in _cross(rep)] == [
-        (f"blocks.{i}.attn2", 0, {wan_adapter.CROSS_DENSE: 1}) for i in (0, 1)]
+        (f"blocks.{i}.attn2", 0, {wan_high.CROSS_DENSE: 1}) for i in (0, 1)]
     assert rep.fallback_calls == {} and "exact_fraction" in str(rep)
     # all blocks exact (tau -> -inf) is dense attention up to rounding: an independent check of the projection
     accelpatch.apply(m, **SPARSE, tau=-1e9)
@@ -320,5 +320,5 @@ def test_i2v_layout_image_context_stays_in_the_dense_cross_attention():
     assert not torch.equal(_forward(m, inputs), reference)
     rep = accelpatch.report(m)
     assert [s.fast_calls for s in _sol(rep)] == [1, 1] and all(
-        s.fast_calls == 0 and s.reference_calls[wan_adapter.CROSS_DENSE] == 1 for s in _cross(rep))
+        s.fast_calls == 0 and s.reference_calls[wan_high.CROSS_DENSE] == 1 for s in _cross(rep))
     accelpatch.remove(m)

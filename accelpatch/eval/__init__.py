@@ -14,7 +14,7 @@ validate|bench|tune`` their command lines. Plots need matplotlib (``pip install 
 Public here (imported on first use): ``validate``, ``bench``, ``tune``, ``TuneResult``, ``Candidate``,
 ``load_pipeline``.
 """
-from accelpatch._moved import lazy_attributes
+from accelpatch._lazy import lazy_attributes
 
 _LAZY = {"validate": "accelpatch.eval.validate", "bench": "accelpatch.eval.bench", "tune": "accelpatch.eval.tune",
          "TuneResult": "accelpatch.eval.tune", "Candidate": "accelpatch.eval.candidates",

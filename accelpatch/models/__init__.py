@@ -2,7 +2,7 @@
 model's site table: which module, which fast path, which tier), its lossless fused paths and its ``high`` paths;
 SANA-Video 2.0's own model code is under its family. :mod:`.registry` finds a model's family. Importing this package
 imports neither torch nor diffusers; ``ADAPTERS`` and ``find_adapter`` are imported on first use."""
-from accelpatch._moved import lazy_attributes
+from accelpatch._lazy import lazy_attributes
 
 FAMILIES = ("sana_video", "sana_video2", "minimax_h3", "wan", "hunyuan_video15", "ltx2")
 

@@ -15,7 +15,7 @@ code); this package knows no model.
 Public here (imported on first use): ``enable_cfg_parallel``, ``disable_cfg_parallel``, ``parallel_mesh``,
 ``cfg_parallel_counts``.
 """
-from accelpatch._moved import lazy_attributes
+from accelpatch._lazy import lazy_attributes
 
 _LAZY = {name: "accelpatch.parallel.cfg" for name in (
     "enable_cfg_parallel", "disable_cfg_parallel", "parallel_mesh", "cfg_parallel_counts")}

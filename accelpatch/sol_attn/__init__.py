@@ -14,9 +14,9 @@ package imports nothing heavy (``import accelpatch`` reads ``SolAttnConfig`` fro
 Public here (imported on first use): ``register_attention_backend``, ``configure_sol_attn_backend``,
 ``attention_backend_report``.
 """
-from accelpatch._moved import lazy_attributes
+from accelpatch._lazy import lazy_attributes
 
 _LAZY = {name: "accelpatch.sol_attn.registration" for name in (
-    "configure_sol_attn_backend", "attention_backend_report", "register_attention_backend", "register_sol_attn_backend")}
+    "configure_sol_attn_backend", "attention_backend_report", "register_attention_backend")}
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

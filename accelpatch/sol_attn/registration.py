@@ -181,13 +181,6 @@ def configure_sol_attn_backend(**options: Any):
     return set_options(**options)
 
 
-def register_sol_attn_backend() -> None:
-    """The former name of :func:`register_attention_backend` (deprecated, kept for one release)."""
-    warnings.warn("accelpatch.sol_attn.register_sol_attn_backend() is deprecated: call accelpatch.sol_attn.register_attention_backend()",
-                  DeprecationWarning, stacklevel=2)
-    register()
-
-
 def unregister() -> None:
     """Undo :func:`register`: the enum member, the registry entries and the ``get_active_backend`` wrapper go;
     a global active backend left at ``sol_attn`` returns to diffusers' process default. Processors still set to

@@ -88,7 +88,7 @@ def test_a_contracted_rope_pair_is_caught():
 def test_the_reference_is_wans_rope():
     """reference.rope_pair is WanAttnProcessor's apply_rotary_emb on query and key (the adapter's ``_rotate``,
     which restates it) with the tables WanRotaryPosEmbed builds, bit for bit."""
-    from accelpatch.models.wan.adapter import _rotate
+    from accelpatch.models.wan.high import _rotate
     from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
     for dtype in (F32, BF16):  # float32 tables with float32 or bf16 activations

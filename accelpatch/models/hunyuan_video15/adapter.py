@@ -47,7 +47,6 @@ import torch
 from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.models.hunyuan_video15.lossless import FUSED_ATTENTION, FUSED_BLOCK
-from accelpatch._moved import names_moved_to
 from accelpatch.models.hunyuan_video15.high import REFINER_DENSE_PATH, SOL_ATTENTION, _hy
 
 #: which module carries which fast path: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on
@@ -95,7 +94,3 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
         if not isinstance(refiner, torch.nn.ModuleList):
             return "it has no ModuleList `context_embedder.token_refiner.refiner_blocks`"
         return None
-
-
-#: the names that moved to :mod:`.high` (issue #33) still import from here
-__getattr__ = names_moved_to(__name__, "accelpatch.models.hunyuan_video15.high")

@@ -2,7 +2,7 @@
 :mod:`.adapter` holds the model's site table (which module, which fast path, which tier) and its adapter,
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
-from accelpatch._moved import lazy_attributes
+from accelpatch._lazy import lazy_attributes
 
 _LAZY = {"LTX2Adapter": f"{__name__}.adapter"}
 

@@ -45,7 +45,6 @@ import torch
 from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.models.ltx2.lossless import FUSED_ATTENTION, FUSED_BLOCK
-from accelpatch._moved import names_moved_to
 from accelpatch.models.ltx2.high import ATTENTIONS, AUDIO_DENSE_PATH, CROSS_DENSE_PATH, SOL_ATTENTION, _ltx2
 
 #: which module carries which fast path: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on
@@ -97,7 +96,3 @@ class LTX2Adapter(SolAttnAdapter):
             if attn1.rope_type not in ("interleaved", "split"):
                 return f"transformer_blocks.{i}.attn1.rope_type is {attn1.rope_type!r}, expected interleaved or split"
         return None
-
-
-#: the names that moved to :mod:`.high` (issue #33) still import from here
-__getattr__ = names_moved_to(__name__, "accelpatch.models.ltx2.high")

@@ -25,7 +25,6 @@ from accelpatch.core.adapter import CacheSupport, SiteRule, TimestepScale
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.lossless.swiglu import FUSED_SWIGLU
 from accelpatch.models.minimax_h3.lossless import FUSED_ATTENTION, FUSED_BLOCK
-from accelpatch._moved import names_moved_to
 from accelpatch.models.minimax_h3.high import REFINER_DENSE_PATH, SOL_ATTENTION, capture_layout
 
 #: which module carries which fast path: every block's AdaLN/residual fusion, its attention's RoPE fusion and its
@@ -52,7 +51,3 @@ class MiniMaxH3Adapter(SolAttnAdapter):
     def capture_for(self, backend_config: Any):
         """With a backend, the packed layout of each forward's ``token_tags`` (read by the Sol-Attn sites)."""
         return capture_layout if backend_config is not None else None
-
-
-#: the names that moved to :mod:`.high` (issue #33) still import from here
-__getattr__ = names_moved_to(__name__, "accelpatch.models.minimax_h3.high")

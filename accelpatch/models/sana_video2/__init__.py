@@ -3,7 +3,7 @@
 site table (which module, which fast path, which tier) and its adapter, :mod:`.lossless` its lossless fused paths,
 :mod:`.high` its ``high`` paths.
 Imported on first use: importing this package imports neither torch nor diffusers."""
-from accelpatch._moved import lazy_attributes
+from accelpatch._lazy import lazy_attributes
 
 _LAZY = {"SanaVideo2Adapter": f"{__name__}.adapter", "SanaVideo2Transformer3DModel": f"{__name__}.modeling",
          "SanaVideo2Pipeline": f"{__name__}.modeling"}

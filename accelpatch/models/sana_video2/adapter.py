@@ -31,7 +31,6 @@ import torch
 from accelpatch.sol_attn.config import all_layers_dense_reason, format_layers
 from accelpatch.core.adapter import NO_BACKEND, CacheSupport, ModelAdapter, SiteRule
 from accelpatch.models.sana_video2.lossless import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR
-from accelpatch._moved import names_moved_to
 from accelpatch.models.sana_video2.high import ANCHOR_BF16, ANCHOR_SOL_ATTN, LINEAR_BF16_GEMM, SanaVideo2Options
 
 
@@ -122,7 +121,3 @@ class SanaVideo2Adapter(ModelAdapter):
         if backend_config is not None:
             return (backend_config.dense_steps,)
         return (options.anchor_fp32_steps,) if options is not None else ()
-
-
-#: the names that moved to :mod:`.high` (issue #33) still import from here
-__getattr__ = names_moved_to(__name__, "accelpatch.models.sana_video2.high")

@@ -31,7 +31,6 @@ from typing import Optional
 
 import torch
 
-from accelpatch._moved import names_moved_to
 from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.models.wan.high import CROSS_DENSE_PATH, SOL_ATTENTION, _wan
 from accelpatch.models.wan.lossless import FUSED_ATTENTION, FUSED_BLOCK
@@ -75,7 +74,3 @@ class WanAdapter(SolAttnAdapter):
             if block.attn1.add_k_proj is not None or block.attn1.is_cross_attention:
                 return f"blocks.{i}.attn1 is a cross-attention (added image k/v or is_cross_attention)"
         return None
-
-
-#: the names that moved to :mod:`.high` (issue #33) still import from here
-__getattr__ = names_moved_to(__name__, "accelpatch.models.wan.high")
