@@ -100,3 +100,46 @@ def test_the_check_sees_every_kind_of_import():
     assert {"accelpatch.core.call_context", "accelpatch.core.patcher", "accelpatch.core.gate"} <= found
     assert not _is_allowed("accelpatch.core.patcher", "accelpatch.core.tiers")
     assert _is_allowed("accelpatch.core.call_context", "accelpatch.core.tiers")
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the accelpatch modules it imports (a package import counts as its ``__init__``)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path) if m in modules and m != name}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """#41: three import circles (eval/plots <-> eval/validate, eval/tune <-> eval/tune_plot, SANA-Video 2.0's
+    convert <-> transformer): a plot takes the results it draws, and the checkpoint reader takes the model class."""
+    graph = _graph()
+    index, low, on_stack, stack, circles, counter = {}, {}, set(), [], [], [0]
+
+    def visit(node):  # Tarjan's strongly connected components
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, circles

@@ -8,12 +8,9 @@ second of audio with non-finite samples (SNR -inf) at its bottom.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
-
-if TYPE_CHECKING:  # pragma: no cover
-    from accelpatch.eval.validate import ValidationReport
 
 __all__ = ["plot_validation", "worst_frame_strip"]
 
@@ -39,7 +36,7 @@ def _clamped(values, bottom, top):
     return [top if math.isnan(v) or v > top else max(v, bottom) for v in values]
 
 
-def _plot_audio(report: "ValidationReport", snr_axis, corr_axis) -> None:
+def _plot_audio(report, snr_axis, corr_axis) -> None:
     """Audio SNR and correlation per 1-second window, one line per candidate and seed, the audio gates dashed."""
     for candidate in report.candidates:
         for scores in candidate.scores:
@@ -63,9 +60,11 @@ def _plot_audio(report: "ValidationReport", snr_axis, corr_axis) -> None:
                   ylabel="Pearson r")
 
 
-def plot_validation(report: "ValidationReport", path: Optional[str] = None):
+def plot_validation(report, path: Optional[str] = None):
     """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed; with
-    audio, two more below: audio SNR and correlation per second with the audio gates."""
+    audio, two more below: audio SNR and correlation per second with the audio gates. ``report``: a
+    :class:`~accelpatch.eval.validate.ValidationReport` (a plot takes the results it draws; it does not import the
+    code that computes them)."""
     audio = report.has_audio
     figure = _new_figure(figsize=(11, 8 if audio else 4), constrained_layout=True)
     axes = figure.subplots(2 if audio else 1, 2)
@@ -105,8 +104,9 @@ def _to_image(frame: torch.Tensor, size: int):
     return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
 
 
-def worst_frame_strip(report: "ValidationReport", path: str, *, min_height: int = 128) -> None:
-    """One row per candidate: reference | candidate | |difference| (scaled so the largest difference is white)."""
+def worst_frame_strip(report, path: str, *, min_height: int = 128) -> None:
+    """One row per candidate: reference | candidate | |difference| (scaled so the largest difference is white), from
+    ``report``, a :class:`~accelpatch.eval.validate.ValidationReport`."""
     from PIL import Image, ImageDraw
 
     rows = []

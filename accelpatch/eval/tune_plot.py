@@ -9,10 +9,8 @@ optional, as for :mod:`accelpatch.eval.plots`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:  # pragma: no cover
-    from accelpatch.eval.tune import Trial, TuneResult
 
 __all__ = ["plot_tune", "pareto_front"]
 
@@ -26,7 +24,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
     return sorted(front)
 
 
-def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, floor: Optional[float],
+def _panel(axis, trials: list, winner, metric: str, floor: Optional[float],
            title: str, ylabel: str, crowned: str = "winner", floor_name: str = "floor") -> None:
     shown = [t for t in trials if t.speedup is not None and getattr(t, metric) is not None]
     for passed, style in ((True, dict(color="tab:green", label="passes")),
@@ -50,9 +48,9 @@ def _panel(axis, trials: list["Trial"], winner: Optional["Trial"], metric: str, 
     axis.grid(True, alpha=0.3)
 
 
-def plot_tune(result: "TuneResult", path: Optional[str] = None):
+def plot_tune(result, path: Optional[str] = None):
     """Speed-up (x) against worst SSIM, and against worst audio SNR when any setting has one (matplotlib Figure;
-    saved as PNG when ``path``)."""
+    saved as PNG when ``path``), from ``result``, a :class:`~accelpatch.eval.tune.TuneResult`."""
     from accelpatch.eval.plots import _new_figure
 
     audio = any(t.min_audio_snr is not None for t in result.trials)

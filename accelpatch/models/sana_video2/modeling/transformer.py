@@ -422,9 +422,9 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         :mod:`accelpatch.models.sana_video2.modeling.convert`, which also writes diffusers folders
         (``convert_sana_video2``).
         """
-        from accelpatch.models.sana_video2.modeling.convert import load_sana_video2_checkpoint
+        from accelpatch.models.sana_video2.modeling.checkpoint import load_checkpoint
 
-        return load_sana_video2_checkpoint(path_or_state_dict, config=config, torch_dtype=torch_dtype, model_cls=cls)
+        return load_checkpoint(path_or_state_dict, config, torch_dtype, progress=True, model_cls=cls, own_memory=True)
 
     # -- diffusers' caches -------------------------------------------------------------------------------------
 
