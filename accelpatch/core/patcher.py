@@ -20,7 +20,7 @@ from accelpatch.core.gate import logger
 from accelpatch.core.model_hooks import ModelForwardHooks, StepSources
 from accelpatch.parallel.cfg import disable_cfg_parallel
 from accelpatch.parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
-from accelpatch.models.registry import ADAPTERS, find_adapter
+from accelpatch.models.registry import find_adapter
 from accelpatch.core.adapter import ModelAdapter
 from accelpatch.step_cache.cache import StepCache, refuse_foreign_cache, resolve_cache
 from accelpatch.core.sites import SITE_ATTR, Site, expected_here, gated_class, is_gated
@@ -390,7 +390,3 @@ def _remove_one(model: torch.nn.Module, *, keep_cfg_parallel: bool = False) -> N
             module.__dict__.pop(SITE_ATTR)
             module.__class__ = site.original_class
             captured_forwards.restore(module, site.captured_forwards)
-
-
-def supported_model_classes() -> list[str]:
-    return [name for adapter in ADAPTERS for name in adapter.class_names]

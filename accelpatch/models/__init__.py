@@ -4,6 +4,4 @@ SANA-Video 2.0's own model code is under its family. :mod:`.registry` finds a mo
 imports neither torch nor diffusers; ``ADAPTERS`` and ``find_adapter`` are imported on first use."""
 from accelpatch._lazy import lazy_attributes
 
-FAMILIES = ("sana_video", "sana_video2", "minimax_h3", "wan", "hunyuan_video15", "ltx2")
-
 __getattr__ = lazy_attributes(__name__, {"ADAPTERS": f"{__name__}.registry", "find_adapter": f"{__name__}.registry"})
