@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from accelpatch.core.errors import did_you_mean
 from accelpatch.core.tiers import parse_tier
+from accelpatch.models.families import families
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
            "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
@@ -29,8 +30,9 @@ __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "
 #: the recipes that ship with the package (package data: the wheel carries them)
 SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
 
-#: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing` (see accelpatch.eval.pipelines)
-TINY_MODELS = ("sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2")
+#: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing`, one per registered family
+#: (accelpatch.models.families; built by accelpatch.eval.pipelines)
+TINY_MODELS = tuple(family.cli for family in families())
 DTYPES = ("bf16", "fp16", "fp32")
 
 #: the largest seed: seeds are torch.Generator.manual_seed's non-negative range, 0 to 2**64 - 1 (torch folds a
@@ -42,11 +44,6 @@ MIN_ROUNDS, MIN_WARMUP = 2, 0
 #: call arguments that count something: what each counts (each at least 1; num_inference_steps: minimum_steps())
 CALL_COUNTS = {"num_inference_steps": "denoising steps", "num_frames": "frames", "height": "pixels",
                "width": "pixels"}
-#: model families that need more denoising steps: (family, least num_inference_steps, why)
-_FAMILY_MINIMUM_STEPS = (
-    ("minimax-h3", 2, "MiniMax-H3's scheduler counts the final sigma 0 as one of the steps, so n steps run n-1 "
-                      "transformer calls and its scheduler refuses fewer than 2"),
-)
 
 
 def seed_problem(seed: Any) -> Optional[str]:
@@ -63,9 +60,9 @@ def minimum_steps(model: str) -> tuple[int, str]:
     """(the least ``num_inference_steps`` a run of ``model`` takes, why): 1 (a run needs a step), more for a
     family known by its name (``tiny:minimax-h3``, ``MiniMaxAI/MiniMax-H3``) or its scheduler's class name."""
     name = str(model).lower().replace("_", "-")
-    for family, least, why in _FAMILY_MINIMUM_STEPS:
-        if family in name or family.replace("-", "") in name.replace("-", ""):
-            return least, why
+    for family in families():
+        if family.recipe.min_steps and (family.cli in name or family.cli.replace("-", "") in name.replace("-", "")):
+            return family.recipe.min_steps
     return 1, "a run needs at least one denoising step"
 
 

@@ -75,32 +75,28 @@ def _accepted(fn: Callable, values: dict[str, Any]) -> tuple[dict[str, Any], dic
 
 
 def _tiny(recipe: Recipe, device: torch.device) -> LoadedPipeline:
+    """The registered family's tiny pipeline (``accelpatch.testing``'s ``tiny_<key>_pipeline``) and its call
+    arguments (``<key>_pipeline_call_kwargs`` with the recipe's call over them), as the family's recipe settings say."""
     from accelpatch import testing
+    from accelpatch.models.families import by_cli
 
-    name, dtype, call = recipe.model[len("tiny:"):], TORCH_DTYPES[recipe.dtype], dict(recipe.call)
-    if name == "sana-video":
-        pipe = testing.tiny_sana_video_pipeline(dtype=dtype, device=device,
-                                                transformer_config=testing.SANA_VIDEO_RELEASE_LIKE_CONFIG)
-        own, rest = _accepted(testing.sana_video_pipeline_call_kwargs, call)
-        kwargs = {**testing.sana_video_pipeline_call_kwargs(**own), **rest, "output_type": "pt"}
-    elif name == "sana-video2":
-        pipe = testing.tiny_sana_video2_pipeline(dtype=dtype, device=device)
-        own, rest = _accepted(testing.sana_video2_pipeline_call_kwargs, call)
-        kwargs = {**testing.sana_video2_pipeline_call_kwargs(**own), **rest, "output_type": "pt"}
-    elif name in ("wan", "hunyuan-video15", "ltx2"):  # sol_attn families: the builders' Sol configs (head dim 128)
-        build, call_kwargs = {"wan": (testing.tiny_wan_pipeline, testing.wan_pipeline_call_kwargs),
-                              "hunyuan-video15": (testing.tiny_hunyuan_video15_pipeline,
-                                                  testing.hunyuan_video15_pipeline_call_kwargs),
-                              "ltx2": (testing.tiny_ltx2_pipeline, testing.ltx2_pipeline_call_kwargs)}[name]
-        pipe = build(dtype=dtype, device=device)
-        own, rest = _accepted(call_kwargs, call)
-        kwargs = {**call_kwargs(**own), **rest, "output_type": "pt"}
-    else:  # minimax-h3
+    family = by_cli(recipe.model[len("tiny:"):])
+    settings, call = family.recipe, dict(recipe.call)
+    build = getattr(testing, f"tiny_{family.key}_pipeline")
+    call_kwargs = getattr(testing, f"{family.key}_pipeline_call_kwargs")
+    if settings.fp32_cpu_only:
         if recipe.dtype != "fp32" or device.type != "cpu":
-            raise RecipeError("tiny:minimax-h3 is built in fp32 on the CPU; set dtype: fp32 and device: cpu")
-        pipe = testing.tiny_minimax_h3_pipeline()
-        own, rest = _accepted(testing.minimax_h3_pipeline_call_kwargs, call)
-        kwargs = {**testing.minimax_h3_pipeline_call_kwargs(pipeline=pipe, **own), **rest, "output": "videos"}
+            raise RecipeError(f"{recipe.model} is built in fp32 on the CPU; set dtype: fp32 and device: cpu")
+        built = {}
+    else:
+        built = {"dtype": TORCH_DTYPES[recipe.dtype], "device": device}
+    if settings.transformer_config:
+        built["transformer_config"] = getattr(testing, settings.transformer_config)
+    pipe = build(**built)
+    own, rest = _accepted(call_kwargs, call)
+    if "pipeline" in inspect.signature(call_kwargs).parameters:  # call arguments that depend on the pipeline built
+        own["pipeline"] = pipe
+    kwargs = {**call_kwargs(**own), **rest, **dict(settings.output)}
     kwargs.pop("generator", None)
     return LoadedPipeline(pipe, kwargs, device, f"{recipe.model} (random weights, {recipe.dtype}, {device})")
 

@@ -1,19 +1,14 @@
-"""Every model family's adapter, in one list, and the lookup of a model's family (the models themselves are diffusers',
-or ours under accelpatch.models.sana_video2.modeling)."""
+"""Every registered family's adapter, and the lookup of a model's family (the models themselves are diffusers', or
+ours under accelpatch.models.sana_video2.modeling)."""
 from __future__ import annotations
 
 import torch
 
 from accelpatch.core.adapter import ModelAdapter
-from accelpatch.models.hunyuan_video15.adapter import HunyuanVideo15Adapter
-from accelpatch.models.ltx2.adapter import LTX2Adapter
-from accelpatch.models.minimax_h3.adapter import MiniMaxH3Adapter
-from accelpatch.models.sana_video.adapter import SanaVideoAdapter
-from accelpatch.models.sana_video2.adapter import SanaVideo2Adapter
-from accelpatch.models.wan.adapter import WanAdapter
+from accelpatch.models.families import families
 
-ADAPTERS: list[ModelAdapter] = [SanaVideoAdapter(), SanaVideo2Adapter(), MiniMaxH3Adapter(), WanAdapter(),
-                                 HunyuanVideo15Adapter(), LTX2Adapter()]
+#: one adapter per registered family (:mod:`accelpatch.models.families`), in the families' order
+ADAPTERS: list[ModelAdapter] = [family.adapter_class()() for family in families()]
 
 
 def find_adapter(model: torch.nn.Module) -> ModelAdapter:

@@ -22,12 +22,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional, Sequence
 
-#: ``--models`` names -> diffusers' test file for that model, relative to the checkout's root
-TEST_FILES = {
-    "wan": "tests/models/transformers/test_models_transformer_wan.py",
-    "hunyuan_video15": "tests/models/transformers/test_models_transformer_hunyuan_1_5.py",
-    "ltx2": "tests/models/transformers/test_models_transformer_ltx2.py",
-}
+from accelpatch.models.families import families
+
+#: ``--models`` names -> diffusers' test file for that model, relative to the checkout's root (each registered family
+#: that names one: accelpatch.models.families)
+TEST_FILES = {family.key: family.diffusers_tests for family in families() if family.diffusers_tests}
 PLUGIN = "accelpatch.testing.diffusers_tests_plugin"
 OUTCOMES = ("passed", "failed", "skipped")
 
@@ -134,7 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--diffusers-tests", required=True, type=Path, metavar="PATH",
                         help="a diffusers git checkout (the folder holding tests/) at the installed version")
     parser.add_argument("--models", default=",".join(TEST_FILES),
-                        help=f"comma-separated, from {', '.join(TEST_FILES)} (default: all three)")
+                        help=f"comma-separated, from {', '.join(TEST_FILES)} (default: all)")
     parser.add_argument("--list", action="store_true", help="print every test id with both outcomes")
     args = parser.parse_args(argv)
     try:

@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 
 from accelpatch.core.outcomes import RAN
+from accelpatch.models.families import families
 
-#: ``--accelpatch-models`` names -> the adapter family each takes (accelpatch.models)
-MODEL_FAMILIES = {"wan": "Wan", "hunyuan_video15": "HunyuanVideo 1.5", "ltx2": "LTX-2"}
-DEFAULT_MODELS = "wan,hunyuan_video15,ltx2"
+#: ``--accelpatch-models`` names: the registered families whose diffusers model tests accelpatch runs
+MODEL_FAMILIES = tuple(family.key for family in families() if family.diffusers_tests)
+DEFAULT_MODELS = ",".join(MODEL_FAMILIES)
 NOTHING_PATCHED = ("accelpatch plugin: no model was patched in this session (none built, or none with a module "
                    "accelpatch patches at the default tier), so these tests checked nothing of accelpatch (pass "
                    "--accelpatch-allow-unpatched if that is expected)")
@@ -46,8 +47,8 @@ def adapters_for(names: str) -> list:
     if unknown or not wanted:
         raise pytest.UsageError(f"--accelpatch-models: unknown model name(s) {unknown or names!r}; valid: "
                                 f"{', '.join(MODEL_FAMILIES)} (comma-separated) or all")
-    by_family = {adapter.family: adapter for adapter in ADAPTERS}
-    return [by_family[MODEL_FAMILIES[n]] for n in wanted]
+    by_key = {family.key: adapter for family, adapter in zip(families(), ADAPTERS)}
+    return [by_key[n] for n in wanted]
 
 
 @dataclass

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from accelpatch.eval.recipe_cli import at_least
+from accelpatch.models.families import families
 
 if TYPE_CHECKING:  # pragma: no cover
     from accelpatch.core.reporting import Report
@@ -66,22 +67,15 @@ class DemoModel:
     call_size: Optional[dict] = field(default=None, hash=False)
 
 
-#: ``--model`` choices, in the order ``all`` runs them. The transformer configs keep the released head dims, so
+#: ``--model`` choices, one per registered family (accelpatch.models.families: each family's package says how its
+#: section runs), in the order ``all`` runs them. The transformer configs keep the released head dims, so
 #: head-dim-gated fast paths apply (Wan, HunyuanVideo 1.5, LTX-2: their builders' default Sol configs, head dim 128,
 #: 1,024 video tokens per forward at the default call size).
 MODELS: dict[str, DemoModel] = {
-    "sana-video": DemoModel("SANA-Video", "sana", "tiny_sana_video_pipeline", "sana_video_pipeline_call_kwargs",
-                            "SANA_VIDEO_RELEASE_LIKE_CONFIG", 4, 12),
-    "sana-video2": DemoModel("SANA-Video 2.0", "sana", "tiny_sana_video2_pipeline", "sana_video2_pipeline_call_kwargs",
-                             "SANA_VIDEO2_MEDIUM_CONFIG", 4, 12),
-    "minimax-h3": DemoModel("MiniMax-H3", "minimax-h3", "tiny_minimax_h3_pipeline", "minimax_h3_pipeline_call_kwargs",
-                            "MINIMAX_H3_MEDIUM_CONFIG", 1, 6),
-    "wan": DemoModel("Wan 2.x", "sol", "tiny_wan_pipeline", "wan_pipeline_call_kwargs", None, 2, 6),
-    "hunyuan-video15": DemoModel("HunyuanVideo 1.5", "sol", "tiny_hunyuan_video15_pipeline",
-                                 "hunyuan_video15_pipeline_call_kwargs", None, 2, 6),
-    "ltx2": DemoModel("LTX-2", "sol", "tiny_ltx2_pipeline", "ltx2_pipeline_call_kwargs", None, 2, 6,
-                      ("frames", "audio")),
-}
+    family.cli: DemoModel(family.name, family.demo.kind, f"tiny_{family.key}_pipeline",
+                          f"{family.key}_pipeline_call_kwargs", family.demo.transformer_config, family.demo.steps,
+                          family.demo.rounds, family.demo.outputs)
+    for family in families()}
 #: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path (one
 #: family whose fast path needs CUDA, one whose fast path runs here); the other four are a ``--model`` away.
 DEFAULT_MODELS = ("sana-video", "minimax-h3")

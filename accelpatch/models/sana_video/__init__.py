@@ -3,7 +3,13 @@
 :mod:`.block` and :mod:`.linear_attention` its fast paths (the adapter's docstring says which tier each holds).
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
+from accelpatch.models.families import DemoSettings, Family, RecipeSettings, register
 
 _LAZY = {"SanaVideoAdapter": f"{__name__}.adapter"}
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
+
+register(Family(
+    key="sana_video", name="SANA-Video", cli="sana-video", adapter=f"{__name__}.adapter:SanaVideoAdapter", order=10,
+    demo=DemoSettings("sana", "SANA_VIDEO_RELEASE_LIKE_CONFIG", steps=4, rounds=12),
+    recipe=RecipeSettings(transformer_config="SANA_VIDEO_RELEASE_LIKE_CONFIG")))

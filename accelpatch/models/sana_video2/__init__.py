@@ -4,8 +4,13 @@ site table (which module, which fast path, which tier) and its adapter, :mod:`.l
 :mod:`.high` its ``high`` paths.
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
+from accelpatch.models.families import DemoSettings, Family, register
 
 _LAZY = {"SanaVideo2Adapter": f"{__name__}.adapter", "SanaVideo2Transformer3DModel": f"{__name__}.modeling",
          "SanaVideo2Pipeline": f"{__name__}.modeling"}
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
+
+register(Family(
+    key="sana_video2", name="SANA-Video 2.0", cli="sana-video2", adapter=f"{__name__}.adapter:SanaVideo2Adapter",
+    order=20, demo=DemoSettings("sana", "SANA_VIDEO2_MEDIUM_CONFIG", steps=4, rounds=12)))

@@ -3,7 +3,13 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
+from accelpatch.models.families import DemoSettings, Family, register
 
 _LAZY = {"WanAdapter": f"{__name__}.adapter"}
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
+
+register(Family(
+    key="wan", name="Wan 2.x", cli="wan", adapter=f"{__name__}.adapter:WanAdapter", order=40,
+    demo=DemoSettings("sol", None, steps=2, rounds=6),
+    diffusers_tests="tests/models/transformers/test_models_transformer_wan.py"))

@@ -1,0 +1,101 @@
+"""The model families, each registered once by its own package (``accelpatch/models/<key>/__init__.py``), and read by
+everything that names families: the adapter list (:mod:`.registry`), ``tiny:<name>`` recipes, the demo's
+``--model``, diffusers' own model tests. Adding a family is its package (which registers it) plus its tests.
+
+A family's tiny builders follow one convention in :mod:`accelpatch.testing`: the module ``accelpatch.testing.<key>``
+with ``tiny_<key>_transformer``, ``<key>_transformer_inputs``, ``tiny_<key>_pipeline`` and
+``<key>_pipeline_call_kwargs``. Importing this module imports neither torch nor diffusers.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """How ``python -m accelpatch demo --model <cli>`` runs the family's tiny pipeline."""
+
+    #: which demo section: "sana" (the tiers), "sol" (backend sol_attn), "minimax-h3" (its packed sol_attn path)
+    kind: str
+    #: the transformer config of ``accelpatch.testing`` the demo builds (None: the builder's default)
+    transformer_config: Optional[str]
+    steps: int
+    rounds: int
+    outputs: tuple[str, ...] = ("frames",)
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    """How a recipe's ``model: tiny:<cli>`` builds the family's tiny pipeline and calls it."""
+
+    #: the transformer config of ``accelpatch.testing`` the pipeline is built with (None: the builder's default)
+    transformer_config: Optional[str] = None
+    #: what the call adds so that frames come back as tensors
+    output: tuple[tuple[str, str], ...] = (("output_type", "pt"),)
+    #: the builder takes no dtype or device: the recipe must say fp32 on the CPU
+    fp32_cpu_only: bool = False
+    #: the least ``num_inference_steps`` a call may ask for, and why (None: 1)
+    min_steps: Optional[tuple[int, str]] = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: its package key, its name, its command-line name, its adapter class ("module:Class"), the
+    order in which families are asked (a model goes to the first adapter that takes it; the demo runs them in this
+    order) and its demo and recipe settings."""
+
+    key: str
+    name: str
+    cli: str
+    adapter: str
+    order: int
+    demo: DemoSettings
+    recipe: RecipeSettings = RecipeSettings()
+    #: diffusers' own test file of this family's model, relative to a diffusers checkout, which
+    #: ``python -m accelpatch.testing.diffusers_tests`` runs unpatched and patched (None: none is run)
+    diffusers_tests: Optional[str] = None
+
+    def adapter_class(self) -> type:
+        module, _, name = self.adapter.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+_FAMILIES: dict[str, Family] = {}
+_LOCK = threading.Lock()
+_DISCOVERED = False
+
+
+def register(family: Family) -> Family:
+    """Called by each family's package when it is imported. Registering one key twice with another record raises."""
+    with _LOCK:
+        known = _FAMILIES.get(family.key)
+        if known is not None and known != family:
+            raise ValueError(f"a different family is already registered as {family.key!r}")
+        _FAMILIES[family.key] = family
+    return family
+
+
+def families() -> tuple[Family, ...]:
+    """Every family, in their order; the first call imports every package under ``accelpatch.models`` (each
+    registers its family: they import nothing heavy)."""
+    global _DISCOVERED
+    if not _DISCOVERED:
+        import accelpatch.models as package
+
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.ispkg:
+                importlib.import_module(f"{package.__name__}.{info.name}")
+        _DISCOVERED = True
+    return tuple(sorted(_FAMILIES.values(), key=lambda f: (f.order, f.key)))
+
+
+def by_cli(name: str) -> Family:
+    """The family called ``name`` on the command line and in ``tiny:<name>`` (KeyError naming the valid ones)."""
+    for family in families():
+        if family.cli == name:
+            return family
+    raise KeyError(f"no model family is called {name!r}; families: {', '.join(f.cli for f in families())}")
