@@ -53,6 +53,14 @@ _SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "model
 # backend="sol_attn")): importing accelpatch imports neither diffusers nor torch and changes nothing of theirs.
 from accelpatch.sol_attn import registration as _attention_registry  # noqa: E402
 
+# The core hosts the features and the model families: they register themselves when these modules are imported, on
+# the first apply() or report() (the core imports none of them; see accelpatch.core.features).
+from accelpatch.core import features as _features  # noqa: E402
+
+_features.host("accelpatch.lossless.feature", "accelpatch.step_cache.feature", "accelpatch.parallel.feature",
+               "accelpatch.sol_attn.feature")
+_features.host_adapters("accelpatch.models.registry:ADAPTERS")
+
 
 __getattr__ = lazy_attributes(__name__, _LAZY, subpackages=_SUBPACKAGES)
 

@@ -143,3 +143,45 @@ def test_no_two_modules_import_each_other_even_through_others():
         if node not in index:
             visit(node)
     assert not circles, circles
+
+
+#: #41: the house's floors, lowest first. A module imports only from its own floor or below: the core hosts the
+#: features and the families (they register themselves: accelpatch.core.features), so no arrow runs back up.
+FLOORS = (
+    ("core", ("accelpatch.core", "accelpatch._lazy")),
+    ("features", ("accelpatch.lossless", "accelpatch.sol_attn", "accelpatch.step_cache", "accelpatch.parallel")),
+    ("models", ("accelpatch.models",)),
+    ("tools", ("accelpatch.eval", "accelpatch.tools", "accelpatch.testing", "accelpatch.recipes",
+               "accelpatch.__main__", "accelpatch")),
+)
+
+
+def _level(module: str) -> int:
+    best = None
+    for level, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (level, len(prefix))
+    assert best is not None, f"{module} is on no floor of FLOORS: add it"
+    return best[0]
+
+
+def _upward_arrows() -> list[str]:
+    arrows = []
+    for name, imported in _graph().items():
+        for target in sorted(imported):
+            if _level(target) > _level(name):
+                arrows.append(f"{name} ({FLOORS[_level(name)][0]}) -> {target} ({FLOORS[_level(target)][0]})")
+    return arrows
+
+
+def test_no_arrow_runs_back_up_core_features_models_tools():
+    """core <- {lossless, sol_attn, step_cache, parallel} <- models <- {eval, tools, testing}: the core imports no
+    feature and no model, a feature no model, a model no tool (every import counts, also one inside a function)."""
+    assert not _upward_arrows()
+
+
+def test_the_floor_check_sees_an_upward_arrow():
+    assert _level("accelpatch.core.patcher") < _level("accelpatch.step_cache.cache") < _level("accelpatch.models.wan")
+    assert _level("accelpatch.models.wan.adapter") < _level("accelpatch.eval.tune") == _level("accelpatch")

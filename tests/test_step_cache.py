@@ -9,6 +9,7 @@ from diffusers import FirstBlockCacheConfig
 
 import accelpatch
 from accelpatch import testing
+from accelpatch.step_cache.feature import step_cache_of
 
 STEPS = 8
 
@@ -413,7 +414,7 @@ def test_states_are_freed_after_the_final_step_and_bounded_without_a_pipeline(sa
     try:
         with accelpatch.quality("high"):
             pipe(**call())
-        assert pipe.transformer._accelpatch_state.step_cache.states.live_generations == 0  # freed at step 7
+        assert step_cache_of(pipe.transformer._accelpatch_state).states.live_generations == 0  # freed at step 7
     finally:
         accelpatch.remove(pipe)
     # a transformer patched alone has no scheduler: no final step is known, so finished calls' states stay until
@@ -433,7 +434,7 @@ def test_states_are_freed_after_the_final_step_and_bounded_without_a_pipeline(sa
             thread = threading.Thread(target=one_call)
             thread.start()
             thread.join()
-        assert model._accelpatch_state.step_cache.states.live_generations <= MAX_LIVE_GENERATIONS
+        assert step_cache_of(model._accelpatch_state).states.live_generations <= MAX_LIVE_GENERATIONS
         assert "final-step guard off: no pipeline scheduler" in str(accelpatch.report(model))
     finally:
         accelpatch.remove(model)

@@ -1,5 +1,5 @@
 """Where each keyword option of ``apply()`` belongs, for the models being patched: the chosen backend's, the model
-family's own (``adapter.options_class``) or the step cache's (``cache_*``).
+family's own (``adapter.options_class``) or a hosted feature's (the step cache's ``cache_*``).
 
 This is the one place that knows every option name valid for a call, so that an unknown one is refused with the
 full valid list grouped by where the options belong, and a close match. A backend is named only where a patched
@@ -11,16 +11,15 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from accelpatch.models.registry import ADAPTERS
+from accelpatch.core import features
 from accelpatch.core.adapter import ModelAdapter
-from accelpatch.core.backends import BACKENDS, backend_class
-from accelpatch.step_cache.cache import CACHE_OPTIONS
+from accelpatch.core.backends import backend_class, backends
 
 
 @dataclass(frozen=True)
 class OptionGroup:
-    """Option names with one owner. ``bucket`` says where this call sends them ("backend", "family", "cache"); None
-    for a backend the call did not choose, whose options need ``use`` first."""
+    """Option names with one owner. ``bucket`` says where this call sends them ("backend", "family", or a feature's
+    name); None for a backend the call did not choose, whose options need ``use`` first."""
 
     owner: str
     names: tuple[str, ...]
@@ -37,7 +36,14 @@ class SplitOptions:
 
     backend: dict = field(default_factory=dict)
     family: dict = field(default_factory=dict)
-    cache: dict = field(default_factory=dict)
+    #: feature name → its options
+    features: dict = field(default_factory=dict)
+
+    def add(self, bucket: str, name: str, value: Any) -> None:
+        if bucket in ("backend", "family"):
+            getattr(self, bucket)[name] = value
+        else:
+            self.features.setdefault(bucket, {})[name] = value
 
 
 def option_groups(backend: Any, adapters: Sequence[ModelAdapter]) -> list[OptionGroup]:
@@ -54,10 +60,11 @@ def option_groups(backend: Any, adapters: Sequence[ModelAdapter]) -> list[Option
         given = f"set inside the {chosen.__name__} given" if isinstance(backend, chosen) else ""
         groups.append(OptionGroup(f"backend {chosen.name!r}", tuple(chosen.option_names()), "backend", given))
     groups += [OptionGroup(adapter.family, tuple(adapter.option_names()), "family") for adapter in families]
-    groups.append(OptionGroup("step cache", CACHE_OPTIONS, "cache", "with cache='first_block' or a diffusers config"))
+    groups += [OptionGroup(f.owner or f.name, f.option_names(), f.name, f.use) for f in features.registered()
+               if f.option_names()]
     runnable = {name for adapter in families for name in adapter.backends}
     groups += [OptionGroup(f"backend {name!r}", tuple(cls.option_names()), None, f"with backend={name!r}")
-               for name, cls in BACKENDS.items() if name in runnable and cls is not chosen]
+               for name, cls in backends().items() if name in runnable and cls is not chosen]
     return groups
 
 
@@ -74,7 +81,7 @@ def split_options(options: dict, backend: Any, adapters: Sequence[ModelAdapter],
         if group is None or group.bucket is None:
             unknown.append(name)
         else:
-            getattr(split, group.bucket)[name] = value
+            split.add(group.bucket, name, value)
     if unknown:
         raise ValueError(_unknown_message(sorted(unknown), groups, adapters, models))
     return split
@@ -89,7 +96,7 @@ def _unknown_message(unknown: list[str], groups: list[OptionGroup], adapters: Se
         if owner is not None:  # a backend the call did not choose
             notes.append(f"{name!r} is an option of {owner.owner}: pass it {owner.use}")
             continue
-        others = [a.family for a in ADAPTERS if a.family not in families and name in a.option_names()]
+        others = [a.family for a in features.adapters() if a.family not in families and name in a.option_names()]
         if others:
             notes.append(f"{name!r} is an option of {' and '.join(others)} models, not of "
                          f"{' or '.join(sorted(families))}")

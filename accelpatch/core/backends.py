@@ -1,17 +1,33 @@
-"""Attention backends selectable with ``apply(..., backend=...)``: name → typed config class."""
+"""Attention backends selectable with ``apply(..., backend=...)``: name → typed config class. A backend registers
+itself (:func:`register_backend`) from a module the core hosts (:mod:`accelpatch.core.features`)."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from accelpatch.core import features
 from accelpatch.core.errors import did_you_mean
-from accelpatch.sol_attn.config import SolAttnConfig
 
-#: backend name → config class with ``option_names()`` and ``from_options(**options)``
-BACKENDS: dict[str, type] = {SolAttnConfig.name: SolAttnConfig}
+#: backend name → config class with ``name``, ``option_names()`` and ``from_options(**options)``
+_BACKENDS: dict[str, type] = {}
+
+
+def register_backend(cls: type) -> type:
+    """Called by a backend's module when it is imported: ``apply(..., backend=cls.name)`` then takes it."""
+    known = _BACKENDS.get(cls.name)
+    if known is not None and known is not cls:
+        raise ValueError(f"a different backend is already registered as {cls.name!r}")
+    _BACKENDS[cls.name] = cls
+    return cls
+
+
+def backends() -> dict[str, type]:
+    """Every registered backend: name → config class."""
+    features.registered()  # the hosted modules register the backends
+    return dict(_BACKENDS)
 
 
 def available_backends() -> list[str]:
-    return sorted(BACKENDS)
+    return sorted(backends())
 
 
 def backend_class(backend: Any) -> Optional[type]:
@@ -19,18 +35,20 @@ def backend_class(backend: Any) -> Optional[type]:
     ValueError for anything else, naming the available backends."""
     if backend is None:
         return None
-    for cls in BACKENDS.values():
+    known = backends()
+    for cls in known.values():
         if isinstance(backend, cls):
             return cls
     if isinstance(backend, str):
         key = backend.strip().lower().replace("-", "_")
-        if key in BACKENDS:
-            return BACKENDS[key]
+        if key in known:
+            return known[key]
         hint = did_you_mean(key, available_backends())
     else:
         hint = ""
     raise ValueError(f"unknown backend {backend!r}{hint}; available backends: "
-                     f"{', '.join(available_backends()) or 'none'}, or a config object such as SolAttnConfig(...)")
+                     f"{', '.join(available_backends()) or 'none'}, or a config object such as "
+                     f"{' or '.join(f'{cls.__name__}(...)' for cls in known.values()) or 'none'}")
 
 
 def resolve_backend(backend: Any, options: dict) -> Any:

@@ -103,14 +103,13 @@ class ModelForwardHooks:
         self._adapter = adapter
         self._backend = backend
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
-        uses_steps = adapter.uses_steps(backend, patch.options) or patch.cache is not None
+        uses_steps = adapter.uses_steps(backend, patch.options) or patch.features_use_steps()
         self._clock = steps.TimestepClock(adapter.timesteps.noise_level) if uses_steps else None
         steps.register_thresholds(*adapter.step_thresholds(backend, patch.options))
         self._step_sources = patch.step_sources
         self._capture = adapter.capture_for(backend)
         self._bind = self._clock is not None or self._capture is not None
         self._checkpointing = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
-        self._parallel_guard = patch.parallel_guard
         self._patch = patch
         #: whether tier high can do anything on this model (read at the first call: the sites exist by then)
         self._high_path: Optional[bool] = None
@@ -139,8 +138,10 @@ class ModelForwardHooks:
     def pre(self, module, args, kwargs):
         if not torch.compiler.is_compiling():
             self._check_high()
-        if self._parallel_guard is not None:  # a split model: its ranks must agree before any collective runs
-            self._parallel_guard.before_forward(module, args)
+        for state in self._patch.attached.values():  # e.g. a split model: its ranks must agree before any collective
+            before = getattr(state, "before_forward", None)
+            if before is not None:
+                before(module, args)
         for m in self._checkpointing:
             call_context.preserve_context_in_checkpointing(m)
         if not self._bind:

@@ -1,4 +1,5 @@
-"""``apply`` and ``remove``: find the model adapter, swap site classes, attach hooks, and undo all of it."""
+"""``apply`` and ``remove``: find the model adapter, swap site classes, attach hooks and the hosted features
+(:mod:`accelpatch.core.features`), and undo all of it."""
 from __future__ import annotations
 
 import functools
@@ -11,18 +12,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from accelpatch.core import captured_forwards
+from accelpatch.core import captured_forwards, features
 from accelpatch.core.apply_options import split_options
 from accelpatch.core.backends import resolve_backend
 from accelpatch.core.block_registry import Registrations
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.core.gate import logger
 from accelpatch.core.model_hooks import ModelForwardHooks, StepSources
-from accelpatch.parallel.cfg import disable_cfg_parallel
-from accelpatch.parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
-from accelpatch.models.registry import find_adapter
 from accelpatch.core.adapter import ModelAdapter
-from accelpatch.step_cache.cache import StepCache, refuse_foreign_cache, resolve_cache
 from accelpatch.core.sites import SITE_ATTR, Site, expected_here, gated_class, is_gated
 from accelpatch.core.tiers import Tier, offers_high, parse_tier
 
@@ -69,14 +66,10 @@ class ModelPatch:
     requested: tuple = ()
     sites: list[Site] = field(default_factory=list, repr=False)
     detach: list[Callable[[], None]] = field(default_factory=list)
-    #: False: the fused ops never run their CPU kernels on this model (apply(..., cpu_kernels=False))
-    cpu_kernels: bool = True
-    #: the step cache asked for (accelpatch.step_cache.cache), and the one attached
-    cache: Any = None
-    step_cache: Any = field(default=None, repr=False)
+    #: each hosted feature's config for this model (accelpatch.core.features), and what it attached
+    configs: dict[str, Any] = field(default_factory=dict)
+    attached: dict[str, Any] = field(default_factory=dict, repr=False)
     step_sources: StepSources = field(default_factory=StepSources, repr=False)
-    #: checks a split model's ranks agree; undoes parallelism enabled after apply (accelpatch.parallel.lifecycle)
-    parallel_guard: Any = field(default=None, repr=False)
     #: the model's checkpoint name or folder (its config's ``_name_or_path``), named in warnings; "" when unknown
     name_or_path: str = ""
     #: the patched model, weakly (warnings are per model); None in a copy or an unpickled patch
@@ -137,8 +130,14 @@ class ModelPatch:
 
     @property
     def has_high_path(self) -> bool:
-        """Whether ``high`` can do anything here: a high-tier site, or a step cache."""
-        return offers_high((site.tier for site in self.sites), self.cache is not None)
+        """Whether ``high`` can do anything here: a high-tier site, or a feature such as the step cache."""
+        return offers_high((site.tier for site in self.sites), self.features_offer_high())
+
+    def features_offer_high(self) -> bool:
+        return any(f.offers_high(self.configs.get(f.name)) for f in features.registered())
+
+    def features_use_steps(self) -> bool:
+        return any(f.uses_steps(self.configs.get(f.name)) for f in features.registered())
 
     def say_high_does_nothing(self, *, at_apply: bool = False) -> None:
         """``high`` was asked of a model with no high fast path: say so once per process (it runs the lossless
@@ -164,9 +163,8 @@ class ModelPatch:
 
     def reapply_arguments(self) -> dict:
         """Keyword arguments of :func:`apply` that patch a model again exactly as this patch was asked for."""
-        backend, strict, options, tier, cache, cpu_kernels = self.requested
-        return {"backend": backend, "strict": strict, "tier": tier, "cache": cache, "cpu_kernels": cpu_kernels,
-                **dict(options)}
+        backend, strict, options, tier, arguments = self.requested
+        return {"backend": backend, "strict": strict, "tier": tier, **dict(arguments), **dict(options)}
 
 
 def _name_or_path(model: torch.nn.Module) -> str:
@@ -201,66 +199,60 @@ def transformers_of(target: Any, *, verb: str = "apply") -> list[torch.nn.Module
     return found
 
 
-def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, cache: Any = None,
-          cpu_kernels: bool = True, **options: Any):
-    """Patch ``target`` in place (see :func:`accelpatch.apply`). Returns the report of what was patched."""
+def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any = None, **options: Any):
+    """Patch ``target`` in place (see :func:`accelpatch.apply`); a hosted feature's argument (``cache=``,
+    ``cpu_kernels=``) comes among ``options``. Returns the report of what was patched."""
     from accelpatch.core.reporting import build_report
 
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
-    if not isinstance(cpu_kernels, bool):
-        raise ValueError(f"cpu_kernels must be True or False, got {cpu_kernels!r}")
     default_tier = None if tier is None else parse_tier(tier)
     models = transformers_of(target)
-    adapters = [find_adapter(model) for model in models]  # raises before anything is touched
+    adapters = [features.find_adapter(model) for model in models]  # raises before anything is touched
+    hosted = features.registered()
+    arguments = {f.argument: options.pop(f.argument, f.default) for f in hosted if f.argument}
     split = split_options(options, backend, adapters, models)  # every option has an owner in this call
-    cache_config, _ = resolve_cache(cache, split.cache)
+    configs = {f.name: f.resolve(arguments.get(f.argument) if f.argument else None, split.features.get(f.name, {}))
+               for f in hosted}
     requested_backend = resolve_backend(backend, split.backend)
     model_options = split.family
     strict = strict or bool(getattr(requested_backend, "strict", False))
+    requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
+                 default_tier, tuple((f.argument, configs[f.name]) for f in hosted if f.argument))
     plans = []
     for model, adapter in zip(models, adapters):  # validate everything before touching any model
         backend_config = adapter.complete_backend(requested_backend, model)
         adapter.validate_backend(backend_config, model)
         family_options = adapter.resolve_options(model_options)
         adapter.validate_options(family_options, model)
-        if cache_config is not None:
-            adapter.validate_cache(cache_config)
-            existing = model.__dict__.get(STATE_ATTR)
-            blocks = getattr(model, adapter.cache.blocks, ()) if adapter.cache.blocks else ()
-            refuse_foreign_cache(model, blocks, ours=getattr(existing, "step_cache", None))
+        existing = model.__dict__.get(STATE_ATTR)
+        for f in hosted:
+            f.validate(model, adapter, configs[f.name], existing, requested)
         noops = adapter.static_noops(model, backend_config, family_options, requested_backend)
         if noops and strict:
             raise FastPathUnavailableError(f"{noops[0]} (strict=True refuses a fast path that can never run)")
-        requested = (requested_backend, strict, tuple(sorted(model_options.items(), key=lambda kv: kv[0])),
-                     default_tier, cache_config, cpu_kernels)
-        existing = model.__dict__.get(STATE_ATTR)
-        if existing is None:
-            refuse_split_model(model, adapter.cp_plan(model))
-        elif existing.key() != requested:
-            refuse_repatching_split_model(model, existing)
-        plans.append((model, adapter, backend_config, family_options, requested, noops))
+        plans.append((model, adapter, backend_config, family_options, noops))
     pipeline = None if isinstance(target, torch.nn.Module) else target
-    for model, adapter, backend_config, family_options, requested, noops in plans:
+    for model, adapter, backend_config, family_options, noops in plans:
         existing = model.__dict__.get(STATE_ATTR)
         if existing is not None:
             if existing.key() == requested:
                 continue  # applying twice is the same as applying once
-            _remove_one(model, keep_cfg_parallel=True)
+            _remove_one(model, reapplying=True)
         _apply_one(model, adapter, backend_config, family_options, strict, requested, pipeline, default_tier,
-                   cache_config)
+                   configs)
         for noop in noops:  # said once, at apply(): the report counts each call's reason too
             warnings.warn(f"accelpatch: {noop}", RuntimeWarning, stacklevel=3)  # the user's line
     return build_report(models)
 
 
 def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bool, requested: tuple,
-               pipeline, default_tier: Optional[Tier] = None, cache_config=None) -> None:
+               pipeline, default_tier: Optional[Tier], configs: dict) -> None:
     if default_tier is None:
         default_tier = adapter.default_tier(backend_config)
     patch = ModelPatch(model_class=type(model).__name__, adapter=adapter, backend=backend_config, strict=strict,
-                       default_tier=default_tier, options=options, requested=requested, cache=cache_config,
-                       cpu_kernels=requested[-1], name_or_path=_name_or_path(model), model_ref=weakref.ref(model))
+                       default_tier=default_tier, options=options, requested=requested, configs=dict(configs),
+                       name_or_path=_name_or_path(model), model_ref=weakref.ref(model))
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}
@@ -290,27 +282,17 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
         _name_gated_repeated_blocks(model, patch)
         for site in patch.sites:
             site.prepare_counters()
-        patch.parallel_guard = ParallelGuard(model, patch)
         hooks = ModelForwardHooks(model, patch, pipeline)
         patch.detach.append(hooks.remove)
         registrations = Registrations(model)  # diffusers' block registry knows the gated classes as their originals
         registrations.mirror_modules(model)
         patch.detach.append(registrations.release)
-        if cache_config is not None:  # after the model's hooks: its pre-hook reads the step they set
-            patch.step_cache = StepCache(model, cache_config, patch.default_tier, pipeline, adapter.cache.blocks,
-                                         block_streams=(*adapter.cache.block_outputs, adapter.cache.second_stream))
-            patch.detach.append(patch.step_cache.remove)
-        # diffusers' context parallelism: the family's plan where diffusers' class has none, and its split-aware
-        # layers (after the model hooks above: their pre-hooks read the unsplit inputs first); remove() undoes both
-        plan = adapter.cp_plan(model)
-        if plan is not None and getattr(type(model), "_cp_plan", None) is None:
-            model._cp_plan = plan
-            patch.detach.append(functools.partial(_drop_cp_plan, model))
-        undo_parallel = adapter.prepare_parallel(model)
-        if undo_parallel is not None:
-            patch.detach.append(undo_parallel)
+        for f in features.registered():  # after the model's hooks: a feature's pre-hooks read the step they set
+            state = f.attach(model, patch, patch.configs.get(f.name), pipeline)
+            if state is not None:
+                patch.attached[f.name] = state
     except BaseException:
-        _remove_one(model, keep_cfg_parallel=True)  # a failed apply leaves the rest as it was
+        _remove_one(model, reapplying=True)  # a failed apply leaves the rest as it was
         raise
     for kind in patch.rejections:
         patch.warn_once(kind, patch.unmounted_reason(kind), at_apply=True)
@@ -335,10 +317,6 @@ def _drop_instance_attribute(model: torch.nn.Module, name: str) -> None:
     model.__dict__.pop(name, None)
 
 
-def _drop_cp_plan(model: torch.nn.Module) -> None:
-    model.__dict__.pop("_cp_plan", None)
-
-
 def _stacks(found) -> list[tuple[str, torch.nn.Module, list]]:
     """The adapter's ``(path, module, fast path, layer)`` rows grouped per module, in the order modules first
     appear: ``(path, module, [(fast path, layer), ...])`` with the highest tier first (that site is asked first)."""
@@ -351,20 +329,21 @@ def _stacks(found) -> list[tuple[str, torch.nn.Module, list]]:
 
 
 def _mount(model: torch.nn.Module, patch: ModelPatch, by_fusion: dict[str, list[Site]]) -> None:
-    """Mount each fusion's sites all together, or none of them; record the first rejection's reason."""
+    """Decide each fusion's sites all together: every one mounted, or none, each unmounted one with its reason (the
+    first rejected site's, which the others name). The site is the one record of this decision."""
     for name, sites in by_fusion.items():
-        fusion = sites[0].fast_path.fusion
         for site in sites:
             if site.reject_reason is None:  # diffusers' restated code first: it decides for every site alike
                 site.reject_reason = (site.fast_path.restated_code_mismatch()
                                       or site.fast_path.mount_reject_reason(model.get_submodule(site.path), site))
         rejected = next((s for s in sites if s.reject_reason is not None), None)
         if rejected is not None:
-            for site in sites:
-                if site.reject_reason is None:
-                    site.reject_reason = f"{MODEL_REJECTED}{rejected.path}: {rejected.reject_reason}"
-        by_module = {id(model.get_submodule(s.path)): s for s in sites}
-        fusion.mount(model, reject_reason=lambda m: by_module[id(m)].reject_reason)
+            logger.info("%s: site %s rejected (%s); the whole model stays on the reference path", name,
+                        rejected.path, rejected.reject_reason)
+        for site in sites:
+            if rejected is not None and site.reject_reason is None:
+                site.reject_reason = f"{MODEL_REJECTED}{rejected.path}: {rejected.reject_reason}"
+            site.mounted = rejected is None
 
 
 def remove(target: Any) -> None:
@@ -373,14 +352,17 @@ def remove(target: Any) -> None:
         _remove_one(model)
 
 
-def _remove_one(model: torch.nn.Module, *, keep_cfg_parallel: bool = False) -> None:
-    if not keep_cfg_parallel:  # back to one process's model, also where CFG parallelism came without apply()
-        disable_cfg_parallel(model)
+def _remove_one(model: torch.nn.Module, *, reapplying: bool = False) -> None:
+    """Undo one model's patch (``reapplying``: ``apply()`` removes it to apply other arguments)."""
+    hosted = features.registered()
+    for f in hosted:
+        f.forget(model, reapplying=reapplying)
     patch = model.__dict__.pop(STATE_ATTR, None)
     if patch is None:
         return
-    if patch.parallel_guard is not None:  # diffusers' split hooks off first, while the gated classes are in place
-        patch.parallel_guard.remove(model)
+    for f in reversed(hosted):  # features first (the last attached first), while the gated classes are in place
+        if f.name in patch.attached:
+            f.detach(model, patch.attached.pop(f.name))
     while patch.detach:
         patch.detach.pop()()
     for site in reversed(patch.sites):  # a module's stacked sites: the top one (SITE_ATTR) comes last

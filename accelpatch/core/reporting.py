@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any, Callable, Optional
 
+from accelpatch.core import features
 from accelpatch.core.model_state import patch_of
 from accelpatch.core.steps import UNKNOWN as UNKNOWN_STEP
 from accelpatch.core.outcomes import DECLINED, NOT_APPLICABLE, RAN
@@ -154,17 +155,21 @@ class ModelReport(_Tally):
     #: several processes: "sequence" (ranks the tokens are split over, 1 when not split) and "cfg" (CFG
     #: parallelism's calls split / run whole by reason, None when it is off); None on one process
     parallel: Optional[dict[str, Any]] = None
+    #: whether a hosted feature (the step cache) gives tier high something to do on this model
+    features_offer_high: bool = False
+    #: every hosted feature's section (accelpatch.core.features: its ``report_field`` → what it reported)
+    sections: dict[str, Any] = field(default_factory=dict)
 
-    def parallel_line(self) -> Optional[str]:
-        if self.parallel is None:
-            return None
-        line = f"split over {self.parallel['sequence']} ranks by tokens" if self.parallel["sequence"] > 1 else ""
-        cfg = self.parallel["cfg"]
-        if cfg is not None:
-            whole = ", ".join(f"{r} ×{n}" for r, n in cfg["whole"].items())
-            line += ("; " if line else "") + f"CFG parallel: {cfg['split']} calls split" + (
-                f", run whole: {whole}" if whole else "")
-        return line or None
+    def feature_lines(self) -> list[str]:
+        """One line per hosted feature with something to say (accelpatch.core.features: the step cache,
+        parallelism, ...), from the sections they filled in."""
+        lines = []
+        for f in features.registered():
+            section = self.sections.get(f.report_field) if f.report_field else None
+            line = f.report_line(section) if section is not None else None
+            if line:
+                lines.append(line)
+        return lines
 
     def fusion_lines(self) -> list[str]:
         """What the lossless fusions did: per op its calls and verdicts, each declined signature with its reason."""
@@ -174,9 +179,8 @@ class ModelReport(_Tally):
         # no "saved" figure: an op's own time is not the call's (the gate costs time too); bench measures the net
         lines = [f"lossless fusions (bit-exact; each input signature checked against the eager chain on first sight, "
                  f"{check * 1e3:.1f} ms of checks in this process; their net speed: accelpatch.bench):"]
-        kernels = _cpu_kernels_status()
-        if kernels:  # apart from the checks: a build is a one-off per machine, not a cost of verification
-            lines.append(f"  CPU kernels: {kernels}")
+        for f in features.registered():  # e.g. the CPU kernel build: a one-off per machine, not a cost of the checks
+            lines.extend(f"  {note}" for note in f.notes())
         for f in self.fusions:
             lines.append("  " + f.line())
             lines.extend(f"    declined {sig}: {reason}" for sig, reason, _ in f.declined)
@@ -201,7 +205,7 @@ class ModelReport(_Tally):
     @property
     def has_high_path(self) -> bool:
         """Whether ``quality("high")`` can run anything approximate here: a high-tier site, or a step cache."""
-        return offers_high((s.tier for s in self.sites), self.cache is not None)
+        return offers_high((s.tier for s in self.sites), self.features_offer_high)
 
     def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
         """(header, rows, numbered notes) of the per-site table; cells refer to notes as [n]. Sites rejected because
@@ -241,18 +245,6 @@ class ModelReport(_Tally):
                 f"{' strict' if self.strict else ''}: {len(self.sites)} sites, fast calls: {tiers['lossless']} "
                 f"lossless, {tiers['high']} high; {self.tier_statement}")
 
-    def cache_line(self) -> Optional[str]:
-        if self.cache is None:
-            return None
-        computed, reused = self.cache["computed"], self.cache["reused"]
-        line = f"step cache {self.cache['method']}: {computed} calls computed every block, {reused} reused the cache"
-        if computed and not reused:
-            reasons = ", ".join(f"{r} ×{n}" for r, n in sorted(self.cache["reasons"].items(), key=lambda x: -x[1]))
-            line += f" — it never reused anything ({reasons})"
-        for note, count in self.cache.get("notes", {}).items():
-            line += f"; {note} ×{count}"
-        return line
-
     @property
     def reused_calls(self) -> int:
         """Transformer calls whose remaining blocks the step cache reused (0 without a cache)."""
@@ -270,12 +262,6 @@ class ModelReport(_Tally):
         warning = (f" — {unknown} call(s) had no known step, so the step-based policy (dense_steps) could not apply"
                    if unknown else "")
         return f"step clock: {counts}{warning}"
-
-
-def _cpu_kernels_status() -> Optional[str]:
-    from accelpatch.lossless.kernels import cpu_build
-
-    return cpu_build.status()
 
 
 #: how the patcher words a site rejected because another site of its model was (see patcher._mount)
@@ -374,7 +360,7 @@ class Report(_Tally):
         lines = backend
         for m in self.models:
             lines.append(m.headline())
-            for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):
+            for extra in (m.uncounted_line(), m.step_line(), *m.feature_lines()):
                 if extra:
                     lines.append("  " + extra)
             lines.extend("  " + line for line in m.fusion_lines())
@@ -397,7 +383,7 @@ class Report(_Tally):
         parts = backend
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
-            for extra in (m.uncounted_line(), m.step_line(), m.cache_line(), m.parallel_line()):
+            for extra in (m.uncounted_line(), m.step_line(), *m.feature_lines()):
                 if extra:
                     parts.append(f"<p>{escape(extra)}</p>")
             if m.fusion_lines():
@@ -421,7 +407,6 @@ def build_report(models, *, reset: bool = False) -> Report:
             continue
         sites = []
         for site in patch.sites:
-            module = model.get_submodule(site.path)
             c = site.counters
             totals = c.totals()
             sites.append(SiteReport(
@@ -438,27 +423,17 @@ def build_report(models, *, reset: bool = False) -> Report:
             patch.step_sources.reset()
         backend = getattr(patch.backend, "name", None)
         options = dataclasses.asdict(patch.options) if dataclasses.is_dataclass(patch.options) else {}
-        cache = None
-        if patch.step_cache is not None:
-            from accelpatch.step_cache.cache import cache_totals
-
-            cache = {"method": patch.cache.describe(), **cache_totals(patch.step_cache.counters, reset=reset)}
+        sections = {f.report_field: f.report(model, patch, reset) for f in features.registered() if f.report_field}
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
-                               step_sources=step_sources, options=options, cache=cache,
-                               fusions=_fusions(patch.sites, sites), parallel=_parallel(model, reset)))
+                               step_sources=step_sources, options=options, fusions=_fusions(patch.sites, sites),
+                               features_offer_high=patch.features_offer_high(), sections=sections,
+                               **{k: v for k, v in sections.items() if k in _MODEL_REPORT_FIELDS}))
     return Report(models=tuple(out))
 
 
-def _parallel(model: torch.nn.Module, reset: bool) -> Optional[dict[str, Any]]:
-    from accelpatch.parallel.cfg import cfg_parallel_of
-    from accelpatch.parallel.sequence import sequence_shards
-
-    shards, cfg = sequence_shards(getattr(model, "_parallel_config", None)), cfg_parallel_of(model)
-    if shards is None and cfg is None:
-        return None
-    return {"sequence": shards.world if shards is not None else 1,
-            "cfg": cfg.counts.read(reset) if cfg is not None else None}
+#: the report sections that are also ModelReport fields of their own (report.models[0].cache, .parallel)
+_MODEL_REPORT_FIELDS = ("cache", "parallel")
 
 
 def _by_op(chains: dict[str, int]) -> dict[str, dict[str, int]]:
@@ -472,8 +447,6 @@ def _by_op(chains: dict[str, int]) -> dict[str, dict[str, int]]:
 
 def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
     """Per fused op of the model's fast paths: its sites, calls (from the site reports) and verdicts."""
-    from accelpatch.lossless.verify import FUSED
-
     ops = {}
     for site in patch_sites:  # sites stacked on one module count once: the module is where the op runs
         for op in site.fast_path.fused_ops:
@@ -485,7 +458,7 @@ def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
         verdicts = op.verdicts()
         verified = tuple((v.described, v.cost_s) for v in verdicts if v.verified)
         declined = tuple((v.described, v.reason, v.cost_s) for v in verdicts if v.declined)
-        out.append(FusionReport(op=name, description=op.description, sites=count, fused_calls=calls.get(FUSED, 0),
-                                reference_calls={k: v for k, v in calls.items() if k != FUSED},
+        out.append(FusionReport(op=name, description=op.description, sites=count, fused_calls=calls.get(RAN, 0),
+                                reference_calls={k: v for k, v in calls.items() if k != RAN},
                                 verified=verified, declined=declined))
     return tuple(out)

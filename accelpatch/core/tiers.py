@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from accelpatch.core import call_context
 

@@ -181,7 +181,8 @@ def base_setting(pipe: Any) -> BaseSetting:
     backend = backend_options = None
     family_options, cache_options, method = {}, {}, None
     if patch is not None:
-        backend_config, _strict, options, _tier, cache, _cpu_kernels = patch.requested
+        backend_config, _strict, options, _tier, arguments = patch.requested
+        cache = dict(arguments).get("cache")
         if isinstance(backend_config, SolAttnConfig):
             backend, backend_options = "sol_attn", {}
             for f in dataclass_fields(SolAttnConfig):

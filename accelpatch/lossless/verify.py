@@ -34,6 +34,7 @@ from accelpatch.core.gate import note_work
 from accelpatch.core.outcomes import RAN, declined, not_applicable
 from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kernel_kind
 from accelpatch.lossless.kernels.operands import foreign_operand
+from accelpatch.lossless.feature import cpu_kernels_allowed
 
 FUSED = RAN  # a fused op that ran its kernel
 IN_COMPILE = not_applicable("inside torch.compile (the compiler fuses the chain itself)")
@@ -247,7 +248,7 @@ class FusedOp:
         switched off (``apply(..., cpu_kernels=False)``, ``ACCELPATCH_CPU_KERNELS=0``) or not buildable here (the
         kernel's library says). Counted with the reason, not warned per op: a failed build warns once per process
         where it fails."""
-        if device.type == "cpu" and not getattr(site.model, "cpu_kernels", True):
+        if device.type == "cpu" and not cpu_kernels_allowed(site.model):
             return CPU_KERNELS_OFF
         kernel = self._kernels.get(device.type)
         reason = kernel.library.unavailable() if kernel is not None else None

@@ -49,7 +49,8 @@ def refuse_split_model(model: torch.nn.Module, plan: Optional[dict]) -> None:
 def refuse_repatching_split_model(model: torch.nn.Module, patch: Any) -> None:
     """Raise when ``apply()`` with other arguments would re-patch a model split after the first ``apply()``: the
     re-patch starts from the unsplit model, and the split made for the old patch would be lost half-way."""
-    guard = patch.parallel_guard
+    attached = patch.attached.get("parallel")
+    guard = attached.guard if attached is not None else None
     if guard is not None and not guard.split_at_apply and parallel_config(model) is not None:
         raise RuntimeError(
             f"this {type(model).__name__} was parallelised (enable_parallelism) after accelpatch.apply(): apply() "

@@ -1,0 +1,35 @@
+"""The lossless kernels' switch as a feature of the core (:mod:`accelpatch.core.features`): ``apply(...,
+cpu_kernels=False)`` keeps one model's fused ops off the compiled CPU kernels, and the report says how the CPU
+kernel build stands."""
+from __future__ import annotations
+
+from typing import Any
+
+from accelpatch.core.features import Feature, register
+
+
+class CpuKernels(Feature):
+    name = "cpu_kernels"
+    order = 0
+    argument = "cpu_kernels"
+    default = True
+
+    def resolve(self, value: Any, options: dict) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"cpu_kernels must be True or False, got {value!r}")
+        return value
+
+    def notes(self) -> list[str]:
+        from accelpatch.lossless.kernels import cpu_build
+
+        status = cpu_build.status()
+        return [f"CPU kernels: {status}"] if status else []
+
+
+def cpu_kernels_allowed(patch: Any) -> bool:
+    """Whether a model's fused ops may run their CPU kernels (``apply(..., cpu_kernels=...)``; True unpatched)."""
+    configs = getattr(patch, "configs", None)
+    return True if configs is None else bool(configs.get(CpuKernels.name, True))
+
+
+FEATURE = register(CpuKernels())
