@@ -2,9 +2,8 @@
 
 A :class:`QualityGatedFusion` describes one kind of fast path (its marker and enabled attribute names and the tier
 it needs). It keeps no per-site state: each marked module holds one record under the marker attribute (accelpatch's
-:class:`~accelpatch.core.sites.Site`, or a :class:`Mark` around a caller's metadata), and that record's ``mounted``
-and ``reject_reason`` are the site's one mount state, read by the gate, the patcher, the report and the parallel
-checks alike. Mounting is all-or-nothing per model: one rejected site keeps the whole model on the reference path,
+:class:`~accelpatch.core.sites.Site`), and that record's ``mounted`` and ``reject_reason`` are the site's one mount
+state, decided by the patcher and read by the gate, the report and the parallel checks alike. Mounting is all-or-nothing per model: one rejected site keeps the whole model on the reference path,
 with the reason recorded.
 
 A mounted site is *enabled* only when the tier in force in the calling context admits the fusion's tier, so
@@ -13,12 +12,11 @@ A mounted site is *enabled* only when the tier in force in the calling context a
 from __future__ import annotations
 
 import collections
-import dataclasses
 import importlib
 import logging
 import sys
 import threading
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -26,8 +24,6 @@ from accelpatch.core.tiers import DEFAULT_TIER, Tier, effective_tier
 from accelpatch.core.torch_compat import is_exporting
 
 logger = logging.getLogger("accelpatch")
-
-RejectReason = Callable[[torch.nn.Module], Optional[str]]
 
 #: the marker prefix of sglang diffusion's quality-gated sites (``_sgl_<name>_site`` / ``_sgl_<name>_enabled``), which
 #: the fast paths ported from it carry
@@ -256,25 +252,13 @@ def note_work(counters: SiteCounters) -> None:
             return
 
 
-@dataclasses.dataclass(eq=False)
-class Mark:
-    """The mount record of a module marked with metadata of the caller's own (accelpatch marks with its
-    :class:`~accelpatch.core.sites.Site`, which carries the same two fields)."""
-
-    metadata: object = True
-    #: whether the site is mounted: the one mount state, set by :meth:`QualityGatedFusion.mount` / ``unmount``
-    mounted: bool = False
-    #: why it is not mounted (None when mounted, or not decided yet)
-    reject_reason: Optional[str] = None
-
-
 class QualityGatedFusion:
-    """One kind of fast path: ``mark`` sites, ``mount``/``unmount`` them per model, ask ``is_enabled``.
+    """One kind of fast path: the names of its marker and enabled attributes, and the tier it needs.
 
-    ``marker_attr`` holds the site's mount record (accelpatch stores its :class:`~accelpatch.core.sites.Site` there,
-    other metadata is kept in a :class:`Mark`); ``enabled_attr`` reads True only for a mounted site whose tier the
-    calling context admits (a property of accelpatch's gated classes; on a module of another class, a plain
-    attribute that mounting keeps equal to the record's ``mounted``).
+    ``marker_attr`` holds a patched module's :class:`~accelpatch.core.sites.Site`, the one record of its mount state
+    (``mounted``, ``reject_reason``), which the patcher decides; ``enabled_attr`` reads True only for a mounted site
+    whose tier the calling context admits (a property of accelpatch's gated classes: another caller setting it, as
+    sglang's site protocol does, turns the site off, or on again where the patcher did not reject it).
     """
 
     __slots__ = ("name", "marker_attr", "enabled_attr", "tier", "defined_in")
@@ -308,33 +292,19 @@ class QualityGatedFusion:
     def __repr__(self) -> str:
         return f"QualityGatedFusion(name={self.name!r}, tier={self.tier})"
 
-    def mark(self, module: torch.nn.Module, metadata: object = True) -> None:
-        """Make ``module`` a site of this fusion; a freshly marked site starts unmounted. ``metadata`` with mount
-        fields of its own (a :class:`~accelpatch.core.sites.Site`) is the record itself; any other is kept in a
-        :class:`Mark`."""
-        record = metadata if _is_record(metadata) else Mark(metadata)
-        module.__dict__[self.marker_attr] = record
-        self._set_mounted(module, False)
+    def mark(self, module: torch.nn.Module, site: object) -> None:
+        """Make ``module`` a site of this fusion, ``site`` its record; a freshly marked site starts unmounted."""
+        site.mounted = False
+        module.__dict__[self.marker_attr] = site
 
     def unmark(self, module: torch.nn.Module) -> None:
-        """Remove every attribute :meth:`mark` and :meth:`mount` put on ``module``."""
+        """Remove every attribute :meth:`mark` put on ``module``."""
         for attr in (self.marker_attr, self.enabled_attr):
             module.__dict__.pop(attr, None)
 
     def record(self, module: torch.nn.Module) -> Optional[object]:
-        """The mount record of ``module`` (None when it is not a site of this fusion)."""
+        """The site record of ``module`` (None when it is not a site of this fusion)."""
         return module.__dict__.get(self.marker_attr)
-
-    def metadata(self, module: torch.nn.Module, default: object = None) -> object:
-        record = self.record(module)
-        if record is None:
-            return default
-        return record.metadata if isinstance(record, Mark) else record
-
-    def is_mounted(self, module: torch.nn.Module) -> bool:
-        """The mount decision alone, whatever tier is in force."""
-        record = self.record(module)
-        return record is not None and record.mounted
 
     def is_enabled(self, module: torch.nn.Module) -> bool:
         """True when ``module`` is a mounted site and the calling context's tier admits this fusion."""
@@ -348,42 +318,3 @@ class QualityGatedFusion:
         for module in root.modules():
             if self.marker_attr in module.__dict__:
                 yield module
-
-    def _set_mounted(self, module: torch.nn.Module, value: bool, reason: Optional[str] = None) -> None:
-        record = self.record(module)
-        record.mounted = bool(value)
-        if reason is not None or value:
-            record.reject_reason = reason
-        if not isinstance(type(module).__dict__.get(self.enabled_attr), property):
-            module.__dict__[self.enabled_attr] = bool(value)  # a plain module: no property reads the record
-
-    def mount(self, root: torch.nn.Module, *, reject_reason: Optional[RejectReason] = None,
-              logger: Optional[logging.Logger] = logger) -> bool:
-        """Enable every site under ``root``, or none: returns False (all disabled) when there are no sites or when
-        ``reject_reason`` returns a reason for any site."""
-        sites = list(self.iter_sites(root))
-        if not sites:
-            return False
-        if reject_reason is not None:
-            for site in sites:
-                reason = reject_reason(site)
-                if reason is not None:
-                    for s in sites:
-                        self._set_mounted(s, False, reason if s is site else None)
-                    if logger is not None:
-                        path = getattr(self.metadata(site), "path", type(site).__name__)
-                        logger.info("%s: site %s rejected (%s); the whole model stays on the reference path",
-                                    self.name, path, reason)
-                    return False
-        for site in sites:
-            self._set_mounted(site, True)
-        return True
-
-    def unmount(self, root: torch.nn.Module) -> None:
-        """Turn every site under ``root`` off (their calls run the reference path, counted as not mounted)."""
-        for site in self.iter_sites(root):
-            self._set_mounted(site, False)
-
-
-def _is_record(metadata: object) -> bool:
-    return hasattr(metadata, "mounted") and hasattr(metadata, "reject_reason")
