@@ -342,7 +342,7 @@ def test_the_step_cache_decides_together(two):
     assert counts[0]["computed"] == counts[1]["computed"] == 4 and counts[0]["reused"] == counts[1]["reused"] == 0
     assert any("another rank computes" in reason for reason in counts[0]["reasons"])
     assert torch.equal(two[0]["sana_cache"], two[1]["sana_cache"])
-    from accelpatch.step_cache.cache import MAG_SPLIT
+    from accelpatch.step_cache.config import MAG_SPLIT
 
     for rank in two:  # MagCache decides inside diffusers' hook, per rank: on a split model it computes, saying why
         assert (rank["mag_counts"]["computed"], rank["mag_counts"]["reused"]) == (4, 0)

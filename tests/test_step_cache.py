@@ -419,7 +419,7 @@ def test_states_are_freed_after_the_final_step_and_bounded_without_a_pipeline(sa
         accelpatch.remove(pipe)
     # a transformer patched alone has no scheduler: no final step is known, so finished calls' states stay until
     # the same thread's next call, bounded for threads that never come back; the report says the guard is off
-    from accelpatch.step_cache.cache import MAX_LIVE_GENERATIONS
+    from accelpatch.step_cache.states import MAX_LIVE_GENERATIONS
 
     model = testing.tiny_sana_video_transformer()
     inputs = testing.sana_video_transformer_inputs(model)

@@ -58,7 +58,7 @@ class SiteRule:
 
 @dataclass(frozen=True)
 class CacheSupport:
-    """What the step cache (accelpatch.step_cache.cache) needs to know about a family.
+    """What the step cache (accelpatch.step_cache) needs to know about a family.
 
     ``methods``: the cache methods it runs ("first_block", "mag"). ``blocks``: the ModuleList of residual blocks
     diffusers' cache hooks go on (None: the model's own hook point). ``block_outputs``: where a block's streams sit in

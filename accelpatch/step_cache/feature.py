@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from accelpatch.core.features import Feature, register
-from accelpatch.step_cache.cache import CACHE_OPTIONS, StepCache, cache_totals, refuse_foreign_cache, resolve_cache
+from accelpatch.step_cache.cache import StepCache
+from accelpatch.step_cache.config import CACHE_OPTIONS, resolve_cache
+from accelpatch.step_cache.conflicts import refuse_foreign_cache
+from accelpatch.step_cache.states import cache_totals
 
 
 class StepCacheFeature(Feature):
