@@ -5,15 +5,18 @@ arguments, the tier, backend and options that :func:`accelpatch.apply` takes, th
 ``bench`` compare against the reference, and the quality gates. The schema is a pydantic model, so a bad field is
 reported with its dotted location, the value given and what is allowed; unknown fields are errors, not ignored.
 
-The shipped recipes are package data (``accelpatch/recipe_files/*.yaml``, in the wheel); your own go in
-``./recipes`` or a folder on ``$ACCELPATCH_RECIPES``. :func:`load_recipe` takes a path, a bare name found in one of
-those (``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
+The shipped recipes are the repository's top-level ``recipes/*.yaml``, one copy: setup.cfg maps that folder into the
+wheel as package data (the package ``accelpatch.recipe_files``), and a source checkout (an editable install, or the
+checkout on ``sys.path``) reads it where it is (:data:`SHIPPED_RECIPES`). Your own go in ``./recipes`` or a folder
+on ``$ACCELPATCH_RECIPES``. :func:`load_recipe` takes a path, a bare name found in one of those
+(``"sana-video-480p-high"``), a mapping, or a :class:`Recipe`.
 """
 from __future__ import annotations
 
 import difflib
 import numbers
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -27,8 +30,22 @@ __all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "
            "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
            "call_problems", "minimum_steps", "MIN_ROUNDS", "MIN_WARMUP"]
 
-#: the recipes that ship with the package (package data: the wheel carries them)
-SHIPPED_RECIPES = Path(__file__).resolve().parent / "recipe_files"
+
+def _shipped_recipes() -> Path:
+    """The folder of the shipped recipes: in an installed wheel the package data ``accelpatch.recipe_files`` (what
+    setup.cfg maps the repository's ``recipes/`` to); in a source checkout, editable install or not, that
+    ``recipes/`` itself, next to the package and setup.cfg (the package holds no copy)."""
+    installed = resources.files("accelpatch").joinpath("recipe_files")
+    if installed.is_dir():
+        return Path(str(installed)).resolve()
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "setup.cfg").is_file() and (checkout / "recipes").is_dir():
+        return checkout / "recipes"
+    return Path(str(installed))  # neither: a folder that does not exist, so no recipe is found there
+
+
+#: the recipes that ship with the package (the repository's ``recipes/``: package data of the wheel)
+SHIPPED_RECIPES = _shipped_recipes()
 
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing`, one per registered family
 #: (accelpatch.models.families; built by accelpatch.eval.pipelines)
@@ -296,7 +313,7 @@ class Recipe(_Strict):
 
 def recipe_dirs() -> list[Path]:
     """Where bare recipe names are looked up: ``$ACCELPATCH_RECIPES`` (``os.pathsep``-separated), ``./recipes``,
-    then the recipes shipped inside the package (:data:`SHIPPED_RECIPES`)."""
+    then the shipped recipes (:data:`SHIPPED_RECIPES`; in the repository's root, ``./recipes`` is that folder)."""
     dirs = [Path(p) for p in os.environ.get("ACCELPATCH_RECIPES", "").split(os.pathsep) if p]
     dirs += [Path.cwd() / "recipes", SHIPPED_RECIPES]
     seen, unique = set(), []

@@ -1,5 +1,6 @@
-"""Every Python code block in the documentation runs as written: README.md, CONTRIBUTING.md and every page of the
-mkdocs site under docs/ (test ids name the file and the block's number in it).
+"""Every Python code block in the documentation runs as written: README.md and every page of the mkdocs site under
+docs/ (test ids name the file and the block's number in it); CONTRIBUTING.md's worked examples run in
+tests/test_contributing.py.
 
 Each block runs in a fresh namespace (blocks are self-contained, as a reader copies them) in a temporary working
 directory. Files a block names that stand for the user's own downloads are put there first, built from the tiny
@@ -21,7 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 #: the documents whose Python blocks run, README first
-DOCUMENTS = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("**/*.md"))]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
 TORCHRUN = "# torchrun --nproc-per-node 2"
 
 

@@ -119,6 +119,30 @@ def test_unknown_recipe_names_list_the_known_ones_and_bad_yaml_is_named(tmp_path
         load_recipe(scalar)
 
 
+def test_your_own_recipes_are_searched_before_the_shipped_ones(tmp_path, monkeypatch, capsys):
+    """#41: with the shipped recipes back in the repository's recipes/, a user's ./recipes and $ACCELPATCH_RECIPES
+    folders are still searched first, in that order, and a recipe there with a shipped name wins."""
+    from accelpatch.recipes import recipe_dirs
+
+    mine, theirs = tmp_path / "recipes", tmp_path / "team"
+    for folder, description in ((mine, "mine"), (theirs, "the team's")):
+        folder.mkdir()
+        for name in ("tiny-sana-video", f"only-{folder.name}"):
+            (folder / f"{name}.yaml").write_text(yaml.safe_dump({"model": "tiny:sana-video",
+                                                                 "description": description}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCELPATCH_RECIPES", str(theirs))
+    assert recipe_dirs() == [theirs, mine, SHIPPED_RECIPES]
+    known = available_recipes()
+    assert known["tiny-sana-video"] == theirs / "tiny-sana-video.yaml"
+    assert load_recipe("tiny-sana-video").description == "the team's"
+    assert load_recipe("only-recipes").description == "mine"
+    assert known["tiny-minimax-h3-sol-attn"] == SHIPPED_RECIPES / "tiny-minimax-h3-sol-attn.yaml"
+    assert main(["recipes"]) == 0
+    rows = {line.split()[0]: line.split()[2] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["only-recipes"] == str(mine / "only-recipes.yaml") and rows["tiny-minimax-h3-sol-attn"] == "shipped"
+
+
 def test_apply_with_a_recipe_patches_with_its_backend_options_and_tier():
     model = testing.tiny_minimax_h3_transformer()
     accelpatch.apply(model, recipe="tiny-minimax-h3-sol-attn")

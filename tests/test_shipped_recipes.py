@@ -1,5 +1,7 @@
-"""The shipped recipes: inside the built wheel (an installed accelpatch finds them all by name), and applicable, with
-every candidate, to the model each one is for, built at its release size on the meta device."""
+"""The shipped recipes: one copy, the repository's top-level ``recipes/``, which setup.cfg maps into the wheel as
+the package ``accelpatch.recipe_files`` (an installed wheel, and an editable install of a checkout, find them all by
+name); and applicable, with every candidate, to the model each one is for, built at its release size on the meta
+device."""
 import json
 import os
 import shutil
@@ -22,9 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(SHIPPED_RECIPES.glob("*.yaml"))
 
 
-def test_the_shipped_recipes_are_package_data():
+def test_the_shipped_recipes_are_the_top_level_recipes_folder():
+    """#41: the layout's recipes/ holds them, one copy; the package holds none (the wheel gets them from setup.cfg)."""
+    assert SHIPPED_RECIPES == REPO / "recipes"
     assert {p.stem for p in SHIPPED} >= {"tiny-sana-video", "sana-video2-720p-middle", "minimax-h3-sol-attn"}
-    assert not list((REPO / "recipes").glob("*.yaml")), "shipped recipes belong in accelpatch/recipe_files/"
+    assert not (REPO / "accelpatch" / "recipe_files").exists(), "the shipped recipes live in recipes/ only"
 
 
 def _run(*command: str, **kwargs) -> str:
@@ -34,31 +38,43 @@ def _run(*command: str, **kwargs) -> str:
     return result.stdout
 
 
-def _build_wheel(tmp_path: Path) -> Path:
-    """A wheel of this checkout, built from a copy of what a wheel is made of (the checkout stays clean)."""
+def _source_copy(tmp_path: Path) -> Path:
+    """A copy of what a wheel is made of: the package, the shipped recipes, the setup files (the checkout stays
+    clean)."""
     source = tmp_path / "src"
-    shutil.copytree(REPO / "accelpatch", source / "accelpatch",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder in ("accelpatch", "recipes"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("setup.cfg", "setup.py", "MANIFEST.in", "README.md"):
         if (REPO / name).is_file():
             shutil.copy2(REPO / name, source / name)
+    return source
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    """A wheel of this checkout, built from a copy of it."""
     dist = tmp_path / "dist"
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
-         "--wheel-dir", str(dist), str(source))
+         "--wheel-dir", str(dist), str(_source_copy(tmp_path)))
     (wheel,) = dist.glob("accelpatch-*.whl")
     return wheel
 
 
-def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
-    """A new virtual environment with only the wheel installed into it (no dependencies); torch, diffusers and the
-    rest come from this interpreter's site-packages, added as a plain path, so that no ``.pth`` there runs (the
-    editable install of the checkout stays invisible)."""
+def _fresh_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """(python, site-packages) of a new virtual environment with nothing installed yet; torch, diffusers and the rest
+    come from this interpreter's site-packages, added as a plain path, so that no ``.pth`` there runs (the editable
+    install of the checkout stays invisible)."""
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", str(venv))
     python = venv / "bin" / "python"
     purelib = Path(_run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
     ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
     (purelib / "zz_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
+    return python, purelib
+
+
+def _install_wheel(tmp_path: Path, wheel: Path) -> Path:
+    """The fresh environment's python, with only the wheel installed into it (no dependencies)."""
+    python, purelib = _fresh_venv(tmp_path)
     # --target, not --prefix: with --prefix pip also uninstalls the package from the environment it runs in (here the
     # test venv's editable accelpatch, which every later subprocess of the suite needs)
     _run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target", str(purelib),
@@ -66,11 +82,12 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     return python
 
 
-#: in the fresh environment: every recipe loads by name, through the lookup apply(pipe, recipe=NAME) uses (applying
-#: one would add a diffusers import, ~30 s here, and test nothing more about packaging)
+#: in the fresh environment: every recipe is listed (``accelpatch recipes``' lookup) and loads by name, through the
+#: lookup apply(pipe, recipe=NAME) uses (applying one would add a diffusers import, ~30 s here, and test nothing more
+#: about packaging)
 PROBE = """
 import json, accelpatch
-from accelpatch.recipes import available_recipes, load_recipe
+from accelpatch.recipes import SHIPPED_RECIPES, available_recipes, load_recipe
 known = available_recipes()
 for name, path in known.items():
     assert load_recipe(name).name == name
@@ -78,26 +95,50 @@ from importlib import resources
 from accelpatch.lossless.kernels import cpu_build  # what the CPU kernels' build reads from the installed package
 for name in cpu_build.SOURCES + cpu_build.HEADERS:
     assert resources.files("accelpatch.lossless.kernels").joinpath(name).is_file(), name
-print(json.dumps({"package": accelpatch.__file__, "recipes": {n: str(p) for n, p in known.items()}}))
+print(json.dumps({"package": accelpatch.__file__, "shipped": str(SHIPPED_RECIPES),
+                  "recipes": {n: str(p) for n, p in known.items()}}))
 """
 
 
-def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(tmp_path):
-    wheel = _build_wheel(tmp_path)
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {f"accelpatch/recipe_files/{p.name}" for p in SHIPPED} <= names
-    kernels = {"cpu_kernels.cpp", "cpu_kernels.h", "cpu_ops.cpp"}  # the CPU kernels are built from these
-    assert {f"accelpatch/lossless/kernels/{name}" for name in kernels} <= names
-    python = _fresh_venv(tmp_path, wheel)
+def _probe(python: Path, tmp_path: Path) -> dict:
+    """What the probe finds, run by ``python`` in an empty folder without the checkout on its path."""
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ACCELPATCH_RECIPES")}
     # -I: neither the checkout (cwd, PYTHONPATH) nor user site-packages can stand in for the installed package
     output = _run(str(python), "-I", "-c", PROBE, cwd=work, env=env)
-    found = json.loads(output.strip().splitlines()[-1])
-    assert Path(found["package"]).is_relative_to(tmp_path / "venv"), found["package"]
-    assert set(found["recipes"]) == {p.stem for p in SHIPPED}
-    assert all(Path(p).is_relative_to(tmp_path / "venv") for p in found["recipes"].values())
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(tmp_path):
+    wheel = _build_wheel(tmp_path)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    # recipes/, mapped to the package accelpatch.recipe_files (setup.cfg): its recipes, once, and nothing else
+    inside = "accelpatch.recipe_files".replace(".", "/")
+    assert {name for name in names if "recipe_files" in name} == {f"{inside}/{p.name}" for p in SHIPPED}
+    assert not any(name.startswith("recipes/") for name in names), "the recipes must install inside the package"
+    kernels = {"cpu_kernels.cpp", "cpu_kernels.h", "cpu_ops.cpp"}  # the CPU kernels are built from these
+    assert {f"accelpatch/lossless/kernels/{name}" for name in kernels} <= names
+    python = _install_wheel(tmp_path, wheel)
+    found = _probe(python, tmp_path)
+    installed = tmp_path / "venv"
+    assert Path(found["package"]).is_relative_to(installed), found["package"]
+    assert Path(found["shipped"]).is_relative_to(installed) and Path(found["shipped"]).name == "recipe_files"
+    assert set(found["recipes"]) == {p.stem for p in SHIPPED}  # `accelpatch recipes` lists every one
+    assert all(Path(p).is_relative_to(installed) for p in found["recipes"].values())
+
+
+def test_an_editable_install_reads_the_recipes_folder_of_its_checkout(tmp_path):
+    """``pip install -e .`` (what ``make test`` and ``make demo`` do): setuptools' editable finder cannot import the
+    mapped ``accelpatch.recipe_files`` (no ``__init__.py``), so the loader reads the checkout's ``recipes/``."""
+    source = _source_copy(tmp_path)
+    python, _ = _fresh_venv(tmp_path)
+    _run(sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-build-isolation",
+         "--no-index", "--quiet", "--editable", str(source))
+    found = _probe(python, tmp_path)
+    assert Path(found["package"]).is_relative_to(source / "accelpatch"), found["package"]
+    assert found["shipped"] == str(source / "recipes")
+    assert found["recipes"] == {p.stem: str(source / "recipes" / p.name) for p in SHIPPED}
 
 
 # --- every shipped recipe applies, with every candidate, at its release size ------------------------------------
