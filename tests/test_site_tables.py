@@ -82,6 +82,19 @@ def test_a_site_rule_mounts_by_backend_and_predicate():
     assert isinstance(rules["any"].pattern, re.Pattern)
 
 
+
+def test_a_site_row_naming_a_backend_its_family_does_not_take_is_refused():
+    """A typo in a site table ("sol_atn") would mount nothing, silently: iter_sites names the row instead."""
+    class Typo(ModelAdapter):
+        family = "typo"
+        backends = ("sol_attn",)
+        sites = (SiteRule(r"(\d+)", object(), backend="sol_atn"),)
+
+    with pytest.raises(ValueError, match=r"names backend 'sol_atn', which this family does not take; its backends: "
+                                         r"'sol_attn'"):
+        list(Typo().iter_sites(torch.nn.Sequential(torch.nn.Linear(2, 2)), SolAttnConfig()))
+
+
 WAN_LOSSLESS = [
     ("blocks.0", [("wan_fused_block", "lossless", 0)]),
     ("blocks.0.attn1", [("wan_fused_attention", "lossless", 0)]),

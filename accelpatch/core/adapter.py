@@ -185,7 +185,13 @@ class ModelAdapter:
                    backend_config: Any) -> Iterator[tuple[str, torch.nn.Module, FastPath, Any]]:
         """Yield (module path, module, fast path, layer index or None) for every row of :attr:`sites` that applies
         under ``backend_config``: first the rules mounted with or without a backend, over the model's modules in
-        order, then the backend-dependent ones (so a backend's own sites come after the lossless ones)."""
+        order, then the backend-dependent ones (so a backend's own sites come after the lossless ones). A row naming
+        a backend the family does not take raises (it would mount nothing, silently)."""
+        for rule in self.sites:
+            if rule.backend not in (None, NO_BACKEND) and rule.backend not in self.backends:
+                raise ValueError(f"{type(self).__name__}.sites: the row {rule.pattern.pattern!r} names backend "
+                                 f"{rule.backend!r}, which this family does not take; its backends: "
+                                 f"{', '.join(map(repr, self.backends)) or 'none'} (or None, or NO_BACKEND)")
         for rules in ([r for r in self.sites if r.backend is None],
                       [r for r in self.sites if r.backend is not None and r.applies(backend_config)]):
             if not rules:
