@@ -46,10 +46,11 @@ from typing import Any, Callable, Optional
 import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from _cpu_fast_paths import run_fast_paths_on_cpu
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
-from accelpatch.core.sites import NO_FUSED_OP, NO_FUSED_OP_COMPILED, run_fast_paths_on_cpu
+from accelpatch.core.sites import NO_FUSED_OP, NO_FUSED_OP_COMPILED
 
 #: reference-counted reasons of a call the site's own fast path ran (it did no fast work): not handed to the site below
 RAN_HERE = {NOTHING_SKIPPED, NO_FUSED_OP, NO_FUSED_OP_COMPILED}

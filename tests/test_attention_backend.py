@@ -288,7 +288,8 @@ def test_bad_options_are_refused_naming_the_choices():
         accelpatch.sol_attn.configure_sol_attn_backend(dense_backend="sol_attn")
     with pytest.raises(RuntimeError, match="flash-attn"):  # diffusers' own requirement check, at configure time
         accelpatch.sol_attn.configure_sol_attn_backend(dense_backend="flash")
-    assert ab.current_config() == ab.SolAttnBackendConfig()
+    assert ab.current_config() == ab.backend_config()  # nothing refused took effect
+    assert ab.options_in_force()["dense_backend"] is None
 
 
 def test_a_named_dense_backend_runs_outside_high():

@@ -11,10 +11,10 @@ import warnings
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from _cpu_fast_paths import run_fast_paths_on_cpu
 
 import accelpatch
 from accelpatch.core.sites import NO_FUSED_OP_COMPILED
-from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 sana_video2_transformer_inputs, tiny_minimax_h3_transformer, tiny_sana_video2_transformer,
                                 tiny_sana_video_transformer, tiny_wan_transformer)

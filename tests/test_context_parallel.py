@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from _multiprocess import START, run_ranks
+from accelpatch.parallel import sequence
+from accelpatch.parallel.sequence import SequenceShards
 from accelpatch.sol_attn import sites as sol_attention
 
 SCRIPT = START + textwrap.dedent("""
@@ -94,12 +96,12 @@ def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
 
 def _config(ring=1, ulysses=2, anything=False):
     cp = types.SimpleNamespace(ring_degree=ring, ulysses_degree=ulysses, ulysses_anything=anything,
-                               _ulysses_mesh=types.SimpleNamespace(get_group=lambda: "group"))
+                               _ulysses_mesh=types.SimpleNamespace(get_group=lambda: "group", get_local_rank=lambda: 1))
     return types.SimpleNamespace(context_parallel_config=cp)
 
 
 def test_only_pure_ulysses_keeps_the_sparse_path():
-    assert sol_attention.ulysses_group(_config()) == ("group", 2)
+    assert sol_attention.ulysses_group(_config()) == SequenceShards("group", 1, 2)
     assert sol_attention.ulysses_group(_config(ring=2, ulysses=1)).reason == sol_attention.ULYSSES_ONLY
     assert "ulysses_anything" in sol_attention.ulysses_group(_config(anything=True)).reason
     assert "without context parallelism" in sol_attention.ulysses_group(types.SimpleNamespace()).reason
@@ -109,20 +111,20 @@ def _exchange(monkeypatch, fn, per_rank, world):
     """Run ``fn`` on every rank's tensor with a simulated all-to-all: chunk j (dim 0) of rank i's send buffer
     arrives as chunk i of rank j's receive buffer."""
     sends = []
-    monkeypatch.setattr(sol_attention, "all_to_all", lambda tensor, group: sends.append(tensor) or tensor)
-    for x in per_rank:
-        fn(x, None, world)
+    monkeypatch.setattr(sequence, "all_to_all", lambda tensor, group: sends.append(tensor) or tensor)
+    for rank, x in enumerate(per_rank):
+        fn(x, SequenceShards(None, rank, world))
     received = [torch.cat([sends[src].chunk(world)[dst] for src in range(world)]) for dst in range(world)]
-    monkeypatch.setattr(sol_attention, "all_to_all", lambda tensor, group: received.pop(0))
-    return [fn(x, None, world) for x in per_rank]
+    monkeypatch.setattr(sequence, "all_to_all", lambda tensor, group: received.pop(0))
+    return [fn(x, SequenceShards(None, rank, world)) for rank, x in enumerate(per_rank)]
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_head_exchange_is_the_all_to_all_it_claims(monkeypatch, world):
     full = torch.randn(1, 8 * world, 2 * world, 4, generator=torch.Generator().manual_seed(0))  # [B, S, H, D]
     shards = list(full.chunk(world, dim=1))  # rank r holds sequence shard r of every head
-    by_heads = _exchange(monkeypatch, sol_attention.heads_to_ranks, shards, world)
+    by_heads = _exchange(monkeypatch, sequence.heads_to_ranks, shards, world)  # the one Sol-Attn's sites run
     for rank, got in enumerate(by_heads):  # rank r: the whole sequence of its share of the heads
         assert torch.equal(got, full[:, :, rank * 2:(rank + 1) * 2])
-    back = _exchange(monkeypatch, sol_attention.ranks_to_heads, by_heads, world)
+    back = _exchange(monkeypatch, sequence.ranks_to_heads, by_heads, world)
     assert all(torch.equal(a, b) for a, b in zip(back, shards))

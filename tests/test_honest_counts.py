@@ -100,7 +100,7 @@ def _qkv(tokens):
 
 
 def test_the_attention_backend_counts_a_call_that_skipped_nothing_as_dense():
-    config = attention_backend.SolAttnBackendConfig(tau=3.0)
+    config = attention_backend.backend_config(tau=3.0)
     attention_backend.COUNTERS.reset()
     try:
         attention_backend.run_sparse(config, *_qkv(100))  # two blocks: every pair is exact

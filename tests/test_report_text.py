@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 from diffusers.models.attention_processor import AttnProcessor2_0
+from _cpu_fast_paths import run_fast_paths_on_cpu
 
 import accelpatch
-from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.testing import tiny_minimax_h3_transformer, tiny_sana_video2_transformer, tiny_sana_video_transformer
 
 

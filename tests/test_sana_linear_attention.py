@@ -1,16 +1,16 @@
 """The SANA-Video BF16-input linear-attention fast path: its math against the FP32 chain and the diffusers
 processor, batch > 1 per item, every guard's reason, and unmounting back to the reference bit for bit.
 
-On CPU the BF16×BF16→FP32 GEMM is emulated through the test-only switch; on a CUDA machine the same tests also
-run the real kernel."""
+On CPU the BF16×BF16→FP32 GEMM is emulated (the suite's ``run_fast_paths_on_cpu``, tests/_cpu_fast_paths.py); on
+a CUDA machine the same tests also run the real kernel."""
 import pytest
 import torch
+from _cpu_fast_paths import fast_paths_run_on_cpu, run_fast_paths_on_cpu
 from diffusers.models.attention_processor import AttnProcessor2_0
 from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
 
 import accelpatch
-from accelpatch.models.sana_video.linear_attention import (FUSED_FUSION, FUSION, emulate_bf16_gemm_on_cpu,
-                                                             linear_attention_bf16_gemm)
+from accelpatch.models.sana_video.linear_attention import FUSED_FUSION, FUSION, linear_attention_bf16_gemm
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -35,7 +35,7 @@ def _lossless(report):
 
 
 def _emulate(device):
-    return emulate_bf16_gemm_on_cpu() if device == "cpu" else torch.autograd.grad_mode.no_grad()
+    return run_fast_paths_on_cpu() if device == "cpu" else torch.autograd.grad_mode.no_grad()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -100,7 +100,7 @@ def test_whole_transformer_under_high_is_close_to_exact_and_counts_fast_calls():
     inputs = sana_video_transformer_inputs(model, batch_size=2)
     with torch.no_grad():
         reference = model(**inputs).sample
-        with emulate_bf16_gemm_on_cpu():
+        with run_fast_paths_on_cpu():
             accelpatch.apply(model)
             with accelpatch.quality("high"):
                 fast = model(**inputs).sample
@@ -128,7 +128,7 @@ def _declines(attn, *args, **kwargs):
 
 def test_each_guard_reports_its_reason():
     model, attn, hidden, rope = _site_inputs("cpu", batch=1)
-    with emulate_bf16_gemm_on_cpu():
+    with run_fast_paths_on_cpu():
         accelpatch.apply(model)
         assert "no rotary_emb" in _declines(attn, hidden).reason
         assert "encoder_hidden_states given" in _declines(attn, hidden, hidden, rotary_emb=rope).reason
@@ -144,7 +144,7 @@ def test_each_guard_reports_its_reason():
     assert torch.equal(out, expected)
     # A processor swapped in after apply() is never bypassed.
     attn.set_processor(AttnProcessor2_0())
-    with emulate_bf16_gemm_on_cpu():
+    with run_fast_paths_on_cpu():
         assert "processor is AttnProcessor2_0" in _declines(attn, hidden, rotary_emb=rope).reason
     high, below = _attn1_sites(accelpatch.report(model))
     assert high.fast_calls == 0 and high.fallback_calls == {"input on cpu: the BF16-input GEMM needs CUDA": 1}
@@ -154,7 +154,7 @@ def test_each_guard_reports_its_reason():
 def test_mount_rejects_a_model_whose_processor_was_replaced():
     model = tiny_sana_video_transformer(dtype=torch.bfloat16)
     model.transformer_blocks[1].attn1.set_processor(AttnProcessor2_0())
-    with emulate_bf16_gemm_on_cpu():
+    with run_fast_paths_on_cpu():
         accelpatch.apply(model)
     rep = accelpatch.report(model)
     for kind in (FUSION.name, FUSED_FUSION.name):  # both attn1 fast paths, each all or nothing
@@ -171,9 +171,10 @@ def test_unmount_restores_the_reference_bit_for_bit():
     inputs = sana_video_transformer_inputs(model, batch_size=2)
     with torch.no_grad():
         reference = model(**inputs).sample
-        with emulate_bf16_gemm_on_cpu():
+        with run_fast_paths_on_cpu():
             accelpatch.apply(model)
-            FUSION.unmount(model)
+            for site in FUSION.iter_sites(model):  # another caller's unmount (sglang's site protocol)
+                setattr(site, FUSION.enabled_attr, False)
             with accelpatch.quality("high"), pytest.warns(RuntimeWarning, match="not mounted"):
                 out = model(**inputs).sample
     assert torch.equal(out, reference)
@@ -184,10 +185,8 @@ def test_unmount_restores_the_reference_bit_for_bit():
 
 
 def test_the_switch_is_off_outside_its_block():
-    from accelpatch.core.sites import fast_paths_run_on_cpu
-
     assert fast_paths_run_on_cpu() is False
-    with emulate_bf16_gemm_on_cpu():
+    with run_fast_paths_on_cpu():
         assert fast_paths_run_on_cpu() is True
     assert fast_paths_run_on_cpu() is False
 

@@ -5,12 +5,12 @@ import warnings
 
 import pytest
 import torch
+from _cpu_fast_paths import run_fast_paths_on_cpu
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
 from accelpatch.models.sana_video2 import high as sv2_high
 from accelpatch.core.patcher import patch_of
-from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.sol_attn.sites import DENSE_LAYER, DENSE_STEP
 from accelpatch.testing import (SANA_VIDEO2_MEDIUM_CONFIG, SANA_VIDEO2_TINY_VAE_8X_CONFIG, sana_video2_pipeline_call_kwargs,
                                 sana_video2_transformer_inputs, tiny_sana_video2_pipeline, tiny_sana_video2_transformer)

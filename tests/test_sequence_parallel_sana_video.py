@@ -122,6 +122,7 @@ SCRIPT = textwrap.dedent("""
         from accelpatch.models.sana_video.split_processors import SplitLinearAttnProcessor
         from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
         from test_sequence_parallel_sana_video import FRAMES, _cases, _run
+        from _cpu_fast_paths import run_fast_paths_on_cpu
         config = lambda: ContextParallelConfig(ulysses_degree=world)
         out = {}
 
@@ -168,7 +169,7 @@ SCRIPT = textwrap.dedent("""
             return dist.destroy_process_group()
         bf16 = tiny_sana_video_transformer(dtype=torch.bfloat16)
         bf16_cases = _cases(bf16, torch.bfloat16)
-        with linear_attention.emulate_bf16_gemm_on_cpu(), accelpatch.quality("high"):
+        with run_fast_paths_on_cpu(), accelpatch.quality("high"):
             accelpatch.apply(bf16)
             out["bf16_one_process"] = {name: _run(bf16, inputs) for name, inputs in bf16_cases.items()}
             bf16.enable_parallelism(config=config())

@@ -40,18 +40,19 @@ SCRIPT = textwrap.dedent("""
         import accelpatch
         from diffusers import ContextParallelConfig
         from accelpatch.models.sana_video2.modeling import attention, transformer as sv2
+        from accelpatch.parallel import sequence
         target = build()
         model = target.transformer if pipeline else target
         if apply is not None:
             accelpatch.apply(target, **apply)
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world, ulysses_anything=anything))
-        saved = (attention.sum_over_ranks, sv2.local_frames, attention._own_ulysses, dist.all_to_all_single,
+        saved = (attention.sum_over_ranks, sv2.local_frames, attention._own_ulysses, sequence.all_to_all,
                  attention.heads_to_ranks)
         exchanged = []
-        def recording(output, input, *args, **kwargs):
-            exchanged.append((input.dtype, input.numel() * input.element_size()))
-            return saved[3](output, input, *args, **kwargs)
-        dist.all_to_all_single = recording  # the anchors' own exchange (diffusers' goes through funcol)
+        def recording(send, group):
+            exchanged.append((send.dtype, send.numel() * send.element_size()))
+            return saved[3](send, group)
+        sequence.all_to_all = recording  # the anchors' own exchange (diffusers' has its own)
         if fp32_exchange:  # the anchors' q/k/v upcast before diffusers' Ulysses exchange, as diffusers alone does
             attention._own_ulysses = lambda *args: None
         if perturbed_exchange:  # the anchors' exchange deliberately off by one BF16 step
@@ -65,7 +66,7 @@ SCRIPT = textwrap.dedent("""
                 out = target(**inputs_of(model))
             out = out.frames if pipeline else out.sample
         finally:
-            (attention.sum_over_ranks, sv2.local_frames, attention._own_ulysses, dist.all_to_all_single,
+            (attention.sum_over_ranks, sv2.local_frames, attention._own_ulysses, sequence.all_to_all,
              attention.heads_to_ranks) = saved
         result = {"out": out, "exchanged": exchanged}
         if apply is not None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _cpu_fast_paths import run_fast_paths_on_cpu
 
 import accelpatch
 from accelpatch.core.patcher import UNMOUNTED_AFTER_APPLY
-from accelpatch.core.sites import run_fast_paths_on_cpu
 from accelpatch.testing import (sana_video2_transformer_inputs, sana_video_transformer_inputs,
                                 tiny_sana_video2_transformer, tiny_sana_video_transformer)
 

@@ -4,6 +4,7 @@ checkpointed recomputation read the tier, step and layout in force at backward t
 number of tensors was saved", SANA-Video recomputed on the reference path.)"""
 import pytest
 import torch
+from _cpu_fast_paths import run_fast_paths_on_cpu
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
@@ -71,7 +72,7 @@ def sana_high_on_cpu(monkeypatch):
         return original(*args, bf16_first_gemm=bf16_first_gemm, **kwargs)
 
     monkeypatch.setattr(sana_site, "linear_attention", counted)  # both attn1 paths call it through the module
-    with sana_site.emulate_bf16_gemm_on_cpu():
+    with run_fast_paths_on_cpu():
         model = tiny_sana_video_transformer(dtype=torch.bfloat16)
         accelpatch.apply(model)
         yield model, runs, lossless_runs

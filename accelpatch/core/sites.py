@@ -8,7 +8,6 @@ unchanged and the reason is counted.
 from __future__ import annotations
 
 import base64
-import contextlib
 import copyreg
 import functools
 import importlib
@@ -17,7 +16,7 @@ import os
 import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -30,24 +29,12 @@ from accelpatch.core.outcomes import Declined, NotApplicable, Outcome
 
 SITE_ATTR = "_accelpatch_site"
 
-_cpu_fast_paths = False
-
-
-@contextlib.contextmanager
-def run_fast_paths_on_cpu() -> Iterator[None]:
-    """TEST-ONLY switch: let fast paths whose guards require CUDA run on CPU (their kernels run the exact CPU
-    emulations), so their math can be tested where no GPU is. Process-global; never use it outside tests."""
-    global _cpu_fast_paths
-    previous, _cpu_fast_paths = _cpu_fast_paths, True
-    try:
-        yield
-    finally:
-        _cpu_fast_paths = previous
-
-
-def fast_paths_run_on_cpu() -> bool:
-    """Whether :func:`run_fast_paths_on_cpu` is in force."""
-    return _cpu_fast_paths
+def runs_cuda_fast_paths(device_type: str) -> bool:
+    """Whether the CUDA-only fast paths run on devices of type ``device_type``: on CUDA only. Their guards
+    (:func:`device_reject_reason`, and :meth:`FastPath.mount_reject_reason`'s kernel check, which is moot where
+    the CPU runs them) ask this one question; the suite replaces it from outside (``tests/_cpu_fast_paths.py``) to
+    run their exact CPU emulations where no GPU is."""
+    return device_type == "cuda"
 
 
 def cuda_reject_reason() -> Optional[str]:
@@ -70,9 +57,9 @@ def expected_here(reason: str) -> bool:
 
 
 def device_reject_reason(device: torch.device, what: str = "the fast path") -> Optional[str]:
-    """Why a CUDA-only fast path (``what``) cannot run on ``device`` (None on CUDA, or on CPU under the test
-    switch)."""
-    if device.type == "cuda" or (_cpu_fast_paths and device.type == "cpu"):
+    """Why a CUDA-only fast path (``what``) cannot run on ``device`` (None where :func:`runs_cuda_fast_paths`
+    says it runs: on CUDA)."""
+    if runs_cuda_fast_paths(device.type):
         return None
     return f"input on {device.type}: {what} needs CUDA"
 
@@ -172,14 +159,14 @@ class FastPath:
         return False
 
     def kernel_reject_reason(self) -> Optional[str]:
-        """Why this path's kernels cannot run in this process at all (None when they can). Not asked under the
-        test-only CPU switch."""
+        """Why this path's kernels cannot run in this process at all (None when they can). Not asked where the
+        CPU runs the CUDA-only paths (:func:`runs_cuda_fast_paths`): there their CPU emulations run."""
         return None
 
     def mount_reject_reason(self, module: torch.nn.Module, site: "Site") -> Optional[str]:
         """Asked once per model at ``apply``: the processor being the one restated, then the kernels."""
         mismatch = self.processor_mismatch(module)
-        if mismatch is not None or _cpu_fast_paths:
+        if mismatch is not None or runs_cuda_fast_paths("cpu"):
             return mismatch
         return self.kernel_reject_reason()
 

@@ -6,7 +6,9 @@ attention processor that has a ``_parallel_config`` attribute. Its split hooks s
 ring × ulysses mesh; layers that mix tokens outside ``dispatch_attention_fn`` (linear attention, temporal
 convolutions) must combine shards themselves, over that same group: :func:`sequence_shards` names it.
 
-The collectives are for inference: they carry no backward (a model split over ranks runs under ``no_grad``).
+The collectives are for inference: they carry no backward (a model split over ranks runs under ``no_grad``), except
+Ulysses' head exchange (:func:`heads_to_ranks`, :func:`ranks_to_heads`), which Sol-Attn's sites also run under
+autograd (training, gradient checkpointing) and which is therefore differentiable.
 """
 from __future__ import annotations
 
@@ -161,23 +163,32 @@ def whole_frames_error(frames: int, world: int, model: str) -> Optional[str]:
             f"in {sizes} for this clip, or a latent frame count divisible by {world} (e.g. {counts})")
 
 
+def all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Equal chunks of dim 0 exchanged between the ranks of ``group`` (None: the world): chunk j goes to rank j, and
+    chunk i of the result came from rank i. Differentiable (its backward is the reverse exchange), through torch's
+    functional collectives: torch.distributed.nn.functional's version is deprecated and warns on every rank at every
+    call."""
+    from torch.distributed import _functional_collectives as funcol
+
+    group = dist.group.WORLD if group is None else group
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(x.contiguous(), None, None, group))
+
+
 def heads_to_ranks(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
     """Ulysses' first exchange: this rank's sequence shard of every head [B, N/W, H, D] → the whole sequence of its
-    share of the heads [B, N, H/W, D] (rank r gets heads r·H/W … (r+1)·H/W − 1), one all-to-all in ``x``'s dtype.
-    H must divide by the world size (the caller checks, naming the valid degrees)."""
+    share of the heads [B, N, H/W, D] (rank r gets heads r·H/W … (r+1)·H/W − 1), one all-to-all in ``x``'s dtype;
+    differentiable. H must divide by the world size (the caller checks, naming the valid degrees)."""
     batch, tokens, heads, dim = x.shape
     world = shards.world
-    send = x.reshape(batch, tokens, world, heads // world, dim).permute(2, 0, 1, 3, 4).contiguous()
-    received = torch.empty_like(send)  # [W, B, N/W, H/W, D]: block j is rank j's tokens of this rank's heads
-    dist.all_to_all_single(received, send, group=shards.group)
+    send = x.reshape(batch, tokens, world, heads // world, dim).permute(2, 0, 1, 3, 4)
+    received = all_to_all(send, shards.group)  # [W, B, N/W, H/W, D]: block j is rank j's tokens of this rank's heads
     return received.permute(1, 0, 2, 3, 4).reshape(batch, world * tokens, heads // world, dim)
 
 
 def ranks_to_heads(x: torch.Tensor, shards: SequenceShards) -> torch.Tensor:
-    """The inverse of :func:`heads_to_ranks`: [B, N, H/W, D] → [B, N/W, H, D]."""
+    """The inverse of :func:`heads_to_ranks`: [B, N, H/W, D] → [B, N/W, H, D]; differentiable."""
     batch, tokens, heads, dim = x.shape
     world = shards.world
-    send = x.reshape(batch, world, tokens // world, heads, dim).permute(1, 0, 2, 3, 4).contiguous()
-    received = torch.empty_like(send)  # [W, B, N/W, H/W, D]: block j is rank j's heads of this rank's tokens
-    dist.all_to_all_single(received, send, group=shards.group)
+    send = x.reshape(batch, world, tokens // world, heads, dim).permute(1, 0, 2, 3, 4)
+    received = all_to_all(send, shards.group)  # [W, B, N/W, H/W, D]: block j is rank j's heads of this rank's tokens
     return received.permute(1, 2, 0, 3, 4).reshape(batch, tokens // world, world * heads, dim)

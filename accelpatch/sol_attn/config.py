@@ -33,6 +33,11 @@ NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pa
 #: ``dense_steps`` steps, and (sites only) the ``dense_layers``
 DENSE_STEP = "dense step (step < dense_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"
+#: a call with ``dense_steps`` > 0 whose step no source knows (:mod:`accelpatch.core.steps`) runs dense, counted
+STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense: wrap the call in "
+                "accelpatch.denoising_step(i) or set dense_steps=0 (under apply(), a diffusers pipeline or a timestep "
+                "argument also gives the step; inside a whole-model torch.compile graph only denoising_step() is "
+                "seen: compile the blocks instead)")
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -105,7 +110,11 @@ def _check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False)
 
 @dataclass(frozen=True)
 class SolAttnConfig:
-    """Options of ``apply(model, backend="sol_attn", ...)``; see the module docstring.
+    """Options of ``apply(model, backend="sol_attn", ...)``; see the module docstring. Diffusers' own switch
+    (``set_attention_backend("sol_attn")``, :func:`accelpatch.sol_attn.configure_sol_attn_backend`) keeps its
+    process-wide options in this type too, those of :data:`accelpatch.sol_attn.diffusers_backend.OPTIONS`, with
+    its own defaults (``dense_steps=0``, ``sink_tokens=0``; see
+    :func:`accelpatch.sol_attn.diffusers_backend.backend_config`).
 
     ``dense_layers`` None is the model's default (MiniMax-H3: layers 0 and 1, as the prior art; SANA-Video 2.0: its
     first anchor layer). ``sink_tokens``/``sink_start`` default to None: the model derives the sink per call

@@ -16,23 +16,27 @@ Calls that reach the backend through diffusers' process-global active backend (a
 global default, diffusers#14249, or inside ``attention_backend("sol_attn")``) run :func:`sol_attn_via_global`:
 always dense, counted under :data:`VIA_GLOBAL`. Only processors set to ``sol_attn`` themselves ever run sparse.
 
-Options are process-wide (:func:`accelpatch.sol_attn.configure_sol_attn_backend`, which registers the backend and calls :func:`set_options`): the dispatcher passes the backend no module, so it
-cannot tell models or layers apart. For the same reason ``dense_layers`` cannot apply, and ``dense_steps`` only
-where the calling context names the step (``accelpatch.denoising_step(i)``): default 0; with a positive value and
-no known step a call runs dense, counted. Counts are process-wide too (:data:`COUNTERS`, compile-safe tallies).
+Options are process-wide (:func:`accelpatch.sol_attn.configure_sol_attn_backend`, which registers the backend and
+calls :func:`set_options`): a :class:`~accelpatch.sol_attn.config.SolAttnConfig`, the type ``apply(...,
+backend="sol_attn")`` takes, restricted to :data:`OPTIONS`, plus the name of the dense backend. The dispatcher passes
+the backend no module, so it cannot tell models or layers apart: for that reason ``dense_layers`` and ``dense_rows``
+cannot apply, and ``dense_steps`` only where the calling context names the step (``accelpatch.denoising_step(i)``):
+default 0 here (:data:`DEFAULTS`); with a positive value and no known step a call runs dense, counted. Counts are
+process-wide too (:data:`COUNTERS`, compile-safe tallies).
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
 from accelpatch.core import steps
 from accelpatch.core.gate import SiteCounters
 from accelpatch.core.tiers import Tier, effective_tier
-from accelpatch.sol_attn.config import DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
+from accelpatch.sol_attn.config import DENSE_STEP, NOTHING_SKIPPED, STEP_UNKNOWN, SolAttnConfig
+from accelpatch.sol_attn.sites import FLOAT_DTYPES, count_routing
 
 NAME = "sol_attn"
 
@@ -48,52 +52,37 @@ GQA = "enable_gqa=True"
 LSE = "return_lse=True: Sol-Attn returns no log-sum-exp"
 PARALLEL = "context parallelism: the sol_attn backend runs sparse on whole sequences only"
 DTYPE = "q/k/v dtype is not one of fp32, bf16, fp16 (or they differ)"
-STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply: wrap the call in "
-                "accelpatch.denoising_step(i) or configure dense_steps=0")
 #: every reason a call can run dense (prepared as compiled-code tallies ahead of time: no recompile when counted)
 REASONS = (TIER, VIA_GLOBAL, MASK, CAUSAL, DROPOUT, SCALE, SHAPES, GQA, LSE, PARALLEL, DTYPE, DENSE_STEP,
            STEP_UNKNOWN)
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the :class:`SolAttnConfig` options the backend takes, in the order the report shows them (``dense_layers`` and
+#: ``dense_rows`` need a module, ``strict`` a patched site: ``apply(..., backend="sol_attn")`` only)
+OPTIONS = ("tau", "thresh_type", "sink_tokens", "sink_start", "kv_splits", "impl", "dense_steps")
+#: the backend's defaults where they differ from apply()'s: a dispatcher call knows its step only when the caller
+#: says so (no dense steps), and there is no layout to derive a sink from (none; None is refused)
+DEFAULTS = {"dense_steps": 0, "sink_tokens": 0}
 
 
-@dataclass(frozen=True)
-class SolAttnBackendConfig:
-    """Process-wide options of the ``sol_attn`` attention backend (validated as :class:`SolAttnConfig`'s).
-
-    ``dense_backend``: the diffusers backend name dense calls run (None: diffusers' process default, see the module
-    docstring). ``dense_steps`` applies only where the step is known (``accelpatch.denoising_step``)."""
-
-    tau: float = 1.0
-    thresh_type: str = "diag"
-    sink_tokens: int = 0
-    sink_start: Optional[int] = None
-    kv_splits: Union[str, int] = "auto"
-    impl: str = "auto"
-    dense_steps: int = 0
-    dense_backend: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        checked = SolAttnConfig(tau=self.tau, thresh_type=self.thresh_type, dense_steps=self.dense_steps,
-                                sink_tokens=self.sink_tokens, sink_start=self.sink_start, kv_splits=self.kv_splits,
-                                impl=self.impl)
-        if checked.sink_tokens is None:
-            raise ValueError("sink_tokens must be an int >= 0 (0: no sink), got None")
-        object.__setattr__(self, "tau", checked.tau)
-        object.__setattr__(self, "_checked", checked)  # built once: compiled code only reads it
-        if self.dense_backend is not None and not isinstance(self.dense_backend, str):
-            raise ValueError(f"dense_backend must be a diffusers attention backend name or None, "
-                             f"got {self.dense_backend!r}")
-        if self.dense_backend is not None and self.dense_backend.strip().lower() == NAME:
-            raise ValueError("dense_backend cannot be 'sol_attn' itself; name a dense backend such as 'native'")
-
-    @property
-    def solattn(self) -> SolAttnConfig:
-        """The same options as a :class:`SolAttnConfig` (its ``kv_splits`` resolution)."""
-        return self._checked
+def backend_config(**options: Any) -> SolAttnConfig:
+    """The backend's options as a :class:`SolAttnConfig`: those named in :data:`OPTIONS`, :data:`DEFAULTS` (then
+    SolAttnConfig's defaults) for the others, validated as apply()'s."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown sol_attn backend option(s) {unknown}; valid options: "
+                         f"{', '.join(OPTIONS + ('dense_backend',))} (dense_layers and dense_rows need "
+                         "apply(..., backend='sol_attn'): the backend sees no module)")
+    config = SolAttnConfig(**{**DEFAULTS, **options})
+    if config.sink_tokens is None:
+        raise ValueError("sink_tokens must be an int >= 0 (0: no sink), got None")
+    return config
 
 
-_config = SolAttnBackendConfig()
-_config_lock = threading.Lock()
+#: the backend's state in force, replaced as one tuple (threads never see a mix): its options, the name of its dense
+#: backend (None: diffusers' process default, see the module docstring), and that dense backend's function and
+#: argument names, resolved once per configuration (None until :func:`prime_dense`) so that a call does no name
+#: lookup for torch.compile to trace
+_state: tuple = (backend_config(), None, None, frozenset())
+_state_lock = threading.Lock()
 #: process-wide tallies of every call of the backend (eager and compiled)
 COUNTERS = SiteCounters()
 COUNTERS.prepare([(field, reason) for reason in REASONS for field in ("reference", "fallbacks")]
@@ -101,39 +90,45 @@ COUNTERS.prepare([(field, reason) for reason in REASONS for field in ("reference
                     ("stat_counts", "exact_fraction")])
 
 
-def set_options(**options: Any) -> SolAttnBackendConfig:
+def set_options(**options: Any) -> SolAttnConfig:
     """Set the ``sol_attn`` attention backend's options for this process (unnamed options keep their defaults, not
-    their previous values); returns the config in force. Options: tau, thresh_type, sink_tokens, sink_start,
-    kv_splits, impl, dense_steps, dense_backend (a registered diffusers backend name, checked here)."""
-    global _config
-    names = [f for f in SolAttnBackendConfig.__dataclass_fields__]
-    unknown = sorted(set(options) - set(names))
-    if unknown:
-        raise ValueError(f"unknown sol_attn backend option(s) {unknown}; valid options: {', '.join(names)} "
-                         "(dense_layers and dense_rows need apply(..., backend='sol_attn'): the backend sees no "
-                         "module)")
-    config = SolAttnBackendConfig(**options)
+    their previous values); returns the options in force. Options: :data:`OPTIONS` (see :func:`backend_config`) and
+    dense_backend (a registered diffusers backend name, checked here)."""
+    global _state
+    dense_backend = options.pop("dense_backend", None)
+    config = backend_config(**options)
+    if dense_backend is not None and not isinstance(dense_backend, str):
+        raise ValueError(f"dense_backend must be a diffusers attention backend name or None, got {dense_backend!r}")
+    if dense_backend is not None and dense_backend.strip().lower() == NAME:
+        raise ValueError("dense_backend cannot be 'sol_attn' itself; name a dense backend such as 'native'")
     from accelpatch.sol_attn.op.dispatch import impl_unavailable_reason
 
     reason = impl_unavailable_reason(config.impl)
     if reason is not None:
         raise ValueError(reason)
-    prime_dense(config)  # raises for an unknown name (or a bad DIFFUSERS_ATTN_BACKEND) before it takes effect
+    state = _resolved(config, dense_backend)  # raises for an unknown name (or a bad DIFFUSERS_ATTN_BACKEND) first
     steps.register_thresholds(config.dense_steps)
-    with _config_lock:
-        _config = config
+    with _state_lock:
+        _state = state
     return config
 
 
-def current_config() -> SolAttnBackendConfig:
-    return _config
+def current_config() -> SolAttnConfig:
+    """The backend's options in force (its dense backend: :func:`options_in_force`)."""
+    return _state[0]
 
 
-def resolve_dense(config: SolAttnBackendConfig):
-    """(name, function) of the dense backend ``config`` names (see the module docstring)."""
+def options_in_force() -> dict:
+    """Every option of the backend in force, by name: :data:`OPTIONS` and ``dense_backend``."""
+    config, dense_backend = _state[:2]
+    return {**{name: getattr(config, name) for name in OPTIONS}, "dense_backend": dense_backend}
+
+
+def resolve_dense(dense_backend: Optional[str]):
+    """(member, function) of the dense backend named ``dense_backend`` (None: diffusers' process default)."""
     from diffusers.models import attention_dispatch as ad
 
-    name = config.dense_backend if config.dense_backend is not None else ad.DIFFUSERS_ATTN_BACKEND
+    name = dense_backend if dense_backend is not None else ad.DIFFUSERS_ATTN_BACKEND
     valid = sorted(m.value for m in ad.AttentionBackendName if m.value != NAME)
     try:
         member = ad.AttentionBackendName(name.strip().lower())
@@ -145,39 +140,37 @@ def resolve_dense(config: SolAttnBackendConfig):
     return member, ad._AttentionBackendRegistry._backends[member]
 
 
-#: (config, backend function, its argument names) of the dense backend in force, resolved once per config and
-#: replaced as one tuple (threads never see a mix): a call then does no name lookup for torch.compile to trace
-_dense_target: tuple = (None, None, frozenset())
-
-
-def prime_dense(config: Optional[SolAttnBackendConfig] = None) -> tuple:
-    """Resolve the dense backend of ``config`` (default: the one in force) into :data:`_dense_target`."""
-    global _dense_target
+def _resolved(config: SolAttnConfig, dense_backend: Optional[str]) -> tuple:
+    """The full state tuple (see :data:`_state`) of ``config`` and ``dense_backend``."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
-    config = _config if config is None else config
-    member, fn = resolve_dense(config)
-    if config.dense_backend is not None:  # what set_attention_backend checks: a missing package fails here
+    member, fn = resolve_dense(dense_backend)
+    if dense_backend is not None:  # what set_attention_backend checks: a missing package fails here
         from diffusers.models.attention_dispatch import (_check_attention_backend_requirements,
                                                          _maybe_download_kernel_for_backend)
 
         _check_attention_backend_requirements(member)
         _maybe_download_kernel_for_backend(member)
-    target = (config, fn, frozenset(_AttentionBackendRegistry._supported_arg_names[member]))
-    _dense_target = target
-    return target
+    return config, dense_backend, fn, frozenset(_AttentionBackendRegistry._supported_arg_names[member])
 
 
-def _dense(config: SolAttnBackendConfig, kwargs: dict) -> torch.Tensor:
-    target = _dense_target
-    if target[0] is not config:
-        target = prime_dense(config)
-    names = target[2]
-    return target[1](**{k: v for k, v in kwargs.items() if k in names})
+def prime_dense() -> tuple:
+    """Resolve the dense backend of the state in force (its function and argument names) into :data:`_state`."""
+    global _state
+    with _state_lock:
+        _state = _resolved(*_state[:2])
+        return _state
+
+
+def _dense(state: tuple, kwargs: dict) -> torch.Tensor:
+    if state[2] is None:
+        state = prime_dense()
+    names = state[3]
+    return state[2](**{k: v for k, v in kwargs.items() if k in names})
 
 
 def ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-                      parallel_config, config: SolAttnBackendConfig) -> Optional[str]:
+                      parallel_config, config: SolAttnConfig) -> Optional[str]:
     """Why this call cannot run Sol-Attn (None when it can)."""
     if attn_mask is not None:
         return MASK
@@ -205,26 +198,27 @@ def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      scale: Optional[float] = None, enable_gqa: bool = False, return_lse: bool = False,
                      _parallel_config: Any = None) -> torch.Tensor:
     """The backend registered as ``sol_attn``: Sol-Attn under ``high`` where eligible, else the dense backend."""
-    config = _config
+    state = _state
+    config = state[0]
     kwargs = dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                   scale=scale, enable_gqa=enable_gqa, return_lse=return_lse, _parallel_config=_parallel_config)
     if not effective_tier().admits(Tier.HIGH):
         COUNTERS.count_reference(TIER)
-        return _dense(config, kwargs)
+        return _dense(state, kwargs)
     reason = ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                                _parallel_config, config)
     if reason is not None:  # a dense step is the policy; any other reason: sparse was asked for but cannot run
         COUNTERS.count_reference(reason, fallback=reason != DENSE_STEP)
-        return _dense(config, kwargs)
+        return _dense(state, kwargs)
     return run_sparse(config, query, key, value)
 
 
-def run_sparse(config: SolAttnBackendConfig, query, key, value) -> torch.Tensor:
-    """The Sol-Attn op on q, k, v [B, T, H, D] with ``config``'s options; counted with its exact-block fraction."""
+def run_sparse(config: SolAttnConfig, query, key, value) -> torch.Tensor:
+    """The Sol-Attn op on q, k, v [B, T, H, D] with ``config``'s options (:func:`backend_config`); counted with its
+    exact-block fraction."""
     from accelpatch.sol_attn.op import sol_attn
-    from accelpatch.sol_attn.sites import count_routing
 
-    kv_splits = config.solattn.resolve_kv_splits(query.device, query.shape[1])
+    kv_splits = config.resolve_kv_splits(query.device, query.shape[1])
     out, stats = sol_attn(query, key, value, tau=config.tau, thresh_type=config.thresh_type, kv_splits=kv_splits,
                           sink_tokens=config.sink_tokens, sink_start=config.sink_start, impl=config.impl,
                           return_stats=True)
@@ -239,7 +233,7 @@ def sol_attn_via_global(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     """What a processor *not* set to ``sol_attn`` runs when ``sol_attn`` is diffusers' global active backend: the
     dense backend, counted (see the module docstring)."""
     COUNTERS.count_reference(VIA_GLOBAL)
-    return _dense(_config, dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p,
+    return _dense(_state, dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p,
                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, return_lse=return_lse,
                                 _parallel_config=_parallel_config))
 

@@ -148,9 +148,7 @@ def register(*, diffusers_version: Optional[str] = None) -> None:
 def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
     """What the ``sol_attn`` attention backend (``set_attention_backend``) did in this process; ``reset=True``
     zeroes the counts after reading them."""
-    from dataclasses import asdict
-
-    from accelpatch.sol_attn.diffusers_backend import COUNTERS, AttentionBackendReport, current_config
+    from accelpatch.sol_attn.diffusers_backend import COUNTERS, AttentionBackendReport, options_in_force
 
     totals = COUNTERS.totals()
     if reset:
@@ -159,7 +157,7 @@ def attention_backend_report(*, reset: bool = False) -> AttentionBackendReport:
         registered=is_registered(), why_not_registered=why_not_registered(),
         sparse_calls=totals["fast"], dense_calls={k: v for k, v in totals["reference"].items() if v},
         fallback_calls={k: v for k, v in totals["fallbacks"].items() if v},
-        exact_fraction=totals["stats"].get("exact_fraction"), config=asdict(current_config()),
+        exact_fraction=totals["stats"].get("exact_fraction"), config=options_in_force(),
         uncounted=totals["uncounted"])
 
 
@@ -173,8 +171,10 @@ def register_attention_backend() -> None:
 def configure_sol_attn_backend(**options: Any):
     """Set the ``sol_attn`` attention backend's options for this process (unnamed options keep their defaults, not
     their previous values) and register the backend (configuring it asks for it; see
-    :func:`register_attention_backend`); returns the config in force. Options: tau, thresh_type, sink_tokens,
-    sink_start, kv_splits, impl, dense_steps, dense_backend (a registered diffusers backend name, checked here)."""
+    :func:`register_attention_backend`); returns the options in force, a
+    :class:`~accelpatch.sol_attn.config.SolAttnConfig` (the type ``apply(..., backend="sol_attn")`` takes). Options:
+    tau, thresh_type, sink_tokens (default 0 here), sink_start, kv_splits, impl, dense_steps (default 0 here),
+    dense_backend (a registered diffusers backend name, checked here)."""
     from accelpatch.sol_attn.diffusers_backend import set_options
 
     register()

@@ -25,10 +25,11 @@ import torch
 from accelpatch.core import call_context
 from accelpatch.core.outcomes import Declined, NotApplicable
 from accelpatch.core.sites import FastPath, Site, bind_call, step_layer_policy
-from accelpatch.sol_attn.config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SolAttnConfig
-STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense; run it through a "
-                "diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or set dense_steps=0 "
-                "(inside a whole-model torch.compile graph only denoising_step() is seen: compile the blocks instead)")
+from accelpatch.parallel.sequence import SequenceShards, heads_to_ranks, ranks_to_heads
+from accelpatch.sol_attn.config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, STEP_UNKNOWN, SolAttnConfig
+
+#: the activation dtypes Sol-Attn runs sparse on (q, k, v all one of them), in both routes (these sites and
+#: diffusers' ``set_attention_backend("sol_attn")``)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ULYSSES_ONLY = ("context parallelism with ring attention (ring_degree > 1) splits the sequence across ranks inside "
                 "attention: the sparse path needs whole sequences; use ulysses_degree instead")
@@ -143,14 +144,13 @@ class SolAttnFastPath(FastPath):
         if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOAT_DTYPES:
             return Declined(f"q/k/v are {q.dtype}, {k.dtype}, {v.dtype}: the sparse path takes one of fp32, bf16, fp16")
         if ulysses is not None:
-            group, world = ulysses
-            if q.shape[2] % world:
-                return Declined(f"{q.shape[2]} heads do not split over ulysses_degree={world}")
+            if q.shape[2] % ulysses.world:
+                return Declined(f"{q.shape[2]} heads do not split over ulysses_degree={ulysses.world}")
             # Each rank trades its sequence shard of all heads for the whole sequence of its share of the heads:
             # Sol-Attn then runs per rank unchanged, over whole sequences.
-            call.query, call.key, call.value = (heads_to_ranks(x, group, world) for x in (q, k, v))
+            call.query, call.key, call.value = (heads_to_ranks(x, ulysses) for x in (q, k, v))
             finish = call.finish
-            call.finish = lambda out: finish(ranks_to_heads(out, group, world))
+            call.finish = lambda out: finish(ranks_to_heads(out, ulysses))
         call = self.localize(call, site)  # the model's own sink and dense rows refer to the whole sequence
         sink_reason = configured_sink_reason(config, call.query.shape[1])
         if sink_reason is not None:
@@ -165,8 +165,9 @@ class SolAttnFastPath(FastPath):
         return call
 
 
-def ulysses_group(parallel_config) -> Union[tuple, Declined]:
-    """(process group, degree) of a pure Ulysses context-parallel config, or why the sparse path cannot run under it."""
+def ulysses_group(parallel_config) -> Union[SequenceShards, Declined]:
+    """The Ulysses group of a pure Ulysses context-parallel config, the one
+    :func:`accelpatch.parallel.sequence.heads_to_ranks` exchanges over; or why the sparse path cannot run under it."""
     cp = getattr(parallel_config, "context_parallel_config", None)
     if cp is None:
         return Declined(f"a parallel config without context parallelism ({type(parallel_config).__name__}): the "
@@ -175,31 +176,8 @@ def ulysses_group(parallel_config) -> Union[tuple, Declined]:
         return Declined(ULYSSES_ONLY)
     if cp.ulysses_anything:
         return Declined("ulysses_anything (uneven shards) is configured: the sparse path takes even Ulysses shards")
-    return cp._ulysses_mesh.get_group(), int(cp.ulysses_degree)
-
-
-def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
-    """Equal chunks of dim 0 exchanged between the ranks of ``group``, differentiably, through torch's functional
-    collectives (torch.distributed.nn.functional's version is deprecated and warned on every rank at every call)."""
-    from torch.distributed import _functional_collectives as funcol
-
-    return funcol.wait_tensor(funcol.all_to_all_single_autograd(x.contiguous(), None, None, group))
-
-
-def heads_to_ranks(x: torch.Tensor, group, world: int) -> torch.Tensor:
-    """[B, S/W, H, D] sequence shards → [B, S, H/W, D] head shards (an all-to-all; differentiable)."""
-    b, s_local, h, d = x.shape
-    x = x.reshape(b, s_local, world, h // world, d).permute(2, 1, 0, 3, 4).contiguous()
-    x = all_to_all(x, group)
-    return x.flatten(0, 1).permute(1, 0, 2, 3).contiguous()
-
-
-def ranks_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
-    """The inverse of :func:`heads_to_ranks`: [B, S, H/W, D] → [B, S/W, H, D]."""
-    b, s, h_local, d = x.shape
-    x = x.reshape(b, world, s // world, h_local, d).permute(1, 3, 0, 2, 4).contiguous()
-    x = all_to_all(x, group)
-    return x.flatten(0, 1).permute(1, 2, 0, 3).contiguous()
+    mesh = cp._ulysses_mesh
+    return SequenceShards(mesh.get_group(), mesh.get_local_rank(), int(cp.ulysses_degree))
 
 
 def sparse_attention(config: SolAttnConfig, site: Site, call: SparseCall) -> torch.Tensor:

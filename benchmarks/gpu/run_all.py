@@ -205,12 +205,16 @@ def exit_code(sections: dict[str, dict], selected=None) -> int:
 
 def _cpu_fast_paths(cpu: bool):
     """On a CPU rehearsal, let the CUDA-only fast paths run their exact CPU emulations, so that it goes through the
-    same fast-path code (and counts) as the GPU run; a GPU run never uses this test switch."""
+    same fast-path code (and counts) as the GPU run: the test suite's helper (tests/_cpu_fast_paths.py, loaded by
+    its path from this checkout; accelpatch has no such switch). A GPU run never uses it."""
     if not cpu:
         return contextlib.nullcontext()
-    from accelpatch.core.sites import run_fast_paths_on_cpu
+    import importlib.util
 
-    return run_fast_paths_on_cpu()
+    spec = importlib.util.spec_from_file_location("_cpu_fast_paths", REPO_ROOT / "tests" / "_cpu_fast_paths.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    return helper.run_fast_paths_on_cpu()
 
 
 def write_json(path: str, report: dict) -> None:

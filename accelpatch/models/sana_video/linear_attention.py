@@ -30,15 +30,12 @@ from accelpatch.core.gate import SGLANG_PREFIX, QualityGatedFusion
 from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason
 from accelpatch.core.tiers import Tier
 from accelpatch.core.outcomes import Declined
-from accelpatch.core.sites import FastPath, FusedOpsPath, Site, bind_call, device_reject_reason, run_fast_paths_on_cpu
+from accelpatch.core.sites import FastPath, FusedOpsPath, Site, bind_call, device_reject_reason
 from accelpatch.models.sana_video.restated_attention import attention_shards, linear_attention, linear_attention_bf16_gemm  # noqa: F401
 
 #: sglang's site, by its marker names: _sgl_sana_video_linear_attention_site / _enabled
 FUSION = QualityGatedFusion.named("sana_video_linear_attention", Tier.HIGH, prefix=SGLANG_PREFIX)
 FUSED_FUSION = QualityGatedFusion.named("sana_video_fused_linear_attention", Tier.LOSSLESS)
-
-#: TEST-ONLY: the GEMM's CUDA guard is bypassed and the exact FP32 emulation runs on CPU (see sites.base).
-emulate_bf16_gemm_on_cpu = run_fast_paths_on_cpu
 
 
 def _reference_processor_class() -> type:
