@@ -11,7 +11,7 @@ import torch
 
 import accelpatch
 from accelpatch.core.captured_forwards import slots
-from accelpatch.core.sites import is_gated_forward
+from accelpatch.core.gated_class import is_gated_forward
 from accelpatch.testing import (minimax_h3_transformer_inputs, sana_video_transformer_inputs,
                                 tiny_minimax_h3_transformer, tiny_sana_video_transformer)
 

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from accelpatch.core.sites import is_gated_forward, ungated_forward
+from accelpatch.core.gated_class import is_gated_forward, ungated_forward
 
 
 @dataclass(eq=False)

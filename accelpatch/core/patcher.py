@@ -20,7 +20,8 @@ from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.core.gate import logger
 from accelpatch.core.model_hooks import ModelForwardHooks, StepSources
 from accelpatch.core.adapter import ModelAdapter
-from accelpatch.core.sites import SITE_ATTR, Site, expected_here, gated_class, is_gated
+from accelpatch.core.sites import SITE_ATTR, Site, expected_here
+from accelpatch.core.gated_class import gated_class, is_gated
 from accelpatch.core.tiers import Tier, offers_high, parse_tier
 
 from accelpatch.core.reporting import MODEL_REJECTED
