@@ -46,17 +46,3 @@ def lossless_warnings(record) -> list[str]:
     """The messages of the lossless tier's warnings among the ``record``ed ones."""
     return [str(w.message) for w in record if "accelpatch: lossless" in str(w.message)]
 
-
-def check_exact_never_fuses(model, inputs, reference, forward, equal=bits_equal) -> None:
-    """``quality("exact")`` and ``apply(tier="exact")`` give ``reference`` and call no fused op (stand-in kernels
-    count every call); ``remove()`` leaves it unpatched."""
-    import accelpatch
-
-    accelpatch.apply(model)
-    with accelpatch.quality("exact"):
-        assert equal(forward(model, inputs), reference)
-    assert doubles.CALLS == {}
-    accelpatch.apply(model, tier="exact")
-    assert equal(forward(model, inputs), reference) and doubles.CALLS == {}
-    accelpatch.remove(model)
-    assert equal(forward(model, inputs), reference)

@@ -12,7 +12,8 @@ import accelpatch
 from accelpatch import testing
 from accelpatch.eval.bench import bench
 from accelpatch.eval.stats import compare_timings, summarize
-from accelpatch.eval.validate import validate, video_sha256
+from accelpatch.eval.validate import validate
+from accelpatch.eval.validate_scores import video_sha256
 
 
 @pytest.fixture(scope="module")

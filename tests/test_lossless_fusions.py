@@ -2,8 +2,8 @@
 
 The stand-ins (tests/_fused_doubles.py) are the reference chains themselves, so they are exact; a test makes one
 wrong, unsupported or failing on purpose and checks what the contract promises: the output stays bit-identical,
-the signature is declined for good with its reason, one warning, strict mode raises, ``exact`` never runs a fused
-op, compiled and exported code run the reference and say so. The real kernels are tested in tests/ops/.
+the signature is declined for good with its reason, one warning, strict mode raises, compiled and exported code run
+the reference and say so (``exact`` never running a fused op is every family's: tests/test_family_contract.py). The real kernels are tested in tests/ops/.
 """
 import threading
 import types
@@ -128,16 +128,6 @@ def test_inputs_the_kernel_cannot_take_are_not_applicable_with_its_reason(recwar
     assert fusion.declined == () and fusion.fused_calls == 0
     assert set(fusion.reference_calls) == {"not applicable: gate has strides the kernel does not take"}
     assert not [w for w in recwarn if "glu_gate" in str(w.message)]
-
-
-def test_exact_never_runs_a_fused_op():
-    model, inputs, reference = _model_and_inputs()
-    accelpatch.apply(model)
-    with accelpatch.quality("exact"):
-        assert torch.equal(_forward(model, inputs), reference)
-    assert doubles.CALLS == {}
-    accelpatch.apply(model, tier="exact")
-    assert torch.equal(_forward(model, inputs), reference) and doubles.CALLS == {}
 
 
 def test_the_table_dtype_is_part_of_the_signature():

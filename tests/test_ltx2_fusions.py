@@ -4,7 +4,7 @@ is bit-identical to unpatched diffusers on both outputs (video and audio) in fp3
 text and self-attention masks, per-token timestep rows and LTX-2.3's layout (cross-attention AdaLN, gates, the STG
 processor, its split RoPE; and the same layout with interleaved RoPE), with the real fused kernels running and
 nothing declined; every call the fused attention leaves to diffusers is counted with its reason; a deliberately
-wrong kernel is declined on first sight and never run again; ``exact`` never fuses; ``remove()`` restores; with
+wrong kernel is declined on first sight and never run again; ``remove()`` restores; with
 ``sol_attn`` the fusions sit below the attention sites and ``high`` runs them; the first-block step cache reuses
 both streams over fused blocks; fullgraph compile equals the unpatched compiled model."""
 import inspect
@@ -16,7 +16,7 @@ import torch
 from diffusers import FirstBlockCacheConfig
 
 import _fused_doubles as doubles
-from _model_fusion_checks import (bits_equal, check_exact_never_fuses, fresh_verdicts, fusion_of,
+from _model_fusion_checks import (bits_equal, fresh_verdicts, fusion_of,
                                   lossless_warnings, stand_in_kernels)  # noqa: F401 - fixtures
 import accelpatch
 import accelpatch.lossless.ops  # noqa: F401 - registers the ops verify.ops() lists
@@ -175,10 +175,6 @@ def test_a_wrong_kernel_is_declined_on_first_sight_for_good(stand_in_kernels, op
     # the restated attention ran; its only fused op is the RoPE: when that declined, the call did nothing fast
     assert attention == ([(0, {NO_FUSED_OP: 2})] if op in RoPES else [(2, {})]) * 2
     accelpatch.remove(model)
-
-
-def test_exact_never_runs_a_fused_op(stand_in_kernels):
-    check_exact_never_fuses(*_build(), _forward, equal=_both_equal)
 
 
 def _dense_sol_kernel(q, k, v, **kwargs):

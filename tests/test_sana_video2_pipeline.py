@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline
-from accelpatch.models.sana_video2.modeling.pipeline import (RELEASE_CHI_PROMPT, RELEASE_NEGATIVE_PROMPT,
-                                                      motion_prompt_suffix)
+from accelpatch.models.sana_video2.modeling.pipeline_prompts import (RELEASE_CHI_PROMPT, RELEASE_NEGATIVE_PROMPT,
+                                                              motion_prompt_suffix)
 from accelpatch.testing import sana_video2_pipeline_call_kwargs, tiny_sana_video2_pipeline
 
 CHI = "\n".join(RELEASE_CHI_PROMPT)

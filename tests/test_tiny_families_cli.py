@@ -7,7 +7,7 @@ import pytest
 
 from accelpatch.__main__ import main
 from accelpatch.recipes import TINY_MODELS, load_recipe
-from accelpatch.tools import demo
+from accelpatch.tools import demo_sections
 from accelpatch.eval.pipelines import load_pipeline
 
 #: tiny name -> the diffusers pipeline class it builds and the outputs a call returns
@@ -16,7 +16,7 @@ NEW = {"wan": ("WanPipeline", ("frames",)), "hunyuan-video15": ("HunyuanVideo15P
 
 
 def test_the_cli_and_the_demo_name_the_same_six_families():
-    assert set(TINY_MODELS) == set(demo.MODELS) and set(NEW) <= set(TINY_MODELS)
+    assert set(TINY_MODELS) == set(demo_sections.MODELS) and set(NEW) <= set(TINY_MODELS)
 
 
 @pytest.mark.parametrize("name", sorted(NEW))

@@ -18,7 +18,8 @@ import accelpatch
 from accelpatch import testing
 from accelpatch.core.patcher import patch_of
 from accelpatch.eval import tune_search
-from accelpatch.eval.tune import REFERENCE_NAME, NoPassingSetting
+from accelpatch.eval.tune_oracle import REFERENCE_NAME
+from accelpatch.eval.tune_result import NoPassingSetting
 from accelpatch.eval.tune_space import derive_space, parse_budget
 
 # --- the search alone, on synthetic monotone problems -----------------------------------------------------------
@@ -369,7 +370,7 @@ def test_bench_and_tune_call_faster_by_the_same_rule():
     # one rule: "faster" only when the whole interval lies above 1 (bench's verdict, tune's winner and table)
     from accelpatch.recipes import CandidateSpec
     from accelpatch.eval.stats import compare_timings
-    from accelpatch.eval.tune import Trial
+    from accelpatch.eval.tune_result import Trial
 
     reference = [1.0] * ROUNDS
     for ratios, faster, words in (([0.77, 0.95, 1.0, 1.03, 1.1, 1.2, 1.56], False, "not distinguishable from noise"),
@@ -640,13 +641,13 @@ def test_cli_tune_writes_a_recipe_that_loads(tmp_path, capsys):
 
 
 def test_a_winner_failing_on_held_out_seeds_falls_back_to_the_next_fastest(sana2, monkeypatch):
-    from accelpatch.eval import tune as tune_module
+    from accelpatch.eval.tune_oracle import TuneSetup
 
     pipe, kwargs = sana2
     grid = {"cache_threshold": [0.02, 0.1], "cache_max_reuse": [1, 2]}
     timer = FakeTimer(grid)
     fastest = {"cache_threshold": 0.1, "cache_max_reuse": 2}
-    real = tune_module._Setup.validate
+    real = TuneSetup.validate
 
     def validate(self, specs, seeds):  # the fastest setting fails on the held-out seeds only
         report = real(self, specs, seeds)
@@ -655,7 +656,7 @@ def test_a_winner_failing_on_held_out_seeds_falls_back_to_the_next_fastest(sana2
                 result.passed, result.reasons = False, ["held-out failure made by the test"]
         return report
 
-    monkeypatch.setattr(tune_module._Setup, "validate", validate)
+    monkeypatch.setattr(TuneSetup, "validate", validate)
     result = quiet(accelpatch.tune, pipe, kwargs, space=grid, progress=False, _timer=timer)
     failed = [t for t in result.trials if t.held_out_passed is False]
     assert [t.setting for t in failed] == [fastest] and failed[0].passed
@@ -705,7 +706,8 @@ def test_audio_scores_are_reported_and_plotted_when_validate_has_them(tmp_path):
     # validate's audio gates land separately: tune reads min_audio_snr/min_audio_corr with getattr, so a result
     # that has them shows them (JSON, table, a second plot panel) and one without them works as before
     from accelpatch.recipes import CandidateSpec, Gates
-    from accelpatch.eval.tune import Trial, TuneResult, _scores
+    from accelpatch.eval.tune_oracle import _scores
+    from accelpatch.eval.tune_result import Trial, TuneResult
     from accelpatch.eval.tune_space import Knob, SearchSpace
 
     class Result:  # a CandidateResult as it is after the audio merge
@@ -735,7 +737,7 @@ def _timed_trials(*rounds):
     reference of 1 s in every round."""
     from accelpatch.recipes import CandidateSpec
     from accelpatch.eval.stats import compare_timings
-    from accelpatch.eval.tune import Trial
+    from accelpatch.eval.tune_result import Trial
 
     trials = []
     for i, seconds in enumerate(rounds):
@@ -803,7 +805,7 @@ def test_tune_states_its_threads_and_warns_when_oversubscribed(sana, monkeypatch
 def test_the_tune_plot_legend_covers_no_panel(tmp_path):
     """#40: the legend sat inside the panel, over points and the axis label; one legend now sits below every panel."""
     from accelpatch.recipes import CandidateSpec, Gates
-    from accelpatch.eval.tune import Trial, TuneResult
+    from accelpatch.eval.tune_result import Trial, TuneResult
     from accelpatch.eval.tune_space import Knob, SearchSpace
 
     space = SearchSpace(backend="sol_attn", knobs=(Knob("tau", (0.0, 1.0, 2.0), "sol_attn"),))

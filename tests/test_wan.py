@@ -1,7 +1,8 @@
-"""Wan 2.x with backend="sol_attn": the exact/lossless tiers and dense guards are diffusers' bits, remove()
-restores, high runs sparse with its exact fraction counted, cross-attention stays dense with its reason, strict
-mode, unknown layouts refused at apply(), Wan 2.2's two transformers, compile, pickling, backward, checkpointing,
-the step cache; and a check that catches a wrong kernel."""
+"""Wan 2.x with backend="sol_attn": high runs sparse with its exact fraction counted, cross-attention stays dense with
+its reason, a masked call declines (strict raises), unknown layouts refused at apply(), Wan 2.2's two transformers,
+compile at every tier, the step cache, threads, Ulysses, I2V; and a check that catches a wrong kernel. What every
+family keeps (the tiers' bits, remove(), pickling, backward, the pipeline's dense steps, ...) is
+tests/test_family_contract.py's."""
 import textwrap
 import types
 import warnings
@@ -12,15 +13,12 @@ import torch
 import accelpatch
 from accelpatch.models.wan import high as wan_high
 from accelpatch.core.errors import FastPathUnavailableError
-from accelpatch.sol_attn import sites as sol_attention
 from accelpatch.core.sites import SITE_ATTR
 from _multiprocess import START, run_ranks
 from accelpatch.testing import (tiny_wan_pipeline, tiny_wan_transformer, wan_pipeline_call_kwargs,
                                 wan_transformer_inputs)
 
-from _sol_attn_models import (SPARSE, ModelCase, sol_attn_runs, check_backward_and_checkpointing,
-                              check_exact_lossless_and_default_dense_layers, check_kernel_error,
-                              check_pickle_and_deepcopy, check_remove_restores, model_fixtures)
+from _sol_attn_models import SPARSE, ModelCase, model_fixtures, sol_attn_runs
 
 CASE = ModelCase(build=lambda num_layers=None: tiny_wan_transformer(**({} if num_layers is None else
                                                                         {"num_layers": num_layers})),
@@ -53,10 +51,6 @@ def _sol(report):
 
 def _cross(report):
     return [s for s in report.sites if s.kind == "wan_cross_attention"]
-
-
-def test_exact_lossless_and_dense_guards_are_bit_identical(model):
-    check_exact_lossless_and_default_dense_layers(CASE, model, [f"blocks.{i}.attn1" for i in (0, 1)])
 
 
 def test_high_runs_sparse_with_its_exact_fraction_and_cross_attention_stays_dense(model):
@@ -110,12 +104,8 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
             m.unfuse_qkv_projections()
 
 
-def test_remove_restores_classes_processors_hooks_and_bits(model):
-    check_remove_restores(CASE, model, lambda m: [b.attn1.processor for b in m.blocks] + [b.attn2.processor for b in m.blocks])
-
-def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
+def test_a_masked_call_declines_warned_and_strict_raises(model):
     m, inputs, reference = model
-    check_kernel_error(CASE, model, monkeypatch, calls=2)
     accelpatch.apply(m, **SPARSE, strict=True)
     attn = m.blocks[0].attn1
     x = torch.randn(1, 64, m.config.num_attention_heads * m.config.attention_head_dim)
@@ -128,7 +118,7 @@ def test_strict_raises_where_the_sparse_path_cannot_run(model, monkeypatch):
     assert torch.equal(out, attn(x, None, torch.zeros(1, 1, 64, 64)))  # the fallback is the processor's output
 
 
-def test_unknown_layouts_and_unsupported_models_are_refused_at_apply(model):
+def test_unknown_layouts_and_layer_indices_are_refused_at_apply(model):
     m, inputs, reference = model
     from diffusers.models.attention_processor import AttnProcessor2_0
 
@@ -140,29 +130,8 @@ def test_unknown_layouts_and_unsupported_models_are_refused_at_apply(model):
         assert not any(SITE_ATTR in mod.__dict__ for mod in m.modules())
     finally:
         m.blocks[1].attn1.processor = original
-    with pytest.raises(ValueError, match="supported model classes: .*WanTransformer3DModel"):
-        accelpatch.apply(torch.nn.Linear(2, 2), backend="sol_attn")
     with pytest.raises(ValueError, match="valid layer indices are 0-1"):
         accelpatch.apply(m, backend="sol_attn", dense_layers="0,5")
-
-
-def test_pipeline_default_is_bit_identical_and_counts_its_dense_steps(pipe_and_reference):
-    pipe, reference = pipe_and_reference
-    accelpatch.apply(pipe, backend="sol_attn", dense_layers="")  # dense_steps=10 covers both steps
-    try:
-        out = pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
-        assert _bits_equal(out, reference)
-        rep = accelpatch.report(pipe)
-        assert all(s.reference_calls == {sol_attention.DENSE_STEP: 4} for s in _sol(rep))  # 2 steps x CFG
-        accelpatch.apply(pipe, **SPARSE)
-        with accelpatch.quality("exact"):
-            assert _bits_equal(pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames, reference)
-        out = pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames
-        assert not torch.equal(out, reference) and torch.isfinite(out).all()
-        assert all(s.fast_calls == 4 and s.stats["exact_fraction"] < 1 for s in _sol(accelpatch.report(pipe)))
-    finally:
-        accelpatch.remove(pipe)
-    assert _bits_equal(pipe(**wan_pipeline_call_kwargs(output_type="latent")).frames, reference)
 
 
 def test_wan22_two_transformers_are_both_patched():
@@ -210,12 +179,6 @@ def test_fullgraph_compile_equals_eager_at_every_tier(model, region):
         torch._dynamo.reset()
     assert torch.equal(eager["exact"], reference)
 
-
-def test_pickle_and_deepcopy_keep_the_sparse_path(model):
-    check_pickle_and_deepcopy(CASE, model)
-
-def test_backward_through_the_sparse_path_and_gradient_checkpointing():
-    check_backward_and_checkpointing(CASE)
 
 @pytest.mark.parametrize("method", ["first_block", "mag"])
 def test_step_cache_serves_wan(pipe_and_reference, method):

@@ -90,7 +90,7 @@ def test_torchao_quantize(config, family, order):
 def test_sana_video2_runs_quantized_weights_unpatched_and_patched():
     """SANA-Video 2.0 used to fail under torchao even unpatched (its Attention Residual read a Linear's weight:
     ``Int8Tensor dispatch: ... aten.unsqueeze``); its plain weights keep the einsum and its numbers."""
-    from accelpatch.models.sana_video2.modeling.transformer import BlockAttentionResidual
+    from accelpatch.models.sana_video2.modeling.attention_residual import BlockAttentionResidual
 
     projection = torch.nn.Linear(32, 1, bias=False).to(torch.bfloat16)
     keys = torch.randn(3, 2, 40, 32, dtype=torch.bfloat16)

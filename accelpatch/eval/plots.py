@@ -63,8 +63,8 @@ def _plot_audio(report, snr_axis, corr_axis) -> None:
 def plot_validation(report, path: Optional[str] = None):
     """Two panels (PSNR, SSIM) over frame index, one line per candidate and seed, with the gate floors dashed; with
     audio, two more below: audio SNR and correlation per second with the audio gates. ``report``: a
-    :class:`~accelpatch.eval.validate.ValidationReport` (a plot takes the results it draws; it does not import the
-    code that computes them)."""
+    :class:`~accelpatch.eval.validate_report.ValidationReport` (a plot takes the results it draws; it does not import
+    the code that computes them)."""
     audio = report.has_audio
     figure = _new_figure(figsize=(11, 8 if audio else 4), constrained_layout=True)
     axes = figure.subplots(2 if audio else 1, 2)
@@ -106,7 +106,7 @@ def _to_image(frame: torch.Tensor, size: int):
 
 def worst_frame_strip(report, path: str, *, min_height: int = 128) -> None:
     """One row per candidate: reference | candidate | |difference| (scaled so the largest difference is white), from
-    ``report``, a :class:`~accelpatch.eval.validate.ValidationReport`."""
+    ``report``, a :class:`~accelpatch.eval.validate_report.ValidationReport`."""
     from PIL import Image, ImageDraw
 
     rows = []

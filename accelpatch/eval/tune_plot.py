@@ -50,7 +50,7 @@ def _panel(axis, trials: list, winner, metric: str, floor: Optional[float],
 
 def plot_tune(result, path: Optional[str] = None):
     """Speed-up (x) against worst SSIM, and against worst audio SNR when any setting has one (matplotlib Figure;
-    saved as PNG when ``path``), from ``result``, a :class:`~accelpatch.eval.tune.TuneResult`."""
+    saved as PNG when ``path``), from ``result``, a :class:`~accelpatch.eval.tune_result.TuneResult`."""
     from accelpatch.eval.plots import _new_figure
 
     audio = any(t.min_audio_snr is not None for t in result.trials)

@@ -17,9 +17,6 @@ the patch state it came in, also when a call fails.
 """
 from __future__ import annotations
 
-import hashlib
-import math
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
@@ -29,345 +26,13 @@ from accelpatch.core.tiers import Tier, parse_tier
 from accelpatch.core.reporting import merge_counts
 from accelpatch.eval.candidates import (CandidateLike, CallResult, PatchSwitcher, describe_pipeline, mean_by_key,
                                        parse_candidates, run_call)
-from accelpatch.eval.audio_metrics import AudioQuality, compare_audio
-from accelpatch.eval.metrics import compare_videos
 from accelpatch.eval.preflight import (check_audio_request, check_call_arguments, check_candidates, check_seeds, parse_gates,
                         refuse_audio_request, require_pipeline)
-from accelpatch.eval._report_text import TextReport, format_table
-from accelpatch.eval.machine import TimingConditions, timing_conditions
+from accelpatch.eval.machine import timing_conditions
+from accelpatch.eval.validate_report import CandidateResult, ReferenceRuns, ValidationReport
+from accelpatch.eval.validate_scores import NoiseFloor, SeedScores, noise_floor_of, psnr_text, score_seed
 
-__all__ = ["validate", "ValidationReport", "ReferenceRuns", "CandidateResult", "SeedScores", "NoiseFloor", "video_sha256",
-           "audio_sha256"]
-
-
-def video_sha256(frames: torch.Tensor) -> str:
-    """SHA-256 of a video's values (float32, contiguous, on the CPU): equal digests mean bit-identical frames."""
-    return hashlib.sha256(frames.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
-
-
-def audio_sha256(waveform: torch.Tensor, sample_rate: int) -> str:
-    """SHA-256 of a waveform's values (float32, contiguous, on the CPU), its shape and sample rate: equal digests
-    mean bit-identical audio."""
-    digest = hashlib.sha256(f"{tuple(waveform.shape)}@{int(sample_rate)}Hz;".encode())
-    digest.update(waveform.detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _finite_or_none(value: float) -> Optional[float]:
-    return value if math.isfinite(value) else None
-
-
-@dataclass
-class SeedScores:
-    """Per-frame scores of one seed's video against the reference's (frame lists run over batch then frames), and
-    its audio's scores when the pipeline returned audio."""
-
-    seed: int
-    ssim: list[float]
-    psnr: list[float]
-    sha256: str
-    reference_sha256: str
-    #: the audio against the reference's (None without audio, or when only one of the two returned audio)
-    audio: Optional[AudioQuality] = None
-    audio_sha256: Optional[str] = None
-    reference_audio_sha256: Optional[str] = None
-    #: why the audio could not be compared (one run returned audio and the other not, or another sample rate)
-    audio_mismatch: Optional[str] = None
-
-    @property
-    def frames_identical(self) -> bool:
-        return self.sha256 == self.reference_sha256
-
-    @property
-    def audio_identical(self) -> bool:
-        """Bit-identical audio, or no audio on either side."""
-        return self.audio_sha256 == self.reference_audio_sha256
-
-    @property
-    def identical(self) -> bool:
-        return self.frames_identical and self.audio_identical
-
-    @property
-    def has_audio(self) -> bool:
-        return self.audio is not None or self.audio_mismatch is not None
-
-    def to_dict(self) -> dict:
-        data = {"seed": self.seed, "identical": self.identical, "sha256": self.sha256,
-                "reference_sha256": self.reference_sha256, "ssim": self.ssim,
-                "psnr": [_finite_or_none(p) for p in self.psnr]}  # JSON has no inf: identical frames are null
-        if self.has_audio:
-            data.update(audio_identical=self.audio_identical, audio_sha256=self.audio_sha256,
-                        reference_audio_sha256=self.reference_audio_sha256, audio_mismatch=self.audio_mismatch,
-                        audio=None if self.audio is None else self.audio.to_dict())
-        return data
-
-
-def _audio_mismatch(reference: CallResult, candidate: CallResult) -> Optional[str]:
-    if (reference.audio is None) != (candidate.audio is None):
-        which = "the reference returned audio and the candidate none" if candidate.audio is None else \
-            "the candidate returned audio and the reference none"
-        return which
-    if reference.audio is not None and reference.sample_rate != candidate.sample_rate:
-        return (f"the audio sample rates differ: reference {reference.sample_rate} Hz, candidate "
-                f"{candidate.sample_rate} Hz")
-    return None
-
-
-def _score(seed: int, reference: CallResult, candidate: CallResult) -> SeedScores:
-    quality = compare_videos(reference.frames, candidate.frames)
-    scores = SeedScores(seed=seed, ssim=quality.ssim, psnr=quality.psnr, sha256=video_sha256(candidate.frames),
-                        reference_sha256=video_sha256(reference.frames))
-    if reference.audio is not None:
-        scores.reference_audio_sha256 = audio_sha256(reference.audio, reference.sample_rate)
-    if candidate.audio is not None:
-        scores.audio_sha256 = audio_sha256(candidate.audio, candidate.sample_rate)
-    scores.audio_mismatch = _audio_mismatch(reference, candidate)
-    if scores.audio_mismatch is None and reference.audio is not None:
-        scores.audio = compare_audio(reference.audio, candidate.audio, reference.sample_rate)
-    return scores
-
-
-def _audio_values(scores: Iterable[SeedScores], value, mismatch: float) -> Optional[float]:
-    """The worst of ``value(audio)`` over seeds (``mismatch`` for a seed whose audio could not be compared); None
-    without audio, or where no seed has the value."""
-    values = []
-    for s in scores:
-        if s.audio is not None:
-            v = value(s.audio)
-            if v is not None:
-                values.append(v)
-        elif s.audio_mismatch is not None:
-            values.append(mismatch)
-    return min(values) if values else None
-
-
-@dataclass
-class CandidateResult:
-    """How one candidate did: scores per seed, what ran, its raw timings (not a speed comparison: see bench), and
-    the verdict."""
-
-    label: str
-    spec: CandidateSpec
-    scores: list[SeedScores]
-    seconds_per_step: list[float]
-    fast_calls: int
-    fast_by_kind: dict[str, int]
-    fallbacks: dict[str, int]
-    stats: dict[str, float]
-    gate: str = ""
-    passed: bool = False
-    reasons: list[str] = field(default_factory=list)
-    #: fast calls by the tier of the site that ran them: a high candidate's own fast path is its "high" count (the
-    #: lossless fused sites also run under quality("high"), and their calls say nothing about the high path)
-    fast_by_tier: dict[str, int] = field(default_factory=dict)
-    #: (reference frame, candidate frame, frame index, seed, SSIM) of the lowest-SSIM frame, for the frame strip
-    worst: Optional[tuple[torch.Tensor, torch.Tensor, int, int, float]] = field(default=None, repr=False)
-
-    @property
-    def identical(self) -> bool:
-        return all(s.identical for s in self.scores)
-
-    @property
-    def min_ssim(self) -> float:
-        return min(min(s.ssim) for s in self.scores)
-
-    @property
-    def min_psnr(self) -> float:
-        return min(min(s.psnr) for s in self.scores)
-
-    @property
-    def has_audio(self) -> bool:
-        return any(s.has_audio for s in self.scores)
-
-    @property
-    def min_audio_snr(self) -> Optional[float]:
-        """The worst audio SNR (dB) over seeds, 1-second windows and tracks (and the whole clip); +inf when the
-        audio is identical, -inf when a seed's audio could not be compared; None without audio."""
-        return _audio_values(self.scores, lambda q: min(q.min_window_snr_db, q.snr_db), -math.inf)
-
-    @property
-    def min_audio_corr(self) -> Optional[float]:
-        """The worst audio correlation over seeds, tracks, the whole clip and the windows with sound; -1 when a
-        seed's audio could not be compared; None without audio (or where the reference is silent throughout)."""
-        return _audio_values(self.scores, lambda q: q.min_corr, -1.0)
-
-    @property
-    def max_audio_lsd(self) -> Optional[float]:
-        """The worst (largest) log-spectral distance (dB) over seeds and windows; None without audio."""
-        worst = _audio_values(self.scores, lambda q: -q.max_window_lsd_db, -math.inf)
-        return None if worst is None else -worst
-
-    def worst_audio(self) -> Optional[tuple[int, AudioQuality]]:
-        """(seed, scores) of the seed with the lowest audio SNR in a window, or None."""
-        scored = [(s.seed, s.audio) for s in self.scores if s.audio is not None]
-        return min(scored, key=lambda item: item[1].min_window_snr_db) if scored else None
-
-    def to_dict(self) -> dict:
-        data = {"label": self.label, "spec": self.spec.model_dump(), "gate": self.gate, "passed": self.passed,
-                "reasons": self.reasons, "identical": self.identical, "min_ssim": self.min_ssim,
-                "min_psnr": _finite_or_none(self.min_psnr), "fast_calls": self.fast_calls,
-                "fast_by_kind": self.fast_by_kind, "fast_by_tier": self.fast_by_tier, "fallbacks": self.fallbacks,
-                "stats": self.stats, "seconds_per_step": self.seconds_per_step,
-                "seeds": [s.to_dict() for s in self.scores]}
-        if self.has_audio:
-            data.update(min_audio_snr_db=_finite_or_none(self.min_audio_snr), min_audio_corr=self.min_audio_corr,
-                        max_audio_lsd_db=_finite_or_none(self.max_audio_lsd))
-        return data
-
-
-@dataclass
-class NoiseFloor:
-    """The reference against its own second run: how far apart two identical runs are on this device."""
-
-    identical: bool
-    min_ssim: float
-    min_psnr: float
-    #: the reference's audio against its second run (None without audio)
-    audio_identical: Optional[bool] = None
-    audio_min_snr: Optional[float] = None
-    audio_min_corr: Optional[float] = None
-
-    def describe(self) -> str:
-        if self.identical:
-            return "reference reproduces itself bit for bit (noise floor: none)"
-        audio = ""
-        if self.audio_identical is not None:
-            corr = "n/a" if self.audio_min_corr is None else f"{self.audio_min_corr:.4f}"
-            audio = f", audio min SNR {_psnr_text(self.audio_min_snr)} dB and correlation {corr}"
-        return (f"reference does NOT reproduce itself: min SSIM {self.min_ssim:.4f}, min PSNR {self.min_psnr:.2f} dB"
-                f"{audio} between two identical runs; bit identity is not checked, the floors apply to every "
-                "candidate")
-
-    def to_dict(self) -> dict:
-        data = {"identical": self.identical, "min_ssim": self.min_ssim, "min_psnr": _finite_or_none(self.min_psnr)}
-        if self.audio_identical is not None:
-            data.update(audio_identical=self.audio_identical, audio_min_snr_db=_finite_or_none(self.audio_min_snr),
-                        audio_min_corr=self.audio_min_corr)
-        return data
-
-
-def _noise_floor(scores: list[SeedScores]) -> NoiseFloor:
-    has_audio = any(s.has_audio for s in scores)
-    return NoiseFloor(identical=all(s.identical for s in scores), min_ssim=min(min(s.ssim) for s in scores),
-                      min_psnr=min(min(s.psnr) for s in scores),
-                      audio_identical=all(s.audio_identical for s in scores) if has_audio else None,
-                      audio_min_snr=_audio_values(scores, lambda q: min(q.min_window_snr_db, q.snr_db), -math.inf),
-                      audio_min_corr=_audio_values(scores, lambda q: q.min_corr, -1.0))
-
-
-def _psnr_text(value: Optional[float]) -> str:
-    if value is None:
-        return "-"
-    return "inf" if value == math.inf else f"{value:.2f}"
-
-
-def _corr_text(value: Optional[float], has_audio: bool) -> str:
-    if not has_audio:
-        return "-"
-    return "n/a" if value is None else f"{value:.4f}"
-
-
-@dataclass
-class ReferenceRuns:
-    """The reference's runs of one :func:`validate` call (per seed: the first run, its score against the second,
-    the second's time), for later calls on the same pipeline and call arguments to reuse through
-    ``validate(..., references=report.references)``: ``tune`` validates many candidates against one reference."""
-
-    reference: str
-    runs: dict[int, CallResult] = field(default_factory=dict)
-    floor_scores: dict[int, SeedScores] = field(default_factory=dict)
-    seconds_per_step: dict[int, float] = field(default_factory=dict)
-
-
-@dataclass(repr=False)  # repr is the table (TextReport)
-class ValidationReport(TextReport):
-    """The result of :func:`validate`: ``passed``, a table (``str()``), ``to_dict()``/``to_json()``, ``plot()``
-    (PSNR/SSIM per frame per candidate) and ``save_worst_frames()`` (reference | candidate | difference)."""
-
-    reference: str
-    seeds: list[int]
-    gates: Gates
-    noise_floor: NoiseFloor
-    reference_seconds_per_step: list[float]
-    candidates: list[CandidateResult]
-    description: str = ""
-    #: torch's threads, the cores, the load when the calls started (accelpatch.eval.machine)
-    conditions: Optional[TimingConditions] = None
-    #: the reference runs, for another validate call to reuse (not part of to_dict())
-    references: Optional[ReferenceRuns] = field(default=None, compare=False)
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.candidates)
-
-    @property
-    def has_audio(self) -> bool:
-        """Whether the pipeline returned audio (then the table, JSON and plot show the audio gates)."""
-        return self.noise_floor.audio_identical is not None or any(c.has_audio for c in self.candidates)
-
-    def audio_gate_text(self) -> str:
-        g = self.gates
-        text = (f"audio every second SNR >= {g.audio_snr_floor} dB and correlation >= {g.audio_corr_floor}"
-                + (f" and LSD <= {g.audio_lsd_ceiling} dB" if g.audio_lsd_ceiling is not None else ""))
-        return text if g.gates_audio else "audio reported, not gated (audio: off)"
-
-    def to_dict(self) -> dict:
-        # version 2: no speed ratio (validate leaves speed to bench); seconds_per_step are raw single-run timings
-        return {"kind": "accelpatch.validate", "version": 2, "description": self.description,
-                "reference": self.reference, "seeds": self.seeds, "gates": self.gates.model_dump(),
-                "noise_floor": self.noise_floor.to_dict(),
-                "reference_seconds_per_step": self.reference_seconds_per_step, "passed": self.passed,
-                "conditions": None if self.conditions is None else self.conditions.to_dict(),
-                "candidates": [c.to_dict() for c in self.candidates]}
-
-    def __str__(self) -> str:
-        head = (f"accelpatch validate: {self.description or 'pipeline'}; reference {self.reference}, "
-                f"seeds {self.seeds}; gates: lossless/exact bit-identical, high every frame SSIM >= "
-                f"{self.gates.ssim_floor} and PSNR >= {self.gates.psnr_floor} dB")
-        audio = self.has_audio
-        if audio:
-            head += f"; {self.audio_gate_text()}"
-        rows = [("candidate", "verdict", "gate", "identical", "min SSIM", "min PSNR")
-                + (("min audio SNR", "min audio corr") if audio else ()) + ("fast calls", "fallbacks")]
-        for c in self.candidates:
-            fallbacks = sum(c.fallbacks.values())
-            rows.append((c.label, "PASS" if c.passed else "FAIL", c.gate, "yes" if c.identical else "no",
-                         f"{c.min_ssim:.4f}", _psnr_text(c.min_psnr))
-                        + ((_psnr_text(c.min_audio_snr), _corr_text(c.min_audio_corr, c.has_audio)) if audio else ())
-                        + (str(c.fast_calls), str(fallbacks)))
-        lines = [head] + ([] if self.conditions is None else [f"  timed with {self.conditions.describe()}"]
-                          + self.conditions.header_lines()) + ["  " + self.noise_floor.describe()]
-        lines += format_table(rows)
-        lines.append("  speed: not compared here (one run per seed cannot tell a speed-up from noise): use bench")
-        for c in self.candidates:
-            ran = ", ".join(f"{kind} x{n}" for kind, n in sorted(c.fast_by_kind.items())) or "no fast path ran"
-            stats = "".join(f"; {k} {v:.3f}" for k, v in sorted(c.stats.items()))
-            lines.append(f"  {c.label}: {ran}{stats}")
-            worst = c.worst_audio()
-            if worst is not None and not worst[1].identical:
-                seed, q = worst
-                i, (start, stop) = q.worst_window, q.worst_window_seconds
-                corr = "n/a" if q.window_corr[i] is None else f"{q.window_corr[i]:.4f}"
-                lines.append(f"    worst audio second: seed {seed}, {start:.2f}-{stop:.2f} s: SNR "
-                             f"{_psnr_text(q.window_snr_db[i])} dB, correlation {corr}, nMSE "
-                             f"{q.window_nmse[i]:.3g}, LSD {q.window_lsd_db[i]:.2f} dB")
-            lines += [f"    fell back x{n}: {reason}" for reason, n in sorted(c.fallbacks.items())]
-            lines += [f"    {reason}" for reason in c.reasons]
-        lines.append(f"overall: {'PASS' if self.passed else 'FAIL'}")
-        return "\n".join(lines)
-
-    def plot(self, path: Optional[str] = None):
-        """PSNR and SSIM per frame per candidate with the floors, and with audio the SNR and correlation per second
-        with the audio gates (matplotlib figure; saved as PNG when ``path``)."""
-        from accelpatch.eval.plots import plot_validation
-
-        return plot_validation(self, path)
-
-    def save_worst_frames(self, path: str) -> None:
-        """A PNG strip, one row per candidate: its lowest-SSIM frame as reference | candidate | |difference|."""
-        from accelpatch.eval.plots import worst_frame_strip
-
-        worst_frame_strip(self, path)
+__all__ = ["validate"]
 
 
 def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> None:
@@ -389,7 +54,7 @@ def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> No
     result.gate = "floors"
     failing = [(s.seed, i, s.ssim[i], s.psnr[i]) for s in result.scores for i in range(len(s.ssim))
                if s.ssim[i] < gates.ssim_floor or s.psnr[i] < gates.psnr_floor]
-    result.reasons += [f"seed {seed} frame {i}: SSIM {ssim:.4f}, PSNR {_psnr_text(psnr)} dB below the floors"
+    result.reasons += [f"seed {seed} frame {i}: SSIM {ssim:.4f}, PSNR {psnr_text(psnr)} dB below the floors"
                        for seed, i, ssim, psnr in failing[:5]]
     if len(failing) > 5:
         result.reasons.append(f"... and {len(failing) - 5} more frames below the floors")
@@ -490,11 +155,11 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
                 bar.update(1)
                 kept.runs[seed] = first
                 kept.seconds_per_step[seed] = second.seconds_per_step  # the first run includes warm-up
-                kept.floor_scores[seed] = _score(seed, first, second)
+                kept.floor_scores[seed] = score_seed(seed, first, second)
         references = {seed: kept.runs[seed] for seed in seeds}
         reference_times = [kept.seconds_per_step[seed] for seed in seeds]
         floor_scores = [kept.floor_scores[seed] for seed in seeds]
-        noise = _noise_floor(floor_scores)
+        noise = noise_floor_of(floor_scores)
         results = []
         for spec in specs:
             bar.set_postfix_str(spec.label)
@@ -504,7 +169,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
             for seed in seeds:
                 run = run_call(pipe, call_kwargs, spec, seed)
                 runs.append(run)
-                scores.append(_score(seed, references[seed], run))
+                scores.append(score_seed(seed, references[seed], run))
                 worst = _worst(references[seed].frames, run.frames, scores[-1], worst)
                 bar.update(1)
             result = CandidateResult(

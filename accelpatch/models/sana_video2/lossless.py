@@ -61,7 +61,7 @@ class SanaVideo2FusedBlock(FusedOpsPath):
     fused_ops = (MODULATE, GLU_GATE)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        from accelpatch.models.sana_video2.modeling.transformer import SanaVideo2Block, SwiGLU
+        from accelpatch.models.sana_video2.modeling.blocks import SanaVideo2Block, SwiGLU
 
         mismatch = restated_class_mismatch(site, SanaVideo2Block, owner="")
         if mismatch is not None:
@@ -71,7 +71,7 @@ class SanaVideo2FusedBlock(FusedOpsPath):
         return None
 
     def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
-        from accelpatch.models.sana_video2.modeling.transformer import _per_frame
+        from accelpatch.models.sana_video2.modeling.blocks import _per_frame
 
         call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "timestep_emb",
                                         "encoder_attention_mask", "rotary_emb", "sublayer"))

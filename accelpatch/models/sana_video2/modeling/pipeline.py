@@ -3,7 +3,9 @@
 Built from diffusers/transformers parts (``AutoencoderKLLTX2Video``, a Gemma-2 text encoder and tokenizer,
 ``DPMSolverMultistepScheduler`` on flow sigmas) and accelpatch's :class:`SanaVideo2Transformer3DModel`. It follows
 diffusers' ``SanaVideoPipeline`` in interface and mechanics and the SANA-Video 2.0 release in its defaults and prompt
-handling; the class docstring says where each default comes from.
+handling; the class docstring says where each default comes from. Its prompt handling (``assemble_prompts``,
+``encode_prompt``, the release's prompts) is :mod:`.pipeline_prompts`' mixin, its argument checks (``check_inputs``)
+:mod:`.pipeline_checks`'.
 
 Loading: ``SanaVideo2Pipeline.from_pretrained(dir)`` works as for any diffusers pipeline. A saved
 ``model_index.json`` records the transformer under its full module path
@@ -15,7 +17,6 @@ this module does first) adds ``SanaVideo2Pipeline`` to the ``diffusers`` namespa
 never replaces one diffusers defines).
 """
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -32,40 +33,18 @@ from diffusers.video_processor import VideoProcessor
 from transformers import Gemma2PreTrainedModel, GemmaTokenizer, GemmaTokenizerFast
 
 from accelpatch.parallel.sequence import deciding_ranks
+from accelpatch.models.sana_video2.modeling.pipeline_checks import SanaVideo2InputChecksMixin
+from accelpatch.models.sana_video2.modeling.pipeline_prompts import (RELEASE_CHI_PROMPT, RELEASE_MAX_SEQUENCE_LENGTH,
+                                                                     RELEASE_MOTION_SCORE, RELEASE_NEGATIVE_PROMPT,
+                                                                     SanaVideo2PromptMixin)
 from accelpatch.models.sana_video2.modeling.transformer import SanaVideo2Transformer3DModel
 
-# -- release defaults (sources in SanaVideo2Pipeline's docstring) ---------------------------------------------------
+# -- release defaults (sources in SanaVideo2Pipeline's docstring; the prompt's: pipeline_prompts) -------------------
 
-#: ``text_encoder.chi_prompt`` of the release yaml: prepended (joined by newlines) to every positive prompt.
-RELEASE_CHI_PROMPT: tuple[str, ...] = (
-    'Given a user prompt, generate an "Enhanced prompt" that provides detailed visual descriptions suitable for '
-    "image generation. Evaluate the level of detail in the user prompt:",
-    "- If the prompt is simple, focus on adding specifics about colors, shapes, sizes, textures, and spatial "
-    "relationships to create vivid and concrete scenes.",
-    "- If the prompt is already detailed, refine and enhance the existing details slightly without overcomplicating.",
-    "Here are examples of how to transform or refine prompts:",
-    "- User Prompt: A cat sleeping -> Enhanced: A small, fluffy white cat curled up in a round shape, sleeping "
-    "peacefully on a warm sunny windowsill, surrounded by pots of blooming red flowers.",
-    "- User Prompt: A busy city street -> Enhanced: A bustling city street scene at dusk, featuring glowing street "
-    "lamps, a diverse crowd of people in colorful clothing, and a double-decker bus passing by towering glass "
-    "skyscrapers.",
-    "Please generate only the enhanced description for the prompt below and avoid including any additional "
-    "commentary or evaluations:",
-    "User Prompt: ",
-)
-#: The release's default negative prompt.
-RELEASE_NEGATIVE_PROMPT = (
-    "A chaotic sequence with misshapen, deformed limbs in heavy motion blur, sudden disappearance, jump cuts, jerky "
-    "movements, rapid shot changes, frames out of sync, inconsistent character shapes, temporal artifacts, jitter, "
-    "and ghosting effects, creating a disorienting visual experience."
-)
 RELEASE_HEIGHT, RELEASE_WIDTH, RELEASE_FRAMES, RELEASE_FPS = 736, 1280, 193, 24
-RELEASE_STEPS, RELEASE_GUIDANCE_SCALE, RELEASE_FLOW_SHIFT, RELEASE_MOTION_SCORE = 50, 8.0, 12.0, 20
-RELEASE_MAX_SEQUENCE_LENGTH = 300
+RELEASE_STEPS, RELEASE_GUIDANCE_SCALE, RELEASE_FLOW_SHIFT = 50, 8.0, 12.0
 #: The VAE contract of the release (LTX-2.3): latent frames = (frames - 1) // 8 + 1, latent size = pixels // 32.
 RELEASE_VAE_STRIDE = (8, 32, 32)
-
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
 @dataclass
@@ -80,19 +59,6 @@ class SanaVideo2PipelineOutput(BaseOutput):
     """
 
     frames: Union[torch.Tensor, np.ndarray, list[list[PIL.Image.Image]]]
-
-
-def motion_prompt_suffix(motion_score: Optional[int], high_motion: bool = False) -> str:
-    """What the release appends to every positive prompt: ``" motion score: N."`` for ``motion_score`` N > 0,
-    otherwise ``" high motion"`` or ``" low motion"`` (``high_motion``); ``motion_score=None`` appends nothing (not
-    a release setting: for prompts that already carry their own)."""
-    if motion_score is None:
-        return ""
-    if isinstance(motion_score, bool) or not isinstance(motion_score, (int, float)) or not math.isfinite(motion_score):
-        raise ValueError(f"motion_score must be an int or None, got {motion_score!r}")
-    if motion_score > 0:
-        return f" motion score: {int(motion_score)}."
-    return " high motion" if high_motion else " low motion"
 
 
 def _vae_strides(vae: Any) -> tuple[int, int]:
@@ -118,7 +84,7 @@ def _from_first_rank(latents: torch.Tensor, shards: Any) -> torch.Tensor:
     return latents
 
 
-class SanaVideo2Pipeline(DiffusionPipeline):
+class SanaVideo2Pipeline(SanaVideo2PromptMixin, SanaVideo2InputChecksMixin, DiffusionPipeline):
     r"""Text-to-video generation with SANA-Video 2.0 (NVlabs/Sana), in the shape of diffusers' ``SanaVideoPipeline``.
 
     Components: ``tokenizer`` (Gemma tokenizer), ``text_encoder`` (``Gemma2Model``: Gemma-2-2B-IT's decoder,
@@ -219,164 +185,7 @@ class SanaVideo2Pipeline(DiffusionPipeline):
             final_sigmas_type="zero",
         )
 
-    # -- text ----------------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def assemble_prompts(prompt: Union[str, Sequence[str]], *, motion_score: Optional[int] = RELEASE_MOTION_SCORE,
-                         high_motion: bool = False,
-                         complex_human_instruction: Optional[Sequence[str]] = RELEASE_CHI_PROMPT) -> list[str]:
-        """The texts the tokenizer receives for positive prompts: instruction + ``prompt.strip()`` + motion suffix."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        prefix = "\n".join(complex_human_instruction) if complex_human_instruction else ""
-        suffix = motion_prompt_suffix(motion_score, high_motion)
-        return [prefix + p.strip() + suffix for p in prompts]
-
-    def _encode_texts(self, texts: list[str], *, instruction: Optional[Sequence[str]], max_sequence_length: int,
-                      device: torch.device, dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokenise ``texts`` (already assembled), run the text encoder, keep BOS + the last ``L - 1`` positions."""
-        if self.tokenizer is None or self.text_encoder is None:
-            raise ValueError("encoding a prompt needs the pipeline's tokenizer and text_encoder; this pipeline has "
-                             "none, so pass prompt_embeds/prompt_attention_mask (and negative_prompt_embeds/"
-                             "negative_prompt_attention_mask when guidance_scale > 1) instead")
-        length = max_sequence_length
-        prefix = "\n".join(instruction) if instruction else ""
-        if prefix:
-            # the release's "magic number 2": BOS, and the instruction's trailing token (which merges into the
-            # prompt's first one); never fewer than L tokens (only a degenerate tokenizer would get there)
-            length = max(max_sequence_length, len(self.tokenizer.encode(prefix)) + max_sequence_length - 2)
-        tokens = self.tokenizer(texts, padding="max_length", max_length=length, truncation=True,
-                                add_special_tokens=True, return_tensors="pt", padding_side="right")
-        input_ids = tokens.input_ids.to(device)
-        mask = tokens.attention_mask.to(device)
-        hidden = self.text_encoder(input_ids, attention_mask=mask)[0]
-        keep = [0] + list(range(-max_sequence_length + 1, 0))
-        return hidden[:, keep].to(dtype=dtype, device=device), mask[:, keep]
-
-    def encode_prompt(
-        self,
-        prompt: Union[str, list[str], None],
-        do_classifier_free_guidance: bool = True,
-        negative_prompt: Union[str, list[str], None] = RELEASE_NEGATIVE_PROMPT,
-        num_videos_per_prompt: int = 1,
-        device: Optional[torch.device] = None,
-        prompt_embeds: Optional[torch.Tensor] = None,
-        negative_prompt_embeds: Optional[torch.Tensor] = None,
-        prompt_attention_mask: Optional[torch.Tensor] = None,
-        negative_prompt_attention_mask: Optional[torch.Tensor] = None,
-        max_sequence_length: int = RELEASE_MAX_SEQUENCE_LENGTH,
-        complex_human_instruction: Optional[Sequence[str]] = RELEASE_CHI_PROMPT,
-        motion_score: Optional[int] = RELEASE_MOTION_SCORE,
-        high_motion: bool = False,
-    ):
-        """Text-encoder hidden states and masks for the transformer, as the release builds them (see the class
-        docstring). Returns ``(prompt_embeds, prompt_attention_mask, negative_prompt_embeds,
-        negative_prompt_attention_mask)``, each repeated ``num_videos_per_prompt`` times per prompt; the negative
-        pair is None without guidance."""
-        device = device or self._execution_device
-        dtype = self.text_encoder.dtype if self.text_encoder is not None else None
-        if prompt_embeds is None:
-            texts = self.assemble_prompts(prompt, motion_score=motion_score, high_motion=high_motion,
-                                          complex_human_instruction=complex_human_instruction)
-            prompt_embeds, prompt_attention_mask = self._encode_texts(
-                texts, instruction=complex_human_instruction, max_sequence_length=max_sequence_length,
-                device=device, dtype=dtype)
-        batch_size = prompt_embeds.shape[0]
-        prompt_embeds = prompt_embeds.to(device).repeat_interleave(num_videos_per_prompt, dim=0)
-        prompt_attention_mask = prompt_attention_mask.to(device).repeat_interleave(num_videos_per_prompt, dim=0)
-
-        if not do_classifier_free_guidance:
-            return prompt_embeds, prompt_attention_mask, None, None
-        if negative_prompt_embeds is None:
-            negative_prompt = RELEASE_NEGATIVE_PROMPT if negative_prompt is None else negative_prompt
-            negatives = [negative_prompt] * batch_size if isinstance(negative_prompt, str) else list(negative_prompt)
-            if len(negatives) != batch_size:
-                raise ValueError(f"negative_prompt has {len(negatives)} entries but there are {batch_size} prompts")
-            negative_prompt_embeds, negative_prompt_attention_mask = self._encode_texts(
-                negatives, instruction=None, max_sequence_length=max_sequence_length, device=device, dtype=dtype)
-        negative_prompt_embeds = negative_prompt_embeds.to(device).repeat_interleave(num_videos_per_prompt, dim=0)
-        negative_prompt_attention_mask = negative_prompt_attention_mask.to(device).repeat_interleave(
-            num_videos_per_prompt, dim=0)
-        return prompt_embeds, prompt_attention_mask, negative_prompt_embeds, negative_prompt_attention_mask
-
-    # -- checks and latents --------------------------------------------------------------------------------------
-
-    def check_inputs(self, prompt, negative_prompt, height, width, frames, num_inference_steps, guidance_scale,
-                     num_videos_per_prompt, prompt_embeds, prompt_attention_mask, negative_prompt_embeds,
-                     negative_prompt_attention_mask, output_type, max_sequence_length, motion_score,
-                     callback_on_step_end_tensor_inputs):
-        spatial, temporal = self.vae_scale_factor_spatial, self.vae_scale_factor_temporal
-        for name, value in (("height", height), ("width", width)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % spatial:
-                raise ValueError(f"`{name}` must be a positive multiple of the VAE's spatial compression {spatial}, "
-                                 f"got {value!r}")
-        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1 or (frames - 1) % temporal:
-            raise ValueError(f"`frames` must be of the form {temporal}k+1 (1, {temporal + 1}, {2 * temporal + 1}, ...) "
-                             f"for the VAE's temporal compression {temporal}, got {frames!r}")
-        for name, value in (("num_inference_steps", num_inference_steps),
-                            ("num_videos_per_prompt", num_videos_per_prompt),
-                            ("max_sequence_length", max_sequence_length)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
-        if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)) \
-                or not math.isfinite(guidance_scale):
-            raise ValueError(f"`guidance_scale` must be a finite number, got {guidance_scale!r}")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"`output_type` must be one of {', '.join(map(repr, OUTPUT_TYPES))}, got {output_type!r}")
-        motion_prompt_suffix(motion_score)  # validates
-        if callback_on_step_end_tensor_inputs is not None:
-            unknown = [k for k in callback_on_step_end_tensor_inputs if k not in self._callback_tensor_inputs]
-            if unknown:
-                raise ValueError(f"`callback_on_step_end_tensor_inputs` must be among {self._callback_tensor_inputs}, "
-                                 f"got unknown {unknown}")
-
-        if prompt is not None and prompt_embeds is not None:
-            raise ValueError("pass either `prompt` or `prompt_embeds`, not both")
-        if prompt is None and prompt_embeds is None:
-            raise ValueError("pass `prompt` (a string or a list of strings) or `prompt_embeds`")
-        prompt_ok = isinstance(prompt, str) or (isinstance(prompt, list) and len(prompt) > 0
-                                                and all(isinstance(p, str) for p in prompt))
-        if prompt is not None and not prompt_ok:
-            raise ValueError(f"`prompt` must be a string or a non-empty list of strings, got {type(prompt).__name__}")
-        if negative_prompt is not None and negative_prompt_embeds is not None:
-            raise ValueError("pass either `negative_prompt` or `negative_prompt_embeds`, not both")
-        if prompt is not None and negative_prompt_embeds is not None:
-            raise ValueError("`negative_prompt_embeds` goes with `prompt_embeds`; with `prompt`, pass "
-                             "`negative_prompt`")
-        if negative_prompt is not None and not isinstance(negative_prompt, str):
-            batch = len(prompt) if isinstance(prompt, list) else 1 if prompt is not None else prompt_embeds.shape[0]
-            if not (isinstance(negative_prompt, list) and all(isinstance(p, str) for p in negative_prompt)):
-                raise ValueError("`negative_prompt` must be a string or a list of strings, got "
-                                 f"{type(negative_prompt).__name__}")
-            if len(negative_prompt) != batch:
-                raise ValueError(f"`negative_prompt` has {len(negative_prompt)} entries for {batch} prompts")
-
-        caption_channels = self.transformer.config.caption_channels
-        for name, embeds, mask_name, mask in (
-                ("prompt_embeds", prompt_embeds, "prompt_attention_mask", prompt_attention_mask),
-                ("negative_prompt_embeds", negative_prompt_embeds, "negative_prompt_attention_mask",
-                 negative_prompt_attention_mask)):
-            if embeds is None:
-                continue
-            if mask is None:
-                raise ValueError(f"`{mask_name}` is required with `{name}`")
-            if embeds.dim() != 3 or embeds.shape[-1] != caption_channels:
-                raise ValueError(f"`{name}` must be [batch, tokens, {caption_channels}] (the transformer's "
-                                 f"caption_channels), got {tuple(embeds.shape)}")
-            if tuple(mask.shape) != tuple(embeds.shape[:2]):
-                raise ValueError(f"`{mask_name}` must be [batch, tokens] = {tuple(embeds.shape[:2])}, got "
-                                 f"{tuple(mask.shape)}")
-        if prompt_embeds is not None and negative_prompt_embeds is not None \
-                and prompt_embeds.shape != negative_prompt_embeds.shape:
-            raise ValueError("`prompt_embeds` and `negative_prompt_embeds` must have the same shape, got "
-                             f"{tuple(prompt_embeds.shape)} and {tuple(negative_prompt_embeds.shape)}")
-        if guidance_scale > 1 and prompt_embeds is not None and negative_prompt_embeds is None:
-            if self.tokenizer is None or self.text_encoder is None:
-                raise ValueError("guidance_scale > 1 needs `negative_prompt_embeds` and "
-                                 "`negative_prompt_attention_mask` when the pipeline has no text encoder")
-            if max_sequence_length != prompt_embeds.shape[1]:
-                raise ValueError(f"the negative prompt would be encoded to max_sequence_length={max_sequence_length}"
-                                 f" tokens but `prompt_embeds` has {prompt_embeds.shape[1]}; leave "
-                                 "max_sequence_length unset or pass `negative_prompt_embeds`")
+    # -- latents -----------------------------------------------------------------------------------------------------
 
     def prepare_latents(self, batch_size: int, num_channels_latents: int, height: int, width: int, frames: int,
                         dtype: torch.dtype, device: torch.device,

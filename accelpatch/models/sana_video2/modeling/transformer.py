@@ -6,6 +6,10 @@ cross-attention in every layer, SwiGLU MLPs, AdaLN-style modulation from the tim
 Residuals in place of a plain residual stream. Parameter and buffer names mirror the original checkpoint keys, so loading an original state dict
 is rename-free. Config field names are the original constructor's; the defaults are the 5B release, and
 ``SanaVideo2Transformer3DModel(hidden_size=4096, depth=40, num_heads=32)`` is the 14B one.
+
+The layers are in :mod:`.embeddings`, :mod:`.blocks` and :mod:`.attention_residual`; the class stays in this module,
+the path a saved ``model_index.json`` names it by (``["accelpatch.models.sana_video2.modeling.transformer",
+"SanaVideo2Transformer3DModel"]``).
 """
 from __future__ import annotations
 
@@ -13,294 +17,21 @@ import math
 from typing import Any, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from diffusers.models.attention import AttentionMixin
 from diffusers.models.cache_utils import CacheMixin
-from diffusers.models.embeddings import get_1d_rotary_pos_embed
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from accelpatch.parallel.sequence import SequenceShards, model_split, split_in_one_process
 from accelpatch.models.sana_video2.release import anchor_layer_indices
-from accelpatch.models.sana_video2.modeling.attention import (RMSNorm, SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2LinearAttnProcessor,
-                        SanaVideo2SoftmaxAttention)
+from accelpatch.models.sana_video2.modeling.attention import RMSNorm, SanaVideo2LinearAttnProcessor
+from accelpatch.models.sana_video2.modeling.attention_residual import BlockAttentionResidual, ResidualSources
+from accelpatch.models.sana_video2.modeling.blocks import LINEAR, SOFTMAX, FinalLayer, SanaVideo2Block
+from accelpatch.models.sana_video2.modeling.embeddings import CaptionEmbedder, PatchEmbed3D, TimestepEmbedder, WanRope3D
 from accelpatch.models.sana_video2.modeling.sequence_parallel import CP_PLAN, check_parallel_config, check_split, inference_only_error, local_frames
-
-SOFTMAX, LINEAR = "softmax", "linear"
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
-
-
-def _per_frame(x: torch.Tensor, table_rows: torch.Tensor, frames: Optional[int]) -> torch.Tensor:
-    """Apply one modulation row ``table_rows`` ([B, 1, C], or [B, F, 1, C] per frame) to tokens ``x`` [B, N, C]."""
-    if frames is None:
-        return x * table_rows
-    batch, tokens, width = x.shape
-    return (x.reshape(batch, frames, tokens // frames, width) * table_rows).reshape(batch, tokens, width)
-
-
-class TimestepEmbedder(nn.Module):
-    """Sinusoidal embedding (256 dims, cos first, max period 10^4) and a SiLU MLP, as PixArt/Sana."""
-
-    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256) -> None:
-        super().__init__()
-        self.frequency_embedding_size = frequency_embedding_size
-        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(),
-                                 nn.Linear(hidden_size, hidden_size))
-
-    @staticmethod
-    def sinusoid(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
-        half = dim // 2
-        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-        args = t[:, None].float() * freqs[None]
-        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
-    def forward(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``dtype``: the model's compute dtype. Not the weight's: under layerwise casting that is the storage dtype
-        (float8), and the weights are upcast only inside each Linear (diffusers passes the hidden dtype alike)."""
-        return self.mlp(self.sinusoid(t, self.frequency_embedding_size).to(dtype))
-
-
-class CaptionEmbedder(nn.Module):
-    """Caption projection ``fc2(GELU_tanh(fc1(y)))``; ``y_embedding`` is the null caption that replaces a caption
-    with probability ``class_dropout_prob`` in training (classifier-free guidance dropout), unused in eval mode."""
-
-    def __init__(self, caption_channels: int, hidden_size: int, model_max_length: int,
-                 class_dropout_prob: float) -> None:
-        super().__init__()
-        self.class_dropout_prob = class_dropout_prob
-        self.y_proj = nn.Module()
-        self.y_proj.fc1 = nn.Linear(caption_channels, hidden_size)
-        self.y_proj.fc2 = nn.Linear(hidden_size, hidden_size)
-        self.register_buffer("y_embedding", torch.randn(model_max_length, caption_channels) / caption_channels ** 0.5)
-
-    def forward(self, caption: torch.Tensor) -> torch.Tensor:
-        if self.training and self.class_dropout_prob > 0:
-            drop = torch.rand(caption.shape[0], device=caption.device) < self.class_dropout_prob
-            null = self.y_embedding[: caption.shape[1]].to(caption.dtype)
-            caption = torch.where(drop[:, None, None], null[None], caption)
-        return self.y_proj.fc2(F.gelu(self.y_proj.fc1(caption), approximate="tanh"))
-
-
-class PatchEmbed3D(nn.Module):
-    """Conv3d with kernel = stride = patch, flattened to tokens in (frame, height, width) raster order."""
-
-    def __init__(self, in_channels: int, hidden_size: int, patch_size: Sequence[int]) -> None:
-        super().__init__()
-        self.proj = nn.Conv3d(in_channels, hidden_size, kernel_size=tuple(patch_size), stride=tuple(patch_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
-class WanRope3D:
-    """Wan 3-D RoPE tables for one head dim (complex128, positions 0..max_len-1 per axis); the t/h/w split is
-    ``d - 4·(d//6)`` / ``2·(d//6)`` / ``2·(d//6)`` channels (128: 44/42/42; 256: 88/84/84). Not a buffer: the
-    tables are a function of the config and never travel in a state dict. They are built with the object (on the
-    CPU, also when the model is built on the meta device; a few MB), never on first use: a table made inside a
-    compiled call would change the object that the compiled code guards on, and the next call would recompile."""
-
-    def __init__(self, head_dim: int, max_len: int = 1024, theta: float = 10000.0) -> None:
-        self.head_dim = head_dim
-        self.max_len = max_len
-        self.theta = theta
-        side = 2 * (head_dim // 6)
-        self.axis_dims = (head_dim - 2 * side, side, side)
-        self._tables = self._axis_tables()
-
-    def _axis_tables(self) -> list[torch.Tensor]:
-        with torch.device("cpu"):  # not the meta device of a model being built for loading
-            return [get_1d_rotary_pos_embed(dim, self.max_len, self.theta, use_real=False, freqs_dtype=torch.float64)
-                    for dim in self.axis_dims]
-
-    def __call__(self, frames: int, height: int, width: int, device: torch.device) -> torch.Tensor:
-        """[N, head_dim/2] complex frequencies for tokens in (f, h, w) raster order."""
-        if max(frames, height, width) > self.max_len:
-            raise ValueError(f"latent grid {frames}x{height}x{width} exceeds the RoPE table ({self.max_len} per axis)")
-        t, h, w = (tab.to(device) for tab in self._tables)
-        grid = (frames, height, width)
-        parts = [t[:frames].view(frames, 1, 1, -1), h[:height].view(1, height, 1, -1),
-                 w[:width].view(1, 1, width, -1)]
-        return torch.cat([p.expand(*grid, p.shape[-1]) for p in parts], dim=-1).reshape(frames * height * width, -1)
-
-    def __getstate__(self) -> dict:
-        return {key: value for key, value in self.__dict__.items() if key != "_tables"}  # rebuilt, not pickled
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._tables = self._axis_tables()
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(width, hidden)
-        self.up_proj = nn.Linear(width, hidden)
-        self.down_proj = nn.Linear(hidden, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class SanaVideo2Block(nn.Module):
-    """One layer: the attention sub-layer (modulated self-attention, gated, then cross-attention on h + a; returns
-    a + c) and the MLP sub-layer (modulated, gated SwiGLU). Each returns its delta: the residual stream is the
-    model's Attention Residuals, not an addition here."""
-
-    def __init__(self, hidden_size: int, num_heads: int, attention_type: str, *, linear_head_dim: int,
-                 softmax_head_dim: int, mlp_ratio: float, qk_norm: bool, cross_norm: bool, norm_eps: float,
-                 fp32_attention: bool) -> None:
-        super().__init__()
-        self.attention_type = attention_type
-        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        attention_cls, head_dim = ((SanaVideo2SoftmaxAttention, softmax_head_dim) if attention_type == SOFTMAX
-                                   else (SanaVideo2LinearAttention, linear_head_dim))
-        self.attn = attention_cls(hidden_size, head_dim, qk_norm=qk_norm, norm_eps=norm_eps,
-                                  fp32_attention=fp32_attention)
-        self.cross_attn = SanaVideo2CrossAttention(hidden_size, num_heads, qk_norm=cross_norm)
-        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = SwiGLU(hidden_size, int(hidden_size * mlp_ratio))
-        self.scale_shift_table = nn.Parameter(torch.randn(6, hidden_size) / hidden_size ** 0.5)
-
-    def _modulation(self, timestep_emb: torch.Tensor) -> tuple[Optional[int], tuple[torch.Tensor, ...]]:
-        """(frames or None, the six rows shift/scale/gate × msa/mlp) from t0 [B, 6C] or [B, 1, F, 6C]."""
-        batch, width = timestep_emb.shape[0], self.scale_shift_table.shape[1]
-        if timestep_emb.dim() == 2:
-            return None, (self.scale_shift_table[None] + timestep_emb.reshape(batch, 6, width)).chunk(6, dim=1)
-        frames = timestep_emb.shape[2]
-        rows = self.scale_shift_table[None, None] + timestep_emb.reshape(batch, frames, 6, width)
-        return frames, rows.chunk(6, dim=2)
-
-    def _modulated(self, norm: nn.Module, x: torch.Tensor, shift, scale, frames: Optional[int]) -> torch.Tensor:
-        if frames is None:
-            return modulate(norm(x), shift, scale)
-        batch, tokens, width = x.shape
-        grouped = norm(x).reshape(batch, frames, tokens // frames, width)
-        return modulate(grouped, shift, scale).reshape(batch, tokens, width)
-
-    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep_emb: torch.Tensor,
-                encoder_attention_mask: Optional[torch.Tensor], rotary_emb: Optional[torch.Tensor],
-                sublayer: str) -> torch.Tensor:
-        """The delta of one sub-layer (``sublayer`` is "attention" or "mlp") for its mixed input."""
-        frames, (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp) = self._modulation(timestep_emb)
-        if sublayer == "attention":
-            attn_in = self._modulated(self.norm1, hidden_states, shift_msa, scale_msa, frames)
-            attn_delta = _per_frame(self.attn(attn_in, rotary_emb), gate_msa, frames)
-            cross_delta = self.cross_attn(hidden_states + attn_delta, encoder_hidden_states, encoder_attention_mask)
-            return attn_delta + cross_delta
-        if sublayer == "mlp":
-            mlp_in = self._modulated(self.norm2, hidden_states, shift_mlp, scale_mlp, frames)
-            return _per_frame(self.mlp(mlp_in), gate_mlp, frames)
-        raise ValueError(f"sublayer must be 'attention' or 'mlp', got {sublayer!r}")
-
-
-def _plain_linear(layer: nn.Module) -> bool:
-    """Whether calling ``layer`` is exactly ``F.linear`` over its plain tensor weight: torch's own ``nn.Linear``,
-    weight and bias plain tensors (not a quantized tensor subclass), no hooks and no instance ``forward``."""
-    return (type(layer) is nn.Linear and type(layer.weight) in (torch.Tensor, nn.Parameter)
-            and (layer.bias is None or type(layer.bias) in (torch.Tensor, nn.Parameter))
-            and not (layer._forward_pre_hooks or layer._forward_hooks or "forward" in layer.__dict__))
-
-
-class BlockAttentionResidual(nn.Module):
-    """Attention Residuals over depth: each sub-layer's input is a softmax mix, per token, of the sources so far
-    (the embedded input, each finished group's summed deltas, the current group's partial sum), keyed by a
-    parameter-free RMSNorm (eps 1e-6, activation dtype) and scored by a learned vector (``attn_proj``, ``mlp_proj``,
-    ``final_proj``; zero-initialised, so an untrained mix is the plain mean). One source passes through."""
-
-    def __init__(self, hidden_size: int) -> None:
-        super().__init__()
-        self.attn_proj = nn.Linear(hidden_size, 1, bias=False)
-        self.mlp_proj = nn.Linear(hidden_size, 1, bias=False)
-        self.final_proj = nn.Linear(hidden_size, 1, bias=False)
-        for proj in (self.attn_proj, self.mlp_proj, self.final_proj):
-            nn.init.zeros_(proj.weight)
-
-    @staticmethod
-    def key(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-
-    @staticmethod
-    def mix(projection: nn.Linear, values: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Mix ``values`` [n, B, N, C] with their ``keys``; n = 1 passes the only source through."""
-        if values.shape[0] == 1:
-            return values[0]
-        return torch.einsum("nbt,nbtd->btd", F.softmax(BlockAttentionResidual.logits(projection, keys), dim=0),
-                            values)
-
-    @staticmethod
-    def logits(projection: nn.Linear, keys: torch.Tensor) -> torch.Tensor:
-        """The score ``w · key`` [n, B, N] of each source and token. A plain ``nn.Linear`` (a plain tensor weight, no
-        hooks) is read as one einsum over its weight row, the model's numbers since its first release; any other
-        layer is called, as diffusers calls its layers: a quantized weight (torchao's tensor subclasses, GGUF) runs
-        its own kernels, a layer class of its own (optimum-quanto, PEFT) its own forward, and hooks (offloading,
-        layerwise casting) get to move or cast the weight first."""
-        if _plain_linear(projection):
-            return torch.einsum("d,nbtd->nbt", projection.weight[0], keys)
-        return projection(keys).squeeze(-1)
-
-
-class _Sources:
-    """The residual sources of one forward. Without autograd they live in preallocated buffers (the release's
-    inference layout); with it they are stacked per mix, since writing into a buffer would invalidate tensors
-    autograd saved. Both give the same numbers."""
-
-    def __init__(self, x: torch.Tensor, capacity: int) -> None:
-        self._buffered = not torch.is_grad_enabled()
-        if self._buffered:
-            self.values = x.new_empty((capacity,) + x.shape)
-            self.keys = torch.empty_like(self.values)
-        else:
-            self.values, self.keys = [], []
-        self.count = 0
-        self.append(x)
-
-    def append(self, x: torch.Tensor) -> None:
-        if self._buffered:
-            self.values[self.count] = x
-            self.keys[self.count] = BlockAttentionResidual.key(x)
-        else:
-            self.values.append(x)
-            self.keys.append(BlockAttentionResidual.key(x))
-        self.count += 1
-
-    def mix(self, projection: nn.Linear, partial: Optional[torch.Tensor]) -> torch.Tensor:
-        n = self.count + (partial is not None)
-        if self._buffered:
-            if partial is not None:
-                self.values[self.count] = partial
-                self.keys[self.count] = BlockAttentionResidual.key(partial)
-            return BlockAttentionResidual.mix(projection, self.values[:n], self.keys[:n])
-        values, keys = list(self.values), list(self.keys)
-        if partial is not None:
-            values.append(partial)
-            keys.append(BlockAttentionResidual.key(partial))
-        return BlockAttentionResidual.mix(projection, torch.stack(values), torch.stack(keys))
-
-
-class FinalLayer(nn.Module):
-    """LayerNorm (no affine), shift/scale from ``t`` (not t0) and a linear map back to latent channels."""
-
-    def __init__(self, hidden_size: int, patch_elements: int, out_channels: int) -> None:
-        super().__init__()
-        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.linear = nn.Linear(hidden_size, patch_elements * out_channels)
-        self.scale_shift_table = nn.Parameter(torch.randn(2, hidden_size) / hidden_size ** 0.5)
-
-    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 2:
-            shift, scale = (self.scale_shift_table[None] + t[:, None]).chunk(2, dim=1)
-            return self.linear(modulate(self.norm_final(x), shift, scale))
-        batch, tokens, width = x.shape
-        frames = t.shape[2]
-        shift, scale = (self.scale_shift_table[None, None] + t.transpose(1, 2)).chunk(2, dim=2)
-        x = modulate(self.norm_final(x).reshape(batch, frames, tokens // frames, width), shift, scale)
-        return self.linear(x.reshape(batch, tokens, width))
 
 
 class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, CacheMixin, PeftAdapterMixin):
@@ -550,7 +281,7 @@ class SanaVideo2Transformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, Cach
         ropes = {LINEAR: self.rope_linear(*grid, x.device), SOFTMAX: self.rope_softmax(*grid, x.device)}
 
         block_size = self.config.attn_res_block_size
-        sources = _Sources(x, capacity=math.ceil(len(self.blocks) / block_size) + 2)
+        sources = ResidualSources(x, capacity=math.ceil(len(self.blocks) / block_size) + 2)
         partial = None
         skip = self._remaining_blocks_cache
         head = reused = None
