@@ -12,9 +12,10 @@ _BACKENDS: dict[str, type] = {}
 
 
 def register_backend(cls: type) -> type:
-    """Called by a backend's module when it is imported: ``apply(..., backend=cls.name)`` then takes it."""
+    """Called by a backend's module when it is imported: ``apply(..., backend=cls.name)`` then takes it (a module
+    imported again replaces its own class)."""
     known = _BACKENDS.get(cls.name)
-    if known is not None and known is not cls:
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"a different backend is already registered as {cls.name!r}")
     _BACKENDS[cls.name] = cls
     return cls

@@ -99,10 +99,14 @@ def register(feature: Feature) -> Feature:
         raise ValueError(f"{type(feature).__name__} has no name")
     with _LOCK:
         known = _FEATURES.get(feature.name)
-        if known is not None and type(known) is not type(feature):
+        if known is not None and _qualified(type(known)) != _qualified(type(feature)):  # a reload re-registers
             raise ValueError(f"a different feature is already registered as {feature.name!r}")
         _FEATURES[feature.name] = feature
     return feature
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def unregister(name: str) -> None:

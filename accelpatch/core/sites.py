@@ -146,7 +146,10 @@ class FastPath:
         processor = getattr(module, "processor", None)
         if expected is None or type(processor) is expected:
             return None
-        return f"processor is {type(processor).__name__}, expected {expected.__name__}"
+        found = type(processor)
+        if found.__name__ == expected.__name__:  # a same-named class of another module (a diffusers copy)
+            return f"processor is {found.__module__}.{found.__qualname__}, expected {expected.__module__}.{expected.__qualname__}"
+        return f"processor is {found.__name__}, expected {expected.__name__}"
 
     def keeps_reference_layer(self, site: "Site") -> bool:
         """Whether this site's layer always runs the reference under the model's settings (decided once, at

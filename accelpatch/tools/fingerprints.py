@@ -18,7 +18,7 @@ from typing import Optional
 
 from accelpatch.core.restated import diffusers_version, fingerprint, recorded, resolve, short_name
 
-DATA_FILE = Path(__file__).resolve().parent.parent / "restated_fingerprints.py"
+DATA_FILE = Path(__file__).resolve().parent.parent / "core" / "restated_fingerprints.py"
 
 HEADER = '''"""The fingerprints of the diffusers code accelpatch's fast paths restate, per tested diffusers version.
 
