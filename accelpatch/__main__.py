@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     from accelpatch import __version__
     from accelpatch.eval import recipe_cli
     from accelpatch.lossless.kernels.cpu_build import TYPICAL_BUILD_S  # no torch at import either
+    from accelpatch.models.families import families  # each family's package registers it: no torch either
     from accelpatch.tools import build_kernels, convert, demo  # light at import: torch loads when a command runs
 
     parser = argparse.ArgumentParser(prog="accelpatch", description="Quality-gated fast paths for diffusers video "
@@ -25,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser = commands.add_parser(
         "demo", help="tiny pipelines: SANA-Video tiers and MiniMax-H3 sol_attn (--model picks)",
         description="Run tiny random pipelines offline: SANA-Video unpatched and under each tier, and MiniMax-H3 "
-                    "with backend sol_attn; --model picks any of the six families (sana-video, sana-video2, "
-                    "minimax-h3, wan, hunyuan-video15, ltx2), a comma list, or all. Report speed with its noise, bit "
+                    f"with backend sol_attn; --model picks any of the {len(families())} families "
+                    f"({', '.join(f.cli for f in families())}), a comma list, or all. Report speed with its noise, bit "
                     "identity, PSNR/SSIM, what ran and what fell back; each section prints when done, with its time.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(check=lambda args: demo.check_args(args, demo_parser), run=demo.main)

@@ -10,8 +10,10 @@ import torch
 
 from accelpatch.__main__ import build_parser, main
 from accelpatch.core.reporting import ModelReport, Report, SiteReport
-from accelpatch.tools import demo
-from accelpatch.tools.demo import fast_path_text, format_timing, parse_models, run_demo
+from accelpatch.tools import demo, demo_rows, demo_sections
+from accelpatch.tools.demo import run_demo
+from accelpatch.tools.demo_rows import fast_path_text, format_timing
+from accelpatch.tools.demo_sections import parse_models
 from accelpatch.eval.stats import compare_timings
 
 ROW = re.compile(r"^(?P<label>\S.*?)\s{2,}(?P<seconds>\d+\.\d{4})\s{2}(?P<timing>\S.*?)\s{2,}(?P<identical>yes|no)"
@@ -85,7 +87,7 @@ def test_sana_video_tiers_on_cpu_label_the_fallback_and_time_in_rounds():
 
 def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_it_must(monkeypatch):
     # 128x128 keeps the test short; its 592 video rows still leave blocks beyond the sink to skip.
-    monkeypatch.setattr(demo, "H3_CALL_SIZE", {"height": 128, "width": 128, "num_frames": 124})
+    monkeypatch.setattr(demo_sections, "H3_CALL_SIZE", {"height": 128, "width": 128, "num_frames": 124})
     text = run_demo(model="minimax-h3", steps=1, repeats=2, progress=False)
     lines = section(text, "MiniMax-H3")
     assert "packed sequence 1,011 rows: 5 text + 414 audio (the always-exact sink) + 592 video" in text
@@ -102,7 +104,7 @@ def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_i
     assert lossless["fast"] == "0, by design: tier lossless does not admit high; 8 lossless fused calls"
     assert lossless["timing"] == "not timed (1 call)"
     # Two rounds cannot give a 95% interval: no speed verdict at all, rather than a bare ratio.
-    assert sol["timing"] == f"no verdict (2 < {demo.MIN_ROUNDS} rounds)"
+    assert sol["timing"] == f"no verdict (2 < {demo_rows.MIN_ROUNDS} rounds)"
     assert f"Sol-Attn speed: no verdict from 2 round(s)" in text
     assert 'quality("lossless") under sol_attn: bit-identical to unpatched: yes' in text
     assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
@@ -122,7 +124,8 @@ def test_timing_inside_the_noise_never_prints_a_bare_ratio():
     slower = compare_timings([1.0, 1.02, 0.98, 1.01, 0.99, 1.0], [2.0, 2.1, 1.9, 2.05, 1.95, 2.0])
     assert format_timing(slower, rounds=6).startswith("2.00× slower (")  # never "0.50× slower"
     # Too few rounds for an interval: no verdict, even for a large difference.
-    assert format_timing(faster, rounds=demo.MIN_ROUNDS - 1) == f"no verdict ({demo.MIN_ROUNDS - 1} < {demo.MIN_ROUNDS} rounds)"
+    few = demo_rows.MIN_ROUNDS - 1
+    assert format_timing(faster, rounds=few) == f"no verdict ({few} < {demo_rows.MIN_ROUNDS} rounds)"
     assert format_timing(None, rounds=6) == "baseline"
 
 
@@ -189,7 +192,7 @@ def test_demo_runs_sana_video2_from_the_command_line(capsys):
     assert list(rows) == ["unpatched", "patched, default", "patched, exact", "patched, lossless", "patched, high"]
     for row in rows.values():
         assert (row["identical"], row["psnr"]) == ("yes", "inf"), row.group(0)
-        assert row["timing"] in ("baseline", f"no verdict (1 < {demo.MIN_ROUNDS} rounds)"), row.group(0)
+        assert row["timing"] in ("baseline", f"no verdict (1 < {demo_rows.MIN_ROUNDS} rounds)"), row.group(0)
     assert re.fullmatch(r"0, fell back: CUDA is unavailable[^;]*; 24 lossless fused calls", rows["patched, high"]["fast"])
     # the default tier runs the bit-exact fused ops of both blocks' sites, never the high path
     assert rows["patched, default"]["fast"] == "0, by design: tier lossless does not admit high; 24 lossless fused calls"
@@ -221,7 +224,7 @@ def _fake_section(title, seen=None, capsys=None):
 
 def test_the_header_prints_before_the_first_section_starts(monkeypatch, capsys):
     printed_before = []
-    monkeypatch.setattr(demo, "_sana_section", _fake_section("SANA-Video", printed_before, capsys))
+    monkeypatch.setattr(demo, "sana_section", _fake_section("SANA-Video", printed_before, capsys))
     monkeypatch.setattr("torch.set_num_threads", lambda n: None)
     assert main(["demo", "--model", "sana-video", "--no-progress"]) == 0
     assert len(printed_before) == 1 and printed_before[0].startswith("accelpatch demo: tiny random-weight pipelines"), \
@@ -230,7 +233,7 @@ def test_the_header_prints_before_the_first_section_starts(monkeypatch, capsys):
 
 
 def test_every_section_ends_with_its_wall_and_cpu_time(monkeypatch):
-    monkeypatch.setattr(demo, "_sana_section", _fake_section("SANA-Video"))
+    monkeypatch.setattr(demo, "sana_section", _fake_section("SANA-Video"))
     chunks = []
     text = run_demo(model="sana-video,sana-video2", progress=False, emit=chunks.append)
     assert text == "\n".join(chunks) and len(chunks) == 4  # header, two sections, the total
@@ -247,16 +250,16 @@ def test_the_minimax_h3_section_runs_one_denoising_step_by_default(monkeypatch):
     """Regression (issue #30, item 7): at 2 steps per call the section took 48 s on an idle 2-core EPYC and 2:44
     under load, most of `make demo`; one step keeps its sequence (where the sparse path pays) and halves the
     transformer's share. Small frames here: the default is what is checked, not the size."""
-    monkeypatch.setattr(demo, "H3_CALL_SIZE", {"height": 64, "width": 64, "num_frames": 124})
+    monkeypatch.setattr(demo_sections, "H3_CALL_SIZE", {"height": 64, "width": 64, "num_frames": 124})
     forwards = []
-    real_timed = demo._timed
+    real_timed = demo_rows._timed
 
     def timed(timer, run):
         out = real_timed(timer, run)
         forwards.append(timer.forwards)
         return out
 
-    monkeypatch.setattr(demo, "_timed", timed)
+    monkeypatch.setattr(demo_rows, "_timed", timed)
     text = run_demo(model="minimax-h3", repeats=1, progress=False)
     assert "124 frames, 1 denoising step (num_inference_steps=2: " in section(text, "MiniMax-H3")[0]
     assert forwards == [1, 1, 1], forwards  # one forward per call: unpatched, sol_attn (high), sol_attn lossless
@@ -265,9 +268,10 @@ def test_the_minimax_h3_section_runs_one_denoising_step_by_default(monkeypatch):
 # Regression (issue #30, item 7): Wan, HunyuanVideo 1.5 and LTX-2 had no section, and --model had no `all`.
 
 def test_model_option_names_all_six_families_and_all():
-    assert set(demo.MODELS) == {"sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2"}
-    assert parse_models("all") == tuple(demo.MODELS)
-    assert parse_models("ltx2, all") == ("ltx2", *(n for n in demo.MODELS if n != "ltx2"))
+    assert set(demo_sections.MODELS) == {"sana-video", "sana-video2", "minimax-h3", "wan", "wan-vace", "wan-animate",
+                                         "hunyuan-video15", "ltx2"}
+    assert parse_models("all") == tuple(demo_sections.MODELS)
+    assert parse_models("ltx2, all") == ("ltx2", *(n for n in demo_sections.MODELS if n != "ltx2"))
     assert build_parser().parse_args(["demo", "--model", "wan,hunyuan-video15"]).model == ("wan", "hunyuan-video15")
     help_text = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
     assert "all" in help_text and "ltx2" in help_text
@@ -282,8 +286,8 @@ SMALL_CALLS = {"wan": dict(height=128, width=128, num_frames=13), "hunyuan-video
 def test_wan_hunyuan_video15_and_ltx2_sections_run_sol_attn_and_stay_bit_identical_where_they_must(name, monkeypatch):
     import accelpatch
 
-    spec = dataclasses.replace(demo.MODELS[name], call_size=SMALL_CALLS[name])
-    monkeypatch.setitem(demo.MODELS, name, spec)
+    spec = dataclasses.replace(demo_sections.MODELS[name], call_size=SMALL_CALLS[name])
+    monkeypatch.setitem(demo_sections.MODELS, name, spec)
     reports = []
     real_report = accelpatch.report
 
@@ -304,7 +308,7 @@ def test_wan_hunyuan_video15_and_ltx2_sections_run_sol_attn_and_stay_bit_identic
     assert sol and all(s.mounted and s.tier == "high" for s in sol), sol
     fast = sum(s.fast_calls for s in high.sites if s.tier != "lossless")
     assert fast > 0 and rows["sol_attn (high)"]["fast"].startswith(f"{fast} fast calls, mean exact-block fraction")
-    assert rows["sol_attn (high)"]["timing"] == f"no verdict (1 < {demo.MIN_ROUNDS} rounds)"
+    assert rows["sol_attn (high)"]["timing"] == f"no verdict (1 < {demo_rows.MIN_ROUNDS} rounds)"
     both = " (frames and audio)" if name == "ltx2" else ""
     assert f'quality("lossless") under sol_attn: bit-identical to unpatched{both}: yes' in lines
     assert lines[-2] == "after accelpatch.remove(pipe): bit-identical to unpatched: yes (1 call after remove())"
@@ -321,11 +325,11 @@ def test_the_docs_and_help_give_each_section_its_measured_time():
     start = page.index("- `python -m accelpatch demo [")
     bullet = " ".join(page[start:page.index("\n- `", start + 1)].split())
     assert "about a minute" not in bullet and "2-core AVX2 AMD EPYC" in bullet
-    for name, spec in demo.MODELS.items():
+    for name, spec in demo_sections.MODELS.items():
         assert re.search(rf"{re.escape(spec.title)} ~\d+ s", bullet), spec.title
         assert f"`{name}`" in bullet, name
     assert re.search(r"`make demo` takes about \d+ s", bullet) and re.search(r"`--model all` about \d+ min", bullet)
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["demo"].format_help().split())
-    for name in demo.MODELS:
+    for name in demo_sections.MODELS:
         assert re.search(rf"{re.escape(name)} ~\d+ s", help_text), name
     assert "2-core AVX2 EPYC" in help_text

@@ -23,7 +23,7 @@ PLUGIN = ["-p", "accelpatch.testing.diffusers_tests_plugin", "-p", "no:cacheprov
 BUILDS_A_WAN_MODEL = f"""
 import torch
 import accelpatch
-from accelpatch.core.sites import is_gated
+from accelpatch.core.gated_class import is_gated
 from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 
 def test_built_model_comes_out_patched():
@@ -75,6 +75,46 @@ def test_a_model_built_under_the_plugin_is_patched_and_gives_diffusers_bits(pyte
     assert type(tiny_wan_transformer(WAN_TINY_CONFIG).blocks[0]).__name__ == "WanTransformerBlock"
 
 
+BUILDS_A_NEW_WAN_FAMILY_MODEL = """
+import torch
+import accelpatch
+from accelpatch.core.gated_class import is_gated
+from accelpatch import testing
+
+def test_built_model_comes_out_patched():
+    model = getattr(testing, "tiny_{key}_transformer")(getattr(testing, "{config}"))
+    assert is_gated(model.blocks[0]), type(model.blocks[0])
+    with torch.no_grad():
+        out = model(**getattr(testing, "{key}_transformer_inputs")(model, num_frames=3, height=16, width=16)).sample
+    assert accelpatch.report(model).fast_calls > 0
+    torch.save(out, "patched_output.pt")
+"""
+
+
+@pytest.mark.parametrize("key, config, model_class", [
+    ("wan_vace", "WAN_VACE_TINY_CONFIG", "WanVACETransformer3DModel"),
+    ("wan_animate", "WAN_ANIMATE_TINY_CONFIG", "WanAnimateTransformer3DModel")])
+def test_wan_vace_and_wan_animate_models_built_under_the_plugin_are_patched_and_give_diffusers_bits(
+        pytester, key, config, model_class):
+    """#41: the families added after Wan are in the plugin's default ``--accelpatch-models`` by their registration."""
+    from accelpatch import testing
+
+    pytester.makepyfile(test_inner=BUILDS_A_NEW_WAN_FAMILY_MODEL.format(key=key, config=config))
+    summary_path = pytester.path / "summary.json"
+    result = pytester.runpytest(*PLUGIN, f"--accelpatch-summary-json={summary_path}")
+    result.assert_outcomes(passed=1)
+    summary = json.loads(summary_path.read_text())
+    assert summary["by_class"] == {model_class: 1} and summary["fused_op_calls"] > 0, summary
+    assert summary["apply_warnings"] == {} and summary["apply_refused"] == {}, summary
+    model = getattr(testing, f"tiny_{key}_transformer")(getattr(testing, config))
+    assert type(model.blocks[0]).__name__ == "WanTransformerBlock"  # unpatched out here
+    with torch.no_grad():
+        reference = model(**getattr(testing, f"{key}_transformer_inputs")(model, num_frames=3, height=16,
+                                                                           width=16)).sample
+    assert _same_bits(torch.load(pytester.path / "patched_output.pt"), reference)
+    assert key in diffusers_tests.TEST_FILES
+
+
 def test_a_session_that_patches_nothing_fails_unless_allowed(pytester):
     pytester.makepyfile(test_inner="def test_nothing():\n    pass\n")
     result = pytester.runpytest(*PLUGIN)
@@ -89,7 +129,8 @@ def test_an_unknown_model_name_is_a_usage_error(pytester):
     pytester.makepyfile(test_inner="def test_nothing():\n    pass\n")
     result = pytester.runpytest(*PLUGIN, "--accelpatch-models=wan,flux")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "unknown model name(s) ['flux']; valid: wan, hunyuan_video15, ltx2" in result.stderr.str()
+    assert ("unknown model name(s) ['flux']; valid: wan, wan_vace, wan_animate, hunyuan_video15, ltx2"
+            in result.stderr.str())
 
 
 def _script_error(capsys, *argv: str) -> str:
@@ -111,7 +152,7 @@ def test_the_script_names_what_it_expected(tmp_path, capsys):
     err = _script_error(capsys, "--diffusers-tests", str(tmp_path), "--models", "wan,ltx2")
     assert f"missing test file(s) {tmp_path / diffusers_tests.TEST_FILES['ltx2']}" in err
     assert "wan.py" not in err.partition("missing")[2]
-    assert "unknown model name(s) ['sd3']; valid: wan, hunyuan_video15, ltx2" in _script_error(
+    assert "unknown model name(s) ['sd3']; valid: wan, wan_vace, wan_animate, hunyuan_video15, ltx2" in _script_error(
         capsys, "--diffusers-tests", str(tmp_path), "--models", "wan,sd3")
 
 

@@ -15,13 +15,14 @@ from accelpatch import testing
 from accelpatch.models.families import families
 
 PACKAGE = Path(accelpatch.__file__).parent
-KEYS = ("sana_video", "sana_video2", "minimax_h3", "wan", "hunyuan_video15", "ltx2")
+KEYS = ("sana_video", "sana_video2", "minimax_h3", "wan", "wan_vace", "wan_animate", "hunyuan_video15", "ltx2")
 
 
-def test_the_six_families_register_themselves_in_order_with_their_tiny_builders():
+def test_the_families_register_themselves_in_order_with_their_tiny_builders():
     found = families()
     assert tuple(f.key for f in found) == KEYS
-    assert tuple(f.cli for f in found) == ("sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2")
+    assert tuple(f.cli for f in found) == ("sana-video", "sana-video2", "minimax-h3", "wan", "wan-vace", "wan-animate",
+                                           "hunyuan-video15", "ltx2")
     for family in found:
         assert family.adapter.startswith(f"accelpatch.models.{family.key}.adapter:")
         assert family.adapter_class().__module__ == f"accelpatch.models.{family.key}.adapter"
@@ -34,13 +35,13 @@ def test_every_list_that_named_families_reads_the_registry():
     from accelpatch.models.registry import ADAPTERS
     from accelpatch.recipes import TINY_MODELS
     from accelpatch.testing import diffusers_tests, diffusers_tests_plugin
-    from accelpatch.tools import demo
+    from accelpatch.tools import demo_sections
 
     keys = [f.key for f in families()]
     assert [type(a) for a in ADAPTERS] == [f.adapter_class() for f in families()]
-    assert TINY_MODELS == tuple(f.cli for f in families()) == tuple(demo.MODELS)
-    assert tuple(diffusers_tests.TEST_FILES) == diffusers_tests_plugin.MODEL_FAMILIES == ("wan", "hunyuan_video15",
-                                                                                         "ltx2")
+    assert TINY_MODELS == tuple(f.cli for f in families()) == tuple(demo_sections.MODELS)
+    assert tuple(diffusers_tests.TEST_FILES) == diffusers_tests_plugin.MODEL_FAMILIES == (
+        "wan", "wan_vace", "wan_animate", "hunyuan_video15", "ltx2")
     assert set(diffusers_tests.TEST_FILES) <= set(keys)
 
 
@@ -88,9 +89,9 @@ def test_a_new_family_is_its_package_alone(tmp_path):
         accelpatch.models.__path__.append({str(tmp_path)!r})
         from accelpatch.models.registry import find_adapter
         from accelpatch.recipes import TINY_MODELS
-        from accelpatch.tools import demo
+        from accelpatch.tools import demo_sections
         assert type(find_adapter(torch.nn.Bilinear(2, 2, 2))).__name__ == "ToyAdapter"
-        assert TINY_MODELS[-1] == "toy" and list(demo.MODELS)[-1] == "toy"
+        assert TINY_MODELS[-1] == "toy" and list(demo_sections.MODELS)[-1] == "toy"
         print("ok")
         ''')
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}

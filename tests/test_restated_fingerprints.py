@@ -217,3 +217,14 @@ def test_a_function_diffusers_no_longer_has_is_declined_by_name(monkeypatch):
     reason = restated.mismatch("diffusers.models.transformers.transformer_ltx2:apply_split_rotary_emb")
     assert reason is not None and reason.startswith(f"diffusers {restated.diffusers_version()} has no "
                                                     "apply_split_rotary_emb"), reason
+
+
+def test_the_writer_records_into_the_module_the_checks_read():
+    """`python -m accelpatch.tools.fingerprints --write` once wrote accelpatch/restated_fingerprints.py, a file
+    nothing read, after the data moved to accelpatch/core/."""
+    from pathlib import Path
+
+    import accelpatch.core.restated_fingerprints as data
+    from accelpatch.tools import fingerprints
+
+    assert fingerprints.DATA_FILE == Path(data.__file__).resolve()

@@ -71,4 +71,13 @@ FINGERPRINTS = {
     'diffusers.models.transformers.transformer_wan:WanTransformerBlock.forward': {
         '0.42.1': 'f693b21cfb10ee2cd54901854efc213e6a6e8426327f914f9964b6ee1cb86714',
     },
+    'diffusers.models.transformers.transformer_wan_animate:WanAttention.forward': {
+        '0.42.1': '64a93ad7201e446610026889d9d152879a4103ff5879f7d9facb2ea42f4ca1d1',
+    },
+    'diffusers.models.transformers.transformer_wan_animate:WanAttnProcessor.__call__': {
+        '0.42.1': '971e925b7577e4f6cce34af4803b4f41e957fd99e6764daa30bf611376abe42b',
+    },
+    'diffusers.models.transformers.transformer_wan_animate:WanTransformerBlock.forward': {
+        '0.42.1': 'f693b21cfb10ee2cd54901854efc213e6a6e8426327f914f9964b6ee1cb86714',
+    },
 }

@@ -22,6 +22,12 @@ Layout: one file per model, all re-exported here (import from ``accelpatch.testi
 * ``wan``: config dicts ``WAN_*_CONFIG``, :func:`tiny_wan_transformer`, :func:`wan_transformer_inputs`,
   :func:`wan_transformer_on_meta`,
   :func:`tiny_wan_pipeline` (Wan 2.1, or Wan 2.2 with ``two_transformers=True``), :func:`wan_pipeline_call_kwargs`.
+* ``wan_vace``: ``WAN_VACE_TINY_CONFIG``, ``WAN_VACE_SOL_CONFIG``, :func:`tiny_wan_vace_transformer`,
+  :func:`wan_vace_transformer_inputs` (with control latents), :func:`tiny_wan_vace_pipeline`,
+  :func:`wan_vace_pipeline_call_kwargs` (a seeded control video and mask).
+* ``wan_animate``: ``WAN_ANIMATE_TINY_CONFIG``, ``WAN_ANIMATE_SOL_CONFIG``, :func:`tiny_wan_animate_transformer`,
+  :func:`wan_animate_transformer_inputs` (pose latents, face video, CLIP image embeddings),
+  :func:`tiny_wan_animate_pipeline` (a tiny CLIP vision encoder too), :func:`wan_animate_pipeline_call_kwargs`.
 * ``ltx2``: ``LTX2_TINY_CONFIG``, ``LTX2_3_TINY_CONFIG``, ``LTX2_TINY_{VIDEO_VAE,AUDIO_VAE,VOCODER}_CONFIG``,
   :func:`tiny_ltx2_transformer`, :func:`ltx2_transformer_inputs`, :func:`tiny_ltx2_pipeline` (Gemma 3 text
   encoder, connectors, both VAEs and the vocoder, all tiny), :func:`ltx2_pipeline_call_kwargs`.
@@ -104,6 +110,22 @@ from accelpatch.testing.wan import (
     wan_transformer_inputs,
     wan_transformer_on_meta,
 )
+from accelpatch.testing.wan_animate import (
+    WAN_ANIMATE_SOL_CONFIG,
+    WAN_ANIMATE_TINY_CONFIG,
+    tiny_wan_animate_pipeline,
+    tiny_wan_animate_transformer,
+    wan_animate_pipeline_call_kwargs,
+    wan_animate_transformer_inputs,
+)
+from accelpatch.testing.wan_vace import (
+    WAN_VACE_SOL_CONFIG,
+    WAN_VACE_TINY_CONFIG,
+    tiny_wan_vace_pipeline,
+    tiny_wan_vace_transformer,
+    wan_vace_pipeline_call_kwargs,
+    wan_vace_transformer_inputs,
+)
 
 __all__ = [
     "LTX2_TINY_CONFIG", "LTX2_3_TINY_CONFIG", "tiny_ltx2_transformer", "ltx2_transformer_inputs",
@@ -149,4 +171,16 @@ __all__ = [
     "wan_transformer_on_meta",
     "tiny_wan_pipeline",
     "wan_pipeline_call_kwargs",
+    "WAN_VACE_TINY_CONFIG",
+    "WAN_VACE_SOL_CONFIG",
+    "tiny_wan_vace_transformer",
+    "wan_vace_transformer_inputs",
+    "tiny_wan_vace_pipeline",
+    "wan_vace_pipeline_call_kwargs",
+    "WAN_ANIMATE_TINY_CONFIG",
+    "WAN_ANIMATE_SOL_CONFIG",
+    "tiny_wan_animate_transformer",
+    "wan_animate_transformer_inputs",
+    "tiny_wan_animate_pipeline",
+    "wan_animate_pipeline_call_kwargs",
 ]

@@ -1,5 +1,6 @@
-"""Run diffusers' own model tests for Wan, HunyuanVideo 1.5 and LTX-2 twice, unpatched and with every model patched
-by accelpatch at the default tier (the pytest plugin :mod:`accelpatch.testing.diffusers_tests_plugin`), and show
+"""Run diffusers' own model tests for every family that names its test file (``Family.diffusers_tests``: Wan, Wan
+VACE, Wan Animate, HunyuanVideo 1.5, LTX-2) twice, unpatched and with every model patched by accelpatch at the
+default tier (the pytest plugin :mod:`accelpatch.testing.diffusers_tests_plugin`), and show
 both outcomes side by side.
 
     python -m accelpatch.testing.diffusers_tests --diffusers-tests ~/src/diffusers [--models wan,ltx2] [-- -x -k train]

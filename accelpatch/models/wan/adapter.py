@@ -57,20 +57,34 @@ class WanAdapter(SolAttnAdapter):
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every block has a self-attention ``attn1`` (no added image k/v) and a cross-attention ``attn2``, both
         ``WanAttention`` with diffusers' ``WanAttnProcessor``; the model computes the RoPE in ``rope``."""
-        wan = _wan()
-        blocks = getattr(model, "blocks", None)
-        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
-            return "it has no non-empty ModuleList `blocks`"
-        if not isinstance(getattr(model, "rope", None), wan.WanRotaryPosEmbed):
-            return f"`rope` is {type(getattr(model, 'rope', None)).__name__}, expected WanRotaryPosEmbed"
-        for i, block in enumerate(blocks):
-            for name in ("attn1", "attn2"):
-                attn = getattr(block, name, None)
-                where = f"blocks.{i}.{name}"
-                if not isinstance(attn, wan.WanAttention):
-                    return f"{where} is {type(attn).__name__}, expected WanAttention"
-                if type(attn.processor) is not wan.WanAttnProcessor:
-                    return f"{where}.processor is {type(attn.processor).__name__}, expected WanAttnProcessor"
-            if block.attn1.add_k_proj is not None or block.attn1.is_cross_attention:
-                return f"blocks.{i}.attn1 is a cross-attention (added image k/v or is_cross_attention)"
-        return None
+        return wan_layout_mismatch(model)
+
+
+def wan_layout_mismatch(model: torch.nn.Module, wan=None, block_list: str = "blocks") -> Optional[str]:
+    """:meth:`WanAdapter.layout_mismatch` for the ModuleList ``block_list`` of ``model``, whose classes are those of
+    the diffusers module ``wan`` (None: ``transformer_wan``; Wan Animate's copies are ``transformer_wan_animate``'s):
+    shared with the Wan VACE and Wan Animate adapters, whose blocks are Wan's."""
+    wan = _wan() if wan is None else wan
+    blocks = getattr(model, block_list, None)
+    if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+        return f"it has no non-empty ModuleList `{block_list}`"
+    if not isinstance(getattr(model, "rope", None), wan.WanRotaryPosEmbed):
+        return f"`rope` is {type(getattr(model, 'rope', None)).__name__}, expected WanRotaryPosEmbed"
+    for i, block in enumerate(blocks):
+        for name in ("attn1", "attn2"):
+            attn = getattr(block, name, None)
+            where = f"{block_list}.{i}.{name}"
+            if not isinstance(attn, wan.WanAttention):
+                return f"{where} is {type(attn).__name__}, expected WanAttention"
+            if type(attn.processor) is not wan.WanAttnProcessor:
+                return f"{where}.processor is {_named(type(attn.processor))}, expected {_named(wan.WanAttnProcessor)}"
+        if block.attn1.add_k_proj is not None or block.attn1.is_cross_attention:
+            return f"{block_list}.{i}.attn1 is a cross-attention (added image k/v or is_cross_attention)"
+    return None
+
+
+def _named(cls: type) -> str:
+    """A class's name, with its module where diffusers has a same-named copy (Wan Animate's ``WanAttnProcessor``)."""
+    if cls.__module__.startswith("diffusers.models.transformers.transformer_wan_"):
+        return f"{cls.__module__}.{cls.__qualname__}"
+    return cls.__name__

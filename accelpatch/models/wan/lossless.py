@@ -71,8 +71,12 @@ class WanFusedBlock(FusedOpsPath):
     fused_ops = (MODULATE, GATED_RESIDUAL)
     restates = (_WAN + "WanTransformerBlock.forward",)
 
+    def block_class(self) -> type:
+        """The diffusers block class whose forward this path restates (Wan Animate's path: diffusers' copy of it)."""
+        return _wan_block_class()
+
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
-        return restated_class_mismatch(site, _wan_block_class())
+        return restated_class_mismatch(site, self.block_class())
 
     def run(self, block: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "temb", "rotary_emb"))
@@ -101,10 +105,11 @@ class WanFusedBlock(FusedOpsPath):
 FUSED_BLOCK = WanFusedBlock()
 
 
-def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, rotary_emb):
+def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, rotary_emb, wan=None):
     """q, k, v [B, N, H, D] exactly as ``WanAttnProcessor`` hands them to the dispatcher for self-attention:
-    diffusers' projection helper, the q/k RMSNorms across heads, then the RoPE of q and k as ROPE_PAIR."""
-    query, key, value = _wan()._get_qkv_projections(attn, hidden_states, None)
+    diffusers' projection helper, the q/k RMSNorms across heads, then the RoPE of q and k as ROPE_PAIR. ``wan``: the
+    diffusers module whose helper the processor calls (None: ``transformer_wan``; Wan Animate has its own copy)."""
+    query, key, value = (_wan() if wan is None else wan)._get_qkv_projections(attn, hidden_states, None)
     query, key = attn.norm_q(query), attn.norm_k(key)
     query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
     if rotary_emb is not None:
@@ -119,16 +124,22 @@ class WanFusedAttention(FusedOpsPath):
     policy_reasons = (NOT_SELF,)
     restates = ATTENTION_RESTATES
 
+    def diffusers_module(self):
+        """The diffusers module whose ``WanAttnProcessor`` this path restates and whose helpers it calls (Wan
+        Animate's path: ``transformer_wan_animate``, which has its own copies)."""
+        return _wan()
+
     def expected_processor(self) -> type:
-        return _wan().WanAttnProcessor
+        return self.diffusers_module().WanAttnProcessor
 
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "encoder_hidden_states", "attention_mask", "rotary_emb"))
         if call["encoder_hidden_states"] is not None or attn.add_k_proj is not None:
             return NotApplicable(NOT_SELF)
         processor = attn.processor
-        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
-        hidden_states = _wan().dispatch_attention_fn(
+        wan = self.diffusers_module()
+        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"], wan)
+        hidden_states = wan.dispatch_attention_fn(
             query, key, value, attn_mask=call["attention_mask"], dropout_p=0.0, is_causal=False,
             backend=processor._attention_backend, parallel_config=processor._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
