@@ -16,8 +16,6 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.core.errors import FastPathUnavailableError
-from accelpatch.core.sites import SITE_ATTR
 
 #: sparse from the first step and layer on
 SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
@@ -97,43 +95,6 @@ def check_exact_lossless_and_default_dense_layers(case: ModelCase, model, sol_pa
         path: {sol_attention.DENSE_LAYER: 1} for path in sol_paths}
 
 
-def check_remove_restores(case: ModelCase, model, processors_of: Callable[[torch.nn.Module], list]) -> None:
-    """``remove()`` after a sparse call leaves the same classes, processors, no hooks, and the unpatched bits."""
-    m, inputs, reference = model
-    reference = _as_tuple(reference)
-    processors, classes = processors_of(m), [type(mod) for mod in m.modules()]
-    accelpatch.apply(m, **SPARSE)
-    forward(case, m, inputs)
-    accelpatch.remove(m)
-    assert [type(mod) for mod in m.modules()] == classes
-    assert processors_of(m) == processors
-    assert not any(SITE_ATTR in mod.__dict__ or mod._forward_pre_hooks or mod._forward_hooks
-                   or "_diffusers_hook" in mod.__dict__ for mod in m.modules())
-    assert all_equal(forward(case, m, inputs), reference)
-
-
-def check_kernel_error(case: ModelCase, model, monkeypatch, calls: int) -> None:
-    """A kernel that raises: strict mode raises; otherwise each of the ``calls`` sparse calls falls back, warned and
-    counted, and the output is the unpatched model's."""
-    import accelpatch.sol_attn.op as ops
-
-    m, inputs, reference = model
-    reference = _as_tuple(reference)
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("kernel exploded")
-
-    accelpatch.apply(m, **SPARSE, strict=True)
-    with monkeypatch.context() as patched:
-        patched.setattr(ops, "sol_attn", broken)
-        with pytest.raises(FastPathUnavailableError, match="kernel exploded"):
-            forward(case, m, inputs)
-        accelpatch.apply(m, **SPARSE)
-        with pytest.warns(RuntimeWarning, match="kernel exploded"):
-            assert all_equal(forward(case, m, inputs), reference)
-        assert accelpatch.report(m).fallback_calls == {"error: RuntimeError: kernel exploded": calls}
-
-
 def check_pickle_and_deepcopy(case: ModelCase, model) -> None:
     """A deepcopy and a torch.save/load round trip of a sparse-patched model keep the sparse path (same bits, their
     counts) and remove() to the unpatched bits."""
@@ -151,32 +112,6 @@ def check_pickle_and_deepcopy(case: ModelCase, model) -> None:
         assert sum(s.fast_calls for s in sol_sites(case, accelpatch.report(other))) >= 2  # its own and the copied
         accelpatch.remove(other)
         assert all_equal(forward(case, other, inputs), reference)
-
-
-def check_backward_and_checkpointing(case: ModelCase) -> None:
-    """Gradients through the sparse path (one layer), the same bits under diffusers' gradient checkpointing, whose
-    recomputation is not counted again."""
-    m = case.build(num_layers=1)
-    inputs = case.inputs(m)
-    accelpatch.apply(m, **SPARSE, tau=2.0)
-
-    def grads():
-        m.zero_grad()
-        sum(out.square().mean() for out in case.outputs(m(**inputs))).backward()
-        return case.weight(m).grad.clone()
-
-    plain = grads()
-    assert torch.isfinite(plain).all() and plain.abs().sum() > 0
-    assert sol_sites(case, accelpatch.report(m))[0].fast_calls == 1
-    m.enable_gradient_checkpointing()
-    m.train()
-    try:
-        assert torch.equal(grads(), plain)
-        assert sol_sites(case, accelpatch.report(m))[0].fast_calls == 2  # the recomputation is not counted again
-    finally:
-        m.disable_gradient_checkpointing()
-        m.eval()
-    accelpatch.remove(m)
 
 
 def sol_attn_runs(sites) -> int:
