@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from accelpatch.eval.recipe_cli import at_least
 from accelpatch.tools.demo_rows import MIN_ROUNDS, QUALITY_FRAMES, plural
-from accelpatch.tools.demo_sections import (DEFAULT_HELP, DEFAULT_MODELS, MODELS, parse_models, sana_section,
+from accelpatch.tools.demo_sections import (DEFAULT_MODELS, MODELS, default_help, parse_models, sana_section,
                                             sol_attn_section)
 
 DTYPE_NAMES = ("auto", "bf16", "fp32")
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the demo's options (no heavy import: ``--help`` stays fast)."""
     parser.add_argument("--model", type=parse_models, default=DEFAULT_MODELS, metavar="MODEL[,MODEL]",
                         help=f"which tiny pipelines to run, in order: {', '.join(MODELS)}, a comma list, or all "
-                             f"(default {','.join(DEFAULT_MODELS)}: {DEFAULT_HELP})")
+                             f"(default {','.join(DEFAULT_MODELS)}: {default_help()})")
     parser.add_argument("--steps", type=positive_int, default=None,
                         help="denoising steps per call, >= 1 (default: "
                              + ", ".join(f"{n} {m.default_steps}" for n, m in MODELS.items()) + ")")

@@ -48,13 +48,33 @@ MODELS: dict[str, DemoModel] = {
 #: What a plain ``python -m accelpatch demo`` runs: the SANA-Video tiers next to the MiniMax-H3 sol_attn path (one
 #: family whose fast path needs CUDA, one whose fast path runs here); the other four are a ``--model`` away.
 DEFAULT_MODELS = ("sana-video", "minimax-h3")
-#: What ``--help`` says of the default and of the rest: times measured on a 2-core AVX2 EPYC, idle (docs/cli.md's;
-#: each section prints its own, and a busy machine stretches them).
-DEFAULT_HELP = ("sana-video ~8 s, the SANA-Video tiers, and minimax-h3 ~35 s, the MiniMax-H3 sol_attn path, which "
-                "runs on CPU; ~45 s with start-up. The others run only when named: sana-video2 ~11 s, wan ~25 s, "
-                "wan-vace ~51 s, wan-animate ~45 s, hunyuan-video15 ~6 s, ltx2 ~6 s; all ~3 min 15 s. Measured on a "
-                "2-core AVX2 EPYC (wan-vace and wan-animate on an AVX-512 one), one thread; each section prints its "
-                "own time")
+#: seconds of start-up before the first section (imports, the first build)
+START_UP_S = 4
+
+
+def default_help() -> str:
+    """What ``--help`` says of the default sections and of the rest: each family's measured time and the CPU it was
+    measured on (its registration's ``DemoSettings``; docs/cli.md says the same). Each section prints its own time,
+    and a busy machine stretches them."""
+    found = {family.cli: family.demo for family in families()}
+
+    def timed(cli: str) -> str:
+        return f"{cli} ~{found[cli].seconds} s" if found[cli].seconds else f"{cli} (not timed yet)"
+
+    def minutes(seconds: int) -> str:
+        return f"~{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"~{seconds} s"
+
+    default = START_UP_S + sum(found[cli].seconds or 0 for cli in DEFAULT_MODELS)
+    every = START_UP_S + sum(demo.seconds or 0 for demo in found.values())
+    cpus = {}
+    for cli, demo in found.items():
+        cpus.setdefault(demo.measured_on, []).append(cli)
+    (usual, _), *rest = sorted(cpus.items(), key=lambda kv: -len(kv[1]))
+    where = f"one thread on {usual}" + "".join(f" ({', '.join(clis)}: {cpu})" for cpu, clis in rest)
+    return (f"{' and '.join(map(timed, DEFAULT_MODELS))} (the SANA-Video tiers, and the MiniMax-H3 sol_attn path, "
+            f"which runs on CPU); {minutes(default)} with start-up. The others run only when named: "
+            f"{', '.join(timed(cli) for cli in found if cli not in DEFAULT_MODELS)}; all {minutes(every)}. Measured "
+            f"with {where}; each section prints its own time")
 
 
 def parse_models(text: str) -> tuple[str, ...]:

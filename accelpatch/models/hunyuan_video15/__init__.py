@@ -11,5 +11,5 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 register(Family(
     key="hunyuan_video15", name="HunyuanVideo 1.5", cli="hunyuan-video15",
-    adapter=f"{__name__}.adapter:HunyuanVideo15Adapter", order=50, demo=DemoSettings("sol", None, steps=2, rounds=6),
+    adapter=f"{__name__}.adapter:HunyuanVideo15Adapter", order=50, demo=DemoSettings("sol", None, steps=2, rounds=6, seconds=6),
     diffusers_tests="tests/models/transformers/test_models_transformer_hunyuan_1_5.py"))

@@ -11,5 +11,5 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 register(Family(
     key="ltx2", name="LTX-2", cli="ltx2", adapter=f"{__name__}.adapter:LTX2Adapter", order=60,
-    demo=DemoSettings("sol", None, steps=2, rounds=6, outputs=("frames", "audio")),
+    demo=DemoSettings("sol", None, steps=2, rounds=6, outputs=("frames", "audio"), seconds=6),
     diffusers_tests="tests/models/transformers/test_models_transformer_ltx2.py"))

@@ -11,5 +11,5 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 register(Family(
     key="sana_video", name="SANA-Video", cli="sana-video", adapter=f"{__name__}.adapter:SanaVideoAdapter", order=10,
-    demo=DemoSettings("sana", "SANA_VIDEO_RELEASE_LIKE_CONFIG", steps=4, rounds=12),
+    demo=DemoSettings("sana", "SANA_VIDEO_RELEASE_LIKE_CONFIG", steps=4, rounds=12, seconds=8),
     recipe=RecipeSettings(transformer_config="SANA_VIDEO_RELEASE_LIKE_CONFIG")))

@@ -13,4 +13,4 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 register(Family(
     key="sana_video2", name="SANA-Video 2.0", cli="sana-video2", adapter=f"{__name__}.adapter:SanaVideo2Adapter",
-    order=20, demo=DemoSettings("sana", "SANA_VIDEO2_MEDIUM_CONFIG", steps=4, rounds=12)))
+    order=20, demo=DemoSettings("sana", "SANA_VIDEO2_MEDIUM_CONFIG", steps=4, rounds=12, seconds=11)))

@@ -11,5 +11,5 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 register(Family(
     key="wan", name="Wan 2.x", cli="wan", adapter=f"{__name__}.adapter:WanAdapter", order=40,
-    demo=DemoSettings("sol", None, steps=2, rounds=6),
+    demo=DemoSettings("sol", None, steps=2, rounds=6, seconds=25),
     diffusers_tests="tests/models/transformers/test_models_transformer_wan.py"))
