@@ -220,8 +220,8 @@ def test_a_function_diffusers_no_longer_has_is_declined_by_name(monkeypatch):
 
 
 def test_the_writer_records_into_the_module_the_checks_read():
-    """`python -m accelpatch.tools.fingerprints --write` once wrote accelpatch/restated_fingerprints.py, a file
-    nothing read, after the data moved to accelpatch/core/."""
+    """`python -m accelpatch.tools.fingerprints --write` once wrote a restated_fingerprints.py at the package's top,
+    a file nothing read, after the data moved into accelpatch/core/."""
     from pathlib import Path
 
     import accelpatch.core.restated_fingerprints as data
