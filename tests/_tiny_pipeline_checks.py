@@ -33,16 +33,18 @@ def sol_sites(case: PipelineCase, report) -> list:
     return [s for s in report.sites if s.kind == case.sol_kind]
 
 
-def dense_kernel(perturb: bool = False):
-    """A stand-in for the Sol-Attn op: dense SDPA over its [B, S, H, D] inputs, optionally one element off. Its
-    stats say half the block pairs ran exactly, so the sites count each call as sparse work (fast)."""
+def dense_kernel(perturb: bool = False, total_pairs: int = 2):
+    """A stand-in for the Sol-Attn op: dense SDPA over its [B, S, H, D] inputs, the way diffusers' native dispatch
+    runs it (so a sparse path's restated projection, RoPE and gates must give the reference bit for bit), optionally
+    one element off. Its stats say one of ``total_pairs`` block pairs ran exactly (2: the sites count each call as
+    sparse work; 1: every pair exact)."""
     def kernel(q, k, v, **kwargs):
         out = torch.nn.functional.scaled_dot_product_attention(
             q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         if perturb:
             out = out.clone()
             out[0, 5, 1, 7] += 1e-3
-        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=2)
+        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=total_pairs)
     return kernel
 
 

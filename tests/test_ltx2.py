@@ -5,10 +5,11 @@ cross-attention stay dense with their reasons, strict mode, unknown layouts refu
 checks that catch a wrong kernel and a wrong second stream. What every family keeps (the tiers' bits, remove(),
 pickling, backward, ...) is tests/test_family_contract.py's."""
 import dataclasses
-import types
 
 import pytest
 import torch
+
+from _tiny_pipeline_checks import dense_kernel
 
 import accelpatch
 from accelpatch.sol_attn.config import NOTHING_SKIPPED
@@ -92,19 +93,6 @@ def test_high_runs_sparse_on_video_self_attention_only_and_moves_the_audio_throu
     assert all(s.stats["exact_fraction"] == 1.0 for s in _sol(accelpatch.report(m)))
 
 
-def _dense_kernel(perturb=False):
-    """A stand-in for the Sol-Attn op: dense SDPA the way diffusers' native dispatch runs it (so the sparse path's
-    restated projection, RoPE and gates must give the reference bit for bit), optionally perturbed in one element."""
-    def kernel(q, k, v, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
-        if perturb:
-            out = out.clone()
-            out[0, 5, 1, 7] += 1e-3
-        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=1)
-    return kernel
-
-
 @pytest.mark.parametrize("layout", ["ltx2", "ltx2.3"])
 def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model_and_reference, monkeypatch,
                                                                                  layout):
@@ -120,9 +108,9 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
         assert m.transformer_blocks[0].attn1.to_gate_logits is not None
     try:
         accelpatch.apply(m, **SPARSE)
-        monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+        monkeypatch.setattr(ops, "sol_attn", dense_kernel(total_pairs=1))
         assert _both_equal(_forward(m, inputs), reference)  # q/k/v, RoPE, gates, to_out exactly as the processor's
-        monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+        monkeypatch.setattr(ops, "sol_attn", dense_kernel(perturb=True, total_pairs=1))
         perturbed = _forward(m, inputs)
         assert not torch.equal(perturbed[0], reference[0])  # the same check sees a one-element error
         assert not torch.equal(perturbed[1], reference[1])  # and so does the audio output (through v2a)
@@ -140,7 +128,7 @@ def test_ltx23_stg_blocks_and_masked_calls_run_the_processor_counted(monkeypatch
     masked = {**ltx2_transformer_inputs(m), "video_self_attention_mask": torch.ones(1, 1024, 1024)}
     references = [_forward(m, stg), _forward(m, masked)]
     accelpatch.apply(m, **SPARSE)
-    monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+    monkeypatch.setattr(ops, "sol_attn", dense_kernel(total_pairs=1))
     assert _both_equal(_forward(m, stg), references[0])  # no warning: a dense-by-policy call
     assert {s.path: (s.fast_calls, s.reference_calls) for s in _sol(accelpatch.report(m))} == {
         "transformer_blocks.0.attn1": (0, {NOTHING_SKIPPED: 1}),  # the dense stand-in ran: it skips nothing

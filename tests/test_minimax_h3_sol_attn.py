@@ -210,7 +210,7 @@ def test_layout_hull_covers_every_non_video_row():
     (dict(tau=float("nan")), r"tau must be a finite float.*nan"),
     (dict(tau="1"), r"tau must be a finite float.*'1'"),
     (dict(thresh_type="max"), r"thresh_type must be one of diag, exact, got 'max'"),
-    (dict(dense_steps=-1), r"dense_steps must be an int >= 0, got -1"),
+    (dict(dense_steps=-1), r"dense_steps must be a number of steps \(an int >= 0\), a fraction .*got -1"),
     (dict(dense_layers="0,x"), r"dense_layers: 'x' in '0,x' is not a layer index"),
     (dict(dense_layers="5-2"), r"dense_layers: range '5-2' in '5-2' runs backwards"),
     (dict(dense_layers=[0, -1]), r"dense_layers: -1 is not a non-negative layer index"),

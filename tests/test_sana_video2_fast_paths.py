@@ -153,11 +153,30 @@ def test_fp32_anchor_steps_and_layers(on_cpu):
     with pytest.raises(ValueError, match=r"anchor_fp32_layers names layer\(s\) \[2\] that are not anchor layers .* "
                                          r"its softmax anchors are 3, 7"):
         accelpatch.apply(model, anchor_fp32_layers="2,3")
-    with pytest.raises(ValueError, match=r"anchor_fp32_steps must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"anchor_fp32_steps must be a number of steps \(an int >= 0\).*got -1"):
         accelpatch.apply(model, anchor_fp32_steps=-1)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['anchor_fp32_step'\].*SANA-Video 2.0: "
                                          r"anchor_fp32_steps, anchor_fp32_layers"):
         accelpatch.apply(model, anchor_fp32_step=2)
+
+
+def test_fp32_anchor_steps_as_a_fraction_of_the_call(on_cpu):
+    """#42: anchor_fp32_steps='25%' keeps FP32 anchors for 1 of 4 steps and 2 of 8; without the call's number of
+    steps it keeps FP32 and says why."""
+    model = _bf16_model()
+    inputs = sana_video2_transformer_inputs(model, batch_size=1)
+    accelpatch.apply(model, anchor_fp32_steps="25%")
+    with accelpatch.quality("high"):
+        for total in (4, 8):
+            for step in range(total):
+                with accelpatch.denoising_step(step, total=total):
+                    _forward(model, inputs)
+        with pytest.warns(RuntimeWarning, match="number of denoising steps is unknown"), accelpatch.denoising_step(1):
+            _forward(model, inputs)
+    high, _ = _attn_sites(accelpatch.report(model), 3)
+    assert high.fast_calls == 3 + 6
+    assert high.reference_calls == {sv2_high.FP32_ANCHOR_STEP: 1 + 2, sv2_high.ANCHOR_TOTAL_UNKNOWN: 1}
+    assert high.fallback_calls == {sv2_high.ANCHOR_TOTAL_UNKNOWN: 1}  # the policy could not apply: a fallback
 
 
 def test_an_unknown_step_keeps_fp32_anchors_and_says_so(on_cpu, monkeypatch):

@@ -4,11 +4,12 @@ compile at every tier, the step cache, threads, Ulysses, I2V; and a check that c
 family keeps (the tiers' bits, remove(), pickling, backward, the pipeline's dense steps, ...) is
 tests/test_family_contract.py's."""
 import textwrap
-import types
 import warnings
 
 import pytest
 import torch
+
+from _tiny_pipeline_checks import dense_kernel
 
 import accelpatch
 from accelpatch.models.wan import high as wan_high
@@ -70,19 +71,6 @@ def test_high_runs_sparse_with_its_exact_fraction_and_cross_attention_stays_dens
     assert all(s.stats["exact_fraction"] == 1.0 for s in _sol(accelpatch.report(m)))
 
 
-def _dense_kernel(perturb=False):
-    """A stand-in for the Sol-Attn op: dense SDPA the way diffusers' native dispatch runs it (so the sparse path's
-    restated projection must give the reference bit for bit), optionally perturbed in one element."""
-    def kernel(q, k, v, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
-        if perturb:
-            out = out.clone()
-            out[0, 5, 1, 7] += 1e-3
-        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=1)
-    return kernel
-
-
 @pytest.mark.parametrize("fused_qkv", [False, True])
 def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(model, monkeypatch, fused_qkv):
     m, inputs, reference = model
@@ -93,9 +81,9 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
         reference = _forward(m, inputs)
     try:
         accelpatch.apply(m, **SPARSE)
-        monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+        monkeypatch.setattr(ops, "sol_attn", dense_kernel(total_pairs=1))
         assert _bits_equal(_forward(m, inputs), reference)  # q/k/v, RoPE and to_out exactly as WanAttnProcessor's
-        monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+        monkeypatch.setattr(ops, "sol_attn", dense_kernel(perturb=True, total_pairs=1))
         assert not torch.equal(_forward(m, inputs), reference)  # the same check sees a one-element error
         assert sol_attn_runs(_sol(accelpatch.report(m))) == 4
     finally:

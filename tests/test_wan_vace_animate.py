@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import accelpatch
+from _tiny_pipeline_checks import dense_kernel
 from _model_fusion_checks import bits_equal, fresh_verdicts, fusion_of  # noqa: F401 - fresh_verdicts: fixture
 from _sol_attn_models import (SPARSE, ModelCase, check_exact_lossless_and_default_dense_layers,
                               check_pickle_and_deepcopy, sol_attn_runs)
@@ -252,19 +253,6 @@ def sol(sol_model):
     accelpatch.remove(sol_model[2])
 
 
-def _dense_kernel(perturb=False):
-    """A stand-in for the Sol-Attn op: dense SDPA as diffusers' native dispatch runs it, so the restated q/k/v and
-    to_out must give the reference bit for bit; optionally one element off."""
-    def kernel(q, k, v, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
-        if perturb:
-            out = out.clone()
-            out[0, 5, 1, 7] += 1e-3
-        return out, types.SimpleNamespace(exact_pairs=torch.ones(1), total_pairs=1)
-    return kernel
-
-
 def test_sol_attn_runs_sparse_on_the_main_self_attention_and_keeps_the_rest_dense(sol):
     key, case, model, inputs, reference = sol
     family = FAMILY[key]
@@ -296,9 +284,9 @@ def test_the_restated_projection_is_the_processors_and_a_wrong_kernel_is_caught(
         reference = _forward(model, inputs)
     try:
         accelpatch.apply(model, **SPARSE)
-        monkeypatch.setattr(ops, "sol_attn", _dense_kernel())
+        monkeypatch.setattr(ops, "sol_attn", dense_kernel(total_pairs=1))
         assert bits_equal(_forward(model, inputs), reference)  # q/k/v, RoPE and to_out exactly as the processor's
-        monkeypatch.setattr(ops, "sol_attn", _dense_kernel(perturb=True))
+        monkeypatch.setattr(ops, "sol_attn", dense_kernel(perturb=True, total_pairs=1))
         assert not torch.equal(_forward(model, inputs), reference)  # the same check sees a one-element error
         assert sol_attn_runs([s for s in accelpatch.report(model).sites if s.kind == "wan_sol_attn"]) == 4
     finally:

@@ -153,9 +153,10 @@ class ModelAdapter:
         ``asked`` is the backend config as the user gave it (before :meth:`complete_backend` filled defaults)."""
         return []
 
-    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
-        """The N of every "the first N steps" in this family's policies under these settings (a step-based policy
-        applies, and each call needs a step reading, when one N is above 0)."""
+    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple:
+        """The step counts of this family's policies under these settings: the N of every "the first N steps" (an
+        int, or a :class:`~accelpatch.core.steps.StepCount` such as a fraction of the call's steps, or one counted
+        from the end); a step-based policy applies, and each call needs a step reading, when one is not zero."""
         return ()
 
     def capture_for(self, backend_config: Any
@@ -231,7 +232,9 @@ class ModelAdapter:
 
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""
-        return any(n > 0 for n in self.step_thresholds(backend_config, options))
+        from accelpatch.core.steps import step_count
+
+        return any(not step_count(n).zero for n in self.step_thresholds(backend_config, options))
 
     def cp_plan(self, model: torch.nn.Module) -> Optional[dict]:
         """diffusers' context-parallel plan for ``model`` (:attr:`parallel`), or None: this family adds no plan."""

@@ -105,7 +105,8 @@ class ModelForwardHooks:
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
         uses_steps = adapter.uses_steps(backend, patch.options) or patch.features_use_steps()
         self._clock = steps.TimestepClock(adapter.timesteps.noise_level) if uses_steps else None
-        steps.register_thresholds(*adapter.step_thresholds(backend, patch.options))
+        self._counts = tuple(adapter.step_thresholds(backend, patch.options))
+        steps.register_counts(*self._counts)
         self._step_sources = patch.step_sources
         self._capture = adapter.capture_for(backend)
         self._bind = self._clock is not None or self._capture is not None
@@ -125,7 +126,7 @@ class ModelForwardHooks:
         pipeline = self._pipeline() if self._pipeline is not None else None
         scheduler = getattr(pipeline, "scheduler", None)
         if scheduler is not None:
-            return steps.StepReading(steps.scheduler_step(scheduler), steps.SCHEDULER)
+            return steps.StepReading(steps.scheduler_step(scheduler), steps.SCHEDULER, steps.scheduler_total(scheduler))
         return self._clock.advance(steps.timestep_values(bound.get(self._adapter.timesteps.argument)))
 
     def _check_high(self) -> None:
@@ -165,6 +166,7 @@ class ModelForwardHooks:
         if self._clock is not None:
             reading = self._step(bound)
             tokens.append((steps.MODEL_STEP, steps.MODEL_STEP.set(reading)))
+            steps.call_thresholds(self._counts, steps.current_step().total)  # fractions and tails of this call
             tokens.append((steps.MODEL_PHASE, steps.MODEL_PHASE.set(steps.phase_of(reading.step))))
             self._step_sources.add(steps.current_step().source)
         if self._capture is not None:

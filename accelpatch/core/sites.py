@@ -63,16 +63,18 @@ def device_reject_reason(device: torch.device, what: str = "the fast path") -> O
 Decline, Dense = Declined, NotApplicable
 
 
-def step_layer_policy(site: "Site", *, first_steps: int, step_reason: str, layer_reason: str,
-                      unknown_reason: str) -> Optional[Outcome]:
-    """A policy keeping the reference for the first ``first_steps`` denoising steps (by the step clock; an unknown
-    step declines, since the policy cannot apply) and for the site's layer when the fast path's
+def step_layer_policy(site: "Site", *, first_steps: Any, step_reason: str, layer_reason: str, unknown_reason: str,
+                      last_steps: Any = 0, last_reason: str = "", total_reason: str = "") -> Optional[Outcome]:
+    """A policy keeping the reference for the first ``first_steps`` and the last ``last_steps`` denoising steps of the
+    call (counts or fractions: :func:`accelpatch.core.steps.step_policy_reason`; a step or a number of steps no
+    source knows declines, since the policy cannot apply) and for the site's layer when the fast path's
     :meth:`FastPath.keeps_reference_layer` said so at ``apply``; None when the fast path may run."""
     from accelpatch.core import steps
 
-    reason = steps.first_steps_reason(first_steps, step_reason, unknown_reason)
+    reason = steps.step_policy_reason(first_steps, step_reason, unknown_reason, last=last_steps,
+                                      last_reason=last_reason, total_reason=total_reason)
     if reason is not None:
-        return NotApplicable(reason) if reason == step_reason else Declined(reason)
+        return NotApplicable(reason) if reason in (step_reason, last_reason) else Declined(reason)
     if site.keeps_reference_layer:
         return NotApplicable(layer_reason)
     return None

@@ -15,16 +15,23 @@ When none of them knows, the step is *unknown*: :func:`current_step` says so, st
 Policies ask :func:`step_before` ("is this call before step N?"), which reads an interned :class:`StepPhase`
 rather than the step itself: code compiled with ``torch.compile`` guards on what it reads, and a step read as an
 int would recompile at every denoising step; a phase has as many values as there are thresholds, plus one.
+
+A policy's number of steps is a :class:`StepCount`: a count, or a fraction of *this call's* steps (``0.2`` or
+``"20%"``: the first 20 % of 4 steps is 1 step, of 10 steps 2, of 50 steps 10, rounded up). A fraction needs the
+call's number of steps, which the pipeline's scheduler gives (``num_inference_steps``) and
+``denoising_step(i, total=N)`` states; where no source gives it, the policy cannot apply and says so.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import itertools
+import math
 import numbers
+import re
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Optional, Union
 
 from accelpatch.core import call_context
 
@@ -36,10 +43,83 @@ UNKNOWN = "unknown"
 
 @dataclass(frozen=True)
 class StepReading:
-    """A step and where it came from (``step`` is None when no source knew it)."""
+    """A step and where it came from (``step`` is None when no source knew it), and the number of steps of the call
+    it belongs to (``total``; None when the source does not tell)."""
 
     step: Optional[int]
     source: str
+    total: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class StepCount:
+    """A number of denoising steps for a policy: ``count`` steps, or ``fraction`` (0 to 1) of this call's steps,
+    rounded up; ``from_end``: counted from the last step back (a dense tail)."""
+
+    count: Optional[int] = None
+    fraction: Optional[float] = None
+    from_end: bool = False
+
+    @property
+    def zero(self) -> bool:
+        return not self.count and not self.fraction
+
+    @property
+    def needs_total(self) -> bool:
+        """Whether this count means nothing without the call's number of steps."""
+        return not self.zero and (self.fraction is not None or self.from_end)
+
+    def of(self, total: Optional[int]) -> Optional[int]:
+        """Steps out of ``total`` (None where a fraction meets an unknown total)."""
+        if self.count is not None:
+            return self.count if total is None else min(self.count, total)
+        if total is None:
+            return None
+        return min(total, math.ceil(round(self.fraction * total, 9)))
+
+    def threshold(self, total: Optional[int]) -> Optional[int]:
+        """The step this count's policy compares calls with: steps before it (a head) or from it on (a tail)."""
+        n = self.of(total)
+        if n is None or (self.from_end and total is None):
+            return None
+        return total - n if self.from_end else n
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"
+
+
+StepCountLike = Union[StepCount, int, float, str]
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def step_count(value: StepCountLike, name: str = "steps") -> StepCount:
+    """``value`` as a :class:`StepCount`: an int >= 0 (a count), a float from 0 to 1 (a fraction of the call's
+    steps), or a percentage string ("20%"). ValueError naming ``name``, the value and the choices otherwise."""
+    if isinstance(value, StepCount):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0:
+        return StepCount(count=int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1:
+        return StepCount(fraction=float(value))
+    if isinstance(value, str):
+        match = _PERCENT.match(value)
+        if match is not None and float(match.group(1)) <= 100:
+            return StepCount(fraction=float(match.group(1)) / 100)
+        if value.strip().isdigit():
+            return StepCount(count=int(value))
+    raise ValueError(f"{name} must be a number of steps (an int >= 0), a fraction of this call's steps (a float from "
+                     f"0 to 1, e.g. 0.2) or a percentage (e.g. '20%'), got {value!r}")
+
+
+def normalize_step_count(value: StepCountLike, name: str = "steps") -> Union[int, float]:
+    """``value`` checked and kept as a user writes it: an int (a count) or a float (a fraction; "20%" -> 0.2)."""
+    count = step_count(value, name)
+    return count.count if count.count is not None else count.fraction
+
+
+def from_end(value: StepCountLike) -> StepCount:
+    """``value`` counted from the last step back."""
+    return replace(step_count(value), from_end=True)
 
 
 _UNKNOWN = StepReading(None, UNKNOWN)
@@ -62,10 +142,18 @@ _PHASES: dict[tuple, StepPhase] = {}
 _PHASES_LOCK = threading.Lock()
 
 
-def register_thresholds(*thresholds: int) -> None:
-    """Make policies' step thresholds part of every phase computed from now on."""
+def register_thresholds(*thresholds: Union[int, StepCount]) -> None:
+    """Make policies' step thresholds part of every phase computed from now on (counts that need the call's number
+    of steps are registered per call, by :func:`call_thresholds`)."""
+    fixed = [t if isinstance(t, int) else t.threshold(None) for t in thresholds]
     with _PHASES_LOCK:
-        _THRESHOLDS.update(int(t) for t in thresholds if t > 0)
+        _THRESHOLDS.update(int(t) for t in fixed if t is not None and t > 0)
+
+
+def call_thresholds(counts: tuple, total: Optional[int]) -> None:
+    """Register the thresholds ``counts`` stand for in a call of ``total`` steps (fractions and tails)."""
+    if total is not None:
+        register_thresholds(*(c.threshold(total) for c in counts if isinstance(c, StepCount) and c.needs_total))
 
 
 def phase_of(step: Optional[int]) -> StepPhase:
@@ -83,6 +171,8 @@ def phase_of(step: Optional[int]) -> StepPhase:
 
 _explicit: contextvars.ContextVar[Optional[int]] = call_context.register(
     contextvars.ContextVar("accelpatch_explicit_step", default=None))
+_explicit_total: contextvars.ContextVar[Optional[int]] = call_context.register(
+    contextvars.ContextVar("accelpatch_explicit_total", default=None))
 _explicit_phase: contextvars.ContextVar[Optional[StepPhase]] = call_context.register(
     contextvars.ContextVar("accelpatch_explicit_step_phase", default=None))
 #: set by a patched model's pre-forward hook for the duration of each call (see accelpatch.core.model_hooks)
@@ -92,21 +182,39 @@ MODEL_PHASE: contextvars.ContextVar[Optional[StepPhase]] = call_context.register
     contextvars.ContextVar("accelpatch_model_step_phase", default=None))
 
 
+#: the step-count policies of every patched model (registered at apply): an explicit step's phase covers them
+_COUNTS: set = set()
+
+
 @contextlib.contextmanager
-def denoising_step(step: int) -> Iterator[int]:
-    """Declare that the enclosed transformer calls belong to denoising step ``step`` (0-based)."""
+def denoising_step(step: int, total: Optional[int] = None) -> Iterator[int]:
+    """Declare that the enclosed transformer calls belong to denoising step ``step`` (0-based) of a call of
+    ``total`` steps (None: not said; a policy given as a fraction of the steps then cannot apply)."""
     if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 0:
         raise ValueError(f"denoising_step expects an int >= 0, got {step!r}")
+    if total is not None and (not isinstance(total, numbers.Integral) or isinstance(total, bool) or total <= step):
+        raise ValueError(f"denoising_step's total must be an int above the step ({step}), or None; got {total!r}")
     token = _explicit.set(int(step))
+    total_token = _explicit_total.set(None if total is None else int(total))
+    call_thresholds(tuple(_COUNTS), total)
     phase_token = _explicit_phase.set(phase_of(int(step)))
     try:
         yield int(step)
     finally:
         _explicit_phase.reset(phase_token)
+        _explicit_total.reset(total_token)
         _explicit.reset(token)
 
 
+def register_counts(*counts: Union[int, StepCount]) -> None:
+    """Register a model's step-count policies: fixed thresholds now, the others per call (:func:`call_thresholds`)."""
+    register_thresholds(*counts)
+    with _PHASES_LOCK:
+        _COUNTS.update(c for c in counts if isinstance(c, StepCount) and c.needs_total)
+
+
 _read_explicit = call_context.ContextReader(_explicit)
+_read_explicit_total = call_context.ContextReader(_explicit_total)
 _read_explicit_phase = call_context.ContextReader(_explicit_phase)
 _read_model_step = call_context.ContextReader(MODEL_STEP, _UNKNOWN)
 _read_model_phase = call_context.ContextReader(MODEL_PHASE)
@@ -126,23 +234,39 @@ def step_before(threshold: int) -> Optional[bool]:
     return phase.before[threshold]
 
 
-def first_steps_reason(first_steps: int, step_reason: str, unknown_reason: str) -> Optional[str]:
-    """The one "keep the first steps exact" policy every fast path with such an option reads: ``step_reason`` while
-    the calling context's step is < ``first_steps``, ``unknown_reason`` when no step is known (the policy cannot
-    apply), None when the step allows the fast path (or ``first_steps`` <= 0)."""
-    if first_steps <= 0:
+def step_policy_reason(first: StepCountLike, step_reason: str, unknown_reason: str, *, last: StepCountLike = 0,
+                       last_reason: str = "", total_reason: str = "") -> Optional[str]:
+    """The one "keep some steps exact" policy every step-based fast path reads: ``step_reason`` in the ``first``
+    steps of the call, ``last_reason`` in its ``last`` steps, ``unknown_reason`` when no step is known and
+    ``total_reason`` when a fraction or a tail meets a call whose number of steps no source gives (the policy cannot
+    apply); None when the step allows the fast path."""
+    first, last = step_count(first), from_end(last)
+    if first.zero and last.zero:
         return None
-    before = step_before(first_steps)
-    if before is None:
-        return unknown_reason
-    return step_reason if before else None
+    total = current_step().total if (first.needs_total or last.needs_total) else None
+    if (first.needs_total or last.needs_total) and total is None:
+        return total_reason or unknown_reason
+    head = first.threshold(total)
+    if head:
+        before = step_before(head)
+        if before is None:
+            return unknown_reason
+        if before:
+            return step_reason
+    if not last.zero:
+        before = step_before(last.threshold(total))
+        if before is None:
+            return unknown_reason
+        if not before:
+            return last_reason
+    return None
 
 
 def current_step() -> StepReading:
-    """The step in force for the calling context and its source (step None: unknown)."""
+    """The step in force for the calling context, its source and its call's number of steps (step None: unknown)."""
     step = _read_explicit()
     if step is not None:
-        return StepReading(step, EXPLICIT)
+        return StepReading(step, EXPLICIT, _read_explicit_total())
     return _read_model_step()
 
 
@@ -156,6 +280,19 @@ def scheduler_step(scheduler) -> int:
     """A diffusers scheduler's 0-based step index; None (before the first ``step()``) means 0."""
     index = getattr(scheduler, "step_index", None)
     return 0 if index is None else int(index)
+
+
+def scheduler_total(scheduler) -> Optional[int]:
+    """The number of denoising steps a diffusers scheduler was set up for (``num_inference_steps``; else the length
+    of its ``timesteps``); None when it tells neither."""
+    total = getattr(scheduler, "num_inference_steps", None)
+    if isinstance(total, numbers.Integral) and not isinstance(total, bool) and total > 0:
+        return int(total)
+    try:
+        total = len(scheduler.timesteps)
+    except (AttributeError, TypeError):
+        return None
+    return total or None
 
 
 def timestep_values(timestep: Any) -> Optional[tuple[float, ...]]:

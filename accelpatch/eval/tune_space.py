@@ -222,8 +222,12 @@ def _steps_of(call_kwargs: Mapping[str, Any]) -> int:
     return int(steps) if isinstance(steps, numbers.Integral) and steps > 0 else DEFAULT_STEPS
 
 
-def _step_grid(current: Optional[int], steps: int) -> tuple[int, ...]:
-    """Step counts from the safest (every step kept, capped at ``steps``) down to 0, at most about six."""
+def _step_grid(current: Any, steps: int) -> tuple[int, ...]:
+    """Step counts from the safest (every step kept, capped at ``steps``) down to 0, at most about six; ``current``
+    (a count, or a fraction of the call's steps) is one of them, as the count it is in this call of ``steps``."""
+    from accelpatch.core.steps import step_count
+
+    current = None if current is None else step_count(current).of(steps)
     top = min(steps, max(current or 0, 0) or steps)
     values = {top, (3 * top) // 4, top // 2, top // 4, 2, 1, 0}
     if current is not None:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from accelpatch.core.adapter import ModelAdapter
+from accelpatch.core.steps import from_end, step_count
 from accelpatch.sol_attn.config import all_layers_dense_reason
 
 
@@ -64,5 +65,7 @@ class SolAttnAdapter(ModelAdapter):
                                          what=self.block_noun, defaulted=asked.dense_layers is None)
         return [reason] if reason is not None else []
 
-    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
-        return (backend_config.dense_steps,) if backend_config is not None else ()
+    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple:
+        if backend_config is None:
+            return ()
+        return step_count(backend_config.dense_steps), from_end(backend_config.dense_last_steps)

@@ -2,8 +2,10 @@
 
 Sparse attention is approximate, so a model patched with this backend runs it at the ``high`` tier (its default
 tier becomes ``high``); ``quality("exact")``/``("lossless")`` run the original dense attention. The dense guards
-follow the integration policy of the prior art: the first ``dense_steps`` denoising steps and every layer in
-``dense_layers`` run the original processor unchanged. ``dense_rows`` says which query rows of a sparse call are
+follow the integration policy of the prior art: the first ``dense_steps`` denoising steps, the last
+``dense_last_steps``, every layer in ``dense_layers`` and every call over fewer than ``min_tokens`` tokens run the
+original processor unchanged. A number of steps is a count or a fraction of the call's steps (``0.2`` or ``"20%"``:
+1 of 4 steps, 2 of 10, 10 of 50; :class:`accelpatch.core.steps.StepCount`). ``dense_rows`` says which query rows of a sparse call are
 recomputed with dense attention over all keys: ``"text_audio"`` (the default) keeps a packed model's non-video rows
 (MiniMax-H3's text and audio) exact, so that only the video query rows are sparse; ``"none"`` leaves every query row
 to Sol-Attn.
@@ -29,10 +31,17 @@ NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pa
                    "length (or every row was recomputed densely)")
 
 #: Sol-Attn's dense policy, read by both routes (``apply(backend="sol_attn")``'s sites and diffusers'
-#: ``set_attention_backend("sol_attn")``) through :func:`accelpatch.core.steps.first_steps_reason`: the first
-#: ``dense_steps`` steps, and (sites only) the ``dense_layers``
+#: ``set_attention_backend("sol_attn")``) through :func:`accelpatch.core.steps.step_policy_reason`: the first
+#: ``dense_steps`` steps, the last ``dense_last_steps``, calls shorter than ``min_tokens``, and (sites only) the
+#: ``dense_layers``
 DENSE_STEP = "dense step (step < dense_steps)"
+DENSE_LAST_STEP = "dense last step (in dense_last_steps)"
 DENSE_LAYER = "dense layer (in dense_layers)"
+SHORT_SEQUENCE = "short sequence (fewer tokens than min_tokens)"
+#: a fraction of the steps (or a dense tail) in a call whose number of steps no source gives runs dense, counted
+TOTAL_UNKNOWN = ("this call's number of denoising steps is unknown, so a dense_steps fraction or dense_last_steps "
+                 "cannot apply and the call runs dense: apply() the pipeline (its scheduler gives it), wrap the call "
+                 "in accelpatch.denoising_step(i, total=N), or give dense_steps as a count and dense_last_steps=0")
 #: a call with ``dense_steps`` > 0 whose step no source knows (:mod:`accelpatch.core.steps`) runs dense, counted
 STEP_UNKNOWN = ("no denoising step is known, so dense_steps cannot apply and the call runs dense: wrap the call in "
                 "accelpatch.denoising_step(i) or set dense_steps=0 (under apply(), a diffusers pipeline or a timestep "
@@ -116,6 +125,10 @@ class SolAttnConfig:
     its own defaults (``dense_steps=0``, ``sink_tokens=0``; see
     :func:`accelpatch.sol_attn.diffusers_backend.backend_config`).
 
+    ``dense_steps`` (first steps dense) and ``dense_last_steps`` (last steps dense, default none) are counts or
+    fractions of the call's steps (see the module docstring); ``min_tokens`` (default 0: none) keeps attention over
+    fewer tokens dense, counted as not applicable.
+
     ``dense_layers`` None is the model's default (MiniMax-H3: layers 0 and 1, as the prior art; SANA-Video 2.0: its
     first anchor layer). ``sink_tokens``/``sink_start`` default to None: the model derives the sink per call
     (MiniMax-H3: the text/audio rows of the packed layout; SANA-Video 2.0: none, text enters by cross-attention).
@@ -131,7 +144,7 @@ class SolAttnConfig:
 
     tau: float = 1.0
     thresh_type: str = "diag"
-    dense_steps: int = 10
+    dense_steps: Union[int, float] = 10
     dense_layers: Optional[frozenset] = None
     sink_tokens: Optional[int] = None
     sink_start: Optional[int] = None
@@ -139,6 +152,8 @@ class SolAttnConfig:
     impl: str = "auto"
     strict: bool = False
     dense_rows: str = "text_audio"
+    dense_last_steps: Union[int, float] = 0
+    min_tokens: int = 0
 
     name = "sol_attn"
 
@@ -149,7 +164,11 @@ class SolAttnConfig:
         set_("tau", float(self.tau))
         if self.thresh_type not in THRESH_TYPES:
             raise ValueError(f"thresh_type must be one of {', '.join(THRESH_TYPES)}, got {self.thresh_type!r}")
-        set_("dense_steps", _check_int("dense_steps", self.dense_steps, 0))
+        from accelpatch.core.steps import normalize_step_count
+
+        set_("dense_steps", normalize_step_count(self.dense_steps, "dense_steps"))
+        set_("dense_last_steps", normalize_step_count(self.dense_last_steps, "dense_last_steps"))
+        set_("min_tokens", _check_int("min_tokens", self.min_tokens, 0))
         if self.dense_layers is not None:
             set_("dense_layers", parse_layers(self.dense_layers))
         set_("sink_tokens", _check_int("sink_tokens", self.sink_tokens, 0, allow_none=True))

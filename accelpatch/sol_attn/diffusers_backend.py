@@ -20,8 +20,9 @@ Options are process-wide (:func:`accelpatch.sol_attn.configure_sol_attn_backend`
 calls :func:`set_options`): a :class:`~accelpatch.sol_attn.config.SolAttnConfig`, the type ``apply(...,
 backend="sol_attn")`` takes, restricted to :data:`OPTIONS`, plus the name of the dense backend. The dispatcher passes
 the backend no module, so it cannot tell models or layers apart: for that reason ``dense_layers`` and ``dense_rows``
-cannot apply, and ``dense_steps`` only where the calling context names the step (``accelpatch.denoising_step(i)``):
-default 0 here (:data:`DEFAULTS`); with a positive value and no known step a call runs dense, counted. Counts are
+cannot apply, and ``dense_steps`` only where the calling context names the step (``accelpatch.denoising_step(i)``;
+a fraction or ``dense_last_steps`` also needs ``total=N``): default 0 here (:data:`DEFAULTS`); with a positive value
+and no known step a call runs dense, counted. ``min_tokens`` keeps calls over fewer tokens dense (the policy). Counts are
 process-wide too (:data:`COUNTERS`, compile-safe tallies).
 """
 from __future__ import annotations
@@ -35,7 +36,8 @@ import torch
 from accelpatch.core import steps
 from accelpatch.core.gate import SiteCounters
 from accelpatch.core.tiers import Tier, effective_tier
-from accelpatch.sol_attn.config import DENSE_STEP, NOTHING_SKIPPED, STEP_UNKNOWN, SolAttnConfig
+from accelpatch.sol_attn.config import (DENSE_LAST_STEP, DENSE_STEP, NOTHING_SKIPPED, SHORT_SEQUENCE, STEP_UNKNOWN,
+                                      TOTAL_UNKNOWN, SolAttnConfig)
 from accelpatch.sol_attn.sites import FLOAT_DTYPES, count_routing
 
 NAME = "sol_attn"
@@ -54,10 +56,13 @@ PARALLEL = "context parallelism: the sol_attn backend runs sparse on whole seque
 DTYPE = "q/k/v dtype is not one of fp32, bf16, fp16 (or they differ)"
 #: every reason a call can run dense (prepared as compiled-code tallies ahead of time: no recompile when counted)
 REASONS = (TIER, VIA_GLOBAL, MASK, CAUSAL, DROPOUT, SCALE, SHAPES, GQA, LSE, PARALLEL, DTYPE, DENSE_STEP,
-           STEP_UNKNOWN)
+           DENSE_LAST_STEP, SHORT_SEQUENCE, STEP_UNKNOWN, TOTAL_UNKNOWN)
+#: the reasons that are the dense policy (counted as such, not as a fallback from an asked-for sparse call)
+POLICY = (DENSE_STEP, DENSE_LAST_STEP, SHORT_SEQUENCE)
 #: the :class:`SolAttnConfig` options the backend takes, in the order the report shows them (``dense_layers`` and
 #: ``dense_rows`` need a module, ``strict`` a patched site: ``apply(..., backend="sol_attn")`` only)
-OPTIONS = ("tau", "thresh_type", "sink_tokens", "sink_start", "kv_splits", "impl", "dense_steps")
+OPTIONS = ("tau", "thresh_type", "sink_tokens", "sink_start", "kv_splits", "impl", "dense_steps", "dense_last_steps",
+           "min_tokens")
 #: the backend's defaults where they differ from apply()'s: a dispatcher call knows its step only when the caller
 #: says so (no dense steps), and there is no layout to derive a sink from (none; None is refused)
 DEFAULTS = {"dense_steps": 0, "sink_tokens": 0}
@@ -190,7 +195,10 @@ def ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale,
         return DTYPE
     if scale is not None and scale != query.shape[-1] ** -0.5:
         return SCALE
-    return steps.first_steps_reason(config.dense_steps, DENSE_STEP, STEP_UNKNOWN)  # the policy apply()'s sites read
+    if config.min_tokens and query.shape[1] < config.min_tokens:
+        return SHORT_SEQUENCE
+    return steps.step_policy_reason(config.dense_steps, DENSE_STEP, STEP_UNKNOWN, last=config.dense_last_steps,
+                                    last_reason=DENSE_LAST_STEP, total_reason=TOTAL_UNKNOWN)  # as apply()'s sites
 
 
 def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -208,7 +216,7 @@ def sol_attn_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     reason = ineligible_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                                _parallel_config, config)
     if reason is not None:  # a dense step is the policy; any other reason: sparse was asked for but cannot run
-        COUNTERS.count_reference(reason, fallback=reason != DENSE_STEP)
+        COUNTERS.count_reference(reason, fallback=reason not in POLICY)
         return _dense(state, kwargs)
     return run_sparse(config, query, key, value)
 

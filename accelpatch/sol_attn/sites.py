@@ -26,7 +26,8 @@ from accelpatch.core import call_context
 from accelpatch.core.outcomes import Declined, NotApplicable
 from accelpatch.core.sites import FastPath, Site, bind_call, step_layer_policy
 from accelpatch.parallel.sequence import SequenceShards, heads_to_ranks, ranks_to_heads
-from accelpatch.sol_attn.config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, STEP_UNKNOWN, SolAttnConfig
+from accelpatch.sol_attn.config import (DENSE_LAST_STEP, DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SHORT_SEQUENCE,
+                                      STEP_UNKNOWN, TOTAL_UNKNOWN, SolAttnConfig)
 
 #: the activation dtypes Sol-Attn runs sparse on (q, k, v all one of them), in both routes (these sites and
 #: diffusers' ``set_attention_backend("sol_attn")``)
@@ -80,7 +81,8 @@ def slice_length(rows: slice, n: int) -> int:
 def dense_policy(config: SolAttnConfig, site: Site) -> Optional[Union[NotApplicable, Declined]]:
     """The policy's verdict for this call, or None when it may run sparse."""
     return step_layer_policy(site, first_steps=config.dense_steps, step_reason=DENSE_STEP, layer_reason=DENSE_LAYER,
-                             unknown_reason=STEP_UNKNOWN)
+                             unknown_reason=STEP_UNKNOWN, last_steps=config.dense_last_steps,
+                             last_reason=DENSE_LAST_STEP, total_reason=TOTAL_UNKNOWN)
 
 
 def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]:
@@ -99,7 +101,8 @@ def configured_sink_reason(config: SolAttnConfig, seq_len: int) -> Optional[str]
 class SolAttnFastPath(FastPath):
     """Sol-Attn with the ``sol_attn`` backend's policy in front; subclasses implement :meth:`prepare`."""
 
-    policy_reasons = (DENSE_STEP, DENSE_LAYER, STEP_UNKNOWN, ULYSSES_ONLY)
+    policy_reasons = (DENSE_STEP, DENSE_LAST_STEP, DENSE_LAYER, SHORT_SEQUENCE, STEP_UNKNOWN, TOTAL_UNKNOWN,
+                      ULYSSES_ONLY)
     #: exact_fraction: of the (query block, key block) pairs the kernel routed, all query blocks; sparse_row_fraction:
     #: of the query rows, those whose output is the sparse kernel's (the rest were recomputed densely)
     stat_names = ("exact_fraction", "sparse_row_fraction")
@@ -141,6 +144,8 @@ class SolAttnFastPath(FastPath):
         if isinstance(call, Declined):
             return call
         q, k, v = call.query, call.key, call.value
+        if config.min_tokens and q.shape[1] * (ulysses.world if ulysses is not None else 1) < config.min_tokens:
+            return NotApplicable(SHORT_SEQUENCE)  # sparse attention loses to dense on short sequences
         if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOAT_DTYPES:
             return Declined(f"q/k/v are {q.dtype}, {k.dtype}, {v.dtype}: the sparse path takes one of fp32, bf16, fp16")
         if ulysses is not None:

@@ -30,6 +30,7 @@ import torch
 
 from accelpatch.sol_attn.config import all_layers_dense_reason, format_layers
 from accelpatch.core.adapter import NO_BACKEND, CacheSupport, ModelAdapter, SiteRule
+from accelpatch.core.steps import from_end, step_count
 from accelpatch.models.sana_video2.lossless import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR
 from accelpatch.models.sana_video2.high import ANCHOR_BF16, ANCHOR_SOL_ATTN, LINEAR_BF16_GEMM, SanaVideo2Options
 
@@ -117,7 +118,7 @@ class SanaVideo2Adapter(ModelAdapter):
                                "those layers, so the reference already runs them in the activations' dtype")
         return reasons
 
-    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple[int, ...]:
+    def step_thresholds(self, backend_config: Any, options: Any = None) -> tuple:
         if backend_config is not None:
-            return (backend_config.dense_steps,)
-        return (options.anchor_fp32_steps,) if options is not None else ()
+            return step_count(backend_config.dense_steps), from_end(backend_config.dense_last_steps)  # Sol-Attn's
+        return (step_count(options.anchor_fp32_steps),) if options is not None else ()

@@ -11,7 +11,8 @@ from typing import Any, Optional, Union
 
 import torch
 
-from accelpatch.sol_attn.config import _check_int, parse_layers
+from accelpatch.sol_attn.config import parse_layers
+from accelpatch.core.steps import normalize_step_count
 from accelpatch.core.gate import SGLANG_PREFIX, QualityGatedFusion
 from accelpatch.models.sana_video.gemm import bmm_bf16_fp32_reject_reason, key_value_state_bf16
 from accelpatch.core.outcomes import Declined, NotApplicable
@@ -36,6 +37,9 @@ FP32_ANCHOR_LAYER = "FP32 anchor layer (in anchor_fp32_layers)"
 ANCHOR_STEP_UNKNOWN = ("no denoising step is known, so anchor_fp32_steps cannot apply and the anchor keeps FP32; run "
                        "it through a diffusers pipeline, pass a timestep, wrap it in accelpatch.denoising_step(i), or "
                        "set anchor_fp32_steps=0")
+ANCHOR_TOTAL_UNKNOWN = ("this call's number of denoising steps is unknown, so anchor_fp32_steps as a fraction cannot "
+                        "apply and the anchor keeps FP32: apply() the pipeline, wrap the call in "
+                        "accelpatch.denoising_step(i, total=N), or give anchor_fp32_steps as a count")
 FP32_ATTENTION_OFF = "fp32_attention is off: the reference already runs this attention in the activations' dtype"
 
 
@@ -43,18 +47,18 @@ FP32_ATTENTION_OFF = "fp32_attention is off: the reference already runs this att
 class SanaVideo2Options:
     """Options of ``apply(model, ...)`` for SANA-Video 2.0: where the BF16 anchor path keeps the release's FP32.
 
-    ``anchor_fp32_steps``: denoising steps with index < N keep FP32 anchors (the step clock of accelpatch.core.steps);
-    default 10 of the release's 50, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
+    ``anchor_fp32_steps``: the first steps of each call keep FP32 anchors (the step clock of accelpatch.core.steps): a
+    count, or a fraction of the call's steps (``0.2``, ``"20%"``); default 10 of the release's 50, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
     released weights: see docs/models/sana-video2.md). ``anchor_fp32_layers``: anchor layers that always keep FP32
     (``"3,7"``, an iterable; a range such as ``"3-11"`` only where every layer in it is an anchor).
     ``anchor_fp32_steps=0, anchor_fp32_layers=""`` is the prior art's full-speed setting.
     """
 
-    anchor_fp32_steps: int = 10
+    anchor_fp32_steps: Union[int, float] = 10
     anchor_fp32_layers: frozenset = frozenset()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "anchor_fp32_steps", _check_int("anchor_fp32_steps", self.anchor_fp32_steps, 0))
+        object.__setattr__(self, "anchor_fp32_steps", normalize_step_count(self.anchor_fp32_steps, "anchor_fp32_steps"))
         object.__setattr__(self, "anchor_fp32_layers", parse_layers(self.anchor_fp32_layers, "anchor_fp32_layers"))
 
     @classmethod
@@ -107,7 +111,7 @@ class AnchorAttentionBF16(FastPath):
 
     fusion = SOFTMAX_FUSION
     description = "anchor attention on BF16 operands (SDPA without the FP32 upcast)"
-    policy_reasons = (FP32_ANCHOR_STEP, FP32_ANCHOR_LAYER, ANCHOR_STEP_UNKNOWN, FP32_ATTENTION_OFF)
+    policy_reasons = (FP32_ANCHOR_STEP, FP32_ANCHOR_LAYER, ANCHOR_STEP_UNKNOWN, ANCHOR_TOTAL_UNKNOWN, FP32_ATTENTION_OFF)
     fused_ops = (ROTARY_COMPLEX_PAIR, SIGMOID_GATE)  # through rope_pair(site), sigmoid_gate(site)
 
     def expected_processor(self) -> type:
@@ -124,7 +128,8 @@ class AnchorAttentionBF16(FastPath):
 
         options: SanaVideo2Options = site.model.options
         verdict = step_layer_policy(site, first_steps=options.anchor_fp32_steps, step_reason=FP32_ANCHOR_STEP,
-                                    layer_reason=FP32_ANCHOR_LAYER, unknown_reason=ANCHOR_STEP_UNKNOWN)
+                                    layer_reason=FP32_ANCHOR_LAYER, unknown_reason=ANCHOR_STEP_UNKNOWN,
+                                    total_reason=ANCHOR_TOTAL_UNKNOWN)
         if verdict is not None:
             return verdict
         call, verdict = _bf16_call(self, attn, args, kwargs, "the BF16 anchor path")
