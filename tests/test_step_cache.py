@@ -56,6 +56,31 @@ def quiet_apply(pipe, **kwargs):
         return accelpatch.apply(pipe, **kwargs)
 
 
+def test_the_guards_as_fractions_of_the_call_follow_its_number_of_steps(sana):
+    """#42: cache_warmup_steps='25%' and cache_final_steps=0.125 are 2 and 1 of this 8-step call (the scheduler says
+    8): the same decisions as the counts 2 and 1 above; at 4 steps they are 1 and 1."""
+    pipe, _ = sana
+    quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps="25%", cache_max_reuse=2,
+                cache_final_steps=0.125)
+    try:
+        with accelpatch.quality("high"):
+            pipe(**call())
+            cache = accelpatch.report(pipe, reset=True).models[0].cache
+            assert (cache["computed"], cache["reused"]) == (4, 4)
+            assert cache["reasons"] == {"first step of the call": 1,
+                                        "warm-up step (step < cache_warmup_steps=25%)": 1,
+                                        "reuse limit (cache_max_reuse=2 in a row)": 1,
+                                        "final step (last cache_final_steps=12.5%)": 1}
+            pipe(**call(steps=4))  # 1 warm-up step (the first), steps 1-2 reused, 3 the final one
+            cache = accelpatch.report(pipe).models[0].cache
+            assert (cache["computed"], cache["reused"]) == (2, 2)
+            assert cache["reasons"] == {"first step of the call": 1, "final step (last cache_final_steps=12.5%)": 1}
+        with pytest.raises(ValueError, match=r"cache_warmup_steps must be a number of steps \(an int >= 0\)"):
+            quiet_apply(pipe, cache="first_block", cache_warmup_steps="two")
+    finally:
+        accelpatch.remove(pipe)
+
+
 def test_exact_and_lossless_with_a_cache_are_bit_identical_and_reuse_nothing(sana):
     pipe, reference = sana
     quiet_apply(pipe, cache=FirstBlockCacheConfig(threshold=1e9))

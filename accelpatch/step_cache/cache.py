@@ -252,14 +252,19 @@ class StepCache:
             return "gradients are recorded (training): reuse would carry an earlier call's graph"
         if getattr(state, history) is None:
             return "first step of the call"
-        step = steps.current_step().step
+        reading = steps.current_step()
+        step = reading.step
         if step is None:
             return "no known step (warm-up and final-step guards cannot apply)"
-        if step < self.config.warmup_steps:
-            return f"warm-up step (step < cache_warmup_steps={self.config.warmup_steps})"
         final = self._final_step_index()
-        if final is not None and step > final - self.config.final_steps:
-            return f"final step (last cache_final_steps={self.config.final_steps})"
+        total = reading.total if reading.total is not None else (None if final is None else final + 1)
+        warmup, tail = steps.step_count(self.config.warmup_steps), steps.step_count(self.config.final_steps)
+        if warmup.of(total) is None:
+            return f"no known number of steps (cache_warmup_steps={warmup} is a fraction of them)"
+        if step < warmup.of(total):
+            return f"warm-up step (step < cache_warmup_steps={warmup})"
+        if total is not None and not tail.zero and step >= total - tail.of(total):
+            return f"final step (last cache_final_steps={tail})"
         if state.reused_in_a_row >= self.config.max_reuse:
             return f"reuse limit (cache_max_reuse={self.config.max_reuse} in a row)"
         return None

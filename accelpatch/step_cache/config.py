@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -23,9 +23,10 @@ class StepCacheConfig:
 
     method: str = "first_block"
     threshold: float = 0.05
-    warmup_steps: int = 2
+    #: counts, or fractions of the call's steps (accelpatch.core.steps.StepCount)
+    warmup_steps: Union[int, float] = 2
     max_reuse: int = 2
-    final_steps: int = 1
+    final_steps: Union[int, float] = 1
     #: MagCache only: diffusers' config (compared through ``ratios``, as tensors do not compare to a bool)
     diffusers_config: Any = field(default=None, compare=False, repr=False)
     ratios: tuple = ()
@@ -79,6 +80,10 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"cache_threshold must be a number >= 0, got {value!r}")
             guards[name] = float(value)
+        elif name in ("warmup_steps", "final_steps"):  # a count, or a fraction of the call's steps
+            from accelpatch.core.steps import normalize_step_count
+
+            guards[name] = normalize_step_count(value, f"cache_{name}")
         elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"cache_{name} must be an integer >= 0, got {value!r}")
     if guards:
