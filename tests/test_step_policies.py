@@ -139,3 +139,22 @@ def test_tune_searches_a_fraction_as_the_count_it_is_in_the_recipes_call():
 
     assert _step_grid("50%", 8) == _step_grid(4, 8) and 4 in _step_grid(0.5, 8)
     assert _step_grid(0.2, 4) == _step_grid(1, 4)
+
+
+def test_wan22s_two_experts_count_the_calls_steps_across_the_boundary(monkeypatch):
+    """#42: Wan 2.2 splits a call's steps over transformer (high noise) and transformer_2 (low noise). Both read the
+    pipeline's scheduler, so the policies count the call's steps, not each expert's: with dense_steps='25%' and
+    dense_last_steps=1 over 4 steps at CFG 1 (one call a step), the call's first step runs dense on the high-noise
+    expert, its last on the low-noise one, and every other step runs sparse on either side of the boundary."""
+    pipe = tiny_wan_pipeline(two_transformers=True)
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps="25%", dense_last_steps=1, dense_layers="")
+    monkeypatch.setattr(sol_op, "sol_attn", dense_kernel())
+    pipe(**wan_pipeline_call_kwargs(num_inference_steps=4, height=64, width=64, num_frames=5, guidance_scale=1.0))
+    high_fast, high_dense, sites = _sol_reasons(pipe.transformer)
+    low_fast, low_dense, _ = _sol_reasons(pipe.transformer_2)
+    high_calls, low_calls = (high_fast + sum(high_dense.values())) // sites, (low_fast + sum(low_dense.values())) // sites
+    assert high_calls + low_calls == 4 and high_calls >= 1 and low_calls >= 1  # the boundary splits the call
+    assert high_dense == {DENSE_STEP: sites} and low_dense == {DENSE_LAST_STEP: sites}
+    assert high_fast == (high_calls - 1) * sites and low_fast == (low_calls - 1) * sites
+    for model in (pipe.transformer, pipe.transformer_2):
+        assert set(accelpatch.report(model).models[0].step_sources) == {"pipeline scheduler"}
