@@ -96,7 +96,8 @@ def test_dense_last_steps_keeps_the_tail_dense(monkeypatch):
     _run_steps(model, inputs, 4, monkeypatch)
     fast, reference, sites = _sol_reasons(model)
     assert reference == {DENSE_STEP: sites, DENSE_LAST_STEP: sites} and fast == 2 * sites
-    assert "dense last step (in dense_last_steps)" in str(accelpatch.report(model))
+    text = str(accelpatch.report(model))
+    assert f"dense in the latest call of 4 steps: step 0 ({DENSE_STEP}); step 3 ({DENSE_LAST_STEP})" in text
 
 
 def test_a_fraction_without_the_calls_number_of_steps_runs_dense_and_says_why(monkeypatch):
@@ -116,6 +117,7 @@ def test_min_tokens_keeps_short_sequences_dense(monkeypatch):
     _run_steps(model, inputs, 2, monkeypatch)
     fast, reference, sites = _sol_reasons(model)
     assert fast == 0 and reference == {SHORT_SEQUENCE: 2 * sites}
+    assert f"dense in the latest call of 2 steps: steps 0-1 ({SHORT_SEQUENCE})" in str(accelpatch.report(model))
     accelpatch.remove(model)
     model, inputs = _model(dense_steps=0, min_tokens=1)
     _run_steps(model, inputs, 2, monkeypatch)
@@ -131,7 +133,13 @@ def test_a_four_step_pipeline_call_reads_its_number_of_steps_from_the_scheduler(
     fast, reference, sites = _sol_reasons(pipe.transformer)
     per_step = (fast + sum(reference.values())) // (4 * sites)  # two calls a step with classifier-free guidance
     assert reference == {DENSE_STEP: per_step * sites} and fast == 3 * per_step * sites
-    assert accelpatch.report(pipe).models[0].step_sources == {"pipeline scheduler": 4 * per_step}
+    report = accelpatch.report(pipe)
+    assert report.models[0].step_sources == {"pipeline scheduler": 4 * per_step}
+    # report() names the dense steps of the latest call in its own step numbers, with why
+    assert report.models[0].dense_steps == {"total": 4, "steps": {0: {DENSE_STEP: per_step * sites}}}
+    assert f"dense in the latest call of 4 steps: step 0 ({DENSE_STEP})" in str(report)
+    pipe(**wan_pipeline_call_kwargs(num_inference_steps=10, height=64, width=64, num_frames=5))  # the next call
+    assert accelpatch.report(pipe).models[0].dense_steps["steps"].keys() == {0, 1}  # 20 % of 10: its own numbers
 
 
 def test_tune_searches_a_fraction_as_the_count_it_is_in_the_recipes_call():
@@ -158,3 +166,5 @@ def test_wan22s_two_experts_count_the_calls_steps_across_the_boundary(monkeypatc
     assert high_fast == (high_calls - 1) * sites and low_fast == (low_calls - 1) * sites
     for model in (pipe.transformer, pipe.transformer_2):
         assert set(accelpatch.report(model).models[0].step_sources) == {"pipeline scheduler"}
+    assert accelpatch.report(pipe.transformer).models[0].dense_steps["steps"] == {0: {DENSE_STEP: sites}}
+    assert accelpatch.report(pipe.transformer_2).models[0].dense_steps["steps"] == {3: {DENSE_LAST_STEP: sites}}

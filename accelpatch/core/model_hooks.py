@@ -71,11 +71,16 @@ def _unwind_at_run_time(mark: torch.Tensor, owner: int) -> None:
 
 
 class StepSources:
-    """Thread-safe tally of where each call's step came from (``report()`` shows it)."""
+    """Thread-safe tally of where each call's step came from, and of the steps of the latest pipeline call that a
+    step-based policy kept on the reference, with why, in that call's own step numbers (``report()`` shows both)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: collections.Counter[str] = collections.Counter()
+        #: the latest call's number of steps (None: unknown) and {step: {reason: site calls}}
+        self.total: Optional[int] = None
+        self.dense: dict[int, collections.Counter] = {}
+        self._last_step = -1
 
     def __getstate__(self) -> dict:
         return {"counts": collections.Counter(self.counts)}
@@ -88,9 +93,30 @@ class StepSources:
         with self._lock:
             self.counts[source] += 1
 
+    def note_dense(self, reason: str) -> None:
+        """A site call that a step policy kept on the reference (eager code only: a compiled graph knows no step)."""
+        if torch.compiler.is_compiling():
+            return
+        reading = steps.current_step()
+        if reading.step is None:
+            return
+        with self._lock:
+            if reading.step < self._last_step or reading.total != self.total:  # a new pipeline call
+                self.dense, self.total = {}, reading.total
+            self._last_step = reading.step
+            self.dense.setdefault(reading.step, collections.Counter())[reason] += 1
+
+    def latest_call(self) -> Optional[dict]:
+        """``{"total": N or None, "steps": {step: {reason: n}}}`` of the latest call with a policy step, or None."""
+        with self._lock:
+            if not self.dense:
+                return None
+            return {"total": self.total, "steps": {k: dict(v) for k, v in sorted(self.dense.items())}}
+
     def reset(self) -> None:
         with self._lock:
             self.counts.clear()
+            self.dense, self.total, self._last_step = {}, None, -1
 
 
 class ModelForwardHooks:

@@ -145,6 +145,9 @@ class ModelReport(_Tally):
     sites: tuple[SiteReport, ...]
     #: where each call's denoising step came from (see accelpatch.core.steps), for models with a step-based policy
     step_sources: dict[str, int] = field(default_factory=dict)
+    #: the latest pipeline call's steps a step policy kept dense, with why, in that call's own step numbers:
+    #: ``{"total": N or None, "steps": {step: {reason: site calls}}}`` (None: no such step; eager calls only)
+    dense_steps: Optional[dict[str, Any]] = None
     #: the family's own options in force (e.g. SANA-Video 2.0's anchor_fp32_steps)
     options: dict[str, Any] = field(default_factory=dict)
     #: the step cache: its settings ("method") and, since the last reset, transformer calls whose remaining blocks
@@ -263,6 +266,22 @@ class ModelReport(_Tally):
                    if unknown else "")
         return f"step clock: {counts}{warning}"
 
+    def dense_steps_line(self) -> Optional[str]:
+        """The latest call's dense steps, runs of steps with the same reasons as ranges: "steps 0-1 (dense step)"."""
+        if not self.dense_steps:
+            return None
+        runs: list[list] = []
+        for step, reasons in self.dense_steps["steps"].items():
+            kinds = tuple(sorted(reasons))
+            if runs and runs[-1][2] == kinds and runs[-1][1] == step - 1:
+                runs[-1][1] = step
+            else:
+                runs.append([step, step, kinds])
+        total = self.dense_steps["total"]
+        of = f" of {total} steps" if total else ""
+        parts = [f"step{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''} ({', '.join(k)})" for a, b, k in runs]
+        return f"dense in the latest call{of}: {'; '.join(parts)}"
+
 
 #: how the patcher words a site rejected because another site of its model was (see patcher._mount)
 MODEL_REJECTED = "model rejected at "
@@ -360,7 +379,7 @@ class Report(_Tally):
         lines = backend
         for m in self.models:
             lines.append(m.headline())
-            for extra in (m.uncounted_line(), m.step_line(), *m.feature_lines()):
+            for extra in (m.uncounted_line(), m.step_line(), m.dense_steps_line(), *m.feature_lines()):
                 if extra:
                     lines.append("  " + extra)
             lines.extend("  " + line for line in m.fusion_lines())
@@ -383,7 +402,7 @@ class Report(_Tally):
         parts = backend
         for m in self.models:
             parts.append(f"<p><b>{escape(m.headline())}</b></p>")
-            for extra in (m.uncounted_line(), m.step_line(), *m.feature_lines()):
+            for extra in (m.uncounted_line(), m.step_line(), m.dense_steps_line(), *m.feature_lines()):
                 if extra:
                     parts.append(f"<p>{escape(extra)}</p>")
             if m.fusion_lines():
@@ -419,6 +438,7 @@ def build_report(models, *, reset: bool = False) -> Report:
             if reset:
                 c.reset()
         step_sources = dict(patch.step_sources.counts)
+        dense_steps = patch.step_sources.latest_call()
         if reset:
             patch.step_sources.reset()
         backend = getattr(patch.backend, "name", None)
@@ -426,7 +446,8 @@ def build_report(models, *, reset: bool = False) -> Report:
         sections = {f.report_field: f.report(model, patch, reset) for f in features.registered() if f.report_field}
         out.append(ModelReport(model_class=patch.model_class, family=patch.adapter.family, backend=backend,
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
-                               step_sources=step_sources, options=options, fusions=_fusions(patch.sites, sites),
+                               step_sources=step_sources, dense_steps=dense_steps, options=options,
+                               fusions=_fusions(patch.sites, sites),
                                features_offer_high=patch.features_offer_high(), sections=sections,
                                **{k: v for k, v in sections.items() if k in _MODEL_REPORT_FIELDS}))
     return Report(models=tuple(out))

@@ -74,8 +74,12 @@ def step_layer_policy(site: "Site", *, first_steps: Any, step_reason: str, layer
     reason = steps.step_policy_reason(first_steps, step_reason, unknown_reason, last=last_steps,
                                       last_reason=last_reason, total_reason=total_reason)
     if reason is not None:
-        return NotApplicable(reason) if reason in (step_reason, last_reason) else Declined(reason)
+        if reason in (step_reason, last_reason):
+            site.model.step_sources.note_dense(reason)  # report(): the call's dense steps, in its own numbers
+            return NotApplicable(reason)
+        return Declined(reason)
     if site.keeps_reference_layer:
+        site.model.step_sources.note_dense(layer_reason)
         return NotApplicable(layer_reason)
     return None
 

@@ -145,6 +145,7 @@ class SolAttnFastPath(FastPath):
             return call
         q, k, v = call.query, call.key, call.value
         if config.min_tokens and q.shape[1] * (ulysses.world if ulysses is not None else 1) < config.min_tokens:
+            site.model.step_sources.note_dense(SHORT_SEQUENCE)
             return NotApplicable(SHORT_SEQUENCE)  # sparse attention loses to dense on short sequences
         if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOAT_DTYPES:
             return Declined(f"q/k/v are {q.dtype}, {k.dtype}, {v.dtype}: the sparse path takes one of fp32, bf16, fp16")
