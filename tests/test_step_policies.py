@@ -70,7 +70,7 @@ def _sol_reasons(model):
     fast = sum(s.fast_calls for s in sites)
     reference = {}
     for s in sites:
-        for reason, n in {**s.reference_calls, **s.fallback_calls}.items():
+        for reason, n in s.reference_calls.items():  # fallbacks included
             reference[reason] = reference.get(reason, 0) + n
     return fast, reference, len(sites)
 
@@ -168,3 +168,13 @@ def test_wan22s_two_experts_count_the_calls_steps_across_the_boundary(monkeypatc
         assert set(accelpatch.report(model).models[0].step_sources) == {"pipeline scheduler"}
     assert accelpatch.report(pipe.transformer).models[0].dense_steps["steps"] == {0: {DENSE_STEP: sites}}
     assert accelpatch.report(pipe.transformer_2).models[0].dense_steps["steps"] == {3: {DENSE_LAST_STEP: sites}}
+
+
+def test_diffusers_route_takes_a_fraction_and_a_tail():
+    """configure_sol_attn_backend(dense_steps='20%') used to reach the step phases as a float, which only took ints."""
+    from accelpatch.sol_attn import diffusers_backend
+
+    config = diffusers_backend.backend_config(dense_steps="20%", dense_last_steps=1)
+    assert (config.dense_steps, config.dense_last_steps) == (0.2, 1)
+    assert steps.register_counts(config.dense_steps, from_end(config.dense_last_steps)) == (
+        StepCount(fraction=0.2), StepCount(count=1, from_end=True))

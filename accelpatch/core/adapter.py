@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 import torch
 
 from accelpatch.core.sites import FastPath
+from accelpatch.core.steps import step_count
 from accelpatch.core.tiers import DEFAULT_TIER, Tier
 
 #: :attr:`SiteRule.backend` for a rule mounted only when ``apply`` runs no backend (a path a backend replaces)
@@ -232,8 +233,6 @@ class ModelAdapter:
 
     def uses_steps(self, backend_config: Any, options: Any = None) -> bool:
         """Whether a step-based policy applies, so that each call needs a step reading (steps.py)."""
-        from accelpatch.core.steps import step_count
-
         return any(not step_count(n).zero for n in self.step_thresholds(backend_config, options))
 
     def cp_plan(self, model: torch.nn.Module) -> Optional[dict]:

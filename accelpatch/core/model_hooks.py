@@ -131,8 +131,7 @@ class ModelForwardHooks:
         self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
         uses_steps = adapter.uses_steps(backend, patch.options) or patch.features_use_steps()
         self._clock = steps.TimestepClock(adapter.timesteps.noise_level) if uses_steps else None
-        self._counts = tuple(adapter.step_thresholds(backend, patch.options))
-        steps.register_counts(*self._counts)
+        self._counts = steps.register_counts(*adapter.step_thresholds(backend, patch.options))
         self._step_sources = patch.step_sources
         self._capture = adapter.capture_for(backend)
         self._bind = self._clock is not None or self._capture is not None

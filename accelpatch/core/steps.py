@@ -142,18 +142,17 @@ _PHASES: dict[tuple, StepPhase] = {}
 _PHASES_LOCK = threading.Lock()
 
 
-def register_thresholds(*thresholds: Union[int, StepCount]) -> None:
-    """Make policies' step thresholds part of every phase computed from now on (counts that need the call's number
-    of steps are registered per call, by :func:`call_thresholds`)."""
-    fixed = [t if isinstance(t, int) else t.threshold(None) for t in thresholds]
+def _register_thresholds(thresholds) -> None:
+    """Make these step thresholds part of every phase computed from now on."""
     with _PHASES_LOCK:
-        _THRESHOLDS.update(int(t) for t in fixed if t is not None and t > 0)
+        _THRESHOLDS.update(int(t) for t in thresholds if t is not None and t > 0)
 
 
 def call_thresholds(counts: tuple, total: Optional[int]) -> None:
-    """Register the thresholds ``counts`` stand for in a call of ``total`` steps (fractions and tails)."""
+    """Register the thresholds the step counts ``counts`` stand for in a call of ``total`` steps (fractions and
+    tails; fixed counts were registered by :func:`register_counts`)."""
     if total is not None:
-        register_thresholds(*(c.threshold(total) for c in counts if isinstance(c, StepCount) and c.needs_total))
+        _register_thresholds(c.threshold(total) for c in counts if c.needs_total)
 
 
 def phase_of(step: Optional[int]) -> StepPhase:
@@ -206,11 +205,14 @@ def denoising_step(step: int, total: Optional[int] = None) -> Iterator[int]:
         _explicit.reset(token)
 
 
-def register_counts(*counts: Union[int, StepCount]) -> None:
-    """Register a model's step-count policies: fixed thresholds now, the others per call (:func:`call_thresholds`)."""
-    register_thresholds(*counts)
+def register_counts(*counts: StepCountLike) -> tuple[StepCount, ...]:
+    """Register policies' step counts: a fixed count's threshold now, those that need the call's number of steps per
+    call (:func:`call_thresholds`; an explicit step's phase covers them too). Returns them as :class:`StepCount`."""
+    counts = tuple(step_count(c) for c in counts)
+    _register_thresholds(c.threshold(None) for c in counts if not c.needs_total)
     with _PHASES_LOCK:
-        _COUNTS.update(c for c in counts if isinstance(c, StepCount) and c.needs_total)
+        _COUNTS.update(c for c in counts if c.needs_total)
+    return counts
 
 
 _read_explicit = call_context.ContextReader(_explicit)
@@ -283,16 +285,17 @@ def scheduler_step(scheduler) -> int:
 
 
 def scheduler_total(scheduler) -> Optional[int]:
-    """The number of denoising steps a diffusers scheduler was set up for (``num_inference_steps``; else the length
-    of its ``timesteps``); None when it tells neither."""
-    total = getattr(scheduler, "num_inference_steps", None)
-    if isinstance(total, numbers.Integral) and not isinstance(total, bool) and total > 0:
-        return int(total)
+    """The number of denoising steps a diffusers scheduler was set up for, in the units of its ``step_index`` (one
+    per ``step()``): the length of its ``timesteps`` (a second-order scheduler steps twice per inference step), else
+    its ``num_inference_steps``; None when it tells neither."""
     try:
         total = len(scheduler.timesteps)
     except (AttributeError, TypeError):
-        return None
-    return total or None
+        total = None
+    if total:
+        return total
+    total = getattr(scheduler, "num_inference_steps", None)
+    return int(total) if isinstance(total, numbers.Integral) and not isinstance(total, bool) and total > 0 else None
 
 
 def timestep_values(timestep: Any) -> Optional[tuple[float, ...]]:

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from accelpatch.core.steps import step_count
 from accelpatch.core.errors import did_you_mean
 from accelpatch.recipes import CandidateSpec
 
@@ -225,8 +226,6 @@ def _steps_of(call_kwargs: Mapping[str, Any]) -> int:
 def _step_grid(current: Any, steps: int) -> tuple[int, ...]:
     """Step counts from the safest (every step kept, capped at ``steps``) down to 0, at most about six; ``current``
     (a count, or a fraction of the call's steps) is one of them, as the count it is in this call of ``steps``."""
-    from accelpatch.core.steps import step_count
-
     current = None if current is None else step_count(current).of(steps)
     top = min(steps, max(current or 0, 0) or steps)
     values = {top, (3 * top) // 4, top // 2, top // 4, 2, 1, 0}

@@ -9,12 +9,12 @@ from typing import Any, Optional
 
 from accelpatch.core.features import Feature, register
 from accelpatch.parallel.cfg import cfg_parallel_of, disable_cfg_parallel
-from accelpatch.parallel.lifecycle import ParallelGuard, refuse_repatching_split_model, refuse_split_model
+from accelpatch.parallel.lifecycle import FEATURE, ParallelGuard, refuse_repatching_split_model, refuse_split_model
 from accelpatch.parallel.sequence import sequence_shards
 
 
 class Parallelism(Feature):
-    name = "parallel"
+    name = FEATURE
     order = 20
     report_field = "parallel"
 
@@ -74,12 +74,6 @@ class _Attached:
 
     def before_forward(self, model, args) -> None:
         self.guard.before_forward(model, args)
-
-
-def guard_of(patch: Any) -> Optional[ParallelGuard]:
-    """The rank check attached to a model's patch (None: no patch)."""
-    attached = None if patch is None else patch.attached.get(Parallelism.name)
-    return None if attached is None else attached.guard
 
 
 def _drop_cp_plan(model) -> None:

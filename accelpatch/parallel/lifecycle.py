@@ -37,6 +37,15 @@ def parallel_config(model: torch.nn.Module) -> Any:
     return getattr(model, "_parallel_config", None)
 
 
+#: the name parallelism registers under with the core (accelpatch.parallel.feature): ``patch.attached[FEATURE]``
+FEATURE = "parallel"
+
+
+def guard_of(patch: Any) -> Optional["ParallelGuard"]:
+    """The rank check attached to a model's patch (None: no patch, or not attached)."""
+    return getattr(patch.attached.get(FEATURE) if patch is not None else None, "guard", None)
+
+
 def refuse_split_model(model: torch.nn.Module, plan: Optional[dict]) -> None:
     """Raise when ``model`` was split before ``apply()`` although accelpatch provides its plan."""
     if plan is not None and parallel_config(model) is not None:
@@ -49,8 +58,7 @@ def refuse_split_model(model: torch.nn.Module, plan: Optional[dict]) -> None:
 def refuse_repatching_split_model(model: torch.nn.Module, patch: Any) -> None:
     """Raise when ``apply()`` with other arguments would re-patch a model split after the first ``apply()``: the
     re-patch starts from the unsplit model, and the split made for the old patch would be lost half-way."""
-    attached = patch.attached.get("parallel")
-    guard = attached.guard if attached is not None else None
+    guard = guard_of(patch)
     if guard is not None and not guard.split_at_apply and parallel_config(model) is not None:
         raise RuntimeError(
             f"this {type(model).__name__} was parallelised (enable_parallelism) after accelpatch.apply(): apply() "

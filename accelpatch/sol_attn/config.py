@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Optional, Union
 
+from accelpatch.core.steps import normalize_step_count
+
 THRESH_TYPES = ("diag", "exact")
 KV_SPLITS = (1, 2, 4)
 IMPLS = ("auto", "torch", "triton", "upstream")
@@ -164,8 +166,6 @@ class SolAttnConfig:
         set_("tau", float(self.tau))
         if self.thresh_type not in THRESH_TYPES:
             raise ValueError(f"thresh_type must be one of {', '.join(THRESH_TYPES)}, got {self.thresh_type!r}")
-        from accelpatch.core.steps import normalize_step_count
-
         set_("dense_steps", normalize_step_count(self.dense_steps, "dense_steps"))
         set_("dense_last_steps", normalize_step_count(self.dense_last_steps, "dense_last_steps"))
         set_("min_tokens", _check_int("min_tokens", self.min_tokens, 0))

@@ -112,7 +112,7 @@ def set_options(**options: Any) -> SolAttnConfig:
     if reason is not None:
         raise ValueError(reason)
     state = _resolved(config, dense_backend)  # raises for an unknown name (or a bad DIFFUSERS_ATTN_BACKEND) first
-    steps.register_thresholds(config.dense_steps)
+    steps.register_counts(config.dense_steps, steps.from_end(config.dense_last_steps))
     with _state_lock:
         _state = state
     return config

@@ -180,7 +180,7 @@ class StepCache:
         else:
             key = _CallKey(key.generation, step, 0)
         self._key.set(key)
-        if self.config.final_steps and self._final_step_index() is None:
+        if self.config.final_steps and self._scheduler_total() is None:
             self.counters.count_note("final-step guard off: no pipeline scheduler (apply() the pipeline to enable it)")
         if self.config.method == "mag":
             split = MAG_SPLIT if deciding_ranks(self._model) is not None else None
@@ -191,10 +191,10 @@ class StepCache:
         """After each transformer call: count a MagCache call; after the final step, free the call's states."""
         if self.config.method == "mag":
             self._count_mag_call()
-        key, final = self._key.get(), self._final_step_index()
+        key, total = self._key.get(), self._scheduler_total()
         if key is not None:
             key.open = False
-        if key is not None and key.step is not None and final is not None and key.step >= final:
+        if key is not None and key.step is not None and total is not None and key.step >= total - 1:
             self.states.drop(key.generation)  # a later CFG branch of this step starts a fresh state: it computes
         return None
 
@@ -207,14 +207,11 @@ class StepCache:
                                              "steps or its max_skip_steps)")
         self._record(state, reused=not state.should_compute, reason=reason)
 
-    def _final_step_index(self) -> Optional[int]:
+    def _scheduler_total(self) -> Optional[int]:
+        """The number of steps of the pipeline call (its scheduler's; None without a pipeline)."""
         pipeline = self._pipeline() if self._pipeline is not None else None
         scheduler = getattr(pipeline, "scheduler", None)
-        timesteps = getattr(scheduler, "timesteps", None)
-        try:
-            return len(timesteps) - 1 if timesteps is not None else None
-        except TypeError:
-            return None
+        return None if scheduler is None else steps.scheduler_total(scheduler)
 
     def decide(self, hook, residual: torch.Tensor) -> bool:
         """FirstBlockCache's head-block decision, gated: True runs the remaining blocks."""
@@ -256,12 +253,12 @@ class StepCache:
         step = reading.step
         if step is None:
             return "no known step (warm-up and final-step guards cannot apply)"
-        final = self._final_step_index()
-        total = reading.total if reading.total is not None else (None if final is None else final + 1)
+        total = reading.total if reading.total is not None else self._scheduler_total()
         warmup, tail = steps.step_count(self.config.warmup_steps), steps.step_count(self.config.final_steps)
-        if warmup.of(total) is None:
+        first = warmup.of(total)
+        if first is None:
             return f"no known number of steps (cache_warmup_steps={warmup} is a fraction of them)"
-        if step < warmup.of(total):
+        if step < first:
             return f"warm-up step (step < cache_warmup_steps={warmup})"
         if total is not None and not tail.zero and step >= total - tail.of(total):
             return f"final step (last cache_final_steps={tail})"

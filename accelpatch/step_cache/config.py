@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 import torch
 
 from accelpatch.core.errors import did_you_mean
+from accelpatch.core.steps import normalize_step_count
 
 #: short names accepted by ``apply(..., cache=...)``
 CACHE_METHODS = ("first_block", "mag")
@@ -81,8 +82,6 @@ def resolve_cache(cache: Any, options: dict) -> tuple[Optional[StepCacheConfig],
                 raise ValueError(f"cache_threshold must be a number >= 0, got {value!r}")
             guards[name] = float(value)
         elif name in ("warmup_steps", "final_steps"):  # a count, or a fraction of the call's steps
-            from accelpatch.core.steps import normalize_step_count
-
             guards[name] = normalize_step_count(value, f"cache_{name}")
         elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"cache_{name} must be an integer >= 0, got {value!r}")
