@@ -41,11 +41,16 @@ class WanSolAttention(DispatchSelfAttention):
     call_names = ("hidden_states", "encoder_hidden_states", "attention_mask", "rotary_emb")
     restates = ATTENTION_RESTATES
 
+    def diffusers_module(self):
+        """The diffusers module whose ``WanAttnProcessor`` this path restates and whose helper it calls (Wan
+        Animate's path: ``transformer_wan_animate``, which has its own copies)."""
+        return _wan()
+
     def processor_class(self) -> type:
-        return _wan().WanAttnProcessor
+        return self.diffusers_module().WanAttnProcessor
 
     def project(self, attn, call):
-        query, key, value = _wan()._get_qkv_projections(attn, call["hidden_states"], None)
+        query, key, value = self.diffusers_module()._get_qkv_projections(attn, call["hidden_states"], None)
         query, key = attn.norm_q(query), attn.norm_k(key)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
         if call["rotary_emb"] is not None:

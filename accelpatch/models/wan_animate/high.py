@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.tiers import Tier
-from accelpatch.models.wan.high import WanSolAttention, _rotate
+from accelpatch.models.wan.high import WanSolAttention
 from accelpatch.models.wan_animate.lossless import ATTENTION_RESTATES, _animate
 from accelpatch.sol_attn.sites import AlwaysDense
 
@@ -23,16 +23,8 @@ class WanAnimateSolAttention(WanSolAttention):
 
     restates = ATTENTION_RESTATES
 
-    def processor_class(self) -> type:
-        return _animate().WanAttnProcessor
-
-    def project(self, attn, call):
-        query, key, value = _animate()._get_qkv_projections(attn, call["hidden_states"], None)
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if call["rotary_emb"] is not None:
-            query, key = _rotate(query, *call["rotary_emb"]), _rotate(key, *call["rotary_emb"])
-        return query, key, value
+    def diffusers_module(self):
+        return _animate()
 
 
 SOL_ATTENTION = WanAnimateSolAttention()
