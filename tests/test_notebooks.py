@@ -154,7 +154,10 @@ CHECKS = {"01_quickstart.ipynb": _check_quickstart, "02_quality_vs_speed.ipynb":
 def test_notebook_runs(name, kernel_specs):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=kernel_specs)
-    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, startup_timeout=120,
+    # iopub_timeout: nbclient waits only 4 s (default) for a cell's last outputs after its reply and then drops them
+    # silently; on a loaded 2-core machine a print went missing that way. Wait longer, and raise if one still does.
+    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, startup_timeout=120, iopub_timeout=60,
+                            raise_on_iopub_timeout=True,
                             resources={"metadata": {"path": str(REPO)}})
     start = time.perf_counter()
     try:
