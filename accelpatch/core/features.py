@@ -33,8 +33,8 @@ class Feature:
     #: who owns ``option_names()`` in error messages, and how a user turns them on
     owner: str = ""
     use: str = ""
-    #: the key of this feature's section in the report (``ModelReport.sections``; the report reads "cache" and
-    #: "parallel" as ``ModelReport.cache`` / ``.parallel`` too); None: it adds nothing per model
+    #: the key of this feature's section in the report (``ModelReport.sections``; "cache" and "parallel" are also
+    #: fields of their own); None: it adds nothing per model
     report_field: Optional[str] = None
 
     def option_names(self) -> tuple[str, ...]:

@@ -150,24 +150,18 @@ class ModelReport(_Tally):
     dense_steps: Optional[dict[str, Any]] = None
     #: the family's own options in force (e.g. SANA-Video 2.0's anchor_fp32_steps)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the step cache: its settings ("method") and, since the last reset, transformer calls whose remaining blocks
+    #: were "computed" or "reused", with the "reasons" reuse was not allowed; None without a cache
+    cache: Optional[dict[str, Any]] = None
     #: the lossless fused ops of this model's sites (accelpatch.lossless.verify)
     fusions: tuple[FusionReport, ...] = ()
+    #: several processes: "sequence" (ranks the tokens are split over, 1 when not split) and "cfg" (CFG
+    #: parallelism's calls split / run whole by reason, None when it is off); None on one process
+    parallel: Optional[dict[str, Any]] = None
     #: whether a hosted feature (the step cache) gives tier high something to do on this model
     features_offer_high: bool = False
     #: every hosted feature's section (accelpatch.core.features: its ``report_field`` → what it reported)
     sections: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def cache(self) -> Optional[dict[str, Any]]:
-        """The step cache's section: its settings ("method") and, since the last reset, transformer calls whose
-        remaining blocks were "computed" or "reused", with the "reasons" reuse was not allowed; None without one."""
-        return self.sections.get("cache")
-
-    @property
-    def parallel(self) -> Optional[dict[str, Any]]:
-        """Several processes: "sequence" (ranks the tokens are split over, 1 when not split) and "cfg" (CFG
-        parallelism's calls split / run whole by reason, None when it is off); None on one process."""
-        return self.sections.get("parallel")
 
     def feature_lines(self) -> list[str]:
         """One line per hosted feature with something to say (accelpatch.core.features: the step cache,
@@ -454,8 +448,13 @@ def build_report(models, *, reset: bool = False) -> Report:
                                default_tier=str(patch.default_tier), strict=patch.strict, sites=tuple(sites),
                                step_sources=step_sources, dense_steps=dense_steps, options=options,
                                fusions=_fusions(patch.sites, sites),
-                               features_offer_high=patch.features_offer_high(), sections=sections))
+                               features_offer_high=patch.features_offer_high(), sections=sections,
+                               **{k: v for k, v in sections.items() if k in _MODEL_REPORT_FIELDS}))
     return Report(models=tuple(out))
+
+
+#: the report sections that are also ModelReport fields of their own (report.models[0].cache, .parallel)
+_MODEL_REPORT_FIELDS = ("cache", "parallel")
 
 
 def _by_op(chains: dict[str, int]) -> dict[str, dict[str, int]]:
