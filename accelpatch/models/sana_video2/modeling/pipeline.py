@@ -33,6 +33,7 @@ from diffusers.video_processor import VideoProcessor
 from transformers import Gemma2PreTrainedModel, GemmaTokenizer, GemmaTokenizerFast
 
 from accelpatch.parallel.sequence import deciding_ranks
+from accelpatch.models.sana_video2.modeling.few_step import SanaVideo2FewStepScheduler
 from accelpatch.models.sana_video2.modeling.pipeline_checks import SanaVideo2InputChecksMixin
 from accelpatch.models.sana_video2.modeling.pipeline_prompts import (RELEASE_CHI_PROMPT, RELEASE_MAX_SEQUENCE_LENGTH,
                                                                      RELEASE_MOTION_SCORE, RELEASE_NEGATIVE_PROMPT,
@@ -90,7 +91,8 @@ class SanaVideo2Pipeline(SanaVideo2PromptMixin, SanaVideo2InputChecksMixin, Diff
     Components: ``tokenizer`` (Gemma tokenizer), ``text_encoder`` (``Gemma2Model``: Gemma-2-2B-IT's decoder,
     2304 channels, in the release), ``vae`` (``AutoencoderKLLTX2Video``: the LTX-2.3 VAE, 128 latent channels, stride
     (8, 32, 32)), ``transformer`` (:class:`SanaVideo2Transformer3DModel`) and ``scheduler``
-    (``DPMSolverMultistepScheduler`` on flow sigmas: :meth:`release_scheduler`). ``tokenizer`` and ``text_encoder``
+    (``DPMSolverMultistepScheduler`` on flow sigmas: :meth:`release_scheduler`; or the 4-step preview's
+    :class:`SanaVideo2FewStepScheduler`: :meth:`four_step_scheduler`). ``tokenizer`` and ``text_encoder``
     may be None when the call passes ``prompt_embeds`` (and ``negative_prompt_embeds`` with guidance).
 
     **Release defaults and their sources.** The released checkpoint is ``Efficient-Large-Model/SANA-Video_2.0_5B_720p``;
@@ -144,6 +146,11 @@ class SanaVideo2Pipeline(SanaVideo2PromptMixin, SanaVideo2InputChecksMixin, Diff
     dataclass, ``num_videos_per_prompt``, callbacks, the progress bar, custom ``timesteps``/``sigmas``.
     Image-to-video (the release's LTX Euler path with a clean first frame) is not implemented.
 
+    **4-step preview.** ``pipe.scheduler = SanaVideo2Pipeline.four_step_scheduler()`` samples as the T2V-only
+    ``SANA-Video_2.0_5B_720p_4step`` checkpoint (stage values inferred: :mod:`.few_step`); call with
+    ``num_inference_steps=4, guidance_scale=1.0`` (that checkpoint's 81 frames: ``frames=81``). The loop is the same:
+    one transformer call per stage, the call's ``generator`` passed to ``scheduler.step`` for the transition noise.
+
     **Several processes.** With the transformer split over ranks (``pipe.transformer.enable_parallelism(config=
     ContextParallelConfig(ulysses_degree=N))`` under ``torchrun``, or ``accelpatch.parallel.enable_cfg_parallel(pipe)``),
     every rank runs the whole call, and only the first rank decodes: the others return ``frames=None`` (the VAE
@@ -165,7 +172,7 @@ class SanaVideo2Pipeline(SanaVideo2PromptMixin, SanaVideo2InputChecksMixin, Diff
         text_encoder: Optional[Gemma2PreTrainedModel],
         vae: AutoencoderKLLTX2Video,
         transformer: SanaVideo2Transformer3DModel,
-        scheduler: DPMSolverMultistepScheduler,
+        scheduler: Union[DPMSolverMultistepScheduler, SanaVideo2FewStepScheduler],
     ):
         super().__init__()
         self.register_modules(
@@ -184,6 +191,14 @@ class SanaVideo2Pipeline(SanaVideo2PromptMixin, SanaVideo2InputChecksMixin, Diff
             solver_type="midpoint", lower_order_final=True, use_flow_sigmas=True, flow_shift=float(flow_shift),
             final_sigmas_type="zero",
         )
+
+    @staticmethod
+    def four_step_scheduler(**config: Any) -> SanaVideo2FewStepScheduler:
+        """The sampler of the 4-step preview checkpoint (``SANA-Video_2.0_5B_720p_4step``: T2V, CFG 1, 81 frames):
+        four fixed stages on a shift-6 flow grid with fresh noise between stages, drawn from the call's generator.
+        Its stage values are inferred (:mod:`.few_step`); ``config`` overrides the scheduler's fields (e.g.
+        ``stage_sigmas=[...]``). Call the pipeline with ``num_inference_steps=4, guidance_scale=1.0``."""
+        return SanaVideo2FewStepScheduler(**config)
 
     # -- latents -----------------------------------------------------------------------------------------------------
 
