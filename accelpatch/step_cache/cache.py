@@ -11,10 +11,22 @@ no cache context), keeps one state per process, and knows nothing of tiers. Here
   adapter declares (its ``CacheSupport``: ``block_outputs``, ``second_stream``);
 * the hooks' state lives in a :class:`ContextLocalStateManager`: keyed by the generation and the classifier-free
   guidance branch of the calling thread or asyncio task, so every pipeline call starts clean (also after an
-  exception or an interrupted call: a call at step 0 starts a new generation) and threads never share a state;
+  exception or an interrupted call: another pipeline call, known by its scheduler's new ``timesteps``, or a call at
+  step 0 starts a new generation) and threads never share a state;
 * the reuse decision is gated: it can only reuse under the ``high`` tier, and never in the first
-  ``cache_warmup_steps`` steps, the last ``cache_final_steps`` steps (when the pipeline's scheduler tells how many
-  there are) or after ``cache_max_reuse`` consecutive reuses; each decision is counted for ``report()``.
+  ``cache_warmup_steps`` steps the model runs in the call, the last ``cache_final_steps`` steps (when the pipeline's
+  scheduler tells how many there are) or after ``cache_max_reuse`` consecutive reuses; each decision is counted for
+  ``report()``.
+
+Wan 2.2's two experts: ``transformer`` (high noise) runs the call's steps before the pipeline's boundary,
+``transformer_2`` (low noise) those after it, each with its own StepCache. Both read the call's step numbers (0..N-1)
+from the pipeline's scheduler, so ``cache_final_steps`` guards the call's last steps (run by ``transformer_2``) and a
+fraction is of the call's steps. The warm-up is per expert: each expert's first ``cache_warmup_steps`` steps of its
+share of the call compute (8 steps split 4 + 4, warm-up 2: steps 0-1 and 4-5; a single transformer's share starts
+at step 0, as before); ``report()`` says "warm-up step of this expert". MagCache's ratios and retention are read at
+the call's step, not at the expert's count of its own calls. When one expert runs a step, the other expert's share of
+the call is over: its states (the cached residuals) are freed then, in the calling context, rather than at its next
+call; the final step frees the expert that ran it.
 
 At ``exact``/``lossless`` every block runs, and the output is bit-identical to the unpatched model (the hooks only
 read). The data-dependent decision is a graph break under ``torch.compile`` (diffusers wraps it in
@@ -33,6 +45,7 @@ import torch
 from accelpatch.core import steps
 from accelpatch.core.block_registry import Registrations
 from accelpatch.core.gate import SiteCounters
+from accelpatch.core.model_state import patch_of
 from accelpatch.core.tiers import Tier, effective_tier
 from accelpatch.parallel.sequence import all_agree, deciding_ranks
 from accelpatch.step_cache.config import MAG_SPLIT, StepCacheConfig
@@ -40,7 +53,7 @@ from accelpatch.step_cache.conflicts import foreign_cache, refuse_cache_stack
 from accelpatch.step_cache.diffusers_hooks import (SINGLE_STREAM, _gated_mag_head_class, _GatedDecision, _hooked_forward,
                                                    _register_block, _RemainingBlocksState, _run_hooked, relative_change)
 from accelpatch.step_cache.states import (MAX_LIVE_GENERATIONS, ContextLocalStateManager, _CallKey, _generations,
-                                          _starts_generation)
+                                          _starts_generation, call_ref)
 
 __all__ = ["StepCache"]
 
@@ -159,32 +172,41 @@ class StepCache:
     # the generation and branch of each call ------------------------------------------------------------------
 
     def _enter_call(self, module, args, kwargs):
-        """Before each transformer call: a call at step 0 (or with no step known after a step > 0) after any other
-        step starts a new generation with clean state; calls at the same step are CFG branches 0, 1, ..."""
+        """Before each transformer call: a call of another pipeline call (its scheduler's timesteps changed), at step
+        0 (or with no step known) after any other step, or after this model's share of its call ended starts a new
+        generation with clean state; calls at the same step are CFG branches 0, 1, ... A call of one expert of a
+        two-expert pipeline (Wan 2.2) ends the other expert's share of the call: its states are freed."""
         if self.__dict__.pop("_rewire", False):  # a copy: refuse blocks whose forward is still the original's
             self._own_block_forwards(strict=True)
             self._leader = self._leader_hook()
         self.check_alone()
-        step = steps.current_step().step
+        reading = steps.current_step()
+        step, call = reading.step, self._pipeline_call(reading)
         key = self._key.get()
         if key is not None and key.open:  # the context's last call raised or was interrupted midway
             self.states.drop(key.generation)
             key = None
-        if _starts_generation(key, step):
+        if _starts_generation(key, step, call):
             if key is not None:
                 self.states.drop(key.generation)
             self.states.keep_newest(MAX_LIVE_GENERATIONS - 1)
-            key = _CallKey(generation=next(_generations), step=step, branch=0)
-        elif step == key.step:
-            key = _CallKey(key.generation, step, key.branch + 1)
+            key = _CallKey(generation=next(_generations), step=step, branch=0, first_step=step, call=call_ref(call))
         else:
-            key = _CallKey(key.generation, step, 0)
+            first = key.first_step if key.first_step is not None else step
+            key = _CallKey(key.generation, step, key.branch + 1 if step == key.step else 0, first_step=first,
+                           call=key.call)
         self._key.set(key)
+        self._end_other_experts(step, call)
         if self.config.final_steps and self._scheduler_total() is None:
             self.counters.count_note("final-step guard off: no pipeline scheduler (apply() the pipeline to enable it)")
         if self.config.method == "mag":
+            state = self.states.get_state()
+            if step and state.step_index == 0 and state.previous_residual is None:
+                # diffusers counts a state's calls from 0; its ratios and retention are the call's steps: an expert
+                # whose share starts later (Wan 2.2's low-noise one) reads them from its first step on
+                state.step_index = step
             split = MAG_SPLIT if deciding_ranks(self._model) is not None else None
-            self._blocked.set(split or self._blocked_reason(self.states.get_state(), "previous_residual"))
+            self._blocked.set(split or self._blocked_reason(state, "previous_residual"))
         return None
 
     def _exit_call(self, module, args, output):
@@ -195,8 +217,47 @@ class StepCache:
         if key is not None:
             key.open = False
         if key is not None and key.step is not None and total is not None and key.step >= total - 1:
-            self.states.drop(key.generation)  # a later CFG branch of this step starts a fresh state: it computes
+            # the final step: this branch's state and the earlier ones' go; a later CFG branch of this step still
+            # finds its own (and computes: the final-step guard), then frees it and whatever is left of the call
+            self.states.drop(key.generation, up_to_branch=key.branch)
+            key.done = True
         return None
+
+    # Wan 2.2's two experts: each has its own StepCache; the pipeline runs the high-noise one on the steps before
+    # the boundary, the low-noise one after it -------------------------------------------------------------------
+
+    def _pipeline_call(self, reading: steps.StepReading) -> Any:
+        """The token of the pipeline call this model call belongs to: its scheduler's ``timesteps`` (every call's
+        ``set_timesteps`` makes new ones, shared by both experts); None when the step does not come from it."""
+        if reading.source != steps.SCHEDULER or self._pipeline is None:
+            return None
+        return getattr(getattr(self._pipeline(), "scheduler", None), "timesteps", None)
+
+    def _experts(self) -> list["StepCache"]:
+        """The step caches of the other transformers of this cache's pipeline (Wan 2.2: the other expert's)."""
+        pipeline = self._pipeline() if self._pipeline is not None else None
+        found = []
+        for name in ("transformer", "transformer_2"):
+            model = getattr(pipeline, name, None) if pipeline is not None else None
+            patch = patch_of(model) if isinstance(model, torch.nn.Module) and model is not self._model else None
+            if patch is not None:
+                found.extend(a for a in patch.attached.values() if isinstance(a, StepCache) and a is not self)
+        return found
+
+    def _end_other_experts(self, step: Optional[int], call: Any) -> None:
+        """This model runs ``step`` of the pipeline call ``call``: in the calling context, every other expert of the
+        pipeline that last ran another step (or another call) is done with its share of the call. Its states (cached
+        residuals) are freed now, not when its next call starts: Wan 2.2's high-noise expert never runs the call's
+        final step. Freeing only ever makes a step compute (an expert called again in the same call starts a new
+        generation: first step and warm-up)."""
+        for other in self._experts():
+            key = other._key.get()
+            if key is None or key.done:
+                continue
+            other_call = call is not None and not key.of_call(call)
+            if other_call or (step is not None and key.step is not None and step != key.step):
+                other.states.drop(key.generation)
+                key.done = True
 
     def _count_mag_call(self) -> None:
         """Whether this MagCache call reused, and why it computed."""
@@ -248,7 +309,7 @@ class StepCache:
             # that graph is freed, would skip the reused blocks' gradients)
             return "gradients are recorded (training): reuse would carry an earlier call's graph"
         if getattr(state, history) is None:
-            return "first step of the call"
+            return "first step of this expert in the call" if self._experts() else "first step of the call"
         reading = steps.current_step()
         step = reading.step
         if step is None:
@@ -258,7 +319,13 @@ class StepCache:
         first = warmup.of(total)
         if first is None:
             return f"no known number of steps (cache_warmup_steps={warmup} is a fraction of them)"
-        if step < first:
+        key = self._key.get()
+        start = key.first_step if key is not None and key.first_step is not None else 0
+        if step < start + first:  # warm-up counts from this model's first step in the call (an expert's share)
+            if self._experts():
+                return f"warm-up step of this expert (its first cache_warmup_steps={warmup} steps of the call)"
+            if start:
+                return f"warm-up step (this model's first cache_warmup_steps={warmup} steps of the call)"
             return f"warm-up step (step < cache_warmup_steps={warmup})"
         if total is not None and not tail.zero and step >= total - tail.of(total):
             return f"final step (last cache_final_steps={tail})"

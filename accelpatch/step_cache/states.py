@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -25,13 +26,40 @@ class _CallKey:
     #: True from the call's start until its end: still True at the next call when the last one raised or was
     #: interrupted (the exit hook never ran), whose states may be half-written
     open: bool = True
+    #: the first known step of the generation: where this model's share of the pipeline call starts (0 for a model
+    #: that runs every step; Wan 2.2's low-noise expert starts at the boundary step); warm-up counts from it
+    first_step: Optional[int] = None
+    #: the pipeline call the generation belongs to: a weak reference to its scheduler's ``timesteps`` (each call's
+    #: ``set_timesteps`` makes new ones); None when the step does not come from a pipeline's scheduler
+    call: Optional[weakref.ref] = None
+    #: True once this model's share of the call is over (its final step ran, or another expert of the same pipeline
+    #: took over) and its states were freed: the model's next call at another step starts a new generation
+    done: bool = False
+
+    def of_call(self, call: Any) -> bool:
+        """Whether this key belongs to the pipeline call ``call`` (its scheduler's timesteps; see :func:`call_ref`)."""
+        return call is not None and self.call is not None and self.call() is call
 
 
-def _starts_generation(key: Optional[_CallKey], step: Optional[int]) -> bool:
-    """Whether a call at ``step`` starts a new generation after the context's last call (``key``): the first call,
-    an unknown step, step 0 after a call at another (or an unknown) step, or a step lower than the last."""
+def call_ref(call: Any) -> Optional[weakref.ref]:
+    """A weak reference to a pipeline call's token (None: no token, or one that takes no weak reference)."""
+    try:
+        return None if call is None else weakref.ref(call)
+    except TypeError:
+        return None
+
+
+def _starts_generation(key: Optional[_CallKey], step: Optional[int], call: Any = None) -> bool:
+    """Whether a call at ``step`` of the pipeline call ``call`` (its token, None: unknown) starts a new generation
+    after the context's last call (``key``): the first call, an unknown step, another pipeline call, a step other than
+    the last once this model's share of its call is over, step 0 after a call at another (or an unknown) step, or a
+    step lower than the last."""
     if key is None or step is None:
         return True
+    if call is not None and not key.of_call(call):
+        return True
+    if key.done:
+        return step != key.step  # at the same step: a later CFG branch of the step that ended the share
     if key.step is None:
         return step == 0
     return step < key.step
@@ -64,10 +92,12 @@ class ContextLocalStateManager:
     def set_context(self, context) -> None:  # diffusers' cache_context: our states follow the call instead
         return None
 
-    def drop(self, generation: int) -> None:
-        """Forget every state of ``generation`` (its call is over or was abandoned)."""
+    def drop(self, generation: int, up_to_branch: Optional[int] = None) -> None:
+        """Forget every state of ``generation`` (its call is over or was abandoned); with ``up_to_branch``, only its
+        CFG branches up to that one (a later branch may still run the same step)."""
         with self._lock:
-            for key in [k for k in self._states if k[0] == generation]:
+            for key in [k for k in self._states
+                        if k[0] == generation and (up_to_branch is None or k[1] <= up_to_branch)]:
                 del self._states[key]
 
     def keep_newest(self, generations: int) -> None:
