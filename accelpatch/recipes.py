@@ -26,9 +26,10 @@ from accelpatch.core.errors import did_you_mean
 from accelpatch.core.tiers import parse_tier
 from accelpatch.models.families import families
 
-__all__ = ["Gates", "CandidateSpec", "BenchSettings", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
+__all__ = ["Gates", "CandidateSpec", "BenchSettings", "LoraSpec", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
            "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
-           "call_problems", "minimum_steps", "MIN_ROUNDS", "MIN_WARMUP"]
+           "call_problems", "minimum_steps", "MIN_ROUNDS", "MIN_WARMUP", "scheduler_class", "scheduler_overrides",
+           "ACCELPATCH_SCHEDULERS"]
 
 
 def _shipped_recipes() -> Path:
@@ -107,6 +108,88 @@ def _known_backend(value: Optional[str]) -> Optional[str]:
 
 class RecipeError(ValueError):
     """A recipe that cannot be read or does not fit the schema; the message names the field and what is allowed."""
+
+
+#: scheduler classes a recipe's ``scheduler: {class: ...}`` may name besides diffusers' own: name -> the module that
+#: exports it (imported only when the name is resolved)
+ACCELPATCH_SCHEDULERS = {"SanaVideo2FewStepScheduler": "accelpatch.models.sana_video2.modeling"}
+
+
+def _diffusers_scheduler_names() -> list[str]:
+    import diffusers
+
+    return sorted(name for name in dir(diffusers) if name.endswith("Scheduler") and not name.startswith("Flax"))
+
+
+def scheduler_class(name: str) -> type:
+    """The scheduler class a recipe's ``scheduler.class`` names: one of diffusers' (``UniPCMultistepScheduler``,
+    ``FlowMatchEulerDiscreteScheduler``, ...) or of :data:`ACCELPATCH_SCHEDULERS`. Imports diffusers. An unknown
+    name raises :class:`RecipeError` with the close matches."""
+    import importlib
+
+    if name in ACCELPATCH_SCHEDULERS:
+        return getattr(importlib.import_module(ACCELPATCH_SCHEDULERS[name]), name)
+    known = _diffusers_scheduler_names()
+    if name in known:
+        import diffusers
+        from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+        cls = getattr(diffusers, name, None)
+        if isinstance(cls, type) and issubclass(cls, SchedulerMixin):
+            return cls
+    choices = known + sorted(ACCELPATCH_SCHEDULERS)
+    close = difflib.get_close_matches(str(name), choices, n=3, cutoff=0.5)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise RecipeError(f"scheduler.class: unknown scheduler {name!r}{hint}; a diffusers scheduler class name or "
+                      f"{', '.join(sorted(ACCELPATCH_SCHEDULERS))}")
+
+
+def _config_keys(cls: type) -> list[str]:
+    """The keys of ``cls``'s config: its ``__init__`` parameters (what ``register_to_config`` records)."""
+    import inspect
+
+    return sorted(name for name, p in inspect.signature(cls.__init__).parameters.items()
+                  if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def scheduler_overrides(spec: dict, cls: type) -> dict[str, Any]:
+    """The config overrides of a recipe's ``scheduler`` mapping (every key but ``class``), each checked to be a key
+    of ``cls``'s config: diffusers' ``from_config`` silently drops keyword arguments the class does not take, so a
+    misspelt one (``flow_shif``) would leave the default in place. Raises :class:`RecipeError` naming it."""
+    overrides = {k: v for k, v in spec.items() if k != "class"}
+    keys = _config_keys(cls)
+    unknown = [k for k in overrides if k not in keys]
+    if unknown:
+        lines = [f"{k!r}{did_you_mean(k, keys)}" for k in unknown]
+        raise RecipeError(f"scheduler: {', '.join(lines)} is not in {cls.__name__}'s config (diffusers would ignore "
+                          f"it); its config: {', '.join(keys)}")
+    return overrides
+
+
+def _yaml_value(value: Any) -> bool:
+    """Whether ``value`` is a plain YAML value (a scalar, or a list/mapping of them) a scheduler config can hold."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_yaml_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _yaml_value(v) for k, v in value.items())
+    return False
+
+
+class LoraSpec(BaseModel):
+    """One LoRA the pipeline loads before it is patched: ``pipe.load_lora_weights(weights, weight_name=...,
+    adapter_name=...)`` (into ``transformer_2`` with ``load_into_transformer_2=True``: Wan 2.2's low-noise expert),
+    then one ``pipe.set_adapters`` over all of a recipe's LoRAs with their scales."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weights: str = Field(min_length=1, description="hub id, local folder or .safetensors file")
+    weight_name: Optional[str] = Field(None, min_length=1, description="the file inside a hub repo or folder")
+    adapter_name: Optional[str] = Field(None, min_length=1, description="default: lora_<index>")
+    scale: float = Field(1.0, allow_inf_nan=False, description="the adapter's weight in set_adapters")
+    component: Literal["transformer", "transformer_2"] = Field(
+        "transformer", description="transformer_2: Wan 2.2's low-noise expert (load_into_transformer_2=True)")
 
 
 class _Strict(BaseModel):
@@ -247,6 +330,12 @@ class Recipe(_Strict):
     candidates: Optional[list[CandidateSpec]] = None
     gates: Gates = Field(default_factory=Gates)
     bench: BenchSettings = Field(default_factory=BenchSettings)
+    #: the pipeline's scheduler, replaced before the call: ``class`` (optional; a diffusers scheduler class name or
+    #: one of :data:`ACCELPATCH_SCHEDULERS`; default the pipeline's own class) and config overrides, applied as
+    #: ``pipe.scheduler = Cls.from_config(pipe.scheduler.config, **overrides)``
+    scheduler: Optional[dict[str, Any]] = Field(None, description="{class: Name, <config key>: value, ...}")
+    #: LoRAs loaded into the pipeline before it is patched (a distillation LoRA: lightx2v, Lightning, Turbo)
+    lora: list[LoraSpec] = Field(default_factory=list)
     #: what ``accelpatch tune`` measured for this setting (speed-up and interval, worst-case quality, seeds, device):
     #: a record for people, read by nothing
     measured: Optional[dict[str, Any]] = Field(None, description="written by accelpatch tune; informational")
@@ -276,6 +365,35 @@ class Recipe(_Strict):
         problems = call_problems(value, info.data.get("model", ""))
         if problems:
             raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler_shape(cls, value: Optional[dict]) -> Optional[dict]:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("scheduler: give a class and/or config overrides ({class: UniPCMultistepScheduler, "
+                             "flow_shift: 5.0}), or leave it out")
+        name = value.get("class")
+        if "class" in value and (not isinstance(name, str) or not name.strip()):
+            raise ValueError(f"scheduler.class must be a scheduler class name (e.g. FlowMatchEulerDiscreteScheduler), "
+                             f"got {name!r}")
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"scheduler: config keys are names, got {key!r}")
+            if not _yaml_value(item):
+                raise ValueError(f"scheduler.{key}: a config value is a number, string, bool, null or a list of "
+                                 f"them, got {type(item).__name__} {item!r}")
+        return value
+
+    @field_validator("lora")
+    @classmethod
+    def _distinct_adapters(cls, value: list[LoraSpec]) -> list[LoraSpec]:
+        names = [spec.adapter_name or f"lora_{i}" for i, spec in enumerate(value)]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"lora: adapter names must be distinct, got {repeated} more than once")
         return value
 
     @field_validator("seeds")
@@ -354,7 +472,7 @@ def schema_errors(error: ValidationError, model: Optional[type[BaseModel]] = Non
 
 def _allowed_fields(location: tuple, root: type[BaseModel]) -> list[str]:
     """The field names allowed where ``location`` points inside ``root`` (for the unknown-field message)."""
-    nested = {"gates": Gates, "bench": BenchSettings, "candidates": CandidateSpec}
+    nested = {"gates": Gates, "bench": BenchSettings, "candidates": CandidateSpec, "lora": LoraSpec}
     model = nested.get(str(location[0]), root) if root is Recipe and len(location) > 1 else root
     return sorted(model.model_fields)
 

@@ -59,7 +59,7 @@ def main() -> None:
     for r in range(args.repeats):
         for state in (("dense", "sol_attn") if r % 2 == 0 else ("sol_attn", "dense")):
             if state == "sol_attn":
-                accelpatch.apply(model, backend="sol_attn", tau=args.tau, dense_steps=0,
+                accelpatch.apply(model, backend="sol_attn", tau=args.tau, dense_steps=0, min_tokens=0,
                                  dense_layers=args.dense_layers)
             else:
                 accelpatch.remove(model)

@@ -85,7 +85,7 @@ def main() -> None:
     pipe = tiny_minimax_h3_pipeline()
     kwargs = minimax_h3_pipeline_call_kwargs(num_inference_steps=args.steps, height=args.size, width=args.size,
                                              pipeline=pipe)
-    options = dict(tau=args.tau, dense_steps=args.dense_steps, dense_layers="")
+    options = dict(tau=args.tau, dense_steps=args.dense_steps, dense_layers="", min_tokens=0)
     sample_rate = int(pipe.audio_vae.config.sampling_rate)
 
     scores = {v: [] for v in VARIANTS}

@@ -107,7 +107,7 @@ def _video_pipelines(only: str = ""):
         pipe = getattr(testing, build)()
         kwargs = getattr(testing, call)(num_inference_steps=4)
         kwargs.pop("generator")
-        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="")
+        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
         out.append((name, pipe, kwargs, {"tau": [0.5, 1.0, 2.0], "dense_steps": [2, 1, 0]}, {"psnr_floor": floor}))
     return out
 
@@ -136,7 +136,7 @@ def _pipelines(with_h3: bool, video: bool = False, only_video: bool = False, vid
         kwargs = testing.minimax_h3_pipeline_call_kwargs(num_inference_steps=3, pipeline=pipe, height=64, width=32)
         kwargs.pop("generator")
         kwargs["output"] = "videos"
-        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", cache="first_block",
+        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, cache="first_block",
                          cache_warmup_steps=0, cache_final_steps=0)
         out.append(("MiniMax-H3 (sol_attn + cache)", pipe, kwargs,
                     {"tau": [0.0, 1.0, 4.0], "cache_threshold": [0.05, 0.5, 5.0]}, {"psnr_floor": 70.0}))

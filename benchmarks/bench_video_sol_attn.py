@@ -89,7 +89,7 @@ def attention_times(spec: VideoModel, name: str, frames: int, size: int, repeats
     for r in tqdm(range(repeats), desc="attention timing"):
         for state in (("dense", "sol_attn") if r % 2 == 0 else ("sol_attn", "dense")):
             if state == "sol_attn":
-                accelpatch.apply(model, backend="sol_attn", tau=tau, dense_steps=0, dense_layers="")
+                accelpatch.apply(model, backend="sol_attn", tau=tau, dense_steps=0, dense_layers="", min_tokens=0)
             else:
                 accelpatch.remove(model)
             runs[state].append(timed_attention(model, inputs, spec.self_attention))
@@ -129,7 +129,7 @@ def quality_grid(spec: VideoModel, name: str, steps: int, taus: list[float], den
     for tau, n in tqdm([(tau, n) for tau in taus for n in dense_steps], desc="quality grid"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            accelpatch.apply(pipe, backend="sol_attn", tau=tau, dense_steps=n, dense_layers="")
+            accelpatch.apply(pipe, backend="sol_attn", tau=tau, dense_steps=n, dense_layers="", min_tokens=0)
         out = pipe(**call())
         sites = [s for s in accelpatch.report(pipe).sites if "exact_fraction" in s.stats]
         frac = statistics.mean(s.stats["exact_fraction"] for s in sites) if sites else float("nan")

@@ -20,8 +20,9 @@ from accelpatch.sol_attn.config import NOTHING_SKIPPED
 
 FAMILIES = families()
 SOL_FAMILIES = tuple(f for f in FAMILIES if issubclass(f.adapter_class(), SolAttnAdapter))
-#: sparse from the first step and layer on
-SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+#: sparse from the first step and layer on, at every length (the tiny models' sequences are shorter than the default
+#: min_tokens floor, under which every call runs dense)
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
 BUILDERS = ("tiny_{key}_transformer", "{key}_transformer_inputs", "tiny_{key}_pipeline", "{key}_pipeline_call_kwargs")
 INT_VIEWS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
              torch.float64: torch.int64}
@@ -116,6 +117,18 @@ def table_sites(family, model, backend) -> set:
             expected |= {(path, rule.fast_path.fusion.name) for path, module in model.named_modules()
                          if rule.layer(path, module)[0]}
     return expected
+
+
+def sol_site_layers(family, model) -> dict:
+    """{path: layer index} of the Sol-Attn sites the family's site table names on ``model``."""
+    layers = {}
+    for rule in family.adapter_class().sites:
+        if rule.applies(SimpleNamespace(name="sol_attn")) and rule.fast_path.fusion.name.endswith("sol_attn"):
+            for path, module in model.named_modules():
+                found, index = rule.layer(path, module)
+                if found:
+                    layers[path] = index
+    return layers
 
 
 def module_state(model) -> dict:

@@ -17,8 +17,9 @@ import torch
 
 import accelpatch
 
-#: sparse from the first step and layer on
-SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+#: sparse from the first step and layer on, at every sequence length (the tiny models' sequences are far below the
+#: default ``min_tokens`` floor, under which every call runs dense)
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.sol_attn.config import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED, SHORT_SEQUENCE, TOTAL_UNKNOWN
 from accelpatch.sol_attn import diffusers_backend as ab
 from accelpatch.sol_attn import registration as ar
 
@@ -28,6 +28,12 @@ WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, i
            rope_max_seq_len=32)
 #: 8 latent frames of 8×8 patches: 512 self-attention rows, 8 key blocks of 64
 FRAMES = 8
+
+
+def sparse_at_every_length(**options):
+    """Configure the backend (``options``) with ``min_tokens=0``: the tiny models' calls lie far below the default
+    floor (12,288 tokens), under which every call runs dense."""
+    accelpatch.sol_attn.configure_sol_attn_backend(min_tokens=0, **options)
 
 
 def tiny_wan(seed=0, dtype=torch.float32):
@@ -216,12 +222,27 @@ def test_outside_high_the_output_is_the_native_backends_bit_for_bit(dtype):
     assert counts.sparse_calls == 0 and counts.dense_calls == {ab.TIER: 3 * 2 * 2}  # 3 forwards, 2 layers, self+cross
 
 
+def test_under_high_the_default_floor_keeps_short_self_attention_dense():
+    """The backend's default min_tokens (12,288) is far above the tiny model's 512 rows: under high its
+    self-attention runs the native backend bit for bit, counted SHORT_SEQUENCE (the policy, not a fallback)."""
+    inputs = wan_inputs()
+    reference = forward(tiny_wan(), inputs)
+    model = tiny_wan()
+    model.set_attention_backend("sol_attn")
+    assert ab.current_config().min_tokens == 12288
+    with accelpatch.quality("high"):
+        assert_same_bits(forward(model, inputs), reference)
+    counts = accelpatch.sol_attn.attention_backend_report()
+    assert counts.sparse_calls == 0 and counts.dense_calls == {SHORT_SEQUENCE: 2, ab.SHAPES: 2}
+    assert counts.fallback_calls == {ab.SHAPES: 2}
+
+
 def test_under_high_the_self_attention_runs_the_sol_attn_op(recorder):
     inputs = wan_inputs()
     reference = forward(tiny_wan(), inputs)
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
-    accelpatch.sol_attn.configure_sol_attn_backend(tau=1.5)
+    sparse_at_every_length(tau=1.5)
     with accelpatch.quality("high"):
         out = forward(model, inputs)
     assert not torch.equal(out, reference) and torch.isfinite(out).all()
@@ -243,6 +264,7 @@ def test_the_check_catches_a_wrong_kernel(recorder, monkeypatch):
         return real(q, k, v, **kwargs)
 
     monkeypatch.setattr(ops, "sol_attn", wrong)
+    sparse_at_every_length()  # so that the self-attention calls run the (wrong) kernel
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
     with accelpatch.quality("high"):
@@ -263,17 +285,21 @@ def test_ineligible_calls_run_dense_with_their_reason():
             t = q.transpose(1, 2)
             sdpa_extra = {"attn_mask": mask[:, None, None]} if "attn_mask" in extra else extra
             assert torch.equal(out, dense(t, t, t, **sdpa_extra).transpose(1, 2)), reason
-        accelpatch.sol_attn.configure_sol_attn_backend(dense_steps=2)
+        ab.sol_attn_backend(q, q, q)  # the default floor: 128 tokens are a short sequence (the policy)
+        sparse_at_every_length(dense_steps=2)
         ab.sol_attn_backend(q, q, q)
         with accelpatch.denoising_step(1):
             ab.sol_attn_backend(q, q, q)
         with accelpatch.denoising_step(2):
             ab.sol_attn_backend(q, q, q)
+        sparse_at_every_length(dense_steps=0.2)  # a fraction needs the call's number of steps
+        with accelpatch.denoising_step(2):
+            ab.sol_attn_backend(q, q, q)
     counts = accelpatch.sol_attn.attention_backend_report()
     # the eligible call ran Sol-Attn over 2 blocks, every pair exact: it skipped nothing, so it is no sparse call
-    assert counts.dense_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1, ab.DENSE_STEP: 1,
-                                  NOTHING_SKIPPED: 1}
-    assert counts.fallback_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1}
+    assert counts.dense_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, SHORT_SEQUENCE: 1, ab.STEP_UNKNOWN: 1,
+                                  ab.DENSE_STEP: 1, NOTHING_SKIPPED: 1, TOTAL_UNKNOWN: 1}
+    assert counts.fallback_calls == {ab.MASK: 1, ab.CAUSAL: 1, ab.SCALE: 1, ab.STEP_UNKNOWN: 1, TOTAL_UNKNOWN: 1}
     assert counts.sparse_calls == 0
 
 
@@ -310,6 +336,7 @@ def test_a_model_that_did_not_ask_for_sol_attn_never_runs_it():
     inputs = wan_inputs()
     other = tiny_wan(seed=3)
     other_reference = forward(other, inputs)
+    sparse_at_every_length()
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
     # diffusers made sol_attn the process-global active backend (diffusers#14249): `other`'s processors (backend
@@ -331,6 +358,7 @@ def test_a_model_that_did_not_ask_for_sol_attn_never_runs_it():
 def test_report_reset_and_back_to_native_leaves_no_trace():
     inputs = wan_inputs()
     reference = forward(tiny_wan(), inputs)
+    sparse_at_every_length()
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
     with accelpatch.quality("high"):
@@ -352,6 +380,7 @@ def test_report_reset_and_back_to_native_leaves_no_trace():
 
 def test_compiled_model_keeps_the_contract_and_the_counts():
     torch._dynamo.reset()
+    sparse_at_every_length()
     inputs = wan_inputs()
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
@@ -375,12 +404,14 @@ def test_threads_each_run_their_own_tier():
     """The tier is context-local: two threads sharing one model, one under high, one at the default."""
     import threading
 
+    sparse_at_every_length()
     inputs = wan_inputs()
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
     dense = forward(model, inputs)
     with accelpatch.quality("high"):
         sparse = forward(model, inputs)
+    assert not torch.equal(sparse, dense)  # the two tiers differ, so a thread running the other's would be seen
     wrong = []
 
     def work(tier, expected):
@@ -401,11 +432,13 @@ def test_a_model_set_to_sol_attn_copies_and_pickles():
     import copy
     import pickle
 
+    sparse_at_every_length()
     inputs = wan_inputs()
     model = tiny_wan()
     model.set_attention_backend("sol_attn")
     with accelpatch.quality("high"):
         expected = forward(model, inputs)
+        assert accelpatch.sol_attn.attention_backend_report().sparse_calls == 2  # the clones run the sparse path
         for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             assert ab.uses_sol_attn([clone])
             assert torch.equal(forward(clone, inputs), expected)
@@ -418,6 +451,7 @@ def test_minimax_h3_takes_the_switch_too():
 
     model = tiny_minimax_h3_transformer()
     inputs = minimax_h3_transformer_inputs(model, num_video=300)
+    sparse_at_every_length()
     with torch.no_grad():
         reference = model(**inputs).sample
         model.set_attention_backend("sol_attn")

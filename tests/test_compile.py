@@ -32,8 +32,8 @@ def _sana_video2():
 
 def _h3_sol_attn():
     m = tiny_minimax_h3_transformer()
-    return m, minimax_h3_transformer_inputs(m, num_video=300), dict(backend="sol_attn", dense_steps=0,
-                                                                     dense_layers=""), "transformer_blocks"
+    options = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
+    return m, minimax_h3_transformer_inputs(m, num_video=300), options, "transformer_blocks"
 
 
 MODELS = {"sana-video": _sana, "sana-video2": _sana_video2, "minimax-h3-sol_attn": _h3_sol_attn}
@@ -145,7 +145,7 @@ def test_a_multi_step_run_of_compiled_blocks_compiles_a_few_graphs_and_keeps_cou
     for dense_steps in other_models_dense_steps:
         accelpatch.apply(tiny_minimax_h3_transformer(), backend="sol_attn", dense_steps=dense_steps)
     model, _, _, _ = _h3_sol_attn()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="0", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="0", tau=3.0, min_tokens=0)
     for block in model.transformer_blocks:
         block.compile(backend="eager", fullgraph=True)
     timesteps = [0.1 * i for i in range(1, 9)]  # 8 steps, rising toward clean
@@ -163,7 +163,7 @@ def test_a_multi_step_run_of_compiled_blocks_compiles_a_few_graphs_and_keeps_cou
 
 def test_explicit_denoising_steps_do_not_recompile_per_step():
     model, inputs, _, _ = _h3_sol_attn()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=3, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=3, dense_layers="", tau=3.0, min_tokens=0)
     for block in model.transformer_blocks:
         block.compile(backend="eager", fullgraph=True)
     for step in range(10):
@@ -206,7 +206,7 @@ def test_whole_model_compile_of_minimax_h3_does_not_recompile_per_call():
     """The step clock and the layout are host values: inside a whole-model graph the hook leaves them alone (once,
     the hook's data-dependent work recompiled at every call), and the sites say why they run dense."""
     model, _, _, _ = _h3_sol_attn()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="")
+    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="", min_tokens=0)
     compiled = torch.compile(model, backend="eager")
     for t in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
         _forward(compiled, minimax_h3_transformer_inputs(model, num_video=300, video_timestep=t, audio_timestep=t))
@@ -223,7 +223,7 @@ def test_a_pipeline_run_with_compile_repeated_blocks_stays_within_a_few_graphs()
     from accelpatch.testing import minimax_h3_pipeline_call_kwargs, tiny_minimax_h3_pipeline
 
     pipe = tiny_minimax_h3_pipeline()
-    accelpatch.apply(pipe, backend="sol_attn", dense_steps=3, dense_layers="", tau=1.0)
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps=3, dense_layers="", tau=1.0, min_tokens=0)
     pipe.transformer.compile_repeated_blocks(backend="eager", fullgraph=True)
     call = lambda: minimax_h3_pipeline_call_kwargs(num_inference_steps=13, height=128, width=128)  # noqa: E731
     first = pipe(**call(), output="videos")

@@ -35,7 +35,7 @@ def _forward(model, inputs):
 
 def _sparse_h3():
     model = tiny_minimax_h3_transformer().eval()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
     return model, minimax_h3_transformer_inputs(model, num_video=300)
 
 

@@ -25,7 +25,7 @@ SCRIPT = START + textwrap.dedent("""
         out = {}
         with torch.no_grad():
             out["unpatched"] = model(**inputs).sample.clone()  # clone() waits for the gather; torch.save would not
-            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
             for tier in ("exact", "lossless"):
                 with accelpatch.quality(tier):
                     out[tier] = model(**inputs).sample.clone()
@@ -68,7 +68,7 @@ def test_ulysses_on_two_processes_runs_sol_attn_on_every_rank(tmp_path):
 
     model = tiny_minimax_h3_transformer()
     inputs = minimax_h3_transformer_inputs(model, num_video=1100)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     with torch.no_grad():
         one = model(**inputs)
         one_process, one_process_audio = one.sample, one.audio_sample

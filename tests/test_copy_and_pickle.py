@@ -66,7 +66,7 @@ def test_pickle_round_trip_of_a_patched_model():
 def test_deepcopy_of_a_sol_attn_patched_h3_model_runs_sparse_on_its_own():
     model = tiny_minimax_h3_transformer()
     inputs = minimax_h3_transformer_inputs(model, num_video=1100)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     sparse = _forward(model, inputs)
     twin = copy.deepcopy(model)
     assert torch.equal(_forward(twin, inputs), sparse)

@@ -92,7 +92,7 @@ def test_minimax_h3_section_runs_the_sparse_path_and_stays_bit_identical_where_i
     text = run_demo(model="minimax-h3", steps=1, repeats=2, progress=False)
     lines = section(text, "MiniMax-H3")
     assert "packed sequence 1,011 rows: 5 text + 414 audio (the always-exact sink) + 592 video" in text
-    assert 'accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers=\'\')' in text
+    assert 'accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers=\'\', min_tokens=0)' in text
     rows = table(lines)
     assert list(rows) == ["unpatched", "sol_attn (high)", "sol_attn, lossless"]
     sol, lossless = rows["sol_attn (high)"], rows["sol_attn, lossless"]

@@ -14,8 +14,10 @@ pipeline gives its unpatched outputs at the default tiers and after ``remove()``
 Families whose adapter is a ``SolAttnAdapter`` (the Sol-Attn path runs on a CPU), with ``backend="sol_attn"``:
 ``exact``/``lossless`` and the default dense layers are the unpatched bits; a kernel that raises falls back, warned
 once and counted, and ``strict`` raises; copies and pickles keep the sparse path; gradients flow through it, also
-under gradient checkpointing; and in the pipeline the default dense steps and ``exact`` are the unpatched bits while
-``high`` runs sparse into the output.
+under gradient checkpointing; in the pipeline ``exact``, every step dense (``dense_steps=1.0``) and the defaults on
+the tiny sequences (the first 20 % of the steps dense, the rest below the ``min_tokens`` floor) are the unpatched bits,
+each call counted with its reason, while ``high`` runs sparse into the output; and with the defaults (``min_tokens=0``
+for the tiny sequences) a 4-step call runs sparse on every step after the first, except dense layers.
 
 Bit identity is raw bits with dtype, shape and stride, never ``allclose``. What is particular to a family stays in
 its own test file (tests/test_<family>*.py); what the checks are made of is tests/_family_contract.py.
@@ -34,12 +36,13 @@ import accelpatch
 from _family_contract import (EXACT_ADMITS_NO_HIGH, EXACT_ADMITS_NO_LOSSLESS, FAMILIES, INT_VIEWS,
                               LOSSLESS_ADMITS_NO_HIGH, SOL_FAMILIES, SPARSE, all_same, backends, calls,
                               check_copies_keep_the_bits, check_restored, counts, forward, module_bits, module_state,
-                              outputs, quiet_apply, run_pipeline, same_bits, sol_attn_runs, sol_sites, states_equal,
-                              table_sites, tiny, transformer_forwards, with_and_without)
+                              outputs, pipeline_call, quiet_apply, run_pipeline, same_bits, sol_attn_runs, sol_site_layers,
+                              sol_sites, states_equal, table_sites, tiny, transformer_forwards, with_and_without)
 from accelpatch.core.errors import FastPathUnavailableError
 from accelpatch.core.sites import SITE_ATTR
 from accelpatch.lossless import verify
 from accelpatch.sol_attn import sites as sol_attention
+from accelpatch.sol_attn.config import DENSE_LAYER, DENSE_STEP, NOTHING_SKIPPED, SHORT_SEQUENCE
 
 every_family = pytest.mark.parametrize("family", FAMILIES, ids=[f.key for f in FAMILIES])
 every_sol_family = pytest.mark.parametrize("family", SOL_FAMILIES, ids=[f.key for f in SOL_FAMILIES])
@@ -443,24 +446,46 @@ def test_gradients_flow_through_the_sparse_path_also_under_gradient_checkpointin
 
 
 @per_family("pipeline", SOL_FAMILIES)
-def test_in_the_pipeline_dense_steps_and_exact_are_the_unpatched_bits_and_high_runs_sparse(pipeline, monkeypatch):
+def test_in_the_pipeline_dense_steps_short_sequences_and_exact_are_the_unpatched_bits_and_high_runs_sparse(
+        pipeline, monkeypatch):
     family, builders, pipe, reference = pipeline
     import accelpatch.sol_attn.op as ops
     run = lambda: run_pipeline(family, builders, pipe)  # noqa: E731
     forwards, unhook = transformer_forwards(pipe)
+
+    def dense_call(**options):
+        """One call at high patched with ``options``, which keep every call dense: its outputs are the unpatched
+        ones; the Sol-Attn sites, the latest call's dense steps and the transformer forwards."""
+        accelpatch.apply(pipe, **options)
+        accelpatch.report(pipe, reset=True)
+        forwards[0] = 0
+        assert all_same(run(), reference), options
+        rep = accelpatch.report(pipe)
+        return sol_sites(rep), rep.models[0].dense_steps, forwards[0]
+
     try:
         accelpatch.apply(pipe, **SPARSE)
         with accelpatch.quality("exact"):
             assert all_same(run(), reference)
         assert sol_sites(accelpatch.report(pipe)) and all(
             s.fast_calls == 0 for s in sol_sites(accelpatch.report(pipe)))
-        accelpatch.apply(pipe, backend="sol_attn", dense_layers="")  # the default dense_steps=10 covers every step
-        accelpatch.report(pipe, reset=True)
-        forwards[0] = 0
-        assert all_same(run(), reference)  # at high: every call a counted dense step
-        sites = sol_sites(accelpatch.report(pipe))
-        assert sites and all(s.fast_calls == 0 and s.reference_calls == {sol_attention.DENSE_STEP: forwards[0]}
-                             for s in sites), (forwards, sites)
+        # dense_steps=1.0 (all of this call's steps): every call a counted dense step
+        sites, dense, n = dense_call(**dict(SPARSE, dense_steps=1.0))
+        total = dense["total"]
+        assert sites and total and n and not n % total, (dense, n)
+        assert all(s.fast_calls == 0 and s.reference_calls == {DENSE_STEP: n} and not s.fallback_calls
+                   for s in sites), (n, sites)
+        assert dense == {"total": total, "steps": {i: {DENSE_STEP: len(sites) * n // total}
+                                                   for i in range(total)}}
+        # the defaults (dense_steps 0.2: the first 20 % of this call's steps rounded up; min_tokens 12,288): the
+        # first steps are dense steps, and every later call is over a tiny sequence below the floor
+        sites, dense, again = dense_call(backend="sol_attn", dense_layers="")
+        head, per_step = -(-total // 5), n // total
+        assert again == n and 0 < head < total and dense["total"] == total, (dense, again)
+        assert all(s.fast_calls == 0 and not s.fallback_calls and s.reference_calls == {
+            DENSE_STEP: head * per_step, SHORT_SEQUENCE: (total - head) * per_step} for s in sites), sites
+        assert dense["steps"] == {i: {DENSE_STEP if i < head else SHORT_SEQUENCE: len(sites) * per_step}
+                                  for i in range(total)}
         accelpatch.apply(pipe, **SPARSE)
         accelpatch.report(pipe, reset=True)
         forwards[0] = 0
@@ -484,3 +509,65 @@ def test_in_the_pipeline_dense_steps_and_exact_are_the_unpatched_bits_and_high_r
     assert sites and all(s.fast_calls == high_forwards > 0 for s in sites), (high_forwards, sites)
     assert all(0 < s.stats["exact_fraction"] < 1 for s in sites), sites
     assert all_same(run(), reference)
+
+
+@per_family("pipeline", SOL_FAMILIES)
+def test_with_the_defaults_a_four_step_call_runs_sparse_on_every_step_after_the_first_except_dense_layers(pipeline):
+    """The issue's acceptance: with the defaults, a 4-step call on each family's tiny pipeline with
+    ``backend="sol_attn"`` (``min_tokens=0``: the tiny sequences are shorter than the floor) runs sparse on every step
+    after the first, except dense layers. The default ``dense_steps`` (0.2: 1 of 4 steps) keeps step 0 dense at every
+    Sol-Attn site; on steps 1-3 a site in the model's default dense layers runs dense (a dense layer) and every other
+    site runs the Sol-Attn op on each call. Every tiny transformer's blocks (2) all lie in its default dense layers
+    (0, 1): there apply() warns that nothing runs sparse and the call gives the unpatched bits; the same call with
+    ``dense_layers=""`` (the default ``dense_steps`` still) runs the Sol-Attn op at every site on steps 1-3."""
+    family, builders, pipe, _ = pipeline
+    steps = 4 + (family.recipe.min_steps is not None)  # MiniMax-H3: n scheduler steps run n-1 transformer calls
+    forwards, unhook = transformer_forwards(pipe)
+
+    def call():
+        accelpatch.report(pipe, reset=True)
+        forwards[0] = 0
+        out = outputs(pipe(**dict(pipeline_call(family, builders, pipe), num_inference_steps=steps)))
+        return out, accelpatch.report(pipe), forwards[0]
+
+    layers = sol_site_layers(family, pipe.transformer)
+    dense_sites = {path for path, layer in layers.items() if layer in family.adapter_class().default_dense_layers}
+    try:
+        unpatched, _, n = call()
+        per_step = n // 4
+        assert layers and per_step and n == 4 * per_step, (layers, n)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            accelpatch.apply(pipe, backend="sol_attn", min_tokens=0)
+        never = [w for w in caught if "never runs sparse" in str(w.message)]
+        assert len(never) == (dense_sites == set(layers)), [str(w.message) for w in caught]
+        out, rep, again = call()
+        sites = sol_sites(rep)
+        assert again == n and {s.path for s in sites} == set(layers)
+        assert rep.models[0].dense_steps == {"total": 4, "steps": {
+            0: {DENSE_STEP: len(layers) * per_step},
+            **{i: {DENSE_LAYER: len(dense_sites) * per_step} for i in (1, 2, 3) if dense_sites}}}
+        for s in sites:
+            assert calls(s) == 4 * per_step and not s.fallback_calls, s
+            if s.path in dense_sites:
+                assert s.fast_calls == 0 and s.reference_calls == {DENSE_STEP: per_step, DENSE_LAYER: 3 * per_step}, s
+            else:
+                assert sol_attn_runs([s]) == 3 * per_step and set(s.reference_calls) <= {DENSE_STEP, NOTHING_SKIPPED}
+                assert s.reference_calls[DENSE_STEP] == per_step, s
+        if dense_sites == set(layers):  # no site runs sparse: every call is the model's own attention
+            assert all_same(out, unpatched)
+        # no dense layers, the default dense_steps: Sol-Attn at every site on steps 1-3 (that its output reaches the
+        # pipeline's is the check above with the moved kernel)
+        accelpatch.apply(pipe, backend="sol_attn", min_tokens=0, dense_layers="")
+        out, rep, again = call()
+        sites = sol_sites(rep)
+        assert again == n and {s.path for s in sites} == set(layers)
+        assert rep.models[0].dense_steps == {"total": 4, "steps": {0: {DENSE_STEP: len(layers) * per_step}}}
+        assert all(calls(s) == 4 * per_step and not s.fallback_calls and sol_attn_runs([s]) == 3 * per_step
+                   and s.reference_calls.get(DENSE_STEP) == per_step
+                   and set(s.reference_calls) <= {DENSE_STEP, NOTHING_SKIPPED} for s in sites), sites
+        assert all(torch.isfinite(o).all() for o in out)
+        assert all(s.fast_calls and 0 < s.stats["exact_fraction"] < 1 for s in sites), sites  # blocks were skipped
+    finally:
+        unhook()
+        accelpatch.remove(pipe)

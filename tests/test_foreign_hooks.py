@@ -172,7 +172,7 @@ def test_a_diffusers_hook_added_before_apply_is_followed_to_the_gate():
     inputs = _h3_inputs(model)
     for block in model.transformer_blocks:
         _diffusers_hook(block.attn)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     rep = accelpatch.report(model)
     assert all(s.mounted for s in rep.sites)
     _forward(model, inputs)

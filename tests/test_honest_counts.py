@@ -81,7 +81,7 @@ def test_lossless_and_high_are_reported_apart():
     lossless ones, and the headline says both."""
     model = t.tiny_minimax_h3_transformer()
     inputs = t.minimax_h3_transformer_inputs(model, num_video=300)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     _forward(model, inputs)
     report = accelpatch.report(model)
     sparse = sum(s.fast_calls for s in report.sites if s.kind == "sol_attn")
@@ -245,7 +245,8 @@ def test_a_sparse_call_that_skipped_nothing_is_counted_once_not_handed_down():
     but skipped nothing is counted by Sol-Attn with NOTHING_SKIPPED, and the site below never ran for it."""
     model = t.tiny_minimax_h3_transformer(dtype=torch.bfloat16)
     inputs = t.minimax_h3_transformer_inputs(model, num_video=96, video_timestep=0.1, audio_timestep=0.1)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=-1e9)  # every pair exact
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0,
+                     tau=-1e9)  # every pair exact
     with torch.no_grad():
         model(**inputs)
     sites = [s for s in accelpatch.report(model).models[0].sites if s.path == "transformer_blocks.0.attn"]

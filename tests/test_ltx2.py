@@ -1,9 +1,9 @@
-"""LTX-2 with backend="sol_attn": the default dense steps keep a direct call dense (video and audio bits), high runs
-sparse on the video self-attention with its exact fraction counted while the audio self-attention and every
-cross-attention stay dense with their reasons, strict mode, unknown layouts refused at apply(), LTX-2.3's layout
-(split RoPE, gates, the STG processor), compile; the step cache (FirstBlockCache) on the (video, audio) blocks; and
-checks that catch a wrong kernel and a wrong second stream. What every family keeps (the tiers' bits, remove(),
-pickling, backward, ...) is tests/test_family_contract.py's."""
+"""LTX-2 with backend="sol_attn": the default dense steps and min_tokens floor keep a direct call dense (video and audio
+bits), counted with their reasons; high runs sparse on the video self-attention with its exact fraction counted while
+the audio self-attention and every cross-attention stay dense with their reasons, strict mode, unknown layouts refused
+at apply(), LTX-2.3's layout (split RoPE, gates, the STG processor), compile; the step cache (FirstBlockCache) on the
+(video, audio) blocks; and checks that catch a wrong kernel and a wrong second stream. What every family keeps (the
+tiers' bits, remove(), pickling, backward, ...) is tests/test_family_contract.py's."""
 import dataclasses
 
 import pytest
@@ -12,7 +12,7 @@ import torch
 from _tiny_pipeline_checks import dense_kernel
 
 import accelpatch
-from accelpatch.sol_attn.config import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import NOTHING_SKIPPED, SHORT_SEQUENCE, TOTAL_UNKNOWN
 from accelpatch.models.ltx2 import adapter as ltx2_adapter
 from accelpatch.models.ltx2 import high as ltx2_high
 from accelpatch.core.errors import FastPathUnavailableError
@@ -65,11 +65,33 @@ def _expected_dense(calls=1):
     return expected
 
 
-def test_the_default_dense_steps_keep_a_direct_call_dense_and_bit_identical(model):
+def _reasons(m):
+    return [(s.fast_calls, s.reference_calls, s.fallback_calls) for s in _sol(accelpatch.report(m, reset=True))]
+
+
+def test_the_default_dense_steps_and_floor_keep_a_direct_call_dense_and_bit_identical(model):
+    """The default dense_steps is a fraction (0.2 of the call's steps), which a direct call without its number of
+    steps cannot place: it runs dense, warned and counted; with the number of steps given, the first step is a dense
+    step and a later one runs dense under the default min_tokens floor (1,024 video tokens); with the floor off the
+    later step runs the Sol-Attn op."""
     m, inputs, reference = model
-    accelpatch.apply(m, backend="sol_attn", dense_layers="")  # dense_steps=10 covers timestep 500's step 0
-    assert _both_equal(_forward(m, inputs), reference)
-    assert all(s.reference_calls == {sol_attention.DENSE_STEP: 1} for s in _sol(accelpatch.report(m)))
+    accelpatch.apply(m, backend="sol_attn", dense_layers="")
+    with pytest.warns(RuntimeWarning, match="number of denoising steps is unknown"):
+        assert _both_equal(_forward(m, inputs), reference)  # the timestep gives step 0, but not the call's length
+    assert _reasons(m) == [(0, {TOTAL_UNKNOWN: 1}, {TOTAL_UNKNOWN: 1})] * 2
+    with accelpatch.denoising_step(0, total=4):
+        assert _both_equal(_forward(m, inputs), reference)
+    assert _reasons(m) == [(0, {sol_attention.DENSE_STEP: 1}, {})] * 2
+    with accelpatch.denoising_step(1, total=4):
+        assert _both_equal(_forward(m, inputs), reference)
+    assert _reasons(m) == [(0, {SHORT_SEQUENCE: 1}, {})] * 2
+    accelpatch.apply(m, backend="sol_attn", dense_layers="", min_tokens=0)
+    with accelpatch.denoising_step(0, total=4):
+        assert _both_equal(_forward(m, inputs), reference)
+    assert _reasons(m) == [(0, {sol_attention.DENSE_STEP: 1}, {})] * 2
+    with accelpatch.denoising_step(1, total=4):
+        assert not torch.equal(_forward(m, inputs)[0], reference[0])
+    assert [sol_attn_runs([s]) for s in _sol(accelpatch.report(m))] == [1, 1]
 
 
 def test_high_runs_sparse_on_video_self_attention_only_and_moves_the_audio_through_v2a(model):

@@ -17,7 +17,9 @@ import accelpatch
 from _multiprocess import START, run_ranks
 from accelpatch.testing import ltx2_transformer_inputs, tiny_ltx2_transformer
 
-SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+#: sparse from the first step and layer on, at every length (the tiny sequences are shorter than the default
+#: min_tokens floor, under which every call runs dense)
+SPARSE = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
 
 SCRIPT = START + textwrap.dedent("""
     def worker(rank, world, port, folder):
@@ -46,7 +48,7 @@ SCRIPT = START + textwrap.dedent("""
         inputs.update(encoder_attention_mask=None, isolate_modalities=True)
         with torch.no_grad():
             out["unpatched"] = forward()
-            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
             with accelpatch.quality("exact"):
                 out["exact"] = forward()
             out["high"] = forward()

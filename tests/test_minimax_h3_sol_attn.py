@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import accelpatch
-from accelpatch.sol_attn.config import NOTHING_SKIPPED
+from accelpatch.sol_attn.config import DENSE_STEP, NOTHING_SKIPPED, SHORT_SEQUENCE, TOTAL_UNKNOWN
 from accelpatch.core.reporting import merge_counts
 from accelpatch.models.minimax_h3 import high as h3_high
 from accelpatch.testing import (minimax_h3_layout, minimax_h3_pipeline_call_kwargs, minimax_h3_transformer_inputs,
@@ -97,7 +97,7 @@ def test_exact_and_lossless_blocks_run_dense_on_a_sol_patched_model(model):
 
 def test_all_exact_tau_is_close_to_dense_and_a_large_tau_really_runs_sparse(model):
     m, inputs, reference = model
-    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=-1e9)
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=-1e9)
     torch.testing.assert_close(_forward(m, inputs), reference, atol=1e-4, rtol=1e-4)
     sites = [s for s in accelpatch.report(m).sites if s.kind == "sol_attn"]
     # the kernel ran, but skipped nothing: not a fast call (issue #30: it once counted as one)
@@ -106,7 +106,7 @@ def test_all_exact_tau_is_close_to_dense_and_a_large_tau_really_runs_sparse(mode
     with pytest.raises(AssertionError, match="no sparse fast path ran"):
         accelpatch.report(m).assert_fast_path_ran(kind="sparse")
 
-    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)  # re-configures in place
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)  # in place
     out = _forward(m, inputs)
     assert torch.isfinite(out).all() and not torch.allclose(out, reference, atol=1e-4, rtol=1e-4)
     sites = [s for s in accelpatch.report(m).sites if s.kind == "sol_attn"]
@@ -117,7 +117,7 @@ def test_all_exact_tau_is_close_to_dense_and_a_large_tau_really_runs_sparse(mode
 
 def test_direct_calls_use_the_denoising_step_context(model):
     m, inputs, reference = model
-    accelpatch.apply(m, backend="sol_attn", dense_steps=2, dense_layers="", tau=3.0)
+    accelpatch.apply(m, backend="sol_attn", dense_steps=2, dense_layers="", min_tokens=0, tau=3.0)
     seen = []
     hook = m.transformer_blocks[0].attn.register_forward_pre_hook(
         lambda *_: seen.append(accelpatch.core.steps.current_denoising_step()))
@@ -135,6 +135,47 @@ def test_direct_calls_use_the_denoising_step_context(model):
             pass
 
 
+def _sol_counts(m):
+    """(fast calls, reference calls by reason, fallback calls by reason) of each main-block Sol-Attn site."""
+    return [(s.fast_calls, s.reference_calls, s.fallback_calls)
+            for s in accelpatch.report(m).sites if s.kind == "sol_attn"]
+
+
+def test_the_default_dense_steps_fraction_needs_the_calls_number_of_steps(model):
+    """dense_steps defaults to 0.2 of the call's steps: a direct call whose number of steps nothing gives runs dense
+    (bit for bit, counted TOTAL_UNKNOWN, a fallback: the policy could not apply), even at a known step; with
+    denoising_step(i, total=10) steps 0 and 1 (ceil(0.2 * 10)) are dense steps and step 2 runs sparse."""
+    from accelpatch.core.patcher import patch_of
+
+    m, inputs, reference = model
+    accelpatch.apply(m, backend="sol_attn", dense_layers="", min_tokens=0, tau=3.0)
+    assert patch_of(m).backend.dense_steps == 0.2
+    with pytest.warns(RuntimeWarning, match="number of denoising steps is unknown"):
+        assert torch.equal(_forward(m, inputs), reference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        with accelpatch.denoising_step(5):
+            assert torch.equal(_forward(m, inputs), reference)
+    assert _sol_counts(m) == [(0, {TOTAL_UNKNOWN: 2}, {TOTAL_UNKNOWN: 2})] * 2
+    accelpatch.report(m, reset=True)
+    for step in range(3):
+        with accelpatch.denoising_step(step, total=10):
+            assert torch.equal(_forward(m, inputs), reference) == (step < 2), step
+    assert _sol_counts(m) == [(1, {DENSE_STEP: 2}, {})] * 2
+
+
+def test_the_default_min_tokens_keeps_the_tiny_models_calls_dense(model):
+    """The default floor (12,288 tokens) is far above the tiny model's 1,114 rows: even at a sparse step every call
+    runs the dense original, bit for bit, counted SHORT_SEQUENCE (the policy, not a fallback)."""
+    m, inputs, reference = model
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    assert accelpatch.SolAttnConfig().min_tokens == 12288 > inputs["position_ids"].shape[0]
+    assert torch.equal(_forward(m, inputs), reference)
+    assert _sol_counts(m) == [(0, {SHORT_SEQUENCE: 1}, {})] * 2
+    with pytest.raises(AssertionError, match="no sparse fast path ran"):
+        accelpatch.report(m).assert_fast_path_ran(kind="sparse")
+
+
 def _call(pipe):
     # 128×128 gives 592 video rows after 419 text/audio rows: enough blocks beyond the sink for sparsity.
     return pipe(**minimax_h3_pipeline_call_kwargs(num_inference_steps=4, height=128, width=128), output="videos")
@@ -143,7 +184,7 @@ def _call(pipe):
 def test_step_clock_through_the_modular_pipeline_restarts_each_call():
     pipe = tiny_minimax_h3_pipeline()
     expected = _call(pipe)
-    accelpatch.apply(pipe, backend="sol_attn", dense_steps=1, dense_layers="", tau=1.0)
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps=1, dense_layers="", min_tokens=0, tau=1.0)
     seen = []
     hook = pipe.transformer.transformer_blocks[1].attn.register_forward_pre_hook(
         lambda *_: seen.append(accelpatch.core.steps.current_denoising_step()))
@@ -164,7 +205,7 @@ def test_step_clock_through_the_modular_pipeline_restarts_each_call():
 def test_batch_items_never_mix(model):
     m, _, _ = model
     inputs = minimax_h3_transformer_inputs(m, num_video=ROWS, batch_size=2, seed=3)
-    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=1.0)
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=1.0)
     out = _forward(m, inputs)
     changed = dict(inputs)
     for key in ("hidden_states", "audio_hidden_states", "encoder_hidden_states"):
@@ -186,7 +227,7 @@ def test_sink_rows_stay_exact_at_the_attention_level(model):
     rope = m.rope(inputs["position_ids"])
     with torch.no_grad():
         dense = attn(hidden, rope)
-        accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+        accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
         with accelpatch.denoising_step(5):
             token = h3_high._layout.set(h3_high.layout_from_token_tags(inputs["token_tags"]))
             try:
@@ -265,7 +306,7 @@ def test_backend_errors_list_what_is_available(model):
 
 def test_context_parallel_config_falls_back_to_the_dense_original(model):
     m, inputs, reference = model
-    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="")
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
     processors = [a.processor for a in _attention_modules(m)]
     sentinel = object()
     for p in processors:
@@ -296,7 +337,7 @@ def test_attention_backend_choice_reaches_the_dense_path(model, monkeypatch):
     m, inputs, _ = model
     from diffusers.models.transformers import transformer_minimax_h3 as h3
 
-    accelpatch.apply(m, backend="sol_attn")  # default policy: step 0 is dense
+    accelpatch.apply(m, backend="sol_attn")  # default policy: a direct call (no number of steps) runs dense
     for a in _attention_modules(m):
         a.processor._attention_backend = "_native_math"
     seen = []
@@ -308,6 +349,7 @@ def test_attention_backend_choice_reaches_the_dense_path(model, monkeypatch):
         for a in _attention_modules(m):
             a.processor._attention_backend = None
     assert seen == ["_native_math"] * 4
+    assert [s.fallback_calls for s in accelpatch.report(m).sites if s.kind == "sol_attn"] == [{TOTAL_UNKNOWN: 1}] * 2
 
 
 def test_without_a_backend_nothing_is_announced_and_the_fp32_swiglu_gate_says_why_it_stands_aside(model):
@@ -324,7 +366,7 @@ def test_sequences_shorter_than_a_few_blocks_run_sparse_and_match_dense(video_ro
     m = tiny_minimax_h3_transformer()
     inputs = minimax_h3_transformer_inputs(m, num_video=video_rows)
     reference = _forward(m, inputs)
-    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    accelpatch.apply(m, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     out = _forward(m, inputs)
     # With at most 3 blocks every block is its own neighbour's neighbour: exact, so sparse equals dense, and the
     # call, which skipped nothing, is counted as such rather than as a fast call.

@@ -28,8 +28,8 @@ F64_TOLERANCE = 1e-13
 #: a layer left local (no all-reduce, misaligned per-frame modulation) is off by far more than this
 WRONG = 1e-2
 
-#: the sol_attn backend with every anchor call sparse
-SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "tau": 3.0}
+#: the sol_attn backend with every anchor call sparse (min_tokens=0: the tiny inputs lie below the default floor)
+SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "min_tokens": 0, "tau": 3.0}
 
 SCRIPT = textwrap.dedent("""
     import os, sys, warnings
@@ -82,7 +82,7 @@ SCRIPT = textwrap.dedent("""
             return f"{type(error).__name__}: {error}"
         return None
 
-    SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "tau": 3.0}
+    SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "min_tokens": 0, "tau": 3.0}
 
     def worker(rank, world, port, folder, config, full):
         import resource

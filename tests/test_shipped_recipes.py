@@ -150,6 +150,33 @@ def _minimax_h3_release():
         return MiniMaxH3Transformer3DModel()  # diffusers' defaults are the released model's shape
 
 
+class _TwoExperts:
+    """What apply() reads of a Wan 2.2 pipeline: ``transformer`` (high noise) and ``transformer_2`` (low noise)."""
+
+    def __init__(self, transformer, transformer_2):
+        self.transformer, self.transformer_2 = transformer, transformer_2
+
+
+def _wan22_a14b_release():
+    """Wan2.2-T2V-A14B's two experts, each the Wan2.1-14B shape (diffusers' defaults), as a pipeline carries them:
+    apply() must patch both."""
+    return _TwoExperts(testing.wan_transformer_on_meta(), testing.wan_transformer_on_meta())
+
+
+def _ltx2_release():
+    from diffusers import LTX2VideoTransformer3DModel
+
+    with torch.device("meta"):
+        return LTX2VideoTransformer3DModel()  # diffusers' defaults: LTX-2 19B (48 layers, 32 x 128; 18.9B parameters)
+
+
+def _hunyuan_video15_step_distilled_release():
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):  # diffusers' defaults: the 8.3B model (54 layers, 16 x 128); the step-distilled
+        return HunyuanVideo15Transformer3DModel(use_meanflow=True)  # checkpoint adds the meanflow time embedding
+
+
 #: each shipped recipe's model -> the transformer it patches, at the size it is for (release sizes on the meta
 #: device; the tiny models are real). A new recipe for a new model must add its model here.
 RELEASE_MODELS = {
@@ -158,6 +185,10 @@ RELEASE_MODELS = {
     "MiniMaxAI/MiniMax-H3": _minimax_h3_release,
     "Wan-AI/Wan2.1-T2V-14B-Diffusers": testing.wan_transformer_on_meta,  # diffusers' defaults: 14B
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": lambda: testing.wan_transformer_on_meta(WAN_1_3B_CONFIG),
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": _wan22_a14b_release,
+    "rootonchair/LTX-2-19b-distilled": _ltx2_release,
+    "hunyuanvideo-community/HunyuanVideo-1.5-480p_i2v_step_distilled": _hunyuan_video15_step_distilled_release,
+    "./sana-video2-5b-720p-4step": lambda: testing.sana_video2_transformer_on_meta(testing.SANA_VIDEO2_5B_CONFIG),
 }
 
 
@@ -184,6 +215,33 @@ def test_every_shipped_recipe_and_candidate_applies_to_its_model_at_release_size
     from accelpatch.core.patcher import patch_of, transformers_of
 
     assert all(patch_of(model) is None for model in transformers_of(target))  # left unpatched, as it came
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if load_recipe(p).scheduler], ids=lambda p: p.stem)
+def test_a_shipped_recipes_scheduler_names_a_class_and_keys_it_has(path):
+    """#42: each ``scheduler:`` class resolves (diffusers' or accelpatch's) and its overrides are keys of its config
+    (a class-less one is checked against the pipeline's own scheduler when the pipeline loads)."""
+    from accelpatch.recipes import scheduler_class, scheduler_overrides
+
+    spec = load_recipe(path).scheduler
+    if spec.get("class"):
+        scheduler_overrides(spec, scheduler_class(spec["class"]))
+
+
+def test_wan22s_recipe_patches_both_experts_at_release_size():
+    import accelpatch
+    from accelpatch.core.patcher import patch_of
+
+    recipe = load_recipe("wan2.2-t2v-a14b-lightning-4step")
+    target = _model_for(recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelpatch.apply(target, **recipe.apply_arguments())
+    try:
+        assert patch_of(target.transformer) is not None and patch_of(target.transformer_2) is not None
+        assert {lora.component for lora in recipe.lora} == {"transformer", "transformer_2"}
+    finally:
+        accelpatch.remove(target)
 
 
 def test_every_shipped_recipe_is_in_the_recipes_page():

@@ -11,7 +11,8 @@ from accelpatch.models.minimax_h3 import high as h3_high
 from accelpatch.testing import minimax_h3_layout, minimax_h3_transformer_inputs, tiny_minimax_h3_transformer
 
 ROWS = 1100  # video rows: with 6 text and 8 audio rows, 1,114 rows (18 blocks of 64), enough to be sparse
-SPARSE = dict(dense_steps=0, dense_layers="", tau=3.0)
+#: sparse from the first step and layer on, at every length (1,114 rows lie below the default min_tokens floor)
+SPARSE = dict(dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
 
 
 @pytest.fixture(scope="module")

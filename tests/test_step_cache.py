@@ -203,7 +203,7 @@ def test_minimax_h3_caches_through_its_pipeline_and_composes_with_sol_attn():
     pipe = testing.tiny_minimax_h3_pipeline()
     kwargs = lambda: testing.minimax_h3_pipeline_call_kwargs(num_inference_steps=7, output_type="pt")  # noqa: E731
     reference = pipe(**kwargs(), output="videos")
-    accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", cache="first_block",
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, cache="first_block",
                      cache_warmup_steps=1, cache_final_steps=1)
     try:
         with accelpatch.quality("lossless"):
@@ -212,7 +212,7 @@ def test_minimax_h3_caches_through_its_pipeline_and_composes_with_sol_attn():
         block = pipe.transformer.transformer_blocks[-1]
         runs = Executions([block], "attn")
         accelpatch.remove(pipe)
-        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="",
+        accelpatch.apply(pipe, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0,
                          cache=FirstBlockCacheConfig(threshold=1e9), cache_warmup_steps=1, cache_final_steps=1)
         pipe(**kwargs(), output="videos")  # default tier high (sol_attn)
         runs.close()

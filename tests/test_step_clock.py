@@ -1,5 +1,6 @@
 """The step clock works for a transformer patched alone: the step comes from the timestep it receives. Once, a
-MiniMax-H3 transformer patched without its pipeline ran every call as a dense step (0 fast calls) without a word."""
+MiniMax-H3 transformer patched without its pipeline ran every call as a dense step (0 fast calls) without a word.
+(The tiny models' sequences lie under the default min_tokens floor, so every test here sets min_tokens=0.)"""
 import asyncio
 import threading
 import warnings
@@ -29,11 +30,11 @@ def _record_steps(module):
 
 def test_a_transformer_patched_alone_follows_the_pipeline_steps_from_its_timesteps():
     pipe = tiny_minimax_h3_pipeline()
-    accelpatch.apply(pipe, backend="sol_attn", dense_steps=1, dense_layers="", tau=1.0)  # the scheduler's clock
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps=1, dense_layers="", min_tokens=0, tau=1.0)  # the scheduler's clock
     through_pipeline = [_h3_call(pipe) for _ in range(2)]
     accelpatch.remove(pipe)
 
-    accelpatch.apply(pipe.transformer, backend="sol_attn", dense_steps=1, dense_layers="", tau=1.0)
+    accelpatch.apply(pipe.transformer, backend="sol_attn", dense_steps=1, dense_layers="", min_tokens=0, tau=1.0)
     seen, handle = _record_steps(pipe.transformer.transformer_blocks[1].attn)
     alone = [_h3_call(pipe) for _ in range(2)]
     handle.remove()
@@ -49,7 +50,7 @@ def test_a_transformer_patched_alone_follows_the_pipeline_steps_from_its_timeste
 
 def test_direct_calls_count_steps_by_timestep_and_restart_when_the_noise_goes_back_up():
     model = tiny_minimax_h3_transformer()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=1, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=1, dense_layers="", min_tokens=0, tau=3.0)
     seen, handle = _record_steps(model.transformer_blocks[0].attn)
     with torch.no_grad():
         for t in (0.1, 0.1, 0.4, 0.7, 0.2, 0.2):  # H3: 1 means clean, so rising t is the denoising direction
@@ -63,7 +64,7 @@ def test_direct_calls_count_steps_by_timestep_and_restart_when_the_noise_goes_ba
 
 def test_an_explicit_denoising_step_wins_over_the_timestep():
     model = tiny_minimax_h3_transformer()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=3, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=3, dense_layers="", min_tokens=0, tau=3.0)
     seen, handle = _record_steps(model.transformer_blocks[0].attn)
     with torch.no_grad(), accelpatch.denoising_step(7):
         model(**minimax_h3_transformer_inputs(model, num_video=300))
@@ -77,7 +78,7 @@ def test_an_unknown_step_warns_once_runs_dense_and_says_so_in_the_report(monkeyp
     inputs = minimax_h3_transformer_inputs(model, num_video=300)
     with torch.no_grad():
         reference = model(**inputs).sample
-    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="", min_tokens=0, tau=3.0)
     monkeypatch.setattr(steps, "timestep_values", lambda timestep: None)  # a timestep without readable values
     with pytest.warns(RuntimeWarning, match="no denoising step is known") as record:
         with torch.no_grad():
@@ -89,7 +90,7 @@ def test_an_unknown_step_warns_once_runs_dense_and_says_so_in_the_report(monkeyp
     assert rep.fallback_calls == {h3_high.STEP_UNKNOWN: 4}
     assert "2 call(s) had no known step" in str(rep)
 
-    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="", tau=3.0, strict=True)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=2, dense_layers="", min_tokens=0, tau=3.0, strict=True)
     with pytest.raises(accelpatch.FastPathUnavailableError, match="no denoising step is known"):
         with torch.no_grad():
             model(**inputs)
@@ -97,7 +98,7 @@ def test_an_unknown_step_warns_once_runs_dense_and_says_so_in_the_report(monkeyp
 
 def test_dense_steps_zero_needs_no_step():
     model = tiny_minimax_h3_transformer()
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.no_grad():

@@ -43,8 +43,10 @@ def test_fractions_round_up_in_proportion_to_the_call():
 def test_the_sol_attn_options_take_counts_and_fractions_and_name_bad_values():
     config = SolAttnConfig(dense_steps="20%", dense_last_steps=1, min_tokens=4096)
     assert (config.dense_steps, config.dense_last_steps, config.min_tokens) == (0.2, 1, 4096)
-    assert SolAttnConfig().dense_steps == 10 and SolAttnConfig().dense_last_steps == 0  # the 50-step default stays
-    assert SolAttnConfig().min_tokens == 0
+    # the defaults: the first 20 % of the call's steps (10 of 50 as before, 1 of 4), no dense tail, the 12,288 floor
+    assert SolAttnConfig().dense_steps == 0.2 and SolAttnConfig().dense_last_steps == 0
+    assert [step_count(SolAttnConfig().dense_steps).of(n) for n in (4, 8, 10, 50)] == [1, 2, 2, 10]
+    assert SolAttnConfig().min_tokens == 12288
     with pytest.raises(ValueError, match="dense_last_steps must be a number of steps"):
         SolAttnConfig(dense_last_steps="last")
     with pytest.raises(ValueError, match="min_tokens must be an int >= 0, got -5"):
@@ -59,9 +61,11 @@ def test_the_scheduler_gives_the_calls_number_of_steps():
 
 
 def _model(**options):
+    """The tiny Wan transformer under sol_attn on every layer; min_tokens=0 unless given (its 256 tokens lie below
+    the default floor)."""
     torch.manual_seed(0)
     model = tiny_wan_transformer()
-    accelpatch.apply(model, backend="sol_attn", dense_layers="", **options)
+    accelpatch.apply(model, backend="sol_attn", dense_layers="", **{"min_tokens": 0, **options})
     return model, wan_transformer_inputs(model)
 
 
@@ -127,7 +131,7 @@ def test_min_tokens_keeps_short_sequences_dense(monkeypatch):
 def test_a_four_step_pipeline_call_reads_its_number_of_steps_from_the_scheduler(monkeypatch):
     """A 4-step call with dense_steps='20%': the first step dense, the other three sparse (the scheduler says 4)."""
     pipe = tiny_wan_pipeline()
-    accelpatch.apply(pipe, backend="sol_attn", dense_steps="20%", dense_layers="")
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps="20%", dense_layers="", min_tokens=0)
     monkeypatch.setattr(sol_op, "sol_attn", dense_kernel())
     pipe(**wan_pipeline_call_kwargs(num_inference_steps=4, height=64, width=64, num_frames=5))
     fast, reference, sites = _sol_reasons(pipe.transformer)
@@ -145,8 +149,10 @@ def test_a_four_step_pipeline_call_reads_its_number_of_steps_from_the_scheduler(
 def test_tune_searches_a_fraction_as_the_count_it_is_in_the_recipes_call():
     from accelpatch.eval.tune_space import _step_grid
 
-    assert _step_grid("50%", 8) == _step_grid(4, 8) and 4 in _step_grid(0.5, 8)
-    assert _step_grid(0.2, 4) == _step_grid(1, 4)
+    counts = lambda grid, total: [step_count(v).of(total) for v in grid]  # noqa: E731
+    assert _step_grid("50%", 8)[0] == 0.5  # the user's own value, in the user's form
+    assert counts(_step_grid("50%", 8), 8) == counts(_step_grid(4, 8), 8) == [4, 3, 2, 1, 0]
+    assert counts(_step_grid(0.2, 4), 4) == counts(_step_grid(1, 4), 4) == [1, 0]
 
 
 def test_wan22s_two_experts_count_the_calls_steps_across_the_boundary(monkeypatch):
@@ -155,7 +161,7 @@ def test_wan22s_two_experts_count_the_calls_steps_across_the_boundary(monkeypatc
     dense_last_steps=1 over 4 steps at CFG 1 (one call a step), the call's first step runs dense on the high-noise
     expert, its last on the low-noise one, and every other step runs sparse on either side of the boundary."""
     pipe = tiny_wan_pipeline(two_transformers=True)
-    accelpatch.apply(pipe, backend="sol_attn", dense_steps="25%", dense_last_steps=1, dense_layers="")
+    accelpatch.apply(pipe, backend="sol_attn", dense_steps="25%", dense_last_steps=1, dense_layers="", min_tokens=0)
     monkeypatch.setattr(sol_op, "sol_attn", dense_kernel())
     pipe(**wan_pipeline_call_kwargs(num_inference_steps=4, height=64, width=64, num_frames=5, guidance_scale=1.0))
     high_fast, high_dense, sites = _sol_reasons(pipe.transformer)

@@ -20,7 +20,7 @@ from accelpatch.core.patcher import patch_of
 from accelpatch.eval import tune_search
 from accelpatch.eval.tune_oracle import REFERENCE_NAME
 from accelpatch.eval.tune_result import NoPassingSetting
-from accelpatch.eval.tune_space import derive_space, parse_budget
+from accelpatch.eval.tune_space import base_setting, derive_space, parse_budget
 
 # --- the search alone, on synthetic monotone problems -----------------------------------------------------------
 
@@ -287,7 +287,15 @@ def test_sana_video2_derived_space(sana2, tmp_path):
     names = [k.name for k in space.knobs]
     assert names == ["cache_threshold", "cache_max_reuse", "cache_warmup_steps", "anchor_fp32_steps",
                      "anchor_fp32_layers"]
-    assert [k.values for k in space.knobs][3:] == [(4, 3, 2, 1, 0), ("3", "")]  # 4 steps; the tiny model's anchor
+    # 4 steps, from the family's default number of FP32 anchor steps (in its own form) down to 0; the tiny model's
+    # anchor layer. The default is read, not assumed: it may be a count or a fraction
+    from accelpatch.core.steps import step_count
+
+    default = type(base_setting(pipe).family_resolved)().anchor_fp32_steps
+    anchor_steps, anchor_layers = [k.values for k in space.knobs][3:]
+    assert anchor_steps[0] == default and step_count(default).of(4) in (1, 2, 3, 4) and anchor_steps[-1] == 0
+    assert [step_count(v).of(4) for v in anchor_steps] == list(range(step_count(default).of(4), -1, -1))
+    assert anchor_layers == ("3", "")
     grid = {k.name: list(k.values) for k in space.knobs}
     timer = FakeTimer(grid)
     result = quiet(accelpatch.tune, pipe, kwargs, gates={"psnr_floor": 55.0}, progress=False, _timer=timer)
@@ -601,14 +609,15 @@ def test_space_offers_only_the_knobs_the_pipeline_can_take(sana, sana2, capsys):
     assert patch_state(pipe) == before
     pipe2, kwargs2 = sana2
     with pytest.raises(ValueError, match=r"unknown knob 'taus' \(did you mean 'tau'\?\).*: " + cache_knobs
-                       + ", tau, dense_steps, dense_layers, anchor_fp32_steps, anchor_fp32_layers$"):
+                       + ", tau, dense_steps, dense_layers, dense_last_steps, min_tokens, anchor_fp32_steps, "
+                       "anchor_fp32_layers$"):
         accelpatch.tune(pipe2, kwargs2, space={"taus": [0.5, 1.0]}, progress=False)
     # the CLI's help says which families cannot take sol_attn's knobs, as the adapters do
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, also at a hyphen
     assert [a.family for a in ADAPTERS if "sol_attn" not in a.backends] == ["SANA-Video"]
-    assert "tau,dense_steps,dense_layers(notSANA-Video,whichcannotrunsol_attn)" in help_text
+    assert "tau,dense_steps,dense_last_steps,min_tokens,dense_layers(notSANA-Video,whichcannotrunsol_attn)" in help_text
 
 
 def test_nothing_to_tune_says_what_to_patch():

@@ -54,7 +54,7 @@ def test_a_sink_beyond_the_sequence_falls_back_with_the_valid_range(sink):
     inputs = minimax_h3_transformer_inputs(model, num_video=400)  # 420 rows: 6 text, 14 audio, 400 video
     seq = inputs["position_ids"].shape[0]
     reference = _forward(model, inputs)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", **sink)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, **sink)
     with pytest.warns(RuntimeWarning, match=rf"reaches past the sequence of {seq} rows; valid: "
                                             rf"sink_tokens <= {seq} and sink_start \+ sink_tokens <= {seq}"):
         assert torch.equal(_forward(model, inputs), reference)
@@ -65,7 +65,8 @@ def test_a_sink_beyond_the_sequence_falls_back_with_the_valid_range(sink):
 def test_a_sink_inside_the_sequence_runs_sparse():
     model = tiny_minimax_h3_transformer()
     inputs = minimax_h3_transformer_inputs(model, num_video=400)
-    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", sink_tokens=20, sink_start=0)
+    accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, sink_tokens=20,
+                     sink_start=0)
     _forward(model, inputs)
     rep = accelpatch.report(model)
     assert {s.path: s.fast_calls for s in rep.sites if s.kind == "sol_attn"} == {
@@ -130,7 +131,7 @@ def simulated_sm90(monkeypatch):
 def test_upstream_that_cannot_run_a_layer_falls_back_to_our_kernel_not_to_dense(simulated_sm90):
     model = tiny_minimax_h3_transformer(dtype=torch.bfloat16)  # bf16, head dim 128: upstream's own format
     inputs = minimax_h3_transformer_inputs(model, num_video=1100)
-    options = dict(backend="sol_attn", dense_steps=0, dense_layers="", tau=3.0)
+    options = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=3.0)
     accelpatch.apply(model, impl="torch", **options)
     ours = _forward(model, inputs)
     accelpatch.apply(model, impl="upstream", kv_splits=2, **options)  # 2 splits need T > 4096 upstream

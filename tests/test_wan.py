@@ -228,7 +228,7 @@ ULYSSES = START + textwrap.dedent("""
         out = {}
         with torch.no_grad():
             out["unpatched"] = model(**inputs)[0].clone()
-            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="")
+            accelpatch.apply(model, backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
             with accelpatch.quality("exact"):
                 out["exact"] = model(**inputs)[0].clone()
             out["high"] = model(**inputs)[0].clone()

@@ -220,7 +220,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="knobs to search, inline YAML/JSON: '{cache_threshold: [0.05, 0.1, 0.2]}' (default: "
                              "the knobs of the recipe's patch). Only knobs the recipe's pipeline can take: the step "
                              "cache's cache_threshold, cache_max_reuse, cache_warmup_steps, cache_final_steps (every "
-                             "family); sol_attn's tau, dense_steps, dense_layers (not SANA-Video, which cannot run "
+                             "family); sol_attn's tau, dense_steps, dense_last_steps, min_tokens, dense_layers (not "
+                             "SANA-Video, which cannot run "
                              "sol_attn); anchor_fp32_steps, anchor_fp32_layers (SANA-Video 2.0). Another is refused "
                              "with the ones it can take")
     parser.add_argument("--seeds", type=seed, nargs="+", default=None,

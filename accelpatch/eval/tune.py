@@ -19,6 +19,7 @@ state it started in, also after an interrupt or an error.
 """
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -86,7 +87,12 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     """Search the settings of the patched ``pipe`` for the fastest one that passes ``gates`` on every seed.
 
     ``space`` None: the knobs of what ``pipe`` is patched with (step cache, ``sol_attn``, SANA-Video 2.0 anchors;
-    see :mod:`accelpatch.eval.tune_space`), else a mapping knob → values. ``budget``: seconds or ``"30m"``/
+    see :mod:`accelpatch.eval.tune_space`), else a mapping knob → values. Under ``sol_attn`` that is ``tau``,
+    ``dense_steps`` (the current value, 0.3, 0.2, 0.1 of the call's steps and 0, one per step count: at most 5),
+    ``dense_last_steps`` (the current value, 1, 0: at most 3), ``dense_layers`` (at most 5) and ``min_tokens`` (a
+    floor only where it keeps some but not all of the call's Sol-Attn calls dense, measured by a one-step probe
+    call; at most 3): at most 1,350 grid points, of which the search validates a few dozen at most. The progress
+    output says what is searched. ``budget``: seconds or ``"30m"``/
     ``"90s"``/``"1h"`` (None: no limit) bounds the whole tune: the search validates a setting only when it and the
     end (timing everything tried, ``rounds`` interleaved rounds after ``warmup``, and the held-out validation) fit,
     at the seconds per call measured so far, so it stops between settings, also inside a level; the notes say what
@@ -120,12 +126,14 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
     if orders is not None and (not isinstance(orders, int) or isinstance(orders, bool) or orders < 1):
         raise ValueError(f"orders must be None (one greedy pass per knob) or an integer >= 1, got {orders!r}")
     check_call_arguments(pipe, call_kwargs, "tune")
-    space = derive_space(pipe, call_kwargs) if space is None else parse_space(pipe, space)
+    space = derive_space(pipe, call_kwargs) if space is None else parse_space(pipe, space, call_kwargs)
     switcher = PatchSwitcher(pipe)  # the state to end in, whatever happens below
     setup = TuneSetup(pipe=pipe, call_kwargs=call_kwargs, gates=gates, seeds=seeds, reference=reference,
                    rounds=rounds, warmup=warmup)
     conditions = timing_conditions("tune")
     bar = tqdm(desc="accelpatch tune", unit="setting", disable=not progress)
+    if progress:
+        tqdm.write(searched_text(space, call_kwargs), file=sys.stderr)
     notes: list[str] = []
     caught = warnings.catch_warnings(record=True)  # each validate/bench call warns anew: shown once, at the end
     seen = caught.__enter__()
@@ -181,6 +189,25 @@ def tune(pipe: Any, call_kwargs: Mapping[str, Any], *, gates: Optional[Gates | M
                       stopped_by_budget=log.stopped_by_budget, grid_points=space.size(), notes=notes, call=call,
                       model=model or None, dtype=dtype, device=device,
                       description=description or describe_pipeline(pipe), conditions=conditions)
+
+
+def searched_text(space: SearchSpace, call_kwargs: Mapping[str, Any]) -> str:
+    """What a tune searches, for its progress output: each knob's values safe → fast (step counts with the steps
+    they keep in this call: ``0.2 (10 of 50)``), the values fixed, and the grid's size."""
+    from accelpatch.core.steps import step_count
+    from accelpatch.eval.tune_space import STEP_KNOBS, _steps_of
+
+    steps = _steps_of(call_kwargs)
+
+    def shown(name: str, value: Any) -> str:
+        if name in STEP_KNOBS and isinstance(value, float):
+            return f"{value:g} ({step_count(value).of(steps)} of {steps} steps)"
+        return repr(value) if isinstance(value, str) else f"{value}"
+
+    knobs = "; ".join(f"{k.name} [{', '.join(shown(k.name, v) for v in k.values)}]" for k in space.knobs)
+    fixed = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in space.options.items())
+    return (f"accelpatch tune: searching {knobs} (safe → fast; {space.size()} grid points)"
+            + (f"; fixed: {fixed}" if fixed else ""))
 
 
 def _budget_note(log: SearchLog, space: SearchSpace, oracle: PipelineOracle, budget_s: float,
@@ -242,7 +269,9 @@ def _judge_speed(trials: list[Trial], reference: str) -> None:
 
 
 def _safety(trial: Trial) -> tuple:
-    """Sort key: safest first (fewest steps from the safe end of the knobs, then by grid position)."""
+    """Sort key: safest first (fewest steps from the safe end of the knobs, then by grid position). Index 0 is each
+    knob's safest value (:mod:`accelpatch.eval.tune_space`): more dense steps, a dense tail, a higher
+    ``min_tokens`` floor, a lower ``tau``, more dense layers, a lower cache threshold."""
     return sum(trial.point), trial.point
 
 

@@ -28,6 +28,16 @@ IMPLS = ("auto", "torch", "triton", "upstream")
 #: ``dense_rows`` choices: the model's text/audio query rows dense (only video rows sparse), or no row dense
 DENSE_ROWS = ("text_audio", "none")
 
+#: the first 20 % of a call's steps run dense: Sol-Engine's "first 10 of 50" and ComfyUI's ``start_percent=0.2``,
+#: in proportion to the call, so a 50-step call keeps 10 dense steps and a 4-step distilled call 1 (rounded up)
+DEFAULT_DENSE_STEPS = 0.2
+#: attention over fewer tokens runs dense: ComfyUI's sparse-attention floor. Measured here (docs/sol-attn.md,
+#: "Short sequences"): on the CPU the PyTorch path already wins at 1,024 tokens, so the floor is for the GPU, where
+#: the Triton kernel runs 0.34-0.40x of flash when it skips nothing and breaks even only at ~70 % skipped tiles
+#: (benchmarks/gpu/results), short calls cost well under a millisecond each, and the release-size calls all lie
+#: above it (Wan 480p 32,760, SANA-Video 2.0 720p 23,000, MiniMax-H3 38,016 tokens)
+DEFAULT_MIN_TOKENS = 12_288
+
 #: how a Sol-Attn call that skipped no work is counted (not as a fast call)
 NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pair exactly at this tau and sequence "
                    "length (or every row was recomputed densely)")
@@ -128,8 +138,9 @@ class SolAttnConfig:
     :func:`accelpatch.sol_attn.diffusers_backend.backend_config`).
 
     ``dense_steps`` (first steps dense) and ``dense_last_steps`` (last steps dense, default none) are counts or
-    fractions of the call's steps (see the module docstring); ``min_tokens`` (default 0: none) keeps attention over
-    fewer tokens dense, counted as not applicable.
+    fractions of the call's steps (see the module docstring; ``dense_steps`` defaults to 0.2, the first 20 %: 10 of
+    50 steps as the prior art, 1 of 4); ``min_tokens`` (default :data:`DEFAULT_MIN_TOKENS`, 12,288; 0: none) keeps
+    attention over fewer tokens dense, counted as not applicable: tiny test models set it to 0.
 
     ``dense_layers`` None is the model's default (MiniMax-H3: layers 0 and 1, as the prior art; SANA-Video 2.0: its
     first anchor layer). ``sink_tokens``/``sink_start`` default to None: the model derives the sink per call
@@ -146,7 +157,7 @@ class SolAttnConfig:
 
     tau: float = 1.0
     thresh_type: str = "diag"
-    dense_steps: Union[int, float] = 10
+    dense_steps: Union[int, float] = DEFAULT_DENSE_STEPS
     dense_layers: Optional[frozenset] = None
     sink_tokens: Optional[int] = None
     sink_start: Optional[int] = None
@@ -155,7 +166,7 @@ class SolAttnConfig:
     strict: bool = False
     dense_rows: str = "text_audio"
     dense_last_steps: Union[int, float] = 0
-    min_tokens: int = 0
+    min_tokens: int = DEFAULT_MIN_TOKENS
 
     name = "sol_attn"
 

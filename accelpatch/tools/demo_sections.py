@@ -100,15 +100,17 @@ H3_CONFIG_OVERRIDES: dict[str, Any] = {"num_attention_heads": 2}
 #: decode per call on a 2-core AVX2 EPYC, 14 calls; at the former 2 steps it took 48 s idle, 2:44 under load.
 H3_CALL_SIZE: dict[str, int] = {"height": 256, "width": 384, "num_frames": 124}
 #: Options of ``apply(pipe, backend="sol_attn", ...)`` in the sol_attn sections; tau (1.0) and the thresholds stay
-#: at their defaults. The default dense_steps=10 is meant for ~50-step runs: it would keep every step of a few-step
-#: demo dense (0 fast calls). The default dense layers (0 and 1) are 2 of a released model's 30-60 layers but half
-#: or all of these 2-4-layer toys, so the toys run every layer sparse, closer to the release's ~96% sparse layers.
-SOL_OPTIONS: dict[str, Any] = {"dense_steps": 0, "dense_layers": ""}
+#: at their defaults. The default dense_steps=0.2 (the first 20 % of a call's steps, rounded up) keeps the one step
+#: of these one-step calls dense (0 fast calls); the default min_tokens floor (12,288) is above every toy sequence.
+#: The default dense layers (0 and 1) are 2 of a released model's 30-60 layers but half or all of these 2-4-layer
+#: toys, so the toys run every layer sparse, closer to the release's ~96% sparse layers.
+SOL_OPTIONS: dict[str, Any] = {"dense_steps": 0, "dense_layers": "", "min_tokens": 0}
 
 
 def _sol_option_reasons(layers: int) -> str:
     """Why each of :data:`SOL_OPTIONS` differs from its default, for a section header."""
-    return ("dense_steps=0: the default 10 would keep every step of a few-step run dense; dense_layers='': the "
+    return ("dense_steps=0: the default 20 % of the steps rounds up to the one step of these calls; min_tokens=0: "
+            "the default floor of 12,288 tokens is above these toys' sequences; dense_layers='': the "
             f"default 0,1 is 2 of a release's 30-60 layers but {'all' if layers <= 2 else 'half' if layers == 4 else 2}"
             f" of this {layers}-layer toy")
 

@@ -32,7 +32,7 @@ from accelpatch.testing import (MINIMAX_H3_SOL_CONFIG, SANA_VIDEO2_MEDIUM_CONFIG
 
 DTYPE = torch.bfloat16
 STEP = 20
-SOL_EVERYWHERE = dict(backend="sol_attn", dense_steps=0, dense_layers="")
+SOL_EVERYWHERE = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0)
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def _anchor_settings(ctx: Context):
     """(label, apply options) of the anchor comparison: BF16 anchors, then Sol-Attn over the tau sweep."""
     yield "BF16 anchors", dict(anchor_fp32_steps=0)
     for tau in ctx.sweep(ctx.taus(SANA2_ANCHOR_TAUS), "taus"):
-        yield f"Sol-Attn tau={tau:g}", dict(backend="sol_attn", tau=tau, dense_steps=0, dense_layers="")
+        yield f"Sol-Attn tau={tau:g}", dict(backend="sol_attn", tau=tau, dense_steps=0, dense_layers="", min_tokens=0)
 
 
 def _anchor_build(ctx: Context):
@@ -170,7 +170,8 @@ def _step_settings(anchors: list[int]):
         ("high: half the anchors FP32", "high",
          dict(anchor_fp32_steps=0, anchor_fp32_layers=anchors[: len(anchors) // 2])),
         ("high: linear GEMM only", "high", dict(anchor_fp32_layers=anchors)),  # every anchor keeps FP32
-        ("high: sol_attn tau=1", "high", dict(backend="sol_attn", tau=1.0, dense_steps=0, dense_layers="")),
+        ("high: sol_attn tau=1", "high",
+         dict(backend="sol_attn", tau=1.0, dense_steps=0, dense_layers="", min_tokens=0)),
     ]
 
 

@@ -172,7 +172,7 @@ def minimax_h3_layers(ctx: Context) -> None:
     dense = timed(step, ctx.repeats, ctx.device)
     ctx.add(setting="dense", ms=dense.ms)
     for tau in ctx.sweep(ctx.taus(H3_TAUS), "taus"):
-        with patched(model, backend="sol_attn", tau=tau, dense_steps=0):
+        with patched(model, backend="sol_attn", tau=tau, dense_steps=0, min_tokens=0):
             timing, counts = timed_at_tier(model, "high", step, ctx.repeats, ctx.device)
         speedup, psnr_db = dense.seconds / timing.seconds, psnr(dense.result, timing.result)
         ctx.add(setting=f"sol_attn tau={tau:g}", ms=timing.ms, speedup=speedup, psnr_db=psnr_db,

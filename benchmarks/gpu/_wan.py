@@ -56,7 +56,7 @@ def wan_step(ctx: Context) -> None:
         dense = timed(step, ctx.repeats, ctx.device)
         ctx.add(setting="dense", ms=dense.ms)
         for tau in ctx.sweep(ctx.taus(TAUS), "taus"):
-            with patched(model, backend="sol_attn", tau=tau, dense_steps=0):
+            with patched(model, backend="sol_attn", tau=tau, dense_steps=0, min_tokens=0):
                 timing, counts = timed_at_tier(model, "high", step, ctx.repeats, ctx.device)
             ctx.add(setting=f"sol_attn tau={tau:g}", ms=timing.ms, speedup=dense.seconds / timing.seconds,
                     psnr_db=psnr(dense.result, timing.result), rel_l2=rel_l2(dense.result, timing.result), **counts)

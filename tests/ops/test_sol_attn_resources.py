@@ -93,7 +93,7 @@ def test_a_patched_site_runs_the_pytorch_implementation_not_dense_and_notes_why(
     PyTorch (output equal to impl='torch', every call fast, no fallback to dense) and the report says why."""
     model = tiny_minimax_h3_transformer(dtype=torch.bfloat16)
     inputs = minimax_h3_transformer_inputs(model, num_video=200)
-    options = dict(backend="sol_attn", dense_steps=0, dense_layers="", tau=1.0)
+    options = dict(backend="sol_attn", dense_steps=0, dense_layers="", min_tokens=0, tau=1.0)
     accelpatch.apply(model, impl="torch", **options)
     with torch.no_grad():
         ours = model(**inputs).sample

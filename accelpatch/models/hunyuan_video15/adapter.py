@@ -31,8 +31,8 @@ Defaults, and where each comes from: nothing published that we found gives Hunyu
 * **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
   reports "HunyuanVideo" at 2.12x end to end and 85.8 % sparsity, without the settings or the model version (1.0
   or 1.5) in our sources; 85.8 % is close to the Gaussian estimate 1 - Phi(tau) ~ 16 % exact blocks at tau = 1.
-* **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
-  MiniMax-H3's and Wan's), not HunyuanVideo measurements.
+* **dense_steps = 0.2** (SGLang's 10 of 50, as a fraction of each call's steps) and **dense_layers = 0, 1**:
+  SGLang's ``sol_attn`` policy defaults (the backend's, and MiniMax-H3's and Wan's), not HunyuanVideo measurements.
 So the defaults are unmeasured on HunyuanVideo 1.5: ``accelpatch validate``/``tune`` must confirm them.
 
 The site table is :data:`SITES` below; the ``high`` fast paths are in :mod:`.high`, the lossless ones in

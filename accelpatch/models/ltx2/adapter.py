@@ -26,10 +26,10 @@ Defaults, and where each comes from (nothing published that we found gives LTX-2
 * **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
   reports LTX-2.3 at 89.8 % sparsity, 1.9x end to end, without the settings in our sources; the Gaussian estimate
   1 - Phi(tau) gives ~16 % exact blocks at tau = 1 before the always-exact neighbours (~10 % would be tau ~ 1.3).
-* **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
-  MiniMax-H3's, Wan's). ``LTX2Pipeline``'s default 30 steps then run 20 sparse; diffusers' distilled schedule
-  (``pipelines/ltx2/utils.py`` ``DISTILLED_SIGMA_VALUES``: 8 steps, 3 in stage 2) never runs sparse at
-  dense_steps = 10: set it lower there.
+* **dense_steps = 0.2** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
+  MiniMax-H3's, Wan's), its 10 of 50 steps as a fraction of the call. ``LTX2Pipeline``'s default 30 steps then run
+  24 sparse; diffusers' distilled schedule (``pipelines/ltx2/utils.py`` ``DISTILLED_SIGMA_VALUES``: 8 steps, 3 in
+  stage 2) runs 2 of 8 dense and 6 sparse.
 * audio self-attention dense: the issue's rule ("LTX-2's audio stream too, unless measured safe"); unmeasured.
 So the defaults are unmeasured on LTX-2: ``accelpatch validate``/``tune`` must confirm them before they are trusted.
 

@@ -6,7 +6,7 @@ described here are ``high`` tier.
 
 - **Anchors on BF16 operands**: SDPA on the BF16 q, k, v instead of the release's FP32 upcast, so a flash-class
   kernel runs (the prior art measured one 720p anchor layer 7.1× faster on an H200). The options
-  ``anchor_fp32_steps`` (the first N denoising steps keep FP32 anchors; default 10) and ``anchor_fp32_layers``
+  ``anchor_fp32_steps`` (the first denoising steps keep FP32 anchors; default 0.2, the first 20 % of the call's steps) and ``anchor_fp32_layers``
   (anchors that always keep FP32) are the middle ground between that speed and the release's numerics.
 - **Linear attention, first GEMM on BF16 operands with FP32 accumulation** (``ops.gemm.key_value_state_bf16``, as
   SANA-Video's site), the second GEMM in FP32 as the release.

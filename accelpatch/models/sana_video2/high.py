@@ -48,13 +48,14 @@ class SanaVideo2Options:
     """Options of ``apply(model, ...)`` for SANA-Video 2.0: where the BF16 anchor path keeps the release's FP32.
 
     ``anchor_fp32_steps``: the first steps of each call keep FP32 anchors (the step clock of accelpatch.core.steps): a
-    count, or a fraction of the call's steps (``0.2``, ``"20%"``); default 10 of the release's 50, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
+    count, or a fraction of the call's steps (``0.2``, ``"20%"``); default 0.2, the first 20 %: 10 of the release's 50, 1 of
+    the 4-step sampler's 4, by analogy with the sol_attn backend's ``dense_steps`` (unmeasured on the
     released weights: see docs/models/sana-video2.md). ``anchor_fp32_layers``: anchor layers that always keep FP32
     (``"3,7"``, an iterable; a range such as ``"3-11"`` only where every layer in it is an anchor).
     ``anchor_fp32_steps=0, anchor_fp32_layers=""`` is the prior art's full-speed setting.
     """
 
-    anchor_fp32_steps: Union[int, float] = 10
+    anchor_fp32_steps: Union[int, float] = 0.2
     anchor_fp32_layers: frozenset = frozenset()
 
     def __post_init__(self) -> None:

@@ -15,8 +15,9 @@ Defaults, and where each comes from: nothing published that we found gives Wan-s
 * **tau = 1.0** (the backend's default): the Sol-Attn paper (Li et al., arXiv:2607.24027, via a secondary summary)
   reports Wan2.1-14B at 85.1 % sparsity, 2.02x end to end, VBench 76.13 vs 75.90 dense, without the settings in our
   sources; 85 % matches the Gaussian estimate 1 - Phi(tau) ~ 16 % exact blocks at tau = 1.
-* **dense_steps = 10** and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
-  MiniMax-H3's). With its H3 settings on Wan's self-attention the serving engine reached only PSNR 8.2 dB and
+* **dense_steps = 0.2** (the first 20 % of a call's steps: SGLang's 10 of 50 in proportion, so a 4-step Lightning
+  call runs 1 dense step) and **dense_layers = 0, 1**: SGLang's ``sol_attn`` policy defaults (the backend's, and
+  MiniMax-H3's); ``min_tokens`` = 12,288 (the backend's floor) keeps short previews dense. With its H3 settings on Wan's self-attention the serving engine reached only PSNR 8.2 dB and
   dropped it (SGLang PR #33702); its sparse path then merged the batch rows into one sequence, so CFG rows attended
   across each other, which may explain it (our inference, unmeasured).
 So the defaults are unmeasured on Wan: ``accelpatch validate``/``tune`` (and the recipe ``wan2.1-t2v-sol-attn``,
