@@ -215,6 +215,36 @@ class Gates(_Strict):
     fails them. Loosen them per model in a recipe, against the reference's own noise floor (two reference runs,
     in the report). The log-spectral distance is phase-blind but has no agreed threshold for generated audio, so
     it is reported and gated only when ``audio_lsd_ceiling`` is set.
+
+    Temporal gates (:mod:`accelpatch.eval.temporal_metrics`) apply to every candidate by default, like the frame
+    floors; set a threshold to null to report the metric without gating it. Degenerate frames (NaN/inf, black or
+    constant where the reference's frame is not) always fail. Why the defaults (engineering choices, not
+    perceptual thresholds):
+
+    * ``motion_ratio_min``/``motion_ratio_max`` 0.8/1.25 (the candidate's mean frame-to-frame change over the
+      reference's): a band symmetric in log around 1 (1/1.25 = 0.8), a fifth of the motion lost or a quarter
+      gained. The failures it is for are far outside: a clip frozen after its k-th of F frames reads about
+      k/(F-1), a clip sped up by dropping every other frame about 2, while an approximate candidate that keeps
+      every frame within the SSIM/PSNR floors with errors that follow the content changes the motion by a few
+      percent.
+    * ``flicker_delta_max`` 0.01 (VBench's temporal-flicker score, candidate minus reference, may fall at most
+      this): the candidate may add at most 1% of the range (2.55 8-bit levels) of mean frame-to-frame change. The
+      motion ratio is relative; this is absolute, for a busy clip where added flicker hides in the ratio. It is
+      what independent per-frame noise of about 41 dB PSNR adds to a still region (E|n_t - n_(t-1)| = 1.13
+      sigma): stricter than the frame floors for noise that changes every frame, which is the point; errors that
+      stay put from frame to frame cost nothing here.
+    * ``psnr_drift_max_db`` 6 dB (per-frame PSNR against the reference, first quarter of the clip minus the last,
+      values above 40 dB counted as 40): the error's RMS may at most double from the start of the clip to its end.
+      Error that accumulates along the clip (autoregressive or causal generation, a cache that goes stale) shows
+      here while the worst frame still passes the floor; content alone (more motion at the end) rarely moves it
+      by a factor of two.
+    * ``i2v_image`` (image-to-video calls, an ``image`` argument): the candidate's frame 0 against the
+      conditioning image may be worse than the reference's only by what the frame floors allow one frame to add:
+      PSNR down to ``-10 log10(10^(-ref/10) + 10^(-psnr_floor/10))`` (an independent error adds in power) and SSIM
+      down to ``ref - (1 - ssim_floor)``. A candidate whose frame 0 moves away from the image more than that has
+      lost the conditioning even when it is close to the reference's frame 0.
+
+    A one-frame video has no motion, flicker or drift: those read "n/a (one frame)" and pass.
     """
 
     ssim_floor: float = Field(0.92, ge=0.0, le=1.0, description="every frame's SSIM against the reference")
@@ -232,6 +262,38 @@ class Gates(_Strict):
     audio_lsd_ceiling: Optional[float] = Field(
         None, ge=0.0, allow_inf_nan=False, description="every 1-second window's log-spectral distance (dB) at most "
         "this; null (default): reported, not gated")
+    motion_ratio_min: Optional[float] = Field(
+        0.8, allow_inf_nan=False, description="the candidate's motion energy (mean |frame_t - "
+        "frame_t-1|) over the reference's at least this (catches frozen or slowed motion); null: not gated")
+    motion_ratio_max: Optional[float] = Field(
+        1.25, allow_inf_nan=False, description="the motion-energy ratio at most this (catches sped-up "
+        "motion, skipped frames, flicker); null: not gated")
+    flicker_delta_max: Optional[float] = Field(
+        0.01, ge=0.0, le=1.0, allow_inf_nan=False, description="the candidate's VBench temporal-flicker score at "
+        "most this below the reference's (1% of the range of added frame-to-frame change); null: not gated")
+    psnr_drift_max_db: Optional[float] = Field(
+        6.0, ge=0.0, allow_inf_nan=False, description="the per-frame PSNR (capped at 40 dB) may fall at most this "
+        "many dB from the first quarter of the clip to the last (error amplitude at most doubled); null: not gated")
+    i2v_image: bool = Field(
+        True, description="image-to-video calls (an image argument): the candidate's frame 0 against the "
+                          "conditioning image no worse than the reference's by more than the frame floors allow; "
+                          "false: reported, not gated")
+
+    @field_validator("motion_ratio_min")
+    @classmethod
+    def _motion_min_below_one(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError(f"the motion ratio band's lower end must be in (0, 1] (the band holds 1: an unchanged "
+                             "clip passes)")
+        return value
+
+    @field_validator("motion_ratio_max")
+    @classmethod
+    def _motion_max_above_one(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and value < 1.0:
+            raise ValueError(f"the motion ratio band's upper end must be at least 1 (the band holds 1: an unchanged "
+                             "clip passes)")
+        return value
 
     @model_validator(mode="after")
     def _audio_off_takes_no_thresholds(self) -> "Gates":

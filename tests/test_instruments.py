@@ -278,7 +278,8 @@ def test_bad_gates_name_the_field_the_allowed_ones_and_a_close_match(sana):
     with pytest.raises(ValueError) as error:
         validate(pipe, kwargs, ["high"], gates={"ssim_flor": 0.9}, progress=False)
     assert str(error.value) == ("bad gates: ssim_flor: unknown field (did you mean 'ssim_floor'?); allowed here: "
-                                "audio, audio_corr_floor, audio_lsd_ceiling, audio_snr_floor, psnr_floor, "
+                                "audio, audio_corr_floor, audio_lsd_ceiling, audio_snr_floor, flicker_delta_max, "
+                                "i2v_image, motion_ratio_max, motion_ratio_min, psnr_drift_max_db, psnr_floor, "
                                 "require_fast_path, ssim_floor")
     with pytest.raises(TypeError, match="gates must be a mapping of ssim_floor, psnr_floor, require_fast_path"):
         validate(pipe, kwargs, ["high"], gates=0.9, progress=False)

@@ -34,7 +34,9 @@ def test_the_promised_recipes_ship_and_load():
     ({"model": "tiny:sana-vidoe"}, "model: unknown tiny model 'tiny:sana-vidoe' (did you mean tiny:sana-video?)"),
     ({"model": "m", "gates": {"ssim_flor": 0.9}}, "gates.ssim_flor: unknown field (did you mean 'ssim_floor'?); "
                                                    "allowed here: audio, audio_corr_floor, audio_lsd_ceiling, "
-                                                   "audio_snr_floor, psnr_floor, require_fast_path, ssim_floor"),
+                                                   "audio_snr_floor, flicker_delta_max, i2v_image, motion_ratio_max, "
+                                                   "motion_ratio_min, psnr_drift_max_db, psnr_floor, "
+                                                   "require_fast_path, ssim_floor"),
     ({"model": "m", "gates": {"audio": "off", "audio_snr_floor": 5}},
      "gates: audio: off contradicts the audio gate(s) set: audio_snr_floor; drop them or set audio: auto/required"),
     ({"model": "m", "gates": {"audio": "on"}}, "gates.audio: Input should be 'auto', 'required' or 'off'"),

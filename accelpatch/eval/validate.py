@@ -7,9 +7,14 @@ approximate ones must keep every frame at or above the SSIM and PSNR floors. A p
 (MiniMax-H3) has its audio scored too (:mod:`accelpatch.eval.audio_metrics`: SNR, correlation, nMSE, log-spectral
 distance per second) and gated by default: bit identity then covers the audio (its SHA-256), and an approximate
 candidate fails when either the video floors or the audio gates fail. Audio gates asked for explicitly on a
-pipeline without audio are refused. The reference runs twice, so the report also shows its own noise floor (GPU
-kernels are not always deterministic), video and audio: when the reference does not reproduce itself, bit identity
-cannot be asked of anyone, and the floors apply to every candidate.
+pipeline without audio are refused. Every candidate's video is also checked over time
+(:mod:`accelpatch.eval.temporal_metrics`): its motion energy against the reference's (a band around 1), VBench's
+temporal-flicker score against the reference's, the per-frame PSNR's fall from the first quarter of the clip to the
+last, degenerate frames (NaN/inf, black, constant: always a failure), and, for an image-to-video call (an ``image``
+argument), frame 0 against the conditioning image; the gates are :class:`~accelpatch.recipes.Gates`' temporal
+fields, and each failure is named in the verdict. The reference runs twice, so the report also shows its own noise
+floor (GPU kernels are not always deterministic), video, audio and temporal: when the reference does not reproduce
+itself, bit identity cannot be asked of anyone, and the floors apply to every candidate.
 Speed is left to ``bench``: one run per seed, candidate after candidate, cannot tell a speed-up from drift (identical
 code read 0.5x to 3.4x), so validate prints no ratio; the raw timings are in the JSON. Every argument, and every
 candidate's patch, is checked before the first call (:mod:`accelpatch.eval.preflight`). The pipeline is left in
@@ -30,6 +35,7 @@ from accelpatch.eval.preflight import (check_audio_request, check_call_arguments
                         refuse_audio_request, require_pipeline)
 from accelpatch.eval.machine import timing_conditions
 from accelpatch.eval.validate_report import CandidateResult, ReferenceRuns, ValidationReport
+from accelpatch.eval.temporal_metrics import conditioning_images
 from accelpatch.eval.validate_scores import NoiseFloor, SeedScores, noise_floor_of, psnr_text, score_seed
 
 __all__ = ["validate"]
@@ -38,10 +44,11 @@ __all__ = ["validate"]
 def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> None:
     """Fill in the gate, verdict and reasons of ``result``."""
     tier = parse_tier(result.spec.tier)
+    temporal_failing = _temporal_failures(result.scores, gates)
     if tier <= Tier.LOSSLESS and noise_floor.identical:  # an unpatched candidate runs at exact
         result.gate = "bit-identical"
-        result.passed = result.identical
-        if not result.passed:
+        result.passed = result.identical and not temporal_failing
+        if not result.identical:
             bad = [s.seed for s in result.scores if not s.frames_identical]
             if bad:
                 result.reasons.append(f"frames differ from the reference for seeds {bad} (a {tier} candidate must "
@@ -50,10 +57,11 @@ def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> No
             if bad:
                 result.reasons.append(f"audio differs from the reference for seeds {bad} (a {tier} candidate must "
                                       "be bit-identical, its audio too)")
+        _add_lines(result.reasons, temporal_failing, "temporal failures")
         return
     result.gate = "floors"
     failing = [(s.seed, i, s.ssim[i], s.psnr[i]) for s in result.scores for i in range(len(s.ssim))
-               if s.ssim[i] < gates.ssim_floor or s.psnr[i] < gates.psnr_floor]
+               if not (s.ssim[i] >= gates.ssim_floor and s.psnr[i] >= gates.psnr_floor)]  # NaN fails
     result.reasons += [f"seed {seed} frame {i}: SSIM {ssim:.4f}, PSNR {psnr_text(psnr)} dB below the floors"
                        for seed, i, ssim, psnr in failing[:5]]
     if len(failing) > 5:
@@ -62,7 +70,8 @@ def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> No
     result.reasons += audio_failing[:5]
     if len(audio_failing) > 5:
         result.reasons.append(f"... and {len(audio_failing) - 5} more audio windows below the audio gates")
-    result.passed = not failing and not audio_failing
+    _add_lines(result.reasons, temporal_failing, "temporal failures")
+    result.passed = not failing and not audio_failing and not temporal_failing
     if tier is Tier.HIGH and result.fast_by_tier.get("high", 0) == 0:
         lossless = result.fast_by_tier.get("lossless", 0)
         message = ("no fast path ran (every call took the reference path)" if not lossless else
@@ -88,6 +97,24 @@ def _audio_failures(scores: list[SeedScores], gates: Gates) -> list[str]:
     return lines
 
 
+def _temporal_failures(scores: list[SeedScores], gates: Gates) -> list[str]:
+    """One line per seed, video and temporal gate that fails (degenerate frames always do), naming the metric."""
+    lines = []
+    for s in scores:
+        if s.temporal is not None:
+            lines += [f"seed {s.seed}: {line}" for line in s.temporal.gate_failures(
+                motion_ratio_min=gates.motion_ratio_min, motion_ratio_max=gates.motion_ratio_max,
+                flicker_delta_max=gates.flicker_delta_max, psnr_drift_max_db=gates.psnr_drift_max_db,
+                i2v_image=gates.i2v_image, ssim_floor=gates.ssim_floor, psnr_floor=gates.psnr_floor)]
+    return lines
+
+
+def _add_lines(reasons: list[str], lines: list[str], what: str, limit: int = 5) -> None:
+    reasons += lines[:limit]
+    if len(lines) > limit:
+        reasons.append(f"... and {len(lines) - limit} more {what}")
+
+
 def _worst(reference: torch.Tensor, candidate: torch.Tensor, scores: SeedScores, previous):
     index = min(range(len(scores.ssim)), key=scores.ssim.__getitem__)
     if previous is not None and previous[4] <= scores.ssim[index]:
@@ -106,9 +133,12 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
     ``candidates``: tier names (``"high"``), ``"unpatched"``, mappings or :class:`accelpatch.eval.Candidate` objects
     (tier plus ``backend``/``options``). ``gates``: :class:`accelpatch.recipes.Gates` or a mapping of its fields
     (default: every frame SSIM >= 0.92 and PSNR >= 24 dB; with audio, every second's SNR >= 10 dB and correlation
-    >= 0.95). ``call_kwargs`` must not hold a generator (each run gets one seeded from ``seeds``); the output must be
-    readable as frames (``output_type="pt"``), and its audio, if any, is read with
-    :func:`~accelpatch.eval.candidates.audio_of`. Audio gates asked for explicitly (an ``audio_*`` threshold
+    >= 0.95; over time, the motion ratio within [0.8, 1.25], the flicker score at most 0.01 below the reference's,
+    the PSNR falling at most 6 dB from the first quarter of the clip to the last, no degenerate frames, and with an
+    ``image`` argument frame 0 against it within what the frame floors allow). ``call_kwargs`` must not hold a
+    generator (each run gets one seeded from ``seeds``); the output must be readable as frames
+    (``output_type="pt"``), and its audio, if any, is read with :func:`~accelpatch.eval.candidates.audio_of`. Audio
+    gates asked for explicitly (an ``audio_*`` threshold
     given, or ``audio="required"``) on a pipeline that returns no audio raise ValueError, before the candidates
     run (at the latest after the first reference call). The pipeline ends in
     the patch state it started in. Everything is checked before the first call: the pipeline (not a transformer),
@@ -131,6 +161,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
     if references is not None and references.reference != reference_spec.tier:
         raise ValueError(f"the references given were run at {references.reference!r}, this validate's reference is "
                          f"{reference_spec.tier!r}: pass reference={references.reference!r} or no references")
+    images = conditioning_images(call_kwargs.get("image"))  # image-to-video: frame 0 against it
     kept = ReferenceRuns(reference=reference_spec.tier)
     if references is not None:  # every seed it holds is kept: one object can serve a whole search
         kept.runs.update(references.runs)
@@ -155,7 +186,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
                 bar.update(1)
                 kept.runs[seed] = first
                 kept.seconds_per_step[seed] = second.seconds_per_step  # the first run includes warm-up
-                kept.floor_scores[seed] = score_seed(seed, first, second)
+                kept.floor_scores[seed] = score_seed(seed, first, second, images)
         references = {seed: kept.runs[seed] for seed in seeds}
         reference_times = [kept.seconds_per_step[seed] for seed in seeds]
         floor_scores = [kept.floor_scores[seed] for seed in seeds]
@@ -169,7 +200,7 @@ def validate(pipe: Any, call_kwargs: Mapping[str, Any], candidates: Iterable[Can
             for seed in seeds:
                 run = run_call(pipe, call_kwargs, spec, seed)
                 runs.append(run)
-                scores.append(score_seed(seed, references[seed], run))
+                scores.append(score_seed(seed, references[seed], run, images))
                 worst = _worst(references[seed].frames, run.frames, scores[-1], worst)
                 bar.update(1)
             result = CandidateResult(

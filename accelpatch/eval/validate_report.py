@@ -1,6 +1,7 @@
-"""What :func:`accelpatch.validate` returns: one :class:`CandidateResult` per candidate (its scores per seed, what
-ran, the verdict), the :class:`ReferenceRuns` a later call may reuse, and the :class:`ValidationReport` around them
-(the table, JSON, the plots: :mod:`accelpatch.eval.plots`, which takes the report it draws).
+"""What :func:`accelpatch.validate` returns: one :class:`CandidateResult` per candidate (its scores per seed, its
+temporal scores' worst over seeds, what ran, the verdict), the :class:`ReferenceRuns` a later call may reuse, and
+the :class:`ValidationReport` around them (the table, JSON, the plots: :mod:`accelpatch.eval.plots`, which takes the
+report it draws).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from accelpatch.eval._report_text import TextReport, format_table
 from accelpatch.eval.audio_metrics import AudioQuality
 from accelpatch.eval.candidates import CallResult
 from accelpatch.eval.machine import TimingConditions
-from accelpatch.eval.validate_scores import NoiseFloor, SeedScores, finite_or_none, psnr_text, worst_audio_value
+from accelpatch.eval.validate_scores import (NoiseFloor, SeedScores, TemporalSummary, finite_or_none, psnr_text,
+                                            temporal_summary, worst_audio_value)
 
 __all__ = ["ValidationReport", "ReferenceRuns", "CandidateResult"]
 
@@ -76,6 +78,12 @@ class CandidateResult:
         worst = worst_audio_value(self.scores, lambda q: -q.max_window_lsd_db, -math.inf)
         return None if worst is None else -worst
 
+    @property
+    def temporal(self) -> Optional[TemporalSummary]:
+        """The temporal scores' worst over seeds (motion ratio, flicker delta, PSNR drift, degenerate frames, frame 0
+        vs the conditioning image); None when no seed has them."""
+        return temporal_summary(self.scores)
+
     def worst_audio(self) -> Optional[tuple[int, AudioQuality]]:
         """(seed, scores) of the seed with the lowest audio SNR in a window, or None."""
         scored = [(s.seed, s.audio) for s in self.scores if s.audio is not None]
@@ -83,7 +91,7 @@ class CandidateResult:
 
     def to_dict(self) -> dict:
         data = {"label": self.label, "spec": self.spec.model_dump(), "gate": self.gate, "passed": self.passed,
-                "reasons": self.reasons, "identical": self.identical, "min_ssim": self.min_ssim,
+                "reasons": self.reasons, "identical": self.identical, "min_ssim": finite_or_none(self.min_ssim),
                 "min_psnr": finite_or_none(self.min_psnr), "fast_calls": self.fast_calls,
                 "fast_by_kind": self.fast_by_kind, "fast_by_tier": self.fast_by_tier, "fallbacks": self.fallbacks,
                 "stats": self.stats, "seconds_per_step": self.seconds_per_step,
@@ -91,6 +99,9 @@ class CandidateResult:
         if self.has_audio:
             data.update(min_audio_snr_db=finite_or_none(self.min_audio_snr), min_audio_corr=self.min_audio_corr,
                         max_audio_lsd_db=finite_or_none(self.max_audio_lsd))
+        temporal = self.temporal
+        if temporal is not None:
+            data["temporal"] = temporal.to_dict()
         return data
 
 
@@ -145,6 +156,21 @@ class ValidationReport(TextReport):
                 + (f" and LSD <= {g.audio_lsd_ceiling} dB" if g.audio_lsd_ceiling is not None else ""))
         return text if g.gates_audio else "audio reported, not gated (audio: off)"
 
+    def temporal_gate_text(self) -> str:
+        """The temporal gates in one line (a null threshold reads "reported, not gated")."""
+        g = self.gates
+        lo = "0" if g.motion_ratio_min is None else f"{g.motion_ratio_min}"
+        hi = "inf" if g.motion_ratio_max is None else f"{g.motion_ratio_max}"
+        motion = ("motion ratio reported, not gated" if g.motion_ratio_min is None and g.motion_ratio_max is None
+                  else f"motion ratio in [{lo}, {hi}]")
+        flicker = ("flicker delta reported, not gated" if g.flicker_delta_max is None else
+                   f"flicker delta >= -{g.flicker_delta_max}")
+        drift = ("PSNR drift reported, not gated" if g.psnr_drift_max_db is None else
+                 f"PSNR drift <= {g.psnr_drift_max_db} dB first to last quarter")
+        image = ("image-to-video frame 0 vs the image within the frame floors" if g.i2v_image else
+                 "image-to-video frame 0 vs the image reported, not gated")
+        return f"temporal gates: {motion}, {flicker}, {drift}, no degenerate frames, {image}"
+
     def to_dict(self) -> dict:
         # version 2: no speed ratio (validate leaves speed to bench); seconds_per_step are raw single-run timings
         return {"kind": "accelpatch.validate", "version": 2, "description": self.description,
@@ -169,14 +195,25 @@ class ValidationReport(TextReport):
                          f"{c.min_ssim:.4f}", psnr_text(c.min_psnr))
                         + ((psnr_text(c.min_audio_snr), _corr_text(c.min_audio_corr, c.has_audio)) if audio else ())
                         + (str(c.fast_calls), str(fallbacks)))
-        lines = [head] + ([] if self.conditions is None else [f"  timed with {self.conditions.describe()}"]
-                          + self.conditions.header_lines()) + ["  " + self.noise_floor.describe()]
+        lines = [head, "  " + self.temporal_gate_text()]
+        lines += ([] if self.conditions is None else [f"  timed with {self.conditions.describe()}"]
+                  + self.conditions.header_lines()) + ["  " + self.noise_floor.describe()]
+        floor = self.noise_floor.temporal
+        if floor is not None:
+            lines.append(f"  reference noise floor over time (second run vs first): {floor.describe()}")
+            if floor.describe_frame0() is not None:
+                lines.append(f"    {floor.describe_frame0()}")
         lines += format_table(rows)
         lines.append("  speed: not compared here (one run per seed cannot tell a speed-up from noise): use bench")
         for c in self.candidates:
             ran = ", ".join(f"{kind} x{n}" for kind, n in sorted(c.fast_by_kind.items())) or "no fast path ran"
             stats = "".join(f"; {k} {v:.3f}" for k, v in sorted(c.stats.items()))
             lines.append(f"  {c.label}: {ran}{stats}")
+            temporal = c.temporal
+            if temporal is not None:
+                lines.append(f"    temporal (worst over seeds): {temporal.describe()}")
+                if temporal.describe_frame0() is not None:
+                    lines.append(f"    {temporal.describe_frame0()}")
             worst = c.worst_audio()
             if worst is not None and not worst[1].identical:
                 seed, q = worst
