@@ -1,5 +1,5 @@
 """The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``tune --recipe R --out F``,
-``recipes``, ``build-kernels``, ``doctor`` and ``convert sana-video2 CKPT --out DIR`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
+``recipes``, ``build-kernels``, ``doctor``, ``convert sana-video2 CKPT --out DIR`` and ``train-tiny FAMILY`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
@@ -91,6 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      "loads. Every key and shape is checked before anything is written.")
     convert.add_arguments(sana2_parser)
     sana2_parser.set_defaults(check=lambda args: convert.check_args(args, sana2_parser), run=convert.main)
+
+    from accelpatch.tiny_models import cli as train_tiny  # no torch at import either
+    train_tiny_parser = commands.add_parser(
+        "train-tiny", help="train a family's tiny pipeline on procedural videos (CPU) and save it",
+        description="Train a tiny version of a family's diffusers pipeline (VAE, then transformer; the text encoder "
+                    "stays fixed) on seeded procedural clips whose colour and motion follow their prompt, and save "
+                    "it as a folder the family's pipeline from_pretrained loads. Same seed, same weights.")
+    train_tiny.add_arguments(train_tiny_parser)
+    train_tiny_parser.set_defaults(check=lambda args: train_tiny.check_args(args, train_tiny_parser),
+                                   run=train_tiny.main)
     return parser
 
 

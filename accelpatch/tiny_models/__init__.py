@@ -1,0 +1,30 @@
+"""Tiny video models trained here, on CPU, on procedural clips, so that quality gates compare videos with content.
+
+Random-weight tiny pipelines (:mod:`accelpatch.testing`) make noise; a gate on noise measures nothing (issue #43).
+This package holds the pieces to train tiny versions of the real diffusers classes on clips whose colour and motion
+follow their prompt:
+
+* :mod:`~accelpatch.tiny_models.procedural`: seeded clips and prompts (moving, growing, bouncing, colour-changing
+  shapes; camera pans and zooms over scikit-image's sample photographs), with their ground truth.
+* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"`` so far) saves a folder that the family's
+  diffusers pipeline ``from_pretrained`` loads.
+* :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY``.
+
+Importing this package imports no torch; :func:`train_family` and the modules load on first use.
+"""
+from __future__ import annotations
+
+from accelpatch._lazy import lazy_attributes
+
+#: Families with a training recipe (the other families of issue #43 come later).
+TRAINABLE_FAMILIES: tuple[str, ...] = ("wan",)
+
+_LAZY = {
+    "train_family": "accelpatch.tiny_models.train",
+    "TrainResult": "accelpatch.tiny_models.train",
+    "wan_call_kwargs": "accelpatch.tiny_models.train",
+    "procedural_video": "accelpatch.tiny_models.procedural",
+    "procedural_batch": "accelpatch.tiny_models.procedural",
+}
+__all__ = ["TRAINABLE_FAMILIES", *_LAZY]
+__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli"))

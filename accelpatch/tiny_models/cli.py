@@ -1,0 +1,72 @@
+"""``accelpatch train-tiny FAMILY``: train a family's tiny pipeline on procedural clips and save it.
+
+Declaring and checking the arguments imports no torch (``--help`` stays fast); :func:`main` loads the trainer.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from accelpatch.tiny_models import TRAINABLE_FAMILIES
+
+#: The diffusers pipeline class that loads each family's folder.
+_PIPELINES = {"wan": "WanPipeline"}
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``train-tiny``'s options (defaults: :class:`accelpatch.tiny_models.train.WanTrainingConfig`)."""
+    parser.add_argument("family", choices=TRAINABLE_FAMILIES, help="which family's tiny pipeline to train")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="output folder, a diffusers pipeline folder (default: out/tiny-models/FAMILY; created "
+                             "if needed, its files replaced)")
+    parser.add_argument("--steps", type=_positive, default=None, metavar="N",
+                        help="transformer training steps (default 3000)")
+    parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
+                        help="VAE training steps, before the transformer's (default 1200)")
+    parser.add_argument("--videos", type=_positive, default=None, metavar="N",
+                        help="procedural clips encoded once for the transformer phase (default 256)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the models, the clips and the noise (default 0)")
+    parser.add_argument("--threads", type=_positive, default=None, metavar="N",
+                        help="torch CPU threads (default: torch's own choice)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """Where the weights go: ``--out`` or ``out/tiny-models/FAMILY``."""
+    return Path(args.out) if args.out is not None else Path("out") / "tiny-models" / args.family
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse, before torch loads, an output path that is a file."""
+    out = output_dir(args)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: exists and is not a directory")
+    parent = next((p for p in [out, *out.parents] if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        parser.error(f"--out {out}: {parent} is not a directory")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Train, then print one line with the wall time and where the weights went."""
+    from accelpatch.tiny_models.train import train_family
+
+    out = output_dir(args)
+    result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
+                          seed=args.seed, threads=args.threads, progress=not args.no_progress)
+    config = result.config
+    phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items())
+    print(f"train-tiny {args.family}: trained in {result.wall_s:.0f} s ({phases}; VAE {config.vae_steps} steps, "
+          f"transformer {config.steps} steps on {config.videos} clips, seed {args.seed}; final transformer loss "
+          f"{sum(result.transformer_losses[-50:]) / len(result.transformer_losses[-50:]):.4f}): weights in {out} "
+          f"(load with diffusers' {_PIPELINES[args.family]}.from_pretrained)")
+    return 0

@@ -1,0 +1,269 @@
+"""Tiny trained models (accelpatch.tiny_models, issue #43): procedural clips show what their prompt says, and a short
+seeded training of the tiny Wan pipeline runs, learns (its loss falls) and saves a folder WanPipeline loads.
+
+The clip checks measure the frames with hand-written detectors (saturated pixels are the shape; the background is
+grey), never the generator's own ground truth alone. Training here is a smoke run of seconds: the suite never
+trains a model to quality."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from accelpatch.tiny_models import procedural
+from accelpatch.tiny_models.procedural import (
+    COLOURS,
+    VIDEO_FRAMES,
+    VIDEO_HEIGHT,
+    VIDEO_WIDTH,
+    make_clip,
+    parse_prompt,
+    procedural_batch,
+    procedural_video,
+    render_clip,
+    video_tokens,
+)
+
+
+# --- hand-written detectors on frames (3, F, H, W) in [-1, 1] ---
+
+def shape_masks(video: torch.Tensor) -> torch.Tensor:
+    """(F, H, W) bool: saturated pixels (max channel - min channel > 0.5); the background is grey."""
+    return (video.max(dim=0).values - video.min(dim=0).values) > 0.5
+
+
+def centroids(video: torch.Tensor) -> list[tuple[float, float]]:
+    """Per frame, the (x, y) pixel centroid of the shape mask (pixel centres at +0.5)."""
+    out = []
+    for mask in shape_masks(video):
+        ys, xs = torch.nonzero(mask, as_tuple=True)
+        assert len(xs) > 0, "no shape found in a frame"
+        out.append((float(xs.float().mean()) + 0.5, float(ys.float().mean()) + 0.5))
+    return out
+
+
+def mean_colour(video: torch.Tensor, frame: int) -> torch.Tensor:
+    """Mean RGB over the shape mask of one frame."""
+    mask = shape_masks(video)[frame]
+    return video[:, frame][:, mask].mean(dim=1)
+
+
+def dominant_channels(rgb: torch.Tensor) -> set[int]:
+    """Channels well above the lowest one (>= 1.0 on the [-1, 1] scale): {0} for red, {0, 1} for yellow, ..."""
+    return {c for c in range(3) if rgb[c] - rgb.min() >= 1.0}
+
+
+EXPECTED_CHANNELS = {"red": {0}, "green": {1}, "blue": {2}, "yellow": {0, 1}}
+
+
+def horizontal_shift(before: torch.Tensor, after: torch.Tensor, max_shift: int = 12) -> int:
+    """The d in [-max_shift, max_shift] for which after(x) ~ before(x - d): content moving right gives d > 0."""
+    width = before.shape[-1]
+    errors = {}
+    for d in range(-max_shift, max_shift + 1):
+        if d >= 0:
+            errors[d] = float((after[..., d:] - before[..., :width - d]).abs().mean())
+        else:
+            errors[d] = float((after[..., :width + d] - before[..., -d:]).abs().mean())
+    return min(errors, key=errors.get)
+
+
+def detail(frame: torch.Tensor) -> float:
+    """Mean absolute horizontal and vertical gradient: falls as a zoom magnifies the picture."""
+    dx = (frame[..., 1:] - frame[..., :-1]).abs().mean()
+    dy = (frame[..., 1:, :] - frame[..., :-1, :]).abs().mean()
+    return float(dx + dy)
+
+
+# --- the procedural clips ---
+
+def test_clips_are_deterministic_per_seed_and_differ_across_seeds():
+    a, prompts_a, _ = procedural_batch(7, 4)
+    b, prompts_b, _ = procedural_batch(7, 4)
+    c, prompts_c, _ = procedural_batch(8, 4)
+    assert torch.equal(a, b) and prompts_a == prompts_b
+    assert not torch.equal(a, c)
+    one, clip = procedural_video("a red square moves left", seed=3)
+    again, _ = procedural_video("a red square moves left", seed=3)
+    assert torch.equal(one, again) and clip.prompt == "a red square moves left"
+    # clip i of a dataset depends only on (seed, i): reading from index 2 gives the same clips
+    tail, _, _ = procedural_batch(7, 2, start=2)
+    assert torch.equal(tail, a[2:])
+
+
+def test_clips_have_the_pipeline_layout_and_enough_tokens():
+    from accelpatch.testing.wan import WAN_SOL_CONFIG
+    from accelpatch.tiny_models.train import WAN_VAE_CONFIG
+
+    videos, prompts, _ = procedural_batch(0, 3)
+    assert videos.shape == (3, 3, VIDEO_FRAMES, VIDEO_HEIGHT, VIDEO_WIDTH) and videos.dtype == torch.float32
+    assert videos.min() >= -1 and videos.max() <= 1 and len(prompts) == 3
+    downsample = WAN_VAE_CONFIG["temperal_downsample"]
+    tokens = video_tokens(temporal_compression=2 ** sum(downsample), spatial_compression=2 ** len(downsample),
+                          patch_size=WAN_SOL_CONFIG["patch_size"])
+    assert tokens == 4 * 8 * 16 == 512  # 8 Sol-Attn key blocks of 64
+    # Wan's pipeline wants num_frames = 4k + 1 and sides divisible by 8 x patch 2
+    assert (VIDEO_FRAMES - 1) % 4 == 0 and VIDEO_HEIGHT % 16 == 0 and VIDEO_WIDTH % 16 == 0
+
+
+def test_every_drawn_prompt_parses_and_uses_only_the_vocabulary():
+    words = set(procedural.vocabulary())
+    kinds = set()
+    for seed in range(200):
+        prompt = procedural.sample_prompt(seed)
+        kinds.add(parse_prompt(prompt)["kind"])
+        assert set(prompt.split()) <= words, prompt
+    assert kinds == {"shape", "camera"}
+    for bad in ("a purple square moves left", "a red square flies", "camera pans left over mars",
+                "a red circle turns red"):
+        with pytest.raises(ValueError):
+            parse_prompt(bad)
+
+
+@pytest.mark.parametrize("colour", sorted(COLOURS))
+@pytest.mark.parametrize("shape", ["square", "circle"])
+def test_the_shape_has_the_prompts_colour(colour, shape):
+    video, _ = procedural_video(f"a {colour} {shape} moves right", seed=1)
+    for frame in (0, VIDEO_FRAMES // 2, VIDEO_FRAMES - 1):
+        assert dominant_channels(mean_colour(video, frame)) == EXPECTED_CHANNELS[colour]
+    background = video[:, 0][:, ~shape_masks(video)[0]]
+    saturation = background.max(dim=0).values - background.min(dim=0).values
+    assert float(saturation.quantile(0.99)) < 1e-5  # grey, but for the shape's antialiased edge
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("motion,axis,sign", [("moves left", 0, -1), ("moves right", 0, 1), ("moves up", 1, -1),
+                                              ("moves down", 1, 1)])
+def test_the_shape_moves_the_way_the_prompt_says(motion, axis, sign, seed):
+    video, clip = procedural_video(f"a blue circle {motion}", seed=seed)
+    path = centroids(video)
+    steps = [sign * (b[axis] - a[axis]) for a, b in zip(path, path[1:])]
+    assert all(s > 0 for s in steps), steps  # every frame moves the right way
+    extent = VIDEO_WIDTH if axis == 0 else VIDEO_HEIGHT
+    assert sum(steps) > 0.3 * extent
+    other = [p[1 - axis] for p in path]
+    assert max(other) - min(other) < 1.0  # and only along that axis
+    for measured, truth in zip(path, clip.centres):  # the recorded ground truth matches the frames
+        assert math.dist(measured, truth) < 1.0
+
+
+def test_growing_shrinking_bouncing_and_turning():
+    grows, _ = procedural_video("a green square grows", seed=4)
+    areas = shape_masks(grows).sum(dim=(1, 2)).tolist()
+    assert all(b > a for a, b in zip(areas, areas[1:])) and areas[-1] > 4 * areas[0]
+    shrinks, _ = procedural_video("a green circle shrinks", seed=4)
+    areas = shape_masks(shrinks).sum(dim=(1, 2)).tolist()
+    assert all(b < a for a, b in zip(areas, areas[1:]))
+
+    bounces, _ = procedural_video("a yellow circle bounces", seed=5)
+    ys = [y for _, y in centroids(bounces)]
+    direction_changes = sum((b - a) * (c - b) < 0 for a, b, c in zip(ys, ys[1:], ys[2:]))
+    assert direction_changes >= 2 and max(ys) - min(ys) > 0.4 * VIDEO_HEIGHT
+
+    turns, _ = procedural_video("a red square turns blue", seed=6)
+    assert dominant_channels(mean_colour(turns, 0)) == {0}
+    assert dominant_channels(mean_colour(turns, VIDEO_FRAMES - 1)) == {2}
+    path = centroids(turns)
+    assert math.dist(path[0], path[-1]) < 1.0  # a colour change, not a move
+
+
+@pytest.mark.parametrize("photo", sorted(procedural.PHOTOS))
+def test_camera_pans_move_the_picture_and_zooms_magnify_it(photo):
+    left, _ = procedural_video(f"camera pans left over {photo}", seed=2)
+    right, _ = procedural_video(f"camera pans right over {photo}", seed=2)
+    for video, sign in ((left, 1), (right, -1)):  # the camera pans left: the picture moves right in the frame
+        shifts = [horizontal_shift(video[:, t], video[:, t + 1]) for t in range(VIDEO_FRAMES - 1)]
+        assert all(sign * s >= 1 for s in shifts), shifts
+        assert float(video.std()) > 0.1  # a photograph, not a flat field
+    zoom_in, _ = procedural_video(f"camera zooms in over {photo}", seed=2)
+    zoom_out, _ = procedural_video(f"camera zooms out over {photo}", seed=2)
+    assert detail(zoom_in[:, -1]) < detail(zoom_in[:, 0])
+    assert detail(zoom_out[:, -1]) > detail(zoom_out[:, 0])
+
+
+def test_a_clip_renders_the_same_from_its_record():
+    video, clip = procedural_video(None, seed=11)
+    assert torch.equal(render_clip(clip), video)
+    assert torch.equal(render_clip(make_clip(clip.prompt, [11, 2])), video)
+
+
+# --- training (seconds: a smoke run, not a trained model) ---
+
+SMOKE = dict(steps=40, vae_steps=12, videos=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    from accelpatch.tiny_models import train_family
+
+    out = tmp_path_factory.mktemp("tiny_wan")
+    return train_family("wan", out, progress=False, **SMOKE)
+
+
+def test_smoke_training_writes_a_folder_wan_pipeline_loads_and_calls(smoke_run):
+    from diffusers import WanPipeline
+
+    from accelpatch.tiny_models import wan_call_kwargs
+
+    result = smoke_run
+    assert len(result.vae_losses) == SMOKE["vae_steps"] and len(result.transformer_losses) == SMOKE["steps"]
+    assert all(math.isfinite(v) for v in result.vae_losses + result.transformer_losses)
+    record = json.loads((result.out_dir / "training.json").read_text())
+    assert record["seed"] == 0 and record["config"]["steps"] == SMOKE["steps"] and record["wall_s"] > 0
+
+    pipe = WanPipeline.from_pretrained(result.out_dir)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.transformer_2 is None and pipe.transformer.config.attention_head_dim == 128
+    # the word-level tokenizer tells prompts apart (the test pipelines' 5-token one maps every word to <unk>)
+    ids = pipe.tokenizer(["a red square moves left", "a blue circle moves right"]).input_ids
+    assert ids[0] != ids[1] and pipe.tokenizer.unk_token_id not in ids[0] + ids[1]
+    # the VAE's latent statistics were measured and saved
+    assert pipe.vae.config.latents_std != [1.0] * 16 and len(pipe.vae.config.latents_mean) == 16
+    latents = pipe.vae.encode(procedural_video("a red square moves left")[0][None]).latent_dist.mean
+    assert latents.shape == (1, 16, 4, VIDEO_HEIGHT // 8, VIDEO_WIDTH // 8)
+    with torch.no_grad():
+        frames = pipe(**wan_call_kwargs("a red square moves left", num_inference_steps=2)).frames
+    assert frames.shape == (1, VIDEO_FRAMES, 3, VIDEO_HEIGHT, VIDEO_WIDTH) and torch.isfinite(frames).all()
+
+
+def test_both_losses_fall_during_a_short_run(smoke_run):
+    """Fixed seed: the VAE's reconstruction loss over its first vs last 4 steps, the transformer's flow-matching
+    loss over its first vs last 10 (from ~2, predicting nothing, towards ~1 and below)."""
+    vae, flow = smoke_run.vae_losses, smoke_run.transformer_losses
+    assert sum(vae[-4:]) / 4 < 0.8 * sum(vae[:4]) / 4, vae
+    assert sum(flow[-10:]) / 10 < 0.85 * sum(flow[:10]) / 10, flow
+
+
+def test_the_command_trains_reproducibly_and_says_where_the_weights_went(tmp_path, capsys):
+    from accelpatch.__main__ import main
+    from accelpatch.tiny_models import train_family
+
+    tiny = ["--steps", "2", "--vae-steps", "1", "--videos", "1", "--seed", "3"]
+    assert main(["train-tiny", "wan", "--out", str(tmp_path / "cli"), *tiny, "--no-progress"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("train-tiny wan: trained in ") and f"weights in {tmp_path / 'cli'}" in line
+    train_family("wan", tmp_path / "api", steps=2, vae_steps=1, videos=1, seed=3, progress=False)
+    cli, api = (json.loads((tmp_path / name / "training.json").read_text()) for name in ("cli", "api"))
+    assert cli["vae_loss"] == api["vae_loss"] and cli["transformer_loss"] == api["transformer_loss"]
+    first = (tmp_path / "cli" / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+    assert first == (tmp_path / "api" / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+
+
+def test_unknown_families_and_bad_counts_are_refused():
+    from accelpatch.tiny_models import train_family
+
+    with pytest.raises(ValueError, match="no training for 'ltx2'"):
+        train_family("ltx2", "unused")
+    with pytest.raises(ValueError, match="at least 1"):
+        train_family("wan", "unused", steps=0)
+
+
+def test_train_tiny_help_imports_no_torch():
+    code = ("import sys\nfrom accelpatch.__main__ import main\ntry:\n    main(['train-tiny', '--help'])\n"
+            "except SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "print('torch' in sys.modules, 'diffusers' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "train-tiny" in result.stdout and result.stdout.strip().splitlines()[-1] == "False False"
