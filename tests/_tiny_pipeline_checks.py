@@ -1,5 +1,5 @@
-"""What the tiny-pipeline tests of HunyuanVideo 1.5 and LTX-2 share: a stand-in for the Sol-Attn op run through the
-whole pipeline at ``high``. A :class:`PipelineCase` names how to build, call and read a pipeline. What every family's
+"""What the tiny-pipeline tests share: a stand-in for the Sol-Attn op run through the whole pipeline at ``high``
+(HunyuanVideo 1.5, LTX-2), and :func:`rehome` for pipelines loaded from disk (SANA-Video 2.0). A :class:`PipelineCase` names how to build, call and read a pipeline. What every family's
 pipeline keeps (seeded builds, the tiers' bits, sol_attn's dense steps and sparse run, ``remove()``) is
 tests/test_family_contract.py's."""
 from __future__ import annotations
@@ -60,3 +60,14 @@ def high_with_kernel(case: PipelineCase, pipe, monkeypatch, kernel) -> tuple:
         accelpatch.remove(pipe)
         monkeypatch.undo()
     return out
+
+
+def rehome(pipeline):
+    """Move a loaded pipeline's tensors out of the safetensors file's memory map into fresh memory: from_pretrained
+    leaves them at offsets only 8-byte aligned, where CPU kernels round differently at some shapes (same weights,
+    ~1e-6 apart); any ``.to(device)`` or dtype cast does the same move."""
+    for component in pipeline.components.values():
+        if isinstance(component, torch.nn.Module):
+            for tensor in [*component.parameters(), *component.buffers()]:
+                tensor.data = tensor.data.clone()
+    return pipeline

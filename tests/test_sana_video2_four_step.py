@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from _tiny_pipeline_checks import rehome
 
 import accelpatch
 from accelpatch.core import steps
@@ -206,13 +207,6 @@ def test_scheduler_config_round_trip(tmp_path, config):
     assert torch.equal(loaded.sigmas, scheduler.sigmas) and torch.equal(loaded.timesteps, scheduler.timesteps)
 
 
-def _rehome(pipeline):
-    """Move the loaded tensors out of the safetensors mapping (see tests/test_sana_video2_pipeline.py)."""
-    for component in pipeline.components.values():
-        if isinstance(component, torch.nn.Module):
-            for tensor in [*component.parameters(), *component.buffers()]:
-                tensor.data = tensor.data.clone()
-    return pipeline
 
 
 def test_pipeline_with_the_four_step_scheduler_round_trips(pipe, tmp_path):
@@ -224,7 +218,7 @@ def test_pipeline_with_the_four_step_scheduler_round_trips(pipe, tmp_path):
     index = json.loads((tmp_path / "model_index.json").read_text())
     assert index["scheduler"] == ["accelpatch.models.sana_video2.modeling.few_step", "SanaVideo2FewStepScheduler"]
     for loader in (SanaVideo2Pipeline, diffusers.DiffusionPipeline):
-        loaded = _rehome(loader.from_pretrained(tmp_path))
+        loaded = rehome(loader.from_pretrained(tmp_path))
         assert type(loaded.scheduler) is SanaVideo2FewStepScheduler
         assert _config(loaded.scheduler) == _config(pipe.scheduler)
         loaded.set_progress_bar_config(disable=True)

@@ -13,6 +13,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from _tiny_pipeline_checks import rehome
 
 from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline
 from accelpatch.models.sana_video2.modeling.pipeline_prompts import (RELEASE_CHI_PROMPT, RELEASE_NEGATIVE_PROMPT,
@@ -387,12 +388,6 @@ def test_scheduler_runs_the_release_flow_grid(steps):
 # trip is checked as: every weight and config bit-identical as loaded, and the frames bit-identical once the loaded
 # tensors are moved to freshly allocated memory (what any .to(device) or dtype cast does anyway).
 
-def _rehome(pipeline):
-    for component in pipeline.components.values():
-        if isinstance(component, torch.nn.Module):
-            for tensor in [*component.parameters(), *component.buffers()]:
-                tensor.data = tensor.data.clone()
-    return pipeline
 
 
 def _assert_same_components(loaded, original):
@@ -433,7 +428,7 @@ def test_save_pretrained_from_pretrained_round_trip_offline(pipe, tmp_path):
         assert loaded.tokenizer.get_vocab() == pipe.tokenizer.get_vocab()
         loaded.set_progress_bar_config(disable=True)
         assert torch.allclose(loaded(**kwargs()).frames, reference, atol=1e-5, rtol=0)
-        _rehome(loaded)
+        rehome(loaded)
         assert torch.equal(loaded(**kwargs()).frames, reference)
         assert torch.equal(loaded(**kwargs(guidance_scale=1.0)).frames, unguided)
 
@@ -463,7 +458,7 @@ def test_diffusion_pipeline_loads_a_saved_folder_after_the_documented_import(pip
 def test_embeddings_only_pipeline_round_trips(pipe, tmp_path):
     bare = SanaVideo2Pipeline(**{**pipe.components, "tokenizer": None, "text_encoder": None})
     bare.save_pretrained(tmp_path)
-    loaded = _rehome(SanaVideo2Pipeline.from_pretrained(tmp_path))
+    loaded = rehome(SanaVideo2Pipeline.from_pretrained(tmp_path))
     assert loaded.tokenizer is None and loaded.text_encoder is None
     _assert_same_components(loaded, bare)
     embeds, mask = _embeds(pipe)

@@ -228,17 +228,23 @@ def _train_vae(vae, config: WanTrainingConfig, seed: int, progress: bool) -> lis
             recon = vae.decode(z).sample
             kl = 0.5 * (posterior.mean.pow(2) + posterior.var - 1.0 - posterior.logvar).mean()
             loss = torch.nn.functional.mse_loss(recon, x) + 0.5 * (recon - x).abs().mean() + config.kl_weight * kl
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-            bar.update()
-            if step % 10 == 0 or step == config.vae_steps - 1:
-                bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}")
+            _descend(vae, optimizer, schedule, loss, losses, bar, last=step == config.vae_steps - 1)
     vae.eval()
     return losses
+
+
+def _descend(model, optimizer, schedule, loss, losses: list, bar, *, last: bool) -> None:
+    """One optimiser step on ``loss`` (gradients clipped to norm 1, the schedule advanced), recorded in ``losses``
+    and on the progress bar (the mean of the last 10 losses, every 10 steps and at the last)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    losses.append(loss.item())
+    bar.update()
+    if len(losses) % 10 == 1 or last:
+        bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}")
 
 
 @torch.no_grad()
@@ -291,15 +297,7 @@ def _train_transformer(transformer, latents, embeds, empty, config: WanTrainingC
             prediction = transformer(hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=text,
                                      return_dict=False)[0]
             loss = torch.nn.functional.mse_loss(prediction, noise - x0)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-            bar.update()
-            if step % 10 == 0 or step == config.steps - 1:
-                bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}")
+            _descend(transformer, optimizer, schedule, loss, losses, bar, last=step == config.steps - 1)
     transformer.eval()
     return losses
 
