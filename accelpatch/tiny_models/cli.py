@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_positive, default=None, metavar="N",
                         help="transformer training steps (default 3000)")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
-                        help="VAE training steps, before the transformer's (default 1200)")
+                        help="VAE training steps, before the transformer's (default 600)")
     parser.add_argument("--videos", type=_positive, default=None, metavar="N",
                         help="procedural clips encoded once for the transformer phase (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models, the clips and the noise (default 0)")
@@ -57,12 +57,17 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
 
 
 def main(args: argparse.Namespace) -> int:
-    """Train, then print one line with the wall time and where the weights went."""
+    """Train, then print how well the VAE holds whole clips (and whether that is good enough) and one line with the
+    wall time and where the weights went."""
     from accelpatch.tiny_models.train import train_family
 
     out = output_dir(args)
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
                           seed=args.seed, threads=args.threads, progress=not args.no_progress)
+    check = result.vae_check
+    print(f"train-tiny {args.family}: VAE on whole clips: MSE {check['mse']:.4f}, last/first frames' error "
+          f"{check['late_over_early']:.1f}x, saturation kept {check['saturation_kept']:.0%}"
+          + (f" -- NOT GOOD ENOUGH: {'; '.join(check['problems'])}" if check["problems"] else " (within limits)"))
     config = result.config
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items())
     print(f"train-tiny {args.family}: trained in {result.wall_s:.0f} s ({phases}; VAE {config.vae_steps} steps, "
