@@ -37,7 +37,7 @@ from accelpatch.eval.candidates import frames_of  # noqa: E402
 from accelpatch.eval.metrics import compare_videos  # noqa: E402
 from accelpatch.eval.pipelines import load_pipeline  # noqa: E402
 from accelpatch.recipes import load_recipe  # noqa: E402
-from accelpatch.sol_attn.config import NOTHING_SKIPPED  # noqa: E402
+from accelpatch.sol_attn.config import sol_attn_runs  # noqa: E402
 
 FAMILIES = ("sana-video", "sana-video2", "minimax-h3", "wan", "hunyuan-video15", "ltx2")
 #: families whose transformer takes backend="sol_attn" (SANA-Video's linear attention has no softmax to sparsify)
@@ -60,7 +60,7 @@ def sol_share(report) -> float | None:
     """Sparse Sol-Attn calls over every Sol-Attn call (None: no Sol-Attn site)."""
     sites = [s for s in report.sites if s.kind.endswith("sol_attn")]
     total = sum(s.fast_calls + sum(s.reference_calls.values()) + sum(s.fallback_calls.values()) for s in sites)
-    ran = sum(s.fast_calls + s.reference_calls.get(NOTHING_SKIPPED, 0) for s in sites)
+    ran = sum(sol_attn_runs(s) for s in sites)
     return ran / total if total else None
 
 

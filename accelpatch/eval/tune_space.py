@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from accelpatch.core.steps import normalize_step_count, step_count
 from accelpatch.core.errors import did_you_mean
 from accelpatch.recipes import CandidateSpec
+from accelpatch.sol_attn.config import DEFAULT_MIN_TOKENS
 
 __all__ = ["Knob", "SearchSpace", "KNOB_DIRECTIONS", "derive_space", "parse_space", "parse_budget", "base_setting"]
 
@@ -85,8 +86,8 @@ TAUS = (0.0, 0.5, 1.0, 2.0, 4.0)
 DENSE_FRACTIONS = (0.3, 0.2, 0.1)
 #: dense_last_steps searched (with the current value): a dense last step, and none
 DENSE_TAILS = (1, 0)
-#: the sequence floor searched where SolAttnConfig's default min_tokens is 0 (ComfyUI's sparse node's)
-MIN_TOKENS_FLOOR = 12288
+#: the sequence floor searched where the user's min_tokens is 0: the backend's default (ComfyUI's sparse node's)
+MIN_TOKENS_FLOOR = DEFAULT_MIN_TOKENS
 #: when the call does not say how many steps it runs (diffusers' usual default)
 DEFAULT_STEPS = 50
 
@@ -314,7 +315,7 @@ def _probe_floor(pipe: Any, call_kwargs: Mapping[str, Any], options: Mapping[str
     from accelpatch.core.patcher import transformers_of
     from accelpatch.core.reporting import build_report
     from accelpatch.eval.candidates import PatchSwitcher
-    from accelpatch.sol_attn.config import NOTHING_SKIPPED, SHORT_SEQUENCE
+    from accelpatch.sol_attn.config import SHORT_SEQUENCE, sol_attn_runs
 
     probe = {k: v for k, v in options.items() if k != "cache" and not k.startswith("cache_")}
     probe.update(dense_steps=0, dense_last_steps=0, dense_layers="", min_tokens=floor)
@@ -340,7 +341,7 @@ def _probe_floor(pipe: Any, call_kwargs: Mapping[str, Any], options: Mapping[str
     sparse = [site for site in report.sites if site.work == "sparse"]
     short = sum(site.reference_calls.get(SHORT_SEQUENCE, 0) + site.fallback_calls.get(SHORT_SEQUENCE, 0)
                 for site in sparse)
-    ran = sum(site.fast_calls + site.reference_calls.get(NOTHING_SKIPPED, 0) for site in sparse)
+    ran = sum(sol_attn_runs(site) for site in sparse)
     if not short and not ran:
         return None
     return FLOOR_NONE if not short else FLOOR_ALL if not ran else FLOOR_SOME

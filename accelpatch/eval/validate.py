@@ -62,14 +62,10 @@ def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> No
     result.gate = "floors"
     failing = [(s.seed, i, s.ssim[i], s.psnr[i]) for s in result.scores for i in range(len(s.ssim))
                if not (s.ssim[i] >= gates.ssim_floor and s.psnr[i] >= gates.psnr_floor)]  # NaN fails
-    result.reasons += [f"seed {seed} frame {i}: SSIM {ssim:.4f}, PSNR {psnr_text(psnr)} dB below the floors"
-                       for seed, i, ssim, psnr in failing[:5]]
-    if len(failing) > 5:
-        result.reasons.append(f"... and {len(failing) - 5} more frames below the floors")
+    _add_lines(result.reasons, [f"seed {seed} frame {i}: SSIM {ssim:.4f}, PSNR {psnr_text(psnr)} dB below the floors"
+                                for seed, i, ssim, psnr in failing], "frames below the floors")
     audio_failing = _audio_failures(result.scores, gates) if gates.gates_audio else []
-    result.reasons += audio_failing[:5]
-    if len(audio_failing) > 5:
-        result.reasons.append(f"... and {len(audio_failing) - 5} more audio windows below the audio gates")
+    _add_lines(result.reasons, audio_failing, "audio windows below the audio gates")
     _add_lines(result.reasons, temporal_failing, "temporal failures")
     result.passed = not failing and not audio_failing and not temporal_failing
     if tier is Tier.HIGH and result.fast_by_tier.get("high", 0) == 0:
@@ -110,6 +106,7 @@ def _temporal_failures(scores: list[SeedScores], gates: Gates) -> list[str]:
 
 
 def _add_lines(reasons: list[str], lines: list[str], what: str, limit: int = 5) -> None:
+    """The first ``limit`` of ``lines`` into ``reasons``, then one line counting the rest as ``what``."""
     reasons += lines[:limit]
     if len(lines) > limit:
         reasons.append(f"... and {len(lines) - limit} more {what}")

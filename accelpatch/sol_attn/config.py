@@ -42,6 +42,13 @@ DEFAULT_MIN_TOKENS = 12_288
 NOTHING_SKIPPED = ("Sol-Attn ran but skipped nothing: it computed every block pair exactly at this tau and sequence "
                    "length (or every row was recomputed densely)")
 
+
+def sol_attn_runs(site: Any) -> int:
+    """A site report's calls that ran the Sol-Attn op: the fast ones and those whose blocks were all exact (counted
+    :data:`NOTHING_SKIPPED`, not as fast), i.e. every call the dense policy let through."""
+    return site.fast_calls + site.reference_calls.get(NOTHING_SKIPPED, 0)
+
+
 #: Sol-Attn's dense policy, read by both routes (``apply(backend="sol_attn")``'s sites and diffusers'
 #: ``set_attention_backend("sol_attn")``) through :func:`accelpatch.core.steps.step_policy_reason`: the first
 #: ``dense_steps`` steps, the last ``dense_last_steps``, calls shorter than ``min_tokens``, and (sites only) the

@@ -263,8 +263,7 @@ def check_vae(vae, config: WanTrainingConfig, seed: int, clips: int = 4) -> dict
         quarter = max(1, per_frame.numel() // 4)
         mse.append(float(per_frame.mean()))
         late.append(float(per_frame[-quarter:].mean() / per_frame[:quarter].mean().clamp_min(1e-8)))
-        saturation = lambda v: float(((v.max(1).values - v.min(1).values) / 2).max())  # noqa: E731  ([-1, 1] -> [0, 1])
-        kept.append(saturation(recon) / max(saturation(x), 1e-8))
+        kept.append(_saturation(recon) / max(_saturation(x), 1e-8))
     found = {"mse": sum(mse) / clips, "late_over_early": max(late), "saturation_kept": min(kept)}
     problems = []
     if found["mse"] > VAE_LIMITS["mse"]:
@@ -276,6 +275,11 @@ def check_vae(vae, config: WanTrainingConfig, seed: int, clips: int = 4) -> dict
         problems.append(f"it keeps {found['saturation_kept']:.0%} of the clips' colour saturation "
                         f"(< {VAE_LIMITS['saturation_kept']:.0%}: colours wash out)")
     return {**{k: round(v, 4) for k, v in found.items()}, "problems": problems}
+
+
+def _saturation(video: torch.Tensor) -> float:
+    """The largest max - min over the channels of any pixel of a [-1, 1] video, on a [0, 1] scale."""
+    return float(((video.max(1).values - video.min(1).values) / 2).max())
 
 
 def vae_problem_text(check: dict[str, Any]) -> str:
