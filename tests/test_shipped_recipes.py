@@ -95,7 +95,9 @@ from importlib import resources
 from accelpatch.lossless.kernels import cpu_build  # what the CPU kernels' build reads from the installed package
 for name in cpu_build.SOURCES + cpu_build.HEADERS:
     assert resources.files("accelpatch.lossless.kernels").joinpath(name).is_file(), name
-print(json.dumps({"package": accelpatch.__file__, "shipped": str(SHIPPED_RECIPES),
+from accelpatch.tiny_models.shipped import WEIGHTS_DIR, shipped_families
+print(json.dumps({"package": accelpatch.__file__, "shipped": str(SHIPPED_RECIPES), "tiny": list(shipped_families()),
+                  "tiny_dir": str(WEIGHTS_DIR),
                   "recipes": {n: str(p) for n, p in known.items()}}))
 """
 
@@ -119,12 +121,16 @@ def test_the_wheel_carries_every_recipe_and_an_installed_accelpatch_loads_them(t
     assert not any(name.startswith("recipes/") for name in names), "the recipes must install inside the package"
     kernels = {"cpu_kernels.cpp", "cpu_kernels.h", "cpu_ops.cpp"}  # the CPU kernels are built from these
     assert {f"accelpatch/lossless/kernels/{name}" for name in kernels} <= names
+    weights = REPO / "accelpatch" / "tiny_models" / "weights"  # the trained tiny pipelines, every file of them
+    shipped_files = {p.relative_to(REPO).as_posix() for p in weights.rglob("*") if p.is_file()}
+    assert shipped_files and shipped_files <= names, sorted(shipped_files - names)
     python = _install_wheel(tmp_path, wheel)
     found = _probe(python, tmp_path)
     installed = tmp_path / "venv"
     assert Path(found["package"]).is_relative_to(installed), found["package"]
     assert Path(found["shipped"]).is_relative_to(installed) and Path(found["shipped"]).name == "recipe_files"
     assert set(found["recipes"]) == {p.stem for p in SHIPPED}  # `accelpatch recipes` lists every one
+    assert "wan" in found["tiny"] and Path(found["tiny_dir"]).is_relative_to(installed)
     assert all(Path(p).is_relative_to(installed) for p in found["recipes"].values())
 
 

@@ -87,8 +87,12 @@ def _tiny_umt5(d_model: int, seed: int):
 def tiny_wan_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
                       transformer_config: Mapping[str, Any] | None = None, transformer=None, transformer_2=None,
                       two_transformers: bool = False, boundary_ratio: float = 0.5,
-                      device: str | torch.device = "cpu"):
+                      device: str | torch.device = "cpu", trained: bool = False):
     """A complete offline ``WanPipeline`` with tiny random components (default transformer: :data:`WAN_SOL_CONFIG`).
+
+    ``trained=True`` returns instead the shipped tiny Wan trained on procedural clips (issue #43; 13 frames of
+    128 x 256, word-level prompts: call it with :func:`accelpatch.tiny_models.wan_call_kwargs`); the options that
+    build random components are refused with it.
 
     ``two_transformers=True`` (or a ``transformer_2``) builds Wan 2.2's layout: ``transformer`` denoises the steps
     whose timestep is at or above ``boundary_ratio * 1000``, ``transformer_2`` the rest. The text encoder is a
@@ -99,6 +103,16 @@ def tiny_wan_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
 
     from accelpatch.testing.sana_video import _tiny_wan_vae
 
+    if trained:
+        chosen = [name for name, value in (("transformer_config", transformer_config), ("transformer", transformer),
+                                           ("transformer_2", transformer_2), ("two_transformers", two_transformers))
+                  if value not in (None, False)]
+        if chosen:
+            raise ValueError(f"tiny_wan_pipeline(trained=True) loads the shipped weights; {', '.join(chosen)} "
+                             f"build random components: pass them with trained=False")
+        from accelpatch.tiny_models.shipped import trained_pipeline
+
+        return trained_pipeline("wan", dtype=dtype, device=device)
     if transformer is None:
         transformer = tiny_wan_transformer(transformer_config, seed=seed, dtype=dtype)
     if transformer_2 is None and two_transformers:

@@ -8,7 +8,9 @@ follow their prompt:
   shapes; camera pans and zooms over scikit-image's sample photographs), with their ground truth.
 * :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"`` so far) saves a folder that the family's
   diffusers pipeline ``from_pretrained`` loads.
-* :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY``.
+* :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
+* :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`).
+* :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY [--ship]``.
 
 Importing this package imports no torch; :func:`train_family` and the modules load on first use.
 """
@@ -22,9 +24,13 @@ TRAINABLE_FAMILIES: tuple[str, ...] = ("wan",)
 _LAZY = {
     "train_family": "accelpatch.tiny_models.train",
     "TrainResult": "accelpatch.tiny_models.train",
-    "wan_call_kwargs": "accelpatch.tiny_models.train",
+    "wan_call_kwargs": "accelpatch.tiny_models.shipped",
     "procedural_video": "accelpatch.tiny_models.procedural",
     "procedural_batch": "accelpatch.tiny_models.procedural",
+    "read_shape_video": "accelpatch.tiny_models.detect",
+    "trained_pipeline": "accelpatch.tiny_models.shipped",
+    "trained_call_kwargs": "accelpatch.tiny_models.shipped",
+    "shipped_families": "accelpatch.tiny_models.shipped",
 }
 __all__ = ["TRAINABLE_FAMILIES", *_LAZY]
-__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli"))
+__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli", "detect", "shipped"))

@@ -30,15 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder, a diffusers pipeline folder (default: out/tiny-models/FAMILY; created "
                              "if needed, its files replaced)")
     parser.add_argument("--steps", type=_positive, default=None, metavar="N",
-                        help="transformer training steps (default 3000)")
+                        help="transformer training steps (default 5000)")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
-                        help="VAE training steps, before the transformer's (default 600)")
+                        help="VAE training steps per pass (two passes: plain, then the shapes weighted; default 700)")
+    parser.add_argument("--vae-max-passes", type=_positive, default=None, metavar="N",
+                        help="VAE passes at most: after the two planned ones, more run while the VAE check still "
+                             "finds a problem (default 5)")
     parser.add_argument("--videos", type=_positive, default=None, metavar="N",
-                        help="procedural clips encoded once for the transformer phase (default 256)")
+                        help="procedural clips encoded once for the transformer phase (default 512)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models, the clips and the noise (default 0)")
     parser.add_argument("--threads", type=_positive, default=None, metavar="N",
                         help="torch CPU threads (default: torch's own choice)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--ship", action="store_true",
+                        help="also write the result, in float16, into the package's shipped weights (the folder "
+                             "weights/ of accelpatch.tiny_models, one subfolder per family), which "
+                             "tiny_FAMILY_pipeline(trained=True) loads")
 
 
 def output_dir(args: argparse.Namespace) -> Path:
@@ -62,16 +69,22 @@ def main(args: argparse.Namespace) -> int:
     from accelpatch.tiny_models.train import train_family
 
     out = output_dir(args)
+    extra = {} if args.vae_max_passes is None else {"vae_max_passes": args.vae_max_passes}
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
-                          seed=args.seed, threads=args.threads, progress=not args.no_progress)
+                          seed=args.seed, **extra, threads=args.threads, progress=not args.no_progress)
     check = result.vae_check
     print(f"train-tiny {args.family}: VAE on whole clips: MSE {check['mse']:.4f}, last/first frames' error "
           f"{check['late_over_early']:.1f}x, saturation kept {check['saturation_kept']:.0%}"
           + (f" -- NOT GOOD ENOUGH: {'; '.join(check['problems'])}" if check["problems"] else " (within limits)"))
     config = result.config
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items())
-    print(f"train-tiny {args.family}: trained in {result.wall_s:.0f} s ({phases}; VAE {config.vae_steps} steps, "
-          f"transformer {config.steps} steps on {config.videos} clips, seed {args.seed}; final transformer loss "
+    print(f"train-tiny {args.family}: trained in {result.wall_s:.0f} s ({phases}; VAE "
+          f"{len(result.vae_losses) // config.vae_steps} passes of {config.vae_steps} steps, transformer "
+          f"{config.steps} steps on {config.videos} clips, seed {args.seed}; final transformer loss "
           f"{sum(result.transformer_losses[-50:]) / len(result.transformer_losses[-50:]):.4f}): weights in {out} "
           f"(load with diffusers' {_PIPELINES[args.family]}.from_pretrained)")
+    if args.ship:
+        from accelpatch.tiny_models.shipped import ship
+
+        print(f"train-tiny {args.family}: shipped in float16 to {ship(out, args.family)}")
     return 0

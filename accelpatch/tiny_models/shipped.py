@@ -1,0 +1,87 @@
+"""The trained tiny pipelines that ship inside the package, and how to load and call them.
+
+Why: gates, the demo and the suite need tiny models whose videos have content (issue #43), without training them
+each time. ``python -m accelpatch train-tiny FAMILY --ship`` trains one and writes it here in half precision
+(the folder ``weights/FAMILY`` beside this module, a diffusers pipeline folder with its ``training.json``);
+:func:`trained_pipeline` loads it with diffusers' own ``from_pretrained``, in float32 by default.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accelpatch.tiny_models import procedural
+
+#: Prompts are tokenized to at most this many tokens; the embeddings are zero-padded to it (as Wan's pipeline does),
+#: so calls must pass the same ``max_sequence_length`` as training (see :func:`wan_call_kwargs`).
+MAX_SEQUENCE_LENGTH = 16
+
+#: Where the shipped folders live (package data: setup.cfg [options.package_data]).
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+
+
+def shipped_families() -> tuple[str, ...]:
+    """Families whose trained tiny pipeline ships with this installation."""
+    if not WEIGHTS_DIR.is_dir():
+        return ()
+    return tuple(sorted(p.name for p in WEIGHTS_DIR.iterdir() if (p / "model_index.json").is_file()))
+
+
+def shipped_folder(family: str) -> Path:
+    """The shipped folder of ``family``; ValueError naming the families that have one otherwise."""
+    folder = WEIGHTS_DIR / family
+    if not (folder / "model_index.json").is_file():
+        have = ", ".join(shipped_families()) or "none"
+        raise ValueError(f"no trained tiny {family!r} pipeline ships with accelpatch (trained: {have}); use the "
+                         f"random-weight builder (trained=False), or train one with "
+                         f"`python -m accelpatch train-tiny {family}` where that family is trainable")
+    return folder
+
+
+def trained_pipeline(family: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """The shipped trained tiny pipeline of ``family``, loaded by ``DiffusionPipeline.from_pretrained`` from its
+    folder in ``dtype`` (weights are stored in float16), on ``device``, progress bar off."""
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(shipped_folder(family), dtype=dtype)
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def trained_call_kwargs(family: str, prompt: str, **kwargs: Any) -> dict[str, Any]:
+    """Call kwargs for the shipped ``family`` pipeline at its training size (see the family's ``*_call_kwargs``)."""
+    shipped_folder(family)
+    if family == "wan":
+        return wan_call_kwargs(prompt, **kwargs)
+    raise ValueError(f"no call settings for a trained tiny {family!r} pipeline")
+
+
+def wan_call_kwargs(prompt: str = "a red square moves left", *, num_inference_steps: int = 8,
+                    guidance_scale: float = 4.0, seed: int = 0, negative_prompt: str = "",
+                    output_type: str = "pt") -> dict[str, Any]:
+    """Call kwargs for a trained tiny Wan pipeline at its training size: 13 frames of 128 x 256 (512 tokens per
+    forward) and the training ``max_sequence_length``."""
+    return dict(prompt=prompt, negative_prompt=negative_prompt, height=procedural.VIDEO_HEIGHT,
+                width=procedural.VIDEO_WIDTH, num_frames=procedural.VIDEO_FRAMES,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                generator=torch.Generator().manual_seed(seed), output_type=output_type,
+                max_sequence_length=MAX_SEQUENCE_LENGTH)
+
+
+def ship(folder: str | Path, family: str) -> Path:
+    """Copy a trained folder (``train_family``'s output) into the package, in float16: the folder
+    :func:`trained_pipeline` loads. Returns where it went; an earlier shipped folder of the family is replaced."""
+    from diffusers import DiffusionPipeline
+
+    source = Path(folder)
+    target = WEIGHTS_DIR / family
+    pipe = DiffusionPipeline.from_pretrained(source)
+    if target.exists():
+        shutil.rmtree(target)
+    pipe.to(torch.float16).save_pretrained(target)
+    shutil.copy2(source / "training.json", target / "training.json")
+    return target
