@@ -145,8 +145,10 @@ def test_arguments_reach_the_demo(monkeypatch, capsys):
     monkeypatch.setattr("torch.set_num_threads", lambda n: None)
     assert main(["demo", "--steps", "2", "--repeats", "1", "--seed", "0", "--dtype", "fp32", "--no-progress"]) == 0
     assert seen == dict(steps=2, dtype="fp32", device="cpu", seed=0, repeats=1, progress=False,
-                        model=("sana-video", "minimax-h3"))
+                        model=("sana-video", "minimax-h3"), videos_dir="out/demo")
     assert capsys.readouterr().out == "header\nsection\n"
+    assert main(["demo", "--videos", "elsewhere", "--no-progress"]) == 0 and seen["videos_dir"] == "elsewhere"
+    assert main(["demo", "--no-videos", "--no-progress"]) == 0 and seen["videos_dir"] is None
 
 
 def test_build_kernels_builds_or_loads_and_says_where(capsys, monkeypatch):

@@ -184,7 +184,7 @@ def test_cli_rejects_a_bad_dtype_and_prints_help(capsys):
 def test_demo_runs_sana_video2_from_the_command_line(capsys):
     # --model sana-video2 reaches the demo; its fast paths need CUDA, so on CPU the high row falls back, labelled
     assert main(["demo", "--model", "sana-video2", "--steps", "1", "--repeats", "1", "--dtype", "fp32",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--no-videos"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("accelpatch demo: tiny random-weight pipelines built offline; cpu, fp32, 1 thread(s)")
     lines = section(text, "SANA-Video 2.0")
@@ -227,7 +227,7 @@ def test_the_header_prints_before_the_first_section_starts(monkeypatch, capsys):
     printed_before = []
     monkeypatch.setattr(demo, "sana_section", _fake_section("SANA-Video", printed_before, capsys))
     monkeypatch.setattr("torch.set_num_threads", lambda n: None)
-    assert main(["demo", "--model", "sana-video", "--no-progress"]) == 0
+    assert main(["demo", "--model", "sana-video", "--no-progress", "--no-videos"]) == 0
     assert len(printed_before) == 1 and printed_before[0].startswith("accelpatch demo: tiny random-weight pipelines"), \
         printed_before
     assert "== SANA-Video: stand-in" in capsys.readouterr().out  # the section follows, printed once
@@ -347,3 +347,20 @@ def test_the_help_states_each_registered_sections_time_from_its_registration(mon
     text = demo_sections.default_help()
     assert "wan ~300 s" in text and "(wan: a test machine)" in text
     assert "all ~" in text and "min" in text
+
+
+def test_the_videos_section_writes_the_trained_wans_tiers_side_by_side_and_names_the_files(tmp_path):
+    """#43 part 3: exact | lossless | high of the trained tiny Wan as a PNG strip and a GIF, the metrics under them;
+    lossless is bit-identical to exact, high (Sol-Attn, every layer sparse) is not, and its numbers say how far."""
+    from PIL import Image
+
+    from accelpatch.tools.demo_videos import video_section
+
+    lines = video_section(tmp_path / "videos")
+    png, gif = tmp_path / "videos" / "wan-trained.png", tmp_path / "videos" / "wan-trained.gif"
+    assert lines[0].startswith("== Videos: the trained tiny Wan under exact | lossless | high")
+    assert lines[-2] == f"   strip (one row per tier): {png}" and lines[-1] == f"   animation (the tiers side by side): {gif}"
+    assert "   lossless: bit-identical; motion ratio 1.000, flicker delta +0.0000" in lines
+    (high,) = [line for line in lines if line.startswith("   high: ")]
+    assert re.match(r"   high: worst frame SSIM 0\.\d{4}, PSNR [\d.]+ dB; motion ratio [\d.]+, flicker delta [-+]", high)
+    assert Image.open(gif).n_frames == 13 and Image.open(png).size[0] >= 5 * 256

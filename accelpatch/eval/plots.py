@@ -8,11 +8,11 @@ second of audio with non-finite samples (SNR -inf) at its bottom.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["plot_validation", "worst_frame_strip"]
+__all__ = ["plot_validation", "side_by_side", "worst_frame_strip"]
 
 #: where frames with infinite PSNR (bit-identical) are drawn
 PSNR_CEILING = 100.0
@@ -137,3 +137,51 @@ def worst_frame_strip(report, path: str, *, min_height: int = 128) -> None:
             x += tile.width + gap
         y += tiles[0].height + caption_height + gap
     strip.save(path)
+
+
+def side_by_side(videos: dict, stem: str, *, notes: Sequence[str] = (), columns: int = 5,
+                 min_height: int = 128, fps: int = 8) -> tuple[str, str]:
+    """Write ``videos`` (label -> frames (F, C, H, W) in [0, 1], e.g. exact | lossless | high) for a person to look
+    at: ``STEM.png``, one row per label through ``columns`` evenly spaced frames, and ``STEM.gif``, the labels side
+    by side playing at ``fps``; ``notes`` (e.g. the metrics) are written under both. Returns the two paths."""
+    from PIL import Image, ImageDraw
+
+    if not videos:
+        raise ValueError("side_by_side needs at least one video")
+    lengths = {label: video.shape[0] for label, video in videos.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"the videos have different frame counts: {lengths}")
+    frames = next(iter(lengths.values()))
+    line, gap = 14, 4
+    text_height = line * len(notes) + gap
+
+    def canvas(width: int, height: int):
+        image = Image.new("RGB", (width, height + text_height), "white")
+        draw = ImageDraw.Draw(image)
+        for i, note in enumerate(notes):
+            draw.text((2, height + gap // 2 + i * line), note, fill="black")
+        return image, draw
+
+    picks = sorted({round(i * (frames - 1) / max(1, columns - 1)) for i in range(min(columns, frames))})
+    rows = [[_to_image(video[t], min_height) for t in picks] for video in videos.values()]
+    tile_w, tile_h = rows[0][0].size
+    label_h = line + 2
+    width = len(picks) * (tile_w + gap)
+    png, draw = canvas(max(width, 480), len(rows) * (tile_h + label_h + gap))
+    for r, (label, tiles) in enumerate(zip(videos, rows)):
+        y = r * (tile_h + label_h + gap)
+        draw.text((2, y), f"{label}: frames {', '.join(str(t) for t in picks)}", fill="black")
+        for c, tile in enumerate(tiles):
+            png.paste(tile, (c * (tile_w + gap), y + label_h))
+    png.save(f"{stem}.png")
+
+    gif_frames = []
+    for t in range(frames):
+        image, draw = canvas(max(len(videos) * (tile_w + gap), 480), tile_h + label_h)
+        for c, (label, video) in enumerate(videos.items()):
+            draw.text((c * (tile_w + gap) + 2, 0), label, fill="black")
+            image.paste(_to_image(video[t], min_height), (c * (tile_w + gap), label_h))
+        gif_frames.append(image)
+    gif_frames[0].save(f"{stem}.gif", save_all=True, append_images=gif_frames[1:], duration=round(1000 / fps),
+                       loop=0)
+    return f"{stem}.png", f"{stem}.gif"

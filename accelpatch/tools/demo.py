@@ -55,9 +55,12 @@ def _section_time(title: str, wall: float, cpu: float) -> str:
 
 def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = "cpu", seed: int = 0,
              repeats: Optional[int] = None, progress: bool = True,
-             model: Union[str, Sequence[str]] = DEFAULT_MODELS, emit: Optional[Callable[[str], None]] = None) -> str:
+             model: Union[str, Sequence[str]] = DEFAULT_MODELS, emit: Optional[Callable[[str], None]] = None,
+             videos_dir: Optional[str] = None) -> str:
     """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, ``all``, or a sequence of keys)
     and return the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default.
+    ``videos_dir``: also run the trained tiny Wan under exact | lossless | high and write the side-by-side PNG and
+    GIF there (:func:`accelpatch.tools.demo_videos.video_section`).
     ``emit`` (e.g. a flushing print) gets the text as it is ready: the header before the first section is built,
     then each section with its time, so a long run shows progress instead of all of it at the end."""
     import torch  # noqa: PLC0415
@@ -97,6 +100,13 @@ def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = 
                         rounds=repeats or spec.default_rounds, progress=progress)
         lines.append(_section_time(spec.title, time.perf_counter() - wall, time.process_time() - cpu))
         put("\n".join(["", *lines]))
+    if videos_dir is not None:
+        from accelpatch.tools.demo_videos import video_section  # noqa: PLC0415
+
+        wall, cpu = time.perf_counter(), time.process_time()
+        lines = video_section(videos_dir)
+        lines.append(_section_time("Videos", time.perf_counter() - wall, time.process_time() - cpu))
+        put("\n".join(["", *lines]))
     if len(names) > 1:
         put("\n" + _section_time(f"all {len(names)} sections", time.perf_counter() - start_wall,
                                  time.process_time() - start_cpu))
@@ -129,6 +139,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f">= {MIN_ROUNDS} (default: " + ", ".join(f"{n} {m.default_rounds}" for n, m in
                                                                        MODELS.items()) + ")")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--videos", default="out/demo", metavar="DIR",
+                        help="where the trained tiny Wan's exact | lossless | high videos go, as a PNG strip and a "
+                             "GIF (default out/demo; ~25 s on one thread)")
+    parser.add_argument("--no-videos", action="store_true", help="skip the videos")
 
 
 def device_error(text: str) -> Optional[str]:
@@ -184,5 +198,6 @@ def main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1) if args.device == "cpu" else None
     run_demo(steps=args.steps, dtype=args.dtype, device=args.device, seed=args.seed, repeats=args.repeats,
-             progress=not args.no_progress, model=args.model, emit=lambda text: print(text, flush=True))
+             progress=not args.no_progress, model=args.model, emit=lambda text: print(text, flush=True),
+             videos_dir=None if args.no_videos else args.videos)
     return 0
