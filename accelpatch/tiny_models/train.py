@@ -2,19 +2,22 @@
 
 Why: quality gates run on tiny models; random weights make noise, so a gate comparing two noise videos measures
 nothing. A tiny model trained on clips with real structure (:mod:`accelpatch.tiny_models.procedural`) makes videos
-whose colour and motion follow the prompt, so temporal and per-frame gates have something to see.
+that follow the prompt (the shipped one: its colour, not yet its direction of motion), so temporal and per-frame
+gates have something to see.
 
-What: two phases, both seeded. (1) The tiny ``AutoencoderKLWan`` learns to reconstruct 5-frame 64 x 64 crops of
-procedural clips (the VAE is convolutional, so crops train it for the full 128 x 256 frames at a fraction of the
-cost); its latents' per-channel mean and std over the training clips go into its config (``latents_mean`` /
-``latents_std``, as Wan's pipeline un-normalises them). (2) The tiny ``WanTransformer3DModel`` learns rectified
+What: two phases, both seeded. (1) The tiny ``AutoencoderKLWan`` learns to reconstruct whole 13-frame clips cropped
+to 64 x 64 (the VAE is convolutional, so crops train it for the full 128 x 256 frames at a fraction of the cost), in
+passes checked by :func:`check_vae` (:attr:`WanTrainingConfig.vae_shape_weights`); its latents' per-channel mean
+and std over the training clips go into its config (``latents_mean`` / ``latents_std``, as Wan's pipeline
+un-normalises them). (2) The tiny ``WanTransformer3DModel`` learns rectified
 flow on the normalised latents of a fixed set of encoded clips: x_t = (1 - sigma) x0 + sigma noise, target
 noise - x0, sigma drawn uniformly then shifted as the pipeline's ``FlowMatchEulerDiscreteScheduler(shift=3)`` does,
 timestep = 1000 sigma, conditioned on the fixed tiny UMT5 text encoder's embedding of the clip's prompt (dropped to
 the empty prompt 10% of the time, so classifier-free guidance works). A word-level tokenizer over the procedural
 vocabulary replaces the test pipelines' 5-token one (which maps every prompt to one unknown token).
 
-The result loads with ``WanPipeline.from_pretrained(folder)``; call it with :func:`accelpatch.tiny_models.wan_call_kwargs`.
+The result loads with ``WanPipeline.from_pretrained(folder)``; call it with
+:func:`accelpatch.tiny_models.shipped.wan_call_kwargs`.
 """
 from __future__ import annotations
 
