@@ -349,7 +349,7 @@ def test_the_help_states_each_registered_sections_time_from_its_registration(mon
     assert "all ~" in text and "min" in text
 
 
-def test_the_videos_section_writes_the_trained_wans_tiers_side_by_side_and_names_the_files(tmp_path):
+def test_the_videos_section_writes_the_trained_wans_tiers_side_by_side_and_names_the_files(tmp_path, capsys):
     """#43 part 3: exact | lossless | high of the trained tiny Wan as a PNG strip and a GIF, the metrics under them;
     lossless is bit-identical to exact, high (Sol-Attn, every layer sparse) is not, and its numbers say how far."""
     from PIL import Image
@@ -364,3 +364,4 @@ def test_the_videos_section_writes_the_trained_wans_tiers_side_by_side_and_names
     (high,) = [line for line in lines if line.startswith("   high: ")]
     assert re.match(r"   high: worst frame SSIM 0\.\d{4}, PSNR [\d.]+ dB; motion ratio [\d.]+, flicker delta [-+]", high)
     assert Image.open(gif).n_frames == 13 and Image.open(png).size[0] >= 5 * 256
+    assert "Loading" not in capsys.readouterr().err  # no loading bars between the demo's lines

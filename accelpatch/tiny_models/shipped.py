@@ -45,8 +45,19 @@ def trained_pipeline(family: str, *, dtype: torch.dtype = torch.float32, device:
     """The shipped trained tiny pipeline of ``family``, loaded by ``DiffusionPipeline.from_pretrained`` from its
     folder in ``dtype`` (weights are stored in float16), on ``device``, progress bar off."""
     from diffusers import DiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
 
-    pipe = DiffusionPipeline.from_pretrained(shipped_folder(family), dtype=dtype)
+    folder = shipped_folder(family)
+    shown = [(lib, lib.is_progress_bar_enabled()) for lib in (diffusers_logging, transformers_logging)]
+    for lib, _ in shown:  # loading a few MB needs no progress bars (they would interleave with the demo's output)
+        lib.disable_progress_bar()
+    try:
+        pipe = DiffusionPipeline.from_pretrained(folder, dtype=dtype)
+    finally:
+        for lib, was in shown:
+            if was:
+                lib.enable_progress_bar()
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -108,8 +108,8 @@ def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = 
         lines.append(_section_time("Videos", time.perf_counter() - wall, time.process_time() - cpu))
         put("\n".join(["", *lines]))
     if len(names) > 1:
-        put("\n" + _section_time(f"all {len(names)} sections", time.perf_counter() - start_wall,
-                                 time.process_time() - start_cpu))
+        everything = f"all {len(names)} sections" + (" and the videos" if videos_dir is not None else "")
+        put("\n" + _section_time(everything, time.perf_counter() - start_wall, time.process_time() - start_cpu))
     return "\n".join(chunks)
 
 
@@ -141,7 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--videos", default="out/demo", metavar="DIR",
                         help="where the trained tiny Wan's exact | lossless | high videos go, as a PNG strip and a "
-                             "GIF (default out/demo; ~25 s on one thread)")
+                             "GIF (default out/demo; ~10 s on one thread)")
     parser.add_argument("--no-videos", action="store_true", help="skip the videos")
 
 
