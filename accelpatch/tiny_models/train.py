@@ -228,21 +228,18 @@ def _train_vae(vae, config: WanTrainingConfig, seed: int, progress: bool) -> tup
     and :func:`check_vae`'s finding after each pass from the last planned one on."""
     losses: list[float] = []
     checks: list[dict] = []
-    planned = len(config.vae_shape_weights)
-    number = 0
-    while number < max(planned, 1):
-        shape_weight = config.vae_shape_weights[min(number, len(config.vae_shape_weights) - 1)]
-        losses += _vae_pass(vae, config, seed, number, shape_weight, progress)
-        number += 1
-        if number >= planned:
-            checks.append(check_vae(vae, config, seed))
-            if progress:
-                from tqdm.auto import tqdm
+    weights = config.vae_shape_weights
+    for number in range(config.vae_max_passes):
+        losses += _vae_pass(vae, config, seed, number, weights[min(number, len(weights) - 1)], progress)
+        if number + 1 < len(weights):
+            continue  # a planned pass: no check before the last one
+        checks.append(check_vae(vae, config, seed))
+        if progress:
+            from tqdm.auto import tqdm
 
-                found = "; ".join(checks[-1]["problems"]) or "within limits"
-                tqdm.write(f"wan vae after pass {number}: {found}")
-            if checks[-1]["problems"] and number < config.vae_max_passes:
-                planned = number + 1  # one more weighted pass
+            tqdm.write(f"wan vae after pass {number + 1}: {'; '.join(checks[-1]['problems']) or 'within limits'}")
+        if not checks[-1]["problems"]:
+            break
     vae.eval()
     return losses, checks
 

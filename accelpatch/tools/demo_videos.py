@@ -28,7 +28,7 @@ def video_section(out_dir: str | Path, *, steps: int = 8, seed: int = 8) -> list
     import accelpatch  # noqa: PLC0415
     from accelpatch.eval.metrics import compare_videos  # noqa: PLC0415
     from accelpatch.eval.plots import side_by_side  # noqa: PLC0415
-    from accelpatch.eval.temporal_metrics import flicker_score, motion_energy  # noqa: PLC0415
+    from accelpatch.eval.temporal_metrics import compare_temporal  # noqa: PLC0415
     from accelpatch.testing import tiny_wan_pipeline  # noqa: PLC0415
     from accelpatch.tiny_models import trained_call_kwargs  # noqa: PLC0415
 
@@ -43,18 +43,16 @@ def video_section(out_dir: str | Path, *, steps: int = 8, seed: int = 8) -> list
     finally:
         accelpatch.remove(pipe)
     reference = videos["exact"]
-    (ref_motion,), (ref_flicker,) = (motion_energy(reference, data_range=1.0),
-                                     flicker_score(reference, data_range=1.0))
     notes = [f"trained tiny Wan, \"{PROMPT}\", {steps} steps, seed {seed}; backend sol_attn "
              f"({', '.join(f'{k}={v!r}' for k, v in SOL_OPTIONS.items())}); against exact:"]
     for tier in TIERS[1:]:
         video = videos[tier]
         quality = compare_videos(reference, video, data_range=1.0)
-        (motion,), (flicker,) = motion_energy(video, data_range=1.0), flicker_score(video, data_range=1.0)
+        temporal = compare_temporal(reference, video, psnr=quality.psnr)  # validate's motion ratio and flicker delta
         same = "bit-identical" if torch.equal(video, reference) else (
             f"worst frame SSIM {min(quality.ssim):.4f}, PSNR {min(quality.psnr):.1f} dB")
-        ratio = motion / ref_motion if ref_motion > 0 else float("nan")
-        notes.append(f"{tier}: {same}; motion ratio {ratio:.3f}, flicker delta {flicker - ref_flicker:+.4f}")
+        notes.append(f"{tier}: {same}; motion ratio {temporal.motion_ratio[0]:.3f}, "
+                     f"flicker delta {temporal.flicker_delta[0]:+.4f}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png, gif = side_by_side({f"{tier}": videos[tier] for tier in TIERS}, str(out / "wan-trained"), notes=notes)
