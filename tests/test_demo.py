@@ -349,19 +349,26 @@ def test_the_help_states_each_registered_sections_time_from_its_registration(mon
     assert "all ~" in text and "min" in text
 
 
-def test_the_videos_section_writes_the_trained_wans_tiers_side_by_side_and_names_the_files(tmp_path, capsys):
-    """#43 part 3: exact | lossless | high of the trained tiny Wan as a PNG strip and a GIF, the metrics under them;
-    lossless is bit-identical to exact, high (Sol-Attn, every layer sparse) is not, and its numbers say how far."""
+def test_the_videos_section_writes_each_trained_familys_tiers_side_by_side_and_names_the_files(tmp_path, capsys):
+    """#43 part 3: exact | lossless | high of each trained tiny model as a PNG strip and a GIF, the metrics under
+    them; lossless is bit-identical to exact, high (Wan: Sol-Attn, every layer sparse; SANA-Video: BF16 linear
+    attention) is not, and its numbers say how far."""
     from PIL import Image
 
     from accelpatch.tools.demo_videos import video_section
 
     lines = video_section(tmp_path / "videos")
-    png, gif = tmp_path / "videos" / "wan-trained.png", tmp_path / "videos" / "wan-trained.gif"
-    assert lines[0].startswith("== Videos: the trained tiny Wan under exact | lossless | high")
-    assert lines[-2] == f"   strip (one row per tier): {png}" and lines[-1] == f"   animation (the tiers side by side): {gif}"
-    assert "   lossless: bit-identical; motion ratio 1.000, flicker delta +0.0000" in lines
-    (high,) = [line for line in lines if line.startswith("   high: ")]
-    assert re.match(r"   high: worst frame SSIM 0\.\d{4}, PSNR [\d.]+ dB; motion ratio [\d.]+, flicker delta [-+]", high)
-    assert Image.open(gif).n_frames == 13 and Image.open(png).size[0] >= 5 * 256
+    heads = [i for i, line in enumerate(lines) if line.startswith("== Videos: ")]
+    assert [lines[i] for i in heads] == [f"== Videos: the trained tiny {name} under exact | lossless | high, side by "
+                                         f"side" for name in ("Wan", "SANA-Video")]
+    for family, start, end in zip(("wan", "sana-video"), heads, heads[1:] + [len(lines)]):
+        block = lines[start:end]
+        png, gif = tmp_path / "videos" / f"{family}-trained.png", tmp_path / "videos" / f"{family}-trained.gif"
+        assert block[-2] == f"   strip (one row per tier): {png}", block
+        assert block[-1] == f"   animation (the tiers side by side): {gif}", block
+        assert "   lossless: bit-identical; motion ratio 1.000, flicker delta +0.0000" in block
+        (high,) = [line for line in block if line.startswith("   high: ")]
+        assert re.match(r"   high: worst frame SSIM 0\.\d{4}, PSNR [\d.]+ dB; motion ratio [\d.]+, flicker delta "
+                        r"[-+]", high), high
+        assert Image.open(gif).n_frames == 13 and Image.open(png).size[0] >= 5 * 256
     assert "Loading" not in capsys.readouterr().err  # no loading bars between the demo's lines

@@ -250,6 +250,46 @@ def test_both_losses_fall_during_a_short_run(smoke_run):
     assert sum(flow[-10:]) / 10 < 0.85 * sum(flow[:10]) / 10, flow
 
 
+def test_sana_video_trains_on_the_shipped_wan_vae_and_its_folder_loads_and_calls(tmp_path):
+    """SANA-Video decodes with Wan's VAE class and latent normalisation: its run reuses the shipped Wan's trained
+    VAE (no VAE steps), encodes prompts as its pipeline does (Gemma-style ``<bos>``, a mask to the transformer),
+    and its flow-matching loss falls."""
+    from diffusers import AutoencoderKLWan, SanaVideoPipeline
+
+    from accelpatch.tiny_models import train_family
+    from accelpatch.tiny_models.shipped import sana_video_call_kwargs, shipped_folder
+
+    result = train_family("sana-video", tmp_path, steps=40, videos=4, progress=False)
+    assert result.vae_from == "wan" and result.vae_losses == [] and "vae" not in result.phase_s
+    flow = result.transformer_losses
+    assert len(flow) == 40 and sum(flow[-10:]) / 10 < 0.85 * sum(flow[:10]) / 10, flow
+    record = json.loads((tmp_path / "training.json").read_text())
+    wan_record = json.loads((shipped_folder("wan") / "training.json").read_text())
+    assert record["vae_from"] == "wan" and record["vae_check"] == wan_record["vae_check"]
+    assert record["vae_loss"] is None and record["vae_passes"] == 0
+
+    pipe = SanaVideoPipeline.from_pretrained(tmp_path)
+    pipe.set_progress_bar_config(disable=True)
+    wan_vae = AutoencoderKLWan.from_pretrained(shipped_folder("wan") / "vae", torch_dtype=torch.float32)
+    for name, tensor in wan_vae.state_dict().items():
+        assert torch.equal(tensor, pipe.vae.state_dict()[name]), name
+    assert pipe.vae.config.latents_std == wan_vae.config.latents_std
+    ids = pipe.tokenizer(["", "a red square moves left"]).input_ids
+    assert ids[0] == [pipe.tokenizer.bos_token_id] and ids[1][0] == pipe.tokenizer.bos_token_id
+    assert pipe.tokenizer.unk_token_id not in ids[1]
+    with torch.no_grad():
+        frames = pipe(**sana_video_call_kwargs("a red square moves left", num_inference_steps=2)).frames
+    assert frames.shape == (1, VIDEO_FRAMES, 3, VIDEO_HEIGHT, VIDEO_WIDTH) and torch.isfinite(frames).all()
+
+
+def test_a_family_that_reuses_a_vae_says_to_ship_that_family_first(monkeypatch):
+    import accelpatch.tiny_models.train as train
+
+    monkeypatch.setattr(train, "shipped_families", lambda: ())
+    with pytest.raises(ValueError, match=r"reuses the trained wan VAE.*train-tiny wan --ship` first"):
+        train.train_family("sana-video", "unused", steps=1, videos=1, progress=False)
+
+
 def test_the_command_trains_reproducibly_and_says_where_the_weights_went(tmp_path, capsys):
     from accelpatch.__main__ import main
     from accelpatch.tiny_models import train_family
@@ -314,10 +354,10 @@ def _fading(x):
     (_fading, ["round-trip MSE", "last frames' error"]),
 ])
 def test_the_vae_check_names_what_a_vae_loses(fn, problems):
-    from accelpatch.tiny_models.train import VAE_LIMITS, WanTrainingConfig, check_vae
+    from accelpatch.tiny_models.train import VAE_LIMITS, TrainingConfig, check_vae
 
     torch.manual_seed(0)
-    check = check_vae(_StandInVAE(fn), WanTrainingConfig(), seed=0, clips=2)
+    check = check_vae(_StandInVAE(fn), TrainingConfig(), seed=0, clips=2)
     assert len(check["problems"]) == len(problems)
     for expected, line in zip(problems, check["problems"]):
         assert expected in line, check["problems"]

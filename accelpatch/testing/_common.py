@@ -72,3 +72,15 @@ def _input_dtype_and_device(transformer_or_config: Any, dtype, device):
     if device is None:
         device = next(transformer_or_config.parameters()).device if is_model else "cpu"
     return dtype, device
+
+
+def _trained(family: str, builder: str, *, dtype: torch.dtype, device, **random_options):
+    """The shipped trained tiny pipeline of ``family`` (``builder(trained=True)``), refusing the ``builder``'s
+    options that build random components (those given a value other than None/False), by name."""
+    chosen = [name for name, value in random_options.items() if value not in (None, False)]
+    if chosen:
+        raise ValueError(f"{builder}(trained=True) loads the shipped weights; {', '.join(chosen)} "
+                         f"build random components: pass them with trained=False")
+    from accelpatch.tiny_models.shipped import trained_pipeline
+
+    return trained_pipeline(family, dtype=dtype, device=device)

@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 import torch
 
-from accelpatch.testing._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
+from accelpatch.testing._common import (_build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device,
+                                        _trained)
 
 # --------------------------------------------------------------------------------------------
 # Config dicts
@@ -185,8 +186,14 @@ def tiny_sana_video_pipeline(
     transformer_config: Mapping[str, Any] | None = None,
     transformer=None,
     device: str | torch.device = "cpu",
+    trained: bool = False,
 ):
     """A complete offline ``SanaVideoPipeline`` with tiny random components.
+
+    ``trained=True`` returns instead the shipped tiny SANA-Video trained on procedural clips (issue #43; 13 frames
+    of 128 x 256, word-level prompts, flow DPM-Solver++: call it with
+    :func:`accelpatch.tiny_models.shipped.sana_video_call_kwargs`); ``transformer_config`` and ``transformer`` are
+    refused with it.
 
     Components: the tiny transformer (``transformer`` if given, else built from
     ``transformer_config``, default :data:`SANA_VIDEO_TINY_CONFIG`; a given transformer keeps
@@ -199,6 +206,9 @@ def tiny_sana_video_pipeline(
     from diffusers import DPMSolverMultistepScheduler, SanaVideoPipeline
     from transformers import Gemma2Config, Gemma2Model, GemmaTokenizer
 
+    if trained:
+        return _trained("sana-video", "tiny_sana_video_pipeline", dtype=dtype, device=device,
+                        transformer_config=transformer_config, transformer=transformer)
     if transformer is None:
         transformer = tiny_sana_video_transformer(transformer_config, seed=seed, dtype=dtype)
     caption_channels = int(transformer.config.caption_channels)

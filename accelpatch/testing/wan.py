@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 import torch
 
-from accelpatch.testing._common import _build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device
+from accelpatch.testing._common import (_build_seeded, _config_of, _finish_tiny_pipeline, _input_dtype_and_device,
+                                        _trained)
 
 #: diffusers' fast-test config for ``WanTransformer3DModel`` (2 heads x 12, hidden 24).
 WAN_TINY_CONFIG: dict[str, Any] = dict(
@@ -104,15 +105,8 @@ def tiny_wan_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
     from accelpatch.testing.sana_video import _tiny_wan_vae
 
     if trained:
-        chosen = [name for name, value in (("transformer_config", transformer_config), ("transformer", transformer),
-                                           ("transformer_2", transformer_2), ("two_transformers", two_transformers))
-                  if value not in (None, False)]
-        if chosen:
-            raise ValueError(f"tiny_wan_pipeline(trained=True) loads the shipped weights; {', '.join(chosen)} "
-                             f"build random components: pass them with trained=False")
-        from accelpatch.tiny_models.shipped import trained_pipeline
-
-        return trained_pipeline("wan", dtype=dtype, device=device)
+        return _trained("wan", "tiny_wan_pipeline", dtype=dtype, device=device, transformer_config=transformer_config,
+                        transformer=transformer, transformer_2=transformer_2, two_transformers=two_transformers)
     if transformer is None:
         transformer = tiny_wan_transformer(transformer_config, seed=seed, dtype=dtype)
     if transformer_2 is None and two_transformers:

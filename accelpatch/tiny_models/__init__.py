@@ -6,7 +6,7 @@ follow their prompt:
 
 * :mod:`~accelpatch.tiny_models.procedural`: seeded clips and prompts (moving, growing, bouncing, colour-changing
   shapes; camera pans and zooms over scikit-image's sample photographs), with their ground truth.
-* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"`` so far) saves a folder that the family's
+* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"`` and ``"sana-video"`` so far) saves a folder that the family's
   diffusers pipeline ``from_pretrained`` loads.
 * :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
 * :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`).
@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from accelpatch._lazy import lazy_attributes
 
-#: Families with a training recipe (the other families of issue #43 come later).
-TRAINABLE_FAMILIES: tuple[str, ...] = ("wan",)
+#: Families with a training recipe, by their command-line names (the other families of issue #43 come later).
+#: SANA-Video reuses the shipped Wan's trained VAE, so Wan trains first.
+TRAINABLE_FAMILIES: tuple[str, ...] = ("wan", "sana-video")
 
 _LAZY = {
     "train_family": "accelpatch.tiny_models.train",
     "TrainResult": "accelpatch.tiny_models.train",
     "wan_call_kwargs": "accelpatch.tiny_models.shipped",
+    "sana_video_call_kwargs": "accelpatch.tiny_models.shipped",
+    "untrained_pipeline": "accelpatch.tiny_models.train",
     "procedural_video": "accelpatch.tiny_models.procedural",
     "procedural_batch": "accelpatch.tiny_models.procedural",
     "read_shape_video": "accelpatch.tiny_models.detect",

@@ -10,7 +10,7 @@ from pathlib import Path
 from accelpatch.tiny_models import TRAINABLE_FAMILIES
 
 #: The diffusers pipeline class that loads each family's folder.
-_PIPELINES = {"wan": "WanPipeline"}
+_PIPELINES = {"wan": "WanPipeline", "sana-video": "SanaVideoPipeline"}
 
 
 def _positive(text: str) -> int:
@@ -24,7 +24,7 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare ``train-tiny``'s options (defaults: :class:`accelpatch.tiny_models.train.WanTrainingConfig`)."""
+    """Declare ``train-tiny``'s options (defaults: :class:`accelpatch.tiny_models.train.TrainingConfig`)."""
     parser.add_argument("family", choices=TRAINABLE_FAMILIES, help="which family's tiny pipeline to train")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="output folder, a diffusers pipeline folder (default: out/tiny-models/FAMILY; created "
@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_positive, default=None, metavar="N",
                         help="transformer training steps (default 5000)")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
-                        help="VAE training steps per pass (two passes: plain, then the shapes weighted; default 700)")
+                        help="VAE training steps per pass (two passes: plain, then the shapes weighted; default 700; "
+                             "sana-video trains no VAE: it reuses the shipped Wan's)")
     parser.add_argument("--vae-max-passes", type=_positive, default=None, metavar="N",
                         help="VAE passes at most: after the two planned ones, more run while the VAE check still "
                              "finds a problem (default 5)")
@@ -73,13 +74,14 @@ def main(args: argparse.Namespace) -> int:
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
                           seed=args.seed, **extra, threads=args.threads, progress=not args.no_progress)
     check = result.vae_check
-    print(f"train-tiny {args.family}: VAE on whole clips: MSE {check['mse']:.4f}, last/first frames' error "
+    reused = f" (the shipped {result.vae_from}'s trained VAE, reused)" if result.vae_from else ""
+    print(f"train-tiny {args.family}: VAE{reused} on whole clips: MSE {check['mse']:.4f}, last/first frames' error "
           f"{check['late_over_early']:.1f}x, saturation kept {check['saturation_kept']:.0%}"
           + (f" -- NOT GOOD ENOUGH: {'; '.join(check['problems'])}" if check["problems"] else " (within limits)"))
     config = result.config
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items())
     print(f"train-tiny {args.family}: trained in {result.wall_s:.0f} s ({phases}; VAE "
-          f"{len(result.vae_losses) // config.vae_steps} passes of {config.vae_steps} steps, transformer "
+          f"{len(result.vae_losses) // config.vae_steps} passes of {config.vae_steps} steps here, transformer "
           f"{config.steps} steps on {config.videos} clips, seed {args.seed}; final transformer loss "
           f"{sum(result.transformer_losses[-50:]) / len(result.transformer_losses[-50:]):.4f}): weights in {out} "
           f"(load with diffusers' {_PIPELINES[args.family]}.from_pretrained)")

@@ -66,9 +66,7 @@ def trained_pipeline(family: str, *, dtype: torch.dtype = torch.float32, device:
 def trained_call_kwargs(family: str, prompt: str, **kwargs: Any) -> dict[str, Any]:
     """Call kwargs for the shipped ``family`` pipeline at its training size (see the family's ``*_call_kwargs``)."""
     shipped_folder(family)
-    if family == "wan":
-        return wan_call_kwargs(prompt, **kwargs)
-    raise ValueError(f"no call settings for a trained tiny {family!r} pipeline")
+    return _CALL_KWARGS[family](prompt, **kwargs)
 
 
 def wan_call_kwargs(prompt: str = "a red square moves left", *, num_inference_steps: int = 8,
@@ -81,6 +79,24 @@ def wan_call_kwargs(prompt: str = "a red square moves left", *, num_inference_st
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                 generator=torch.Generator().manual_seed(seed), output_type=output_type,
                 max_sequence_length=MAX_SEQUENCE_LENGTH)
+
+
+def sana_video_call_kwargs(prompt: str = "a red square moves left", *, num_inference_steps: int = 8,
+                           guidance_scale: float = 4.0, seed: int = 0, negative_prompt: str = "",
+                           output_type: str = "pt") -> dict[str, Any]:
+    """Call kwargs for a trained tiny SANA-Video pipeline at its training size (as :func:`wan_call_kwargs`), with
+    the prompt encoded as in training: no prompt-rewriting instruction (``complex_human_instruction=[]``), no
+    resolution binning (it only accepts the released sizes)."""
+    return dict(prompt=prompt, negative_prompt=negative_prompt, height=procedural.VIDEO_HEIGHT,
+                width=procedural.VIDEO_WIDTH, frames=procedural.VIDEO_FRAMES,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                generator=torch.Generator().manual_seed(seed), output_type=output_type,
+                max_sequence_length=MAX_SEQUENCE_LENGTH, complex_human_instruction=[],
+                use_resolution_binning=False)
+
+
+#: family -> its call kwargs at the training size (the families of :data:`TRAINABLE_FAMILIES`)
+_CALL_KWARGS = {"wan": wan_call_kwargs, "sana-video": sana_video_call_kwargs}
 
 
 def ship(folder: str | Path, family: str) -> Path:

@@ -1,23 +1,25 @@
-"""Train a tiny Wan pipeline on procedural videos, on CPU, and save it as a diffusers folder.
+"""Train a family's tiny pipeline on procedural videos, on CPU, and save it as a diffusers folder.
 
 Why: quality gates run on tiny models; random weights make noise, so a gate comparing two noise videos measures
 nothing. A tiny model trained on clips with real structure (:mod:`accelpatch.tiny_models.procedural`) makes videos
-that follow the prompt (the shipped one: its colour, not yet its direction of motion), so temporal and per-frame
+that follow the prompt (the shipped ones: its colour, not yet its direction of motion), so temporal and per-frame
 gates have something to see.
 
-What: two phases, both seeded. (1) The tiny ``AutoencoderKLWan`` learns to reconstruct whole 13-frame clips cropped
-to 64 x 64 (the VAE is convolutional, so crops train it for the full 128 x 256 frames at a fraction of the cost), in
-passes checked by :func:`check_vae` (:attr:`WanTrainingConfig.vae_shape_weights`); its latents' per-channel mean
-and std over the training clips go into its config (``latents_mean`` / ``latents_std``, as Wan's pipeline
-un-normalises them). (2) The tiny ``WanTransformer3DModel`` learns rectified
-flow on the normalised latents of a fixed set of encoded clips: x_t = (1 - sigma) x0 + sigma noise, target
-noise - x0, sigma drawn uniformly then shifted as the pipeline's ``FlowMatchEulerDiscreteScheduler(shift=3)`` does,
-timestep = 1000 sigma, conditioned on the fixed tiny UMT5 text encoder's embedding of the clip's prompt (dropped to
-the empty prompt 10% of the time, so classifier-free guidance works). A word-level tokenizer over the procedural
-vocabulary replaces the test pipelines' 5-token one (which maps every prompt to one unknown token).
+What: two phases, both seeded. (1) Wan's tiny ``AutoencoderKLWan`` learns to reconstruct whole 13-frame clips
+cropped to 64 x 64 (the VAE is convolutional, so crops train it for the full 128 x 256 frames at a fraction of the
+cost), in passes checked by :func:`check_vae` (:attr:`TrainingConfig.vae_shape_weights`); its latents' per-channel
+mean and std over the training clips go into its config (``latents_mean`` / ``latents_std``, as Wan's and
+SANA-Video's pipelines un-normalise them). SANA-Video decodes with the same VAE class the same way, so it reuses the
+shipped Wan's VAE instead of training one. (2) The family's tiny transformer learns rectified flow on the
+normalised latents of a fixed set of encoded clips: x_t = (1 - sigma) x0 + sigma noise, target noise - x0, sigma
+drawn uniformly then shifted by 3 (Wan's ``FlowMatchEulerDiscreteScheduler(shift=3)``, SANA-Video's flow
+DPM-Solver++ at ``flow_shift=3``), timestep = 1000 sigma, conditioned on the fixed tiny text encoder's embedding of
+the clip's prompt exactly as the pipeline encodes it (dropped to the empty prompt 10% of the time, so
+classifier-free guidance works). A word-level tokenizer over the procedural vocabulary replaces the test
+pipelines' 5-token one (which maps every prompt to one unknown token).
 
-The result loads with ``WanPipeline.from_pretrained(folder)``; call it with
-:func:`accelpatch.tiny_models.shipped.wan_call_kwargs`.
+The result loads with the family's pipeline ``from_pretrained(folder)``; call it with
+:func:`accelpatch.tiny_models.shipped.trained_call_kwargs`.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import torch
 
 from accelpatch.tiny_models import TRAINABLE_FAMILIES, procedural
 from accelpatch.tiny_models.detect import shape_masks
-from accelpatch.tiny_models.shipped import MAX_SEQUENCE_LENGTH
+from accelpatch.tiny_models.shipped import MAX_SEQUENCE_LENGTH, shipped_families, shipped_folder
 
 #: The trained tiny Wan transformer's shape: 2 heads x 128 (the Sol-Attn kernels' head dim), hidden 256, 2 layers,
 #: ~1.8M parameters; the same as :data:`accelpatch.testing.wan.WAN_SOL_CONFIG` (a test keeps them equal), written
@@ -52,7 +54,7 @@ FLOW_SHIFT = 3.0
 
 
 @dataclass(frozen=True)
-class WanTrainingConfig:
+class TrainingConfig:
     """Sizes and rates of one training run. ``steps``: transformer steps; ``videos``: clips encoded once for the
     transformer phase; crops and the latent dataset are drawn from the seed."""
 
@@ -87,38 +89,45 @@ class TrainResult:
     family: str
     out_dir: Path
     seed: int
-    config: WanTrainingConfig
+    config: TrainingConfig
     vae_losses: list[float] = field(default_factory=list)
     transformer_losses: list[float] = field(default_factory=list)
     phase_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     vae_check: dict[str, Any] = field(default_factory=dict)
+    vae_from: str | None = None  # the shipped family whose trained VAE it reuses (None: trained its own)
     vae_pass_checks: list[dict[str, Any]] = field(default_factory=list)
 
 
-def wan_tokenizer():
+def word_tokenizer(*, bos: bool = False):
     """A word-level tokenizer over :func:`procedural.vocabulary` (lower-cased, split on whitespace and punctuation;
-    unknown words -> ``<unk>``), built offline; saves as ``tokenizer.json`` and loads with ``AutoTokenizer``."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    unknown words -> ``<unk>``), built offline; saves as ``tokenizer.json`` and loads with ``AutoTokenizer``.
+    ``bos=True`` starts every text with ``<bos>``, as Gemma's tokenizer does (SANA-Video), so that even the empty
+    prompt has one token its attention mask keeps."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<unk>": 1}
+    vocab = {"<pad>": 0, "<unk>": 1, **({"<bos>": 2} if bos else {})}
     for word in procedural.vocabulary():
         vocab.setdefault(word, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.normalizer = normalizers.Lowercase()
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+        return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>",
+                                       bos_token="<bos>")
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
 
 
 def build_wan_pipeline(seed: int = 0):
     """An untrained tiny ``WanPipeline``: the transformer of :data:`WAN_TRANSFORMER_CONFIG` (2 heads x
     128, 2 layers, ~1.8M parameters), the VAE of :data:`WAN_VAE_CONFIG`, a one-layer UMT5 text encoder (width 32)
-    over :func:`wan_tokenizer`'s vocabulary, all seeded; ``FlowMatchEulerDiscreteScheduler(shift=3)``."""
+    over :func:`word_tokenizer`'s vocabulary, all seeded; ``FlowMatchEulerDiscreteScheduler(shift=3)``."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    tokenizer = wan_tokenizer()
+    tokenizer = word_tokenizer()
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(**WAN_TRANSFORMER_CONFIG)
     torch.manual_seed(seed + 1)
@@ -132,17 +141,91 @@ def build_wan_pipeline(seed: int = 0):
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=FLOW_SHIFT), transformer=transformer.eval())
 
 
+#: The trained tiny SANA-Video transformer's shape: the released head dim (2 heads x 112, as the SANA-Video tests'
+#: ``SANA_VIDEO_RELEASE_LIKE_CONFIG``), 2 layers, Gemma captions 32 wide, ~2.4M parameters; a test keeps it equal to
+#: that config with ``caption_channels=32``.
+SANA_VIDEO_TRANSFORMER_CONFIG: dict[str, Any] = dict(
+    in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=112, num_layers=2,
+    num_cross_attention_heads=2, cross_attention_head_dim=112, cross_attention_dim=224, caption_channels=32,
+    mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=8, patch_size=(1, 2, 2),
+    norm_elementwise_affine=False, norm_eps=1e-6, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+
+
+def build_sana_video_pipeline(seed: int = 0, *, vae=None):
+    """An untrained tiny ``SanaVideoPipeline``: the transformer of :data:`SANA_VIDEO_TRANSFORMER_CONFIG`, a
+    one-layer Gemma-2 text encoder (width 32) over :func:`word_tokenizer` with ``<bos>``, the flow DPM-Solver++
+    SANA-Video releases with (``DPMSolverMultistepScheduler``, flow prediction, shift 3, as it trains), and ``vae``
+    (default: a random one of :data:`WAN_VAE_CONFIG`; training passes the shipped Wan's trained VAE)."""
+    from diffusers import AutoencoderKLWan, DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    tokenizer = word_tokenizer(bos=True)
+    torch.manual_seed(seed)
+    transformer = SanaVideoTransformer3DModel(**SANA_VIDEO_TRANSFORMER_CONFIG)
+    if vae is None:
+        torch.manual_seed(seed + 1)
+        vae = AutoencoderKLWan(**WAN_VAE_CONFIG)
+    torch.manual_seed(seed + 2)
+    width = int(SANA_VIDEO_TRANSFORMER_CONFIG["caption_channels"])
+    text_encoder = Gemma2Model(Gemma2Config(head_dim=16, hidden_size=width, intermediate_size=2 * width,
+                                            num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=2,
+                                            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                            bos_token_id=tokenizer.bos_token_id, attn_implementation="eager"))
+    scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                            flow_shift=FLOW_SHIFT)
+    return SanaVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder.eval(), vae=vae.eval(),
+                             transformer=transformer.eval(), scheduler=scheduler)
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one family trains: its untrained pipeline (``build(seed, vae=...)``), whether it trains its own VAE
+    (``vae_from`` None) or reuses a shipped family's trained one (the same diffusers VAE class and latents), and the
+    pipeline's ``encode_prompt`` keywords that match how its call kwargs encode prompts."""
+
+    build: Any
+    vae_from: str | None = None
+    encode_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+def _build_wan(seed: int, vae=None):
+    pipe = build_wan_pipeline(seed)
+    if vae is not None:
+        pipe.vae = vae
+    return pipe
+
+
+#: Family (as ``TRAINABLE_FAMILIES`` names it) -> how it trains. SANA-Video decodes with the same ``AutoencoderKLWan``
+#: and the same latent normalisation as Wan, so it reuses the shipped Wan's trained VAE: one VAE trained once.
+_FAMILIES: dict[str, _Family] = {
+    "wan": _Family(build=_build_wan),
+    "sana-video": _Family(build=build_sana_video_pipeline, vae_from="wan",
+                          encode_kwargs=(("complex_human_instruction", []),)),
+}
+
+
+def untrained_pipeline(family: str, seed: int = 0):
+    """The pipeline a ``train_family(family, seed=seed)`` run starts from, progress bar off: every component random
+    but a VAE reused from another family's shipped run (SANA-Video: the trained Wan VAE). What trained weights are
+    measured against."""
+    recipe = _FAMILIES[family]
+    vae = None if recipe.vae_from is None else _shipped_vae(recipe.vae_from, family)
+    pipe = recipe.build(seed, vae=vae)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, vae_steps: int | None = None,
                  videos: int | None = None, seed: int = 0, progress: bool = True, threads: int | None = None,
                  **overrides: Any) -> TrainResult:
     """Train ``family``'s tiny pipeline from ``seed`` and save it to ``out_dir`` (a diffusers folder plus
-    ``training.json``). ``steps`` / ``vae_steps`` / ``videos`` and any :class:`WanTrainingConfig` field override
+    ``training.json``). ``steps`` / ``vae_steps`` / ``videos`` and any :class:`TrainingConfig` field override
     the defaults; ``threads`` sets torch's CPU threads for the run. Same seed, same threads, same machine: same
-    weights."""
+    weights. A family that reuses another's trained VAE (SANA-Video: Wan's) needs that family shipped first."""
     if family not in TRAINABLE_FAMILIES:
         raise ValueError(f"train-tiny: no training for {family!r} yet (trainable: {', '.join(TRAINABLE_FAMILIES)})")
     given = dict(steps=steps, vae_steps=vae_steps, videos=videos, **overrides)
-    config = WanTrainingConfig(**{k: v for k, v in given.items() if v is not None})
+    config = TrainingConfig(**{k: v for k, v in given.items() if v is not None})
     if min(config.steps, config.vae_steps, config.videos, config.batch_size, config.vae_batch_size) < 1:
         raise ValueError("train-tiny: steps, vae steps, videos and batch sizes must be at least 1")
     if not config.vae_shape_weights or config.vae_max_passes < len(config.vae_shape_weights):
@@ -152,7 +235,7 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _train_wan(Path(out_dir), config, seed, progress)
+        return _train(family, Path(out_dir), config, seed, progress)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -163,26 +246,38 @@ def _bar(total: int, desc: str, progress: bool):
     return tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True, leave=True)
 
 
-def _train_wan(out_dir: Path, config: WanTrainingConfig, seed: int, progress: bool) -> TrainResult:
+def _shipped_vae(family: str, wanted_by: str):
+    """The trained VAE of the shipped ``family``, in float32; ValueError saying to ship ``family`` first."""
+    from diffusers import AutoencoderKLWan
+
+    if family not in shipped_families():
+        raise ValueError(f"train-tiny {wanted_by}: reuses the trained {family} VAE, and no trained {family} ships; "
+                         f"run `python -m accelpatch train-tiny {family} --ship` first")
+    return AutoencoderKLWan.from_pretrained(shipped_folder(family) / "vae", torch_dtype=torch.float32).eval()
+
+
+def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progress: bool) -> TrainResult:
     start = time.perf_counter()
-    result = TrainResult(family="wan", out_dir=out_dir, seed=seed, config=config)
-    pipe = build_wan_pipeline(seed)
-    pipe.set_progress_bar_config(disable=True)
-
-    t0 = time.perf_counter()
-    result.vae_losses, result.vae_pass_checks = _train_vae(pipe.vae, config, seed, progress)
-    result.phase_s["vae"] = time.perf_counter() - t0
-    result.vae_check = result.vae_pass_checks[-1]
+    recipe = _FAMILIES[family]
+    result = TrainResult(family=family, out_dir=out_dir, seed=seed, config=config, vae_from=recipe.vae_from)
+    pipe = untrained_pipeline(family, seed)
+    if recipe.vae_from is None:
+        t0 = time.perf_counter()
+        result.vae_losses, result.vae_pass_checks = _train_vae(pipe.vae, config, seed, progress)
+        result.phase_s["vae"] = time.perf_counter() - t0
+        result.vae_check = result.vae_pass_checks[-1]
+    else:
+        result.vae_check = training_losses(shipped_folder(recipe.vae_from))["vae_check"]
     if result.vae_check["problems"]:
-        warnings.warn(f"train-tiny wan: {vae_problem_text(result.vae_check)}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"train-tiny {family}: {vae_problem_text(result.vae_check)}", RuntimeWarning, stacklevel=3)
 
     t0 = time.perf_counter()
-    latents, prompts = _encode_dataset(pipe.vae, config, seed, progress)
-    embeds, empty = _prompt_embeddings(pipe, prompts)
+    latents, prompts = _encode_dataset(pipe.vae, config, seed, progress, keep_statistics=recipe.vae_from is not None)
+    text = _prompt_embeddings(pipe, prompts, dict(recipe.encode_kwargs))
     result.phase_s["encode"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    result.transformer_losses = _train_transformer(pipe.transformer, latents, embeds, empty, config, seed, progress)
+    result.transformer_losses = _train_transformer(pipe.transformer, latents, text, config, seed, progress)
     result.phase_s["transformer"] = time.perf_counter() - t0
 
     pipe.transformer.eval()
@@ -194,7 +289,7 @@ def _train_wan(out_dir: Path, config: WanTrainingConfig, seed: int, progress: bo
     return result
 
 
-def _crop(video: torch.Tensor, clip: procedural.Clip, config: WanTrainingConfig, gen: torch.Generator):
+def _crop(video: torch.Tensor, clip: procedural.Clip, config: TrainingConfig, gen: torch.Generator):
     """A (3, crop_frames, crop_size, crop_size) piece of ``video``; for shape clips, half the crops are centred near
     the shape so the VAE sees edges and colours, not only background."""
     frames, height, width = video.shape[1:]
@@ -223,8 +318,8 @@ def _lr_factor(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train_vae(vae, config: WanTrainingConfig, seed: int, progress: bool) -> tuple[list[float], list[dict]]:
-    """Train ``vae`` in passes (see :attr:`WanTrainingConfig.vae_shape_weights`); returns the losses of every step
+def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool) -> tuple[list[float], list[dict]]:
+    """Train ``vae`` in passes (see :attr:`TrainingConfig.vae_shape_weights`); returns the losses of every step
     and :func:`check_vae`'s finding after each pass from the last planned one on."""
     losses: list[float] = []
     checks: list[dict] = []
@@ -244,7 +339,7 @@ def _train_vae(vae, config: WanTrainingConfig, seed: int, progress: bool) -> tup
     return losses, checks
 
 
-def _vae_pass(vae, config: WanTrainingConfig, seed: int, number: int, shape_weight: float,
+def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight: float,
               progress: bool) -> list[float]:
     """One pass of ``config.vae_steps`` steps on crops of clips of its own, at ``vae_lr / 2**number``."""
     gen = torch.Generator().manual_seed(seed * 1000 + 11 + number)
@@ -283,7 +378,7 @@ VAE_LIMITS = {"mse": 0.1, "late_over_early": 3.0, "saturation_kept": 0.5}
 
 
 @torch.no_grad()
-def check_vae(vae, config: WanTrainingConfig, seed: int, clips: int = 4) -> dict[str, Any]:
+def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[str, Any]:
     """How well ``vae`` reconstructs whole procedural clips (never a crop): mean squared error, the last quarter of
     the frames' error over the first quarter's, and the saturation (max - min channel) kept at its peak; and
     ``problems``, one line per limit of :data:`VAE_LIMITS` missed."""
@@ -339,11 +434,12 @@ def _descend(model, optimizer, schedule, loss, losses: list, bar, *, last: bool)
 
 
 @torch.no_grad()
-def _encode_dataset(vae, config: WanTrainingConfig, seed: int, progress: bool):
-    """Encode ``config.videos`` clips (posterior means), set the VAE's ``latents_mean`` / ``latents_std`` to their
-    per-channel statistics and return the normalised latents with the prompts."""
+def _encode_dataset(vae, config: TrainingConfig, seed: int, progress: bool, *, keep_statistics: bool = False):
+    """Encode ``config.videos`` clips (posterior means) and return them normalised, with their prompts. The
+    per-channel mean and std go into the VAE's ``latents_mean`` / ``latents_std`` (Wan's and SANA-Video's pipelines
+    un-normalise with them), computed over these clips, or with ``keep_statistics`` those the (reused) VAE has."""
     means, prompts = [], []
-    with _bar(config.videos, "wan latents", progress) as bar:
+    with _bar(config.videos, "latents", progress) as bar:
         for index in range(config.videos):
             video, clip = procedural.procedural_video(None, [seed, 1, index], frames=config.frames,
                                                       height=config.height, width=config.width)
@@ -351,42 +447,54 @@ def _encode_dataset(vae, config: WanTrainingConfig, seed: int, progress: bool):
             prompts.append(clip.prompt)
             bar.update()
     latents = torch.stack(means)
-    mean = latents.mean(dim=(0, 2, 3, 4))
-    std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
-    vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
+    if keep_statistics:
+        mean, std = torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+    else:
+        mean = latents.mean(dim=(0, 2, 3, 4))
+        std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
+        vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
     return (latents - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1), prompts
 
 
 @torch.no_grad()
-def _prompt_embeddings(pipe, prompts: list[str]):
-    """Each prompt's embedding exactly as the pipeline computes it at call time, and the empty prompt's."""
+def _prompt_embeddings(pipe, prompts: list[str], encode_kwargs: dict[str, Any]):
+    """The embedding of each distinct prompt and of the empty one (last), exactly as the pipeline computes them at
+    call time, their attention masks where the pipeline passes one to its transformer (SANA-Video; None for Wan),
+    and each training clip's row in that table."""
     unique = sorted(set(prompts)) + [""]
-    embeds, _ = pipe.encode_prompt(unique, do_classifier_free_guidance=False, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                                   device=torch.device("cpu"))
-    table = dict(zip(unique, embeds))
-    return torch.stack([table[p] for p in prompts]), table[""]
+    encoded = pipe.encode_prompt(unique, do_classifier_free_guidance=False, max_sequence_length=MAX_SEQUENCE_LENGTH,
+                                 device=torch.device("cpu"), **encode_kwargs)
+    # Wan returns (embeds, negative embeds); SANA-Video (embeds, mask, negative embeds, negative mask)
+    embeds, masks = encoded[0], (encoded[1] if len(encoded) == 4 else None)
+    rows = torch.tensor([unique.index(p) for p in prompts])
+    return embeds, masks, rows
 
 
-def _train_transformer(transformer, latents, embeds, empty, config: WanTrainingConfig, seed: int,
+def _train_transformer(transformer, latents, text, config: TrainingConfig, seed: int,
                        progress: bool) -> list[float]:
+    """Rectified flow on ``latents``; ``text`` is :func:`_prompt_embeddings`'s (table, masks, rows), the empty
+    prompt the table's last row, used instead of the clip's prompt ``config.prompt_dropout`` of the time."""
+    table, mask_table, rows = text
+    empty = len(table) - 1
     gen = torch.Generator().manual_seed(seed * 1000 + 23)
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=config.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.steps))
     transformer.train()
     losses = []
     batch = config.batch_size
-    with _bar(config.steps, "wan transformer", progress) as bar:
+    with _bar(config.steps, "transformer", progress) as bar:
         for step in range(config.steps):
             index = torch.randint(len(latents), (batch,), generator=gen)
-            x0, text = latents[index], embeds[index].clone()
-            text[torch.rand(batch, generator=gen) < config.prompt_dropout] = empty
+            x0, row = latents[index], rows[index].clone()
+            row[torch.rand(batch, generator=gen) < config.prompt_dropout] = empty
             u = torch.rand(batch, generator=gen)
             sigma = FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
             noise = torch.randn(x0.shape, generator=gen)
             s = sigma.view(-1, 1, 1, 1, 1)
             xt = (1 - s) * x0 + s * noise
-            prediction = transformer(hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=text,
-                                     return_dict=False)[0]
+            mask = {} if mask_table is None else {"encoder_attention_mask": mask_table[row]}
+            prediction = transformer(hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=table[row],
+                                     return_dict=False, **mask)[0]
             loss = torch.nn.functional.mse_loss(prediction, noise - x0)
             _descend(transformer, optimizer, schedule, loss, losses, bar, last=step == config.steps - 1)
     transformer.eval()
@@ -398,13 +506,16 @@ def _write_record(out_dir: Path, result: TrainResult) -> None:
     import diffusers
     import transformers
 
-    def summary(losses: list[float]) -> dict[str, float]:
+    def summary(losses: list[float]) -> dict[str, float] | None:
+        if not losses:  # a VAE reused from another family trained no step here
+            return None
         head, tail = losses[:50], losses[-50:]
         return dict(first_50_mean=sum(head) / len(head), last_50_mean=sum(tail) / len(tail), steps=len(losses))
 
     record = dict(family=result.family, seed=result.seed, config=asdict(result.config),
                   vae_loss=summary(result.vae_losses), transformer_loss=summary(result.transformer_losses),
-                  vae_check=result.vae_check, vae_passes=len(result.vae_losses) // result.config.vae_steps,
+                  vae_check=result.vae_check, vae_from=result.vae_from,
+                  vae_passes=len(result.vae_losses) // result.config.vae_steps,
                   vae_pass_checks=result.vae_pass_checks,
                   phase_s={k: round(v, 1) for k, v in result.phase_s.items()}, wall_s=round(result.wall_s, 1),
                   threads=torch.get_num_threads(), versions=dict(torch=torch.__version__,
