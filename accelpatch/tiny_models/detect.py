@@ -1,4 +1,4 @@
-"""Read what a video shows, from its frames alone: the shape's colour and where it goes.
+"""Read what a video shows, from its frames alone: the shape's colour, where it goes and whether it grows.
 
 Why: "the tiny model learned something" must be measured on what it generates, with no outside weights. Shape
 clips (:mod:`accelpatch.tiny_models.procedural`) are a saturated shape on a grey background, so the saturated
@@ -76,13 +76,15 @@ def colour_name(rgb: Optional[torch.Tensor]) -> Optional[str]:
 @dataclass(frozen=True)
 class Reading:
     """What a shape video shows: its colour, the direction its shape moves (``"left"``, ``"right"``, ``"up"``,
-    ``"down"`` or None when it stays put or is not found), the centroid's net move (x, y) in pixels and the share of
-    frames where a shape was found."""
+    ``"down"`` or None when it stays put or is not found), the centroid's net move (x, y) in pixels, the share of
+    frames where a shape was found, and its growth: the shape's mean area over the last quarter of the frames over
+    that of the first quarter (above 1 as it grows, below as it shrinks; 1.0 when no shape is found)."""
 
     colour: Optional[str]
     direction: Optional[str]
     displacement: tuple[float, float]
     found: float
+    growth: float = 1.0
 
 
 def read_shape_video(video: torch.Tensor, *, min_move: float = 0.1) -> Reading:
@@ -94,10 +96,13 @@ def read_shape_video(video: torch.Tensor, *, min_move: float = 0.1) -> Reading:
     colour = colour_name(mean_colour(video)) if path else None
     if len(path) < 2:
         return Reading(colour, None, (0.0, 0.0), found)
+    areas = shape_masks(video).float().mean(dim=(1, 2))
+    quarter = max(1, len(areas) // 4)
+    growth = float(areas[-quarter:].mean() / areas[:quarter].mean().clamp_min(MIN_SHAPE_FRACTION))
     dx, dy = path[-1][0] - path[0][0], path[-1][1] - path[0][1]
     height, width = video.shape[-2:]
     if abs(dx) / width >= abs(dy) / height:
         direction = ("right" if dx > 0 else "left") if abs(dx) >= min_move * width else None
     else:
         direction = ("down" if dy > 0 else "up") if abs(dy) >= min_move * height else None
-    return Reading(colour, direction, (dx, dy), found)
+    return Reading(colour, direction, (dx, dy), found, growth)

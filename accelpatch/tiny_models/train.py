@@ -2,8 +2,8 @@
 
 Why: quality gates run on tiny models; random weights make noise, so a gate comparing two noise videos measures
 nothing. A tiny model trained on clips with real structure (:mod:`accelpatch.tiny_models.procedural`) makes videos
-that follow the prompt (the shipped ones: its colour, not yet its direction of motion), so temporal and per-frame
-gates have something to see.
+that follow the prompt (the shipped ones: its colour and whether the shape grows or shrinks, not yet its direction
+of motion), so temporal and per-frame gates have something to see.
 
 What: two phases, both seeded. (1) Wan's tiny ``AutoencoderKLWan`` learns to reconstruct whole 13-frame clips
 cropped to 64 x 64 (the VAE is convolutional, so crops train it for the full 128 x 256 frames at a fraction of the
@@ -120,18 +120,19 @@ def word_tokenizer(*, bos: bool = False):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
 
 
-def build_wan_pipeline(seed: int = 0):
+def build_wan_pipeline(seed: int = 0, *, vae=None):
     """An untrained tiny ``WanPipeline``: the transformer of :data:`WAN_TRANSFORMER_CONFIG` (2 heads x
-    128, 2 layers, ~1.8M parameters), the VAE of :data:`WAN_VAE_CONFIG`, a one-layer UMT5 text encoder (width 32)
-    over :func:`word_tokenizer`'s vocabulary, all seeded; ``FlowMatchEulerDiscreteScheduler(shift=3)``."""
+    128, 2 layers, ~1.8M parameters), the VAE of :data:`WAN_VAE_CONFIG` (or ``vae``), a one-layer UMT5 text encoder
+    (width 32) over :func:`word_tokenizer`'s vocabulary, all seeded; ``FlowMatchEulerDiscreteScheduler(shift=3)``."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = word_tokenizer()
     torch.manual_seed(seed)
     transformer = WanTransformer3DModel(**WAN_TRANSFORMER_CONFIG)
-    torch.manual_seed(seed + 1)
-    vae = AutoencoderKLWan(**WAN_VAE_CONFIG)
+    if vae is None:
+        torch.manual_seed(seed + 1)
+        vae = AutoencoderKLWan(**WAN_VAE_CONFIG)
     torch.manual_seed(seed + 2)
     text_dim = int(WAN_TRANSFORMER_CONFIG["text_dim"])
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=text_dim,
@@ -188,17 +189,10 @@ class _Family:
     encode_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
-def _build_wan(seed: int, vae=None):
-    pipe = build_wan_pipeline(seed)
-    if vae is not None:
-        pipe.vae = vae
-    return pipe
-
-
 #: Family (as ``TRAINABLE_FAMILIES`` names it) -> how it trains. SANA-Video decodes with the same ``AutoencoderKLWan``
 #: and the same latent normalisation as Wan, so it reuses the shipped Wan's trained VAE: one VAE trained once.
 _FAMILIES: dict[str, _Family] = {
-    "wan": _Family(build=_build_wan),
+    "wan": _Family(build=build_wan_pipeline),
     "sana-video": _Family(build=build_sana_video_pipeline, vae_from="wan",
                           encode_kwargs=(("complex_human_instruction", []),)),
 }
@@ -208,6 +202,8 @@ def untrained_pipeline(family: str, seed: int = 0):
     """The pipeline a ``train_family(family, seed=seed)`` run starts from, progress bar off: every component random
     but a VAE reused from another family's shipped run (SANA-Video: the trained Wan VAE). What trained weights are
     measured against."""
+    if family not in _FAMILIES:
+        raise ValueError(f"no tiny training recipe for {family!r} (trainable: {', '.join(_FAMILIES)})")
     recipe = _FAMILIES[family]
     vae = None if recipe.vae_from is None else _shipped_vae(recipe.vae_from, family)
     pipe = recipe.build(seed, vae=vae)
