@@ -1,6 +1,7 @@
 """Recipes: a named, checked set of settings for one model, read from YAML.
 
-A recipe names the model (a hub id, a local folder, or ``tiny:<model>`` for the offline test models), the call
+A recipe names the model (a hub id, a local folder, ``tiny:<model>`` for the offline random test models or
+``trained:<model>`` for the shipped trained tiny ones), the call
 arguments, the tier, backend and options that :func:`accelpatch.apply` takes, the candidates that ``validate`` and
 ``bench`` compare against the reference, and the quality gates. The schema is a pydantic model, so a bad field is
 reported with its dotted location, the value given and what is allowed; unknown fields are errors, not ignored.
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from accelpatch.core.errors import did_you_mean
 from accelpatch.core.tiers import parse_tier
 from accelpatch.models.families import families
+from accelpatch.tiny_models import TRAINABLE_FAMILIES
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "LoraSpec", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
            "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
@@ -51,6 +53,9 @@ SHIPPED_RECIPES = _shipped_recipes()
 #: ``tiny:<name>`` models: offline random pipelines from :mod:`accelpatch.testing`, one per registered family
 #: (accelpatch.models.families; built by accelpatch.eval.pipelines)
 TINY_MODELS = tuple(family.cli for family in families())
+#: ``trained:<name>`` models: the trained tiny pipelines that ship in the package (issue #43; built by
+#: accelpatch.eval.pipelines from accelpatch.tiny_models.shipped), whose videos have content the gates can judge
+TRAINED_MODELS = TRAINABLE_FAMILIES
 DTYPES = ("bf16", "fp16", "fp32")
 
 #: the largest seed: seeds are torch.Generator.manual_seed's non-negative range, 0 to 2**64 - 1 (torch folds a
@@ -379,7 +384,7 @@ class Recipe(_Strict):
 
     name: str = Field(min_length=1)
     description: str = ""
-    model: str = Field(min_length=1, description="hub id, local folder, or tiny:<model>")
+    model: str = Field(min_length=1, description="hub id, local folder, tiny:<model> or trained:<model>")
     pipeline: Literal["auto", "diffusion", "modular"] = "auto"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "auto"
@@ -417,6 +422,10 @@ class Recipe(_Strict):
             hint = f" (did you mean tiny:{close[0]}?)" if close else ""
             raise ValueError(f"unknown tiny model {value!r}{hint}; tiny models: "
                              + ", ".join(f"tiny:{m}" for m in TINY_MODELS))
+        if value.startswith("trained:") and value[8:] not in TRAINED_MODELS:
+            raise ValueError(f"unknown trained model {value!r}; trained tiny models: "
+                             + ", ".join(f"trained:{m}" for m in TRAINED_MODELS)
+                             + " (the other families have random-weight tiny:<model> pipelines only)")
         return value
 
     @field_validator("call")
@@ -472,6 +481,12 @@ class Recipe(_Strict):
 
     @property
     def is_tiny(self) -> bool:
+        """A tiny offline model, random (``tiny:``) or trained (``trained:``): one CPU thread suits it."""
+        return self.model.startswith(("tiny:", "trained:"))
+
+    @property
+    def is_random(self) -> bool:
+        """A random-weight tiny model (``tiny:``), whose output is noise."""
         return self.model.startswith("tiny:")
 
     def setting(self) -> CandidateSpec:

@@ -32,6 +32,9 @@ def test_the_promised_recipes_ship_and_load():
 
 @pytest.mark.parametrize("data, message", [
     ({"model": "tiny:sana-vidoe"}, "model: unknown tiny model 'tiny:sana-vidoe' (did you mean tiny:sana-video?)"),
+    ({"model": "trained:ltx2"}, "model: unknown trained model 'trained:ltx2'; trained tiny models: trained:wan, "
+                                "trained:sana-video (the other families have random-weight tiny:<model> pipelines "
+                                "only)"),
     ({"model": "m", "gates": {"ssim_flor": 0.9}}, "gates.ssim_flor: unknown field (did you mean 'ssim_floor'?); "
                                                    "allowed here: audio, audio_corr_floor, audio_lsd_ceiling, "
                                                    "audio_snr_floor, flicker_delta_max, i2v_image, motion_ratio_max, "
@@ -314,3 +317,22 @@ def test_cli_validate_refuses_recipe_audio_gates_on_a_pipeline_without_audio(tmp
     assert len(err.splitlines()) == 1, err
     assert ("gates ask for audio gates (audio_corr_floor=0.9), but SanaVideoPipeline returned no audio (on the first "
             "reference call)") in err
+
+
+def test_a_trained_model_recipe_loads_the_shipped_pipeline_with_its_call_over_the_training_size():
+    """``trained:<family>`` (issue #43): the shipped trained tiny pipeline, at its training size, the recipe's prompt
+    and call arguments over it; one CPU thread, as for the random tiny models, and not called random."""
+    from diffusers import SanaVideoPipeline
+
+    from accelpatch.eval.pipelines import load_pipeline
+    from accelpatch.recipes import Recipe
+
+    recipe = Recipe(name="r", model="trained:sana-video", dtype="fp32", device="cpu",
+                    call={"prompt": "a blue circle grows", "num_inference_steps": 3, "guidance_scale": 2.0})
+    assert recipe.is_tiny and not recipe.is_random
+    loaded = load_pipeline(recipe)
+    assert isinstance(loaded.pipe, SanaVideoPipeline) and loaded.pipe.transformer.config.attention_head_dim == 112
+    kwargs = loaded.call_kwargs
+    assert (kwargs["prompt"], kwargs["num_inference_steps"], kwargs["guidance_scale"]) == ("a blue circle grows", 3, 2.0)
+    assert (kwargs["height"], kwargs["width"], kwargs["frames"], kwargs["max_sequence_length"]) == (128, 256, 13, 16)
+    assert "generator" not in kwargs and "trained tiny weights" in loaded.description

@@ -1,7 +1,9 @@
 """Build the pipeline a recipe names, and the keyword arguments of its call.
 
 ``tiny:<model>`` builds an offline random pipeline from :mod:`accelpatch.testing` (release head dims where the fast
-paths need them) with the recipe's call arguments over the tiny defaults. Anything else is a hub id or a local
+paths need them) with the recipe's call arguments over the tiny defaults; ``trained:<model>`` loads the shipped
+trained tiny pipeline (:mod:`accelpatch.tiny_models.shipped`) with its training-size call settings under the
+recipe's call arguments (``prompt``, ``num_inference_steps``, ``guidance_scale``, ...). Anything else is a hub id or a local
 folder loaded with diffusers (``DiffusionPipeline``, or ``ModularPipeline`` for MiniMax-H3) in the recipe's dtype,
 on its device. Calls ask for tensor output so frames can be compared.
 
@@ -183,6 +185,22 @@ def _tiny(recipe: Recipe, device: torch.device) -> LoadedPipeline:
     return LoadedPipeline(pipe, kwargs, device, f"{recipe.model} (random weights, {recipe.dtype}, {device})")
 
 
+def _trained(recipe: Recipe, device: torch.device) -> LoadedPipeline:
+    """The shipped trained tiny pipeline the recipe names and its call arguments: the family's training-size
+    settings (:func:`accelpatch.tiny_models.shipped.trained_call_kwargs`) with the recipe's call over them."""
+    from accelpatch.tiny_models.shipped import trained_call_kwargs, trained_pipeline
+
+    family = recipe.model[len("trained:"):]
+    try:
+        pipe = trained_pipeline(family, dtype=TORCH_DTYPES[recipe.dtype], device=device)
+    except ValueError as exc:  # not shipped in this installation
+        raise RecipeError(str(exc)) from None
+    kwargs = {**trained_call_kwargs(family, recipe.call.get("prompt", "a red square moves right")), **recipe.call}
+    kwargs.pop("generator", None)
+    _prepare(pipe, recipe, kwargs)
+    return LoadedPipeline(pipe, kwargs, device, f"{recipe.model} (trained tiny weights, {recipe.dtype}, {device})")
+
+
 def _pretrained(recipe: Recipe, device: torch.device) -> LoadedPipeline:
     import diffusers
 
@@ -207,4 +225,6 @@ def _pretrained(recipe: Recipe, device: torch.device) -> LoadedPipeline:
 def load_pipeline(recipe: Recipe) -> LoadedPipeline:
     """The recipe's pipeline (unpatched) and its call arguments."""
     device = resolve_device(recipe.device)
-    return _tiny(recipe, device) if recipe.is_tiny else _pretrained(recipe, device)
+    if recipe.model.startswith("trained:"):
+        return _trained(recipe, device)
+    return _tiny(recipe, device) if recipe.is_random else _pretrained(recipe, device)

@@ -177,7 +177,7 @@ def run_bench(args: argparse.Namespace) -> int:
     recipe, loaded = _load(args)
     candidates = [recipe.reference_spec(), *recipe.candidate_specs()]
     # without the device and dtype: the report's header says those it measured, once
-    description = f"recipe {recipe.name}: {recipe.model}" + (" (random weights)" if recipe.is_tiny else "")
+    description = f"recipe {recipe.name}: {recipe.model}" + (" (random weights)" if recipe.is_random else "")
     report = bench(loaded.pipe, loaded.call_kwargs, candidates,
                    rounds=args.rounds if args.rounds is not None else recipe.bench.rounds,
                    warmup=args.warmup if args.warmup is not None else recipe.bench.warmup,
