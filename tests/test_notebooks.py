@@ -123,7 +123,8 @@ def _check_quickstart(text: str, images: int) -> None:
     assert len(sparse_sites) == 2, text
     assert all(int(calls) > 0 and 0.0 < float(fraction) <= 1.0 for calls, fraction in sparse_sites)
     # the trained tiny models' tiers, side by side (#43): lossless bit-identical, each strip shown inline
-    assert text.count("lossless: bit-identical; motion ratio 1.000") == 2 and text.count("strip (one row per tier):") == 2
+    assert text.count("lossless: bit-identical; motion ratio 1.000") == 2
+    assert text.count("strip (one row per tier):") == 2
     assert "trained tiny Wan" in text and "trained tiny SANA-Video" in text
     assert images >= 2, "the trained models' strips (PNG) are not shown inline"
 

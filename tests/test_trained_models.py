@@ -4,8 +4,8 @@ They load from the installed package with diffusers' own ``from_pretrained``, an
 generate show the prompt's colour and whether the shape grows or shrinks, read from the frames alone by
 :mod:`accelpatch.tiny_models.detect` (whose readings ``tests/test_tiny_models.py`` checks against the renderer's
 ground truth), and they are measurably more coherent in time than a random-weight model of the same shape (the
-gates on them: ``tests/test_trained_gates.py``). Not learned yet, so not claimed: the direction of motion (the shipped models move their shapes, in no
-particular direction; docs/tiny-models.md has the measurements).
+gates on them: ``tests/test_trained_gates.py``). Not learned yet, so not claimed: the direction of motion (the
+shipped models move their shapes, in no particular direction; docs/tiny-models.md has the measurements).
 """
 import json
 

@@ -3,9 +3,9 @@
 ``tiny:<model>`` builds an offline random pipeline from :mod:`accelpatch.testing` (release head dims where the fast
 paths need them) with the recipe's call arguments over the tiny defaults; ``trained:<model>`` loads the shipped
 trained tiny pipeline (:mod:`accelpatch.tiny_models.shipped`) with its training-size call settings under the
-recipe's call arguments (``prompt``, ``num_inference_steps``, ``guidance_scale``, ...). Anything else is a hub id or a local
-folder loaded with diffusers (``DiffusionPipeline``, or ``ModularPipeline`` for MiniMax-H3) in the recipe's dtype,
-on its device. Calls ask for tensor output so frames can be compared.
+recipe's call arguments (``prompt``, ``num_inference_steps``, ``guidance_scale``, ...). Anything else is a hub id
+or a local folder loaded with diffusers (``DiffusionPipeline``, or ``ModularPipeline`` for MiniMax-H3) in the
+recipe's dtype, on its device. Calls ask for tensor output so frames can be compared.
 
 For both kinds, the recipe's ``lora`` list is loaded (``load_lora_weights`` per entry, one ``set_adapters`` with
 their scales) and its ``scheduler`` replaces the pipeline's (``Cls.from_config(pipe.scheduler.config,

@@ -6,8 +6,8 @@ follow their prompt:
 
 * :mod:`~accelpatch.tiny_models.procedural`: seeded clips and prompts (moving, growing, bouncing, colour-changing
   shapes; camera pans and zooms over scikit-image's sample photographs), with their ground truth.
-* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"`` and ``"sana-video"`` so far) saves a folder that the family's
-  diffusers pipeline ``from_pretrained`` loads.
+* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"`` and ``"sana-video"`` so far) saves a
+  folder that the family's diffusers pipeline ``from_pretrained`` loads.
 * :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
 * :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`).
 * :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY [--ship]``.

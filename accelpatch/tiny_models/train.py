@@ -120,20 +120,29 @@ def word_tokenizer(*, bos: bool = False):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
 
 
-def build_wan_pipeline(seed: int = 0, *, vae=None):
-    """An untrained tiny ``WanPipeline``: the transformer of :data:`WAN_TRANSFORMER_CONFIG` (2 heads x
-    128, 2 layers, ~1.8M parameters), the VAE of :data:`WAN_VAE_CONFIG` (or ``vae``), a one-layer UMT5 text encoder
-    (width 32) over :func:`word_tokenizer`'s vocabulary, all seeded; ``FlowMatchEulerDiscreteScheduler(shift=3)``."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+def _seeded_transformer_and_vae(seed: int, transformer_class, config: dict[str, Any], vae):
+    """A family's transformer drawn after ``manual_seed(seed)``, and ``vae`` or a :data:`WAN_VAE_CONFIG` one drawn
+    after ``seed + 1``; leaves the generator at ``seed + 2`` for the text encoder (the shipped runs' order)."""
+    from diffusers import AutoencoderKLWan
 
-    tokenizer = word_tokenizer()
     torch.manual_seed(seed)
-    transformer = WanTransformer3DModel(**WAN_TRANSFORMER_CONFIG)
+    transformer = transformer_class(**config)
     if vae is None:
         torch.manual_seed(seed + 1)
         vae = AutoencoderKLWan(**WAN_VAE_CONFIG)
     torch.manual_seed(seed + 2)
+    return transformer, vae
+
+
+def build_wan_pipeline(seed: int = 0, *, vae=None):
+    """An untrained tiny ``WanPipeline``: the transformer of :data:`WAN_TRANSFORMER_CONFIG` (2 heads x
+    128, 2 layers, ~1.8M parameters), the VAE of :data:`WAN_VAE_CONFIG` (or ``vae``), a one-layer UMT5 text encoder
+    (width 32) over :func:`word_tokenizer`'s vocabulary, all seeded; ``FlowMatchEulerDiscreteScheduler(shift=3)``."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tokenizer = word_tokenizer()
+    transformer, vae = _seeded_transformer_and_vae(seed, WanTransformer3DModel, WAN_TRANSFORMER_CONFIG, vae)
     text_dim = int(WAN_TRANSFORMER_CONFIG["text_dim"])
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=text_dim,
                                                d_kv=8, d_ff=32, num_layers=1, num_heads=2,
@@ -157,16 +166,12 @@ def build_sana_video_pipeline(seed: int = 0, *, vae=None):
     one-layer Gemma-2 text encoder (width 32) over :func:`word_tokenizer` with ``<bos>``, the flow DPM-Solver++
     SANA-Video releases with (``DPMSolverMultistepScheduler``, flow prediction, shift 3, as it trains), and ``vae``
     (default: a random one of :data:`WAN_VAE_CONFIG`; training passes the shipped Wan's trained VAE)."""
-    from diffusers import AutoencoderKLWan, DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
+    from diffusers import DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
     from transformers import Gemma2Config, Gemma2Model
 
     tokenizer = word_tokenizer(bos=True)
-    torch.manual_seed(seed)
-    transformer = SanaVideoTransformer3DModel(**SANA_VIDEO_TRANSFORMER_CONFIG)
-    if vae is None:
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKLWan(**WAN_VAE_CONFIG)
-    torch.manual_seed(seed + 2)
+    transformer, vae = _seeded_transformer_and_vae(seed, SanaVideoTransformer3DModel, SANA_VIDEO_TRANSFORMER_CONFIG,
+                                                   vae)
     width = int(SANA_VIDEO_TRANSFORMER_CONFIG["caption_channels"])
     text_encoder = Gemma2Model(Gemma2Config(head_dim=16, hidden_size=width, intermediate_size=2 * width,
                                             num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=2,
