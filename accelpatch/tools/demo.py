@@ -59,8 +59,8 @@ def run_demo(*, steps: Optional[int] = None, dtype: str = "auto", device: str = 
              videos_dir: Optional[str] = None) -> str:
     """Run the demo's sections (``model``: a key of :data:`MODELS`, a comma list, ``all``, or a sequence of keys)
     and return the report as text. ``steps`` and ``repeats`` (interleaved timing rounds) None: each model's default.
-    ``videos_dir``: also run the trained tiny Wan under exact | lossless | high and write the side-by-side PNG and
-    GIF there (:func:`accelpatch.tools.demo_videos.video_section`).
+    ``videos_dir``: also run each trained tiny model (Wan, SANA-Video) under exact | lossless | high and write the
+    side-by-side PNG and GIF there (:func:`accelpatch.tools.demo_videos.video_section`).
     ``emit`` (e.g. a flushing print) gets the text as it is ready: the header before the first section is built,
     then each section with its time, so a long run shows progress instead of all of it at the end."""
     import torch  # noqa: PLC0415
@@ -140,8 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                        MODELS.items()) + ")")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--videos", default="out/demo", metavar="DIR",
-                        help="where the trained tiny Wan's exact | lossless | high videos go, as a PNG strip and a "
-                             "GIF (default out/demo; ~10 s on one thread)")
+                        help="where the trained tiny models' exact | lossless | high videos go, a PNG strip and a GIF "
+                             "per model (default out/demo; ~25 s on one thread)")
     parser.add_argument("--no-videos", action="store_true", help="skip the videos")
 
 
