@@ -81,18 +81,14 @@ def wan_call_kwargs(prompt: str = "a red square moves left", *, num_inference_st
                 max_sequence_length=MAX_SEQUENCE_LENGTH)
 
 
-def sana_video_call_kwargs(prompt: str = "a red square moves left", *, num_inference_steps: int = 8,
-                           guidance_scale: float = 4.0, seed: int = 0, negative_prompt: str = "",
-                           output_type: str = "pt") -> dict[str, Any]:
-    """Call kwargs for a trained tiny SANA-Video pipeline at its training size (as :func:`wan_call_kwargs`), with
-    the prompt encoded as in training: no prompt-rewriting instruction (``complex_human_instruction=[]``), no
-    resolution binning (it only accepts the released sizes)."""
-    return dict(prompt=prompt, negative_prompt=negative_prompt, height=procedural.VIDEO_HEIGHT,
-                width=procedural.VIDEO_WIDTH, frames=procedural.VIDEO_FRAMES,
-                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                generator=torch.Generator().manual_seed(seed), output_type=output_type,
-                max_sequence_length=MAX_SEQUENCE_LENGTH, complex_human_instruction=[],
-                use_resolution_binning=False)
+def sana_video_call_kwargs(prompt: str = "a red square moves left", **kwargs: Any) -> dict[str, Any]:
+    """Call kwargs for a trained tiny SANA-Video pipeline: :func:`wan_call_kwargs` (same size, steps, guidance,
+    seed; ``frames`` is SANA-Video's name for ``num_frames``), with the prompt encoded as in training: no
+    prompt-rewriting instruction (``complex_human_instruction=[]``), no resolution binning (it only accepts the
+    released sizes)."""
+    call = wan_call_kwargs(prompt, **kwargs)
+    call["frames"] = call.pop("num_frames")
+    return {**call, "complex_human_instruction": [], "use_resolution_binning": False}
 
 
 #: family -> its call kwargs at the training size (the families of :data:`TRAINABLE_FAMILIES`)
