@@ -296,6 +296,41 @@ def test_sana_video_trains_on_the_shipped_wan_vae_and_its_folder_loads_and_calls
     assert frames.shape == (1, VIDEO_FRAMES, 3, VIDEO_HEIGHT, VIDEO_WIDTH) and torch.isfinite(frames).all()
 
 
+def test_sana_video2_trains_its_own_ltx2_vae_and_its_folder_loads_and_calls(tmp_path):
+    """SANA-Video 2.0 decodes with the LTX-2 VAE, whose latent statistics are buffers, not config: its run trains
+    that VAE (a few steps here, so the check finds problems and says so), stores the measured per-channel mean and
+    std where SanaVideo2Pipeline un-normalises with them, and the folder loads with diffusers and generates."""
+    from diffusers import AutoencoderKLLTX2Video, DiffusionPipeline
+
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline
+    from accelpatch.tiny_models import sana_video2_call_kwargs, train_family
+    from accelpatch.tiny_models.train import latent_statistics
+
+    with pytest.warns(RuntimeWarning, match="does not reconstruct whole clips well enough"):  # clips of 64 x 128
+        result = train_family("sana-video2", tmp_path, steps=30, vae_steps=4, videos=4, vae_max_passes=2,
+                              height=64, width=128, progress=False)
+    assert result.vae_from is None and len(result.vae_losses) == 8 and len(result.transformer_losses) == 30
+    flow = result.transformer_losses
+    assert sum(flow[-10:]) / 10 < 0.9 * sum(flow[:10]) / 10, flow
+    pipe = DiffusionPipeline.from_pretrained(tmp_path)
+    assert isinstance(pipe, SanaVideo2Pipeline) and isinstance(pipe.vae, AutoencoderKLLTX2Video)
+    pipe.set_progress_bar_config(disable=True)
+    mean, std = latent_statistics(pipe.vae)
+    assert mean.shape == std.shape == (16,) and not torch.equal(std, torch.ones(16)) and (std > 0).all()
+    # the saved statistics are those of the clips the transformer trained on: encoding one of them and
+    # normalising gives values of order one, not the raw latents' scale
+    with torch.no_grad():
+        latents = pipe.vae.encode(procedural_video(None, [0, 1, 0], height=64, width=128)[0][None]).latent_dist.mean
+    assert latents.shape == (1, 16, 4, 64 // 8, 128 // 8)
+    normalised = (latents - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1)
+    assert 0.3 < float(normalised.std()) < 3.0 and float(normalised.mean().abs()) < 1.0
+    ids = pipe.tokenizer(["", "a red square moves left"]).input_ids
+    assert ids[0] == [pipe.tokenizer.bos_token_id] and pipe.tokenizer.unk_token_id not in ids[1]
+    with torch.no_grad():
+        frames = pipe(**sana_video2_call_kwargs("a red square moves left", num_inference_steps=2)).frames
+    assert frames.shape == (1, VIDEO_FRAMES, 3, VIDEO_HEIGHT, VIDEO_WIDTH) and torch.isfinite(frames).all()
+
+
 def test_a_family_that_reuses_a_vae_says_to_ship_that_family_first(monkeypatch):
     import accelpatch.tiny_models.train as train
 
@@ -331,7 +366,8 @@ def test_unknown_families_and_bad_counts_are_refused():
     assert TRAINABLE_FAMILIES == tuple(_FAMILIES) == tuple(_CALL_KWARGS)
     with pytest.raises(ValueError, match="no training for 'ltx2'"):
         train_family("ltx2", "unused")
-    with pytest.raises(ValueError, match=r"no tiny training recipe for 'ltx2' \(trainable: wan, sana-video\)"):
+    with pytest.raises(ValueError, match=r"no tiny training recipe for 'ltx2' \(trainable: wan, sana-video, "
+                                         r"sana-video2\)"):
         untrained_pipeline("ltx2")
     with pytest.raises(ValueError, match="at least 1"):
         train_family("wan", "unused", steps=0)

@@ -20,25 +20,30 @@ from accelpatch.tiny_models.shipped import WEIGHTS_DIR, shipped_families, shippe
 #: the families with trained weights in the package: Wan is checked here, SANA-Video by the same tests imported
 #: into tests/test_trained_models_sana_video.py (a file of its own, so pytest-xdist's workers run the two side by side)
 FAMILIES = ("wan", "sana-video")
-#: every colour with every direction, each call its own seed
-PROMPTS = [(colour, direction) for colour in ("red", "green", "blue", "yellow")
-           for direction in ("left", "right", "up", "down")]
+COLOURS, DIRECTIONS = ("red", "green", "blue", "yellow"), ("left", "right", "up", "down")
+#: every colour twice and every direction twice (of the 16 pairs the docs' tables measure, each with the seed it
+#: has there: 4 x colour + direction); three families' videos, trained and random, must fit the suite's time
+PROMPTS = [(colour, DIRECTIONS[(c + k) % 4]) for c, colour in enumerate(COLOURS) for k in (0, 2)]
 STEPS = 8
+
+
+def _seed(colour: str, direction: str) -> int:
+    return 4 * COLOURS.index(colour) + DIRECTIONS.index(direction)
 
 
 def _generate(pipe, family: str) -> list[torch.Tensor]:
     videos = []
-    for seed, (colour, direction) in enumerate(PROMPTS):
+    for colour, direction in PROMPTS:
         kwargs = trained_call_kwargs(family, f"a {colour} square moves {direction}", num_inference_steps=STEPS,
-                                     seed=seed)
+                                     seed=_seed(colour, direction))
         with torch.no_grad():
             videos.append(from_pipeline_frames(pipe(**kwargs).frames))
     return videos
 
 
 def _trained(family: str):
-    return testing.tiny_sana_video_pipeline(trained=True) if family == "sana-video" else \
-        testing.tiny_wan_pipeline(trained=True)
+    builder = {"wan": testing.tiny_wan_pipeline, "sana-video": testing.tiny_sana_video_pipeline}[family]
+    return builder(trained=True)
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +126,21 @@ def test_trained_refuses_the_options_that_build_random_weights_and_other_familie
         testing.tiny_wan_pipeline(trained=True, two_transformers=True)
     with pytest.raises(ValueError, match=r"tiny_sana_video_pipeline\(trained=True\).*transformer_config build"):
         testing.tiny_sana_video_pipeline(trained=True, transformer_config={"num_layers": 1})
+    with pytest.raises(ValueError, match=r"tiny_sana_video2_pipeline\(trained=True\).*vae_config build"):
+        testing.tiny_sana_video2_pipeline(trained=True, vae_config={"latent_channels": 8})
+    # SANA-Video 2.0 trains (tests/test_tiny_models.py) but ships no weights yet: the builder says what does
+    with pytest.raises(ValueError, match=r"no trained tiny 'sana-video2' pipeline ships with accelpatch \(trained: "
+                                         r"sana-video, wan\).*train-tiny sana-video2"):
+        testing.tiny_sana_video2_pipeline(trained=True)
     with pytest.raises(ValueError, match=r"no trained tiny 'ltx2' pipeline ships with accelpatch \(trained: "
                                          r"sana-video, wan\)"):
         shipped_folder("ltx2")
 
 
-#: prompts of 16 whose colour the trained model must draw: measured Wan 15, SANA-Video 12 (it draws three red
-#: squares green), chance 4; a margin of 2-3 for other CPUs' rounding
-COLOUR_AT_LEAST = {"wan": 12, "sana-video": 10}
+#: prompts of the 8 whose colour the trained model must draw: measured 7 for both (of all 16 pairs: Wan 15,
+#: SANA-Video 12, which draws three red squares green), chance 2; the same shares of the prompts as the 12 and 10
+#: of 16 the suite asked before it took half the prompts, for other CPUs' rounding
+COLOUR_AT_LEAST = {"wan": 6, "sana-video": 5}
 
 
 def test_the_trained_model_shows_the_prompts_colour(family, trained_videos):
@@ -140,7 +152,7 @@ def test_the_trained_model_shows_the_prompts_colour(family, trained_videos):
 def test_a_random_weight_model_of_the_same_shape_shows_no_prompts_colour(family, random_videos):
     readings = [read_shape_video(v) for v in random_videos]
     right = [r.colour == colour for r, (colour, _) in zip(readings, PROMPTS)]
-    assert sum(right) <= 7, list(zip(PROMPTS, readings))  # measured 4 of 16 for both, chance
+    assert sum(right) <= 3, list(zip(PROMPTS, readings))  # measured 2 of 8 for both (4 of 16), chance
 
 
 def test_trained_videos_are_more_coherent_in_time_than_random_weights(family, trained_videos, random_videos):

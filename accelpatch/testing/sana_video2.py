@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 import torch
 
-from accelpatch.testing._common import _build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device
+from accelpatch.testing._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _input_dtype_and_device,
+                                        _trained)
 
 #: Every structural feature of the release at 404,612 parameters (``sana_video2_checkpoint.md`` §5): 4 layers with
 #: the anchor at 3, linear head dim 16 / softmax head dim 32 (all three RoPE axes non-empty), Attention Residual
@@ -117,8 +118,13 @@ SANA_VIDEO2_TINY_VAE_8X_CONFIG: dict[str, Any] = {**SANA_VIDEO2_TINY_VAE_CONFIG,
 
 def tiny_sana_video2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
                               device: str | torch.device = "cpu", transformer_config: Mapping[str, Any] | None = None,
-                              vae_config: Mapping[str, Any] | None = None):
+                              vae_config: Mapping[str, Any] | None = None, trained: bool = False):
     """A complete offline ``SanaVideo2Pipeline`` with tiny random components, progress bar off.
+
+    ``trained=True`` returns instead the shipped tiny SANA-Video 2.0 trained on procedural clips (issue #43; 13
+    frames of 128 x 256, word-level prompts: call it with
+    :func:`accelpatch.tiny_models.shipped.sana_video2_call_kwargs`); ``transformer_config`` and ``vae_config`` are
+    refused with it.
 
     Components: :func:`tiny_sana_video2_transformer` (``transformer_config``, default
     :data:`SANA_VIDEO2_TINY_CONFIG`), a tiny ``AutoencoderKLLTX2Video`` with the release stride (8, 32, 32)
@@ -133,6 +139,9 @@ def tiny_sana_video2_pipeline(*, dtype: torch.dtype = torch.float32, seed: int =
 
     from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline
 
+    if trained:
+        return _trained("sana-video2", "tiny_sana_video2_pipeline", dtype=dtype, device=device,
+                        transformer_config=transformer_config, vae_config=vae_config)
     transformer = tiny_sana_video2_transformer(transformer_config, seed=seed, dtype=dtype)
     vae = _build_seeded(_ltx2_vae_class(), {**(SANA_VIDEO2_TINY_VAE_CONFIG if vae_config is None else vae_config),
                                             "latent_channels": int(transformer.config.in_channels)},

@@ -10,7 +10,7 @@ from pathlib import Path
 from accelpatch.tiny_models import TRAINABLE_FAMILIES
 
 #: The diffusers pipeline class that loads each family's folder.
-_PIPELINES = {"wan": "WanPipeline", "sana-video": "SanaVideoPipeline"}
+_PIPELINES = {"wan": "WanPipeline", "sana-video": "SanaVideoPipeline", "sana-video2": "SanaVideo2Pipeline"}
 
 
 def _positive(text: str) -> int:

@@ -49,6 +49,7 @@ def trained_pipeline(family: str, *, dtype: torch.dtype = torch.float32, device:
     from transformers.utils import logging as transformers_logging
 
     folder = shipped_folder(family)
+    _import_pipeline_module(family)
     shown = [(lib, lib.is_progress_bar_enabled()) for lib in (diffusers_logging, transformers_logging)]
     for lib, _ in shown:  # loading a few MB needs no progress bars (they would interleave with the demo's output)
         lib.disable_progress_bar()
@@ -91,8 +92,27 @@ def sana_video_call_kwargs(prompt: str = "a red square moves left", **kwargs: An
     return {**call, "complex_human_instruction": [], "use_resolution_binning": False}
 
 
+def sana_video2_call_kwargs(prompt: str = "a red square moves left", **kwargs: Any) -> dict[str, Any]:
+    """Call kwargs for a trained tiny SANA-Video 2.0 pipeline: :func:`sana_video_call_kwargs`' size, steps, guidance
+    and seed, with the prompt encoded as in training: no prompt-rewriting instruction and no motion-score suffix
+    (``complex_human_instruction=None, motion_score=None``) and an empty negative prompt."""
+    call = wan_call_kwargs(prompt, **kwargs)
+    call["frames"] = call.pop("num_frames")
+    return {**call, "complex_human_instruction": None, "motion_score": None}
+
+
 #: family -> its call kwargs at the training size (the families of :data:`TRAINABLE_FAMILIES`)
-_CALL_KWARGS = {"wan": wan_call_kwargs, "sana-video": sana_video_call_kwargs}
+_CALL_KWARGS = {"wan": wan_call_kwargs, "sana-video": sana_video_call_kwargs, "sana-video2": sana_video2_call_kwargs}
+#: family -> the module that defines its pipeline class where diffusers does not (diffusers resolves a folder's
+#: ``model_index.json`` classes from modules already imported)
+_PIPELINE_MODULES = {"sana-video2": "accelpatch.models.sana_video2.modeling"}
+
+
+def _import_pipeline_module(family: str) -> None:
+    import importlib
+
+    if family in _PIPELINE_MODULES:
+        importlib.import_module(_PIPELINE_MODULES[family])
 
 
 def ship(folder: str | Path, family: str) -> Path:
@@ -102,6 +122,7 @@ def ship(folder: str | Path, family: str) -> Path:
 
     source = Path(folder)
     target = WEIGHTS_DIR / family
+    _import_pipeline_module(family)
     pipe = DiffusionPipeline.from_pretrained(source)
     if target.exists():
         shutil.rmtree(target)

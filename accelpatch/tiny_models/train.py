@@ -10,12 +10,13 @@ cropped to 64 x 64 (the VAE is convolutional, so crops train it for the full 128
 cost), in passes checked by :func:`check_vae` (:attr:`TrainingConfig.vae_shape_weights`); its latents' per-channel
 mean and std over the training clips go into its config (``latents_mean`` / ``latents_std``, as Wan's and
 SANA-Video's pipelines un-normalise them). SANA-Video decodes with the same VAE class the same way, so it reuses the
-shipped Wan's VAE instead of training one. (2) The family's tiny transformer learns rectified flow on the
-normalised latents of a fixed set of encoded clips: x_t = (1 - sigma) x0 + sigma noise, target noise - x0, sigma
-drawn uniformly then shifted by 3 (Wan's ``FlowMatchEulerDiscreteScheduler(shift=3)``, SANA-Video's flow
-DPM-Solver++ at ``flow_shift=3``), timestep = 1000 sigma, conditioned on the fixed tiny text encoder's embedding of
-the clip's prompt exactly as the pipeline encodes it (dropped to the empty prompt 10% of the time, so
-classifier-free guidance works). A word-level tokenizer over the procedural vocabulary replaces the test
+shipped Wan's VAE instead of training one. SANA-Video 2.0 trains its own ``AutoencoderKLLTX2Video`` the same way
+(its statistics are that class's ``latents_mean`` / ``latents_std`` buffers). (2) The family's tiny transformer
+learns rectified flow on the normalised latents of a fixed set of encoded clips: x_t = (1 - sigma) x0 + sigma noise,
+target noise - x0, sigma drawn uniformly then shifted by 3 (Wan's ``FlowMatchEulerDiscreteScheduler(shift=3)``,
+SANA-Video's flow DPM-Solver++ at ``flow_shift=3``), timestep = 1000 sigma, conditioned on the fixed tiny text
+encoder's embedding of the clip's prompt exactly as the pipeline encodes it (dropped to the empty prompt 10% of the
+time, so classifier-free guidance works). A word-level tokenizer over the procedural vocabulary replaces the test
 pipelines' 5-token one (which maps every prompt to one unknown token).
 
 The result loads with the family's pipeline ``from_pretrained(folder)``; call it with
@@ -120,18 +121,31 @@ def word_tokenizer(*, bos: bool = False):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
 
 
-def _seeded_transformer_and_vae(seed: int, transformer_class, config: dict[str, Any], vae):
-    """A family's transformer drawn after ``manual_seed(seed)``, and ``vae`` or a :data:`WAN_VAE_CONFIG` one drawn
-    after ``seed + 1``; leaves the generator at ``seed + 2`` for the text encoder (the shipped runs' order)."""
-    from diffusers import AutoencoderKLWan
+def _seeded_transformer_and_vae(seed: int, transformer_class, config: dict[str, Any], vae, *,
+                                vae_class: str = "AutoencoderKLWan", vae_config: dict[str, Any] | None = None):
+    """A family's transformer drawn after ``manual_seed(seed)``, and ``vae`` or a new diffusers ``vae_class`` of
+    ``vae_config`` (default :data:`WAN_VAE_CONFIG`) drawn after ``seed + 1``; leaves the generator at ``seed + 2`` for
+    the text encoder (the shipped runs' order)."""
+    import diffusers
 
     torch.manual_seed(seed)
     transformer = transformer_class(**config)
     if vae is None:
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKLWan(**WAN_VAE_CONFIG)
+        vae = getattr(diffusers, vae_class)(**(WAN_VAE_CONFIG if vae_config is None else vae_config))
     torch.manual_seed(seed + 2)
     return transformer, vae
+
+
+def _tiny_gemma(tokenizer, width: int):
+    """The fixed one-layer Gemma-2 text encoder of the SANA families (``width`` channels, ``tokenizer``'s vocabulary
+    and special tokens), drawn from the current generator."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    return Gemma2Model(Gemma2Config(head_dim=16, hidden_size=width, intermediate_size=2 * width,
+                                    num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=2,
+                                    vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                    bos_token_id=tokenizer.bos_token_id, attn_implementation="eager")).eval()
 
 
 def build_wan_pipeline(seed: int = 0, *, vae=None):
@@ -167,20 +181,58 @@ def build_sana_video_pipeline(seed: int = 0, *, vae=None):
     SANA-Video releases with (``DPMSolverMultistepScheduler``, flow prediction, shift 3, as it trains), and ``vae``
     (default: a random one of :data:`WAN_VAE_CONFIG`; training passes the shipped Wan's trained VAE)."""
     from diffusers import DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
-    from transformers import Gemma2Config, Gemma2Model
 
     tokenizer = word_tokenizer(bos=True)
     transformer, vae = _seeded_transformer_and_vae(seed, SanaVideoTransformer3DModel, SANA_VIDEO_TRANSFORMER_CONFIG,
                                                    vae)
-    width = int(SANA_VIDEO_TRANSFORMER_CONFIG["caption_channels"])
-    text_encoder = Gemma2Model(Gemma2Config(head_dim=16, hidden_size=width, intermediate_size=2 * width,
-                                            num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=2,
-                                            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                            bos_token_id=tokenizer.bos_token_id, attn_implementation="eager"))
+    text_encoder = _tiny_gemma(tokenizer, int(SANA_VIDEO_TRANSFORMER_CONFIG["caption_channels"]))
     scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                             flow_shift=FLOW_SHIFT)
-    return SanaVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder.eval(), vae=vae.eval(),
+    return SanaVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
                              transformer=transformer.eval(), scheduler=scheduler)
+
+
+#: The trained tiny SANA-Video 2.0 transformer's shape: the release's head dims (linear 128, softmax anchor 256, so
+#: the anchors' Sol-Attn path runs), hidden 256, 2 layers (a linear one, then the anchor: the release rule at
+#: ``softmax_ratio`` 0.25), each its own Attention Residual group, patch (1, 2, 2) over the LTX-2 VAE's 16 latent
+#: channels (512 tokens per call at 13 x 128 x 256), captions 32 wide and 16 tokens long; ~2.6M parameters.
+SANA_VIDEO2_TRANSFORMER_CONFIG: dict[str, Any] = dict(
+    in_channels=16, hidden_size=256, depth=2, num_heads=2, linear_head_dim=128, softmax_head_dim=256,
+    softmax_ratio=0.25, mlp_ratio=2.0, caption_channels=32, model_max_length=MAX_SEQUENCE_LENGTH,
+    attn_res_block_size=1, patch_size=(1, 2, 2), input_size=2, rope_max_seq_len=32)
+#: The trained tiny SANA-Video 2.0 VAE: diffusers' ``AutoencoderKLLTX2Video`` (the release's VAE class), 8 channels
+#: wide at full resolution (the decoder 64 at the latents' resolution: its blocks halve the width as they upsample),
+#: 16 latent channels, 4x temporal and 8x spatial compression (the release's is 8 x 32 x 32 at 128 channels: at
+#: 13 x 128 x 256 that is 2 x 4 x 8 latents, too few tokens for attention to have structure), so it reads the same
+#: 13-frame clips as Wan's; ~1M parameters. Its latents' statistics are the VAE's
+#: ``latents_mean`` / ``latents_std`` buffers, which SanaVideo2Pipeline un-normalises with.
+SANA_VIDEO2_VAE_CONFIG: dict[str, Any] = dict(
+    in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(8, 16, 16, 16),
+    decoder_block_out_channels=(16, 32, 64), layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+    spatio_temporal_scaling=(True, True, True, True), decoder_spatio_temporal_scaling=(True, True, True),
+    decoder_inject_noise=(False, False, False, False),
+    downsample_type=("spatial", "temporal", "spatiotemporal", "spatial"),
+    upsample_type=("spatiotemporal", "spatiotemporal", "spatial"), upsample_residual=(True, True, True),
+    upsample_factor=(2, 2, 2), patch_size=1, patch_size_t=1, spatial_compression_ratio=8,
+    temporal_compression_ratio=4)
+
+
+def build_sana_video2_pipeline(seed: int = 0, *, vae=None):
+    """An untrained tiny :class:`~accelpatch.models.sana_video2.modeling.SanaVideo2Pipeline`: the transformer of
+    :data:`SANA_VIDEO2_TRANSFORMER_CONFIG`, the ``AutoencoderKLLTX2Video`` of :data:`SANA_VIDEO2_VAE_CONFIG` (or
+    ``vae``), a one-layer Gemma-2 text encoder (width 32) over :func:`word_tokenizer` with ``<bos>``, and the
+    release's sampler (flow DPM-Solver++) at shift 3, as it trains."""
+    from accelpatch.models.sana_video2.modeling import SanaVideo2Pipeline, SanaVideo2Transformer3DModel
+
+    tokenizer = word_tokenizer(bos=True)
+    transformer, vae = _seeded_transformer_and_vae(seed, SanaVideo2Transformer3DModel,
+                                                   SANA_VIDEO2_TRANSFORMER_CONFIG, vae,
+                                                   vae_class="AutoencoderKLLTX2Video",
+                                                   vae_config=SANA_VIDEO2_VAE_CONFIG)
+    text_encoder = _tiny_gemma(tokenizer, int(SANA_VIDEO2_TRANSFORMER_CONFIG["caption_channels"]))
+    return SanaVideo2Pipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
+                              transformer=transformer.eval(),
+                              scheduler=SanaVideo2Pipeline.release_scheduler(flow_shift=FLOW_SHIFT))
 
 
 @dataclass(frozen=True)
@@ -200,6 +252,9 @@ _FAMILIES: dict[str, _Family] = {
     "wan": _Family(build=build_wan_pipeline),
     "sana-video": _Family(build=build_sana_video_pipeline, vae_from="wan",
                           encode_kwargs=(("complex_human_instruction", []),)),
+    # no prompt-rewriting instruction and no motion-score suffix: the word-level vocabulary has neither
+    "sana-video2": _Family(build=build_sana_video2_pipeline,
+                           encode_kwargs=(("complex_human_instruction", None), ("motion_score", None))),
 }
 
 
@@ -248,13 +303,16 @@ def _bar(total: int, desc: str, progress: bool):
 
 
 def _shipped_vae(family: str, wanted_by: str):
-    """The trained VAE of the shipped ``family``, in float32; ValueError saying to ship ``family`` first."""
-    from diffusers import AutoencoderKLWan
+    """The trained VAE of the shipped ``family`` (the diffusers class its config names), in float32; ValueError
+    saying to ship ``family`` first."""
+    import diffusers
 
     if family not in shipped_families():
         raise ValueError(f"train-tiny {wanted_by}: reuses the trained {family} VAE, and no trained {family} ships; "
                          f"run `python -m accelpatch train-tiny {family} --ship` first")
-    return AutoencoderKLWan.from_pretrained(shipped_folder(family) / "vae", torch_dtype=torch.float32).eval()
+    folder = shipped_folder(family) / "vae"
+    vae_class = getattr(diffusers, json.loads((folder / "config.json").read_text())["_class_name"])
+    return vae_class.from_pretrained(folder, torch_dtype=torch.float32).eval()
 
 
 def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progress: bool) -> TrainResult:
@@ -264,7 +322,7 @@ def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progre
     pipe = untrained_pipeline(family, seed)
     if recipe.vae_from is None:
         t0 = time.perf_counter()
-        result.vae_losses, result.vae_pass_checks = _train_vae(pipe.vae, config, seed, progress)
+        result.vae_losses, result.vae_pass_checks = _train_vae(pipe.vae, config, seed, progress, family)
         result.phase_s["vae"] = time.perf_counter() - t0
         result.vae_check = result.vae_pass_checks[-1]
     else:
@@ -319,21 +377,22 @@ def _lr_factor(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool) -> tuple[list[float], list[dict]]:
+def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool,
+               family: str = "wan") -> tuple[list[float], list[dict]]:
     """Train ``vae`` in passes (see :attr:`TrainingConfig.vae_shape_weights`); returns the losses of every step
     and :func:`check_vae`'s finding after each pass from the last planned one on."""
     losses: list[float] = []
     checks: list[dict] = []
     weights = config.vae_shape_weights
     for number in range(config.vae_max_passes):
-        losses += _vae_pass(vae, config, seed, number, weights[min(number, len(weights) - 1)], progress)
+        losses += _vae_pass(vae, config, seed, number, weights[min(number, len(weights) - 1)], progress, family)
         if number + 1 < len(weights):
             continue  # a planned pass: no check before the last one
         checks.append(check_vae(vae, config, seed))
         if progress:
             from tqdm.auto import tqdm
 
-            tqdm.write(f"wan vae after pass {number + 1}: {'; '.join(checks[-1]['problems']) or 'within limits'}")
+            tqdm.write(f"{family} vae after pass {number + 1}: {'; '.join(checks[-1]['problems']) or 'within limits'}")
         if not checks[-1]["problems"]:
             break
     vae.eval()
@@ -341,14 +400,14 @@ def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool) -> tuple[
 
 
 def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight: float,
-              progress: bool) -> list[float]:
+              progress: bool, family: str = "wan") -> list[float]:
     """One pass of ``config.vae_steps`` steps on crops of clips of its own, at ``vae_lr / 2**number``."""
     gen = torch.Generator().manual_seed(seed * 1000 + 11 + number)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=config.vae_lr / 2 ** number, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.vae_steps))
     losses: list[float] = []
     vae.train()
-    with _bar(config.vae_steps, f"wan vae pass {number + 1}", progress) as bar:
+    with _bar(config.vae_steps, f"{family} vae pass {number + 1}", progress) as bar:
         for step in range(config.vae_steps):
             crops = []
             for j in range(config.vae_batch_size):
@@ -449,12 +508,29 @@ def _encode_dataset(vae, config: TrainingConfig, seed: int, progress: bool, *, k
             bar.update()
     latents = torch.stack(means)
     if keep_statistics:
-        mean, std = torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+        mean, std = latent_statistics(vae)
     else:
         mean = latents.mean(dim=(0, 2, 3, 4))
         std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
-        vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
+        _set_latent_statistics(vae, mean, std)
     return (latents - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1), prompts
+
+
+def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel (mean, std) a pipeline un-normalises ``vae``'s latents with: Wan's VAE keeps them in its
+    config (``latents_mean`` / ``latents_std`` lists), the LTX-2 VAE as buffers of those names."""
+    if isinstance(vae.config.get("latents_mean"), (list, tuple)):
+        return torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+    return vae.latents_mean.detach().float().clone(), vae.latents_std.detach().float().clone()
+
+
+def _set_latent_statistics(vae, mean: torch.Tensor, std: torch.Tensor) -> None:
+    """Store (mean, std) where :func:`latent_statistics` reads them (and the family's pipeline does)."""
+    if "latents_mean" in vae.config:
+        vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
+    else:
+        vae.latents_mean.copy_(mean)
+        vae.latents_std.copy_(std)
 
 
 @torch.no_grad()
