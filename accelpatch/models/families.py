@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,32 @@ class RecipeSettings:
 
 
 @dataclass(frozen=True)
+class TrainingSettings:
+    """How ``python -m accelpatch train-tiny <cli>`` trains the family's tiny pipeline on procedural clips
+    (:mod:`accelpatch.tiny_models`, issue #43), and how its trained weights are called. Functions are named
+    "module:function", imported on first use."""
+
+    #: builds the untrained pipeline a run starts from: ``build(seed, *, vae=None)``
+    build: str
+    #: the call kwargs at the training size: ``call_kwargs(prompt, **kwargs)``
+    call_kwargs: str
+    #: the pipeline class that loads a trained folder (the command's last line names it)
+    pipeline: str
+    #: the command-line name of the family whose shipped trained VAE the run reuses (None: it trains its own)
+    vae_from: Optional[str] = None
+    #: the pipeline's ``encode_prompt`` keywords that match how ``call_kwargs`` encodes prompts
+    encode_kwargs: tuple[tuple[str, Any], ...] = ()
+    #: imported before ``from_pretrained`` where diffusers does not define the pipeline class itself
+    pipeline_module: Optional[str] = None
+
+
+def resolve(name: str) -> Any:
+    """The object a "module:attribute" string names (imported on first use)."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family: its package key, its name, its command-line name, its adapter class ("module:Class"), the
     order in which families are asked (a model goes to the first adapter that takes it; the demo runs them in this
@@ -62,10 +88,11 @@ class Family:
     #: diffusers' own test file of this family's model, relative to a diffusers checkout, which
     #: ``python -m accelpatch.testing.diffusers_tests`` runs unpatched and patched (None: none is run)
     diffusers_tests: Optional[str] = None
+    #: how its tiny pipeline trains on procedural clips (None: no training recipe yet, random weights only)
+    training: Optional[TrainingSettings] = None
 
     def adapter_class(self) -> type:
-        module, _, name = self.adapter.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(self.adapter)
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -103,3 +130,8 @@ def by_cli(name: str) -> Family:
         if family.cli == name:
             return family
     raise KeyError(f"no model family is called {name!r}; families: {', '.join(f.cli for f in families())}")
+
+
+def trainable_families() -> tuple[str, ...]:
+    """Command-line names of the families with a tiny training recipe (:attr:`Family.training`), in their order."""
+    return tuple(f.cli for f in families() if f.training is not None)

@@ -17,11 +17,12 @@ Importing this package imports no torch; :func:`train_family` and the modules lo
 from __future__ import annotations
 
 from accelpatch._lazy import lazy_attributes
+from accelpatch.models.families import trainable_families
 
-#: Families with a training recipe, by their command-line names (the other families of issue #43 come later).
-#: SANA-Video reuses the shipped Wan's trained VAE, so Wan trains first; SANA-Video 2.0 trains its own (it does
-#: not ship yet: docs/tiny-models.md).
-TRAINABLE_FAMILIES: tuple[str, ...] = ("wan", "sana-video", "sana-video2")
+#: Families with a training recipe (their registry record's ``training``), by their command-line names, in the
+#: registry's order (the other families of issue #43 come later). SANA-Video reuses the shipped Wan's trained VAE,
+#: so Wan trains first; SANA-Video 2.0 trains its own (it does not ship yet: docs/tiny-models.md).
+TRAINABLE_FAMILIES: tuple[str, ...] = trainable_families()
 
 _LAZY = {
     "train_family": "accelpatch.tiny_models.train",

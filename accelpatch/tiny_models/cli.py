@@ -9,8 +9,6 @@ from pathlib import Path
 
 from accelpatch.tiny_models import TRAINABLE_FAMILIES
 
-#: The diffusers pipeline class that loads each family's folder.
-_PIPELINES = {"wan": "WanPipeline", "sana-video": "SanaVideoPipeline", "sana-video2": "SanaVideo2Pipeline"}
 
 
 def _positive(text: str) -> int:
@@ -67,6 +65,7 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
 def main(args: argparse.Namespace) -> int:
     """Train, then print how well the VAE holds whole clips (and whether that is good enough) and one line with the
     wall time and where the weights went."""
+    from accelpatch.models.families import by_cli
     from accelpatch.tiny_models.train import train_family
 
     out = output_dir(args)
@@ -84,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
           f"{len(result.vae_losses) // config.vae_steps} passes of {config.vae_steps} steps here, transformer "
           f"{config.steps} steps on {config.videos} clips, seed {args.seed}; final transformer loss "
           f"{sum(result.transformer_losses[-50:]) / len(result.transformer_losses[-50:]):.4f}): weights in {out} "
-          f"(load with diffusers' {_PIPELINES[args.family]}.from_pretrained)")
+          f"(load with {by_cli(args.family).training.pipeline}.from_pretrained)")
     if args.ship:
         from accelpatch.tiny_models.shipped import ship
 

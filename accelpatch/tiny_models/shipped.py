@@ -7,12 +7,14 @@ each time. ``python -m accelpatch train-tiny FAMILY --ship`` trains one and writ
 """
 from __future__ import annotations
 
+import importlib
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from accelpatch.models.families import by_cli, resolve
 from accelpatch.tiny_models import procedural
 
 #: Prompts are tokenized to at most this many tokens; the embeddings are zero-padded to it (as Wan's pipeline does),
@@ -67,7 +69,12 @@ def trained_pipeline(family: str, *, dtype: torch.dtype = torch.float32, device:
 def trained_call_kwargs(family: str, prompt: str, **kwargs: Any) -> dict[str, Any]:
     """Call kwargs for the shipped ``family`` pipeline at its training size (see the family's ``*_call_kwargs``)."""
     shipped_folder(family)
-    return _CALL_KWARGS[family](prompt, **kwargs)
+    return resolve(_training(family).call_kwargs)(prompt, **kwargs)
+
+
+def _training(family: str):
+    """The registry's training record of ``family`` (its command-line name)."""
+    return by_cli(family).training
 
 
 def wan_call_kwargs(prompt: str = "a red square moves left", *, num_inference_steps: int = 8,
@@ -101,18 +108,12 @@ def sana_video2_call_kwargs(prompt: str = "a red square moves left", **kwargs: A
     return {**call, "complex_human_instruction": None, "motion_score": None}
 
 
-#: family -> its call kwargs at the training size (the families of :data:`TRAINABLE_FAMILIES`)
-_CALL_KWARGS = {"wan": wan_call_kwargs, "sana-video": sana_video_call_kwargs, "sana-video2": sana_video2_call_kwargs}
-#: family -> the module that defines its pipeline class where diffusers does not (diffusers resolves a folder's
-#: ``model_index.json`` classes from modules already imported)
-_PIPELINE_MODULES = {"sana-video2": "accelpatch.models.sana_video2.modeling"}
-
-
 def _import_pipeline_module(family: str) -> None:
-    import importlib
-
-    if family in _PIPELINE_MODULES:
-        importlib.import_module(_PIPELINE_MODULES[family])
+    """Import the module that defines ``family``'s pipeline class where diffusers does not (diffusers resolves a
+    folder's ``model_index.json`` classes from modules already imported)."""
+    training = _training(family)
+    if training is not None and training.pipeline_module is not None:
+        importlib.import_module(training.pipeline_module)
 
 
 def ship(folder: str | Path, family: str) -> Path:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from accelpatch.models.families import by_cli, resolve
 from accelpatch.tiny_models import TRAINABLE_FAMILIES, procedural
 from accelpatch.tiny_models.detect import shape_masks
 from accelpatch.tiny_models.shipped import MAX_SEQUENCE_LENGTH, shipped_families, shipped_folder
@@ -235,38 +236,22 @@ def build_sana_video2_pipeline(seed: int = 0, *, vae=None):
                               scheduler=SanaVideo2Pipeline.release_scheduler(flow_shift=FLOW_SHIFT))
 
 
-@dataclass(frozen=True)
-class _Family:
-    """How one family trains: its untrained pipeline (``build(seed, vae=...)``), whether it trains its own VAE
-    (``vae_from`` None) or reuses a shipped family's trained one (the same diffusers VAE class and latents), and the
-    pipeline's ``encode_prompt`` keywords that match how its call kwargs encode prompts."""
-
-    build: Any
-    vae_from: str | None = None
-    encode_kwargs: tuple[tuple[str, Any], ...] = ()
-
-
-#: Family (as ``TRAINABLE_FAMILIES`` names it) -> how it trains. SANA-Video decodes with the same ``AutoencoderKLWan``
-#: and the same latent normalisation as Wan, so it reuses the shipped Wan's trained VAE: one VAE trained once.
-_FAMILIES: dict[str, _Family] = {
-    "wan": _Family(build=build_wan_pipeline),
-    "sana-video": _Family(build=build_sana_video_pipeline, vae_from="wan",
-                          encode_kwargs=(("complex_human_instruction", []),)),
-    # no prompt-rewriting instruction and no motion-score suffix: the word-level vocabulary has neither
-    "sana-video2": _Family(build=build_sana_video2_pipeline,
-                           encode_kwargs=(("complex_human_instruction", None), ("motion_score", None))),
-}
+def _recipe(family: str):
+    """``family``'s training record (:class:`accelpatch.models.families.TrainingSettings`: its untrained pipeline's
+    builder, whether it trains its own VAE or reuses a shipped family's, the ``encode_prompt`` keywords that match
+    its call kwargs), as the family's package registers it; ValueError naming the trainable families."""
+    if family not in TRAINABLE_FAMILIES:
+        raise ValueError(f"no tiny training recipe for {family!r} (trainable: {', '.join(TRAINABLE_FAMILIES)})")
+    return by_cli(family).training
 
 
 def untrained_pipeline(family: str, seed: int = 0):
     """The pipeline a ``train_family(family, seed=seed)`` run starts from, progress bar off: every component random
     but a VAE reused from another family's shipped run (SANA-Video: the trained Wan VAE). What trained weights are
     measured against."""
-    if family not in _FAMILIES:
-        raise ValueError(f"no tiny training recipe for {family!r} (trainable: {', '.join(_FAMILIES)})")
-    recipe = _FAMILIES[family]
+    recipe = _recipe(family)
     vae = None if recipe.vae_from is None else _shipped_vae(recipe.vae_from, family)
-    pipe = recipe.build(seed, vae=vae)
+    pipe = resolve(recipe.build)(seed, vae=vae)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -317,7 +302,7 @@ def _shipped_vae(family: str, wanted_by: str):
 
 def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progress: bool) -> TrainResult:
     start = time.perf_counter()
-    recipe = _FAMILIES[family]
+    recipe = _recipe(family)
     result = TrainResult(family=family, out_dir=out_dir, seed=seed, config=config, vae_from=recipe.vae_from)
     pipe = untrained_pipeline(family, seed)
     if recipe.vae_from is None:

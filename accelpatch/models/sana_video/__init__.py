@@ -3,7 +3,7 @@
 :mod:`.block` and :mod:`.linear_attention` its fast paths (the adapter's docstring says which tier each holds).
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, RecipeSettings, register
+from accelpatch.models.families import DemoSettings, Family, RecipeSettings, TrainingSettings, register
 
 _LAZY = {"SanaVideoAdapter": f"{__name__}.adapter"}
 
@@ -12,4 +12,10 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 register(Family(
     key="sana_video", name="SANA-Video", cli="sana-video", adapter=f"{__name__}.adapter:SanaVideoAdapter", order=10,
     demo=DemoSettings("sana", "SANA_VIDEO_RELEASE_LIKE_CONFIG", steps=4, rounds=12, seconds=8),
-    recipe=RecipeSettings(transformer_config="SANA_VIDEO_RELEASE_LIKE_CONFIG")))
+    recipe=RecipeSettings(transformer_config="SANA_VIDEO_RELEASE_LIKE_CONFIG"),
+    # decodes with Wan's VAE class and latent normalisation, so it trains on the shipped Wan's VAE; no
+    # prompt-rewriting instruction (the tiny vocabulary has none)
+    training=TrainingSettings(build="accelpatch.tiny_models.train:build_sana_video_pipeline",
+                              call_kwargs="accelpatch.tiny_models.shipped:sana_video_call_kwargs",
+                              pipeline="SanaVideoPipeline", vae_from="wan",
+                              encode_kwargs=(("complex_human_instruction", ()),))))
