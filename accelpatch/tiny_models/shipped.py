@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from accelpatch.models.families import by_cli, resolve
-from accelpatch.tiny_models import procedural
+from accelpatch.tiny_models import TRAINABLE_FAMILIES, procedural
 
 #: Prompts are tokenized to at most this many tokens; the embeddings are zero-padded to it (as Wan's pipeline does),
 #: so calls must pass the same ``max_sequence_length`` as training (see :func:`wan_call_kwargs`).
@@ -69,11 +69,14 @@ def trained_pipeline(family: str, *, dtype: torch.dtype = torch.float32, device:
 def trained_call_kwargs(family: str, prompt: str, **kwargs: Any) -> dict[str, Any]:
     """Call kwargs for the shipped ``family`` pipeline at its training size (see the family's ``*_call_kwargs``)."""
     shipped_folder(family)
-    return resolve(_training(family).call_kwargs)(prompt, **kwargs)
+    return resolve(training_settings(family).call_kwargs)(prompt, **kwargs)
 
 
-def _training(family: str):
-    """The registry's training record of ``family`` (its command-line name)."""
+def training_settings(family: str):
+    """The training record ``family``'s package registers (:class:`accelpatch.models.families.TrainingSettings`);
+    ValueError naming the trainable families where it has none."""
+    if family not in TRAINABLE_FAMILIES:
+        raise ValueError(f"no tiny training recipe for {family!r} (trainable: {', '.join(TRAINABLE_FAMILIES)})")
     return by_cli(family).training
 
 
@@ -94,24 +97,27 @@ def sana_video_call_kwargs(prompt: str = "a red square moves left", **kwargs: An
     seed; ``frames`` is SANA-Video's name for ``num_frames``), with the prompt encoded as in training: no
     prompt-rewriting instruction (``complex_human_instruction=[]``), no resolution binning (it only accepts the
     released sizes)."""
-    call = wan_call_kwargs(prompt, **kwargs)
-    call["frames"] = call.pop("num_frames")
-    return {**call, "complex_human_instruction": [], "use_resolution_binning": False}
+    return {**_frames_call(prompt, **kwargs), "complex_human_instruction": [], "use_resolution_binning": False}
 
 
 def sana_video2_call_kwargs(prompt: str = "a red square moves left", **kwargs: Any) -> dict[str, Any]:
-    """Call kwargs for a trained tiny SANA-Video 2.0 pipeline: :func:`sana_video_call_kwargs`' size, steps, guidance
-    and seed, with the prompt encoded as in training: no prompt-rewriting instruction and no motion-score suffix
+    """Call kwargs for a trained tiny SANA-Video 2.0 pipeline: :func:`wan_call_kwargs`' size, steps, guidance and
+    seed, with the prompt encoded as in training: no prompt-rewriting instruction and no motion-score suffix
     (``complex_human_instruction=None, motion_score=None``) and an empty negative prompt."""
+    return {**_frames_call(prompt, **kwargs), "complex_human_instruction": None, "motion_score": None}
+
+
+def _frames_call(prompt: str, **kwargs: Any) -> dict[str, Any]:
+    """:func:`wan_call_kwargs` with ``num_frames`` under the SANA pipelines' name, ``frames``."""
     call = wan_call_kwargs(prompt, **kwargs)
     call["frames"] = call.pop("num_frames")
-    return {**call, "complex_human_instruction": None, "motion_score": None}
+    return call
 
 
 def _import_pipeline_module(family: str) -> None:
     """Import the module that defines ``family``'s pipeline class where diffusers does not (diffusers resolves a
     folder's ``model_index.json`` classes from modules already imported)."""
-    training = _training(family)
+    training = by_cli(family).training
     if training is not None and training.pipeline_module is not None:
         importlib.import_module(training.pipeline_module)
 

@@ -34,10 +34,11 @@ from typing import Any
 
 import torch
 
-from accelpatch.models.families import by_cli, resolve
+from accelpatch.models.families import resolve
 from accelpatch.tiny_models import TRAINABLE_FAMILIES, procedural
 from accelpatch.tiny_models.detect import shape_masks
-from accelpatch.tiny_models.shipped import MAX_SEQUENCE_LENGTH, shipped_families, shipped_folder
+from accelpatch.tiny_models.shipped import (MAX_SEQUENCE_LENGTH, shipped_families, shipped_folder,
+                                            training_settings)
 
 #: The trained tiny Wan transformer's shape: 2 heads x 128 (the Sol-Attn kernels' head dim), hidden 256, 2 layers,
 #: ~1.8M parameters; the same as :data:`accelpatch.testing.wan.WAN_SOL_CONFIG` (a test keeps them equal), written
@@ -236,20 +237,11 @@ def build_sana_video2_pipeline(seed: int = 0, *, vae=None):
                               scheduler=SanaVideo2Pipeline.release_scheduler(flow_shift=FLOW_SHIFT))
 
 
-def _recipe(family: str):
-    """``family``'s training record (:class:`accelpatch.models.families.TrainingSettings`: its untrained pipeline's
-    builder, whether it trains its own VAE or reuses a shipped family's, the ``encode_prompt`` keywords that match
-    its call kwargs), as the family's package registers it; ValueError naming the trainable families."""
-    if family not in TRAINABLE_FAMILIES:
-        raise ValueError(f"no tiny training recipe for {family!r} (trainable: {', '.join(TRAINABLE_FAMILIES)})")
-    return by_cli(family).training
-
-
 def untrained_pipeline(family: str, seed: int = 0):
     """The pipeline a ``train_family(family, seed=seed)`` run starts from, progress bar off: every component random
     but a VAE reused from another family's shipped run (SANA-Video: the trained Wan VAE). What trained weights are
     measured against."""
-    recipe = _recipe(family)
+    recipe = training_settings(family)
     vae = None if recipe.vae_from is None else _shipped_vae(recipe.vae_from, family)
     pipe = resolve(recipe.build)(seed, vae=vae)
     pipe.set_progress_bar_config(disable=True)
@@ -302,7 +294,7 @@ def _shipped_vae(family: str, wanted_by: str):
 
 def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progress: bool) -> TrainResult:
     start = time.perf_counter()
-    recipe = _recipe(family)
+    recipe = training_settings(family)
     result = TrainResult(family=family, out_dir=out_dir, seed=seed, config=config, vae_from=recipe.vae_from)
     pipe = untrained_pipeline(family, seed)
     if recipe.vae_from is None:
@@ -504,14 +496,18 @@ def _encode_dataset(vae, config: TrainingConfig, seed: int, progress: bool, *, k
 def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-channel (mean, std) a pipeline un-normalises ``vae``'s latents with: Wan's VAE keeps them in its
     config (``latents_mean`` / ``latents_std`` lists), the LTX-2 VAE as buffers of those names."""
-    if isinstance(vae.config.get("latents_mean"), (list, tuple)):
+    if _statistics_in_config(vae):
         return torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
     return vae.latents_mean.detach().float().clone(), vae.latents_std.detach().float().clone()
 
 
+def _statistics_in_config(vae) -> bool:
+    return "latents_mean" in vae.config
+
+
 def _set_latent_statistics(vae, mean: torch.Tensor, std: torch.Tensor) -> None:
     """Store (mean, std) where :func:`latent_statistics` reads them (and the family's pipeline does)."""
-    if "latents_mean" in vae.config:
+    if _statistics_in_config(vae):
         vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
     else:
         vae.latents_mean.copy_(mean)
