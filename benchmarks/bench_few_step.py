@@ -94,7 +94,7 @@ def bench_family(family: str, steps: int, rounds: int, seed: int) -> list[dict]:
         report = accelpatch.report(pipe)
         quality = compare_videos(reference, frames)
         times = {"exact": [], name: []}
-        for r in range(rounds):  # interleaved, the order alternating
+        for r in range(rounds):  # none: the shares and the quality columns only  # interleaved, the order alternating
             for label in (("exact", name) if r % 2 == 0 else (name, "exact")):
                 with accelpatch.quality("exact" if label == "exact" else "high"):
                     times[label].append(timed_call(pipe, kwargs, seed)[1])
@@ -102,12 +102,17 @@ def bench_family(family: str, steps: int, rounds: int, seed: int) -> list[dict]:
         rows.append({"family": family, "steps": steps, "setting": name, "options": options,
                      "sparse_share": sol_share(report), "cache_reuse_share": cache_share(report),
                      "worst_ssim": min(quality.ssim), "worst_psnr_db": min(quality.psnr),
-                     "time_ratio": statistics.median(c / e for c, e in zip(times[name], times["exact"]))})
+                     "time_ratio": statistics.median(c / e for c, e in zip(times[name], times["exact"]))
+                     if rounds else None})
     return rows
 
 
 def _share(value) -> str:
     return "—" if value is None else f"{100 * value:.0f} %"
+
+
+def _ratio(value) -> str:
+    return "not timed" if value is None else f"{value:.2f}×"
 
 
 def table(rows: list[dict]) -> str:
@@ -116,7 +121,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         psnr = "∞" if r["worst_psnr_db"] == float("inf") else f"{r['worst_psnr_db']:.1f}"
         lines.append(f"| {r['family']} | {r['steps']} | {r['setting']} | {_share(r['sparse_share'])} | "
-                     f"{_share(r['cache_reuse_share'])} | {r['worst_ssim']:.4f} | {psnr} | {r['time_ratio']:.2f}× |")
+                     f"{_share(r['cache_reuse_share'])} | {r['worst_ssim']:.4f} | {psnr} | {_ratio(r['time_ratio'])} |")
     return "\n".join(lines)
 
 
@@ -124,10 +129,13 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     parser.add_argument("--steps", type=int, nargs="+", default=[4, 8, 50], help="denoising steps per call")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds per setting (median)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved timed rounds per setting (median; 0: no timing, the shares and quality only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
+    if args.rounds < 0:
+        parser.error(f"--rounds {args.rounds}: must be 0 (no timing) or more")
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, one thread, fp32, "
           f"toy settings for sol_attn: {SOL_TOY}")

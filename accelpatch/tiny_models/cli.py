@@ -62,6 +62,16 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error(f"--out {out}: {parent} is not a directory")
 
 
+def vae_line(result) -> str:
+    """The command's line on the run's VAE (a :class:`~accelpatch.tiny_models.train.TrainResult`): how well it holds
+    whole clips, which VAE it is, and whether that is good enough."""
+    check = result.vae_check
+    reused = f" (the shipped {result.vae_from}'s trained VAE, reused)" if result.vae_from else ""
+    return (f"train-tiny {result.family}: VAE{reused} on whole clips: MSE {check['mse']:.4f}, last/first frames' "
+            f"error {check['late_over_early']:.1f}x, saturation kept {check['saturation_kept']:.0%}"
+            + (f" -- NOT GOOD ENOUGH: {'; '.join(check['problems'])}" if check["problems"] else " (within limits)"))
+
+
 def main(args: argparse.Namespace) -> int:
     """Train, then print how well the VAE holds whole clips (and whether that is good enough) and one line with the
     wall time and where the weights went."""
@@ -72,11 +82,7 @@ def main(args: argparse.Namespace) -> int:
     extra = {} if args.vae_max_passes is None else {"vae_max_passes": args.vae_max_passes}
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
                           seed=args.seed, **extra, threads=args.threads, progress=not args.no_progress)
-    check = result.vae_check
-    reused = f" (the shipped {result.vae_from}'s trained VAE, reused)" if result.vae_from else ""
-    print(f"train-tiny {args.family}: VAE{reused} on whole clips: MSE {check['mse']:.4f}, last/first frames' error "
-          f"{check['late_over_early']:.1f}x, saturation kept {check['saturation_kept']:.0%}"
-          + (f" -- NOT GOOD ENOUGH: {'; '.join(check['problems'])}" if check["problems"] else " (within limits)"))
+    print(vae_line(result))
     config = result.config
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items())
     print(f"train-tiny {args.family}: trained in {result.wall_s:.0f} s ({phases}; VAE "
