@@ -351,17 +351,22 @@ def test_the_help_states_each_registered_sections_time_from_its_registration(mon
 
 def test_the_videos_section_writes_each_trained_familys_tiers_side_by_side_and_names_the_files(tmp_path, capsys):
     """#43 part 3: exact | lossless | high of each trained tiny model as a PNG strip and a GIF, the metrics under
-    them; lossless is bit-identical to exact, high (Wan: Sol-Attn, every layer sparse; SANA-Video: BF16 linear
-    attention) is not, and its numbers say how far."""
+    them, for every family that ships trained, with the setting its package registers (Wan: Sol-Attn, every layer
+    sparse; SANA-Video: the step cache at threshold 0.2; SANA-Video 2.0: Sol-Attn on its anchor); lossless is
+    bit-identical to exact, high is not, and its numbers say how far."""
     from PIL import Image
 
     from accelpatch.tools.demo_videos import video_section
 
+    from accelpatch.tiny_models.shipped import shipped_families
+
+    shown = [(f.cli, f.name) for f in families() if f.cli in shipped_families()]  # the registry's order
+    assert [cli for cli, _ in shown] == ["sana-video", "sana-video2", "wan"]
     lines = video_section(tmp_path / "videos")
     heads = [i for i, line in enumerate(lines) if line.startswith("== Videos: ")]
     assert [lines[i] for i in heads] == [f"== Videos: the trained tiny {name} under exact | lossless | high, side by "
-                                         f"side" for name in ("Wan", "SANA-Video")]
-    for family, start, end in zip(("wan", "sana-video"), heads, heads[1:] + [len(lines)]):
+                                         f"side" for _, name in shown]
+    for (family, _), start, end in zip(shown, heads, heads[1:] + [len(lines)]):
         block = lines[start:end]
         png, gif = tmp_path / "videos" / f"{family}-trained.png", tmp_path / "videos" / f"{family}-trained.gif"
         assert block[-2] == f"   strip (one row per tier): {png}", block

@@ -133,10 +133,13 @@ def _check_quickstart(text: str, images: int) -> None:
     assert len(sparse_sites) == 2, text
     assert all(int(calls) > 0 and 0.0 < float(fraction) <= 1.0 for calls, fraction in sparse_sites)
     # the trained tiny models' tiers, side by side (#43): lossless bit-identical, each strip shown inline
-    assert text.count("lossless: bit-identical; motion ratio 1.000") == 2
-    assert text.count("strip (one row per tier):") == 2
-    assert "trained tiny Wan" in text and "trained tiny SANA-Video" in text
-    assert images >= 2, "the trained models' strips (PNG) are not shown inline"
+    from accelpatch.tiny_models.shipped import shipped_families
+
+    shipped = len(shipped_families())
+    assert shipped == 3 and text.count("lossless: bit-identical; motion ratio 1.000") == shipped
+    assert text.count("strip (one row per tier):") == shipped
+    assert all(f"trained tiny {name} under" in text for name in ("Wan 2.x", "SANA-Video", "SANA-Video 2.0"))
+    assert images >= shipped, "the trained models' strips (PNG) are not shown inline"
 
 
 def _check_quality_vs_speed(text: str, images: int) -> None:

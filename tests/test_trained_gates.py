@@ -14,6 +14,7 @@ STEPS = 8
 GATE_RECIPES = [
     ("trained-wan-sol-attn", "wan", ("below the floors", "motion ratio", "outside [0.8, 1.25]")),
     ("trained-sana-video-step-cache", "sana-video", ("below the floors", "outside [0.8, 1.25]", "flickers more")),
+    ("trained-sana-video2-sol-attn", "sana-video2", ("below the floors",)),
 ]
 
 
@@ -21,7 +22,8 @@ GATE_RECIPES = [
 def test_each_trained_recipe_passes_its_default_setting_and_fails_its_aggressive_one(name, family, named):
     """Issue #43 part 3, run as a user runs it (``validate --recipe``): on the trained model the shipped default
     passes its recipe's gates and the aggressive setting (Wan: Sol-Attn tau 3, every layer and step sparse;
-    SANA-Video: a step cache reusing most steps) fails, naming the per-frame and temporal metrics that failed."""
+    SANA-Video: a step cache reusing most steps; SANA-Video 2.0: Sol-Attn tau 3 on its anchor at every step) fails,
+    naming the per-frame and temporal metrics that failed."""
     from accelpatch.eval.pipelines import load_pipeline
     from accelpatch.eval.validate import validate
     from accelpatch.recipes import load_recipe

@@ -64,6 +64,10 @@ class TrainingSettings:
     encode_kwargs: tuple[tuple[str, Any], ...] = ()
     #: imported before ``from_pretrained`` where diffusers does not define the pipeline class itself
     pipeline_module: Optional[str] = None
+    #: what ``accelpatch.apply`` gets when ``make demo`` shows the shipped trained model under exact | lossless |
+    #: high (:mod:`accelpatch.tools.demo_videos`), as (option, value) pairs: a setting whose high tier changes
+    #: something on this toy and passes its gates
+    demo_options: tuple[tuple[str, Any], ...] = ()
 
 
 def resolve(name: str) -> Any:

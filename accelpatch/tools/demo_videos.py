@@ -2,9 +2,10 @@
 
 Why: tables of SSIM say little to a person judging a video model; a strip and an animation of the three tiers, with
 the per-frame and temporal metrics under them, show what the fast paths change. Random-weight models make noise, so
-this uses the shipped trained tiny models (issue #43): Wan and SANA-Video so far.
+this uses the shipped trained tiny models (issue #43).
 
-What: per family, one call per tier on ``accelpatch.apply(pipe, **options)`` (:data:`SHOWN`), written by
+What: per family that ships trained, one call per tier on ``accelpatch.apply(pipe, **options)`` (the options its
+package registers: ``TrainingSettings.demo_options``), written by
 :func:`accelpatch.eval.plots.side_by_side` as ``FAMILY-trained.png`` and ``.gif``; the section's lines name both
 paths.
 """
@@ -15,25 +16,17 @@ from typing import Any
 
 #: What the trained models are asked for: a prompt whose colour they learned (docs/tiny-models.md).
 PROMPT = "a blue square moves left"
-#: Trained family -> (its name, what ``apply`` gets). Wan: Sol-Attn; on the 2-layer, 512-token toy its defaults
-#: (dense layers 0 and 1, the 12,288-token floor) would keep it wholly dense, so high would show nothing (the demo's
-#: sol_attn sections do the same and say why). SANA-Video: its own high path (BF16 operands in the linear
-#: attention's first GEMM) needs CUDA, and the step cache's default threshold reuses no step of this 8-step call, so
-#: high shows the step cache at threshold 0.2, which reuses 2 of 8 steps and passes validate's gates on this model
-#: (0.3 fails on PSNR drift: docs/tiny-models.md).
-SHOWN: dict[str, tuple[str, dict[str, Any]]] = {
-    "wan": ("Wan", {"backend": "sol_attn", "dense_layers": "", "min_tokens": 0}),
-    "sana-video": ("SANA-Video", {"cache": "first_block", "cache_threshold": 0.2}),
-}
 TIERS = ("exact", "lossless", "high")
 
 
 def video_section(out_dir: str | Path, *, steps: int = 8, seed: int = 8) -> list[str]:
-    """:func:`family_videos` for every family of :data:`SHOWN` that ships trained, one block of lines each."""
+    """:func:`family_videos` for every family that ships trained, in the registry's order, one block of lines
+    each."""
+    from accelpatch.models.families import families  # noqa: PLC0415
     from accelpatch.tiny_models.shipped import shipped_families  # noqa: PLC0415
 
     lines: list[str] = []
-    for family in (f for f in SHOWN if f in shipped_families()):
+    for family in (f.cli for f in families() if f.training is not None and f.cli in shipped_families()):
         lines += family_videos(family, out_dir, steps=steps, seed=seed)
     return lines
 
@@ -49,7 +42,10 @@ def family_videos(family: str, out_dir: str | Path, *, steps: int = 8, seed: int
     from accelpatch.eval.temporal_metrics import compare_temporal  # noqa: PLC0415
     from accelpatch.tiny_models import trained_call_kwargs, trained_pipeline  # noqa: PLC0415
 
-    name, options = SHOWN[family]
+    from accelpatch.models.families import by_cli  # noqa: PLC0415
+
+    record = by_cli(family)
+    name, options = record.name, dict(record.training.demo_options)
     pipe = trained_pipeline(family)
     accelpatch.apply(pipe, **options)
     videos = {}
