@@ -51,7 +51,7 @@ def _trained(family: str):
 
 @pytest.fixture(scope="module")
 def family():
-    """The family this module's shared checks run on (tests/test_trained_models_sana_video.py overrides it)."""
+    """The family this module's shared checks run on (the other families' modules get theirs from checks_for)."""
     return "wan"
 
 
@@ -224,3 +224,25 @@ def test_the_trained_model_shows_whether_the_shape_grows_or_shrinks_and_random_w
     assert min(trained["grows"]) > max(trained["shrinks"]), trained
     random = _growths(untrained_pipeline(family, seed=0), family)
     assert not min(random["grows"]) > max(random["shrinks"]), random
+
+
+#: the checks every shipped family's module runs (growth only where the family learned it)
+SHARED_CHECKS = ("test_the_trained_model_shows_the_prompts_colour",
+                 "test_a_random_weight_model_of_the_same_shape_shows_no_prompts_colour",
+                 "test_trained_videos_are_more_coherent_in_time_than_random_weights")
+GROWTH_CHECK = "test_the_trained_model_shows_whether_the_shape_grows_or_shrinks_and_random_weights_do_not"
+
+
+def checks_for(name: str, *, growth: bool = True) -> dict:
+    """The shared checks and their fixtures, with ``family`` set to ``name``, for a module of that family's own
+    (``globals().update(checks_for(name))``): one module per family, so that the suite's two workers
+    (``--dist loadfile``) generate the families' videos side by side."""
+    assert name in FAMILIES, name
+
+    @pytest.fixture(scope="module")
+    def family():
+        return name
+
+    chosen = SHARED_CHECKS + ((GROWTH_CHECK,) if growth else ())
+    return {"family": family, "trained_videos": trained_videos, "random_videos": random_videos,
+            **{check: globals()[check] for check in chosen}}
