@@ -94,7 +94,7 @@ def bench_family(family: str, steps: int, rounds: int, seed: int) -> list[dict]:
         report = accelpatch.report(pipe)
         quality = compare_videos(reference, frames)
         times = {"exact": [], name: []}
-        for r in range(rounds):  # none: the shares and the quality columns only  # interleaved, the order alternating
+        for r in range(rounds):  # interleaved, the order alternating (0 rounds: no time column)
             for label in (("exact", name) if r % 2 == 0 else (name, "exact")):
                 with accelpatch.quality("exact" if label == "exact" else "high"):
                     times[label].append(timed_call(pipe, kwargs, seed)[1])

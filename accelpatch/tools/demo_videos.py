@@ -12,7 +12,6 @@ paths.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 #: What the trained models are asked for: a prompt whose colour they learned (docs/tiny-models.md).
 PROMPT = "a blue square moves left"
@@ -25,8 +24,9 @@ def video_section(out_dir: str | Path, *, steps: int = 8, seed: int = 8) -> list
     from accelpatch.models.families import families  # noqa: PLC0415
     from accelpatch.tiny_models.shipped import shipped_families  # noqa: PLC0415
 
+    shipped = shipped_families()
     lines: list[str] = []
-    for family in (f.cli for f in families() if f.training is not None and f.cli in shipped_families()):
+    for family in (f.cli for f in families() if f.training is not None and f.cli in shipped):
         lines += family_videos(family, out_dir, steps=steps, seed=seed)
     return lines
 
@@ -40,9 +40,8 @@ def family_videos(family: str, out_dir: str | Path, *, steps: int = 8, seed: int
     from accelpatch.eval.metrics import compare_videos  # noqa: PLC0415
     from accelpatch.eval.plots import side_by_side  # noqa: PLC0415
     from accelpatch.eval.temporal_metrics import compare_temporal  # noqa: PLC0415
-    from accelpatch.tiny_models import trained_call_kwargs, trained_pipeline  # noqa: PLC0415
-
     from accelpatch.models.families import by_cli  # noqa: PLC0415
+    from accelpatch.tiny_models import trained_call_kwargs, trained_pipeline  # noqa: PLC0415
 
     record = by_cli(family)
     name, options = record.name, dict(record.training.demo_options)
