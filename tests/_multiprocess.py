@@ -18,8 +18,20 @@ import pytest
 import torch
 
 
-#: the start of a rank script: ``start(rank, world, port)`` joins the gloo group on this machine, one thread per rank
-START = textwrap.dedent("""
+#: how a rank script starts its ranks: ``launch(worker, args, nprocs)`` imports what every rank imports (torch,
+#: diffusers, accelpatch and its tiny builders: ~8 s of CPU per process on the suite's machines) once, then forks the
+#: ranks, which inherit it. Safe here: the parent has run no tensor math (no thread pool to inherit), and each rank
+#: joins its gloo group after the fork. ``mp.spawn`` would import everything again in every rank.
+LAUNCH = textwrap.dedent("""
+    def launch(worker, args, nprocs):
+        import accelpatch, accelpatch.testing, diffusers  # noqa: F401  (imported once, inherited by every rank)
+        import torch.multiprocessing
+        torch.multiprocessing.start_processes(worker, args=args, nprocs=nprocs, start_method="fork")
+""")
+
+#: the start of a rank script: ``start(rank, world, port)`` joins the gloo group on this machine, one thread per
+#: rank; ``launch`` (above) starts the ranks
+START = LAUNCH + textwrap.dedent("""
     import os, sys, warnings
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from _multiprocess import run_ranks
+from _multiprocess import LAUNCH, run_ranks
 
 #: max |Δ| / max |reference| allowed against the batched call (fp32 eps 1.2e-7: a few ulps per call, amplified by
 #: the guidance scale (4.5 / 8) and the solver's steps). Measured: SANA-Video 4.3e-7, its image-to-video 3.7e-7,
@@ -34,7 +34,7 @@ HELPERS = textwrap.dedent("""
 """)
 exec(HELPERS)
 
-COMMON = HELPERS + textwrap.dedent("""
+COMMON = HELPERS + LAUNCH + textwrap.dedent("""
     import datetime, os, sys, warnings
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -161,7 +161,7 @@ TWO = COMMON + textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+        launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
 """)
 
 
@@ -417,7 +417,7 @@ FOUR = COMMON + textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
+        launch(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
 """)
 
 
@@ -460,7 +460,7 @@ ONE = COMMON + textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(worker, args=(1, int(sys.argv[2]), sys.argv[1]), nprocs=1)
+        launch(worker, args=(1, int(sys.argv[2]), sys.argv[1]), nprocs=1)
 """)
 
 

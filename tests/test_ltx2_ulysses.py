@@ -63,7 +63,7 @@ SCRIPT = START + textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+        launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
 """)
 
 

@@ -37,7 +37,7 @@ BOTH = START + textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
+        launch(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
 """)
 
 COMPILED = START + textwrap.dedent("""
@@ -89,7 +89,7 @@ COMPILED = START + textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
+        launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
 """)
 
 

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
-from _multiprocess import run_ranks
+from _multiprocess import LAUNCH, run_ranks
 
 import accelpatch
 from accelpatch.testing import sana_video_transformer_inputs, tiny_sana_video_transformer
@@ -105,7 +105,7 @@ def test_apply_and_remove_leave_the_unsplit_model_alone():
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
-SCRIPT = textwrap.dedent("""
+SCRIPT = LAUNCH + textwrap.dedent("""
     import os, sys, warnings
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -196,7 +196,7 @@ SCRIPT = textwrap.dedent("""
 
     if __name__ == "__main__":
         world = int(sys.argv[3])
-        mp.spawn(worker, args=(world, int(sys.argv[2]), sys.argv[1], sys.argv[4], world == 2), nprocs=world)
+        launch(worker, args=(world, int(sys.argv[2]), sys.argv[1], sys.argv[4], world == 2), nprocs=world)
 """)
 
 

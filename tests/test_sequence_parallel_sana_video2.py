@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 import torch
-from _multiprocess import free_port, run_ranks
+from _multiprocess import LAUNCH, free_port, run_ranks
 
 TOLERANCE = 1e-5
 #: float64: the same reordering argument at u = 2^-53
@@ -31,7 +31,7 @@ WRONG = 1e-2
 #: the sol_attn backend with every anchor call sparse (min_tokens=0: the tiny inputs lie below the default floor)
 SOL_ATTN = {"backend": "sol_attn", "dense_steps": 0, "dense_layers": "", "min_tokens": 0, "tau": 3.0}
 
-SCRIPT = textwrap.dedent("""
+SCRIPT = LAUNCH + textwrap.dedent("""
     import os, sys, warnings
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -156,7 +156,7 @@ SCRIPT = textwrap.dedent("""
     if __name__ == "__main__":
         import json
         world = int(sys.argv[3])
-        mp.spawn(worker, args=(world, int(sys.argv[2]), sys.argv[1], json.loads(sys.argv[4]), sys.argv[5] == "full"),
+        launch(worker, args=(world, int(sys.argv[2]), sys.argv[1], json.loads(sys.argv[4]), sys.argv[5] == "full"),
                  nprocs=world)
 """)
 
