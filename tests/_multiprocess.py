@@ -22,11 +22,19 @@ import torch
 #: diffusers, accelpatch and its tiny builders: ~8 s of CPU per process on the suite's machines) once, then forks the
 #: ranks, which inherit it. Safe here: the parent has run no tensor math (no thread pool to inherit), and each rank
 #: joins its gloo group after the fork. ``mp.spawn`` would import everything again in every rank.
+#: A rank ends with ``finish()``: a barrier, then leaving the group, so that rank 0, which hosts the group's store,
+#: cannot exit while another rank still reads the store (a group created last, e.g. by ``enable_parallelism``, is
+#: finished by each rank on its own: without the barrier its peer saw "Connection reset by peer").
 LAUNCH = textwrap.dedent("""
     def launch(worker, args, nprocs):
         import accelpatch, accelpatch.testing, diffusers  # noqa: F401  (imported once, inherited by every rank)
         import torch.multiprocessing
         torch.multiprocessing.start_processes(worker, args=args, nprocs=nprocs, start_method="fork")
+
+    def finish():
+        import torch.distributed
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 """)
 
 #: the start of a rank script: ``start(rank, world, port)`` joins the gloo group on this machine, one thread per
@@ -63,5 +71,7 @@ def run_ranks(folder: Path, script: str, world: int, *extra: str, timeout: int =
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"the ranks did not finish within {timeout} s (a hang)")
+    if proc.returncode != 0 and os.environ.get("RANKS_DUMP"):
+        Path(os.environ["RANKS_DUMP"]).write_text(stderr)
     assert proc.returncode == 0, stderr[-4000:]
     return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]

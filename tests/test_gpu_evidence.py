@@ -35,8 +35,9 @@ def run_all(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """The CPU rehearsal (``--cpu``): every section's code at tiny shapes."""
-    return run_all(tmp_path_factory.mktemp("gpu_evidence") / "tmp.json", "--cpu")
+    """The CPU rehearsal (``--cpu``): every section's code at tiny shapes, one timed call per measurement (CPU
+    timings are not the point, and the suite's time is short)."""
+    return run_all(tmp_path_factory.mktemp("gpu_evidence") / "tmp.json", "--cpu", "--repeats", "1")
 
 
 def numbers(value):
@@ -120,7 +121,7 @@ def test_table_names_every_section(dry_run):
 
 
 def test_a_broken_section_is_recorded_and_the_others_still_run(tmp_path):
-    proc, report = run_all(tmp_path / "broken.json", "--cpu", "--sections", "sana_video_linear_attention",
+    proc, report = run_all(tmp_path / "broken.json", "--cpu", "--repeats", "1", "--sections", "sana_video_linear_attention",
                            "minimax_h3_layers", "--inject-failure", "sana_video_linear_attention")
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     sections = report["sections"]
