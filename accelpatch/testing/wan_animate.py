@@ -130,8 +130,8 @@ def wan_animate_pipeline_call_kwargs(num_inference_steps: int = 2, *, height: in
     """Call kwargs for :func:`tiny_wan_animate_pipeline` (``mode="animate"``, one segment of ``num_frames``): a seeded
     reference image, pose video and face video (``face_size`` square: the transformer's ``motion_encoder_size``) and
     seeded text embeddings; 13 frames of 128 x 256 are 4 latent frames of 16 x 32 and the reference frame, i.e.
-    640 tokens per forward (guidance 1.0, diffusers' default for Animate: one forward per step); smaller than Wan's
-    256 x 256 because the VAE encoding the conditioning videos and decoding the result is most of a tiny call."""
+    640 tokens per forward (guidance 1.0, diffusers' default for Animate: one forward per step); the VAE encoding the
+    conditioning videos and decoding the result is most of a tiny call's time."""
     import numpy as np
 
     rng = np.random.default_rng(seed)

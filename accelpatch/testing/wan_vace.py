@@ -105,8 +105,8 @@ def wan_vace_pipeline_call_kwargs(num_inference_steps: int = 2, *, height: int =
     """Call kwargs for :func:`tiny_wan_vace_pipeline`: a seeded control video with a half mask
     (:func:`control_video`) and seeded text embeddings (:func:`text_embeddings`, for a transformer whose
     ``text_dim`` is ``text_dim``); 13 frames of 128 x 256 are 4 latent frames of 16 x 32, i.e. 512 tokens per
-    forward (8 Sol-Attn key blocks of 64; with CFG, two forwards per step). Smaller than Wan's 256 x 256 because the
-    VAE encodes the control video twice and decodes the result, most of a tiny call's time."""
+    forward (8 Sol-Attn key blocks of 64; with CFG, two forwards per step), as :func:`wan_pipeline_call_kwargs`: the
+    VAE encoding the control video twice and decoding the result is most of a tiny call's time."""
     video, mask = control_video(num_frames, height, width, seed=seed)
     return dict(**text_embeddings(max_sequence_length, text_dim, seed=seed), video=video, mask=mask,
                 conditioning_scale=conditioning_scale, height=height, width=width, num_frames=num_frames,
