@@ -189,6 +189,42 @@ def test_two_threads_sharing_one_transformer_keep_their_own_cache_state():
         accelpatch.remove(transformer)
 
 
+def test_diffusers_end_of_call_reset_forgets_only_the_calling_contexts_generation():
+    """diffusers resets a cache's state at the end of every pipeline call (``maybe_free_model_hooks`` ->
+    ``reset_stateful_hooks`` -> the hook's ``state_manager.reset()``): one thread's call ending must not wipe the
+    states another thread's call is halfway through; ``remove()`` (``clear``) forgets them all."""
+    import contextvars
+    import types
+
+    from accelpatch.step_cache.states import ContextLocalStateManager, _CallKey
+
+    key = contextvars.ContextVar("call key", default=None)
+    states = ContextLocalStateManager(types.SimpleNamespace, key)
+    states.reset()  # outside any call: nothing is the caller's to forget, and nothing fails
+    key.set(_CallKey(generation=1, step=3, branch=0))
+    mine = states.get_state()
+    mine.residual = "half-way through generation 1"
+    seen = []
+
+    def another_call_ends():
+        key.set(_CallKey(generation=2, step=7, branch=0))
+        states.get_state()
+        seen.append(states.live_generations)
+        states.reset()  # what diffusers runs as this thread's pipeline call returns
+        seen.append(states.live_generations)
+
+    thread = threading.Thread(target=another_call_ends)
+    thread.start()
+    thread.join()
+    assert seen == [2, 1]
+    assert states.get_state() is mine and mine.residual == "half-way through generation 1"
+    states.reset()
+    assert states.live_generations == 0
+    states.get_state()
+    states.clear()
+    assert states.live_generations == 0
+
+
 def test_remove_restores_the_blocks_and_the_output(sana):
     pipe, reference = sana
     blocks = list(pipe.transformer.transformer_blocks)

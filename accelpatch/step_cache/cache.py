@@ -372,7 +372,7 @@ class StepCache:
             else:
                 del self._model._cache_config
         self._registrations.release()
-        self.states.reset()
+        self.states.clear()
 
     def _own_block_forwards(self, strict: bool) -> None:
         """Give each block whose only diffusers hook is ours a forward that pickles and deep-copies: diffusers builds

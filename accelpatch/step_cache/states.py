@@ -114,6 +114,16 @@ class ContextLocalStateManager:
             return len({k[0] for k in self._states})
 
     def reset(self, *args, **kwargs) -> None:
+        """diffusers' reset, which its pipelines run at the end of every call (``maybe_free_model_hooks`` ->
+        ``reset_stateful_hooks``): forget the calling context's generation only, never another thread's or task's
+        half-done one (a call in another context keeps its states; ours are freed by the call's own end and bounded
+        by :data:`MAX_LIVE_GENERATIONS`). Outside any call, nothing is the caller's to forget."""
+        key = self._key.get() if self._key is not None else None
+        if key is not None:
+            self.drop(key.generation)
+
+    def clear(self) -> None:
+        """Forget every context's states (``remove()``: the cache leaves the model)."""
         with self._lock:
             self._states.clear()
 
