@@ -51,3 +51,31 @@ def test_a_transformer_the_pipeline_cannot_feed_is_refused_with_the_reason():
         tiny_hunyuan_video15_pipeline(transformer_config=HUNYUAN_VIDEO15_SOL_CONFIG)
     with pytest.raises(ValueError, match="text_len=0 must be at least 1"):
         tiny_hunyuan_video15_pipeline(text_len=0)
+
+
+def test_a_saved_tiny_pipeline_loads_with_its_own_sequence_lengths_and_gives_the_same_frames(pipe_and_reference,
+                                                                                              tmp_path):
+    """diffusers' HunyuanVideo15Pipeline keeps its sequence lengths as attributes ``save_pretrained`` does not
+    write: the tiny pipeline (a TinyHunyuanVideo15Pipeline) saves them in its config, so the folder loads, with
+    the class's own ``from_pretrained`` and with diffusers' ``DiffusionPipeline`` after the import that offers the
+    class, as it was built (diffusers' own class reloads the release's 108/1000/256/729) and makes the same frames."""
+    from diffusers import DiffusionPipeline, HunyuanVideo15Pipeline
+
+    from accelpatch.testing.hunyuan_video15_pipeline import RELEASE_LENGTHS, TinyHunyuanVideo15Pipeline
+
+    pipe, (frames,) = pipe_and_reference
+    built = {name: getattr(pipe, name) for name in RELEASE_LENGTHS}
+    assert built != RELEASE_LENGTHS and built["tokenizer_max_length"] == 64
+    pipe.save_pretrained(tmp_path)
+    index = (tmp_path / "model_index.json").read_text()
+    assert '"_class_name": "TinyHunyuanVideo15Pipeline"' in index and '"tokenizer_max_length": 64' in index
+    for loader in (TinyHunyuanVideo15Pipeline, DiffusionPipeline):
+        again = loader.from_pretrained(tmp_path)
+        assert type(again) is TinyHunyuanVideo15Pipeline
+        assert {name: getattr(again, name) for name in RELEASE_LENGTHS} == built
+        again.set_progress_bar_config(disable=True)
+        assert torch.equal(run(CASE, again)[0], frames)
+    plain = HunyuanVideo15Pipeline.from_pretrained(tmp_path)  # what the subclass fixes
+    assert {name: getattr(plain, name) for name in RELEASE_LENGTHS} == RELEASE_LENGTHS
+    with pytest.raises(ValueError, match=r"unknown length 'text_len'; the lengths are prompt_template_encode_start_idx"):
+        pipe.set_lengths(text_len=3)

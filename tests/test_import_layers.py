@@ -22,13 +22,17 @@ ALLOWED = {
     "accelpatch.core.steps": {"accelpatch.core.call_context"},
     # the shared ahead-of-time Triton capture (imports only torch and triton)
     "accelpatch.core.triton_aot": set(),
+    # pipeline classes of our own offered in diffusers' namespace, for DiffusionPipeline.from_pretrained (imports only
+    # diffusers, and the offered class's module when diffusers asks for it)
+    "accelpatch.core.diffusers_namespace": set(),
     # the lossless kernels and the Sol-Attn op build their AOT checks on the shared Triton capture
     "accelpatch.lossless.kernels": {"accelpatch.core.errors", "accelpatch.core.triton_aot"},
     "accelpatch.sol_attn.op": {"accelpatch.core.errors", "accelpatch.core.triton_aot"},
     # SANA-Video's BF16 GEMM (a kernel, no model knowledge)
     "accelpatch.models.sana_video.gemm": set(),
     # our own models' token-mixing layers combine sequence shards with the generic collectives (which import nothing)
-    "accelpatch.models.sana_video2.modeling": {"accelpatch.core.errors", "accelpatch.models.sana_video.gemm",
+    "accelpatch.models.sana_video2.modeling": {"accelpatch.core.errors", "accelpatch.core.diffusers_namespace",
+                                               "accelpatch.models.sana_video.gemm",
                                                "accelpatch.models.sana_video2.release",
                                                "accelpatch.sol_attn.op", "accelpatch.parallel.sequence"},
     # the gate keeps the fusion registry: fusions register where they are defined, and a pickle names that module

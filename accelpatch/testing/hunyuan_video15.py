@@ -148,18 +148,21 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
                                   transformer_config: Mapping[str, Any] | None = None, transformer=None,
                                   guidance_scale: float = 6.0, text_len: int = 64, glyph_len: int = 32,
                                   image_tokens: int = 16, device: str | torch.device = "cpu"):
-    """A complete offline text-to-video ``HunyuanVideo15Pipeline`` with tiny random components (default
-    transformer: :data:`HUNYUAN_VIDEO15_PIPELINE_CONFIG`), progress bar off. Call it with
-    :func:`hunyuan_video15_pipeline_call_kwargs`.
+    """A complete offline text-to-video ``HunyuanVideo15Pipeline`` (a
+    :class:`~accelpatch.testing.hunyuan_video15_pipeline.TinyHunyuanVideo15Pipeline`, which saves its sequence
+    lengths) with tiny random components (default transformer: :data:`HUNYUAN_VIDEO15_PIPELINE_CONFIG`), progress
+    bar off. Call it with :func:`hunyuan_video15_pipeline_call_kwargs`.
 
-    The pipeline keeps its sequence lengths as attributes (1,000 Qwen tokens after a 108-token system prefix, 256
-    ByT5 tokens, for the released tokenizers, and 729 image tokens, zeros in text-to-video, which the transformer
+    diffusers' pipeline keeps its sequence lengths as attributes (1,000 Qwen tokens after a 108-token system prefix,
+    256 ByT5 tokens, for the released tokenizers, and 729 image tokens, zeros in text-to-video, which the transformer
     masks out); here the Qwen stream is ``text_len`` tokens after the system prefix as this tokenizer counts it,
     ByT5's ``glyph_len`` and the image stream ``image_tokens``, so the joint attention stays small. The transformer's
     ``in_channels`` must be ``2 * out_channels + 1`` (latents, condition latents, mask) and ``out_channels`` is
     the VAE's latent channels. ``guidance_scale`` > 1 runs classifier-free guidance (two forwards per step)."""
-    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler
     from diffusers.guiders import ClassifierFreeGuidance
+
+    from accelpatch.testing.hunyuan_video15_pipeline import TinyHunyuanVideo15Pipeline
 
     if transformer is None:
         transformer = tiny_hunyuan_video15_transformer(
@@ -181,15 +184,15 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
                                          "latent_channels": int(config.out_channels)}).eval()
     if dtype != torch.float32:
         _cast_like_from_pretrained(text_encoder_2, dtype)
-    pipe = HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
-                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-                                  text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
-                                  guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
+    pipe = TinyHunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer,
+                                      vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+                                      text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                                      guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
     # the system prefix the pipeline crops (its 108 for the released tokenizer), as this tokenizer counts it
     prefix = f"<|im_start|>system\n{pipe.system_message}<|im_end|>\n<|im_start|>user\n"
-    pipe.prompt_template_encode_start_idx = len(tokenizer(prefix)["input_ids"])
-    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = int(text_len), int(glyph_len)
-    pipe.vision_num_semantic_tokens = int(image_tokens)
+    pipe.set_lengths(prompt_template_encode_start_idx=len(tokenizer(prefix)["input_ids"]),
+                     tokenizer_max_length=text_len, tokenizer_2_max_length=glyph_len,
+                     vision_num_semantic_tokens=image_tokens)  # saved in its config: from_pretrained keeps them
     return _finish_tiny_pipeline(pipe, text_encoder, vae, dtype=dtype, device=device)
 
 

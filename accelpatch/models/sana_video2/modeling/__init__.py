@@ -6,6 +6,7 @@ the ``diffusers`` namespace, where ``diffusers.DiffusionPipeline.from_pretrained
 (``SanaVideo2FewStepScheduler``, light: diffusers' scheduler base only), which a saved pipeline folder records under
 its module path; diffusers resolves that path from the modules already imported, so the same import covers it.
 """
+from accelpatch.core.diffusers_namespace import offer_to_diffusers
 from accelpatch.models.sana_video2.release import anchor_layer_indices
 from accelpatch.models.sana_video2.modeling.attention import (SanaVideo2CrossAttention, SanaVideo2LinearAttention, SanaVideo2LinearAttnProcessor,
                         SanaVideo2SoftmaxAttention, SanaVideo2SoftmaxAttnProcessor)
@@ -29,30 +30,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _offer_the_pipeline_to_diffusers() -> None:
-    """Add ``SanaVideo2Pipeline`` to the ``diffusers`` namespace as a lazy name (a module ``__getattr__``, PEP 562,
-    which Python consults before diffusers' own lazy lookup), so that the pipeline module is imported only when
-    diffusers asks for it. A name diffusers defines itself is never shadowed."""
-    import diffusers
-
-    name = "SanaVideo2Pipeline"
-    namespace = vars(diffusers)
-    previous = namespace.get("__getattr__")
-    if (name in namespace or name in getattr(diffusers, "_class_to_module", {}) or
-            name in getattr(diffusers, "_objects", {}) or getattr(previous, "_accelpatch_offers", None) == name):
-        return
-
-    def __getattr__(attribute: str):
-        if attribute == name:
-            from accelpatch.models.sana_video2.modeling.pipeline import SanaVideo2Pipeline  # sets the attribute for good
-
-            return SanaVideo2Pipeline
-        if previous is not None:
-            return previous(attribute)
-        raise AttributeError(f"module 'diffusers' has no attribute {attribute!r}")  # then diffusers' own lookup
-
-    __getattr__._accelpatch_offers = name
-    diffusers.__getattr__ = __getattr__
-
-
-_offer_the_pipeline_to_diffusers()
+offer_to_diffusers("SanaVideo2Pipeline", "accelpatch.models.sana_video2.modeling.pipeline:SanaVideo2Pipeline")
