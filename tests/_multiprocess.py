@@ -22,19 +22,20 @@ import torch
 #: diffusers, accelpatch and its tiny builders: ~8 s of CPU per process on the suite's machines) once, then forks the
 #: ranks, which inherit it. Safe here: the parent has run no tensor math (no thread pool to inherit), and each rank
 #: joins its gloo group after the fork. ``mp.spawn`` would import everything again in every rank.
-#: A rank ends with ``finish()``: a barrier, then leaving the group, so that rank 0, which hosts the group's store,
+#: ``launch`` also ends every rank: a barrier, then leaving the group, so that rank 0, which hosts the group's store,
 #: cannot exit while another rank still reads the store (a group created last, e.g. by ``enable_parallelism``, is
 #: finished by each rank on its own: without the barrier its peer saw "Connection reset by peer").
 LAUNCH = textwrap.dedent("""
-    def launch(worker, args, nprocs):
-        import accelpatch, accelpatch.testing, diffusers  # noqa: F401  (imported once, inherited by every rank)
-        import torch.multiprocessing
-        torch.multiprocessing.start_processes(worker, args=args, nprocs=nprocs, start_method="fork")
-
-    def finish():
+    def _rank(index, worker, args):
+        worker(index, *args)
         import torch.distributed
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+    def launch(worker, args, nprocs):
+        import accelpatch, accelpatch.testing, diffusers  # noqa: F401  (imported once, inherited by every rank)
+        import torch.multiprocessing
+        torch.multiprocessing.start_processes(_rank, args=(worker, args), nprocs=nprocs, start_method="fork")
 """)
 
 #: the start of a rank script: ``start(rank, world, port)`` joins the gloo group on this machine, one thread per

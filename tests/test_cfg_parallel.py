@@ -158,7 +158,6 @@ TWO = COMMON + textwrap.dedent("""
         out["degree1_counts"] = cfg_parallel_counts(model)
         out["bad_mesh"] = error(lambda: accelpatch.parallel.parallel_mesh(cfg=2, ulysses=2))
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
@@ -414,7 +413,6 @@ FOUR = COMMON + textwrap.dedent("""
         with torch.no_grad():
             out["other_mesh"] = error(lambda: model(**inputs(model)))
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
@@ -457,7 +455,6 @@ ONE = COMMON + textwrap.dedent("""
         out["warnings"] = [str(w.message) for w in caught if "CFG parallelism" in str(w.message)]
         out["counts"] = accelpatch.parallel.cfg_parallel_counts(pipe)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(1, int(sys.argv[2]), sys.argv[1]), nprocs=1)

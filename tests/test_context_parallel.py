@@ -41,7 +41,6 @@ SCRIPT = START + textwrap.dedent("""
         out["fusions"] = {f.op: (f.fused_calls, f.reference_calls, len(f.declined)) for f in report.models[0].fusions}
         out["exact_fraction"] = [s.stats.get("exact_fraction") for s in report.sites if s.kind == "sol_attn"]
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)

@@ -60,7 +60,6 @@ SCRIPT = START + textwrap.dedent("""
                                   if s.kind == "ltx2_fused_attention"}
         out["fallbacks"] = report.fallback_calls
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)

@@ -34,7 +34,6 @@ BOTH = START + textwrap.dedent("""
         accelpatch.remove(pipe)
         out["left"] = (pipe.transformer._parallel_config, accelpatch.parallel.cfg.cfg_parallel_of(pipe.transformer))
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(4, int(sys.argv[2]), sys.argv[1]), nprocs=4)
@@ -86,7 +85,6 @@ COMPILED = START + textwrap.dedent("""
                 sana[name + "_again"] = model(**inputs).sample
         out["sana_video"] = sana
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)

@@ -70,7 +70,6 @@ SCRIPT = START + textwrap.dedent("""
         out["cfg_after_remove"] = accelpatch.parallel.cfg.cfg_parallel_of(cfg_model)
         out["cfg_hooks_after_remove"] = len(cfg_model._forward_pre_hooks) + len(cfg_model._forward_hooks)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)

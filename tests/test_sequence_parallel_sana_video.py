@@ -166,7 +166,7 @@ SCRIPT = LAUNCH + textwrap.dedent("""
 
         if not full:  # the checks below do not depend on the world size: run once, at 2 processes
             torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-            return finish()
+            return
         bf16 = tiny_sana_video_transformer(dtype=torch.bfloat16)
         bf16_cases = _cases(bf16, torch.bfloat16)
         with run_fast_paths_on_cpu(), accelpatch.quality("high"):
@@ -192,7 +192,6 @@ SCRIPT = LAUNCH + textwrap.dedent("""
             out["late_apply"] = str(error)
         out["late_apply_left"] = type(late.transformer_blocks[0].attn1.processor).__name__
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         world = int(sys.argv[3])

@@ -151,7 +151,6 @@ SCRIPT = LAUNCH + textwrap.dedent("""
                 model, frames=3, height=3, width=5)))
         out["with_grad"] = refused(lambda: model(**t2v(model)))
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         import json

@@ -237,7 +237,6 @@ ULYSSES = START + textwrap.dedent("""
                         if s.kind != "wan_fused_attention"}  # the lossless RoPE site below Sol-Attn on attn1
         out["fallbacks"] = report.fallback_calls
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
-        finish()
 
     if __name__ == "__main__":
         launch(worker, args=(2, int(sys.argv[2]), sys.argv[1]), nprocs=2)
