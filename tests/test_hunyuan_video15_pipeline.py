@@ -61,7 +61,7 @@ def test_a_saved_tiny_pipeline_loads_with_its_own_sequence_lengths_and_gives_the
     class, as it was built (diffusers' own class reloads the release's 108/1000/256/729) and makes the same frames."""
     from diffusers import DiffusionPipeline, HunyuanVideo15Pipeline
 
-    from accelpatch.testing.hunyuan_video15_pipeline import RELEASE_LENGTHS, TinyHunyuanVideo15Pipeline
+    from accelpatch.models.hunyuan_video15.pipeline import RELEASE_LENGTHS, TinyHunyuanVideo15Pipeline
 
     pipe, (frames,) = pipe_and_reference
     built = {name: getattr(pipe, name) for name in RELEASE_LENGTHS}

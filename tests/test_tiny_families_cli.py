@@ -11,7 +11,7 @@ from accelpatch.tools import demo_sections
 from accelpatch.eval.pipelines import load_pipeline
 
 #: tiny name -> the diffusers pipeline class it builds and the outputs a call returns (HunyuanVideo 1.5's: diffusers'
-#: class with its sequence lengths saved in its config, accelpatch.testing.hunyuan_video15_pipeline)
+#: class with its sequence lengths saved in its config, accelpatch.models.hunyuan_video15.pipeline)
 NEW = {"wan": ("WanPipeline", ("frames",)), "hunyuan-video15": ("TinyHunyuanVideo15Pipeline", ("frames",)),
        "ltx2": ("LTX2Pipeline", ("frames", "audio"))}
 

@@ -338,6 +338,53 @@ def test_sana_video2_trains_its_own_ltx2_vae_and_its_folder_loads_and_calls(tmp_
     assert frames.shape == (1, VIDEO_FRAMES, 3, VIDEO_HEIGHT, VIDEO_WIDTH) and torch.isfinite(frames).all()
 
 
+def test_hunyuan_video15_trains_on_what_its_pipeline_feeds_its_transformer_and_its_folder_loads(tmp_path):
+    """HunyuanVideo 1.5's transformer reads more than latents and one embedding: two text streams with masks, zero
+    image embeddings, and the latents beside zero condition latents and a zero mask channel. Its run trains on
+    exactly what the pipeline's call passes (captured here from a call of the saved folder, compared with
+    ``torch.equal``), measures the VAE's one scaling factor (the pipeline only divides by it), and the folder
+    reloads with its own sequence lengths and a word-level tokenizer in Qwen's chat format."""
+    from diffusers import AutoencoderKLHunyuanVideo15, DiffusionPipeline
+
+    from accelpatch.models.hunyuan_video15.pipeline import TinyHunyuanVideo15Pipeline
+    from accelpatch.tiny_models import train_family
+    from accelpatch.tiny_models.hunyuan_video15 import hunyuan_video15_call_kwargs, model_inputs, text_inputs
+
+    with pytest.warns(RuntimeWarning, match="does not reconstruct whole clips well enough"):  # 2 VAE steps
+        result = train_family("hunyuan-video15", tmp_path, steps=30, vae_steps=1, videos=4, vae_max_passes=2,
+                              height=64, width=128, progress=False)
+    # its VAE encodes one clip at a time (a batch fails in diffusers 0.42): the family's default
+    assert result.config.vae_batch_size == 1 and len(result.vae_losses) == 2 and len(result.transformer_losses) == 30
+    flow = result.transformer_losses
+    assert sum(flow[-10:]) / 10 < 0.9 * sum(flow[:10]) / 10, flow
+    pipe = DiffusionPipeline.from_pretrained(tmp_path)
+    assert isinstance(pipe, TinyHunyuanVideo15Pipeline) and isinstance(pipe.vae, AutoencoderKLHunyuanVideo15)
+    assert (pipe.tokenizer_max_length, pipe.tokenizer_2_max_length, pipe.vision_num_semantic_tokens) == (16, 4, 4)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():  # the scaling factor was measured: a training clip's latents times it have RMS ~1
+        latents = pipe.vae.encode(procedural_video(None, [0, 1, 0], height=64, width=128)[0][None]).latent_dist.mean
+    assert latents.shape == (1, 8, 4, 64 // 16, 128 // 16) and pipe.vae.config.scaling_factor != 1.03682
+    assert 0.3 < float((latents * pipe.vae.config.scaling_factor).pow(2).mean().sqrt()) < 3.0
+    words = pipe.tokenizer("a red square moves left").input_ids
+    assert len(words) == 5 and pipe.tokenizer.unk_token_id not in words
+
+    captured = []
+    pipe.transformer.register_forward_pre_hook(lambda module, args, kwargs: captured.append(kwargs),
+                                               with_kwargs=True)
+    with torch.no_grad():
+        frames = pipe(**hunyuan_video15_call_kwargs("a red square moves left", num_inference_steps=1)).frames
+    assert frames.shape == (1, VIDEO_FRAMES, 3, VIDEO_HEIGHT, VIDEO_WIDTH) and torch.isfinite(frames).all()
+    assert len(captured) == 2  # classifier-free guidance: the prompt, then the empty negative prompt
+    table = text_inputs(pipe, ["a red square moves left", ""], {})
+    assert set(table) == {"encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
+                          "encoder_attention_mask_2", "image_embeds"}
+    for row, kwargs in enumerate(captured):
+        for name, values in table.items():
+            assert torch.equal(kwargs[name], values[row:row + 1]), name
+        hidden = kwargs["hidden_states"]
+        assert hidden.shape[1] == 17 and torch.equal(hidden, model_inputs(hidden[:, :8])["hidden_states"])
+
+
 def test_a_family_that_reuses_a_vae_says_to_ship_that_family_first(monkeypatch):
     import accelpatch.tiny_models.train as train
 
@@ -395,13 +442,14 @@ def test_unknown_families_and_bad_counts_are_refused():
     # the list the CLI offers is the registry's families that register a training record, whose builder and call
     # settings exist (each family's package says how it trains: no list of families in tiny_models)
     trained = [f for f in families() if f.training is not None]
-    assert TRAINABLE_FAMILIES == tuple(f.cli for f in trained) == ("sana-video", "sana-video2", "wan")
+    assert TRAINABLE_FAMILIES == tuple(f.cli for f in trained) == ("sana-video", "sana-video2", "wan",
+                                                                    "hunyuan-video15")
     for family in trained:
         assert callable(resolve(family.training.build)) and callable(resolve(family.training.call_kwargs))
     with pytest.raises(ValueError, match="no training for 'ltx2'"):
         train_family("ltx2", "unused")
     with pytest.raises(ValueError, match=r"no tiny training recipe for 'ltx2' \(trainable: sana-video, "
-                                         r"sana-video2, wan\)"):
+                                         r"sana-video2, wan, hunyuan-video15\)"):
         untrained_pipeline("ltx2")
     with pytest.raises(ValueError, match="at least 1"):
         train_family("wan", "unused", steps=0)

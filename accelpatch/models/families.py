@@ -68,6 +68,16 @@ class TrainingSettings:
     #: high (:mod:`accelpatch.tools.demo_videos`), as (option, value) pairs: a setting whose high tier changes
     #: something on this toy and passes its gates
     demo_options: tuple[tuple[str, Any], ...] = ()
+    #: the transformer's text inputs for a list of prompts, one row per prompt, exactly as the pipeline passes them:
+    #: ``text_inputs(pipe, prompts, encode_kwargs) -> {keyword: tensor}`` (None: the pipeline's ``encode_prompt``
+    #: embeddings, and its attention mask where it returns one)
+    text_inputs: Optional[str] = None
+    #: the transformer's latent inputs for noisy latents, as the pipeline builds them: ``model_inputs(latents) ->
+    #: {keyword: tensor}`` (None: ``{"hidden_states": latents}``)
+    model_inputs: Optional[str] = None
+    #: the family's defaults for :class:`accelpatch.tiny_models.train.TrainingConfig` fields, as (field, value) pairs
+    #: (a run's own arguments override them)
+    config_defaults: tuple[tuple[str, Any], ...] = ()
 
 
 def resolve(name: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from accelpatch.testing._common import (_build_seeded, _cast_like_from_pretrained, _config_of, _finish_tiny_pipeline,
-                      _input_dtype_and_device)
+                      _input_dtype_and_device, _trained)
 
 #: 2 heads x 128 (the released head dim, the Sol-Attn kernels'; RoPE axes 16 + 56 + 56 = 128 as released),
 #: 2 dual-stream blocks, 1 refiner block, patch 1 (one token per latent pixel), narrow text/image inputs.
@@ -93,8 +93,9 @@ HUNYUAN_VIDEO15_TINY_VAE_CONFIG: dict[str, Any] = dict(
     upsample_match_channel=False,
 )
 
-_QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+#: Qwen's ChatML chat template (what the released tokenizer applies), for the tiny tokenizers
+QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _byte_qwen_tokenizer():
@@ -108,7 +109,7 @@ def _byte_qwen_tokenizer():
     vocab.update({token: len(vocab) + i for i, token in enumerate(specials)})
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
     tokenizer.add_tokens([AddedToken(token, special=True) for token in specials[1:]])
-    tokenizer.chat_template = _QWEN_CHAT_TEMPLATE
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
     return tokenizer
 
 
@@ -147,9 +148,10 @@ def _tiny_byt5(d_model: int, seed: int):
 def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
                                   transformer_config: Mapping[str, Any] | None = None, transformer=None,
                                   guidance_scale: float = 6.0, text_len: int = 64, glyph_len: int = 32,
-                                  image_tokens: int = 16, device: str | torch.device = "cpu"):
+                                  image_tokens: int = 16, device: str | torch.device = "cpu", tokenizer=None,
+                                  vae=None, flow_shift: float = 7.0, trained: bool = False):
     """A complete offline text-to-video ``HunyuanVideo15Pipeline`` (a
-    :class:`~accelpatch.testing.hunyuan_video15_pipeline.TinyHunyuanVideo15Pipeline`, which saves its sequence
+    :class:`~accelpatch.models.hunyuan_video15.pipeline.TinyHunyuanVideo15Pipeline`, which saves its sequence
     lengths) with tiny random components (default transformer: :data:`HUNYUAN_VIDEO15_PIPELINE_CONFIG`), progress
     bar off. Call it with :func:`hunyuan_video15_pipeline_call_kwargs`.
 
@@ -158,12 +160,24 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
     masks out); here the Qwen stream is ``text_len`` tokens after the system prefix as this tokenizer counts it,
     ByT5's ``glyph_len`` and the image stream ``image_tokens``, so the joint attention stays small. The transformer's
     ``in_channels`` must be ``2 * out_channels + 1`` (latents, condition latents, mask) and ``out_channels`` is
-    the VAE's latent channels. ``guidance_scale`` > 1 runs classifier-free guidance (two forwards per step)."""
+    the VAE's latent channels. ``guidance_scale`` > 1 runs classifier-free guidance (two forwards per step).
+    ``tokenizer`` (a tokenizer with Qwen's chat template and special tokens; default the byte-level one), ``vae``
+    (default :data:`HUNYUAN_VIDEO15_TINY_VAE_CONFIG`'s) and the scheduler's ``flow_shift`` are for the trained tiny
+    pipeline's builder (:mod:`accelpatch.tiny_models.hunyuan_video15`).
+
+    ``trained=True`` returns instead the shipped tiny HunyuanVideo 1.5 trained on procedural clips (issue #43; 13
+    frames of 128 x 256, word-level prompts: call it with
+    :func:`accelpatch.tiny_models.hunyuan_video15.hunyuan_video15_call_kwargs`); ``transformer_config``,
+    ``transformer``, ``tokenizer`` and ``vae`` are refused with it."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler
     from diffusers.guiders import ClassifierFreeGuidance
 
-    from accelpatch.testing.hunyuan_video15_pipeline import TinyHunyuanVideo15Pipeline
+    from accelpatch.models.hunyuan_video15.pipeline import TinyHunyuanVideo15Pipeline
 
+    if trained:
+        return _trained("hunyuan-video15", "tiny_hunyuan_video15_pipeline", dtype=dtype, device=device,
+                        transformer_config=transformer_config, transformer=transformer, tokenizer=tokenizer,
+                        vae=vae)
     if transformer is None:
         transformer = tiny_hunyuan_video15_transformer(
             HUNYUAN_VIDEO15_PIPELINE_CONFIG if transformer_config is None else transformer_config,
@@ -176,16 +190,21 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
     for name, value in (("text_len", text_len), ("glyph_len", glyph_len), ("image_tokens", image_tokens)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")
-    tokenizer = _byte_qwen_tokenizer()
+    tokenizer = _byte_qwen_tokenizer() if tokenizer is None else tokenizer
     text_encoder = _tiny_qwen25_vl_text(int(config.text_embed_dim), tokenizer, seed)
     tokenizer_2, text_encoder_2 = _tiny_byt5(int(config.text_embed_2_dim), seed)
-    torch.manual_seed(seed)
-    vae = AutoencoderKLHunyuanVideo15(**{**HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
-                                         "latent_channels": int(config.out_channels)}).eval()
+    if vae is None:
+        torch.manual_seed(seed)
+        vae = AutoencoderKLHunyuanVideo15(**{**HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
+                                             "latent_channels": int(config.out_channels)})
+    if int(vae.config.latent_channels) != int(config.out_channels):
+        raise ValueError(f"the VAE's latent_channels={vae.config.latent_channels} must be the transformer's "
+                         f"out_channels={config.out_channels}")
+    vae = vae.eval()
     if dtype != torch.float32:
         _cast_like_from_pretrained(text_encoder_2, dtype)
     pipe = TinyHunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer,
-                                      vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+                                      vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=flow_shift),
                                       text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
                                       guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
     # the system prefix the pipeline crops (its 108 for the released tokenizer), as this tokenizer counts it

@@ -6,8 +6,9 @@ follow their prompt:
 
 * :mod:`~accelpatch.tiny_models.procedural`: seeded clips and prompts (moving, growing, bouncing, colour-changing
   shapes; camera pans and zooms over scikit-image's sample photographs), with their ground truth.
-* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"``, ``"sana-video"`` and ``"sana-video2"``
-  so far) saves a folder that the family's diffusers pipeline ``from_pretrained`` loads.
+* :mod:`~accelpatch.tiny_models.train`: :func:`train_family` (``"wan"``, ``"sana-video"``, ``"sana-video2"`` and
+  ``"hunyuan-video15"`` so far) saves a folder that the family's diffusers pipeline ``from_pretrained`` loads;
+  :mod:`~accelpatch.tiny_models.hunyuan_video15` holds what HunyuanVideo 1.5's richer transformer inputs need.
 * :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
 * :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`).
 * :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY [--ship]``.

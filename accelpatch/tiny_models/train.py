@@ -260,7 +260,8 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
     if family not in TRAINABLE_FAMILIES:
         raise ValueError(f"train-tiny: no training for {family!r} yet (trainable: {', '.join(TRAINABLE_FAMILIES)})")
     given = dict(steps=steps, vae_steps=vae_steps, videos=videos, **overrides)
-    config = TrainingConfig(**{k: v for k, v in given.items() if v is not None})
+    config = TrainingConfig(**{**dict(training_settings(family).config_defaults),
+                               **{k: v for k, v in given.items() if v is not None}})
     if min(config.steps, config.vae_steps, config.videos, config.batch_size, config.vae_batch_size) < 1:
         raise ValueError("train-tiny: steps, vae steps, videos and batch sizes must be at least 1")
     if not config.vae_shape_weights or config.vae_max_passes < len(config.vae_shape_weights):
@@ -311,11 +312,13 @@ def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progre
 
     t0 = time.perf_counter()
     latents, prompts = _encode_dataset(pipe.vae, config, seed, progress, keep_statistics=recipe.vae_from is not None)
-    text = _prompt_embeddings(pipe, prompts, dict(recipe.encode_kwargs))
+    text = _text_table(pipe, prompts, recipe)
     result.phase_s["encode"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    result.transformer_losses = _train_transformer(pipe.transformer, latents, text, config, seed, progress)
+    model_inputs = _latent_inputs if recipe.model_inputs is None else resolve(recipe.model_inputs)
+    result.transformer_losses = _train_transformer(pipe.transformer, latents, text, config, seed, progress,
+                                                   model_inputs)
     result.phase_s["transformer"] = time.perf_counter() - t0
 
     pipe.transformer.eval()
@@ -488,6 +491,10 @@ def _encode_dataset(vae, config: TrainingConfig, seed: int, progress: bool, *, k
     latents = torch.stack(means)
     if keep_statistics:
         mean, std = latent_statistics(vae)
+    elif _normalised_by_scaling_factor(vae):
+        mean = torch.zeros(latents.shape[1])  # the pipeline only divides by the factor: one scale, no shift
+        std = latents.pow(2).mean().sqrt().clamp_min(1e-4).expand(latents.shape[1]).clone()
+        _set_latent_statistics(vae, mean, std)
     else:
         mean = latents.mean(dim=(0, 2, 3, 4))
         std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
@@ -497,9 +504,13 @@ def _encode_dataset(vae, config: TrainingConfig, seed: int, progress: bool, *, k
 
 def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-channel (mean, std) a pipeline un-normalises ``vae``'s latents with: Wan's VAE keeps them in its
-    config (``latents_mean`` / ``latents_std`` lists), the LTX-2 VAE as buffers of those names."""
+    config (``latents_mean`` / ``latents_std`` lists), the LTX-2 VAE as buffers of those names; HunyuanVideo 1.5's
+    has only a ``scaling_factor`` in its config (mean 0, std 1 / factor for every channel)."""
     if _statistics_in_config(vae):
         return torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+    if _normalised_by_scaling_factor(vae):
+        channels = int(vae.config.latent_channels)
+        return torch.zeros(channels), torch.full((channels,), 1.0 / float(vae.config.scaling_factor))
     return vae.latents_mean.detach().float().clone(), vae.latents_std.detach().float().clone()
 
 
@@ -507,35 +518,57 @@ def _statistics_in_config(vae) -> bool:
     return "latents_mean" in vae.config
 
 
+def _normalised_by_scaling_factor(vae) -> bool:
+    return not _statistics_in_config(vae) and not hasattr(vae, "latents_mean") and "scaling_factor" in vae.config
+
+
 def _set_latent_statistics(vae, mean: torch.Tensor, std: torch.Tensor) -> None:
     """Store (mean, std) where :func:`latent_statistics` reads them (and the family's pipeline does)."""
     if _statistics_in_config(vae):
         vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
+    elif _normalised_by_scaling_factor(vae):
+        vae.register_to_config(scaling_factor=1.0 / float(std[0]))
     else:
         vae.latents_mean.copy_(mean)
         vae.latents_std.copy_(std)
 
 
 @torch.no_grad()
-def _prompt_embeddings(pipe, prompts: list[str], encode_kwargs: dict[str, Any]):
-    """The embedding of each distinct prompt and of the empty one (last), exactly as the pipeline computes them at
-    call time, their attention masks where the pipeline passes one to its transformer (SANA-Video; None for Wan),
-    and each training clip's row in that table."""
+def _text_table(pipe, prompts: list[str], recipe):
+    """The transformer's text inputs for each distinct prompt and for the empty one (last), one row each, exactly
+    as the pipeline computes them at call time (the family's ``text_inputs``, default :func:`encoded_prompts`), and
+    each training clip's row in that table."""
     unique = sorted(set(prompts)) + [""]
-    encoded = pipe.encode_prompt(unique, do_classifier_free_guidance=False, max_sequence_length=MAX_SEQUENCE_LENGTH,
+    text_inputs = encoded_prompts if recipe.text_inputs is None else resolve(recipe.text_inputs)
+    table = text_inputs(pipe, unique, dict(recipe.encode_kwargs))
+    rows = torch.tensor([unique.index(p) for p in prompts])
+    return table, rows
+
+
+def encoded_prompts(pipe, prompts: list[str], encode_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The pipeline's ``encode_prompt`` embeddings of ``prompts`` and, where it passes one to its transformer
+    (SANA-Video; not Wan), their attention mask, under the transformer's keyword names."""
+    encoded = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=MAX_SEQUENCE_LENGTH,
                                  device=torch.device("cpu"), **encode_kwargs)
     # Wan returns (embeds, negative embeds); SANA-Video (embeds, mask, negative embeds, negative mask)
-    embeds, masks = encoded[0], (encoded[1] if len(encoded) == 4 else None)
-    rows = torch.tensor([unique.index(p) for p in prompts])
-    return embeds, masks, rows
+    table = {"encoder_hidden_states": encoded[0]}
+    if len(encoded) == 4:
+        table["encoder_attention_mask"] = encoded[1]
+    return table
 
 
-def _train_transformer(transformer, latents, text, config: TrainingConfig, seed: int,
-                       progress: bool) -> list[float]:
-    """Rectified flow on ``latents``; ``text`` is :func:`_prompt_embeddings`'s (table, masks, rows), the empty
-    prompt the table's last row, used instead of the clip's prompt ``config.prompt_dropout`` of the time."""
-    table, mask_table, rows = text
-    empty = len(table) - 1
+def _latent_inputs(latents: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The transformer's input for noisy latents where the pipeline passes them as they are."""
+    return {"hidden_states": latents}
+
+
+def _train_transformer(transformer, latents, text, config: TrainingConfig, seed: int, progress: bool,
+                       model_inputs=_latent_inputs) -> list[float]:
+    """Rectified flow on ``latents``; ``text`` is :func:`_text_table`'s (table, rows), the empty prompt the
+    table's last row, used instead of the clip's prompt ``config.prompt_dropout`` of the time; ``model_inputs``
+    turns noisy latents into the transformer's latent inputs."""
+    table, rows = text
+    empty = len(next(iter(table.values()))) - 1
     gen = torch.Generator().manual_seed(seed * 1000 + 23)
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=config.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.steps))
@@ -552,9 +585,8 @@ def _train_transformer(transformer, latents, text, config: TrainingConfig, seed:
             noise = torch.randn(x0.shape, generator=gen)
             s = sigma.view(-1, 1, 1, 1, 1)
             xt = (1 - s) * x0 + s * noise
-            mask = {} if mask_table is None else {"encoder_attention_mask": mask_table[row]}
-            prediction = transformer(hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=table[row],
-                                     return_dict=False, **mask)[0]
+            text_rows = {name: values[row] for name, values in table.items()}
+            prediction = transformer(**model_inputs(xt), timestep=sigma * 1000, return_dict=False, **text_rows)[0]
             loss = torch.nn.functional.mse_loss(prediction, noise - x0)
             _descend(transformer, optimizer, schedule, loss, losses, bar, last=step == config.steps - 1)
     transformer.eval()

@@ -3,7 +3,7 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, register
+from accelpatch.models.families import DemoSettings, Family, TrainingSettings, register
 
 _LAZY = {"HunyuanVideo15Adapter": f"{__name__}.adapter"}
 
@@ -12,4 +12,16 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 register(Family(
     key="hunyuan_video15", name="HunyuanVideo 1.5", cli="hunyuan-video15",
     adapter=f"{__name__}.adapter:HunyuanVideo15Adapter", order=50, demo=DemoSettings("sol", None, steps=2, rounds=6, seconds=6),
-    diffusers_tests="tests/models/transformers/test_models_transformer_hunyuan_1_5.py"))
+    diffusers_tests="tests/models/transformers/test_models_transformer_hunyuan_1_5.py",
+    # the pipeline feeds two text streams, zero image embeddings and latents with zero condition channels: the
+    # trained tiny one learns from exactly those (accelpatch.tiny_models.hunyuan_video15); its VAE encodes one clip
+    # at a time (a batch fails in diffusers 0.42), at a quarter of the default learning rate (at 4e-3 its
+    # posterior variance blew up within 50 steps, the loss spiking to 30)
+    training=TrainingSettings(build="accelpatch.tiny_models.hunyuan_video15:build_hunyuan_video15_pipeline",
+                              call_kwargs="accelpatch.tiny_models.hunyuan_video15:hunyuan_video15_call_kwargs",
+                              pipeline="TinyHunyuanVideo15Pipeline",
+                              pipeline_module="accelpatch.models.hunyuan_video15.pipeline",
+                              text_inputs="accelpatch.tiny_models.hunyuan_video15:text_inputs",
+                              model_inputs="accelpatch.tiny_models.hunyuan_video15:model_inputs",
+                              config_defaults=(("vae_batch_size", 1), ("vae_lr", 1e-3)),
+                              demo_options=(("backend", "sol_attn"), ("dense_layers", ""), ("min_tokens", 0)))))

@@ -6,8 +6,9 @@ and its 1,000 tokens; ByT5's 256; 729 image tokens), which ``save_pretrained`` d
 with shorter ones (:func:`accelpatch.testing.tiny_hunyuan_video15_pipeline`) came back from ``from_pretrained``
 with the release's, so a saved tiny pipeline, or one trained at its own lengths, would not run as it was built.
 This subclass takes them as ``__init__`` arguments and registers them in its config (``model_index.json``), which
-``from_pretrained`` passes back. It is offered in the ``diffusers`` namespace when :mod:`accelpatch.testing` is
-imported, so ``DiffusionPipeline.from_pretrained`` loads a saved folder after that import.
+``from_pretrained`` passes back. Importing this module offers it in the ``diffusers`` namespace, so
+``DiffusionPipeline.from_pretrained`` loads a saved folder after that import (the tiny builder and the shipped
+trained pipeline's loader import it).
 """
 from __future__ import annotations
 
@@ -48,4 +49,4 @@ class TinyHunyuanVideo15Pipeline(HunyuanVideo15Pipeline):
 
 
 offer_to_diffusers("TinyHunyuanVideo15Pipeline",
-                   "accelpatch.testing.hunyuan_video15_pipeline:TinyHunyuanVideo15Pipeline")
+                   "accelpatch.models.hunyuan_video15.pipeline:TinyHunyuanVideo15Pipeline")
