@@ -10,6 +10,8 @@ follow their prompt:
   ``"hunyuan-video15"`` so far) saves a folder that the family's diffusers pipeline ``from_pretrained`` loads;
   :mod:`~accelpatch.tiny_models.hunyuan_video15` holds what HunyuanVideo 1.5's richer transformer inputs need.
 * :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
+* :mod:`~accelpatch.tiny_models.sound`: a clip's sound for the audio families (pitch follows the shape's height,
+  loudness its size, stereo position its x) and a reader that hears those from the waveform.
 * :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`).
 * :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY [--ship]``.
 
@@ -35,9 +37,12 @@ _LAZY = {
     "procedural_video": "accelpatch.tiny_models.procedural",
     "procedural_batch": "accelpatch.tiny_models.procedural",
     "read_shape_video": "accelpatch.tiny_models.detect",
+    "procedural_sound": "accelpatch.tiny_models.sound",
+    "read_sound": "accelpatch.tiny_models.sound",
     "trained_pipeline": "accelpatch.tiny_models.shipped",
     "trained_call_kwargs": "accelpatch.tiny_models.shipped",
     "shipped_families": "accelpatch.tiny_models.shipped",
 }
 __all__ = ["TRAINABLE_FAMILIES", *_LAZY]
-__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli", "detect", "shipped"))
+__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli", "detect", "shipped", "sound",
+                                                            "hunyuan_video15"))
