@@ -17,7 +17,9 @@ target noise - x0, sigma drawn uniformly then shifted by 3 (Wan's ``FlowMatchEul
 SANA-Video's flow DPM-Solver++ at ``flow_shift=3``), timestep = 1000 sigma, conditioned on the fixed tiny text
 encoder's embedding of the clip's prompt exactly as the pipeline encodes it (dropped to the empty prompt 10% of the
 time, so classifier-free guidance works). A word-level tokenizer over the procedural vocabulary replaces the test
-pipelines' 5-token one (which maps every prompt to one unknown token).
+pipelines' 5-token one (which maps every prompt to one unknown token). A family whose transformer reads more than
+latents and one text embedding (HunyuanVideo 1.5: two text streams, image embeddings, condition channels) says in its
+:class:`~accelpatch.models.families.TrainingSettings` how its pipeline builds those inputs, and training feeds the same.
 
 The result loads with the family's pipeline ``from_pretrained(folder)``; call it with
 :func:`accelpatch.tiny_models.shipped.trained_call_kwargs`.
