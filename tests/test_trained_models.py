@@ -156,8 +156,8 @@ def test_trained_refuses_the_options_that_build_random_weights_and_other_familie
         testing.tiny_sana_video_pipeline(trained=True, transformer_config={"num_layers": 1})
     with pytest.raises(ValueError, match=r"tiny_sana_video2_pipeline\(trained=True\).*vae_config build"):
         testing.tiny_sana_video2_pipeline(trained=True, vae_config={"latent_channels": 8})
-    with pytest.raises(ValueError, match=r"tiny_hunyuan_video15_pipeline\(trained=True\).*tokenizer build"):
-        testing.tiny_hunyuan_video15_pipeline(trained=True, tokenizer=object())
+    with pytest.raises(ValueError, match=r"tiny_hunyuan_video15_pipeline\(trained=True\).*transformer_config build"):
+        testing.tiny_hunyuan_video15_pipeline(trained=True, transformer_config={"num_layers": 1})
     with pytest.raises(ValueError, match=r"no trained tiny 'ltx2' pipeline ships with accelpatch \(trained: "
                                          r"sana-video, sana-video2, wan\)"):
         shipped_folder("ltx2")

@@ -93,16 +93,13 @@ HUNYUAN_VIDEO15_TINY_VAE_CONFIG: dict[str, Any] = dict(
     upsample_match_channel=False,
 )
 
-#: Qwen's ChatML chat template (what the released tokenizer applies), for the tiny tokenizers
-QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
 def _byte_qwen_tokenizer():
     """A ``Qwen2Tokenizer`` whose vocabulary is the 256 byte-level symbols and Qwen's special tokens, no merges
     (every UTF-8 byte one token), with Qwen's ChatML chat template. Built in memory, no files."""
     from transformers import AddedToken, Qwen2Tokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from accelpatch.tiny_models.hunyuan_video15 import QWEN_CHAT_TEMPLATE
 
     specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
     vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
@@ -113,43 +110,10 @@ def _byte_qwen_tokenizer():
     return tokenizer
 
 
-def _tiny_qwen25_vl_text(hidden_size: int, tokenizer, seed: int):
-    """A randomly initialised two-layer ``Qwen2_5_VLTextModel`` ``hidden_size`` wide (the transformer's
-    ``text_embed_dim``): 2 heads, multimodal RoPE sections split over the head's half dim as released (t, h, w)."""
-    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
-
-    if hidden_size % 16:
-        raise ValueError(f"text_embed_dim={hidden_size} must be a multiple of 16 (2 heads, 3 RoPE sections)")
-    half = hidden_size // 4  # half the head dim of 2 heads
-    sections = [half // 4, half // 4, half - 2 * (half // 4)]
-    config = Qwen2_5_VLTextConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=1e6,
-        rope_scaling={"mrope_section": sections, "rope_type": "default", "type": "default"},
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    return Qwen2_5_VLTextModel(config).eval()
-
-
-def _tiny_byt5(d_model: int, seed: int):
-    """The file-free ``ByT5Tokenizer`` and a one-layer ``T5EncoderModel`` ``d_model`` wide (the transformer's
-    ``text_embed_2_dim``) over its vocabulary."""
-    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
-
-    tokenizer = ByT5Tokenizer()
-    torch.manual_seed(seed)
-    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=max(d_model // 2, 1),
-                                      d_ff=2 * d_model, num_layers=1, num_heads=2,
-                                      relative_attention_num_buckets=8)).eval()
-    return tokenizer, encoder
-
-
 def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: int = 0,
                                   transformer_config: Mapping[str, Any] | None = None, transformer=None,
                                   guidance_scale: float = 6.0, text_len: int = 64, glyph_len: int = 32,
-                                  image_tokens: int = 16, device: str | torch.device = "cpu", tokenizer=None,
-                                  vae=None, flow_shift: float = 7.0, trained: bool = False):
+                                  image_tokens: int = 16, device: str | torch.device = "cpu", trained: bool = False):
     """A complete offline text-to-video ``HunyuanVideo15Pipeline`` (a
     :class:`~accelpatch.models.hunyuan_video15.pipeline.TinyHunyuanVideo15Pipeline`, which saves its sequence
     lengths) with tiny random components (default transformer: :data:`HUNYUAN_VIDEO15_PIPELINE_CONFIG`), progress
@@ -161,23 +125,20 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
     ByT5's ``glyph_len`` and the image stream ``image_tokens``, so the joint attention stays small. The transformer's
     ``in_channels`` must be ``2 * out_channels + 1`` (latents, condition latents, mask) and ``out_channels`` is
     the VAE's latent channels. ``guidance_scale`` > 1 runs classifier-free guidance (two forwards per step).
-    ``tokenizer`` (a tokenizer with Qwen's chat template and special tokens; default the byte-level one), ``vae``
-    (default :data:`HUNYUAN_VIDEO15_TINY_VAE_CONFIG`'s) and the scheduler's ``flow_shift`` are for the trained tiny
-    pipeline's builder (:mod:`accelpatch.tiny_models.hunyuan_video15`).
 
     ``trained=True`` returns instead the shipped tiny HunyuanVideo 1.5 trained on procedural clips (issue #43; 13
     frames of 128 x 256, word-level prompts: call it with
-    :func:`accelpatch.tiny_models.hunyuan_video15.hunyuan_video15_call_kwargs`); ``transformer_config``,
-    ``transformer``, ``tokenizer`` and ``vae`` are refused with it."""
+    :func:`accelpatch.tiny_models.hunyuan_video15.hunyuan_video15_call_kwargs`); ``transformer_config`` and
+    ``transformer`` are refused with it."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler
     from diffusers.guiders import ClassifierFreeGuidance
 
     from accelpatch.models.hunyuan_video15.pipeline import TinyHunyuanVideo15Pipeline
+    from accelpatch.tiny_models.hunyuan_video15 import tiny_byt5, tiny_qwen25_vl_text
 
     if trained:
         return _trained("hunyuan-video15", "tiny_hunyuan_video15_pipeline", dtype=dtype, device=device,
-                        transformer_config=transformer_config, transformer=transformer, tokenizer=tokenizer,
-                        vae=vae)
+                        transformer_config=transformer_config, transformer=transformer)
     if transformer is None:
         transformer = tiny_hunyuan_video15_transformer(
             HUNYUAN_VIDEO15_PIPELINE_CONFIG if transformer_config is None else transformer_config,
@@ -190,28 +151,20 @@ def tiny_hunyuan_video15_pipeline(*, dtype: torch.dtype = torch.float32, seed: i
     for name, value in (("text_len", text_len), ("glyph_len", glyph_len), ("image_tokens", image_tokens)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")
-    tokenizer = _byte_qwen_tokenizer() if tokenizer is None else tokenizer
-    text_encoder = _tiny_qwen25_vl_text(int(config.text_embed_dim), tokenizer, seed)
-    tokenizer_2, text_encoder_2 = _tiny_byt5(int(config.text_embed_2_dim), seed)
-    if vae is None:
-        torch.manual_seed(seed)
-        vae = AutoencoderKLHunyuanVideo15(**{**HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
-                                             "latent_channels": int(config.out_channels)})
-    if int(vae.config.latent_channels) != int(config.out_channels):
-        raise ValueError(f"the VAE's latent_channels={vae.config.latent_channels} must be the transformer's "
-                         f"out_channels={config.out_channels}")
-    vae = vae.eval()
+    tokenizer = _byte_qwen_tokenizer()
+    text_encoder = tiny_qwen25_vl_text(int(config.text_embed_dim), tokenizer, seed)
+    tokenizer_2, text_encoder_2 = tiny_byt5(int(config.text_embed_2_dim), seed)
+    torch.manual_seed(seed)
+    vae = AutoencoderKLHunyuanVideo15(**{**HUNYUAN_VIDEO15_TINY_VAE_CONFIG,
+                                         "latent_channels": int(config.out_channels)}).eval()
     if dtype != torch.float32:
         _cast_like_from_pretrained(text_encoder_2, dtype)
     pipe = TinyHunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer,
-                                      vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=flow_shift),
+                                      vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
                                       text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
                                       guider=ClassifierFreeGuidance(guidance_scale=guidance_scale))
-    # the system prefix the pipeline crops (its 108 for the released tokenizer), as this tokenizer counts it
-    prefix = f"<|im_start|>system\n{pipe.system_message}<|im_end|>\n<|im_start|>user\n"
-    pipe.set_lengths(prompt_template_encode_start_idx=len(tokenizer(prefix)["input_ids"]),
-                     tokenizer_max_length=text_len, tokenizer_2_max_length=glyph_len,
-                     vision_num_semantic_tokens=image_tokens)  # saved in its config: from_pretrained keeps them
+    # saved in its config, so from_pretrained keeps them; the Qwen prefix counted by this tokenizer
+    pipe.fit_lengths(text=text_len, glyph=glyph_len, image=image_tokens)
     return _finish_tiny_pipeline(pipe, text_encoder, vae, dtype=dtype, device=device)
 
 

@@ -46,11 +46,15 @@ IMAGE_TOKENS = 4
 GUIDANCE_SCALE = 4.0
 
 
+#: Qwen's ChatML chat template (what the released tokenizer applies), for the tiny tokenizers
+QWEN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 def chat_word_tokenizer():
     """:func:`accelpatch.tiny_models.train.word_tokenizer` with Qwen's special tokens (``<|im_start|>``,
     ``<|im_end|>``) and chat template, so the pipeline's ``apply_chat_template`` and its system-prefix crop work as
     with the released tokenizer, one token per procedural word."""
-    from accelpatch.testing.hunyuan_video15 import QWEN_CHAT_TEMPLATE
     from accelpatch.tiny_models.train import word_tokenizer
 
     tokenizer = word_tokenizer()
@@ -59,25 +63,66 @@ def chat_word_tokenizer():
     return tokenizer
 
 
+def tiny_qwen25_vl_text(hidden_size: int, tokenizer, seed: int):
+    """A randomly initialised two-layer ``Qwen2_5_VLTextModel`` ``hidden_size`` wide (the transformer's
+    ``text_embed_dim``): 2 heads, multimodal RoPE sections split over the head's half dim as released (t, h, w).
+    The pipeline reads the hidden state two layers before the last: here, the token embeddings."""
+    from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    if hidden_size % 16:
+        raise ValueError(f"text_embed_dim={hidden_size} must be a multiple of 16 (2 heads, 3 RoPE sections)")
+    half = hidden_size // 4  # half the head dim of 2 heads
+    sections = [half // 4, half // 4, half - 2 * (half // 4)]
+    config = Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=1e6,
+        rope_scaling={"mrope_section": sections, "rope_type": "default", "type": "default"},
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Qwen2_5_VLTextModel(config).eval()
+
+
+def tiny_byt5(d_model: int, seed: int):
+    """The file-free ``ByT5Tokenizer`` and a one-layer ``T5EncoderModel`` ``d_model`` wide (the transformer's
+    ``text_embed_2_dim``) over its vocabulary."""
+    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+
+    tokenizer = ByT5Tokenizer()
+    torch.manual_seed(seed)
+    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=max(d_model // 2, 1),
+                                      d_ff=2 * d_model, num_layers=1, num_heads=2,
+                                      relative_attention_num_buckets=8)).eval()
+    return tokenizer, encoder
+
+
 def build_hunyuan_video15_pipeline(seed: int = 0, *, vae=None):
     """An untrained tiny ``TinyHunyuanVideo15Pipeline`` (``HunyuanVideo15Pipeline`` that saves its sequence
     lengths): the transformer of :data:`HUNYUAN_VIDEO15_TRANSFORMER_CONFIG`, the VAE of
-    :data:`HUNYUAN_VIDEO15_VAE_CONFIG` (or ``vae``), the tiny Qwen2.5-VL and ByT5 encoders of the test pipeline over
-    :func:`chat_word_tokenizer`, the flow-matching Euler scheduler at shift 3 (as it trains) and CFG at
-    :data:`GUIDANCE_SCALE`, all seeded."""
-    from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
+    :data:`HUNYUAN_VIDEO15_VAE_CONFIG` (or ``vae``), tiny Qwen2.5-VL and ByT5 encoders over
+    :func:`chat_word_tokenizer` and ByT5's own tokenizer, the flow-matching Euler scheduler at shift 3 (as it
+    trains) and CFG at :data:`GUIDANCE_SCALE`, all seeded."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler,
+                           HunyuanVideo15Transformer3DModel)
+    from diffusers.guiders import ClassifierFreeGuidance
 
-    from accelpatch.testing.hunyuan_video15 import tiny_hunyuan_video15_pipeline
+    from accelpatch.models.hunyuan_video15.pipeline import TinyHunyuanVideo15Pipeline
     from accelpatch.tiny_models.train import FLOW_SHIFT, _seeded_transformer_and_vae
 
     transformer, vae = _seeded_transformer_and_vae(seed, HunyuanVideo15Transformer3DModel,
                                                    HUNYUAN_VIDEO15_TRANSFORMER_CONFIG, vae,
                                                    vae_class=AutoencoderKLHunyuanVideo15.__name__,
                                                    vae_config=HUNYUAN_VIDEO15_VAE_CONFIG)
-    return tiny_hunyuan_video15_pipeline(seed=seed + 2, transformer=transformer.eval(), vae=vae,
-                                         tokenizer=chat_word_tokenizer(), guidance_scale=GUIDANCE_SCALE,
-                                         text_len=MAX_SEQUENCE_LENGTH, glyph_len=GLYPH_TOKENS,
-                                         image_tokens=IMAGE_TOKENS, flow_shift=FLOW_SHIFT)
+    tokenizer = chat_word_tokenizer()
+    widths = HUNYUAN_VIDEO15_TRANSFORMER_CONFIG
+    text_encoder = tiny_qwen25_vl_text(int(widths["text_embed_dim"]), tokenizer, seed + 2)
+    tokenizer_2, text_encoder_2 = tiny_byt5(int(widths["text_embed_2_dim"]), seed + 2)
+    pipe = TinyHunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer.eval(),
+                                      vae=vae.eval(), scheduler=FlowMatchEulerDiscreteScheduler(shift=FLOW_SHIFT),
+                                      text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                                      guider=ClassifierFreeGuidance(guidance_scale=GUIDANCE_SCALE))
+    pipe.fit_lengths(text=MAX_SEQUENCE_LENGTH, glyph=GLYPH_TOKENS, image=IMAGE_TOKENS)
+    return pipe
 
 
 def text_inputs(pipe, prompts: list[str], encode_kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:

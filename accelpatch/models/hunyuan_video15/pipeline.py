@@ -48,5 +48,14 @@ class TinyHunyuanVideo15Pipeline(HunyuanVideo15Pipeline):
         self.__dict__.update(lengths)
 
 
+    def fit_lengths(self, *, text: int, glyph: int, image: int) -> None:
+        """Set the lengths for this pipeline's own tokenizer: ``text`` Qwen tokens after the chat template's system
+        prefix, which it counts with this tokenizer (the release's 108 are its tokenizer's count), ``glyph`` ByT5
+        tokens and ``image`` image tokens."""
+        prefix = f"<|im_start|>system\n{self.system_message}<|im_end|>\n<|im_start|>user\n"
+        self.set_lengths(prompt_template_encode_start_idx=len(self.tokenizer(prefix)["input_ids"]),
+                         tokenizer_max_length=text, tokenizer_2_max_length=glyph, vision_num_semantic_tokens=image)
+
+
 offer_to_diffusers("TinyHunyuanVideo15Pipeline",
                    "accelpatch.models.hunyuan_video15.pipeline:TinyHunyuanVideo15Pipeline")
