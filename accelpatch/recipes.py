@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from accelpatch.core.errors import did_you_mean
 from accelpatch.core.tiers import parse_tier
 from accelpatch.models.families import families
-from accelpatch.tiny_models import TRAINABLE_FAMILIES
+from accelpatch.tiny_models.shelf import shipped_families
 
 __all__ = ["Gates", "CandidateSpec", "BenchSettings", "LoraSpec", "Recipe", "RecipeError", "load_recipe", "recipe_dirs",
            "available_recipes", "TINY_MODELS", "SHIPPED_RECIPES", "schema_errors", "SEED_MAX", "seed_problem",
@@ -55,7 +55,7 @@ SHIPPED_RECIPES = _shipped_recipes()
 TINY_MODELS = tuple(family.cli for family in families())
 #: ``trained:<name>`` models: the trained tiny pipelines that ship in the package (issue #43; built by
 #: accelpatch.eval.pipelines from accelpatch.tiny_models.shipped), whose videos have content the gates can judge
-TRAINED_MODELS = TRAINABLE_FAMILIES
+TRAINED_MODELS = shipped_families()
 DTYPES = ("bf16", "fp16", "fp32")
 
 #: the largest seed: seeds are torch.Generator.manual_seed's non-negative range, 0 to 2**64 - 1 (torch folds a

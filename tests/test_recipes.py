@@ -35,6 +35,9 @@ def test_the_promised_recipes_ship_and_load():
     ({"model": "trained:ltx2"}, "model: unknown trained model 'trained:ltx2'; trained tiny models: "
                                 "trained:sana-video, trained:sana-video2, trained:wan (the other families have "
                                 "random-weight tiny:<model> pipelines only)"),
+    # a family that trains but ships no trained folder yet is refused here, not when the recipe loads
+    ({"model": "trained:hunyuan-video15"}, "model: unknown trained model 'trained:hunyuan-video15'; trained tiny "
+                                           "models: trained:sana-video, trained:sana-video2, trained:wan"),
     ({"model": "m", "gates": {"ssim_flor": 0.9}}, "gates.ssim_flor: unknown field (did you mean 'ssim_floor'?); "
                                                    "allowed here: audio, audio_corr_floor, audio_lsd_ceiling, "
                                                    "audio_snr_floor, flicker_delta_max, i2v_image, motion_ratio_max, "

@@ -41,8 +41,8 @@ _LAZY = {
     "read_sound": "accelpatch.tiny_models.sound",
     "trained_pipeline": "accelpatch.tiny_models.shipped",
     "trained_call_kwargs": "accelpatch.tiny_models.shipped",
-    "shipped_families": "accelpatch.tiny_models.shipped",
+    "shipped_families": "accelpatch.tiny_models.shelf",
 }
 __all__ = ["TRAINABLE_FAMILIES", *_LAZY]
-__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli", "detect", "shipped", "sound",
-                                                            "hunyuan_video15"))
+__getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli", "detect", "shipped", "shelf",
+                                                            "sound", "hunyuan_video15"))

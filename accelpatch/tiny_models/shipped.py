@@ -16,20 +16,12 @@ import torch
 
 from accelpatch.models.families import by_cli, resolve
 from accelpatch.tiny_models import TRAINABLE_FAMILIES, procedural
+from accelpatch.tiny_models.shelf import WEIGHTS_DIR, shipped_families  # noqa: F401 (re-exported)
 
 #: Prompts are tokenized to at most this many tokens; the embeddings are zero-padded to it (as Wan's pipeline does),
 #: so calls must pass the same ``max_sequence_length`` as training (see :func:`wan_call_kwargs`).
 MAX_SEQUENCE_LENGTH = 16
 
-#: Where the shipped folders live (package data: setup.cfg [options.package_data]).
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-
-
-def shipped_families() -> tuple[str, ...]:
-    """Families whose trained tiny pipeline ships with this installation."""
-    if not WEIGHTS_DIR.is_dir():
-        return ()
-    return tuple(sorted(p.name for p in WEIGHTS_DIR.iterdir() if (p / "model_index.json").is_file()))
 
 
 def shipped_folder(family: str) -> Path:

@@ -47,7 +47,6 @@ class TinyHunyuanVideo15Pipeline(HunyuanVideo15Pipeline):
         self.register_to_config(**lengths)
         self.__dict__.update(lengths)
 
-
     def fit_lengths(self, *, text: int, glyph: int, image: int) -> None:
         """Set the lengths for this pipeline's own tokenizer: ``text`` Qwen tokens after the chat template's system
         prefix, which it counts with this tokenizer (the release's 108 are its tokenizer's count), ``glyph`` ByT5
