@@ -12,7 +12,8 @@ follow their prompt:
 * :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
 * :mod:`~accelpatch.tiny_models.sound`: a clip's sound for the audio families (pitch follows the shape's height,
   loudness its size, stereo position its x) and a reader that hears those from the waveform.
-* :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`).
+* :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`);
+  :mod:`~accelpatch.tiny_models.shelf` says which ship without importing torch (the recipe schema reads it).
 * :mod:`~accelpatch.tiny_models.cli`: ``python -m accelpatch train-tiny FAMILY [--ship]``.
 
 Importing this package imports no torch; :func:`train_family` and the modules load on first use.
@@ -24,7 +25,7 @@ from accelpatch.models.families import trainable_families
 
 #: Families with a training recipe (their registry record's ``training``), by their command-line names, in the
 #: registry's order (the other families of issue #43 come later). SANA-Video reuses the shipped Wan's trained VAE,
-#: so Wan trains first; SANA-Video 2.0 trains its own (it does not ship yet: docs/tiny-models.md).
+#: so Wan trains first; SANA-Video 2.0 and HunyuanVideo 1.5 train their own VAEs (docs/tiny-models.md).
 TRAINABLE_FAMILIES: tuple[str, ...] = trainable_families()
 
 _LAZY = {

@@ -493,42 +493,51 @@ def _encode_dataset(vae, config: TrainingConfig, seed: int, progress: bool, *, k
     latents = torch.stack(means)
     if keep_statistics:
         mean, std = latent_statistics(vae)
-    elif _normalised_by_scaling_factor(vae):
-        mean = torch.zeros(latents.shape[1])  # the pipeline only divides by the factor: one scale, no shift
-        std = latents.pow(2).mean().sqrt().clamp_min(1e-4).expand(latents.shape[1]).clone()
-        _set_latent_statistics(vae, mean, std)
     else:
-        mean = latents.mean(dim=(0, 2, 3, 4))
-        std = latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
+        mean, std = _measured_statistics(vae, latents)
         _set_latent_statistics(vae, mean, std)
     return (latents - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1), prompts
 
 
+def _latent_store(vae) -> str:
+    """Where ``vae`` keeps the statistics its pipeline un-normalises latents with: ``"config"`` (Wan's VAE: lists
+    ``latents_mean`` / ``latents_std`` in its config), ``"buffers"`` (the LTX-2 VAE: buffers of those names) or
+    ``"scale"`` (HunyuanVideo 1.5's: one ``scaling_factor`` in its config, which the pipeline only divides by)."""
+    if "latents_mean" in vae.config:
+        return "config"
+    if hasattr(vae, "latents_mean") or "scaling_factor" not in vae.config:
+        return "buffers"
+    return "scale"
+
+
+def _measured_statistics(vae, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) per channel of ``latents`` (N, C, F, H, W) as ``vae``'s store holds them: a ``"scale"`` VAE
+    has no shift and one scale for every channel (the latents' RMS)."""
+    if _latent_store(vae) == "scale":
+        mean = torch.zeros(latents.shape[1])
+        std = latents.pow(2).mean().sqrt().clamp_min(1e-4).expand(latents.shape[1]).clone()
+        return mean, std
+    return latents.mean(dim=(0, 2, 3, 4)), latents.std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
+
+
 def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-channel (mean, std) a pipeline un-normalises ``vae``'s latents with: Wan's VAE keeps them in its
-    config (``latents_mean`` / ``latents_std`` lists), the LTX-2 VAE as buffers of those names; HunyuanVideo 1.5's
-    has only a ``scaling_factor`` in its config (mean 0, std 1 / factor for every channel)."""
-    if _statistics_in_config(vae):
+    """The per-channel (mean, std) a pipeline un-normalises ``vae``'s latents with, read from its store
+    (:func:`_latent_store`; a ``"scale"`` VAE: mean 0, std 1 / factor for every channel)."""
+    store = _latent_store(vae)
+    if store == "config":
         return torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
-    if _normalised_by_scaling_factor(vae):
+    if store == "scale":
         channels = int(vae.config.latent_channels)
         return torch.zeros(channels), torch.full((channels,), 1.0 / float(vae.config.scaling_factor))
     return vae.latents_mean.detach().float().clone(), vae.latents_std.detach().float().clone()
 
 
-def _statistics_in_config(vae) -> bool:
-    return "latents_mean" in vae.config
-
-
-def _normalised_by_scaling_factor(vae) -> bool:
-    return not _statistics_in_config(vae) and not hasattr(vae, "latents_mean") and "scaling_factor" in vae.config
-
-
 def _set_latent_statistics(vae, mean: torch.Tensor, std: torch.Tensor) -> None:
     """Store (mean, std) where :func:`latent_statistics` reads them (and the family's pipeline does)."""
-    if _statistics_in_config(vae):
+    store = _latent_store(vae)
+    if store == "config":
         vae.register_to_config(latents_mean=[float(v) for v in mean], latents_std=[float(v) for v in std])
-    elif _normalised_by_scaling_factor(vae):
+    elif store == "scale":
         vae.register_to_config(scaling_factor=1.0 / float(std[0]))
     else:
         vae.latents_mean.copy_(mean)
