@@ -466,6 +466,35 @@ def test_train_tiny_help_imports_no_torch():
     assert "train-tiny" in result.stdout and result.stdout.strip().splitlines()[-1] == "False False"
 
 
+def test_train_tiny_help_states_the_trainers_defaults_and_the_families_own(monkeypatch):
+    """--help cannot import the trainer (torch), so it states the defaults itself: they must be TrainingConfig's,
+    and a family's own (its TrainingSettings.config_defaults) are named beside them."""
+    import argparse
+    import dataclasses
+
+    from accelpatch.models import families
+    from accelpatch.tiny_models import cli
+    from accelpatch.tiny_models.train import TrainingConfig
+
+    real = families.by_cli
+    own = {"steps": 1234, "vae_max_passes": 7}  # a family with defaults of its own for two of the four
+
+    def by_cli(name):
+        record = real(name)
+        if name != "hunyuan-video15":
+            return record
+        training = dataclasses.replace(record.training, config_defaults=tuple(own.items()))
+        return dataclasses.replace(record, training=training)
+
+    monkeypatch.setattr(families, "by_cli", by_cli)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    helps = {action.dest: " ".join(action.help.split()) for action in parser._actions if action.help}
+    for field in ("steps", "vae_steps", "vae_max_passes", "videos"):
+        assert f"default {getattr(TrainingConfig, field)}" in helps[field], (field, helps[field])
+        assert (f"hunyuan-video15 {own.get(field)}" in helps[field]) == (field in own), (field, helps[field])
+
+
 class _StandInVAE:
     """``encode``/``decode`` as diffusers' VAE returns them, with a chosen round trip: ``fn(x) -> reconstruction``."""
 

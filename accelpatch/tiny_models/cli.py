@@ -10,6 +10,15 @@ from pathlib import Path
 from accelpatch.tiny_models import TRAINABLE_FAMILIES
 
 
+def _default(name: str, value: object) -> str:
+    """``TrainingConfig``'s default of field ``name`` (``value``) and the families that set their own, for --help
+    (read from the torch-free family registry, so that --help imports no trainer)."""
+    from accelpatch.models.families import by_cli
+
+    own = [f"{family} {dict(by_cli(family).training.config_defaults)[name]}" for family in TRAINABLE_FAMILIES
+           if name in dict(by_cli(family).training.config_defaults)]
+    return f"default {value}" + (f"; {', '.join(own)}" if own else "")
+
 
 def _positive(text: str) -> int:
     try:
@@ -28,15 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder, a diffusers pipeline folder (default: out/tiny-models/FAMILY; created "
                              "if needed, its files replaced)")
     parser.add_argument("--steps", type=_positive, default=None, metavar="N",
-                        help="transformer training steps (default 5000)")
+                        help=f"transformer training steps ({_default('steps', 5000)})")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
-                        help="VAE training steps per pass (two passes: plain, then the shapes weighted; default 700; "
-                             "sana-video trains no VAE: it reuses the shipped Wan's)")
+                        help="VAE training steps per pass (two passes: plain, then the shapes weighted; "
+                             f"{_default('vae_steps', 700)}; sana-video trains no VAE: it reuses the shipped Wan's)")
     parser.add_argument("--vae-max-passes", type=_positive, default=None, metavar="N",
                         help="VAE passes at most: after the two planned ones, more run while the VAE check still "
-                             "finds a problem (default 5)")
+                             f"finds a problem ({_default('vae_max_passes', 5)})")
     parser.add_argument("--videos", type=_positive, default=None, metavar="N",
-                        help="procedural clips encoded once for the transformer phase (default 512)")
+                        help=f"procedural clips encoded once for the transformer phase ({_default('videos', 512)})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models, the clips and the noise (default 0)")
     parser.add_argument("--threads", type=_positive, default=None, metavar="N",
                         help="torch CPU threads (default: torch's own choice)")
