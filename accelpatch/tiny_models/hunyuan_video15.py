@@ -8,8 +8,10 @@ ByT5 glyph stream (quoted text only: zeros and an all-zero mask for the procedur
 mask channel. Training feeds exactly these (:func:`text_inputs`, :func:`model_inputs`), so the trained weights are
 called as they learned.
 
-What: the release's shape in small: a 16x spatial, 4x temporal ``AutoencoderKLHunyuanVideo15`` with 32 latent
-channels and patch 1, so 13 x 128 x 256 clips are 4 x 8 x 16 = 512 video tokens; 2 heads x 128; a word-level
+What: the release's classes in small, with the release's pixels per token: an 8x spatial, 4x temporal
+``AutoencoderKLHunyuanVideo15`` with 16 latent channels under a transformer of patch 2 (the release: a 16x VAE under
+patch 1; a tiny 16x VAE did not hold the clips, docs/tiny-models.md), so 13 x 128 x 256 clips are 4 x 16 x 32
+latents and 4 x 8 x 16 = 512 video tokens; 2 heads x 128; a word-level
 tokenizer with Qwen's chat template and special tokens (the byte-level test tokenizer made every colour a
 sequence of letters); the Qwen stream 16 tokens long after the prefix, the glyph and image streams 4.
 """
@@ -23,21 +25,22 @@ from accelpatch.tiny_models import procedural
 from accelpatch.tiny_models.shipped import MAX_SEQUENCE_LENGTH
 
 #: the trained tiny transformer: the test config's 2 heads x 128 and RoPE axes, 2 dual-stream blocks, 1 refiner
-#: block, patch 1; 65 input channels (32 latent + 32 condition + 1 mask), Qwen text 32 wide, feed-forward 2x
+#: block, patch 2; 33 input channels (16 latent + 16 condition + 1 mask), Qwen text 32 wide, feed-forward 2x
 HUNYUAN_VIDEO15_TRANSFORMER_CONFIG: dict[str, Any] = dict(
-    in_channels=65, out_channels=32, num_attention_heads=2, attention_head_dim=128, num_layers=2,
-    num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=32,
+    in_channels=33, out_channels=16, num_attention_heads=2, attention_head_dim=128, num_layers=2,
+    num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=32,
     text_embed_2_dim=8, image_embed_dim=8, rope_theta=256.0, rope_axes_dim=(16, 56, 56), task_type="t2v")
-#: the trained tiny VAE: the release's class, compression (16x spatial, 4x temporal) and 32 latent channels, 8 to
-#: 64 channels wide (~2.6M parameters; the class needs its last width a multiple of twice the latent channels).
-#: **Not yet good enough to ship** (docs/tiny-models.md): after two passes it keeps 23 % of the clips' colour
-#: saturation, round-trip MSE 0.18 (8 latent channels, 16 wide, 0.4M: 26 %, 0.17); a 300-step probe reconstructs
-#: even the shape clips at MSE ~0.1 with 36 % of their saturation, where Wan's 8x VAE reaches 0.01-0.03. Its encoder
-#: fails on a batch of more than one clip in diffusers 0.42 (its mid-block attention mask broadcasts against the
-#: batch), so it trains one clip per step (``vae_batch_size=1``).
+#: the trained tiny VAE: the release's class at 8x spatial, 4x temporal compression, 16 latent channels, 8 to 32
+#: channels wide (1.0M parameters; the class needs its last width a multiple of twice the latent channels), under a
+#: transformer of patch 2: the release's 16 pixels per token at a fifth of a tiny 16x VAE's cost a step. **No run
+#: has passed the VAE check yet** (docs/tiny-models.md): tiny 16x VAEs (32 latent channels, 8-64 wide) kept 22-35 %
+#: of the clips' colour saturation at round-trip MSE 0.18, and the transformer trained on one drew no shape; this
+#: one reached MSE 0.09-0.12 in 2 x 150 steps and did worse in 2 x 700 (MSE 0.12-0.18, 10-23 %). Its encoder fails
+#: on a batch of more than one clip in diffusers 0.42 (its mid-block attention mask broadcasts against the batch),
+#: so it trains one clip per step (``vae_batch_size=1``).
 HUNYUAN_VIDEO15_VAE_CONFIG: dict[str, Any] = dict(
-    in_channels=3, out_channels=3, latent_channels=32, block_out_channels=(8, 16, 16, 32, 64), layers_per_block=1,
-    spatial_compression_ratio=16, temporal_compression_ratio=4)
+    in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(8, 16, 32, 32), layers_per_block=1,
+    spatial_compression_ratio=8, temporal_compression_ratio=4)
 #: the glyph (ByT5) and image streams' lengths: the procedural prompts quote no text, and text-to-video's image
 #: embeddings are zeros the transformer masks, so both only need to exist
 GLYPH_TOKENS = 4
