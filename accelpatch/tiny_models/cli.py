@@ -15,10 +15,9 @@ def _default(name: str, value: object) -> str:
     (read from the torch-free family registry, so that --help imports no trainer)."""
     from accelpatch.models.families import by_cli
 
-    own = [f"{family} {dict(by_cli(family).training.config_defaults)[name]}" for family in TRAINABLE_FAMILIES
-           if name in dict(by_cli(family).training.config_defaults)]
+    settings = {family: dict(by_cli(family).training.config_defaults) for family in TRAINABLE_FAMILIES}
+    own = [f"{family} {values[name]}" for family, values in settings.items() if name in values]
     return f"default {value}" + (f"; {', '.join(own)}" if own else "")
-
 
 def _positive(text: str) -> int:
     try:

@@ -23,7 +23,6 @@ from accelpatch.tiny_models.shelf import WEIGHTS_DIR, shipped_families  # noqa: 
 MAX_SEQUENCE_LENGTH = 16
 
 
-
 def shipped_folder(family: str) -> Path:
     """The shipped folder of ``family``; ValueError naming the families that have one otherwise."""
     folder = WEIGHTS_DIR / family
