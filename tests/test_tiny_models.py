@@ -517,10 +517,19 @@ def _fading(x):
     return x + ramp * torch.sign(torch.randn_like(x))
 
 
+def _without_green(x):
+    """The green channel at the background's level everywhere: red and blue shapes survive whole, yellow turns red,
+    green vanishes (what a HunyuanVideo 1.5 VAE did to yellow, within every other limit)."""
+    out = x.clone()
+    out[:, 1] = -0.7
+    return out
+
+
 @pytest.mark.parametrize("fn, problems", [
     (lambda x: x, []),                                                    # exact: within every limit
-    (lambda x: x * 0.3 + (-0.7) * 0.7, ["saturation"]),                  # colours pulled to the grey background
-    (_fading, ["round-trip MSE", "last frames' error"]),
+    (lambda x: x * 0.3 + (-0.7) * 0.7, ["saturation", "another colour (yellow as green)"]),  # pulled to grey
+    (_fading, ["round-trip MSE", "last frames' error", "another colour"]),
+    (_without_green, ["another colour (green as no shape, yellow as red)"]),
 ])
 def test_the_vae_check_names_what_a_vae_loses(fn, problems):
     from accelpatch.tiny_models.train import VAE_LIMITS, TrainingConfig, check_vae
@@ -531,5 +540,5 @@ def test_the_vae_check_names_what_a_vae_loses(fn, problems):
     for expected, line in zip(problems, check["problems"]):
         assert expected in line, check["problems"]
     if not problems:
-        assert check["mse"] == 0 and check["saturation_kept"] == 1.0
+        assert check["mse"] == 0 and check["saturation_kept"] == 1.0 and check["colours_kept"] == 1.0
         assert check["late_over_early"] <= VAE_LIMITS["late_over_early"]

@@ -32,11 +32,12 @@ HUNYUAN_VIDEO15_TRANSFORMER_CONFIG: dict[str, Any] = dict(
     text_embed_2_dim=8, image_embed_dim=8, rope_theta=256.0, rope_axes_dim=(16, 56, 56), task_type="t2v")
 #: the trained tiny VAE: the release's class at 8x spatial, 4x temporal compression, 16 latent channels, 8 to 32
 #: channels wide (1.0M parameters; the class needs its last width a multiple of twice the latent channels), under a
-#: transformer of patch 2: the release's 16 pixels per token at a fifth of a tiny 16x VAE's cost a step. **No full
-#: run has passed the VAE check yet** (docs/tiny-models.md): tiny 16x VAEs (32 latent channels, 8-64 wide) kept 22-35 %
-#: of the clips' colour saturation at round-trip MSE 0.18, and the transformer trained on one drew no shape; this
-#: one reached MSE 0.09-0.12 in 2 x 150 steps at learning rate 1e-3 and did worse in 2 x 700 (MSE 0.12-0.18,
-#: 10-23 %); at 3e-4 (the family's default now) a probe of 2 x 700 steps passed: MSE 0.079, 63 %. Its encoder fails
+#: transformer of patch 2: the release's 16 pixels per token at a fifth of a tiny 16x VAE's cost a step. **Nothing
+#: ships yet** (docs/tiny-models.md): tiny 16x VAEs (32 latent channels, 8-64 wide) kept 22-35 % of the clips'
+#: colour saturation at round-trip MSE 0.18, and the transformer trained on one drew no shape; this one reached MSE
+#: 0.09-0.12 in 2 x 150 steps at learning rate 1e-3 and did worse in 2 x 700 (MSE 0.12-0.18, 10-23 %); at 3e-4 (the
+#: family's default now) the full run's two passes gave MSE 0.086, 84 %, but yellow shapes back red, and its
+#: transformer drew 3 of 8 prompts' colours. Its encoder fails
 #: on a batch of more than one clip in diffusers 0.42 (its mid-block attention mask broadcasts against the batch),
 #: so it trains one clip per step (``vae_batch_size=1``).
 HUNYUAN_VIDEO15_VAE_CONFIG: dict[str, Any] = dict(

@@ -38,7 +38,7 @@ import torch
 
 from accelpatch.models.families import resolve
 from accelpatch.tiny_models import TRAINABLE_FAMILIES, procedural
-from accelpatch.tiny_models.detect import shape_masks
+from accelpatch.tiny_models.detect import read_shape_video, shape_masks
 from accelpatch.tiny_models.shipped import (MAX_SEQUENCE_LENGTH, shipped_families, shipped_folder,
                                             training_settings)
 
@@ -417,14 +417,18 @@ def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight:
 #: the shapes' colours out). Measured by this check (4 clips, photos included): 3-channel VAE, 5-frame crops, 1,200
 #: steps: MSE 0.26, the last frames' error 62.6x the first's; 3 channels, whole clips, 600 steps: MSE 0.16, 1.2x,
 #: 21 % of the saturation kept; today's 8-channel VAE in two passes: MSE 0.077 (the shape clips 0.01-0.03: the
-#: photos lose their fine detail at 8x spatial compression, which no prompt check reads), 1.5x, 104 %.
-VAE_LIMITS = {"mse": 0.1, "late_over_early": 3.0, "saturation_kept": 0.5}
+#: photos lose their fine detail at 8x spatial compression, which no prompt check reads), 1.5x, 104 %. And every
+#: colour of the vocabulary must read back as itself (``colours_kept``, of one shape clip per colour): a HunyuanVideo
+#: 1.5 VAE within the other limits (MSE 0.086, 84 % of the saturation) gave yellow shapes back red, and its
+#: transformer then drew the prompt's colour 3 times in 8.
+VAE_LIMITS = {"mse": 0.1, "late_over_early": 3.0, "saturation_kept": 0.5, "colours_kept": 1.0}
 
 
 @torch.no_grad()
 def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[str, Any]:
     """How well ``vae`` reconstructs whole procedural clips (never a crop): mean squared error, the last quarter of
-    the frames' error over the first quarter's, and the saturation (max - min channel) kept at its peak; and
+    the frames' error over the first quarter's, the saturation (max - min channel) kept at its peak, and the share
+    of the colours whose shape reads back in its own colour (:func:`read_shape_video`, one clip per colour); and
     ``problems``, one line per limit of :data:`VAE_LIMITS` missed."""
     vae.eval()
     mse, late, kept = [], [], []
@@ -438,7 +442,16 @@ def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[st
         mse.append(float(per_frame.mean()))
         late.append(float(per_frame[-quarter:].mean() / per_frame[:quarter].mean().clamp_min(1e-8)))
         kept.append(_saturation(recon) / max(_saturation(x), 1e-8))
-    found = {"mse": sum(mse) / clips, "late_over_early": max(late), "saturation_kept": min(kept)}
+    misread = {}
+    for i, colour in enumerate(procedural.COLOURS):
+        video, _ = procedural.procedural_video(f"a {colour} square moves right", [seed, 8, i], frames=config.frames,
+                                               height=config.height, width=config.width)
+        recon = vae.decode(vae.encode(video[None]).latent_dist.mean).sample.clamp(-1, 1)[0]
+        read = read_shape_video(recon).colour
+        if read != colour:
+            misread[colour] = read
+    found = {"mse": sum(mse) / clips, "late_over_early": max(late), "saturation_kept": min(kept),
+             "colours_kept": 1 - len(misread) / len(procedural.COLOURS)}
     problems = []
     if found["mse"] > VAE_LIMITS["mse"]:
         problems.append(f"round-trip MSE {found['mse']:.3f} > {VAE_LIMITS['mse']}")
@@ -448,6 +461,9 @@ def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[st
     if found["saturation_kept"] < VAE_LIMITS["saturation_kept"]:
         problems.append(f"it keeps {found['saturation_kept']:.0%} of the clips' colour saturation "
                         f"(< {VAE_LIMITS['saturation_kept']:.0%}: colours wash out)")
+    if found["colours_kept"] < VAE_LIMITS["colours_kept"]:
+        problems.append("it gives shapes back in another colour (" + ", ".join(
+            f"{colour} as {read or 'no shape'}" for colour, read in misread.items()) + ")")
     return {**{k: round(v, 4) for k, v in found.items()}, "problems": problems}
 
 
