@@ -436,7 +436,7 @@ def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[st
         video, _ = procedural.procedural_video(None, [seed, 7, i], frames=config.frames, height=config.height,
                                                width=config.width)
         x = video[None]
-        recon = vae.decode(vae.encode(x).latent_dist.mean).sample.clamp(-1, 1)
+        recon = _round_trip(vae, x)
         per_frame = (recon - x).pow(2).mean(dim=(0, 1, 3, 4))
         quarter = max(1, per_frame.numel() // 4)
         mse.append(float(per_frame.mean()))
@@ -446,8 +446,7 @@ def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[st
     for i, colour in enumerate(procedural.COLOURS):
         video, _ = procedural.procedural_video(f"a {colour} square moves right", [seed, 8, i], frames=config.frames,
                                                height=config.height, width=config.width)
-        recon = vae.decode(vae.encode(video[None]).latent_dist.mean).sample.clamp(-1, 1)[0]
-        read = read_shape_video(recon).colour
+        read = read_shape_video(_round_trip(vae, video[None])[0]).colour
         if read != colour:
             misread[colour] = read
     found = {"mse": sum(mse) / clips, "late_over_early": max(late), "saturation_kept": min(kept),
@@ -465,6 +464,11 @@ def check_vae(vae, config: TrainingConfig, seed: int, clips: int = 4) -> dict[st
         problems.append("it gives shapes back in another colour (" + ", ".join(
             f"{colour} as {read or 'no shape'}" for colour, read in misread.items()) + ")")
     return {**{k: round(v, 4) for k, v in found.items()}, "problems": problems}
+
+
+def _round_trip(vae, x: torch.Tensor) -> torch.Tensor:
+    """``x`` (B, 3, F, H, W) through ``vae``'s posterior mean and back, clamped to [-1, 1]."""
+    return vae.decode(vae.encode(x).latent_dist.mean).sample.clamp(-1, 1)
 
 
 def _saturation(video: torch.Tensor) -> float:
