@@ -47,6 +47,28 @@ def fusion_by_name(name: str, defined_in: Optional[str] = None) -> "QualityGated
                        "Was the model pickled by another version of accelpatch?") from None
 
 
+#: why a count decided on the device was not read: the call ran on fake or meta tensors (a memory trace), which carry
+#: no values
+FAKE_UNCOUNTED = ("traced on fake or meta tensors (a memory plan): counts the device decides (which blocks a sparse "
+                  "attention skipped) have no value and are not counted")
+
+
+def _real_zero(dtype: torch.dtype) -> torch.Tensor:
+    """A 0-dim zero tally on the CPU, real even when made under a fake-tensor mode (apply() inside a memory trace):
+    a fake tally could never be read."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return torch.zeros((), dtype=dtype)
+
+
+def _has_no_value(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is fake or on the meta device: shapes without values."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return tensor.device.type == "meta" or is_fake(tensor)
+
+
 EXPORTED_UNCOUNTED = ("traced by torch.export: calls of the exported program (or an AOTInductor package made "
                       "from it) run outside accelpatch and are not counted")
 
@@ -102,8 +124,7 @@ class SiteCounters:
         compiled code changes what the code guarded on, and costs a recompile."""
         for field, name in fields_and_names:
             if (field, name) not in self._compiled:
-                dtype = torch.float64 if field == "stat_sums" else torch.int64
-                self._compiled[(field, name)] = torch.zeros((), dtype=dtype)
+                self._compiled[(field, name)] = _real_zero(torch.float64 if field == "stat_sums" else torch.int64)
 
     def _bump(self, field: str, name: str, value=None) -> bool:
         """Count inside traced code (see ``_compiled``); False when this trace is an export, whose program runs
@@ -124,6 +145,9 @@ class SiteCounters:
         return True
 
     def _add_lazy(self, field: str, name: str, value: torch.Tensor) -> None:
+        if _has_no_value(value):
+            self.uncounted = FAKE_UNCOUNTED
+            return
         with self._lock:
             known = self._lazy.get((field, name))
             self._lazy[(field, name)] = value.detach().long() if known is None else known + value.detach().long()
@@ -177,6 +201,9 @@ class SiteCounters:
             if self._bump("stat_sums", name, value.detach()):
                 self._bump("stat_counts", name)
             return
+        if isinstance(value, torch.Tensor) and _has_no_value(value):
+            self.uncounted = FAKE_UNCOUNTED
+            return
         with self._lock:
             self.stat_sums[name] = self.stat_sums.get(name, 0.0) + value
             self.stat_counts[name] = self.stat_counts.get(name, 0) + 1
@@ -190,6 +217,16 @@ class SiteCounters:
                    "chains": collections.Counter(self.chains)}
             sums, counts = dict(self.stat_sums), dict(self.stat_counts)
             compiled = list(self._compiled.items()) + list(self._lazy.items())
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # the tallies are real; read them inside a memory trace too
+            self._add_compiled(out, sums, counts, compiled)
+            out["stats"] = {name: float(sums[name]) / n for name, n in counts.items() if n}
+        out["uncounted"] = self.uncounted
+        return out
+
+    @staticmethod
+    def _add_compiled(out: dict, sums: dict, counts: dict, compiled: list) -> None:
         for (field, name), tally in compiled:
             if field == "fast":
                 out["fast"] += int(tally)
@@ -199,9 +236,6 @@ class SiteCounters:
                 sums[name] = sums.get(name, 0.0) + tally
             else:
                 counts[name] = counts.get(name, 0) + int(tally)
-        out["stats"] = {name: float(sums[name]) / n for name, n in counts.items() if n}
-        out["uncounted"] = self.uncounted
-        return out
 
     def mean_stat(self, name: str) -> Optional[float]:
         return self.totals()["stats"].get(name)

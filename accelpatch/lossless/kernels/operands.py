@@ -3,8 +3,8 @@ op's device reach native code.
 
 A tensor accelpatch does not understand is declined with a reason before any kernel runs: a subclass (torchao's
 quantized weights, GGUF or quanto tensors, DTensor, a wrapper whose ``data_ptr()`` is 0 or not its values), a
-quantized or sparse tensor, a meta tensor, one on another device. The module or chain then runs itself, as in
-diffusers.
+quantized or sparse tensor, a fake one (a memory trace), a meta tensor, one on another device. The module or chain
+then runs itself, as in diffusers.
 """
 from __future__ import annotations
 
@@ -24,7 +24,12 @@ def describe_type(t: torch.Tensor) -> str:
 
 def foreign_operand(tensors: Iterable[torch.Tensor], device_type: str) -> Optional[str]:
     """Why one of ``tensors`` must not reach a native kernel on ``device_type`` (None when none is)."""
+    from torch._subclasses.fake_tensor import is_fake
+
     for t in tensors:
+        if is_fake(t):
+            return ("an operand is fake (a memory trace: shapes without values), so nothing can be checked; the "
+                    "eager chain runs and its memory is what the trace sees")
         if type(t) not in _PLAIN:
             return (f"an operand is a {describe_type(t)} (a tensor subclass: quantized or wrapped values that only "
                     "its own operations read)")

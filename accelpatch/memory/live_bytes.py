@@ -1,0 +1,69 @@
+"""The peak of live tensor bytes of a block of torch code, on real tensors or fake ones.
+
+Why: memory decides whether a video renders at all, and under ``FakeTensorMode`` a model runs at its released size
+with shapes and no storage, so the same counter that measures a tiny real run plans a full-size one on a CPU
+(``../shared/reference/memory.md``). It counts what the block *creates*: each new storage an operator returns
+(not a view of, or an in-place write into, one of its inputs) from the op that returns it until it is freed. Weights
+and inputs that existed before the block are not counted (the planner adds them). Kernels' internal workspace and
+an allocator's caching and fragmentation are not seen: the figure is the live tensors' bytes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class LiveBytes(TorchDispatchMode):
+    """``with LiveBytes() as live: model(**inputs)``: ``live.peak`` is the most bytes of tensors created in the
+    block that were alive at once (checked after every operator), ``live.current`` those still alive now,
+    ``live.peak_op`` the operator at which the peak was reached. Storages are keyed by identity, so a view or an
+    in-place result is not counted twice; a storage is released when torch frees it (a weak reference)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = self.current = self.ops = 0
+        self.peak_op = ""
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        self._release_freed()
+        held = {StorageWeakRef(t.untyped_storage()).cdata for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            ref = StorageWeakRef(storage)
+            if ref.cdata in held or ref.cdata in self._live:
+                continue  # a view of, or written into, something already there
+            nbytes = storage.nbytes()
+            self._live[ref.cdata] = (ref, nbytes)
+            self.current += nbytes
+        if self.current > self.peak:
+            self.peak, self.peak_op = self.current, str(func)
+        return out
+
+    def _release_freed(self) -> None:
+        for key in [key for key, (ref, _) in self._live.items() if ref.expired()]:
+            self.current -= self._live.pop(key)[1]
+
+    def __exit__(self, *exc: Any):
+        result = super().__exit__(*exc)
+        self._release_freed()
+        return result
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """The bytes of ``module``'s parameters and buffers, each storage once (tied weights count once); on the meta
+    device or under a fake mode too, where nothing is allocated."""
+    seen: dict[int, int] = {}
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        storage = tensor.untyped_storage()
+        seen.setdefault(StorageWeakRef(storage).cdata, storage.nbytes())
+    return sum(seen.values())
