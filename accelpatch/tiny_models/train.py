@@ -68,6 +68,9 @@ class TrainingConfig:
     videos: int = 512
     batch_size: int = 4
     vae_batch_size: int = 2
+    #: clips per VAE call within a VAE step's batch (None: the whole batch in one call). A VAE that fails on a batch
+    #: (HunyuanVideo 1.5's in diffusers 0.42) still learns from ``vae_batch_size`` clips a step, one call each.
+    vae_clips_per_call: int | None = None
     lr: float = 5e-4
     vae_lr: float = 4e-3
     kl_weight: float = 1e-6
@@ -264,8 +267,9 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
     given = dict(steps=steps, vae_steps=vae_steps, videos=videos, **overrides)
     config = TrainingConfig(**{**dict(training_settings(family).config_defaults),
                                **{k: v for k, v in given.items() if v is not None}})
-    if min(config.steps, config.vae_steps, config.videos, config.batch_size, config.vae_batch_size) < 1:
-        raise ValueError("train-tiny: steps, vae steps, videos and batch sizes must be at least 1")
+    if min(config.steps, config.vae_steps, config.videos, config.batch_size, config.vae_batch_size,
+           1 if config.vae_clips_per_call is None else config.vae_clips_per_call) < 1:
+        raise ValueError("train-tiny: steps, vae steps, videos, batch sizes and vae clips per call must be at least 1")
     if not config.vae_shape_weights or config.vae_max_passes < len(config.vae_shape_weights):
         raise ValueError(f"train-tiny: vae_max_passes ({config.vae_max_passes}) must be at least the number of "
                          f"planned VAE passes, vae_shape_weights {config.vae_shape_weights} (at least one)")
@@ -400,15 +404,27 @@ def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight:
                                                           width=config.width)
                 crops.append(_crop(video, clip, config, gen))
             x = torch.stack(crops)
-            posterior = vae.encode(x).latent_dist
+            posterior = _encode_in_calls(vae, x, config.vae_clips_per_call)
             z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
-            recon = vae.decode(z).sample
+            calls = torch.split(z, config.vae_clips_per_call or len(z))
+            recon = torch.cat([vae.decode(part).sample for part in calls])
             kl = 0.5 * (posterior.mean.pow(2) + posterior.var - 1.0 - posterior.logvar).mean()
             weight = 1 + (shape_weight - 1) * shape_masks(x.transpose(0, 1)).unsqueeze(1)
             error = recon - x
             loss = ((error.pow(2) + 0.5 * error.abs()) * weight).mean() / weight.mean() + config.kl_weight * kl
             _descend(vae, optimizer, schedule, loss, losses, bar, last=step == config.vae_steps - 1)
     return losses
+
+
+def _encode_in_calls(vae, x: torch.Tensor, clips_per_call: int | None):
+    """``vae``'s posterior of the batch ``x``, encoded ``clips_per_call`` clips at a time (None: in one call): the
+    posterior is elementwise in its parameters, so concatenating them gives the whole batch's."""
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    if clips_per_call is None or clips_per_call >= len(x):
+        return vae.encode(x).latent_dist
+    return DiagonalGaussianDistribution(torch.cat([vae.encode(part).latent_dist.parameters
+                                                   for part in torch.split(x, clips_per_call)]))
 
 
 #: what a trained VAE must keep of whole clips before the transformer trains on its latents: the round trip's mean

@@ -25,5 +25,5 @@ register(Family(
                               pipeline_module="accelpatch.models.hunyuan_video15.pipeline",
                               text_inputs="accelpatch.tiny_models.hunyuan_video15:text_inputs",
                               model_inputs="accelpatch.tiny_models.hunyuan_video15:model_inputs",
-                              config_defaults=(("vae_batch_size", 1), ("vae_lr", 3e-4)),
+                              config_defaults=(("vae_batch_size", 2), ("vae_clips_per_call", 1), ("vae_lr", 3e-4)),
                               demo_options=(("backend", "sol_attn"), ("dense_layers", ""), ("min_tokens", 0)))))
