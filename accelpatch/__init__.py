@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 #: accelpatch.models, accelpatch.eval
 __all__ = [
     "apply", "patched", "remove", "report", "quality", "current_quality", "denoising_step", "supported_models",
-    "SolAttnConfig", "Recipe", "load_recipe", "validate", "bench", "tune", "doctor",
+    "SolAttnConfig", "Recipe", "load_recipe", "validate", "bench", "tune", "doctor", "memory_plan",
     "AccelpatchError", "FastPathUnavailableError", "__version__",
 ]
 
@@ -44,10 +44,12 @@ _LAZY = {
     "load_recipe": "accelpatch.recipes",
     "Recipe": "accelpatch.recipes",
     "doctor": "accelpatch.tools.doctor",
+    "memory_plan": "accelpatch.memory.plan",
 }
 
 #: subpackages reachable as attributes after ``import accelpatch`` (imported on first access)
-_SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "models", "eval", "testing", "tools")
+_SUBPACKAGES = ("core", "lossless", "sol_attn", "step_cache", "parallel", "models", "eval", "testing", "tools",
+                "memory")
 
 # ``sol_attn`` joins diffusers' attention backends only when asked (register_attention_backend(), apply(...,
 # backend="sol_attn")): importing accelpatch imports neither diffusers nor torch and changes nothing of theirs.

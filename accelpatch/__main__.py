@@ -1,5 +1,6 @@
 """The accelpatch command line: ``demo``, ``validate --recipe R``, ``bench --recipe R``, ``tune --recipe R --out F``,
-``recipes``, ``build-kernels``, ``doctor``, ``convert sana-video2 CKPT --out DIR`` and ``train-tiny FAMILY`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
+``memory --recipe R [--budget 24GiB]``, ``recipes``, ``build-kernels``, ``doctor``, ``convert sana-video2 CKPT --out
+DIR`` and ``train-tiny FAMILY`` (``python -m accelpatch COMMAND`` or ``accelpatch COMMAND``).
 
 Parsing and ``--help`` import neither torch nor diffusers; a command's heavy modules load only when it runs.
 Usage errors (also output paths that could not be written, checked before a command runs), and a ValueError or
@@ -59,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_cli.add_tune_arguments(tune_parser)
     tune_parser.set_defaults(check=lambda args: recipe_cli.check_tune_arguments(args, tune_parser),
                              run=recipe_cli.run_tune)
+    from accelpatch.memory import cli as memory  # no torch at import either
+    memory_parser = commands.add_parser(
+        "memory", help="plan a recipe's peak memory by stage at full size, on a CPU in seconds (no weights)",
+        description="Plan the peak memory of a recipe's call by stage (text encoder, one transformer step unpatched "
+                    "and patched, VAE decode) at its full size: each model is built at its release configuration on "
+                    "fake tensors (no weights downloaded, no math run) and the live tensor bytes of one call are "
+                    "counted. Prints a table in GiB and, with --budget, whether the call fits. A stage whose release "
+                    "configuration is not known is listed as not planned, with why. Exit codes: 0 a plan printed, "
+                    "2 a usage or recipe error, 130 interrupted.")
+    memory.add_arguments(memory_parser)
+    memory_parser.set_defaults(check=lambda args: memory.check_args(args, memory_parser), run=memory.main)
     recipes_parser = commands.add_parser("recipes", help="list the known recipes",
                                          description="List the known recipes: $ACCELPATCH_RECIPES folders, "
                                          "./recipes, then the ones shipped with accelpatch.")

@@ -34,7 +34,7 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"accelpatch {accelpatch.__version__}"
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"], ["memory", "--help"]])
 def test_help_imports_neither_torch_nor_diffusers(argv):
     code = (
         "import sys\n"
@@ -212,6 +212,8 @@ EARLY_REFUSALS = [
      "accelpatch tune: error: --held-out-seeds must not overlap the search seeds [0]"),
     (["tune", "--recipe", "tiny-sana-vide", "--out", OUT],
      "accelpatch tune: error: no recipe file or known recipe named 'tiny-sana-vide'"),
+    (["memory", "--recipe", "wan2.1-t2v-1.3b-sol-attn", "--budget", "x"],
+     "accelpatch memory: error: budget 'x' is not a size"),
 ]
 
 

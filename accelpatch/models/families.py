@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,65 @@ class TrainingSettings:
     config_defaults: tuple[tuple[str, Any], ...] = ()
 
 
+@dataclass(frozen=True)
+class MemorySettings:
+    """What the memory planner (``python -m accelpatch memory``, :func:`accelpatch.memory.plan.memory_plan`, issue
+    #44) needs to plan a call of the family's released models at full size on fake tensors: how its pipeline turns
+    the call's pixels into latents, text tokens and a CFG batch, which transformer it builds at which release
+    configuration and with which inputs, and what is known of its VAE and text encoder. It is kept with the family
+    (its package registers it, its functions live in ``accelpatch.models.<key>.memory``) so that the planner names no
+    family and a new family's plan is its package alone. Functions are named "module:function", imported on first
+    use; the optional ones are set only where the family differs from the planner's generic rule."""
+
+    #: words in a model's name (hub id or folder, lower case, "_" read as "-") that make it this family's
+    names: tuple[str, ...]
+    #: the order in which the families' names are tried, lowest first: a family whose words hold another's goes
+    #: before it ("sana-video2" holds "sana-video")
+    name_order: int
+    #: the transformer class, "module:Class"
+    transformer: str
+    #: ``release_config(name) -> (config, source) | reason | None``: the transformer's release configuration for a
+    #: model's name (as in ``names``), a dict or the name of a config in ``accelpatch.testing.<key>``, and where it
+    #: comes from; or why none is known (None: none is known of that name)
+    release_config: str
+    #: ``transformer_inputs(case) -> {keyword: value}``: what the family's tiny builder
+    #: ``accelpatch.testing.<key>.<key>_transformer_inputs(model, ...)`` is called with for one forward of an
+    #: :class:`accelpatch.memory.plan.TransformerCase` (its shapes, batch and tokens)
+    transformer_inputs: str
+    #: the VAE's temporal and spatial compression, and what height and width must be multiples of (VAE x patch)
+    temporal: int
+    spatial: int
+    multiple: int
+    #: text tokens the transformer sees per prompt, and where that number comes from
+    text_tokens: int
+    text_source: str
+    #: "batch": CFG doubles the transformer's batch; "sequential": the unconditional pass is a second forward;
+    #: "distilled": the checkpoint has guidance baked in (one forward per step)
+    cfg: str
+    #: the pipeline's guidance_scale when the call gives none
+    guidance: Optional[float]
+    #: the pipeline's (height, width, frames) when the call gives none (None: the call must give them)
+    size: Optional[tuple[int, int, int]]
+    #: the text encoder(s), named for "not planned yet" (the planner says why: no release configuration is known)
+    text_encoder: str
+    #: the VAE: (diffusers class, its config as (field, value) pairs, where that config comes from), or why it is not
+    #: planned
+    vae: Union[tuple[str, tuple[tuple[str, Any], ...], str], str]
+    #: ``frames(n) -> n``: the pixel frames the pipeline makes of the call's ``n`` (None: ``n``)
+    frames: Optional[str] = None
+    #: ``latent_frames(n) -> n``: the VAE's latent frames of ``n`` pixel frames (None: ``(n - 1) // temporal + 1``)
+    latent_frames: Optional[str] = None
+    #: ``audio(frames, call) -> int``: the audio the transformer sees beside the video, in ``audio_unit`` (None: none)
+    audio: Optional[str] = None
+    audio_unit: str = "latent frames"
+    #: ``canvas() -> (height, width, frames)``: the pipeline's size when the call gives none, where the pipeline
+    #: computes it (None: ``size``)
+    canvas: Optional[str] = None
+    #: ``guidance(call, guidance_scale) -> (CFG runs, what decides it, in words)``, where more than guidance_scale
+    #: decides (None: guidance_scale > 1)
+    guidance_rule: Optional[str] = None
+
+
 def resolve(name: str) -> Any:
     """The object a "module:attribute" string names (imported on first use)."""
     module, _, attribute = name.partition(":")
@@ -90,7 +149,7 @@ def resolve(name: str) -> Any:
 class Family:
     """One model family: its package key, its name, its command-line name, its adapter class ("module:Class"), the
     order in which families are asked (a model goes to the first adapter that takes it; the demo runs them in this
-    order) and its demo and recipe settings."""
+    order) and its demo, recipe, training and memory-plan settings."""
 
     key: str
     name: str
@@ -104,6 +163,8 @@ class Family:
     diffusers_tests: Optional[str] = None
     #: how its tiny pipeline trains on procedural clips (None: no training recipe yet, random weights only)
     training: Optional[TrainingSettings] = None
+    #: how the memory planner plans its released models' calls (None: not planned; the planner says so by name)
+    memory: Optional[MemorySettings] = None
 
     def adapter_class(self) -> type:
         return resolve(self.adapter)

@@ -3,7 +3,7 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, TrainingSettings, register
+from accelpatch.models.families import DemoSettings, Family, MemorySettings, TrainingSettings, register
 
 _LAZY = {"HunyuanVideo15Adapter": f"{__name__}.adapter"}
 
@@ -13,6 +13,14 @@ register(Family(
     key="hunyuan_video15", name="HunyuanVideo 1.5", cli="hunyuan-video15",
     adapter=f"{__name__}.adapter:HunyuanVideo15Adapter", order=50, demo=DemoSettings("sol", None, steps=2, rounds=6, seconds=6),
     diffusers_tests="tests/models/transformers/test_models_transformer_hunyuan_1_5.py",
+    memory=MemorySettings(  # read from diffusers 0.42.1's pipeline_hunyuan_video1_5*.py
+        names=("hunyuanvideo-1.5", "hunyuan-video15"), name_order=40,
+        transformer="diffusers:HunyuanVideo15Transformer3DModel", release_config=f"{__name__}.memory:release_config",
+        transformer_inputs=f"{__name__}.memory:transformer_inputs", temporal=4, spatial=16, multiple=16,
+        text_tokens=1000, text_source="HunyuanVideo 1.5 pads Qwen2.5-VL to 1000 tokens, ByT5 to 256, and adds 729 "
+        "SigLIP image tokens", cfg="sequential", guidance=None, size=None, text_encoder="Qwen2.5-VL, ByT5 and SigLIP",
+        vae="its VAE's decode (diffusers' AutoencoderKLHunyuanVideo15 defaults) is about 490,000 operators at 480p, "
+            "minutes to trace on a CPU"),
     # the pipeline feeds two text streams, zero image embeddings and latents with zero condition channels: the
     # trained tiny one learns from exactly those (accelpatch.tiny_models.hunyuan_video15). Its VAE encodes and
     # decodes one clip at a time (a batch fails in diffusers 0.42), at 3e-4 (measured: at 4e-3 a tiny 16x one's

@@ -165,7 +165,8 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
         # 1.-2. projections and per-head RMSNorms
         query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
                              for proj in (attn.to_q, attn.to_k, attn.to_v))
-        query, key = attn.norm_q(query), attn.norm_k(key)
+        query = attn.norm_q(query)  # one statement each: the unnormed query is freed before norm_k
+        key = attn.norm_k(key)
         # 3. RoPE of the video rows: apply_rotary_emb(x, rotary, sequence_dim=1) on both, fused
         if rotary is not None:
             cos, sin = (t[None, :, None, :].to(query.device) for t in rotary)

@@ -284,7 +284,8 @@ def project_qkv(attn: torch.nn.Module, hidden_states: torch.Tensor, query_rotary
     (the key's default to the query's), then the heads unflattened. The Sol-Attn path passes diffusers' RoPE
     functions, the fused attention ROPE_PAIR_PER_CHANNEL or SPLIT_ROPE_PAIR."""
     query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-    query, key = attn.norm_q(query), attn.norm_k(key)
+    query = attn.norm_q(query)  # one statement each: the unnormed query is freed before norm_k
+    key = attn.norm_k(key)
     if query_rotary_emb is not None:
         query, key = rope(query, key, query_rotary_emb,
                           key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)

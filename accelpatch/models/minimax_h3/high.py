@@ -83,10 +83,19 @@ def current_layout() -> Optional[PackedLayout]:
 
 
 def capture_layout(arguments: Mapping[str, Any]) -> tuple:
-    """The packed layout of one forward's ``token_tags`` (None without them), set for the duration of the forward
-    (the adapter's ``capture_for`` with a backend)."""
+    """The packed layout of one forward's ``token_tags`` (None without them, or when their values cannot be read:
+    fake or meta tensors in a memory plan, where the rows then run as without a layout), set for the duration of the
+    forward (the adapter's ``capture_for`` with a backend)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
     tags = arguments.get("token_tags")
-    return ((_layout, layout_from_token_tags(tags) if isinstance(tags, torch.Tensor) else None),)
+    layout = None
+    if isinstance(tags, torch.Tensor) and tags.device.type != "meta":
+        try:
+            layout = layout_from_token_tags(tags)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            pass  # a fake tensor without values (accelpatch.memory's traces give the inputs theirs)
+    return ((_layout, layout),)
 
 
 def _processor_class() -> type:

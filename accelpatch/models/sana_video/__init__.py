@@ -3,7 +3,7 @@
 :mod:`.block` and :mod:`.linear_attention` its fast paths (the adapter's docstring says which tier each holds).
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, RecipeSettings, TrainingSettings, register
+from accelpatch.models.families import DemoSettings, Family, MemorySettings, RecipeSettings, TrainingSettings, register
 
 _LAZY = {"SanaVideoAdapter": f"{__name__}.adapter"}
 
@@ -13,6 +13,15 @@ register(Family(
     key="sana_video", name="SANA-Video", cli="sana-video", adapter=f"{__name__}.adapter:SanaVideoAdapter", order=10,
     demo=DemoSettings("sana", "SANA_VIDEO_RELEASE_LIKE_CONFIG", steps=4, rounds=12, seconds=8),
     recipe=RecipeSettings(transformer_config="SANA_VIDEO_RELEASE_LIKE_CONFIG"),
+    # read from diffusers 0.42.1's pipeline_sana_video.py; its 480p models decode with the Wan 2.1 VAE
+    memory=MemorySettings(
+        names=("sana-video",), name_order=20, transformer="diffusers:SanaVideoTransformer3DModel",
+        release_config=f"{__name__}.memory:release_config",
+        transformer_inputs=f"{__name__}.memory:transformer_inputs",
+        temporal=4, spatial=8, multiple=16, text_tokens=300,
+        text_source="SanaVideoPipeline pads the prompt to max_sequence_length 300", cfg="batch", guidance=6.0,
+        size=(480, 832, 81), text_encoder="Gemma-2",
+        vae=("AutoencoderKLWan", (), "diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)")),
     # decodes with Wan's VAE class and latent normalisation, so it trains on the shipped Wan's VAE; no
     # prompt-rewriting instruction (the tiny vocabulary has none). The demo shows the step cache at threshold 0.2
     # (reuses 2 of 8 steps and passes validate's gates here; 0.3 fails on PSNR drift, docs/tiny-models.md): its own

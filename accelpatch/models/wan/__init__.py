@@ -3,7 +3,7 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, TrainingSettings, register
+from accelpatch.models.families import DemoSettings, Family, MemorySettings, TrainingSettings, register
 
 _LAZY = {"WanAdapter": f"{__name__}.adapter"}
 
@@ -13,6 +13,15 @@ register(Family(
     key="wan", name="Wan 2.x", cli="wan", adapter=f"{__name__}.adapter:WanAdapter", order=40,
     demo=DemoSettings("sol", None, steps=2, rounds=6, seconds=25),
     diffusers_tests="tests/models/transformers/test_models_transformer_wan.py",
+    # read from diffusers 0.42.1's pipeline_wan.py; tried last: "wan" is a short word
+    memory=MemorySettings(
+        names=("wan",), name_order=60, transformer="diffusers:WanTransformer3DModel",
+        release_config=f"{__name__}.memory:release_config",
+        transformer_inputs=f"{__name__}.memory:transformer_inputs", frames=f"{__name__}.memory:frames",
+        temporal=4, spatial=8, multiple=16, text_tokens=512,
+        text_source="WanPipeline pads the prompt to max_sequence_length 512", cfg="sequential", guidance=5.0,
+        size=(480, 832, 81), text_encoder="UMT5-XXL",
+        vae=("AutoencoderKLWan", (), "diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)")),
     # the demo shows Sol-Attn: on the 2-layer, 512-token toy its defaults (dense layers 0 and 1, the 12,288-token
     # floor) would keep it wholly dense, so high would show nothing (the demo's sol_attn sections do the same)
     training=TrainingSettings(build="accelpatch.tiny_models.train:build_wan_pipeline",

@@ -51,7 +51,8 @@ class WanSolAttention(DispatchSelfAttention):
 
     def project(self, attn, call):
         query, key, value = self.diffusers_module()._get_qkv_projections(attn, call["hidden_states"], None)
-        query, key = attn.norm_q(query), attn.norm_k(key)
+        query = attn.norm_q(query)  # one statement each: the unnormed query is freed before norm_k
+        key = attn.norm_k(key)
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
         if call["rotary_emb"] is not None:
             query, key = _rotate(query, *call["rotary_emb"]), _rotate(key, *call["rotary_emb"])

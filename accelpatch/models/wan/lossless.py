@@ -110,7 +110,8 @@ def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, 
     diffusers' projection helper, the q/k RMSNorms across heads, then the RoPE of q and k as ROPE_PAIR. ``wan``: the
     diffusers module whose helper the processor calls (None: ``transformer_wan``; Wan Animate has its own copy)."""
     query, key, value = (_wan() if wan is None else wan)._get_qkv_projections(attn, hidden_states, None)
-    query, key = attn.norm_q(query), attn.norm_k(key)
+    query = attn.norm_q(query)  # one statement each: the unnormed query is freed before norm_k
+    key = attn.norm_k(key)
     query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
     if rotary_emb is not None:
         query, key = ROPE_PAIR(site, query, key, *rotary_emb)

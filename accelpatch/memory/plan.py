@@ -1,0 +1,474 @@
+"""A call's peak memory by stage, planned at full size on a CPU in seconds (issue #44): :func:`memory_plan`.
+
+Each stage's model is built at its release configuration inside ``FakeTensorMode`` (shapes, no storage: nothing is
+downloaded and no math runs) and called once on inputs of the call's shapes, while
+:class:`~accelpatch.memory.live_bytes.LiveBytes` counts the live tensor bytes. A stage is its weights plus the peak of
+its activations (its inputs included). The transformer step is planned unpatched and patched (``accelpatch.apply``
+with the recipe's tier, backend and options, inside the same fake mode); a stage whose release configuration is not
+known is listed as not planned, with the reason, never as zero.
+
+How pixels become latents, text tokens and the CFG batch is read from each family's diffusers pipeline and kept
+with the family: its :class:`~accelpatch.models.families.MemorySettings`, registered by its package, with the few
+functions where it differs from the generic rule here in ``accelpatch.models.<key>.memory``. The inputs come from
+:mod:`accelpatch.testing`'s per-family builders, so the tests can run the same step for real at a tiny size and
+compare the bytes. This module names no family.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Union
+
+from accelpatch.memory.sizes import gib, parse_size
+from accelpatch.models.families import MemorySettings, families, resolve
+
+__all__ = ["memory_plan", "MemoryPlan", "Stage", "TransformerCase", "trace_step", "trace_vae_decode", "family_of",
+           "release_config", "memory_settings"]
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+#: why no family's text encoder is planned yet (each family names its own)
+_TE_UNKNOWN = ("its release configuration is in neither diffusers' defaults nor the reference notes (a later "
+               "increment reads the checkpoint's config.json)")
+
+
+def _planned() -> list:
+    """The families with memory settings, in the order their names are tried."""
+    return sorted((f for f in families() if f.memory is not None), key=lambda f: (f.memory.name_order, f.key))
+
+
+def memory_settings(family: str) -> MemorySettings:
+    """The :class:`MemorySettings` the family ``family`` (a key) registered; ValueError naming it when it has none."""
+    found = next((f for f in families() if f.key == family), None)
+    if found is None or found.memory is None:
+        raise ValueError(f"no memory settings for family {family!r}: the planner plans "
+                         f"{', '.join(f.key for f in _planned())}")
+    return found.memory
+
+
+def _normal(name: str) -> str:
+    return str(name).lower().replace("_", "-")
+
+
+def family_of(model: str) -> Optional[str]:
+    """The family key a model name (hub id, folder) belongs to, by the words in it (the families' ``names``, tried
+    in their ``name_order``); None when none matches."""
+    name = _normal(model)
+    return next((f.key for f in _planned() if any(w in name for w in f.memory.names)), None)
+
+
+def release_config(family: str, model: str) -> Union[tuple[dict, str], str]:
+    """(the transformer's release configuration, where it comes from) for ``model``, or why none is known."""
+    known = resolve(memory_settings(family).release_config)(_normal(model))
+    if known is None:
+        return (f"no release configuration of {model!r} is known here (accelpatch.testing, diffusers' class defaults "
+                "and ../shared/reference hold none for it)")
+    if isinstance(known, str):
+        return known
+    config, source = known
+    if isinstance(config, str):  # a configuration of the family's accelpatch.testing module, by name
+        config = getattr(_testing(family), config)
+    return dict(config), source
+
+
+def _testing(family: str):
+    """The family's tiny builders and configurations, ``accelpatch.testing.<key>`` (the naming convention)."""
+    return importlib.import_module(f"accelpatch.testing.{family}")
+
+
+@dataclass(frozen=True)
+class TransformerCase:
+    """One transformer step to plan (fake tensors) or measure (real ones): the family (a key), its configuration,
+    the latent grid (frames, height, width in VAE latents, before the patch), the text tokens, the batch (CFG
+    included) and the dtype. ``audio``: what the transformer sees of audio beside the video, in the family's
+    ``audio_unit`` (0: none)."""
+
+    family: str
+    config: Mapping[str, Any]
+    frames: int
+    height: int
+    width: int
+    text_tokens: int
+    batch: int = 1
+    audio: int = 0
+    dtype: Any = "bfloat16"
+    #: a second text stream's tokens and the image tokens, for a family whose transformer takes them
+    glyph_tokens: int = 256
+    image_tokens: int = 729
+
+    def build(self):
+        """The transformer as from_pretrained(torch_dtype=...) leaves it (the modules diffusers keeps in float32 stay
+        float32), its weights random. Not ``.to()``: a fake module's parameters cannot be swapped."""
+        import torch
+
+        from accelpatch.testing._common import _cast_like_from_pretrained
+
+        model = resolve(memory_settings(self.family).transformer)(**dict(self.config))
+        _cast_like_from_pretrained(model, getattr(torch, str(self.dtype)))
+        return model.eval()
+
+    def inputs(self, model) -> dict[str, Any]:
+        """The keyword arguments of one forward, from the family's builder in :mod:`accelpatch.testing`."""
+        make = getattr(_testing(self.family), f"{self.family}_transformer_inputs")
+        return make(model, **resolve(memory_settings(self.family).transformer_inputs)(self))
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """What one traced (or measured) transformer step holds: its weights, its inputs and the peak of what it
+    creates (:class:`LiveBytes`), the step at which that peak came, and apply()'s report when patched."""
+
+    weights: int
+    inputs: int
+    created: int
+    parameters: int = 0
+    step: Optional[int] = None
+    report: str = ""
+
+    @property
+    def activations(self) -> int:
+        return self.inputs + self.created
+
+
+def _storage_bytes(tensors) -> int:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    seen = {}
+    for t in tensors:
+        seen.setdefault(StorageWeakRef(t.untyped_storage()).cdata, t.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Optional[Mapping[str, Any]] = None,
+               steps: tuple = (None,), total_steps: Optional[int] = None, warmup: bool = False) -> StepTrace:
+    """One forward of ``case``'s transformer under :class:`LiveBytes`: on fake tensors (the plan) or real ones (the
+    check). ``apply_arguments``: patch it first with ``accelpatch.apply(model, **apply_arguments)``. ``steps``: the
+    denoising steps to run it as (``accelpatch.denoising_step``; None: no step), the largest peak kept.
+    ``warmup``: one uncounted call first (a real patched model checks each fused op against its eager chain on
+    first sight, holding both results: the steady calls after it are what a plan on fake tensors sees)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import accelpatch
+    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.memory.shadows import ValueShadows
+
+    mode = FakeTensorMode() if fake else None
+    with mode or contextlib.nullcontext():
+        model = case.build()
+    inputs = case.inputs(model)  # real tensors (layout builders index and sort), made fake below
+    input_bytes = _storage_bytes(v for v in inputs.values() if isinstance(v, torch.Tensor))
+    best = None
+    with contextlib.ExitStack() as stack:
+        if fake:
+            stack.enter_context(mode)
+            shadows = stack.enter_context(ValueShadows(mode))
+            real, inputs = inputs, {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                                    for k, v in inputs.items()}
+            for name, value in real.items():
+                if isinstance(value, torch.Tensor):
+                    shadows.know(inputs[name], value)
+        if apply_arguments is not None:
+            accelpatch.apply(model, **dict(apply_arguments))
+        weights = module_bytes(model)
+        parameters = sum(p.numel() for p in model.parameters())
+        for step in ([steps[0]] if warmup else []) + list(steps):
+            clock = contextlib.nullcontext() if step is None else accelpatch.denoising_step(step, total_steps)
+            with torch.no_grad(), clock, LiveBytes() as live:
+                model(**inputs)
+            if warmup:
+                warmup = False
+            elif best is None or live.peak > best[0]:
+                best = (live.peak, step)
+        report = str(accelpatch.report(model)) if apply_arguments is not None else ""
+    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report)
+
+
+def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
+                     dtype: str) -> tuple[int, int, int]:
+    """(weights, activations, latent channels) of ``vae.decode`` of one batch of latents of ``grid`` (frames,
+    height, width), traced on fake tensors; activations count the latents and what the decode creates."""
+    import diffusers
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.testing._common import _cast_like_from_pretrained
+
+    with FakeTensorMode():
+        vae = getattr(diffusers, class_name)(**dict(config)).eval()
+        _cast_like_from_pretrained(vae, getattr(torch, dtype))
+        channels = int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim)
+        latents = torch.zeros(batch, channels, *grid, dtype=getattr(torch, dtype))
+        with torch.no_grad(), LiveBytes() as live:
+            vae.decode(latents, return_dict=False)
+        return module_bytes(vae), live.peak + latents.untyped_storage().nbytes(), channels
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a call: its weights and the peak of its activations, in bytes, or why it is not planned
+    (``weights``/``activations`` None and ``note`` the reason)."""
+
+    name: str
+    weights: Optional[int] = None
+    activations: Optional[int] = None
+    note: str = ""
+
+    @property
+    def planned(self) -> bool:
+        return self.weights is not None and self.activations is not None
+
+    @property
+    def total(self) -> Optional[int]:
+        return self.weights + self.activations if self.planned else None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A call's planned memory by stage (see :func:`memory_plan`). ``stages``: text encoder, transformer step
+    (unpatched), VAE decode; ``patched``: the transformer step patched with the recipe's setting. :meth:`peak`
+    and :meth:`fits` combine them for a pipeline whose components all stay on the device, or one at a time
+    (``offload=True``: ``enable_model_cpu_offload``)."""
+
+    recipe: str
+    model: str
+    family: str
+    size: tuple[int, int, int]
+    batch: int
+    dtype: str
+    cfg: str
+    call: str
+    stages: tuple[Stage, ...]
+    patched: Optional[Stage]
+    patch: str
+    assumptions: tuple[str, ...]
+    seconds: float
+    budget: Optional[int] = None
+    details: dict = field(default_factory=dict)
+
+    def stage_list(self, patched: bool = True) -> list[Stage]:
+        """The stages of the call, the transformer step patched or not."""
+        if not patched or self.patched is None:
+            return list(self.stages)
+        return [self.patched if s.name.startswith("transformer step") else s for s in self.stages]
+
+    def peak(self, *, patched: bool = True, offload: bool = False) -> tuple[int, bool]:
+        """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
+        activations, or with ``offload`` the largest stage alone. When a stage is not planned, the bytes are a
+        lower bound."""
+        stages = self.stage_list(patched)
+        known = [s for s in stages if s.planned]
+        if offload:
+            value = max((s.total for s in known), default=0)
+        else:
+            value = sum(s.weights for s in known) + max((s.activations for s in known), default=0)
+        return value, len(known) == len(stages)
+
+    def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True,
+             offload: bool = False) -> Optional[bool]:
+        """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
+        stage that is not planned could decide it (the planned ones fit)."""
+        budget = self.budget if budget is None else budget
+        if budget is None:
+            raise ValueError("fits() needs a budget (bytes or a size such as '24GiB')")
+        budget = parse_size(budget) if isinstance(budget, str) else int(budget)
+        value, complete = self.peak(patched=patched, offload=offload)
+        if value > budget:
+            return False
+        return True if complete else None
+
+    def table(self) -> str:
+        """The plan as text: the call, one row per stage (GiB), the peaks and, with a budget, the verdict."""
+        lines = [f"memory plan: {self.recipe} ({self.model}, {self.family})", f"call: {self.call}",
+                 f"transformer: {self.details.get('config', '')}", "",
+                 f"{'stage':<34}{'weights':>11}{'activations':>13}{'total':>11}"]
+        rows = [*self.stages[:2], *([self.patched] if self.patched else []), *self.stages[2:]]
+        for stage in rows:
+            if stage.planned:
+                lines.append(f"{stage.name:<34}{gib(stage.weights):>11}{gib(stage.activations):>13}"
+                             f"{gib(stage.total):>11}" + (f"  {stage.note}" if stage.note else ""))
+            else:
+                lines.append(f"{stage.name:<34}not planned yet: {stage.note}")
+        verdicts = {True: "fits", False: "does NOT fit", None: "fits so far"}
+        lines += ["", f"{'peak of the call':<34}{'all components on the device':>30}{'one at a time (offload)':>30}"]
+        for patched in ([False, True] if self.patched else [False]):
+            cells = []
+            for offload in (False, True):
+                value, complete = self.peak(patched=patched, offload=offload)
+                verdict = f" {verdicts[self.fits(patched=patched, offload=offload)]}" if self.budget else ""
+                cells.append(f"{'' if complete else '>= '}{gib(value)}{verdict}")
+            lines.append(f"{'patched' if patched else 'unpatched':<34}{cells[0]:>30}{cells[1]:>30}")
+        unplanned = [s.name for s in self.stages if not s.planned]
+        if unplanned:
+            lines.append(f">= : a lower bound, the {' and the '.join(unplanned)} not planned yet"
+                         + ("; 'fits so far': the planned stages fit, the unplanned decide" if self.budget else ""))
+        if self.budget:
+            lines.append(f"budget: {gib(self.budget)} (live tensors only: leave headroom for the allocator and "
+                         "kernel workspaces)")
+        lines += ["", "assumptions:", *(f"  - {a}" for a in self.assumptions),
+                  f"planned in {self.seconds:.1f} s on fake tensors (no weights downloaded, no math run)"]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _call_value(call: Mapping[str, Any], *names: str) -> Any:
+    return next((call[n] for n in names if call.get(n) is not None), None)
+
+
+def _latent_grid(memory: MemorySettings, height: int, width: int, frames: int,
+                 call: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
+    """(pixel frames as the pipeline rounds them, latent frames, latent height, latent width, audio) of a call."""
+    if memory.frames is not None:
+        frames = resolve(memory.frames)(frames)
+    latent_frames = (resolve(memory.latent_frames)(frames) if memory.latent_frames is not None
+                     else (frames - 1) // memory.temporal + 1)
+    audio = resolve(memory.audio)(frames, call) if memory.audio is not None else 0
+    return frames, latent_frames, height // memory.spatial, width // memory.spatial, audio
+
+
+def _pixels(family: str, memory: MemorySettings, call: Mapping[str, Any], height, width,
+            frames) -> tuple[int, int, int]:
+    height = height if height is not None else call.get("height")
+    width = width if width is not None else call.get("width")
+    frames = frames if frames is not None else _call_value(call, "num_frames", "frames")
+    if (height is None) != (width is None):
+        raise ValueError("give height and width together, or neither")
+    size = memory.size
+    if memory.canvas is not None and (height is None or frames is None):
+        size = resolve(memory.canvas)()
+    if height is None:
+        if size is None:
+            raise ValueError(f"the recipe's call gives no height and width and the {family} pipeline takes them "
+                             "from its input image: pass height= and width= (--height/--width)")
+        height, width = size[:2]
+    if frames is None:
+        frames = (size or (0, 0, 121))[2]
+    for name, value in (("height", height), ("width", width), ("frames", frames)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if height % memory.multiple or width % memory.multiple:
+        raise ValueError(f"height and width must be multiples of {memory.multiple} for this family (its VAE's "
+                         f"spatial compression x the patch), got {height}x{width}")
+    return height, width, frames
+
+
+def _cfg(memory: MemorySettings, call: Mapping[str, Any]) -> tuple[int, str]:
+    """(the factor CFG multiplies the transformer's batch by, what the pipeline does)."""
+    guidance = call.get("guidance_scale", memory.guidance)
+    if memory.guidance_rule is not None:
+        on, what = resolve(memory.guidance_rule)(call, guidance)
+    else:
+        on, what = (guidance or 0) > 1, f"guidance_scale {guidance}"
+    if memory.cfg == "distilled":
+        return 1, "guidance-distilled: one forward per step, no CFG batch"
+    if not on:
+        return 1, f"no CFG ({what}): one forward per step"
+    if memory.cfg == "batch":
+        return 2, f"CFG ({what}) runs as one batch of 2 (unconditional and conditional together)"
+    return 1, f"CFG ({what}) runs two forwards of batch 1, one after the other"
+
+
+def _describe_patch(arguments: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in arguments.items() if v is not None) or "defaults"
+
+
+def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Optional[int] = None,
+                frames: Optional[int] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
+                budget: Union[int, str, None] = None, patched: bool = True, text_tokens: Optional[int] = None,
+                progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
+    """Plan the peak memory of ``recipe_or_name``'s call by stage, at the size its call gives (or ``height``,
+    ``width``, ``frames``: pixels), for ``batch`` videos per prompt (CFG's batch added where the pipeline batches
+    it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
+    patched with the recipe's tier, backend and options. ``budget`` (bytes or "24GiB") is what
+    :meth:`MemoryPlan.fits` and the table judge against. ``progress`` gets one line before each slow stage."""
+    from accelpatch.recipes import load_recipe
+
+    start = time.perf_counter()
+    say = progress or (lambda line: None)
+    recipe = load_recipe(recipe_or_name)
+    if budget is not None and isinstance(budget, str):
+        budget = parse_size(budget)
+    if recipe.is_tiny:
+        raise ValueError(f"{recipe.model} is a tiny test model: the planner plans released configurations "
+                         "(measure a tiny one with accelpatch.memory.LiveBytes)")
+    family = family_of(recipe.model)
+    if family is None:
+        raise ValueError(f"no model family recognised in {recipe.model!r}; families: "
+                         f"{', '.join(f.key for f in _planned())}")
+    memory = memory_settings(family)
+    dtype = {v: k for k, v in DTYPES.items()}.get(str(dtype).removeprefix("torch."), dtype) or recipe.dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or the torch dtype), got {dtype!r}")
+    call = dict(recipe.call)
+    height, width, frames = _pixels(family, memory, call, height, width, frames)
+    frames, lat_f, lat_h, lat_w, audio = _latent_grid(memory, height, width, frames, call)
+    videos = batch if batch is not None else int(call.get("num_videos_per_prompt") or 1)
+    if videos < 1:
+        raise ValueError(f"batch must be >= 1, got {videos}")
+    cfg_factor, cfg_note = _cfg(memory, call)
+    text = text_tokens if text_tokens is not None else memory.text_tokens
+    torch_dtype = DTYPES[dtype]
+    known = release_config(family, recipe.model)
+    details: dict[str, Any] = {"latents": (lat_f, lat_h, lat_w), "audio": audio, "text_tokens": text,
+                               "transformer_batch": videos * cfg_factor}
+    stages: list[Stage] = [Stage("text encoder", note=f"{memory.text_encoder}: {_TE_UNKNOWN}")]
+    patched_stage, patch = None, _describe_patch(recipe.apply_arguments())
+    if isinstance(known, str):
+        details["config"] = "not planned"
+        stages.append(Stage("transformer step", note=known))
+    else:
+        config, source = known
+        case = TransformerCase(family, config, lat_f, lat_h, lat_w, text, batch=videos * cfg_factor, audio=audio,
+                               dtype=torch_dtype)
+        say(f"tracing one transformer step (unpatched) at {height}x{width}x{frames} ...")
+        plain = trace_step(case)
+        stages.append(Stage("transformer step, unpatched", plain.weights, plain.activations))
+        steps = int(call.get("num_inference_steps") or 50)
+        if patched:
+            say(f"tracing it patched ({patch}) ...")
+            traced = trace_step(case, apply_arguments=recipe.apply_arguments(),
+                                steps=tuple(sorted({0, steps // 2})), total_steps=steps)
+            patched_stage = Stage("transformer step, patched", traced.weights, traced.activations,
+                                  f"step {traced.step} of {steps}")
+        details["config"] = f"{source}; {plain.parameters / 1e9:.2f}B parameters"
+    if isinstance(memory.vae, str):
+        stages.append(Stage("VAE decode", note=memory.vae))
+    else:
+        class_name, vae_config, source = memory.vae
+        say("tracing the VAE decode ...")
+        weights, activations, channels = trace_vae_decode(class_name, vae_config, (lat_f, lat_h, lat_w),
+                                                          batch=videos, dtype=torch_dtype)
+        stages.append(Stage("VAE decode", weights, activations))
+        details["vae"] = f"{source}, {channels} latent channels"
+    tokens = lat_f * lat_h * lat_w
+    call_text = (f"{height}x{width}, {frames} frames -> latents {lat_f}x{lat_h}x{lat_w} ({tokens:,} latent pixels"
+                 + (f", {audio} audio {memory.audio_unit}" if audio else "")
+                 + f"), {text} text tokens; {videos} video(s) per prompt; {cfg_note}; {dtype}")
+    assumptions = (
+        f"every component in {dtype}, as from_pretrained(torch_dtype=...) loads it (modules diffusers keeps in "
+        "float32 stay float32); no quantisation, offloading, VAE tiling or slicing",
+        f"text: {memory.text_source}",
+        "attention is flash-style: no tokens x tokens score matrix (CPU SDPA on fake tensors materialises none; a "
+        "math backend would add batch x heads x tokens^2 elements per attention)",
+        "live tensor bytes only: the allocator's caching and fragmentation, cuBLAS/flash-attention workspaces and "
+        "kernels' internal temporaries are not counted (budget headroom for them)",
+        "a stage's activations include its inputs (latents, text embeddings); the scheduler's and the pipeline's own "
+        "tensors between stages are not counted",
+        "patched: on fake tensors the lossless fused ops decline and run their eager chains, so the patched step "
+        "holds what those chains hold (a fused kernel holds no more); the step planned is the larger of step 0 and "
+        "the middle step, so step-dependent fast paths (Sol-Attn's dense steps) are seen both ways",
+        "patched, first call only: each fused op is checked against its eager chain on first sight, holding both "
+        "results (not planned; on tiny SANA-Video that call peaked about 20 % above the steady ones)",
+        *([f"VAE: {details['vae']}"] if "vae" in details else []),
+        *([f"the recipe's {len(recipe.lora)} LoRA adapter(s) are not counted (their rank decides their size)"]
+          if recipe.lora else []),
+    )
+    return MemoryPlan(recipe=recipe.name, model=recipe.model, family=family, size=(height, width, frames),
+                      batch=videos, dtype=dtype, cfg=cfg_note, call=call_text, stages=tuple(stages),
+                      patched=patched_stage, patch=patch, assumptions=assumptions,
+                      seconds=time.perf_counter() - start, budget=budget, details=details)

@@ -1,0 +1,23 @@
+"""What the memory planner (:mod:`accelpatch.memory.plan`, issue #44) asks of Wan beyond its registered
+:class:`~accelpatch.models.families.MemorySettings`: the release configurations known here, one forward's inputs, and
+how ``WanPipeline`` (diffusers 0.42.1's pipeline_wan.py) rounds the frames. Imports nothing."""
+from __future__ import annotations
+
+
+def release_config(name: str):
+    """Wan 2.1 T2V 1.3B's configuration (:mod:`accelpatch.testing.wan`'s) and 14B's (diffusers' defaults)."""
+    if "wan2.1-t2v-1.3b" in name:
+        return "WAN_1_3B_CONFIG", "accelpatch.testing.wan.WAN_1_3B_CONFIG (Wan 2.1 T2V 1.3B)"
+    if "wan2.1-t2v-14b" in name:
+        return {}, "diffusers' WanTransformer3DModel defaults (Wan 2.1 14B)"
+    return None
+
+
+def transformer_inputs(case) -> dict:
+    return dict(batch_size=case.batch, num_frames=case.frames, height=case.height, width=case.width,
+                text_len=case.text_tokens)
+
+
+def frames(n: int) -> int:
+    """WanPipeline rounds num_frames down to 4k + 1 (its VAE's temporal compression is 4)."""
+    return n // 4 * 4 + 1 if (n - 1) % 4 else n
