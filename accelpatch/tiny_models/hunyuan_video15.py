@@ -36,10 +36,11 @@ HUNYUAN_VIDEO15_TRANSFORMER_CONFIG: dict[str, Any] = dict(
 #: ships yet** (docs/tiny-models.md): tiny 16x VAEs (32 latent channels, 8-64 wide) kept 22-35 % of the clips'
 #: colour saturation at round-trip MSE 0.18, and the transformer trained on one drew no shape; this one reached MSE
 #: 0.09-0.12 in 2 x 150 steps at learning rate 1e-3 and did worse in 2 x 700 (MSE 0.12-0.18, 10-23 %); at 3e-4 (the
-#: family's default now) the full run's two passes gave MSE 0.086, 84 %, but yellow shapes back red, and its
-#: transformer drew 3 of 8 prompts' colours. Its encoder and decoder fail on a batch of more than one clip in
-#: diffusers 0.42 (its mid-block attention mask broadcasts against the batch), so it learns from two clips a step
-#: encoded and decoded one per call (``vae_batch_size=2``, ``vae_clips_per_call=1``).
+#: family's default now) one clip a step gave MSE 0.086, 84 %, but yellow shapes back red. Its encoder and decoder
+#: fail on a batch of more than one clip in diffusers 0.42 (its mid-block attention mask broadcasts against the
+#: batch), so it learns from two clips a step encoded and decoded one per call (``vae_batch_size=2``,
+#: ``vae_clips_per_call=1``): MSE 0.067, 93 %, every colour read back. The transformer trained on it still drew 3
+#: of 8 prompts' colours: it is what does not ship yet.
 HUNYUAN_VIDEO15_VAE_CONFIG: dict[str, Any] = dict(
     in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(8, 16, 32, 32), layers_per_block=1,
     spatial_compression_ratio=8, temporal_compression_ratio=4)

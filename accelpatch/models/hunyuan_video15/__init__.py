@@ -22,11 +22,12 @@ register(Family(
         vae="its VAE's decode (diffusers' AutoencoderKLHunyuanVideo15 defaults) is about 490,000 operators at 480p, "
             "minutes to trace on a CPU"),
     # the pipeline feeds two text streams, zero image embeddings and latents with zero condition channels: the
-    # trained tiny one learns from exactly those (accelpatch.tiny_models.hunyuan_video15). Its VAE encodes and
-    # decodes one clip at a time (a batch fails in diffusers 0.42), at 3e-4 (measured: at 4e-3 a tiny 16x one's
-    # posterior variance blew up within 50 steps; at 1e-3 two 700-step passes left the 8x one at MSE 0.12-0.18 with
-    # 10-23 % of the colour; at 3e-4 the full run's held MSE 0.086, 84 %, but gave yellow back red, and its
-    # transformer drew 3 of 8 prompts' colours), so no trained HunyuanVideo 1.5 ships (docs/tiny-models.md)
+    # trained tiny one learns from exactly those (accelpatch.tiny_models.hunyuan_video15). Its VAE learns from two
+    # clips a step, encoded and decoded one per call (a batch fails in diffusers 0.42), at 3e-4 (measured: at 4e-3 a
+    # tiny 16x one's posterior variance blew up within 50 steps; at 1e-3 two 700-step passes left the 8x one at MSE
+    # 0.12-0.18 with 10-23 % of the colour; at 3e-4 one clip a step gave yellow back red; two clips a step: MSE 0.067,
+    # 93 %, every colour). Its transformer still draws 3 of 8 prompts' colours (2 or 4 layers, lr 5e-4 to 2e-3), so
+    # no trained HunyuanVideo 1.5 ships (docs/tiny-models.md)
     training=TrainingSettings(build="accelpatch.tiny_models.hunyuan_video15:build_hunyuan_video15_pipeline",
                               call_kwargs="accelpatch.tiny_models.hunyuan_video15:hunyuan_video15_call_kwargs",
                               pipeline="TinyHunyuanVideo15Pipeline",
