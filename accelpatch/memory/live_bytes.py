@@ -59,11 +59,16 @@ class LiveBytes(TorchDispatchMode):
         return result
 
 
-def module_bytes(module: torch.nn.Module) -> int:
-    """The bytes of ``module``'s parameters and buffers, each storage once (tied weights count once); on the meta
-    device or under a fake mode too, where nothing is allocated."""
+def storage_bytes(tensors) -> int:
+    """The bytes of the storages behind ``tensors``, each storage once (views and tied weights count once); on the
+    meta device or under a fake mode too, where nothing is allocated."""
     seen: dict[int, int] = {}
-    for tensor in list(module.parameters()) + list(module.buffers()):
+    for tensor in tensors:
         storage = tensor.untyped_storage()
         seen.setdefault(StorageWeakRef(storage).cdata, storage.nbytes())
     return sum(seen.values())
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """The bytes of ``module``'s parameters and buffers (:func:`storage_bytes`)."""
+    return storage_bytes([*module.parameters(), *module.buffers()])

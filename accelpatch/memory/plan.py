@@ -132,15 +132,6 @@ class StepTrace:
         return self.inputs + self.created
 
 
-def _storage_bytes(tensors) -> int:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    seen = {}
-    for t in tensors:
-        seen.setdefault(StorageWeakRef(t.untyped_storage()).cdata, t.untyped_storage().nbytes())
-    return sum(seen.values())
-
-
 def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Optional[Mapping[str, Any]] = None,
                steps: tuple = (None,), total_steps: Optional[int] = None, warmup: bool = False) -> StepTrace:
     """One forward of ``case``'s transformer under :class:`LiveBytes`: on fake tensors (the plan) or real ones (the
@@ -152,14 +143,14 @@ def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Opt
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import accelpatch
-    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.memory.live_bytes import LiveBytes, module_bytes, storage_bytes
     from accelpatch.memory.shadows import ValueShadows
 
     mode = FakeTensorMode() if fake else None
     with mode or contextlib.nullcontext():
         model = case.build()
     inputs = case.inputs(model)  # real tensors (layout builders index and sort), made fake below
-    input_bytes = _storage_bytes(v for v in inputs.values() if isinstance(v, torch.Tensor))
+    input_bytes = storage_bytes(v for v in inputs.values() if isinstance(v, torch.Tensor))
     best = None
     with contextlib.ExitStack() as stack:
         if fake:

@@ -406,8 +406,7 @@ def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight:
             x = torch.stack(crops)
             posterior = _encode_in_calls(vae, x, config.vae_clips_per_call)
             z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
-            calls = torch.split(z, config.vae_clips_per_call or len(z))
-            recon = torch.cat([vae.decode(part).sample for part in calls])
+            recon = _decode_in_calls(vae, z, config.vae_clips_per_call)
             kl = 0.5 * (posterior.mean.pow(2) + posterior.var - 1.0 - posterior.logvar).mean()
             weight = 1 + (shape_weight - 1) * shape_masks(x.transpose(0, 1)).unsqueeze(1)
             error = recon - x
@@ -425,6 +424,11 @@ def _encode_in_calls(vae, x: torch.Tensor, clips_per_call: int | None):
         return vae.encode(x).latent_dist
     return DiagonalGaussianDistribution(torch.cat([vae.encode(part).latent_dist.parameters
                                                    for part in torch.split(x, clips_per_call)]))
+
+
+def _decode_in_calls(vae, z: torch.Tensor, clips_per_call: int | None) -> torch.Tensor:
+    """``vae``'s decode of the batch ``z``, ``clips_per_call`` clips at a time (None: in one call), concatenated."""
+    return torch.cat([vae.decode(part).sample for part in torch.split(z, clips_per_call or len(z))])
 
 
 #: what a trained VAE must keep of whole clips before the transformer trains on its latents: the round trip's mean
