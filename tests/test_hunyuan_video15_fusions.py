@@ -278,3 +278,20 @@ def test_the_model_rope_tables_are_paired():
     assert cos.shape == (128, 128) and cos.dtype == torch.float32
     for table in (cos, sin):
         assert torch.equal(table[:, 0::2].view(torch.int32), table[:, 1::2].view(torch.int32))
+
+
+@pytest.mark.parametrize("batch,text,valid,seq_len", [(1, 8, [6], 40), (2, 12, [3, 12], 30), (1, 5, [0], 5)])
+def test_the_one_tensor_mask_is_the_processors_mask(batch, text, valid, seq_len):
+    """pair_mask builds the joint attention's [B, 1, L, L] mask as one tensor; the processor's construction (its
+    lines, run here) holds two: the same values, dtype, shape and strides, so the dispatcher sees the same mask."""
+    from accelpatch.models.hunyuan_video15.lossless import pair_mask
+
+    mask = torch.zeros(batch, text, dtype=torch.int64)
+    for row, count in enumerate(valid):
+        mask[row, :count] = 1
+    padded = torch.nn.functional.pad(mask, (seq_len - text, 0), value=True).bool()
+    first = padded.view(batch, 1, 1, seq_len).repeat(1, 1, seq_len, 1)
+    expected = (first & first.transpose(2, 3)).bool()
+    got = pair_mask(mask, seq_len)
+    assert got.dtype == expected.dtype == torch.bool and got.shape == expected.shape
+    assert got.stride() == expected.stride() and torch.equal(got, expected)

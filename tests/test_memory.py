@@ -83,7 +83,8 @@ def test_a_full_size_wan_forward_traces_with_the_bytes_its_shapes_imply():
 
 def test_apply_and_a_patched_forward_trace_on_fake_tensors_and_say_what_they_could_not_check():
     """apply() inside a memory trace (issue #44): the site counters stay real tensors and readable, the lossless
-    fused ops meet fake operands and run their eager chains, saying why, and remove() restores the classes."""
+    fused ops meet fake operands and allocate what their kernels would (nothing checked or computed), saying so,
+    and remove() restores the classes."""
     import accelpatch
     from diffusers import WanTransformer3DModel
 
@@ -100,7 +101,9 @@ def test_apply_and_a_patched_forward_trace_on_fake_tensors_and_say_what_they_cou
         report = str(accelpatch.report(model))
         accelpatch.remove(model)
     assert out.shape == inputs["hidden_states"].shape and live.peak > 0
-    assert "an operand is fake (a memory trace: shapes without values)" in report, report
+    assert "modulate on 2 site(s): 0 ran, 4 not applicable (fake operands (a memory trace): planned as the kernel" \
+           " holds it" in report, report
+    assert "ran its eager chain, or on fake tensors was only planned" in report
     assert type(model.blocks[0].attn1) is original
 
 

@@ -199,7 +199,8 @@ def restated_class_mismatch(site: "Site", expected: type, owner: str = "diffuser
     return None
 
 
-NO_FUSED_OP = "no fused op fused in this call: each ran its eager chain (why: the report's lossless fusions)"
+NO_FUSED_OP = ("no fused op fused in this call: each ran its eager chain, or on fake tensors was only planned (why: "
+               "the report's lossless fusions)")
 NO_FUSED_OP_COMPILED = "inside torch.compile: the fused ops stand aside (the compiler fuses the chain itself)"
 
 

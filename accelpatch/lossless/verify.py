@@ -20,6 +20,7 @@ reference runs (the kernels have no backward). All three are counted with their 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import time
 from dataclasses import dataclass
@@ -27,11 +28,13 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
 from accelpatch.core.gate import note_work
 from accelpatch.core.outcomes import RAN, declined, not_applicable
+from accelpatch.lossless.kernels.layout import empty_like_eager
 from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kernel_kind
 from accelpatch.lossless.kernels.operands import foreign_operand
 from accelpatch.lossless.feature import cpu_kernels_allowed
@@ -41,6 +44,7 @@ IN_COMPILE = not_applicable("inside torch.compile (the compiler fuses the chain 
 IN_AUTOGRAD = not_applicable("inputs require grad (the fused kernel has no backward)")
 IN_CAPTURE = not_applicable("first sight inside CUDA graph capture (verification needs an eager run)")
 CPU_KERNELS_OFF = not_applicable("the CPU kernels are switched off for this model (apply(..., cpu_kernels=False))")
+TRACED = not_applicable("fake operands (a memory trace): planned as the kernel holds it, its outputs only, no values")
 #: outcomes counted without a signature's verdict, whose tallies compiled code may bump
 POLICY_OUTCOMES = (FUSED, IN_COMPILE, IN_AUTOGRAD, IN_CAPTURE)
 
@@ -141,6 +145,8 @@ def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
                 return f"{which} has {what} {getattr(out, what)}, the reference {getattr(ref, what)}"
         if _layout(ref) != _layout(out):
             return f"{which} has strides {out.stride()}, the reference {ref.stride()}"
+        if torch.equal(_bits(ref), _bits(out)):
+            continue  # the common verdict, without the elementwise temporaries below (memory on a first call)
         if not ref.is_floating_point():
             if not torch.equal(ref, out):
                 return f"{which} differs in {int((ref != out).sum())} of {ref.numel()} elements"
@@ -271,14 +277,31 @@ class FusedOp:
         return POLICY_OUTCOMES + others
 
     # -- the call ---------------------------------------------------------------------------------------------------
+    def outside_policy(self, site: Any, tensor: torch.Tensor) -> bool:
+        """Whether a call whose first tensor is like ``tensor`` is outside the op's dtypes or devices (it would run
+        the reference): counted as such, so the site can run the model's own code in its own order instead of
+        computing the op's arguments first (which can hold more memory than the original chain)."""
+        outcome = self._policy_outcome(tensor)
+        if outcome is not None:
+            _count(site, self.name, outcome)
+        return outcome is not None
+
+    def _policy_outcome(self, tensor: torch.Tensor) -> Optional[str]:
+        if self.dtypes is not None and tensor.dtype not in self.dtypes:
+            return self.other_dtype_outcome(tensor.dtype)
+        if self.devices is not None and tensor.device.type not in self.devices:
+            return self.other_device_outcome(tensor.device.type)
+        return None
+
     def __call__(self, site: Any, *args: Any):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if self.dtypes is not None and tensors[0].dtype not in self.dtypes:
-            return self._reference(site, args, self.other_dtype_outcome(tensors[0].dtype))
-        if self.devices is not None and tensors[0].device.type not in self.devices:
-            return self._reference(site, args, self.other_device_outcome(tensors[0].device.type))
+        outcome = self._policy_outcome(tensors[0])
+        if outcome is not None:
+            return self._reference(site, args, outcome)
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
+        if any(is_fake(t) for t in tensors):
+            return self._traced(site, args, tensors[0].device)
         foreign = foreign_operand(tensors, tensors[0].device.type)
         if foreign:  # before anything reads an address: a subclass's data_ptr() may be 0 or not its values
             return self._reference(site, args, not_applicable(foreign))
@@ -314,6 +337,42 @@ class FusedOp:
             return self._declined(site, args, reason)
         _count(site, self.name, FUSED)
         return out
+
+    def _traced(self, site: Any, args: tuple, device: torch.device):
+        """A memory trace (fake operands, :mod:`accelpatch.memory`): where the kernel would take these arguments,
+        allocate only what it allocates, its outputs in eager's layouts, so a plan holds what the fused step holds
+        rather than the eager chain's intermediates. Nothing is computed or verified (fake tensors have no values);
+        where the kernel would not run (switched off, not built here, its own check declines, autograd) the eager
+        chain runs, as it would for real."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # availability may build and self-check the library on real tensors
+            reason = self._unavailable(site, device)
+        kernel, missing = self.implementation(device)
+        if reason is None and missing is not None:
+            reason = not_applicable(missing)
+        if reason is None and torch.is_grad_enabled() and any(
+                a.requires_grad for a in args if isinstance(a, torch.Tensor)):
+            reason = IN_AUTOGRAD
+        if reason is None:
+            try:
+                why = kernel.check(*args)
+            except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
+                why = f"{self.name}: arguments the kernel does not take ({type(exc).__name__}: {exc})"
+            reason = not_applicable(why) if why else None
+        if reason is not None:
+            return self._reference(site, args, reason)
+        seen = _TRACED_FIRST_SIGHTS.get()
+        if seen is not None and _trace_key(args) not in seen:  # a first call: the check holds both results
+            seen.add(_trace_key(args))
+            reference_out = self.reference(*args)
+            held = empty_like_eager(self.reference, args, device)
+            del held
+            _count(site, self.name, TRACED)
+            return reference_out
+        outs = empty_like_eager(self.reference, args, device)
+        _count(site, self.name, TRACED)
+        return outs if len(outs) > 1 else outs[0]
 
     def _reference(self, site: Any, args: tuple, outcome: str):
         _count(site, self.name, outcome)
@@ -361,6 +420,29 @@ class FusedOp:
         else:
             self._refuse(site, reason)
         return reference_out
+
+
+#: the signatures a memory trace of a first call has met (None: a trace of a later call, where every signature is
+#: verified and only kernels run)
+_TRACED_FIRST_SIGHTS: contextvars.ContextVar[Optional[set]] = contextvars.ContextVar("traced_first_sights",
+                                                                                    default=None)
+
+
+def _trace_key(args: tuple) -> tuple:
+    return tuple((a.dtype, tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else ("value", a)
+                 for a in args)
+
+
+@contextlib.contextmanager
+def traced_first_call() -> Iterator[None]:
+    """Trace the block on fake tensors as a process's first call: each signature's first sight runs the eager
+    chain and holds the kernel's outputs beside its results, as the real check does (:meth:`FusedOp._first_sight`),
+    instead of the kernel alone. What a memory plan of step 0 of a fresh process needs."""
+    token = _TRACED_FIRST_SIGHTS.set(set())
+    try:
+        yield
+    finally:
+        _TRACED_FIRST_SIGHTS.reset(token)
 
 
 def _count(site: Any, op: str, outcome: str) -> None:

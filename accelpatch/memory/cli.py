@@ -1,4 +1,5 @@
-"""``python -m accelpatch memory --recipe R [--height H --width W --frames F --batch B --dtype D --budget 24GiB]``:
+"""``python -m accelpatch memory --recipe R [--height H --width W --frames F --batch B --dtype D --tier T
+--budget 24GiB]``:
 a recipe's call planned by stage at full size, on fake tensors (:func:`accelpatch.memory.plan.memory_plan`).
 
 Importing this module imports neither torch nor diffusers: the arguments (the budget's form included) are checked
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-tokens", type=_positive, help="text tokens the transformer sees (default: the "
                         "pipeline's padded length; MiniMax-H3 packs the prompt's own, assumed 256)")
     parser.add_argument("--budget", help=f"say whether the call fits this much device memory: {FORMS}")
+    parser.add_argument("--tier", choices=("exact", "lossless", "high"), help="plan the patched step at this tier "
+                        "(default: the recipe's; lossless is apply()'s default: bit-identical)")
     parser.add_argument("--unpatched-only", action="store_true", help="skip the patched transformer step")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
@@ -57,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
 
     plan = memory_plan(getattr(args, "loaded_recipe", None) or args.recipe, height=args.height, width=args.width,
                        frames=args.frames, batch=args.batch, dtype=args.dtype, text_tokens=args.text_tokens,
-                       budget=getattr(args, "budget_bytes", None), patched=not args.unpatched_only,
+                       budget=getattr(args, "budget_bytes", None), patched=not args.unpatched_only, tier=args.tier,
                        progress=None if args.no_progress else lambda line: print(line, file=sys.stderr, flush=True))
     print(plan.table())
     return 0

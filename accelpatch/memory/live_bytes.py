@@ -4,7 +4,8 @@ Why: memory decides whether a video renders at all, and under ``FakeTensorMode``
 with shapes and no storage, so the same counter that measures a tiny real run plans a full-size one on a CPU
 (``../shared/reference/memory.md``). It counts what the block *creates*: each new storage an operator returns
 (not a view of, or an in-place write into, one of its inputs) from the op that returns it until it is freed. Weights
-and inputs that existed before the block are not counted (the planner adds them). Kernels' internal workspace and
+and inputs that existed before the block are not counted (the planner adds them), nor meta tensors (shapes worked out
+on the meta device, here or by a fake trace, hold no memory). Kernels' internal workspace and
 an allocator's caching and fragmentation are not seen: the figure is the live tensors' bytes.
 """
 from __future__ import annotations
@@ -23,11 +24,23 @@ class LiveBytes(TorchDispatchMode):
     ``live.peak_op`` the operator at which the peak was reached. Storages are keyed by identity, so a view or an
     in-place result is not counted twice; a storage is released when torch frees it (a weak reference)."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: bool = False) -> None:
         super().__init__()
         self.peak = self.current = self.ops = 0
         self.peak_op = ""
+        #: with ``modules=True``: the innermost module running when the peak was reached ("blocks.3.ffn.net.0")
+        self.peak_module = ""
         self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._tracker = None
+        if modules:
+            from torch.utils.module_tracker import ModuleTracker
+
+            self._tracker = ModuleTracker()
+
+    def __enter__(self):
+        if self._tracker is not None:
+            self._tracker.__enter__()
+        return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -36,8 +49,8 @@ class LiveBytes(TorchDispatchMode):
         held = {StorageWeakRef(t.untyped_storage()).cdata for t in tree_leaves((args, kwargs))
                 if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue  # a meta tensor (a layout worked out, even under a fake mode) holds no memory anywhere
             storage = t.untyped_storage()
             ref = StorageWeakRef(storage)
             if ref.cdata in held or ref.cdata in self._live:
@@ -47,6 +60,8 @@ class LiveBytes(TorchDispatchMode):
             self.current += nbytes
         if self.current > self.peak:
             self.peak, self.peak_op = self.current, str(func)
+            if self._tracker is not None:
+                self.peak_module = max(self._tracker.parents, key=len, default="")
         return out
 
     def _release_freed(self) -> None:
@@ -55,6 +70,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __exit__(self, *exc: Any):
         result = super().__exit__(*exc)
+        if self._tracker is not None:
+            self._tracker.__exit__(*exc)
         self._release_freed()
         return result
 

@@ -28,6 +28,8 @@ __all__ = ["memory_plan", "MemoryPlan", "Stage", "TransformerCase", "trace_step"
            "release_config", "memory_settings"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: the tiers a plan's patched step can be traced at (accelpatch.core.tiers.Tier, by name)
+TIERS = ("exact", "lossless", "high")
 
 #: why no family's text encoder is planned yet (each family names its own)
 _TE_UNKNOWN = ("its release configuration is in neither diffusers' defaults nor the reference notes (a later "
@@ -126,10 +128,19 @@ class StepTrace:
     parameters: int = 0
     step: Optional[int] = None
     report: str = ""
+    #: what the patched model's first call creates, when traced: each fused op's first sight checks it against its
+    #: eager chain, holding both results (None: not traced)
+    first_created: Optional[int] = None
+    #: where the (steady) peak came: the innermost module and the operator, on a fake trace ("" on a real run)
+    peak_at: str = ""
 
     @property
     def activations(self) -> int:
         return self.inputs + self.created
+
+    @property
+    def first_activations(self) -> Optional[int]:
+        return None if self.first_created is None else self.inputs + self.first_created
 
 
 def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Optional[Mapping[str, Any]] = None,
@@ -137,12 +148,14 @@ def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Opt
     """One forward of ``case``'s transformer under :class:`LiveBytes`: on fake tensors (the plan) or real ones (the
     check). ``apply_arguments``: patch it first with ``accelpatch.apply(model, **apply_arguments)``. ``steps``: the
     denoising steps to run it as (``accelpatch.denoising_step``; None: no step), the largest peak kept.
-    ``warmup``: one uncounted call first (a real patched model checks each fused op against its eager chain on
-    first sight, holding both results: the steady calls after it are what a plan on fake tensors sees)."""
+    ``warmup``: one call first, measured apart as the first call (a real patched model checks each fused op against
+    its eager chain on first sight, holding both results); a patched plan on fake tensors traces that first call
+    too (:func:`~accelpatch.lossless.verify.traced_first_call`), then the steady calls after it."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import accelpatch
+    from accelpatch.lossless.verify import traced_first_call
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes, storage_bytes
     from accelpatch.memory.shadows import ValueShadows
 
@@ -165,16 +178,26 @@ def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Opt
             accelpatch.apply(model, **dict(apply_arguments))
         weights = module_bytes(model)
         parameters = sum(p.numel() for p in model.parameters())
-        for step in ([steps[0]] if warmup else []) + list(steps):
+        first_call = warmup or (fake and apply_arguments is not None)
+        first = None
+        for step in ([steps[0]] if first_call else []) + list(steps):
             clock = contextlib.nullcontext() if step is None else accelpatch.denoising_step(step, total_steps)
-            with torch.no_grad(), clock, LiveBytes() as live:
+            checks = traced_first_call() if fake and first is None and first_call else contextlib.nullcontext()
+            with torch.no_grad(), clock, checks, LiveBytes(modules=fake) as live:
                 model(**inputs)
-            if warmup:
-                warmup = False
+            if first_call and first is None:
+                first = live.peak
             elif best is None or live.peak > best[0]:
-                best = (live.peak, step)
+                best = (live.peak, step, _where(live))
         report = str(accelpatch.report(model)) if apply_arguments is not None else ""
-    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report)
+    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report, first, best[2])
+
+
+def _where(live) -> str:
+    """Where a traced peak came: the innermost module (without the model's class name) and the operator."""
+    module = live.peak_module.partition(".")[2] or live.peak_module
+    op = live.peak_op.removeprefix("aten.").removesuffix(".default")
+    return f"{module} ({op})" if module else op
 
 
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
@@ -371,11 +394,13 @@ def _describe_patch(arguments: Mapping[str, Any]) -> str:
 def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Optional[int] = None,
                 frames: Optional[int] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
                 budget: Union[int, str, None] = None, patched: bool = True, text_tokens: Optional[int] = None,
+                tier: Optional[str] = None,
                 progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
     """Plan the peak memory of ``recipe_or_name``'s call by stage, at the size its call gives (or ``height``,
     ``width``, ``frames``: pixels), for ``batch`` videos per prompt (CFG's batch added where the pipeline batches
     it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
-    patched with the recipe's tier, backend and options. ``budget`` (bytes or "24GiB") is what
+    patched with the recipe's tier, backend and options (``tier``: at this tier instead, "exact", "lossless" or
+    "high"; "lossless" is apply()'s default, whatever backend the recipe names then only where lossless). ``budget`` (bytes or "24GiB") is what
     :meth:`MemoryPlan.fits` and the table judge against. ``progress`` gets one line before each slow stage."""
     from accelpatch.recipes import load_recipe
 
@@ -408,7 +433,12 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     details: dict[str, Any] = {"latents": (lat_f, lat_h, lat_w), "audio": audio, "text_tokens": text,
                                "transformer_batch": videos * cfg_factor}
     stages: list[Stage] = [Stage("text encoder", note=f"{memory.text_encoder}: {_TE_UNKNOWN}")]
-    patched_stage, patch = None, _describe_patch(recipe.apply_arguments())
+    arguments = dict(recipe.apply_arguments())
+    if tier is not None:
+        if tier not in TIERS:
+            raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
+        arguments["tier"] = tier
+    patched_stage, patch = None, _describe_patch(arguments)
     if isinstance(known, str):
         details["config"] = "not planned"
         stages.append(Stage("transformer step", note=known))
@@ -418,14 +448,18 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                dtype=torch_dtype)
         say(f"tracing one transformer step (unpatched) at {height}x{width}x{frames} ...")
         plain = trace_step(case)
-        stages.append(Stage("transformer step, unpatched", plain.weights, plain.activations))
+        stages.append(Stage("transformer step, unpatched", plain.weights, plain.activations,
+                            f"peak at {plain.peak_at}"))
         steps = int(call.get("num_inference_steps") or 50)
         if patched:
             say(f"tracing it patched ({patch}) ...")
-            traced = trace_step(case, apply_arguments=recipe.apply_arguments(),
+            traced = trace_step(case, apply_arguments=arguments,
                                 steps=tuple(sorted({0, steps // 2})), total_steps=steps)
-            patched_stage = Stage("transformer step, patched", traced.weights, traced.activations,
-                                  f"step {traced.step} of {steps}")
+            first = traced.first_activations or 0
+            patched_stage = Stage("transformer step, patched", traced.weights, max(traced.activations, first),
+                                  f"step {traced.step} of {steps}: {gib(traced.activations)}, peak at "
+                                  f"{traced.peak_at}; a process's first call {gib(first)} (its fused ops checked "
+                                  "against their chains)")
         details["config"] = f"{source}; {plain.parameters / 1e9:.2f}B parameters"
     if isinstance(memory.vae, str):
         stages.append(Stage("VAE decode", note=memory.vae))
@@ -450,11 +484,11 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         "kernels' internal temporaries are not counted (budget headroom for them)",
         "a stage's activations include its inputs (latents, text embeddings); the scheduler's and the pipeline's own "
         "tensors between stages are not counted",
-        "patched: on fake tensors the lossless fused ops decline and run their eager chains, so the patched step "
-        "holds what those chains hold (a fused kernel holds no more); the step planned is the larger of step 0 and "
-        "the middle step, so step-dependent fast paths (Sol-Attn's dense steps) are seen both ways",
-        "patched, first call only: each fused op is checked against its eager chain on first sight, holding both "
-        "results (not planned; on tiny SANA-Video that call peaked about 20 % above the steady ones)",
+        "patched: on fake tensors each lossless fused op the kernels would run allocates what its kernel "
+        "allocates (its outputs; where the kernel would not run, its eager chain runs); the step planned is the "
+        "larger of step 0 and the middle step, so step-dependent fast paths (Sol-Attn's dense steps) are seen both "
+        "ways, and the row shows the larger of that and a process's first call, where each fused op is checked "
+        "against its eager chain on first sight, holding both results",
         *([f"VAE: {details['vae']}"] if "vae" in details else []),
         *([f"the recipe's {len(recipe.lora)} LoRA adapter(s) are not counted (their rank decides their size)"]
           if recipe.lora else []),

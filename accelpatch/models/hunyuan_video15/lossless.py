@@ -181,13 +181,8 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
         query = torch.cat([query, encoder_query], dim=1)
         key = torch.cat([key, encoder_key], dim=1)
         value = torch.cat([value, encoder_value], dim=1)
-        # the mask as the processor builds it
-        batch_size, seq_len, heads, dim = query.shape
-        attention_mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True)
-        attention_mask = attention_mask.bool()
-        self_attn_mask_1 = attention_mask.view(batch_size, 1, 1, seq_len).repeat(1, 1, seq_len, 1)
-        self_attn_mask_2 = self_attn_mask_1.transpose(2, 3)
-        attention_mask = (self_attn_mask_1 & self_attn_mask_2).bool()
+        del encoder_query, encoder_key, encoder_value
+        attention_mask = pair_mask(attention_mask, query.shape[1])
         # 5. attention
         hidden_states = _hy().dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
@@ -205,3 +200,13 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
 
 
 FUSED_ATTENTION = HunyuanVideo15FusedAttention()
+
+
+def pair_mask(attention_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The processor's [B, 1, L, L] boolean mask, ``valid[i] & valid[j]`` (the text mask padded with True for the
+    video rows), the same values, shape and strides, as one tensor: the processor materialises
+    ``valid.repeat(..., L, 1)`` first and ands it with its transpose, holding two L x L masks at once (at 720p,
+    121 frames, about 12 GiB each)."""
+    batch_size = attention_mask.shape[0]
+    valid = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True).bool()
+    return valid.view(batch_size, 1, seq_len, 1) & valid.view(batch_size, 1, 1, seq_len)

@@ -74,15 +74,21 @@ def linear_attention(attn: torch.nn.Module, site: Optional[Site], hidden_states:
     key_rotate = key_rotate.permute(0, 2, 3, 1)
     value = value.permute(0, 2, 3, 1)
 
+    # each intermediate is dropped as soon as it is dead (the same ops: a lower peak than the reference's, which
+    # holds q, k and the float32 value to the end)
     z = 1 / (_key_sum(key, shards).transpose(-2, -1) @ query + 1e-15)
+    del query, key
     if bf16_first_gemm:
         hidden_states = linear_attention_bf16_gemm(query_rotate, key_rotate.to(value.dtype), value, z, shards)
         hidden_states = hidden_states.flatten(1, 2).transpose(1, 2).to(original_dtype)
     else:
-        scores = torch.matmul(value.float(), key_rotate.transpose(-1, -2))
+        value = value.float()
+        scores = torch.matmul(value, key_rotate.transpose(-1, -2))
+        del value, key_rotate
         if shards is not None:
             scores = sum_over_ranks(scores, shards)
         hidden_states = torch.matmul(scores, query_rotate)
+        del scores, query_rotate
         if original_dtype == torch.float32:  # no cast: the chain is one product
             hidden_states = (hidden_states * z).flatten(1, 2).transpose(1, 2)
         else:

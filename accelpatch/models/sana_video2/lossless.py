@@ -88,7 +88,9 @@ class SanaVideo2FusedBlock(FusedOpsPath):
             return attn_delta + cross_delta
         mlp_in = _modulated(site, block.norm2, hidden_states, shift_mlp, scale_mlp, frames)
         mlp = block.mlp
-        gated = GLU_GATE(site, mlp.up_proj(mlp_in), mlp.gate_proj(mlp_in))  # bf16 only
+        if GLU_GATE.outside_policy(site, mlp_in):  # not bf16: the model's own SwiGLU, which frees gate_proj's
+            return _per_frame(mlp(mlp_in), gate_mlp, frames)  # output before up_proj runs (one tensor less)
+        gated = GLU_GATE(site, mlp.up_proj(mlp_in), mlp.gate_proj(mlp_in))
         return _per_frame(mlp.down_proj(gated), gate_mlp, frames)
 
 
