@@ -28,7 +28,7 @@ PER_FORWARD = {"modulate": 8, "gated_residual": 8, "rope_pair_per_channel": 2}
 OPS = tuple(PER_FORWARD)
 #: signatures per op: the video and the text stream for the block's chains, the video stream for the RoPE
 SIGNATURES = {"modulate": 2, "gated_residual": 2, "rope_pair_per_channel": 1}
-KINDS = ["hunyuan_video15_fused_block", "hunyuan_video15_fused_attention"] * 2
+KINDS = ["hunyuan_video15_fused_block", "hunyuan_video15_fused_attention", "fused_gelu", "fused_gelu"] * 2
 CASES = {"t2v-b1": dict(batch_size=1), "i2v-b2": dict(batch_size=2, image=True)}
 
 
@@ -57,6 +57,8 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, case):
     report = accelpatch.report(model)
     assert [s.kind for s in report.sites] == KINDS
     assert all(s.mounted and s.fast_calls == 2 for s in report.sites)
+    gelu = fusion_of(report, "gelu_inplace")  # both streams' feed-forwards, 2 blocks, 2 forwards
+    assert gelu.sites == 4 and gelu.fused_calls == 8 and not gelu.declined, gelu
     name = str(dtype).removeprefix("torch.")
     for op in OPS:
         fusion = fusion_of(report, op)

@@ -110,7 +110,8 @@ def test_default_tier_is_bit_identical_on_both_streams_with_the_real_kernels_fus
     report = accelpatch.report(model)
     reason = _attention_reason(layout, options)
     assert [(s.kind, s.fast_calls) for s in report.sites] == [("ltx2_fused_block", 2),
-                                                              ("ltx2_fused_attention", 0 if reason else 2)] * 2
+                                                              ("ltx2_fused_attention", 0 if reason else 2),
+                                                              ("fused_gelu", 2), ("fused_gelu", 2)] * 2
     attention = [s.reference_calls for s in report.sites if s.kind == "ltx2_fused_attention"]
     assert attention == [{reason: 2} if reason else {}] * 2, attention  # the declined calls, with their reason
     assert report.fallback_calls == {}

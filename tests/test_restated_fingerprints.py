@@ -20,7 +20,7 @@ from accelpatch.tools import fingerprints
 
 #: every fast path that restates diffusers code (SANA-Video 2.0's are accelpatch's own model: they restate none)
 RESTATING = {
-    "fused_swiglu", "sana_video_fused_block", "sana_video_fused_glumb", "sana_video_fused_linear_attention",
+    "fused_swiglu", "fused_gelu", "sana_video_fused_block", "sana_video_fused_glumb", "sana_video_fused_linear_attention",
     "sana_video_linear_attention", "wan_fused_block", "wan_fused_attention", "wan_sol_attn", "ltx2_fused_block",
     "ltx2_fused_attention", "ltx2_sol_attn", "hunyuan_video15_fused_block", "hunyuan_video15_fused_attention",
     "hunyuan_video15_sol_attn", "minimax_h3_fused_block", "minimax_h3_fused_attention", "sol_attn"}

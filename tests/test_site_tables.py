@@ -98,14 +98,18 @@ def test_a_site_row_naming_a_backend_its_family_does_not_take_is_refused():
 WAN_LOSSLESS = [
     ("blocks.0", [("wan_fused_block", "lossless", 0)]),
     ("blocks.0.attn1", [("wan_fused_attention", "lossless", 0)]),
+    ("blocks.0.ffn.net.0", [("fused_gelu", "lossless", 0)]),
     ("blocks.1", [("wan_fused_block", "lossless", 1)]),
     ("blocks.1.attn1", [("wan_fused_attention", "lossless", 1)]),
+    ("blocks.1.ffn.net.0", [("fused_gelu", "lossless", 1)]),
 ]
 WAN_SOL_ATTN = [
     ("blocks.0", [("wan_fused_block", "lossless", 0)]),
     ("blocks.0.attn1", [("wan_sol_attn", "high", 0), ("wan_fused_attention", "lossless", 0)]),
+    ("blocks.0.ffn.net.0", [("fused_gelu", "lossless", 0)]),
     ("blocks.1", [("wan_fused_block", "lossless", 1)]),
     ("blocks.1.attn1", [("wan_sol_attn", "high", 1), ("wan_fused_attention", "lossless", 1)]),
+    ("blocks.1.ffn.net.0", [("fused_gelu", "lossless", 1)]),
     ("blocks.0.attn2", [("wan_cross_attention", "high", 0)]),
     ("blocks.1.attn2", [("wan_cross_attention", "high", 1)]),
 ]
@@ -135,12 +139,11 @@ MINIMAX_H3_SOL_ATTN = [row for i in (0, 1) for row in (
     (f"transformer_blocks.{i}.ff.net.0", [("fused_swiglu", "lossless", i)]))] + [
     (f"token_refiner.refiner_blocks.{i}.attn", [("sol_attn_refiner", "high", None)]) for i in (0, 1)]
 
-LTX2_SOL_ATTN = [
-    ("transformer_blocks.0", [("ltx2_fused_block", "lossless", 0)]),
-    ("transformer_blocks.0.attn1", [("ltx2_sol_attn", "high", 0), ("ltx2_fused_attention", "lossless", 0)]),
-    ("transformer_blocks.1", [("ltx2_fused_block", "lossless", 1)]),
-    ("transformer_blocks.1.attn1", [("ltx2_sol_attn", "high", 1), ("ltx2_fused_attention", "lossless", 1)]),
-] + [(f"transformer_blocks.{i}.{name}", [("ltx2_dense_attention", "high", i)]) for i in (0, 1) for name in (
+LTX2_SOL_ATTN = [row for i in (0, 1) for row in (
+    (f"transformer_blocks.{i}", [("ltx2_fused_block", "lossless", i)]),
+    (f"transformer_blocks.{i}.attn1", [("ltx2_sol_attn", "high", i), ("ltx2_fused_attention", "lossless", i)]),
+    (f"transformer_blocks.{i}.ff.net.0", [("fused_gelu", "lossless", i)]),
+    (f"transformer_blocks.{i}.audio_ff.net.0", [("fused_gelu", "lossless", i)]))] + [(f"transformer_blocks.{i}.{name}", [("ltx2_dense_attention", "high", i)]) for i in (0, 1) for name in (
     "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")]
 
 

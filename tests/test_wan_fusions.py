@@ -19,7 +19,7 @@ from accelpatch.testing import tiny_wan_transformer, wan_transformer_inputs
 #: fused calls per forward of the 2-block model: two modulations and two gated residual adds per block, one RoPE
 #: pair per self-attention
 PER_FORWARD = {"modulate": 4, "gated_residual": 4, "rope_pair": 2}
-KINDS = ["wan_fused_block", "wan_fused_attention"] * 2
+KINDS = ["wan_fused_block", "wan_fused_attention", "fused_gelu"] * 2
 
 
 def _model_and_inputs(dtype=torch.bfloat16, per_token=False):
@@ -49,6 +49,8 @@ def test_default_tier_is_bit_identical_with_the_real_kernels_fused(dtype, per_to
             assert bits_equal(_forward(model, inputs), reference)
     report = accelpatch.report(model)
     assert [s.kind for s in report.sites] == KINDS
+    gelu = fusion_of(report, "gelu_inplace")  # the feed-forward's GELU over its projection: 2 forwards x 2 blocks
+    assert gelu.sites == 2 and gelu.fused_calls == 4 and not gelu.declined and len(gelu.verified) == 1, gelu
     for op in ("modulate", "gated_residual"):
         fusion = fusion_of(report, op)
         # 2 forwards x 2 blocks x (attention, feed-forward): all fused, first sight included

@@ -5,6 +5,12 @@ do not edit by hand. Qualified name -> {diffusers version: SHA-256 of the functi
 """
 
 FINGERPRINTS = {
+    'diffusers.models.activations:GELU.forward': {
+        '0.42.1': 'c3f859f6ee1625a71e7a10913261e0633a027ef42fbb4a3790bc7deeb4767e36',
+    },
+    'diffusers.models.activations:GELU.gelu': {
+        '0.42.1': 'ec63493782d2c5f16077f36c232ba3b625d4c82cf6a2285510ec680812b6731d',
+    },
     'diffusers.models.activations:SwiGLU.forward': {
         '0.42.1': 'ab286c4045e5a92a0b0dcd681d413e10bee6d094d991826e2aba51e6844503e8',
     },

@@ -171,8 +171,14 @@ class FusedOp:
     Its kernels are registered on it by :meth:`kernel`, one per device type."""
 
     def __init__(self, name: str, reference: Callable, description: str,
-                 dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None) -> None:
+                 dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
+                 inplace: bool = False) -> None:
         self.name = name
+        #: the kernels write the result over the first argument and return it (a memory saving): the caller passes
+        #: a tensor nothing reads again. The reference stays out of place; first sight runs it before the kernel,
+        #: and a kernel must check its arguments before it writes, so a failure leaves the input whole for the
+        #: reference
+        self.inplace = inplace
         self.reference = reference
         self.description = description
         #: the activation dtypes the op is fused for (None: any the kernels take); a call in another dtype runs the
@@ -356,22 +362,24 @@ class FusedOp:
             reason = IN_AUTOGRAD
         if reason is None:
             try:
-                why = kernel.check(*args)
+                with unset_fake_temporarily():  # the check reads shapes and strides; a lookup table it builds is real
+                    why = kernel.check(*args)
             except (TypeError, AttributeError, IndexError, RuntimeError) as exc:
                 why = f"{self.name}: arguments the kernel does not take ({type(exc).__name__}: {exc})"
             reason = not_applicable(why) if why else None
         if reason is not None:
             return self._reference(site, args, reason)
         seen = _TRACED_FIRST_SIGHTS.get()
+        _count(site, self.name, TRACED)
         if seen is not None and _trace_key(args) not in seen:  # a first call: the check holds both results
             seen.add(_trace_key(args))
             reference_out = self.reference(*args)
-            held = empty_like_eager(self.reference, args, device)
+            held = () if self.inplace else empty_like_eager(self.reference, args, device)
             del held
-            _count(site, self.name, TRACED)
             return reference_out
+        if self.inplace:
+            return args[0]
         outs = empty_like_eager(self.reference, args, device)
-        _count(site, self.name, TRACED)
         return outs if len(outs) > 1 else outs[0]
 
     def _reference(self, site: Any, args: tuple, outcome: str):
@@ -401,10 +409,7 @@ class FusedOp:
         reference_out = self.reference(*args)
         if reason is None:
             try:
-                fused_out = kernel.run(*args)
-                reference_outs = reference_out if isinstance(reference_out, tuple) else (reference_out,)
-                fused_outs = fused_out if isinstance(fused_out, tuple) else (fused_out,)
-                reason = mismatch(reference_outs, fused_outs)
+                reason = mismatch(_as_tuple(reference_out), _as_tuple(kernel.run(*args)))
             except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
                 if is_fatal(error):
                     raise
@@ -420,6 +425,10 @@ class FusedOp:
         else:
             self._refuse(site, reason)
         return reference_out
+
+
+def _as_tuple(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
 
 
 #: the signatures a memory trace of a first call has met (None: a trace of a later call, where every signature is

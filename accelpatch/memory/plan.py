@@ -133,6 +133,8 @@ class StepTrace:
     first_created: Optional[int] = None
     #: where the (steady) peak came: the innermost module and the operator, on a fake trace ("" on a real run)
     peak_at: str = ""
+    #: where the first call's peak came (a fake trace)
+    first_at: str = ""
 
     @property
     def activations(self) -> int:
@@ -179,18 +181,18 @@ def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Opt
         weights = module_bytes(model)
         parameters = sum(p.numel() for p in model.parameters())
         first_call = warmup or (fake and apply_arguments is not None)
-        first = None
+        first, first_at = None, ""
         for step in ([steps[0]] if first_call else []) + list(steps):
             clock = contextlib.nullcontext() if step is None else accelpatch.denoising_step(step, total_steps)
             checks = traced_first_call() if fake and first is None and first_call else contextlib.nullcontext()
             with torch.no_grad(), clock, checks, LiveBytes(modules=fake) as live:
                 model(**inputs)
             if first_call and first is None:
-                first = live.peak
+                first, first_at = live.peak, _where(live)
             elif best is None or live.peak > best[0]:
                 best = (live.peak, step, _where(live))
         report = str(accelpatch.report(model)) if apply_arguments is not None else ""
-    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report, first, best[2])
+    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report, first, best[2], first_at)
 
 
 def _where(live) -> str:
@@ -458,8 +460,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
             first = traced.first_activations or 0
             patched_stage = Stage("transformer step, patched", traced.weights, max(traced.activations, first),
                                   f"step {traced.step} of {steps}: {gib(traced.activations)}, peak at "
-                                  f"{traced.peak_at}; a process's first call {gib(first)} (its fused ops checked "
-                                  "against their chains)")
+                                  f"{traced.peak_at}; a process's first call {gib(first)}, peak at "
+                                  f"{traced.first_at} (its fused ops checked against their chains)")
         details["config"] = f"{source}; {plain.parameters / 1e9:.2f}B parameters"
     if isinstance(memory.vae, str):
         stages.append(Stage("VAE decode", note=memory.vae))

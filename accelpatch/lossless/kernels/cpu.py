@@ -401,12 +401,14 @@ def plain_rope(op: Any, per_channel: bool, args):
     return outs
 
 
-def elementwise(op: Any, args, library_op: Callable, table_name: Optional[str] = None) -> torch.Tensor:
+def elementwise(op: Any, args, library_op: Callable, table_name: Optional[str] = None,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """An element-wise op's output, written by ``library_op(library)`` (output first, then ``args``, the table
-    where there is one, the plan)."""
+    where there is one, the plan). ``out``: write there instead, an input of eager's output layout (an in-place op;
+    each element is read before it is written)."""
     prep = _PREPARED.get(_signature(op.name, args)) or prepared(
         op, args, library_op, lambda: plan_for(op.name, op.reference, args), table_name)
-    out = output(prep)
+    out = output(prep) if out is None else out
     if prep.nonempty:
         tensors = (*args, prep.table) if table_name else args
         prep.op(out, *tensors, prep.size, prep.strides)

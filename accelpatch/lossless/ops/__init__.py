@@ -9,6 +9,7 @@ package registers every op; no kernel is built and Triton is not imported until 
 from __future__ import annotations
 
 from accelpatch.lossless.ops.gated_residual import GATED_RESIDUAL
+from accelpatch.lossless.ops.gelu_inplace import GELU_INPLACE
 from accelpatch.lossless.ops.glu_gate import GLU_GATE
 from accelpatch.lossless.ops.modulate import MODULATE
 from accelpatch.lossless.ops.relu_rope_pair import RELU_ROPE_PAIR
@@ -19,7 +20,8 @@ from accelpatch.lossless.ops.rotary_complex_pair import ROTARY_COMPLEX_PAIR
 from accelpatch.lossless.ops.rotate_half_pair import ROTATE_HALF_PAIR
 from accelpatch.lossless.ops.scale_to_tokens import SCALE_TO_TOKENS
 from accelpatch.lossless.ops.sigmoid_gate import SIGMOID_GATE
-from accelpatch.lossless.ops.silu import SILU
+from accelpatch.lossless.ops.silu import SILU, SILU_INPLACE
 
-__all__ = ["GATED_RESIDUAL", "GLU_GATE", "MODULATE", "RELU_ROPE_PAIR", "ROPE_PAIR", "ROPE_PAIR_PER_CHANNEL",
-           "ROTARY_COMPLEX_PAIR", "ROTATE_HALF_PAIR", "SCALE_TO_TOKENS", "SIGMOID_GATE", "SILU", "SPLIT_ROPE_PAIR"]
+__all__ = ["GATED_RESIDUAL", "GELU_INPLACE", "GLU_GATE", "MODULATE", "RELU_ROPE_PAIR", "ROPE_PAIR", "ROPE_PAIR_PER_CHANNEL",
+           "ROTARY_COMPLEX_PAIR", "ROTATE_HALF_PAIR", "SCALE_TO_TOKENS", "SIGMOID_GATE", "SILU", "SILU_INPLACE",
+           "SPLIT_ROPE_PAIR"]

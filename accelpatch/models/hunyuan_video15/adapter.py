@@ -45,6 +45,7 @@ from typing import Optional
 import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
+from accelpatch.lossless.gelu import IN_PLACE_GELU
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.models.hunyuan_video15.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.models.hunyuan_video15.high import REFINER_DENSE_PATH, SOL_ATTENTION, _hy
@@ -55,6 +56,7 @@ from accelpatch.models.hunyuan_video15.high import REFINER_DENSE_PATH, SOL_ATTEN
 SITES = (
     SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"transformer_blocks\.(\d+)\.attn", FUSED_ATTENTION),
+    SiteRule(r"transformer_blocks\.(\d+)\.ff(?:_context)?\.net\.0", IN_PLACE_GELU),
     SiteRule(r"transformer_blocks\.(\d+)\.attn", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn", REFINER_DENSE_PATH, backend="sol_attn"),
 )

@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from accelpatch.lossless.ops import GATED_RESIDUAL, GLU_GATE, MODULATE, SILU
+from accelpatch.lossless.inplace import output_may_be_kept
+from accelpatch.lossless.ops import GATED_RESIDUAL, GLU_GATE, MODULATE, SILU, SILU_INPLACE
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
@@ -82,7 +83,7 @@ class SanaVideoFusedBlock(FusedOpsPath):
 class SanaVideoFusedGLUMB(FusedOpsPath):
     fusion = GLUMB_FUSION
     description = "GLUMB feed-forward with its SiLU and GLU gate fused (bit-exact, bf16)"
-    fused_ops = (SILU, GLU_GATE)
+    fused_ops = (SILU, SILU_INPLACE, GLU_GATE)
     restates = (_SANA + "GLUMBTempConv.forward",)
     policy_reasons = ("activations are torch.float32: GLUMB's fused chains are bfloat16 tables",
                       "activations are torch.float16: GLUMB's fused chains are bfloat16 tables")
@@ -102,7 +103,9 @@ class SanaVideoFusedGLUMB(FusedOpsPath):
         batch_size, num_frames, height, width, num_channels = hidden_states.shape
         hidden_states = hidden_states.view(batch_size * num_frames, height, width, num_channels).permute(0, 3, 1, 2)
 
-        hidden_states = SILU(site, ff.conv_inverted(hidden_states))
+        # the SiLU over conv_inverted's output, which nothing else holds (unless a hook saw it): one tensor less
+        silu = SILU if output_may_be_kept(ff.conv_inverted) else SILU_INPLACE
+        hidden_states = silu(site, ff.conv_inverted(hidden_states))
         hidden_states = ff.conv_depth(hidden_states)
         hidden_states, gate = torch.chunk(hidden_states, 2, dim=1)
         hidden_states = GLU_GATE(site, hidden_states, gate)

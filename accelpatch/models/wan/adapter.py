@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
+from accelpatch.lossless.gelu import IN_PLACE_GELU
 from accelpatch.models.wan.high import CROSS_DENSE_PATH, SOL_ATTENTION, _wan
 from accelpatch.models.wan.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.sol_attn.adapter import SolAttnAdapter
@@ -43,6 +44,7 @@ from accelpatch.sol_attn.adapter import SolAttnAdapter
 SITES = (
     SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"blocks\.(\d+)\.attn1", FUSED_ATTENTION),
+    SiteRule(r"blocks\.(\d+)\.ffn\.net\.0", IN_PLACE_GELU),
     SiteRule(r"blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"blocks\.(\d+)\.attn2", CROSS_DENSE_PATH, backend="sol_attn"),
 )
