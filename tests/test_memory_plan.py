@@ -302,3 +302,32 @@ def test_value_shadows_give_a_fake_trace_the_values_it_branches_on():
         assert [t.shape for t in forward(*fake)] == expected
     with mode, pytest.raises(DataDependentOutputException):
         forward(*fake)
+
+
+def test_fp8_weight_storage_is_weighed_by_diffusers_own_layerwise_casting():
+    """layerwise_fp8_weights builds the transformer on the meta device and lets diffusers'
+    enable_layerwise_casting choose what it stores in fp8: the bytes a real model holds after the same call."""
+    from accelpatch.memory.live_bytes import module_bytes
+    from accelpatch.memory.plan import layerwise_fp8_weights
+
+    case = TransformerCase("wan", wan.WAN_SOL_CONFIG, 4, 32, 32, 8)
+    real = case.build()
+    before = module_bytes(real)
+    real.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    planned = layerwise_fp8_weights(case)
+    assert planned == module_bytes(real) and before / 2 < planned < before, (planned, before)
+
+
+@pytest.mark.parametrize("budget,expected", [
+    ("2.8GiB", "to fit 2.80 GiB: enable_model_cpu_offload()"),
+    ("2GiB", "to fit 2.00 GiB: the transformer's weights stored in fp8: transformer.enable_layerwise_casting("),
+    ("0.5GiB", "to fit 0.50 GiB: neither model offload nor fp8 weight storage is enough"),
+])
+def test_a_call_that_does_not_fit_names_the_option_that_would(budget, expected):
+    """Wan 2.1 1.3B (2.65 GiB of transformer weights) at a small size: the first option planned that makes the call
+    fit the budget, model offload before lossy fp8 storage, or none."""
+    plan = memory_plan("wan2.1-t2v-1.3b-sol-attn", frames=5, height=96, width=160, budget=budget, patched=False)
+    assert plan.fits() is False
+    lines = [line for line in plan.table().splitlines() if line.startswith("to fit")]
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert plan.details["fp8_weights"] < plan.stages[1].weights

@@ -16,6 +16,11 @@ Checks happen in eager code only: inside ``torch.compile`` (tracing or export) t
 compiled patched model equals the unpatched one compiled the same way (the compiler fuses the chain itself); an
 unverified signature met during CUDA graph capture runs the reference uncounted as verified. Under autograd the
 reference runs (the kernels have no backward). All three are counted with their reason, never warned about.
+
+On fake operands (a memory plan, :mod:`accelpatch.memory`) nothing is computed or checked: an op the kernel would
+take allocates what the kernel allocates (:meth:`FusedOp._traced`), and inside :func:`traced_first_call` what a
+first sight holds. An op made with ``inplace=True`` writes its result over its first argument, which its caller
+never reads again (one tensor less); its first sight runs the out-of-place reference before the kernel.
 """
 from __future__ import annotations
 

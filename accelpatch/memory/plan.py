@@ -16,6 +16,7 @@ compare the bytes. This module names no family.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import time
 from dataclasses import dataclass, field
@@ -202,6 +203,24 @@ def _where(live) -> str:
     return f"{module} ({op})" if module else op
 
 
+def layerwise_fp8_weights(case: TransformerCase) -> int:
+    """The bytes of ``case``'s transformer with its weights stored in fp8 by diffusers' own
+    ``enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn)`` (its default skips: norms, embeddings, the
+    patch and output projections stay in the compute dtype): the model built on the meta device, where casting
+    allocates nothing."""
+    import torch
+
+    from accelpatch.memory.live_bytes import module_bytes
+    from accelpatch.testing._common import _cast_like_from_pretrained
+
+    compute = getattr(torch, str(case.dtype).removeprefix("torch."))
+    with torch.device("meta"):
+        model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
+    _cast_like_from_pretrained(model, compute)
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
+    return module_bytes(model)
+
+
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
                      dtype: str) -> tuple[int, int, int]:
     """(weights, activations, latent channels) of ``vae.decode`` of one batch of latents of ``grid`` (frames,
@@ -265,17 +284,24 @@ class MemoryPlan:
     budget: Optional[int] = None
     details: dict = field(default_factory=dict)
 
-    def stage_list(self, patched: bool = True) -> list[Stage]:
-        """The stages of the call, the transformer step patched or not."""
-        if not patched or self.patched is None:
-            return list(self.stages)
-        return [self.patched if s.name.startswith("transformer step") else s for s in self.stages]
+    def stage_list(self, patched: bool = True, fp8: bool = False) -> list[Stage]:
+        """The stages of the call, the transformer step patched or not; ``fp8``: its weights stored in fp8
+        (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget)."""
+        stages = list(self.stages)
+        if patched and self.patched is not None:
+            stages = [self.patched if s.name.startswith("transformer step") else s for s in stages]
+        if fp8:
+            if "fp8_weights" not in self.details:
+                raise ValueError("this plan has no fp8 weights: plan it with a budget (memory_plan(..., budget=...))")
+            stages = [dataclasses.replace(s, weights=self.details["fp8_weights"])
+                      if s.name.startswith("transformer step") and s.planned else s for s in stages]
+        return stages
 
-    def peak(self, *, patched: bool = True, offload: bool = False) -> tuple[int, bool]:
+    def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False) -> tuple[int, bool]:
         """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
-        activations, or with ``offload`` the largest stage alone. When a stage is not planned, the bytes are a
-        lower bound."""
-        stages = self.stage_list(patched)
+        activations, or with ``offload`` the largest stage alone; ``fp8``: the transformer's weights stored in fp8.
+        When a stage is not planned, the bytes are a lower bound."""
+        stages = self.stage_list(patched, fp8)
         known = [s for s in stages if s.planned]
         if offload:
             value = max((s.total for s in known), default=0)
@@ -284,14 +310,14 @@ class MemoryPlan:
         return value, len(known) == len(stages)
 
     def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True,
-             offload: bool = False) -> Optional[bool]:
+             offload: bool = False, fp8: bool = False) -> Optional[bool]:
         """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
         stage that is not planned could decide it (the planned ones fit)."""
         budget = self.budget if budget is None else budget
         if budget is None:
             raise ValueError("fits() needs a budget (bytes or a size such as '24GiB')")
         budget = parse_size(budget) if isinstance(budget, str) else int(budget)
-        value, complete = self.peak(patched=patched, offload=offload)
+        value, complete = self.peak(patched=patched, offload=offload, fp8=fp8)
         if value > budget:
             return False
         return True if complete else None
@@ -322,11 +348,34 @@ class MemoryPlan:
             lines.append(f">= : a lower bound, the {' and the '.join(unplanned)} not planned yet"
                          + ("; 'fits so far': the planned stages fit, the unplanned decide" if self.budget else ""))
         if self.budget:
+            lines += self.options_to_fit()
             lines.append(f"budget: {gib(self.budget)} (live tensors only: leave headroom for the allocator and "
                          "kernel workspaces)")
         lines += ["", "assumptions:", *(f"  - {a}" for a in self.assumptions),
                   f"planned in {self.seconds:.1f} s on fake tensors (no weights downloaded, no math run)"]
         return "\n".join(lines)
+
+    def options_to_fit(self) -> list[str]:
+        """Where the patched call does not fit the plan's budget with every component on the device: the first of
+        the options planned that would make it fit, the least costly in speed first (model offload moves each
+        component once per call; fp8 weight storage casts every layer at every step, and is lossy), or why none."""
+        if not self.budget or self.fits() is not False:
+            return []
+        options = [("enable_model_cpu_offload() (one component on the device at a time)", dict(offload=True))]
+        if "fp8_weights" in self.details:
+            options += [
+                ("the transformer's weights stored in fp8: transformer.enable_layerwise_casting(storage_dtype="
+                 "torch.float8_e4m3fn, compute_dtype=torch.bfloat16) (lossy: measure it with accelpatch validate)",
+                 dict(fp8=True)),
+                ("both: fp8 weight storage and enable_model_cpu_offload()", dict(offload=True, fp8=True))]
+        for text, option in options:
+            verdict = self.fits(**option)
+            if verdict is not False:
+                value, _ = self.peak(**option)
+                return [f"to fit {gib(self.budget)}: {text}: {gib(value)}"
+                        + ("" if verdict else " (fits so far: a stage is not planned)")]
+        return [f"to fit {gib(self.budget)}: neither model offload nor fp8 weight storage is enough; not planned "
+                "yet: quantised weights (torchao int8/fp8, GGUF), group offloading, VAE tiling"]
 
     def __str__(self) -> str:
         return self.table()
@@ -402,8 +451,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     ``width``, ``frames``: pixels), for ``batch`` videos per prompt (CFG's batch added where the pipeline batches
     it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
     patched with the recipe's tier, backend and options (``tier``: at this tier instead, "exact", "lossless" or
-    "high"; "lossless" is apply()'s default, whatever backend the recipe names then only where lossless). ``budget`` (bytes or "24GiB") is what
-    :meth:`MemoryPlan.fits` and the table judge against. ``progress`` gets one line before each slow stage."""
+    "high"; "lossless" is apply()'s default, whatever backend the recipe names then only where lossless). ``budget``
+    (bytes or "24GiB") is what :meth:`MemoryPlan.fits` and the table judge against; with it the transformer is also
+    weighed with fp8 weight storage (:meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
+    stage."""
     from accelpatch.recipes import load_recipe
 
     start = time.perf_counter()
@@ -463,6 +514,9 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                   f"{traced.peak_at}; a process's first call {gib(first)}, peak at "
                                   f"{traced.first_at} (its fused ops checked against their chains)")
         details["config"] = f"{source}; {plain.parameters / 1e9:.2f}B parameters"
+        if budget is not None:
+            say("weighing the transformer with fp8 weight storage ...")
+            details["fp8_weights"] = layerwise_fp8_weights(case)
     if isinstance(memory.vae, str):
         stages.append(Stage("VAE decode", note=memory.vae))
     else:
