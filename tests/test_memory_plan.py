@@ -331,3 +331,26 @@ def test_a_call_that_does_not_fit_names_the_option_that_would(budget, expected):
     lines = [line for line in plan.table().splitlines() if line.startswith("to fit")]
     assert len(lines) == 1 and lines[0].startswith(expected), lines
     assert plan.details["fp8_weights"] < plan.stages[1].weights
+
+
+def test_every_planned_release_configuration_is_weighed_with_fp8_storage():
+    """The fp8 option of a budgeted plan for every family's release configuration of the shipped recipes: diffusers'
+    layerwise casting on the meta model stores most weights in one byte (between half and all of the bf16 bytes)."""
+    from accelpatch.memory.live_bytes import module_bytes
+    from accelpatch.memory.plan import layerwise_fp8_weights
+
+    seen = set()
+    for name in available_recipes():
+        recipe = load_recipe(name)
+        family = None if recipe.is_tiny else family_of(recipe.model)
+        known = release_config(family, recipe.model) if family else None
+        if not isinstance(known, tuple) or (family, recipe.model) in seen:
+            continue
+        seen.add((family, recipe.model))
+        case = TransformerCase(family, known[0], 1, 8, 8, 8)
+        with torch.device("meta"):
+            bf16 = module_bytes(case.build())
+        fp8 = layerwise_fp8_weights(case)
+        assert bf16 / 2 <= fp8 < 0.75 * bf16, (name, fp8, bf16)
+    assert {family for family, _ in seen} == {"wan", "sana_video", "sana_video2", "minimax_h3", "hunyuan_video15",
+                                              "ltx2"}, seen
