@@ -33,7 +33,6 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
@@ -41,7 +40,7 @@ from accelpatch.core.gate import note_work
 from accelpatch.core.outcomes import RAN, declined, not_applicable
 from accelpatch.lossless.kernels.layout import empty_like_eager
 from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kernel_kind
-from accelpatch.lossless.kernels.operands import foreign_operand
+from accelpatch.lossless.kernels.operands import FAKE_OPERAND, foreign_operand
 from accelpatch.lossless.feature import cpu_kernels_allowed
 
 FUSED = RAN  # a fused op that ran its kernel
@@ -311,9 +310,9 @@ class FusedOp:
             return self._reference(site, args, outcome)
         if torch.compiler.is_compiling():
             return self._reference(site, args, IN_COMPILE)
-        if any(is_fake(t) for t in tensors):
-            return self._traced(site, args, tensors[0].device)
         foreign = foreign_operand(tensors, tensors[0].device.type)
+        if foreign == FAKE_OPERAND:  # a memory trace: plan what the kernel would hold
+            return self._traced(site, args, tensors[0].device)
         if foreign:  # before anything reads an address: a subclass's data_ptr() may be 0 or not its values
             return self._reference(site, args, not_applicable(foreign))
         unavailable = self._unavailable(site, tensors[0].device)

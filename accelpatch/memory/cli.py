@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from accelpatch.core.tiers import Tier
 from accelpatch.memory.sizes import FORMS, parse_size
 
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-tokens", type=_positive, help="text tokens the transformer sees (default: the "
                         "pipeline's padded length; MiniMax-H3 packs the prompt's own, assumed 256)")
     parser.add_argument("--budget", help=f"say whether the call fits this much device memory: {FORMS}")
-    parser.add_argument("--tier", choices=("exact", "lossless", "high"), help="plan the patched step at this tier "
+    parser.add_argument("--tier", choices=[str(tier) for tier in Tier], help="plan the patched step at this tier "
                         "(default: the recipe's; lossless is apply()'s default: bit-identical)")
     parser.add_argument("--unpatched-only", action="store_true", help="skip the patched transformer step")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
+from accelpatch.core.tiers import Tier
 from accelpatch.memory.sizes import gib, parse_size
 from accelpatch.models.families import MemorySettings, families, resolve
 
@@ -30,7 +31,7 @@ __all__ = ["memory_plan", "MemoryPlan", "Stage", "TransformerCase", "trace_step"
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: the tiers a plan's patched step can be traced at (accelpatch.core.tiers.Tier, by name)
-TIERS = ("exact", "lossless", "high")
+TIERS = tuple(str(tier) for tier in Tier)
 
 #: why no family's text encoder is planned yet (each family names its own)
 _TE_UNKNOWN = ("its release configuration is in neither diffusers' defaults nor the reference notes (a later "

@@ -12,6 +12,10 @@ from typing import Iterable, Optional
 
 import torch
 
+#: why a fake operand (a memory trace: accelpatch.memory) never reaches native code; the fused ops plan such calls
+#: as their kernels would run them (accelpatch.lossless.verify.FusedOp._traced)
+FAKE_OPERAND = ("an operand is fake (a memory trace: shapes without values), so nothing can be checked or computed "
+                "natively")
 #: the tensor types whose storage is their values (a Parameter of a plain tensor is one)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -28,8 +32,7 @@ def foreign_operand(tensors: Iterable[torch.Tensor], device_type: str) -> Option
 
     for t in tensors:
         if is_fake(t):
-            return ("an operand is fake (a memory trace: shapes without values), so nothing can be checked; the "
-                    "eager chain runs and its memory is what the trace sees")
+            return FAKE_OPERAND
         if type(t) not in _PLAIN:
             return (f"an operand is a {describe_type(t)} (a tensor subclass: quantized or wrapped values that only "
                     "its own operations read)")
