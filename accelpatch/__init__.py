@@ -60,7 +60,7 @@ from accelpatch.sol_attn import registration as _attention_registry  # noqa: E40
 from accelpatch.core import features as _features  # noqa: E402
 
 _features.host("accelpatch.lossless.feature", "accelpatch.step_cache.feature", "accelpatch.parallel.feature",
-               "accelpatch.sol_attn.feature")
+               "accelpatch.sol_attn.feature", "accelpatch.low_memory.feature")
 _features.host_adapters("accelpatch.models.registry:ADAPTERS")
 
 
@@ -84,7 +84,10 @@ def apply(target: Any, *, backend: Any = None, strict: bool = False, tier: Any =
     backend and options; keyword arguments given here override the recipe's. A fast path that cannot run on this
     model at all warns once here, with the reason. Applying twice with the same arguments is the same as applying
     once. ``cpu_kernels=False`` keeps this model's fused ops off the compiled CPU kernels (they run diffusers' own
-    chains, counted; ``ACCELPATCH_CPU_KERNELS=0`` does it for the process, before anything is built). Returns the
+    chains, counted; ``ACCELPATCH_CPU_KERNELS=0`` does it for the process, before anything is built).
+    ``memory="low"`` runs the feed-forwards, query/key norms and the blocks' row-wise parts in chunks of
+    ``memory_chunk_tokens`` tokens (default 8192), each checked bit for bit against the whole computation on first
+    sight (unchecked at tier ``high``): less memory per step, the same output (docs/memory.md). Returns the
     :func:`report` of the patched models (a table in a notebook).
     """
     from accelpatch.core.patcher import apply as _apply

@@ -153,7 +153,8 @@ def test_no_two_modules_import_each_other_even_through_others():
 #: features and the families (they register themselves: accelpatch.core.features), so no arrow runs back up.
 FLOORS = (
     ("core", ("accelpatch.core", "accelpatch._lazy")),
-    ("features", ("accelpatch.lossless", "accelpatch.sol_attn", "accelpatch.step_cache", "accelpatch.parallel")),
+    ("features", ("accelpatch.lossless", "accelpatch.sol_attn", "accelpatch.step_cache", "accelpatch.parallel",
+                  "accelpatch.low_memory")),
     ("models", ("accelpatch.models",)),
     ("tools", ("accelpatch.eval", "accelpatch.tools", "accelpatch.testing", "accelpatch.recipes",
                "accelpatch.__main__", "accelpatch")),

@@ -86,8 +86,9 @@ def test_a_planned_patched_step_holds_what_its_real_run_holds(family, size):
 def _forget_verdicts():
     """A fresh process's first sights: the real run's first call checks every fused op again."""
     from accelpatch.lossless.verify import ops
+    from accelpatch.low_memory.chunked import CHUNKED
 
-    for op in ops().values():
+    for op in (*ops().values(), CHUNKED):
         op.forget()
 
 
@@ -106,6 +107,37 @@ def test_the_default_tier_holds_no_more_than_diffusers(family, size, dtype):
     assert patched.report and "lossless" in patched.report
     assert patched.activations <= unpatched.activations, (patched, unpatched)
     assert planned.activations <= trace_step(case).activations, planned
+
+
+#: the families whose site tables chunk under memory="low", and those among them where it must save (the others'
+#: medium step peaks where no chunk reaches: HunyuanVideo 1.5's L x L mask)
+LOW_MEMORY = ("hunyuan_video15", "ltx2", "minimax_h3", "wan")
+LOW_MEMORY_SAVES = ("ltx2", "minimax_h3", "wan")
+
+
+@pytest.mark.parametrize("family", LOW_MEMORY)
+def test_memory_low_is_planned_as_it_runs_and_holds_less_than_the_default_tier(family):
+    """Issue #44 part 3: ``apply(..., memory="low")`` at medium size in bf16 (chunks of 256 tokens): the plan on
+    fake tensors holds what the real CPU run holds (within 10 %; in practice to the byte), the first call (each
+    chunked computation checked against the whole one, a chunk at a time) and the steady calls; the steady calls
+    hold less than the default tier's, the first call no more than the default tier's first call."""
+    torch.set_num_threads(1)
+    case = dataclasses.replace(CASES[family, "medium"][0], dtype="bfloat16")
+    low = dict(apply_arguments={"memory": "low", "memory_chunk_tokens": 256}, steps=(0,), total_steps=2)
+    default = dict(apply_arguments={}, steps=(0,), total_steps=2)
+    _forget_verdicts()
+    real = trace_step(case, fake=False, warmup=True, **low)
+    planned = trace_step(case, **low)
+    _forget_verdicts()
+    real_default = trace_step(case, fake=False, warmup=True, **default)
+    assert "chunked_tokens" in real.report
+    assert _within(planned.activations, real.activations), (planned, real)
+    assert _within(planned.first_activations, real.first_activations), (planned, real)
+    assert real.first_activations <= real_default.first_activations, (real, real_default)
+    if family in LOW_MEMORY_SAVES:
+        assert real.activations < 0.97 * real_default.activations, (real, real_default)
+    else:
+        assert real.activations <= real_default.activations, (real, real_default)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import contextvars
 import importlib
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
@@ -30,19 +31,24 @@ class SiteRule:
     ``backend``: None, mounted with or without a backend; a backend name (``"sol_attn"``), only with that backend;
     :data:`NO_BACKEND`, only without one. ``when``: a predicate on the module, for sites a path alone cannot tell
     (SANA-Video 2.0's softmax anchors and linear layers share ``blocks.N.attn``); None: every matching module.
-    The tier is the fast path's own (``fast_path.tier``)."""
+    ``feature``: a hosted feature's name (:mod:`accelpatch.core.features`): the row mounts only when the call turns
+    that feature on (``memory="low"``'s chunked sites). The tier is the fast path's own (``fast_path.tier``)."""
 
     pattern: Union[str, re.Pattern]
     fast_path: FastPath
     backend: Optional[str] = None
     when: Optional[Callable[[torch.nn.Module], bool]] = None
+    feature: Optional[str] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.pattern, str):
             object.__setattr__(self, "pattern", re.compile(self.pattern))
 
-    def applies(self, backend_config: Any) -> bool:
-        """Whether this rule mounts under ``backend_config`` (None: no backend)."""
+    def applies(self, backend_config: Any, configs: Mapping[str, Any] = MappingProxyType({})) -> bool:
+        """Whether this rule mounts under ``backend_config`` (None: no backend) and the features' ``configs`` of
+        the call (by feature name; a feature absent or None is off)."""
+        if self.feature is not None and configs.get(self.feature) is None:
+            return False
         if self.backend is None:
             return True
         if self.backend == NO_BACKEND:
@@ -183,10 +189,12 @@ class ModelAdapter:
                 return True
         return False
 
-    def iter_sites(self, model: torch.nn.Module,
-                   backend_config: Any) -> Iterator[tuple[str, torch.nn.Module, FastPath, Any]]:
+    def iter_sites(self, model: torch.nn.Module, backend_config: Any,
+                   configs: Mapping[str, Any] = MappingProxyType({})
+                   ) -> Iterator[tuple[str, torch.nn.Module, FastPath, Any]]:
         """Yield (module path, module, fast path, layer index or None) for every row of :attr:`sites` that applies
-        under ``backend_config``: first the rules mounted with or without a backend, over the model's modules in
+        under ``backend_config`` and the features' ``configs`` (a row naming a feature mounts only with it on):
+        first the rules mounted with or without a backend, over the model's modules in
         order, then the backend-dependent ones (so a backend's own sites come after the lossless ones). A row naming
         a backend the family does not take raises (it would mount nothing, silently)."""
         for rule in self.sites:
@@ -194,8 +202,8 @@ class ModelAdapter:
                 raise ValueError(f"{type(self).__name__}.sites: the row {rule.pattern.pattern!r} names backend "
                                  f"{rule.backend!r}, which this family does not take; its backends: "
                                  f"{', '.join(map(repr, self.backends)) or 'none'} (or None, or NO_BACKEND)")
-        for rules in ([r for r in self.sites if r.backend is None],
-                      [r for r in self.sites if r.backend is not None and r.applies(backend_config)]):
+        for rules in ([r for r in self.sites if r.backend is None and r.applies(backend_config, configs)],
+                      [r for r in self.sites if r.backend is not None and r.applies(backend_config, configs)]):
             if not rules:
                 continue
             for path, module in model.named_modules():

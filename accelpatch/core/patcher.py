@@ -257,7 +257,7 @@ def _apply_one(model, adapter: ModelAdapter, backend_config, options, strict: bo
     model.__dict__[STATE_ATTR] = patch
     try:
         by_fusion: dict[str, list[Site]] = {}
-        for path, module, stack in _stacks(adapter.iter_sites(model, backend_config)):
+        for path, module, stack in _stacks(adapter.iter_sites(model, backend_config, configs)):
             if is_gated(module):
                 raise RuntimeError(f"{path} is already patched by accelpatch; call accelpatch.remove() first")
             original = type(module)

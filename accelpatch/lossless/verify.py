@@ -373,10 +373,8 @@ class FusedOp:
             reason = not_applicable(why) if why else None
         if reason is not None:
             return self._reference(site, args, reason)
-        seen = _TRACED_FIRST_SIGHTS.get()
         _count(site, self.name, TRACED)
-        if seen is not None and _trace_key(args) not in seen:  # a first call: the check holds both results
-            seen.add(_trace_key(args))
+        if traced_first_sight(args):  # a first call: the check holds both results
             reference_out = self.reference(*args)
             held = () if self.inplace else empty_like_eager(self.reference, args, device)
             del held
@@ -385,6 +383,10 @@ class FusedOp:
             return args[0]
         outs = empty_like_eager(self.reference, args, device)
         return outs if len(outs) > 1 else outs[0]
+
+    def count(self, site: Any, outcome: str) -> None:
+        """Count one call of this op on ``site`` and how it went (a subclass's own outcomes)."""
+        _count(site, self.name, outcome)
 
     def _reference(self, site: Any, args: tuple, outcome: str):
         _count(site, self.name, outcome)
@@ -404,6 +406,11 @@ class FusedOp:
         site.model.warn_once(f"lossless {self.name}", outcome)
         _count(site, self.name, outcome)
 
+    def _compare(self, kernel: Any, args: tuple, reference_out: Any) -> Optional[str]:
+        """A first sight's comparison: why ``kernel``'s result on ``args`` is not ``reference_out`` (None when it
+        is, bit for bit; see :func:`mismatch`)."""
+        return mismatch(_as_tuple(reference_out), _as_tuple(kernel.run(*args)))
+
     def _first_sight(self, site: Any, key: tuple, args: tuple, device: torch.device):
         kernel, reason = self.implementation(device)
         if reason is None:
@@ -413,7 +420,7 @@ class FusedOp:
         reference_out = self.reference(*args)
         if reason is None:
             try:
-                reason = mismatch(_as_tuple(reference_out), _as_tuple(kernel.run(*args)))
+                reason = self._compare(kernel, args, reference_out)
             except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
                 if is_fatal(error):
                     raise
@@ -444,6 +451,16 @@ _TRACED_FIRST_SIGHTS: contextvars.ContextVar[Optional[set]] = contextvars.Contex
 def _trace_key(args: tuple) -> tuple:
     return tuple((a.dtype, tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else ("value", a)
                  for a in args)
+
+
+def traced_first_sight(args: tuple) -> bool:
+    """Inside :func:`traced_first_call`: whether ``args`` (their dtypes, shapes, strides and other values) are met
+    for the first time, so the trace holds what a first sight's check holds (they are remembered as met)."""
+    seen = _TRACED_FIRST_SIGHTS.get()
+    if seen is None or _trace_key(args) in seen:
+        return False
+    seen.add(_trace_key(args))
+    return True
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """``python -m accelpatch memory --recipe R [--height H --width W --frames F --batch B --dtype D --tier T
---budget 24GiB]``:
+--memory low --budget 24GiB]``:
 a recipe's call planned by stage at full size, on fake tensors (:func:`accelpatch.memory.plan.memory_plan`).
 
 Importing this module imports neither torch nor diffusers: the arguments (the budget's form included) are checked
@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", help=f"say whether the call fits this much device memory: {FORMS}")
     parser.add_argument("--tier", choices=[str(tier) for tier in Tier], help="plan the patched step at this tier "
                         "(default: the recipe's; lossless is apply()'s default: bit-identical)")
+    parser.add_argument("--memory", choices=("default", "low"), help="plan the patched step with apply(..., "
+                        "memory=...): 'low' runs the feed-forwards and query/key norms in chunks of tokens")
+    parser.add_argument("--chunk-tokens", type=_positive, help="with --memory low: tokens of each video per chunk "
+                        "(apply()'s memory_chunk_tokens; default 8192)")
     parser.add_argument("--unpatched-only", action="store_true", help="skip the patched transformer step")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
@@ -62,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
     plan = memory_plan(getattr(args, "loaded_recipe", None) or args.recipe, height=args.height, width=args.width,
                        frames=args.frames, batch=args.batch, dtype=args.dtype, text_tokens=args.text_tokens,
                        budget=getattr(args, "budget_bytes", None), patched=not args.unpatched_only, tier=args.tier,
+                       memory=args.memory, chunk_tokens=args.chunk_tokens,
                        progress=None if args.no_progress else lambda line: print(line, file=sys.stderr, flush=True))
     print(plan.table())
     return 0

@@ -446,19 +446,21 @@ def _describe_patch(arguments: Mapping[str, Any]) -> str:
 def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Optional[int] = None,
                 frames: Optional[int] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
                 budget: Union[int, str, None] = None, patched: bool = True, text_tokens: Optional[int] = None,
-                tier: Optional[str] = None,
+                tier: Optional[str] = None, memory: Optional[str] = None, chunk_tokens: Optional[int] = None,
                 progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
     """Plan the peak memory of ``recipe_or_name``'s call by stage, at the size its call gives (or ``height``,
     ``width``, ``frames``: pixels), for ``batch`` videos per prompt (CFG's batch added where the pipeline batches
     it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
     patched with the recipe's tier, backend and options (``tier``: at this tier instead, "exact", "lossless" or
-    "high"; "lossless" is apply()'s default, whatever backend the recipe names then only where lossless). ``budget``
+    "high"; "lossless" is apply()'s default, whatever backend the recipe names then only where lossless);
+    ``memory="low"``: with apply()'s lower-memory mode (``chunk_tokens``: its ``memory_chunk_tokens``). ``budget``
     (bytes or "24GiB") is what :meth:`MemoryPlan.fits` and the table judge against; with it the transformer is also
     weighed with fp8 weight storage (:meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
     stage."""
     from accelpatch.recipes import load_recipe
 
     start = time.perf_counter()
+    mode = memory  # apply()'s memory=; ``memory`` names the family's settings below
     say = progress or (lambda line: None)
     recipe = load_recipe(recipe_or_name)
     if budget is not None and isinstance(budget, str):
@@ -492,6 +494,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
         arguments["tier"] = tier
+    if mode is not None:
+        arguments["memory"] = mode
+    if chunk_tokens is not None:
+        arguments["memory_chunk_tokens"] = chunk_tokens
     patched_stage, patch = None, _describe_patch(arguments)
     if isinstance(known, str):
         details["config"] = "not planned"

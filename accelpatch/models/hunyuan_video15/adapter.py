@@ -46,6 +46,7 @@ import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.lossless.gelu import IN_PLACE_GELU
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.models.hunyuan_video15.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.models.hunyuan_video15.high import REFINER_DENSE_PATH, SOL_ATTENTION, _hy
@@ -57,6 +58,7 @@ SITES = (
     SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"transformer_blocks\.(\d+)\.attn", FUSED_ATTENTION),
     SiteRule(r"transformer_blocks\.(\d+)\.ff(?:_context)?\.net\.0", IN_PLACE_GELU),
+    chunked_rule(r"transformer_blocks\.(\d+)\.(?:ff(?:_context)?|attn\.norm_(?:added_)?[qk])"),
     SiteRule(r"transformer_blocks\.(\d+)\.attn", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"context_embedder\.token_refiner\.refiner_blocks\.(\d+)\.attn", REFINER_DENSE_PATH, backend="sol_attn"),
 )

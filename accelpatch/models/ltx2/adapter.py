@@ -44,6 +44,7 @@ import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.lossless.gelu import IN_PLACE_GELU
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.models.ltx2.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.models.ltx2.high import ATTENTIONS, AUDIO_DENSE_PATH, CROSS_DENSE_PATH, SOL_ATTENTION, _ltx2
@@ -56,6 +57,8 @@ SITES = (
     SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"transformer_blocks\.(\d+)\.attn1", FUSED_ATTENTION),
     SiteRule(r"transformer_blocks\.(\d+)\.(?:audio_)?ff\.net\.0", IN_PLACE_GELU),
+    chunked_rule(r"transformer_blocks\.(\d+)\.(?:(?:audio_)?(?:ff|norm[123])|(?:audio_)?attn[12]\.norm_[qk]"
+                 r"|(?:audio_to_video|video_to_audio)_(?:norm|attn\.norm_[qk]))"),
     SiteRule(r"transformer_blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"transformer_blocks\.(\d+)\.audio_attn1", AUDIO_DENSE_PATH, backend="sol_attn"),
     SiteRule(r"transformer_blocks\.(\d+)\.(?:attn2|audio_attn2|audio_to_video_attn|video_to_audio_attn)",

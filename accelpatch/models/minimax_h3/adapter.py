@@ -24,6 +24,7 @@ from typing import Any
 from accelpatch.core.adapter import CacheSupport, SiteRule, TimestepScale
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 from accelpatch.lossless.swiglu import FUSED_SWIGLU
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.models.minimax_h3.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.models.minimax_h3.high import REFINER_DENSE_PATH, SOL_ATTENTION, capture_layout
 
@@ -34,6 +35,7 @@ SITES = (
     SiteRule(r"transformer_blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"transformer_blocks\.(\d+)\.attn", FUSED_ATTENTION),
     SiteRule(r"transformer_blocks\.(\d+)\.ff\.net\.0", FUSED_SWIGLU),
+    chunked_rule(r"transformer_blocks\.(\d+)\.(?:ff|norm[12]|attn\.norm_[qk])"),
     SiteRule(r"transformer_blocks\.(\d+)\.attn", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"token_refiner\.refiner_blocks\.\d+\.attn", REFINER_DENSE_PATH, backend="sol_attn"),
 )

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROTATE_HALF_PAIR
+from accelpatch.low_memory.chunked import CHUNKED, chunk_rows
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
@@ -53,7 +54,7 @@ def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, 
 class MiniMaxH3FusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its per-row AdaLN modulations and gated residual adds fused (bit-exact)"
-    fused_ops = (MODULATE, GATED_RESIDUAL)
+    fused_ops = (MODULATE, GATED_RESIDUAL, CHUNKED)
     restates = (_H3 + "MiniMaxH3TransformerBlock.forward",)
 
     def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
@@ -64,23 +65,47 @@ class MiniMaxH3FusedBlock(FusedOpsPath):
         hidden_states, index = call["hidden_states"], call["adaln_indices"]
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(call["temb"])
 
-        residual = hidden_states
-        norm_hidden_states = MODULATE(site, block.norm1(hidden_states), scale_msa.index_select(0, index),
-                                      shift_msa.index_select(0, index))
+        # The row-wise parts run whole, or in chunks of tokens under memory="low" (chunk_rows: the per-token
+        # AdaLN index goes with the tokens as a (1, tokens) view)
+        tokens = index.unsqueeze(0)
+        norm_hidden_states = chunk_rows(site, modulated_norm, block.norm1, hidden_states, tokens, scale_msa,
+                                        shift_msa)
         attn_output = block.attn(norm_hidden_states, call["rotary_emb"], call["attention_mask"])
-        hidden_states = GATED_RESIDUAL(site, residual, gate_msa.index_select(0, index), attn_output)
+        del norm_hidden_states  # dead intermediates are dropped (diffusers' block holds them to its end)
+        hidden_states = chunk_rows(site, gated_residual, None, hidden_states, attn_output, tokens, gate_msa)
+        del attn_output
 
-        residual = hidden_states
-        norm_hidden_states = MODULATE(site, block.norm2(hidden_states), scale_mlp.index_select(0, index),
-                                      shift_mlp.index_select(0, index))
+        norm_hidden_states = chunk_rows(site, modulated_norm, block.norm2, hidden_states, tokens, scale_mlp,
+                                        shift_mlp)
         ff_output = block.ff(norm_hidden_states)
-        return GATED_RESIDUAL(site, residual, gate_mlp.index_select(0, index), ff_output)
+        del norm_hidden_states
+        return chunk_rows(site, gated_residual, None, hidden_states, ff_output, tokens, gate_mlp)
+
+
+def modulated_norm(site: Site, norm: torch.nn.Module, hidden_states: torch.Tensor, tokens: torch.Tensor,
+                   scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``norm(x) * (1 + scale[index]) + shift[index]`` (the block's per-token AdaLN; ``tokens``: the index as a
+    (1, tokens) view), its modulation fused."""
+    index = tokens[0]
+    return MODULATE(site, norm(hidden_states), scale.index_select(0, index), shift.index_select(0, index))
+
+
+def gated_residual(site: Site, _: None, hidden_states: torch.Tensor, update: torch.Tensor, tokens: torch.Tensor,
+                   gate: torch.Tensor) -> torch.Tensor:
+    """``x + update * gate[index]`` (the block's per-token gated residual), fused."""
+    return GATED_RESIDUAL(site, hidden_states, gate.index_select(0, tokens[0]), update)
+
+
+def _project_rows(site: Site, attn: torch.nn.Module, hidden_states: torch.Tensor, *rotary_rows: torch.Tensor):
+    """:func:`project_qkv` of the tokens given (row-wise: chunks of tokens under memory="low"; the RoPE's
+    (tokens, dim) cos and sin come as (1, tokens, dim) views, to go with them)."""
+    return project_qkv(attn, site, hidden_states, tuple(rows[0] for rows in rotary_rows) or None)
 
 
 class MiniMaxH3FusedAttention(FusedOpsPath):
     fusion = ATTENTION_FUSION
     description = "attention with the q/k rotate-half RoPE fused (bit-exact)"
-    fused_ops = (ROTATE_HALF_PAIR,)
+    fused_ops = (ROTATE_HALF_PAIR, CHUNKED)
     #: ROTATE_HALF_PAIR restates the processor's _apply_rotary_emb
     restates = H3_ATTENTION_RESTATES
 
@@ -90,11 +115,13 @@ class MiniMaxH3FusedAttention(FusedOpsPath):
     def run(self, attn: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         call = bind_call(args, kwargs, ("hidden_states", "rotary_emb", "attention_mask"))
         processor = attn.processor
-        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"])
+        query, key, value = chunk_rows(site, _project_rows, attn, call["hidden_states"],
+                                       *(rows.unsqueeze(0) for rows in call["rotary_emb"] or ()))
         hidden_states = _h3().dispatch_attention_fn(
             query, key, value, attn_mask=call["attention_mask"], dropout_p=0.0, is_causal=False,
             backend=processor._attention_backend, parallel_config=processor._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
+        del query, key, value  # dead: not held through the output projection (the processor holds them there)
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
 

@@ -34,17 +34,20 @@ import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.lossless.gelu import IN_PLACE_GELU
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.models.wan.high import CROSS_DENSE_PATH, SOL_ATTENTION, _wan
 from accelpatch.models.wan.lossless import FUSED_ATTENTION, FUSED_BLOCK
 from accelpatch.sol_attn.adapter import SolAttnAdapter
 
 #: which module carries which fast path: the block fusion on every ``blocks.N`` and the RoPE fusion on every
 #: ``blocks.N.attn1`` (lossless, any backend or none); with ``sol_attn`` the Sol-Attn path on ``blocks.N.attn1``
-#: (high, stacked above the RoPE fusion by tier) and the always-dense cross-attention ``blocks.N.attn2`` (high)
+#: (high, stacked above the RoPE fusion by tier) and the always-dense cross-attention ``blocks.N.attn2`` (high);
+#: with ``memory="low"`` the feed-forward and the q/k norms run in chunks of tokens (lossless, checked on first sight)
 SITES = (
     SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"blocks\.(\d+)\.attn1", FUSED_ATTENTION),
     SiteRule(r"blocks\.(\d+)\.ffn\.net\.0", IN_PLACE_GELU),
+    chunked_rule(r"blocks\.(\d+)\.(?:ffn|attn[12]\.norm_[qk])"),
     SiteRule(r"blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"blocks\.(\d+)\.attn2", CROSS_DENSE_PATH, backend="sol_attn"),
 )

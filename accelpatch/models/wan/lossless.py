@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR
+from accelpatch.low_memory.chunked import CHUNKED, chunk_rows
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
@@ -68,7 +69,7 @@ def modulation_rows(block: torch.nn.Module, temb: torch.Tensor) -> tuple[torch.T
 class WanFusedBlock(FusedOpsPath):
     fusion = BLOCK_FUSION
     description = "block with its float32 AdaLN modulations and gated residual adds fused (bit-exact)"
-    fused_ops = (MODULATE, GATED_RESIDUAL)
+    fused_ops = (MODULATE, GATED_RESIDUAL, CHUNKED)
     restates = (_WAN + "WanTransformerBlock.forward",)
 
     def block_class(self) -> type:
@@ -83,23 +84,41 @@ class WanFusedBlock(FusedOpsPath):
         hidden_states = call["hidden_states"]
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = modulation_rows(block, call["temb"])
 
+        # The row-wise parts run whole, or in chunks of tokens under memory="low" (chunk_rows)
         # 1. Self-attention
-        norm_hidden_states = MODULATE(site, block.norm1(hidden_states.float()), scale_msa, shift_msa)
-        norm_hidden_states = norm_hidden_states.type_as(hidden_states)
+        norm_hidden_states = chunk_rows(site, modulated_norm, block.norm1, hidden_states, scale_msa, shift_msa)
         attn_output = block.attn1(norm_hidden_states, None, None, call["rotary_emb"])
-        hidden_states = GATED_RESIDUAL(site, hidden_states.float(), gate_msa, attn_output.float()).type_as(
-            hidden_states)
+        hidden_states = chunk_rows(site, gated_residual, None, hidden_states, attn_output, gate_msa)
+        del attn_output  # dead intermediates are dropped (diffusers' block holds them to its end)
 
         # 2. Cross-attention (diffusers' own)
-        norm_hidden_states = block.norm2(hidden_states.float()).type_as(hidden_states)
+        norm_hidden_states = chunk_rows(site, float_norm, block.norm2, hidden_states)
         attn_output = block.attn2(norm_hidden_states, call["encoder_hidden_states"], None, None)
         hidden_states = hidden_states + attn_output
+        del attn_output
 
         # 3. Feed-forward
-        norm_hidden_states = MODULATE(site, block.norm3(hidden_states.float()), c_scale_msa, c_shift_msa)
-        norm_hidden_states = norm_hidden_states.type_as(hidden_states)
+        norm_hidden_states = chunk_rows(site, modulated_norm, block.norm3, hidden_states, c_scale_msa, c_shift_msa)
         ff_output = block.ffn(norm_hidden_states)
-        return GATED_RESIDUAL(site, hidden_states.float(), c_gate_msa, ff_output.float()).type_as(hidden_states)
+        del norm_hidden_states
+        return chunk_rows(site, gated_residual, None, hidden_states, ff_output, c_gate_msa)
+
+
+def modulated_norm(site: Site, norm: torch.nn.Module, hidden_states: torch.Tensor, scale: torch.Tensor,
+                   shift: torch.Tensor) -> torch.Tensor:
+    """``(norm(x.float()) * (1 + scale) + shift).type_as(x)`` (the block's float32 AdaLN), its modulation fused."""
+    return MODULATE(site, norm(hidden_states.float()), scale, shift).type_as(hidden_states)
+
+
+def gated_residual(site: Site, _: None, hidden_states: torch.Tensor, update: torch.Tensor,
+                   gate: torch.Tensor) -> torch.Tensor:
+    """``(x.float() + update.float() * gate).type_as(x)`` (the block's float32 gated residual), fused."""
+    return GATED_RESIDUAL(site, hidden_states.float(), gate, update.float()).type_as(hidden_states)
+
+
+def float_norm(site: Site, norm: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``norm(x.float()).type_as(x)``."""
+    return norm(hidden_states.float()).type_as(hidden_states)
 
 
 FUSED_BLOCK = WanFusedBlock()
@@ -118,10 +137,16 @@ def project_qkv(attn: torch.nn.Module, site: Site, hidden_states: torch.Tensor, 
     return query, key, value
 
 
+def _project_rows(site: Site, attn: torch.nn.Module, hidden_states: torch.Tensor, *rotary_emb: torch.Tensor):
+    """:func:`project_qkv` of the tokens given (row-wise: chunks of tokens under memory="low", their RoPE rows
+    with them)."""
+    return project_qkv(attn, site, hidden_states, rotary_emb or None, site.fast_path.diffusers_module())
+
+
 class WanFusedAttention(FusedOpsPath):
     fusion = ATTENTION_FUSION
     description = "self-attention with the q/k interleaved RoPE fused (bit-exact)"
-    fused_ops = (ROPE_PAIR,)
+    fused_ops = (ROPE_PAIR, CHUNKED)
     policy_reasons = (NOT_SELF,)
     restates = ATTENTION_RESTATES
 
@@ -139,11 +164,13 @@ class WanFusedAttention(FusedOpsPath):
             return NotApplicable(NOT_SELF)
         processor = attn.processor
         wan = self.diffusers_module()
-        query, key, value = project_qkv(attn, site, call["hidden_states"], call["rotary_emb"], wan)
+        query, key, value = chunk_rows(site, _project_rows, attn, call["hidden_states"],
+                                       *(call["rotary_emb"] or ()))
         hidden_states = wan.dispatch_attention_fn(
             query, key, value, attn_mask=call["attention_mask"], dropout_p=0.0, is_causal=False,
             backend=processor._attention_backend, parallel_config=processor._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
+        del query, key, value  # dead: not held through the output projection (the processor holds them there)
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
 

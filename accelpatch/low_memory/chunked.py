@@ -1,0 +1,311 @@
+"""Row-wise computations run in chunks of tokens (``apply(pipe, memory="low")``, issue #44 part 3).
+
+A feed-forward, a query/key norm, a block's AdaLN norm or gated residual, a q/k/v projection with its RoPE compute
+each token's row from that row alone, so run on a slice of the tokens they give that slice of their result. Run chunk
+by chunk into one output tensor, they hold their intermediates (the feed-forward's hidden state, four times the
+model's width; a float32 norm's float32 copies) for one chunk at a time instead of for every token: the peak of a
+step falls to what the attention holds. Two ways in, one op: a site-table row (:func:`chunked_rule`) runs a whole
+module in chunks; a restated forward calls :func:`chunk_rows` for its row-wise parts.
+
+Whether the chunks give the whole call's result bit for bit depends on the kernels (a GEMM may pick another
+algorithm or split for fewer rows). At the default tier the chunked run is a verified op like the fused kernels
+(:class:`ChunkedOp`, a :class:`~accelpatch.lossless.verify.FusedOp`): the first call of each signature (the
+input's dtype, shape and strides; the module's structure and its parameters' types, dtypes, shapes and strides; the
+chunk; the device and threads) runs it whole, then chunk by chunk, comparing each chunk's result with its rows of the
+whole bit for bit. A match runs the chunks from then on; a mismatch runs whole for good, warned once
+(``strict=True`` raises). That first call holds the whole computation's intermediates and one chunk beside them: it
+peaks about where the default tier does, and the saving starts at the second call. At a tier that admits ``high``
+(``quality("high")``) the chunks run unverified from the first call, counted as such (:data:`UNVERIFIED`).
+
+The module's own forward runs on each chunk, so whatever it holds (LoRA layers, quantised or fp8-stored weights
+behind diffusers' hooks, accelpatch's in-place GELU) runs as it would; a forward hook inside it would see chunks
+instead of the call, so a module with one runs whole (counted).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from accelpatch.core.adapter import SiteRule
+from accelpatch.core.gate import QualityGatedFusion
+from accelpatch.core.outcomes import NotApplicable, not_applicable
+from accelpatch.core.sites import FusedOpsPath, Site
+from accelpatch.core.tiers import Tier, effective_tier
+from accelpatch.lossless.verify import IN_AUTOGRAD, FusedOp, mismatch, traced_first_sight
+from accelpatch.low_memory.feature import LowMemory, memory_mode
+
+ONE_CHUNK = "its tokens fit one chunk (memory_chunk_tokens)"
+OTHER_ARGUMENTS = "called with more than one tensor input (a chunked call splits only its input)"
+HOOKED_INSIDE = "a forward hook on a module inside it (or a global one) would see each chunk instead of the call"
+TRACED_CHUNKS = not_applicable("fake operands (a memory trace): planned as the chunks hold it, no values")
+
+
+class Chunking:
+    """The non-tensor argument of a chunked call: the module, the function to run on each chunk
+    (``forward(module, *tensors)``, or ``forward(site, module, *tensors)`` when ``site`` is given: a restated
+    forward's row-wise part calling fused ops) and the chunk. Equal (one verdict) for one function on modules of one
+    structure (their ``repr``: classes and settings, a LoRA layer included; and training mode) whose parameters and
+    buffers have the same types, dtypes, shapes and strides, at one chunk size: what can change the kernels the
+    chunks and the whole call run."""
+
+    __slots__ = ("module", "forward", "chunk", "site", "_key")
+
+    def __init__(self, module: Optional[torch.nn.Module], forward: Callable, chunk: int, site: Any = None) -> None:
+        self.module, self.forward, self.chunk, self.site = module, forward, chunk, site
+        self._key = None
+
+    @property
+    def key(self) -> tuple:
+        """Worked out when a signature is looked up (eager only: a run at tier high needs none)."""
+        if self._key is None:
+            module = self.module
+            self._key = (self.forward, self.chunk, getattr(module, "training", None), repr(module),
+                         _tensors_key(module))
+        return self._key
+
+    def __call__(self, *tensors: torch.Tensor):
+        if self.site is None:
+            return self.forward(self.module, *tensors)
+        return self.forward(self.site, self.module, *tensors)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Chunking) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"{self.forward.__qualname__} in chunks of {self.chunk:,} tokens"
+
+
+def _tensors_key(module: Optional[torch.nn.Module]) -> tuple:
+    if not isinstance(module, torch.nn.Module):
+        return ()
+    parts = []
+    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        try:
+            parts.append((name, type(tensor), tensor.dtype, tuple(tensor.shape), tensor.stride()))
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without strides: this module alone
+            return (id(module),)
+    return tuple(parts)
+
+
+def token_dim(x: torch.Tensor) -> int:
+    """The dimension chunks split: the longest before the last (the tokens of (batch, tokens, channels), and of
+    (batch, tokens, heads, head_dim))."""
+    sizes = x.shape[:-1]
+    return max(range(len(sizes)), key=lambda d: (sizes[d], -d))
+
+
+def chunks(*args: Any) -> Iterator[tuple[int, int, int, tuple, bool]]:
+    """``how(*tensors)`` (``args`` = ``*tensors, how``) on chunks of ``how.chunk`` tokens of the first tensor:
+    yields ``(token dimension, start, length, results, whether how returned a tuple)`` per chunk. A tensor as long
+    as the first along its token dimension is sliced with it (the RoPE's cos/sin rows); the others (a modulation row
+    of shape (batch, 1, channels)) go whole to every chunk. Raises TypeError where a result is not as long as its
+    chunk."""
+    *tensors, how = args
+    x = tensors[0]
+    dim = token_dim(x)
+    total = x.shape[dim]
+    aligned = [t.dim() > dim and t.shape[dim] == total for t in tensors]
+    for start in range(0, total, how.chunk):
+        length = min(how.chunk, total - start)
+        pieces = how(*(t.narrow(dim, start, length) if a else t for t, a in zip(tensors, aligned)))
+        several = isinstance(pieces, tuple)
+        pieces = pieces if several else (pieces,)
+        for piece in pieces:
+            if not isinstance(piece, torch.Tensor) or piece.dim() <= dim or piece.shape[dim] != length:
+                raise TypeError(f"{how.forward.__qualname__} is not row-wise over dimension {dim}: a chunk of "
+                                f"{length} tokens gave {type(piece).__name__} {tuple(getattr(piece, 'shape', ()))}")
+        yield dim, start, length, pieces, several
+        del pieces, piece  # before the next chunk: one chunk's results alive at a time
+
+
+def run_in_chunks(*args: Any):
+    """:func:`chunks`, each result written into one contiguous output (the layout eager gives a row-wise result;
+    a first sight checks it). Returns a tensor, or a tuple where ``how`` returns one."""
+    total = args[0].shape[token_dim(args[0])]
+    outs, several = None, False
+    for dim, start, length, pieces, several in chunks(*args):
+        if outs is None:
+            outs = [piece.new_empty((*piece.shape[:dim], total, *piece.shape[dim + 1:])) for piece in pieces]
+        for out, piece in zip(outs, pieces):
+            out.narrow(dim, start, length).copy_(piece)
+        del pieces, piece
+    return tuple(outs) if several else outs[0]
+
+
+def compare_chunks(whole: Any, args: tuple) -> Optional[str]:
+    """Why the chunks of ``args`` do not give ``whole`` (the whole call's result) bit for bit (None when they do),
+    holding one chunk's results at a time beside it, not a second whole result: the first sight of a chunked
+    computation peaks where the whole one does. The whole result must be contiguous, as the chunked one is."""
+    wholes = whole if isinstance(whole, tuple) else (whole,)
+    for i, out in enumerate(wholes):
+        if not out.is_contiguous():
+            return f"the whole call's result {i} has strides {out.stride()}, the chunks' would be contiguous"
+    for dim, start, length, pieces, _ in chunks(*args):
+        expected = tuple(out.narrow(dim, start, length).contiguous() for out in wholes)
+        reason = mismatch(expected, pieces)
+        del expected, pieces
+        if reason is not None:
+            return f"tokens {start}-{start + length - 1}: {reason}"
+    return None
+
+
+def _whole(*args: Any) -> torch.Tensor:
+    *tensors, how = args
+    return how(*tensors)
+
+
+class _ChunkLibrary:
+    kind = "chunked"
+
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        return None
+
+
+class _Chunks:
+    """The chunked run in the place of a fused op's kernel (the same interface: ``run``, ``unsupported``)."""
+
+    library = _ChunkLibrary
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def unsupported(self, x: torch.Tensor, *rest: Any) -> Optional[str]:
+        return None if x.dim() >= 2 else f"a {x.dim()}-dimensional input has no token dimension to chunk"
+
+    check = unsupported
+
+    def run(self, *args: Any) -> torch.Tensor:
+        return run_in_chunks(*args)
+
+
+class ChunkedOp(FusedOp):
+    """A row-wise computation run whole (the reference) or in chunks (the "kernel"), verified per signature like a
+    fused op at the default tier; at a tier that admits ``high`` the chunks run unverified (counted
+    :data:`UNVERIFIED`). Called as ``op(site, *tensors, Chunking(...))``; runs on any device (the chunks are the
+    model's own code)."""
+
+    def __init__(self, name: str, description: str) -> None:
+        super().__init__(name, _whole, description)
+        self._chunks = _Chunks(name)
+        # a first sight's whole run can meet this op again (a chunked norm inside a chunked projection's reference)
+        self._verifying = threading.RLock()
+
+    def __call__(self, site: Any, *args: Any):
+        if effective_tier(site.model.default_tier).admits(Tier.HIGH):
+            self.count(site, UNVERIFIED)
+            return run_in_chunks(*args)
+        return super().__call__(site, *args)
+
+    def policy_outcomes(self) -> tuple[str, ...]:
+        return super().policy_outcomes() + (UNVERIFIED,)
+
+    def implementation(self, device: torch.device):
+        return self._chunks, None
+
+    def unsupported(self, device_type: str, *args: Any) -> Optional[str]:
+        return self._chunks.unsupported(*args)
+
+    def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
+        return None  # no kernel to build or switch off: the chunks are the model's own code
+
+    def _compare(self, kernel: Any, args: tuple, reference_out: Any) -> Optional[str]:
+        return compare_chunks(reference_out, args)
+
+    def _traced(self, site: Any, args: tuple, device: torch.device):
+        """A memory trace: the chunks run on the fake tensors (they allocate what they allocate for real); a first
+        call's trace runs the whole first and each chunk beside it, as the check does (:func:`compare_chunks`)."""
+        if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
+            return self._reference(site, args, IN_AUTOGRAD)
+        self.count(site, TRACED_CHUNKS)
+        if traced_first_sight(args):  # the check: the whole result, and one chunk's results at a time beside it
+            whole = self.reference(*args)
+            for *_, pieces, _ in chunks(*args):
+                del pieces
+            return whole
+        return run_in_chunks(*args)
+
+
+UNVERIFIED = "ran unverified (the tier in force admits high: no first-sight check)"
+CHUNKED = ChunkedOp("chunked_tokens", "a row-wise computation run chunk by chunk into one output")
+
+
+def _hooked(module: Any, *, inside_only: bool) -> bool:
+    """Whether a forward hook would see a chunk instead of the call: one on a module below ``module`` (or on
+    ``module`` itself unless ``inside_only``: a site's own hooks run around its whole call), or a global one other
+    than torch's module tracker."""
+    from torch.nn.modules import module as torch_module
+    from torch.utils.module_tracker import ModuleTracker
+
+    for hooks in (torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks):
+        if any(not isinstance(getattr(hook, "__self__", None), ModuleTracker) for hook in hooks.values()):
+            return True
+    if not isinstance(module, torch.nn.Module):
+        return False
+    return any(sub._forward_hooks or sub._forward_pre_hooks for sub in module.modules()
+               if not (inside_only and sub is module))
+
+
+def _chunk_size(site: Any, x: torch.Tensor) -> Optional[int]:
+    """The chunk of this call, or None where it runs whole: memory='low' off, its tokens fit one chunk, or compiled
+    code at a tier that does not admit high (no first sight can run there: the whole computation runs, as a fused
+    op's chain does inside torch.compile)."""
+    mode = memory_mode(site.model)
+    if mode is None or x.dim() < 2 or x.shape[token_dim(x)] <= mode.chunk_tokens:
+        return None
+    if torch.compiler.is_compiling() and not effective_tier(site.model.default_tier).admits(Tier.HIGH):
+        return None
+    return mode.chunk_tokens
+
+
+def chunk_rows(site: Any, forward: Callable, module: Any, *tensors: torch.Tensor):
+    """``forward(site, module, *tensors)``, a restated forward's row-wise part (a norm and its modulation, a gated
+    residual; ``module`` the module it calls, or None), computed in chunks of tokens under ``memory="low"``
+    (:data:`CHUNKED`: verified at the default tier) and whole otherwise, or where a hook on ``module`` would see
+    the chunks (counted)."""
+    chunk = _chunk_size(site, tensors[0])
+    if chunk is None:
+        return forward(site, module, *tensors)
+    if _hooked(module, inside_only=False):
+        CHUNKED.count(site, not_applicable(HOOKED_INSIDE))
+        return forward(site, module, *tensors)
+    return CHUNKED(site, *tensors, Chunking(module, forward, chunk, site))
+
+
+class ChunkedTokens(FusedOpsPath):
+    """A row-wise module (a feed-forward, a query/key norm) run in chunks of tokens under ``memory="low"``
+    (:data:`CHUNKED`): its own forward on each chunk."""
+
+    fusion = QualityGatedFusion.named("chunked_tokens", Tier.LOSSLESS)
+    description = ("row-wise module (feed-forward, query/key norm) run in chunks of tokens into one output "
+                   "(memory='low'; bit-exact, verified on first sight; unverified at tier high)")
+    fused_ops = (CHUNKED,)
+    policy_reasons = (ONE_CHUNK, OTHER_ARGUMENTS, HOOKED_INSIDE)
+
+    def mount_reject_reason(self, module: torch.nn.Module, site: Site) -> Optional[str]:
+        return None
+
+    def run(self, module: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if len(tensors) != 1 or len(args) + len(kwargs) != 1:
+            return NotApplicable(OTHER_ARGUMENTS)
+        chunk = _chunk_size(site, tensors[0])
+        if chunk is None:
+            return NotApplicable(ONE_CHUNK)
+        if _hooked(module, inside_only=True):
+            return NotApplicable(HOOKED_INSIDE)
+        return CHUNKED(site, tensors[0], Chunking(module, site.original_forward, chunk))
+
+
+CHUNKED_TOKENS = ChunkedTokens()
+
+
+def chunked_rule(pattern: str) -> SiteRule:
+    """The site-table row that runs the modules matching ``pattern`` (row-wise over their tokens) in chunks under
+    ``memory="low"``."""
+    return SiteRule(pattern, CHUNKED_TOKENS, feature=LowMemory.name)
