@@ -111,8 +111,8 @@ def test_the_default_tier_holds_no_more_than_diffusers(family, size, dtype):
 
 #: the families whose site tables chunk under memory="low", and those among them where it must save (the others'
 #: medium step peaks where no chunk reaches: HunyuanVideo 1.5's L x L mask)
-LOW_MEMORY = ("hunyuan_video15", "ltx2", "minimax_h3", "wan")
-LOW_MEMORY_SAVES = ("ltx2", "minimax_h3", "wan")
+LOW_MEMORY = ("hunyuan_video15", "ltx2", "minimax_h3", "sana_video", "wan")
+LOW_MEMORY_SAVES = ("ltx2", "minimax_h3", "sana_video", "wan")
 
 
 @pytest.mark.parametrize("family", LOW_MEMORY)
@@ -125,19 +125,22 @@ def test_memory_low_is_planned_as_it_runs_and_holds_less_than_the_default_tier(f
     case = dataclasses.replace(CASES[family, "medium"][0], dtype="bfloat16")
     low = dict(apply_arguments={"memory": "low", "memory_chunk_tokens": 256}, steps=(0,), total_steps=2)
     default = dict(apply_arguments={}, steps=(0,), total_steps=2)
+    from accelpatch.low_memory.chunked import CHUNKED
+
+    _forget_verdicts()
+    real_default = trace_step(case, fake=False, warmup=True, **default)  # first: it builds the SiLU tables
     _forget_verdicts()
     real = trace_step(case, fake=False, warmup=True, **low)
-    planned = trace_step(case, **low)
-    _forget_verdicts()
-    real_default = trace_step(case, fake=False, warmup=True, **default)
+    planned = trace_step(case, **low)  # after the real run: shapes it declined (another CPU's kernels) plan whole
+    verdicts = CHUNKED.verdicts()
     assert "chunked_tokens" in real.report
     assert _within(planned.activations, real.activations), (planned, real)
     assert _within(planned.first_activations, real.first_activations), (planned, real)
     assert real.first_activations <= real_default.first_activations, (real, real_default)
-    if family in LOW_MEMORY_SAVES:
+    assert real.activations <= real_default.activations, (real, real_default)
+    declined = [v.described for v in verdicts if not v.verified]
+    if family in LOW_MEMORY_SAVES and not declined:  # where this CPU's kernels chunk bit-exactly
         assert real.activations < 0.97 * real_default.activations, (real, real_default)
-    else:
-        assert real.activations <= real_default.activations, (real, real_default)
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ def test_the_site_table_puts_wans_paths_where_diffusers_shares_wans_code(key, ba
         from accelpatch.models.wan_vace import adapter as vace_adapter
 
         wan_paths = {rule.fast_path for rule in wan_adapter.SITES}
-        assert [rule.fast_path in wan_paths for rule in vace_adapter.SITES] == [True] * 5 + [False]
+        assert [rule.fast_path in wan_paths for rule in vace_adapter.SITES] == [True] * 6 + [False]
 
 
 def test_animates_restated_functions_are_diffusers_copies_of_wans_with_their_fingerprints_recorded():

@@ -471,6 +471,9 @@ def _fusions(patch_sites, site_reports) -> tuple[FusionReport, ...]:
     ops = {}
     for site in patch_sites:  # sites stacked on one module count once: the module is where the op runs
         for op in site.fast_path.fused_ops:
+            feature = getattr(op, "feature", None)  # an op only a feature runs (memory="low"'s chunks): shown with it
+            if feature is not None and site.model.configs.get(feature) is None:
+                continue
             ops.setdefault(op.name, (op, set()))[1].add(site.path)
     out = []
     for name, (op, paths) in ops.items():

@@ -112,6 +112,15 @@ def signature(args: tuple) -> tuple:
     return tuple(parts)
 
 
+def planned_signature(args: tuple) -> tuple:
+    """:func:`signature` of fake operands (a memory plan), whose tensors have no address: taken as 16-byte aligned,
+    as the allocator's are. A plan looks up with it what this process decided for real operands of those shapes."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    parts = [(a.dtype, a.shape, a.stride(), True) if isinstance(a, torch.Tensor) else ("value", a) for a in args]
+    parts.append(_device_key(device) if device is not None else ("none",))
+    return tuple(parts)
+
+
 def describe(args: tuple) -> str:
     """A signature as a reader sees it."""
     parts = []

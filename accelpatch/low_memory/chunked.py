@@ -33,13 +33,14 @@ from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable, not_applicable
 from accelpatch.core.sites import FusedOpsPath, Site
 from accelpatch.core.tiers import Tier, effective_tier
-from accelpatch.lossless.verify import IN_AUTOGRAD, FusedOp, mismatch, traced_first_sight
+from accelpatch.lossless.verify import IN_AUTOGRAD, FusedOp, mismatch, planned_signature, traced_first_sight
 from accelpatch.low_memory.feature import LowMemory, memory_mode
 
 ONE_CHUNK = "its tokens fit one chunk (memory_chunk_tokens)"
 OTHER_ARGUMENTS = "called with more than one tensor input (a chunked call splits only its input)"
 HOOKED_INSIDE = "a forward hook on a module inside it (or a global one) would see each chunk instead of the call"
 TRACED_CHUNKS = not_applicable("fake operands (a memory trace): planned as the chunks hold it, no values")
+TRACED_WHOLE = not_applicable("fake operands (a memory trace): planned whole, as this process declined these shapes")
 
 
 class Chunking:
@@ -50,10 +51,11 @@ class Chunking:
     buffers have the same types, dtypes, shapes and strides, at one chunk size: what can change the kernels the
     chunks and the whole call run."""
 
-    __slots__ = ("module", "forward", "chunk", "site", "_key")
+    __slots__ = ("module", "forward", "chunk", "site", "dim", "_key")
 
-    def __init__(self, module: Optional[torch.nn.Module], forward: Callable, chunk: int, site: Any = None) -> None:
-        self.module, self.forward, self.chunk, self.site = module, forward, chunk, site
+    def __init__(self, module: Optional[torch.nn.Module], forward: Callable, chunk: int, site: Any = None,
+                 dim: Optional[int] = None) -> None:
+        self.module, self.forward, self.chunk, self.site, self.dim = module, forward, chunk, site, dim
         self._key = None
 
     @property
@@ -61,7 +63,7 @@ class Chunking:
         """Worked out when a signature is looked up (eager only: a run at tier high needs none)."""
         if self._key is None:
             module = self.module
-            self._key = (self.forward, self.chunk, getattr(module, "training", None), repr(module),
+            self._key = (self.forward, self.chunk, self.dim, getattr(module, "training", None), repr(module),
                          _tensors_key(module))
         return self._key
 
@@ -77,7 +79,8 @@ class Chunking:
         return hash(self.key)
 
     def __repr__(self) -> str:
-        return f"{self.forward.__qualname__} in chunks of {self.chunk:,} tokens"
+        unit = "tokens" if self.dim is None else f"along dimension {self.dim}"
+        return f"{self.forward.__qualname__} in chunks of {self.chunk:,} {unit}"
 
 
 def _tensors_key(module: Optional[torch.nn.Module]) -> tuple:
@@ -100,14 +103,15 @@ def token_dim(x: torch.Tensor) -> int:
 
 
 def chunks(*args: Any) -> Iterator[tuple[int, int, int, tuple, bool]]:
-    """``how(*tensors)`` (``args`` = ``*tensors, how``) on chunks of ``how.chunk`` tokens of the first tensor:
+    """``how(*tensors)`` (``args`` = ``*tensors, how``) on chunks of ``how.chunk`` tokens of the first tensor (along
+    ``how.dim``, else :func:`token_dim`):
     yields ``(token dimension, start, length, results, whether how returned a tuple)`` per chunk. A tensor as long
     as the first along its token dimension is sliced with it (the RoPE's cos/sin rows); the others (a modulation row
     of shape (batch, 1, channels)) go whole to every chunk. Raises TypeError where a result is not as long as its
     chunk."""
     *tensors, how = args
     x = tensors[0]
-    dim = token_dim(x)
+    dim = token_dim(x) if how.dim is None else how.dim % x.dim()
     total = x.shape[dim]
     aligned = [t.dim() > dim and t.shape[dim] == total for t in tensors]
     for start in range(0, total, how.chunk):
@@ -123,14 +127,34 @@ def chunks(*args: Any) -> Iterator[tuple[int, int, int, tuple, bool]]:
         del pieces, piece  # before the next chunk: one chunk's results alive at a time
 
 
+def _order(piece: torch.Tensor) -> list[int]:
+    """``piece``'s dimensions from the outermost in memory to the innermost (its strides, largest first)."""
+    return sorted(range(piece.dim()), key=lambda d: (-piece.stride(d), d))
+
+
+def whole_strides(piece: torch.Tensor, dim: int, total: int) -> tuple[int, ...]:
+    """The strides of the dense tensor of ``piece``'s layout (its dimensions' order in memory: contiguous,
+    channels-last, ...) with ``total`` along ``dim``: the layout the chunks' output is given."""
+    shape = list(piece.shape)
+    shape[dim] = total
+    strides, step = [0] * piece.dim(), 1
+    for d in reversed(_order(piece)):
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
+
+
 def run_in_chunks(*args: Any):
-    """:func:`chunks`, each result written into one contiguous output (the layout eager gives a row-wise result;
-    a first sight checks it). Returns a tensor, or a tuple where ``how`` returns one."""
-    total = args[0].shape[token_dim(args[0])]
+    """:func:`chunks`, each result written into one output in the layout of the chunk's result (contiguous for a
+    row-wise result, channels-last for a convolution's; a first sight checks it is the whole call's). Returns a
+    tensor, or a tuple where ``how`` returns one."""
+    how = args[-1]
+    total = args[0].shape[token_dim(args[0]) if how.dim is None else how.dim]
     outs, several = None, False
     for dim, start, length, pieces, several in chunks(*args):
         if outs is None:
-            outs = [piece.new_empty((*piece.shape[:dim], total, *piece.shape[dim + 1:])) for piece in pieces]
+            outs = [piece.new_empty_strided((*piece.shape[:dim], total, *piece.shape[dim + 1:]),
+                                            whole_strides(piece, dim, total)) for piece in pieces]
         for out, piece in zip(outs, pieces):
             out.narrow(dim, start, length).copy_(piece)
         del pieces, piece
@@ -140,13 +164,16 @@ def run_in_chunks(*args: Any):
 def compare_chunks(whole: Any, args: tuple) -> Optional[str]:
     """Why the chunks of ``args`` do not give ``whole`` (the whole call's result) bit for bit (None when they do),
     holding one chunk's results at a time beside it, not a second whole result: the first sight of a chunked
-    computation peaks where the whole one does. The whole result must be contiguous, as the chunked one is."""
+    computation peaks where the whole one does. The whole result must have the layout the chunks' output gets."""
     wholes = whole if isinstance(whole, tuple) else (whole,)
-    for i, out in enumerate(wholes):
-        if not out.is_contiguous():
-            return f"the whole call's result {i} has strides {out.stride()}, the chunks' would be contiguous"
     for dim, start, length, pieces, _ in chunks(*args):
-        expected = tuple(out.narrow(dim, start, length).contiguous() for out in wholes)
+        if start == 0:
+            for i, (out, piece) in enumerate(zip(wholes, pieces)):
+                layout = whole_strides(piece, dim, out.shape[dim])
+                if any(a != b for a, b, size in zip(out.stride(), layout, out.shape) if size > 1):
+                    return f"the whole call's result {i} has strides {out.stride()}, the chunks' would have {layout}"
+        expected = tuple(piece.new_empty_strided(piece.shape, piece.stride()).copy_(out.narrow(dim, start, length))
+                         for out, piece in zip(wholes, pieces))  # the whole's rows in the chunk's layout
         reason = mismatch(expected, pieces)
         del expected, pieces
         if reason is not None:
@@ -190,6 +217,9 @@ class ChunkedOp(FusedOp):
     :data:`UNVERIFIED`). Called as ``op(site, *tensors, Chunking(...))``; runs on any device (the chunks are the
     model's own code)."""
 
+    #: the feature that runs this op: the report lists it only for models patched with it
+    feature = LowMemory.name
+
     def __init__(self, name: str, description: str) -> None:
         super().__init__(name, _whole, description)
         self._chunks = _Chunks(name)
@@ -218,17 +248,20 @@ class ChunkedOp(FusedOp):
         return compare_chunks(reference_out, args)
 
     def _traced(self, site: Any, args: tuple, device: torch.device):
-        """A memory trace: the chunks run on the fake tensors (they allocate what they allocate for real); a first
-        call's trace runs the whole first and each chunk beside it, as the check does (:func:`compare_chunks`)."""
+        """A memory trace: the chunks run on the fake tensors (they allocate what they allocate for real), or the
+        whole computation where this process has declined those shapes for real; a first call's trace runs the whole
+        first and each chunk beside it, as the check does (:func:`compare_chunks`)."""
         if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
             return self._reference(site, args, IN_AUTOGRAD)
-        self.count(site, TRACED_CHUNKS)
+        verdict = self._verdicts.get(planned_signature(args))
+        declined = verdict is not None and not verdict.verified  # this process ran these shapes whole for real
+        self.count(site, TRACED_WHOLE if declined else TRACED_CHUNKS)
         if traced_first_sight(args):  # the check: the whole result, and one chunk's results at a time beside it
             whole = self.reference(*args)
             for *_, pieces, _ in chunks(*args):
                 del pieces
             return whole
-        return run_in_chunks(*args)
+        return self.reference(*args) if declined else run_in_chunks(*args)
 
 
 UNVERIFIED = "ran unverified (the tier in force admits high: no first-sight check)"
@@ -251,30 +284,37 @@ def _hooked(module: Any, *, inside_only: bool) -> bool:
                if not (inside_only and sub is module))
 
 
-def _chunk_size(site: Any, x: torch.Tensor) -> Optional[int]:
-    """The chunk of this call, or None where it runs whole: memory='low' off, its tokens fit one chunk, or compiled
-    code at a tier that does not admit high (no first sight can run there: the whole computation runs, as a fused
-    op's chain does inside torch.compile)."""
+def _chunk_size(site: Any, x: torch.Tensor, dim: Optional[int] = None, per_item: int = 1) -> Optional[int]:
+    """The items of ``dim`` per chunk of this call, or None where it runs whole: memory='low' off, its tokens fit
+    one chunk, or compiled code at a tier that does not admit high (no first sight can run there: the whole
+    computation runs, as a fused op's chain does inside torch.compile)."""
     mode = memory_mode(site.model)
-    if mode is None or x.dim() < 2 or x.shape[token_dim(x)] <= mode.chunk_tokens:
+    if mode is None or x.dim() < 2:
+        return None
+    items = max(1, mode.chunk_tokens // per_item)
+    if x.shape[token_dim(x) if dim is None else dim] <= items:
         return None
     if torch.compiler.is_compiling() and not effective_tier(site.model.default_tier).admits(Tier.HIGH):
         return None
-    return mode.chunk_tokens
+    return items
 
 
-def chunk_rows(site: Any, forward: Callable, module: Any, *tensors: torch.Tensor):
+def chunk_rows(site: Any, forward: Callable, module: Any, *tensors: torch.Tensor, dim: Optional[int] = None,
+               per_item: int = 1, calls: Optional[tuple] = None):
     """``forward(site, module, *tensors)``, a restated forward's row-wise part (a norm and its modulation, a gated
     residual; ``module`` the module it calls, or None), computed in chunks of tokens under ``memory="low"``
     (:data:`CHUNKED`: verified at the default tier) and whole otherwise, or where a hook on ``module`` would see
-    the chunks (counted)."""
-    chunk = _chunk_size(site, tensors[0])
+    the chunks (counted). ``dim``: the dimension to split (default :func:`token_dim`), whose items hold
+    ``per_item`` tokens each (a frame of a GLUMB convolution: height × width): a chunk is as many items as make
+    ``memory_chunk_tokens`` tokens, at least one. ``calls``: the modules ``forward`` calls, whose hooks would see
+    chunks (default: ``module``)."""
+    chunk = _chunk_size(site, tensors[0], dim, per_item)
     if chunk is None:
         return forward(site, module, *tensors)
-    if _hooked(module, inside_only=False):
+    if any(_hooked(called, inside_only=False) for called in (calls or (module,))):
         CHUNKED.count(site, not_applicable(HOOKED_INSIDE))
         return forward(site, module, *tensors)
-    return CHUNKED(site, *tensors, Chunking(module, forward, chunk, site))
+    return CHUNKED(site, *tensors, Chunking(module, forward, chunk, site, dim))
 
 
 class ChunkedTokens(FusedOpsPath):
@@ -306,6 +346,6 @@ CHUNKED_TOKENS = ChunkedTokens()
 
 
 def chunked_rule(pattern: str) -> SiteRule:
-    """The site-table row that runs the modules matching ``pattern`` (row-wise over their tokens) in chunks under
-    ``memory="low"``."""
+    """The site-table row that runs the modules matching ``pattern`` (row-wise over their tokens: the longest
+    dimension before the last) in chunks under ``memory="low"``."""
     return SiteRule(pattern, CHUNKED_TOKENS, feature=LowMemory.name)

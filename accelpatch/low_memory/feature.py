@@ -12,9 +12,6 @@ from typing import Any, Optional
 
 from accelpatch.core.features import Feature, register
 
-#: the kind of the chunked sites (accelpatch.low_memory.chunked.ChunkedTokens), named here to keep this module
-#: free of torch
-CHUNKED_KIND = "chunked_tokens"
 #: the modes ``memory=`` takes ("default": as without the argument)
 MODES = ("default", "low")
 #: tokens of each video per chunk: at 720p Wan's 75,600 tokens run in ten chunks; a GPU's GEMM on 8,192 rows is as
@@ -58,12 +55,14 @@ class LowMemory(Feature):
         return MemoryMode("low", DEFAULT_CHUNK_TOKENS if chunk is None else _chunk(chunk))
 
     def attach(self, model: Any, patch: Any, config: Any, pipeline: Any) -> None:
-        """Never a silent no-op: a family whose site table chunks nothing says so (strict raises)."""
-        if config is None or any(site.kind == CHUNKED_KIND for site in patch.sites):
+        """Never a silent no-op: a model none of whose fast paths chunks (none lists the chunked op) says so
+        (strict raises)."""
+        if config is None:
             return None
-        message = (f"memory='low' does nothing on {patch.model_class} yet: its family ({patch.adapter.family}) "
-                   "has no chunked computation (Wan, LTX-2, MiniMax-H3 and HunyuanVideo 1.5 have); it runs as at "
-                   "the default tier")
+        if any(getattr(op, "feature", None) == self.name for site in patch.sites for op in site.fast_path.fused_ops):
+            return None  # a path runs the chunked op (accelpatch.low_memory.chunked.CHUNKED: its feature is this)
+        message = (f"memory='low' does nothing on {patch.model_class} yet: none of its patched modules "
+                   f"({patch.adapter.family}) runs a chunked computation; it runs as at the default tier")
         if patch.strict:
             from accelpatch.core.errors import FastPathUnavailableError
 

@@ -17,6 +17,8 @@ import torch
 
 from accelpatch.lossless.inplace import output_may_be_kept
 from accelpatch.lossless.ops import GATED_RESIDUAL, GLU_GATE, MODULATE, SILU, SILU_INPLACE
+from accelpatch.low_memory.chunked import CHUNKED, chunk_rows
+from accelpatch.low_memory.feature import memory_mode
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
@@ -83,7 +85,7 @@ class SanaVideoFusedBlock(FusedOpsPath):
 class SanaVideoFusedGLUMB(FusedOpsPath):
     fusion = GLUMB_FUSION
     description = "GLUMB feed-forward with its SiLU and GLU gate fused (bit-exact, bf16)"
-    fused_ops = (SILU, SILU_INPLACE, GLU_GATE)
+    fused_ops = (SILU, SILU_INPLACE, GLU_GATE, CHUNKED)
     restates = (_SANA + "GLUMBTempConv.forward",)
     policy_reasons = ("activations are torch.float32: GLUMB's fused chains are bfloat16 tables",
                       "activations are torch.float16: GLUMB's fused chains are bfloat16 tables")
@@ -96,24 +98,22 @@ class SanaVideoFusedGLUMB(FusedOpsPath):
 
     def run(self, ff: torch.nn.Module, site: Site, args: tuple, kwargs: dict):
         hidden_states = bind_call(args, kwargs, ("hidden_states",))["hidden_states"]
-        if hidden_states.dtype != torch.bfloat16:
+        if hidden_states.dtype != torch.bfloat16 and memory_mode(site.model) is None:
             return NotApplicable(f"activations are {hidden_states.dtype}: GLUMB's fused chains are bfloat16 tables")
         if ff.residual_connection:
             residual = hidden_states
         batch_size, num_frames, height, width, num_channels = hidden_states.shape
-        hidden_states = hidden_states.view(batch_size * num_frames, height, width, num_channels).permute(0, 3, 1, 2)
-
-        # the SiLU over conv_inverted's output, which nothing else holds (unless a hook saw it): one tensor less
-        silu = SILU if output_may_be_kept(ff.conv_inverted) else SILU_INPLACE
-        hidden_states = silu(site, ff.conv_inverted(hidden_states))
-        hidden_states = ff.conv_depth(hidden_states)
-        hidden_states, gate = torch.chunk(hidden_states, 2, dim=1)
-        hidden_states = GLU_GATE(site, hidden_states, gate)
-
-        hidden_states = ff.conv_point(hidden_states)
+        # the spatial part, frame by frame: whole, or in chunks of frames under memory="low" (chunk_rows; its fused
+        # ops run their chains outside bfloat16)
+        hidden_states = chunk_rows(site, glumb_spatial, ff,
+                                   hidden_states.view(batch_size * num_frames, height, width, num_channels),
+                                   dim=0, per_item=height * width,
+                                   calls=(ff.conv_inverted, ff.conv_depth, ff.conv_point))
 
         hidden_states_temporal = hidden_states.view(batch_size, num_frames, num_channels, height * width).permute(
             0, 2, 1, 3)
+        del hidden_states
+
         hidden_states = hidden_states_temporal + ff.conv_temp(hidden_states_temporal)
         hidden_states = hidden_states.permute(0, 2, 3, 1).view(batch_size, num_frames, height, width, num_channels)
 
@@ -122,6 +122,20 @@ class SanaVideoFusedGLUMB(FusedOpsPath):
         if ff.residual_connection:
             hidden_states = hidden_states + residual
         return hidden_states
+
+
+def glumb_spatial(site: Site, ff: torch.nn.Module, frames: torch.Tensor) -> torch.Tensor:
+    """GLUMB's per-frame part on (frames, height, width, channels): the inverted 1x1 convolution, its SiLU (in
+    place: nothing else holds the convolution's output, unless a hook saw it), the depthwise 3x3 convolution, the
+    GLU gate and the pointwise convolution, each frame on its own (so it runs in chunks of frames too)."""
+    hidden_states = frames.permute(0, 3, 1, 2)
+    silu = SILU if output_may_be_kept(ff.conv_inverted) else SILU_INPLACE
+    hidden_states = silu(site, ff.conv_inverted(hidden_states))
+    hidden_states = ff.conv_depth(hidden_states)
+    hidden_states, gate = torch.chunk(hidden_states, 2, dim=1)
+    hidden_states = GLU_GATE(site, hidden_states, gate)
+    del gate
+    return ff.conv_point(hidden_states)
 
 
 FUSED_BLOCK = SanaVideoFusedBlock()

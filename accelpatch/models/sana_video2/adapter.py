@@ -31,6 +31,7 @@ import torch
 from accelpatch.sol_attn.config import all_layers_dense_reason, format_layers
 from accelpatch.core.adapter import NO_BACKEND, CacheSupport, ModelAdapter, SiteRule
 from accelpatch.core.steps import from_end, step_count
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.models.sana_video2.lossless import FUSED_ANCHOR, FUSED_BLOCK, FUSED_LINEAR
 from accelpatch.models.sana_video2.high import ANCHOR_BF16, ANCHOR_SOL_ATTN, LINEAR_BF16_GEMM, SanaVideo2Options
 
@@ -60,6 +61,9 @@ SITES = (
     SiteRule(r"blocks\.(\d+)\.attn", FUSED_LINEAR, when=is_linear),
     SiteRule(r"blocks\.(\d+)\.attn", ANCHOR_BF16, backend=NO_BACKEND, when=is_anchor),
     SiteRule(r"blocks\.(\d+)\.attn", ANCHOR_SOL_ATTN, backend="sol_attn", when=is_anchor),
+    # memory="low": not the linear attention's o_norm, an RMSNorm over dim -2 of (.., head_dim, tokens), whose
+    # reduction rounds differently over a slice of the tokens (measured; its check declines it)
+    chunked_rule(r"blocks\.(\d+)\.(?:mlp|norm[12]|attn\.[qk]_norm|cross_attn\.q_norm)"),
 )
 
 

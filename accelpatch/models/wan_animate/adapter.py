@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.models.wan.adapter import wan_layout_mismatch
 from accelpatch.models.wan.high import CROSS_DENSE_PATH
 from accelpatch.models.wan_animate.high import FACE_DENSE_PATH, SOL_ATTENTION
@@ -36,6 +37,7 @@ from accelpatch.sol_attn.adapter import SolAttnAdapter
 SITES = (
     SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"blocks\.(\d+)\.attn1", FUSED_ATTENTION),
+    chunked_rule(r"blocks\.(\d+)\.(?:ffn|attn[12]\.norm_[qk])"),
     SiteRule(r"blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"blocks\.(\d+)\.attn2", CROSS_DENSE_PATH, backend="sol_attn"),
     SiteRule(r"face_adapter\.\d+", FACE_DENSE_PATH, backend="sol_attn"),

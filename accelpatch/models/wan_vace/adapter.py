@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from accelpatch.core.adapter import CacheSupport, SiteRule
+from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.models.wan.adapter import wan_layout_mismatch
 from accelpatch.models.wan.high import CROSS_DENSE_PATH, SOL_ATTENTION
 from accelpatch.models.wan.lossless import FUSED_ATTENTION, FUSED_BLOCK
@@ -40,6 +41,7 @@ SITES = (
     SiteRule(r"blocks\.(\d+)", FUSED_BLOCK),
     SiteRule(r"blocks\.(\d+)\.attn1", FUSED_ATTENTION),
     SiteRule(r"vace_blocks\.\d+\.attn1", FUSED_ATTENTION),
+    chunked_rule(r"(?:vace_)?blocks\.(\d+)\.(?:ffn|attn[12]\.norm_[qk])"),
     SiteRule(r"blocks\.(\d+)\.attn1", SOL_ATTENTION, backend="sol_attn"),
     SiteRule(r"blocks\.(\d+)\.attn2", CROSS_DENSE_PATH, backend="sol_attn"),
     SiteRule(r"vace_blocks\.\d+\.attn[12]", CONTROL_DENSE_PATH, backend="sol_attn"),
