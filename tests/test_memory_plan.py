@@ -389,3 +389,24 @@ def test_every_planned_release_configuration_is_weighed_with_fp8_storage():
         assert bf16 / 2 <= fp8 < 0.75 * bf16, (name, fp8, bf16)
     assert {family for family, _ in seen} == {"wan", "sana_video", "sana_video2", "minimax_h3", "hunyuan_video15",
                                               "ltx2"}, seen
+
+
+def test_a_budget_the_patched_call_misses_plans_memory_low_and_names_it_when_it_fits():
+    """With a budget the patched call misses, the plan traces the step with memory='low' too: its steady steps and
+    its checked first call. A budget between model offload alone and memory='low' at tier high with offload (whose
+    first step holds no more than the later ones) names that option; the checked mode, whose first call checks the
+    chunks beside the whole computation, does not fit it."""
+    # Wan 2.1 14B (26.7 GiB of weights): the transformer, not the VAE decode, decides the offloaded peak
+    size = dict(frames=17, height=240, width=416, chunk_tokens=256)
+    first = memory_plan("wan2.1-t2v-sol-attn", budget="1GiB", tier="lossless", **size)
+    low = first.details["low_memory"]
+    assert low["unchecked"].activations < first.patched.activations
+    assert low["checked"].activations == first.patched.activations  # the first call's check: the default tier's
+    offload_low, _ = first.peak(offload=True, low="unchecked")
+    offload, _ = first.peak(offload=True)
+    assert offload_low < offload
+    budget = (offload_low + offload) // 2
+    plan = dataclasses.replace(first, budget=budget)  # the same traces, judged against another budget
+    lines = [line for line in plan.table().splitlines() if line.startswith("to fit")]
+    assert len(lines) == 1 and "memory='low' at tier high (unchecked chunks) and enable_model_cpu_offload()" in \
+        lines[0], lines

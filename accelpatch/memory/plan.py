@@ -285,12 +285,21 @@ class MemoryPlan:
     budget: Optional[int] = None
     details: dict = field(default_factory=dict)
 
-    def stage_list(self, patched: bool = True, fp8: bool = False) -> list[Stage]:
+    def stage_list(self, patched: bool = True, fp8: bool = False, low: Optional[str] = None) -> list[Stage]:
         """The stages of the call, the transformer step patched or not; ``fp8``: its weights stored in fp8
-        (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget)."""
+        (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget); ``low``: the
+        step patched with ``memory="low"`` instead, "checked" (the default tier: a process's first call checks
+        each chunked computation against the whole one) or "unchecked" (at tier high: the steady steps' figure
+        from the first step on), planned with a budget where the patched call does not fit."""
         stages = list(self.stages)
         if patched and self.patched is not None:
             stages = [self.patched if s.name.startswith("transformer step") else s for s in stages]
+        if low is not None:
+            if low not in self.details.get("low_memory", {}):
+                raise ValueError(f"this plan has no memory='low' step {low!r}: it is planned with a budget the "
+                                 "patched call does not fit")
+            step = self.details["low_memory"][low]
+            stages = [step if s.name.startswith("transformer step") else s for s in stages]
         if fp8:
             if "fp8_weights" not in self.details:
                 raise ValueError("this plan has no fp8 weights: plan it with a budget (memory_plan(..., budget=...))")
@@ -298,11 +307,12 @@ class MemoryPlan:
                       if s.name.startswith("transformer step") and s.planned else s for s in stages]
         return stages
 
-    def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False) -> tuple[int, bool]:
+    def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False,
+             low: Optional[str] = None) -> tuple[int, bool]:
         """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
-        activations, or with ``offload`` the largest stage alone; ``fp8``: the transformer's weights stored in fp8.
-        When a stage is not planned, the bytes are a lower bound."""
-        stages = self.stage_list(patched, fp8)
+        activations, or with ``offload`` the largest stage alone; ``fp8``: the transformer's weights stored in fp8;
+        ``low``: see :meth:`stage_list`. When a stage is not planned, the bytes are a lower bound."""
+        stages = self.stage_list(patched, fp8, low)
         known = [s for s in stages if s.planned]
         if offload:
             value = max((s.total for s in known), default=0)
@@ -311,14 +321,14 @@ class MemoryPlan:
         return value, len(known) == len(stages)
 
     def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True,
-             offload: bool = False, fp8: bool = False) -> Optional[bool]:
+             offload: bool = False, fp8: bool = False, low: Optional[str] = None) -> Optional[bool]:
         """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
         stage that is not planned could decide it (the planned ones fit)."""
         budget = self.budget if budget is None else budget
         if budget is None:
             raise ValueError("fits() needs a budget (bytes or a size such as '24GiB')")
         budget = parse_size(budget) if isinstance(budget, str) else int(budget)
-        value, complete = self.peak(patched=patched, offload=offload, fp8=fp8)
+        value, complete = self.peak(patched=patched, offload=offload, fp8=fp8, low=low)
         if value > budget:
             return False
         return True if complete else None
@@ -358,11 +368,23 @@ class MemoryPlan:
 
     def options_to_fit(self) -> list[str]:
         """Where the patched call does not fit the plan's budget with every component on the device: the first of
-        the options planned that would make it fit, the least costly in speed first (model offload moves each
-        component once per call; fp8 weight storage casts every layer at every step, and is lossy), or why none."""
+        the options planned that would make it fit, the least costly in speed first (``memory="low"`` keeps the
+        output and about the speed, its first step checked or at tier high not; model offload moves each component
+        once per call; fp8 weight storage casts every layer at every step, and is lossy), or why none."""
         if not self.budget or self.fits() is not False:
             return []
-        options = [("enable_model_cpu_offload() (one component on the device at a time)", dict(offload=True))]
+        low = self.details.get("low_memory", {})
+        options = []
+        if low:  # the same output, about the same speed: first
+            options.append(("accelpatch.apply(pipe, memory='low') (the same output bit for bit)", dict(low="checked")))
+            options.append(("accelpatch.apply(pipe, memory='low', tier='high') (its chunks unchecked, so the first step "
+                            "holds no more than the others; tier high also admits the recipe's approximate paths)",
+                            dict(low="unchecked")))
+        options.append(("enable_model_cpu_offload() (one component on the device at a time)", dict(offload=True)))
+        if low:
+            options += [("memory='low' and enable_model_cpu_offload()", dict(offload=True, low="checked")),
+                        ("memory='low' at tier high (unchecked chunks) and enable_model_cpu_offload()",
+                         dict(offload=True, low="unchecked"))]
         if "fp8_weights" in self.details:
             options += [
                 ("the transformer's weights stored in fp8: transformer.enable_layerwise_casting(storage_dtype="
@@ -375,8 +397,8 @@ class MemoryPlan:
                 value, _ = self.peak(**option)
                 return [f"to fit {gib(self.budget)}: {text}: {gib(value)}"
                         + ("" if verdict else " (fits so far: a stage is not planned)")]
-        return [f"to fit {gib(self.budget)}: neither model offload nor fp8 weight storage is enough; not planned "
-                "yet: quantised weights (torchao int8/fp8, GGUF), group offloading, VAE tiling"]
+        return [f"to fit {gib(self.budget)}: neither model offload nor fp8 weight storage is enough; "
+                "not planned yet: quantised weights (torchao int8/fp8, GGUF), group offloading, VAE tiling"]
 
     def __str__(self) -> str:
         return self.table()
@@ -453,7 +475,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
     patched with the recipe's tier, backend and options (``tier``: at this tier instead, "exact", "lossless" or
     "high"; "lossless" is apply()'s default, whatever backend the recipe names then only where lossless);
-    ``memory="low"``: with apply()'s lower-memory mode (``chunk_tokens``: its ``memory_chunk_tokens``). ``budget``
+    ``memory="low"``: with apply()'s lower-memory mode (``chunk_tokens``: its ``memory_chunk_tokens``, also used
+    where a budget the patched call misses plans that mode as an option to fit). ``budget``
     (bytes or "24GiB") is what :meth:`MemoryPlan.fits` and the table judge against; with it the transformer is also
     weighed with fp8 weight storage (:meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
     stage."""
@@ -496,7 +519,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         arguments["tier"] = tier
     if mode is not None:
         arguments["memory"] = mode
-    if chunk_tokens is not None:
+    if chunk_tokens is not None and mode is not None:
         arguments["memory_chunk_tokens"] = chunk_tokens
     patched_stage, patch = None, _describe_patch(arguments)
     if isinstance(known, str):
@@ -556,7 +579,21 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         *([f"the recipe's {len(recipe.lora)} LoRA adapter(s) are not counted (their rank decides their size)"]
           if recipe.lora else []),
     )
-    return MemoryPlan(recipe=recipe.name, model=recipe.model, family=family, size=(height, width, frames),
+    plan = MemoryPlan(recipe=recipe.name, model=recipe.model, family=family, size=(height, width, frames),
                       batch=videos, dtype=dtype, cfg=cfg_note, call=call_text, stages=tuple(stages),
                       patched=patched_stage, patch=patch, assumptions=assumptions,
                       seconds=time.perf_counter() - start, budget=budget, details=details)
+    if budget is not None and patched_stage is not None and mode is None and plan.fits() is False:
+        say("tracing it with memory='low' (the patched call does not fit) ...")
+        chunking = {} if chunk_tokens is None else {"memory_chunk_tokens": chunk_tokens}
+        low = trace_step(case, apply_arguments={**arguments, "memory": "low", **chunking},
+                         steps=tuple(sorted({0, steps // 2})), total_steps=steps)
+        if low.activations < traced.activations:  # the family chunks something here
+            note = (f"memory='low': steady steps {gib(low.activations)}, a process's first call "
+                    f"{gib(low.first_activations or 0)}")
+            details["low_memory"] = {
+                "checked": Stage("transformer step, memory='low'", low.weights,
+                                 max(low.activations, low.first_activations or 0), note),
+                "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
+        plan = dataclasses.replace(plan, details=details, seconds=time.perf_counter() - start)
+    return plan
