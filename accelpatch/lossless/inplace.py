@@ -9,13 +9,18 @@ import torch
 def output_may_be_kept(module: torch.nn.Module) -> bool:
     """Whether a forward hook sees ``module``'s output: its own, or a global one (torch's module tracker, which reads
     module names only, aside)."""
+    return bool(module._forward_hooks) or global_hooks()
+
+
+def global_hooks(*, pre: bool = False) -> bool:
+    """Whether a global forward hook (or, with ``pre``, a global forward pre-hook too) is registered, torch's module
+    tracker aside (it reads module names only)."""
     from torch.nn.modules import module as torch_module
     from torch.utils.module_tracker import ModuleTracker
 
-    if module._forward_hooks:
-        return True
+    registries = (torch_module._global_forward_hooks,) + ((torch_module._global_forward_pre_hooks,) if pre else ())
     return any(not isinstance(getattr(hook, "__self__", None), ModuleTracker)
-               for hook in torch_module._global_forward_hooks.values())
+               for hooks in registries for hook in hooks.values())
 
 
 def kept_reason(name: str, op: str) -> str:

@@ -33,6 +33,7 @@ from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable, not_applicable
 from accelpatch.core.sites import FusedOpsPath, Site
 from accelpatch.core.tiers import Tier, effective_tier
+from accelpatch.lossless.inplace import global_hooks
 from accelpatch.lossless.verify import IN_AUTOGRAD, FusedOp, mismatch, planned_signature, traced_first_sight
 from accelpatch.low_memory.feature import LowMemory, memory_mode
 
@@ -186,26 +187,12 @@ def _whole(*args: Any) -> torch.Tensor:
     return how(*tensors)
 
 
-class _ChunkLibrary:
-    kind = "chunked"
-
-    @staticmethod
-    def unavailable() -> Optional[str]:
-        return None
-
-
 class _Chunks:
-    """The chunked run in the place of a fused op's kernel (the same interface: ``run``, ``unsupported``)."""
-
-    library = _ChunkLibrary
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    """The chunked run in the place of a fused op's kernel (what a first sight and a verified call use of one:
+    ``unsupported``, ``run``; availability and tracing are :class:`ChunkedOp`'s own)."""
 
     def unsupported(self, x: torch.Tensor, *rest: Any) -> Optional[str]:
         return None if x.dim() >= 2 else f"a {x.dim()}-dimensional input has no token dimension to chunk"
-
-    check = unsupported
 
     def run(self, *args: Any) -> torch.Tensor:
         return run_in_chunks(*args)
@@ -222,7 +209,7 @@ class ChunkedOp(FusedOp):
 
     def __init__(self, name: str, description: str) -> None:
         super().__init__(name, _whole, description)
-        self._chunks = _Chunks(name)
+        self._chunks = _Chunks()
         # a first sight's whole run can meet this op again (a chunked norm inside a chunked projection's reference)
         self._verifying = threading.RLock()
 
@@ -272,12 +259,8 @@ def _hooked(module: Any, *, inside_only: bool) -> bool:
     """Whether a forward hook would see a chunk instead of the call: one on a module below ``module`` (or on
     ``module`` itself unless ``inside_only``: a site's own hooks run around its whole call), or a global one other
     than torch's module tracker."""
-    from torch.nn.modules import module as torch_module
-    from torch.utils.module_tracker import ModuleTracker
-
-    for hooks in (torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks):
-        if any(not isinstance(getattr(hook, "__self__", None), ModuleTracker) for hook in hooks.values()):
-            return True
+    if global_hooks(pre=True):
+        return True
     if not isinstance(module, torch.nn.Module):
         return False
     return any(sub._forward_hooks or sub._forward_pre_hooks for sub in module.modules()

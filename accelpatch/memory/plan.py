@@ -291,21 +291,20 @@ class MemoryPlan:
         step patched with ``memory="low"`` instead, "checked" (the default tier: a process's first call checks
         each chunked computation against the whole one) or "unchecked" (at tier high: the steady steps' figure
         from the first step on), planned with a budget where the patched call does not fit."""
-        stages = list(self.stages)
+        step = next(s for s in self.stages if s.name.startswith("transformer step"))
         if patched and self.patched is not None:
-            stages = [self.patched if s.name.startswith("transformer step") else s for s in stages]
+            step = self.patched
         if low is not None:
             if low not in self.details.get("low_memory", {}):
                 raise ValueError(f"this plan has no memory='low' step {low!r}: it is planned with a budget the "
                                  "patched call does not fit")
             step = self.details["low_memory"][low]
-            stages = [step if s.name.startswith("transformer step") else s for s in stages]
         if fp8:
             if "fp8_weights" not in self.details:
                 raise ValueError("this plan has no fp8 weights: plan it with a budget (memory_plan(..., budget=...))")
-            stages = [dataclasses.replace(s, weights=self.details["fp8_weights"])
-                      if s.name.startswith("transformer step") and s.planned else s for s in stages]
-        return stages
+            if step.planned:
+                step = dataclasses.replace(step, weights=self.details["fp8_weights"])
+        return [step if s.name.startswith("transformer step") else s for s in self.stages]
 
     def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False,
              low: Optional[str] = None) -> tuple[int, bool]:
