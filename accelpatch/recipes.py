@@ -338,13 +338,16 @@ AUDIO_THRESHOLDS = ("audio_snr_floor", "audio_corr_floor", "audio_lsd_ceiling")
 
 class CandidateSpec(_Strict):
     """One setting to compare with the reference: a tier, optionally with a backend and options (``apply()``
-    arguments). ``unpatched: true`` runs the model with accelpatch removed."""
+    arguments). ``unpatched: true`` runs the model with accelpatch removed. ``vae_tiling``: the pipeline's VAE
+    decodes in tiles for this candidate (``vae.enable_tiling()``; true: diffusers' default tiles, a mapping: its
+    arguments, e.g. ``tile_sample_min_height``), lossy, so ``validate`` measures what it costs."""
 
     name: Optional[str] = None
     tier: str = "high"
     backend: Optional[str] = None
     options: dict[str, Any] = Field(default_factory=dict)
     unpatched: bool = False
+    vae_tiling: Union[bool, dict[str, Union[int, float]]] = False
 
     @field_validator("tier")
     @classmethod
@@ -364,11 +367,12 @@ class CandidateSpec(_Strict):
         """The name given, else one made from the settings (``high``, ``high+sol_attn(tau=1.5)``, ``unpatched``)."""
         if self.name:
             return self.name
-        if self.unpatched:
-            return "unpatched"
-        label = self.tier + (f"+{self.backend}" if self.backend else "")
+        label = "unpatched" if self.unpatched else self.tier + (f"+{self.backend}" if self.backend else "")
         if self.options:
             label += "(" + ",".join(f"{k}={v}" for k, v in sorted(self.options.items())) + ")"
+        if self.vae_tiling:
+            label += "+vae_tiling" + ("" if self.vae_tiling is True else "(" + ",".join(
+                f"{k}={v:g}" for k, v in sorted(self.vae_tiling.items())) + ")")
         return label
 
 

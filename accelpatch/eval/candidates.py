@@ -86,6 +86,7 @@ class PatchSwitcher:
         self._original = [(m, None if patch_of(m) is None else patch_of(m).reapply_arguments()) for m in self.models]
         self._pipeline_args = self._original[0][1] if len({repr(a) for _, a in self._original}) == 1 else None
         self._warned: set = set()
+        self._vae_state = _vae_tiling_state(pipe)
 
     def enter(self, spec: CandidateSpec) -> None:
         """Patch (or unpatch) as :meth:`_enter` does; an apply-time warning is shown once per switcher, not again
@@ -104,6 +105,7 @@ class PatchSwitcher:
         came with (``apply()`` defaults when it came unpatched, except ``exact``, which then runs it unpatched)."""
         import accelpatch
 
+        self._enter_vae_tiling(spec)
         if spec.unpatched:
             accelpatch.remove(self.pipe)
         elif spec.backend is not None or spec.options:
@@ -118,10 +120,29 @@ class PatchSwitcher:
         else:
             self.restore()
 
+    def _enter_vae_tiling(self, spec: CandidateSpec) -> None:
+        """The VAE as it came, then tiled as ``spec.vae_tiling`` asks (its arguments checked against the VAE's
+        ``enable_tiling``: a bad name raises ValueError naming it and the valid ones)."""
+        vae = getattr(self.pipe, "vae", None)
+        _restore_vae_tiling(vae, self._vae_state)
+        if not spec.vae_tiling:
+            return
+        if self._vae_state is None:
+            raise ValueError(f"vae_tiling asks {type(self.pipe).__name__}'s VAE to decode in tiles, but "
+                             f"{'it has no vae' if vae is None else type(vae).__name__ + ' has no enable_tiling()'}")
+        arguments = {} if spec.vae_tiling is True else dict(spec.vae_tiling)
+        valid = [n for n in inspect.signature(vae.enable_tiling).parameters if n != "self"]
+        unknown = sorted(set(arguments) - set(valid))
+        if unknown:
+            raise ValueError(f"vae_tiling: {type(vae).__name__}.enable_tiling() takes no {', '.join(unknown)}"
+                             f"{did_you_mean(unknown[0], valid)}; it takes {', '.join(valid) or 'no arguments'}")
+        vae.enable_tiling(**arguments)
+
     def restore(self) -> None:
-        """Back to the patch state the pipeline had when this switcher was made."""
+        """Back to the patch state (and VAE tiling) the pipeline had when this switcher was made."""
         import accelpatch
 
+        _restore_vae_tiling(getattr(self.pipe, "vae", None), self._vae_state)
         if self._pipeline_args is not None:
             accelpatch.apply(self.pipe, **self._pipeline_args)
             return
@@ -129,6 +150,21 @@ class PatchSwitcher:
             accelpatch.remove(model)
             if args is not None:
                 accelpatch.apply(model, **args)
+
+
+def _vae_tiling_state(pipe: Any) -> Optional[dict]:
+    """The pipeline's VAE's tiling settings (``use_tiling`` and what ``enable_tiling`` sets), or None where it has
+    no VAE that tiles."""
+    vae = getattr(pipe, "vae", None)
+    if vae is None or not callable(getattr(vae, "enable_tiling", None)) or not hasattr(vae, "use_tiling"):
+        return None
+    names = ["use_tiling", *(n for n in inspect.signature(vae.enable_tiling).parameters if n != "self")]
+    return {n: getattr(vae, n) for n in names if hasattr(vae, n)}
+
+
+def _restore_vae_tiling(vae: Any, state: Optional[dict]) -> None:
+    for name, value in (state or {}).items():
+        setattr(vae, name, value)
 
 
 def frames_of(result: Any) -> torch.Tensor:

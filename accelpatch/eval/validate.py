@@ -3,7 +3,8 @@
 The same call (same seeds) runs under the reference tier and under each candidate. For every candidate the report
 gives per-frame PSNR/SSIM against the reference, SHA-256 equality of the frames, which fast paths ran and which
 fell back (from the counters) and a pass/fail verdict: ``exact``/``lossless`` candidates must be bit-identical;
-approximate ones must keep every frame at or above the SSIM and PSNR floors. A pipeline that returns audio
+approximate ones (and any candidate whose VAE decodes in tiles, ``vae_tiling``) must keep every frame at or above
+the SSIM and PSNR floors. A pipeline that returns audio
 (MiniMax-H3) has its audio scored too (:mod:`accelpatch.eval.audio_metrics`: SNR, correlation, nMSE, log-spectral
 distance per second) and gated by default: bit identity then covers the audio (its SHA-256), and an approximate
 candidate fails when either the video floors or the audio gates fail. Audio gates asked for explicitly on a
@@ -45,7 +46,8 @@ def _judge(result: CandidateResult, gates: Gates, noise_floor: NoiseFloor) -> No
     """Fill in the gate, verdict and reasons of ``result``."""
     tier = parse_tier(result.spec.tier)
     temporal_failing = _temporal_failures(result.scores, gates)
-    if tier <= Tier.LOSSLESS and noise_floor.identical:  # an unpatched candidate runs at exact
+    # an unpatched candidate runs at exact; a tiled VAE decode is lossy whatever the tier: judged by the floors
+    if tier <= Tier.LOSSLESS and noise_floor.identical and not result.spec.vae_tiling:
         result.gate = "bit-identical"
         result.passed = result.identical and not temporal_failing
         if not result.identical:
