@@ -1,5 +1,5 @@
 """``python -m accelpatch memory --recipe R [--height H --width W --frames F --batch B --dtype D --tier T
---memory low --budget 24GiB]``:
+--memory low --vae-tiling --budget 24GiB]``:
 a recipe's call planned by stage at full size, on fake tensors (:func:`accelpatch.memory.plan.memory_plan`).
 
 Importing this module imports neither torch nor diffusers: the arguments (the budget's form included) are checked
@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "memory=...): 'low' runs the feed-forwards and query/key norms in chunks of tokens")
     parser.add_argument("--chunk-tokens", type=_positive, help="with --memory low: tokens of each video per chunk "
                         "(apply()'s memory_chunk_tokens; default 8192)")
+    parser.add_argument("--vae-tiling", action="store_true", help="plan the VAE decode with vae.enable_tiling() "
+                        "(diffusers' default tiles; lossy: measure it with validate, a candidate with vae_tiling)")
     parser.add_argument("--unpatched-only", action="store_true", help="skip the patched transformer step")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
@@ -66,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     plan = memory_plan(getattr(args, "loaded_recipe", None) or args.recipe, height=args.height, width=args.width,
                        frames=args.frames, batch=args.batch, dtype=args.dtype, text_tokens=args.text_tokens,
                        budget=getattr(args, "budget_bytes", None), patched=not args.unpatched_only, tier=args.tier,
-                       memory=args.memory, chunk_tokens=args.chunk_tokens,
+                       memory=args.memory, chunk_tokens=args.chunk_tokens, vae_tiling=args.vae_tiling,
                        progress=None if args.no_progress else lambda line: print(line, file=sys.stderr, flush=True))
     print(plan.table())
     return 0

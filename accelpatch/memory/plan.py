@@ -18,24 +18,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 from accelpatch.core.tiers import Tier
 from accelpatch.memory.sizes import gib, parse_size
 from accelpatch.models.families import MemorySettings, families, resolve
 
-__all__ = ["memory_plan", "MemoryPlan", "Stage", "TransformerCase", "trace_step", "trace_vae_decode", "family_of",
+__all__ = ["memory_plan", "MemoryPlan", "Move", "Stage", "TransformerCase", "trace_step", "trace_vae_decode", "family_of",
            "release_config", "memory_settings"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: the tiers a plan's patched step can be traced at (accelpatch.core.tiers.Tier, by name)
 TIERS = tuple(str(tier) for tier in Tier)
 
-#: why no family's text encoder is planned yet (each family names its own)
-_TE_UNKNOWN = ("its release configuration is in neither diffusers' defaults nor the reference notes (a later "
-               "increment reads the checkpoint's config.json)")
 
 
 def _planned() -> list:
@@ -223,9 +221,12 @@ def layerwise_fp8_weights(case: TransformerCase) -> int:
 
 
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
-                     dtype: str) -> tuple[int, int, int]:
+                     dtype: str, tiling: Union[bool, Mapping[str, Any]] = False,
+                     fake: bool = True) -> tuple[int, int, int]:
     """(weights, activations, latent channels) of ``vae.decode`` of one batch of latents of ``grid`` (frames,
-    height, width), traced on fake tensors; activations count the latents and what the decode creates."""
+    height, width), traced on fake tensors (``fake=False``: run for real, the check at a tiny size); activations
+    count the latents and what the decode creates. ``tiling``: decode with ``vae.enable_tiling()`` (True: diffusers'
+    default tiles; a mapping: its arguments)."""
     import diffusers
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -233,9 +234,11 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
     from accelpatch.testing._common import _cast_like_from_pretrained
 
-    with FakeTensorMode():
+    with FakeTensorMode() if fake else contextlib.nullcontext():
         vae = getattr(diffusers, class_name)(**dict(config)).eval()
         _cast_like_from_pretrained(vae, getattr(torch, dtype))
+        if tiling:
+            vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
         channels = int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim)
         latents = torch.zeros(batch, channels, *grid, dtype=getattr(torch, dtype))
         with torch.no_grad(), LiveBytes() as live:
@@ -262,6 +265,16 @@ class Stage:
         return self.weights + self.activations if self.planned else None
 
 
+class Move(NamedTuple):
+    """One way a plan can go down (see :meth:`MemoryPlan.moves`): its rank in speed cost (lowest first), a short
+    name, how to do it, and the :meth:`MemoryPlan.peak` options that plan it."""
+
+    rank: int
+    short: str
+    text: str
+    options: dict
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """A call's planned memory by stage (see :func:`memory_plan`). ``stages``: text encoder, transformer step
@@ -285,12 +298,21 @@ class MemoryPlan:
     budget: Optional[int] = None
     details: dict = field(default_factory=dict)
 
-    def stage_list(self, patched: bool = True, fp8: bool = False, low: Optional[str] = None) -> list[Stage]:
+    def stage_list(self, patched: bool = True, fp8: bool = False, low: Optional[str] = None,
+                   text_on_cpu: bool = False, vae_tiled: bool = False) -> list[Stage]:
         """The stages of the call, the transformer step patched or not; ``fp8``: its weights stored in fp8
         (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget); ``low``: the
         step patched with ``memory="low"`` instead, "checked" (the default tier: a process's first call checks
         each chunked computation against the whole one) or "unchecked" (at tier high: the steady steps' figure
-        from the first step on), planned with a budget where the patched call does not fit."""
+        from the first step on), planned with a budget where the patched call does not fit; ``text_on_cpu``: the
+        text encoder never on the device (the prompt encoded on the CPU and passed as ``prompt_embeds``);
+        ``vae_tiled``: the VAE decoded with ``vae.enable_tiling()`` (planned with a budget the call misses)."""
+        stages = [s for s in self.stages if not (text_on_cpu and s.name == "text encoder")]
+        if vae_tiled:
+            if "vae_tiled" not in self.details:
+                raise ValueError("this plan has no tiled VAE decode: it is planned with a budget the patched call "
+                                 "does not fit (or with vae_tiling=True)")
+            stages = [self.details["vae_tiled"] if s.name == "VAE decode" else s for s in stages]
         step = next(s for s in self.stages if s.name.startswith("transformer step"))
         if patched and self.patched is not None:
             step = self.patched
@@ -304,14 +326,14 @@ class MemoryPlan:
                 raise ValueError("this plan has no fp8 weights: plan it with a budget (memory_plan(..., budget=...))")
             if step.planned:
                 step = dataclasses.replace(step, weights=self.details["fp8_weights"])
-        return [step if s.name.startswith("transformer step") else s for s in self.stages]
+        return [step if s.name.startswith("transformer step") else s for s in stages]
 
     def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False,
-             low: Optional[str] = None) -> tuple[int, bool]:
+             low: Optional[str] = None, text_on_cpu: bool = False, vae_tiled: bool = False) -> tuple[int, bool]:
         """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
-        activations, or with ``offload`` the largest stage alone; ``fp8``: the transformer's weights stored in fp8;
-        ``low``: see :meth:`stage_list`. When a stage is not planned, the bytes are a lower bound."""
-        stages = self.stage_list(patched, fp8, low)
+        activations, or with ``offload`` the largest stage alone; ``fp8``, ``low``, ``text_on_cpu``, ``vae_tiled``:
+        see :meth:`stage_list`. When a stage is not planned, the bytes are a lower bound."""
+        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled)
         known = [s for s in stages if s.planned]
         if offload:
             value = max((s.total for s in known), default=0)
@@ -319,15 +341,17 @@ class MemoryPlan:
             value = sum(s.weights for s in known) + max((s.activations for s in known), default=0)
         return value, len(known) == len(stages)
 
-    def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True,
-             offload: bool = False, fp8: bool = False, low: Optional[str] = None) -> Optional[bool]:
+    def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True, offload: bool = False,
+             fp8: bool = False, low: Optional[str] = None, text_on_cpu: bool = False,
+             vae_tiled: bool = False) -> Optional[bool]:
         """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
         stage that is not planned could decide it (the planned ones fit)."""
         budget = self.budget if budget is None else budget
         if budget is None:
             raise ValueError("fits() needs a budget (bytes or a size such as '24GiB')")
         budget = parse_size(budget) if isinstance(budget, str) else int(budget)
-        value, complete = self.peak(patched=patched, offload=offload, fp8=fp8, low=low)
+        value, complete = self.peak(patched=patched, offload=offload, fp8=fp8, low=low, text_on_cpu=text_on_cpu,
+                                    vae_tiled=vae_tiled)
         if value > budget:
             return False
         return True if complete else None
@@ -365,39 +389,58 @@ class MemoryPlan:
                   f"planned in {self.seconds:.1f} s on fake tensors (no weights downloaded, no math run)"]
         return "\n".join(lines)
 
+    def moves(self) -> list[Move]:
+        """The ways down this plan has figures for, the least costly in speed first: ``memory="low"`` (the same
+        output at about the same speed; checked, or at tier high unchecked), model offload (each component moved
+        once per call), the prompt encoded on the CPU (that encoding's time, once per prompt), the VAE decoded in
+        tiles (lossy: blended tiles, once per call), fp8 weight storage (every layer cast at every step, lossy)."""
+        low = self.details.get("low_memory", {})
+        text = next((s for s in self.stages if s.name == "text encoder"), None)
+        moves = []
+        if low:
+            moves += [Move(0, "memory='low'", "accelpatch.apply(pipe, memory='low') (the same output bit for bit)",
+                           dict(low="checked")),
+                      Move(1, "memory='low' at tier high (unchecked chunks)",
+                           "accelpatch.apply(pipe, memory='low', tier='high') (its chunks unchecked, so the first "
+                           "step holds no more than the others; tier high also admits the recipe's approximate paths)",
+                           dict(low="unchecked"))]
+        moves.append(Move(2, "enable_model_cpu_offload()",
+                          "enable_model_cpu_offload() (one component on the device at a time)", dict(offload=True)))
+        if text is not None and text.planned:
+            moves.append(Move(3, "the prompt encoded on the CPU",
+                              "the prompt encoded on the CPU (load the pipeline with text_encoder=None and pass "
+                              "prompt_embeds from the text encoder run on the CPU)", dict(text_on_cpu=True)))
+        if "vae_tiled" in self.details:
+            moves.append(Move(4, "vae.enable_tiling()",
+                              "vae.enable_tiling() (lossy: tiles decoded apart and blended; measure it with accelpatch "
+                              "validate, a candidate with vae_tiling)", dict(vae_tiled=True)))
+        if "fp8_weights" in self.details:
+            moves.append(Move(5, "fp8 weight storage",
+                              "the transformer's weights stored in fp8: transformer.enable_layerwise_casting("
+                              "storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16) (lossy: measure it "
+                              "with accelpatch validate)", dict(fp8=True)))
+        return moves
+
     def options_to_fit(self) -> list[str]:
-        """Where the patched call does not fit the plan's budget with every component on the device: the first of
-        the options planned that would make it fit, the least costly in speed first (``memory="low"`` keeps the
-        output and about the speed, its first step checked or at tier high not; model offload moves each component
-        once per call; fp8 weight storage casts every layer at every step, and is lossy), or why none."""
+        """Where the patched call does not fit the plan's budget with every component on the device: the first
+        combination of :meth:`moves` that would make it fit, those whose costliest move is cheapest first (fewer
+        moves first among them), or why none."""
         if not self.budget or self.fits() is not False:
             return []
-        low = self.details.get("low_memory", {})
-        options = []
-        if low:  # the same output, about the same speed: first
-            options.append(("accelpatch.apply(pipe, memory='low') (the same output bit for bit)", dict(low="checked")))
-            options.append(("accelpatch.apply(pipe, memory='low', tier='high') (its chunks unchecked, so the first step "
-                            "holds no more than the others; tier high also admits the recipe's approximate paths)",
-                            dict(low="unchecked")))
-        options.append(("enable_model_cpu_offload() (one component on the device at a time)", dict(offload=True)))
-        if low:
-            options += [("memory='low' and enable_model_cpu_offload()", dict(offload=True, low="checked")),
-                        ("memory='low' at tier high (unchecked chunks) and enable_model_cpu_offload()",
-                         dict(offload=True, low="unchecked"))]
-        if "fp8_weights" in self.details:
-            options += [
-                ("the transformer's weights stored in fp8: transformer.enable_layerwise_casting(storage_dtype="
-                 "torch.float8_e4m3fn, compute_dtype=torch.bfloat16) (lossy: measure it with accelpatch validate)",
-                 dict(fp8=True)),
-                ("both: fp8 weight storage and enable_model_cpu_offload()", dict(offload=True, fp8=True))]
-        for text, option in options:
+        moves = self.moves()
+        combos = [c for n in range(1, len(moves) + 1) for c in itertools.combinations(moves, n)
+                  if sum("low" in m.options for m in c) <= 1]  # memory='low' checked or unchecked, not both
+        combos.sort(key=lambda c: (max(m.rank for m in c), len(c), [m.rank for m in c]))
+        for combo in combos:
+            option = {k: v for m in combo for k, v in m.options.items()}
             verdict = self.fits(**option)
             if verdict is not False:
                 value, _ = self.peak(**option)
-                return [f"to fit {gib(self.budget)}: {text}: {gib(value)}"
+                said = combo[0].text if len(combo) == 1 else " and ".join(m.short for m in combo)
+                return [f"to fit {gib(self.budget)}: {said}: {gib(value)}"
                         + ("" if verdict else " (fits so far: a stage is not planned)")]
-        return [f"to fit {gib(self.budget)}: neither model offload nor fp8 weight storage is enough; "
-                "not planned yet: quantised weights (torchao int8/fp8, GGUF), group offloading, VAE tiling"]
+        return [f"to fit {gib(self.budget)}: none of {', '.join(m.short for m in moves)} is enough, nor all of them "
+                "together; not planned yet: quantised weights (torchao int8/fp8, GGUF), group offloading"]
 
     def __str__(self) -> str:
         return self.table()
@@ -460,6 +503,24 @@ def _cfg(memory: MemorySettings, call: Mapping[str, Any]) -> tuple[int, str]:
     return 1, f"CFG ({what}) runs two forwards of batch 1, one after the other"
 
 
+def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dtype: str, details: dict,
+                        say: Callable[[str], None]) -> Stage:
+    """The text-encoder stage: every encoder the family's pipeline loads (their weights together) and the largest of
+    their calls' activations; or, where the family names none, not planned and why."""
+    from accelpatch.memory.text_encoder import text_encoder_summary, trace_text_encoder
+
+    if memory.text_encoders is None:
+        return Stage("text encoder", note=memory.text_encoder)
+    cases = resolve(memory.text_encoders)(call, model)
+    say(f"tracing the text encoder ({', '.join(c.name for c in cases)}) ...")
+    traces = [trace_text_encoder(case, dtype) for case in cases]
+    details["text_encoders"] = "; ".join(
+        f"{case.name} from {case.source}" + "".join(f" ({n})" for n in trace.notes)
+        for case, trace in zip(cases, traces))
+    return Stage("text encoder", sum(t.weights for t in traces), max(t.activations for t in traces),
+                 text_encoder_summary(traces))
+
+
 def _describe_patch(arguments: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in arguments.items() if v is not None) or "defaults"
 
@@ -468,7 +529,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 frames: Optional[int] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
                 budget: Union[int, str, None] = None, patched: bool = True, text_tokens: Optional[int] = None,
                 tier: Optional[str] = None, memory: Optional[str] = None, chunk_tokens: Optional[int] = None,
-                progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
+                vae_tiling: bool = False, progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
     """Plan the peak memory of ``recipe_or_name``'s call by stage, at the size its call gives (or ``height``,
     ``width``, ``frames``: pixels), for ``batch`` videos per prompt (CFG's batch added where the pipeline batches
     it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
@@ -478,7 +539,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     where a budget the patched call misses plans that mode as an option to fit). ``budget``
     (bytes or "24GiB") is what :meth:`MemoryPlan.fits` and the table judge against; with it the transformer is also
     weighed with fp8 weight storage (:meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
-    stage."""
+    stage. ``vae_tiling``: the VAE decode with ``vae.enable_tiling()`` (diffusers' default tiles; lossy), which a
+    budget the patched call misses also plans as an option to fit."""
     from accelpatch.recipes import load_recipe
 
     start = time.perf_counter()
@@ -510,7 +572,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     known = release_config(family, recipe.model)
     details: dict[str, Any] = {"latents": (lat_f, lat_h, lat_w), "audio": audio, "text_tokens": text,
                                "transformer_batch": videos * cfg_factor}
-    stages: list[Stage] = [Stage("text encoder", note=f"{memory.text_encoder}: {_TE_UNKNOWN}")]
+    stages: list[Stage] = [_text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, details, say)]
     arguments = dict(recipe.apply_arguments())
     if tier is not None:
         if tier not in TIERS:
@@ -550,10 +612,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         stages.append(Stage("VAE decode", note=memory.vae))
     else:
         class_name, vae_config, source = memory.vae
-        say("tracing the VAE decode ...")
+        say("tracing the VAE decode" + (" in tiles" if vae_tiling else "") + " ...")
         weights, activations, channels = trace_vae_decode(class_name, vae_config, (lat_f, lat_h, lat_w),
-                                                          batch=videos, dtype=torch_dtype)
-        stages.append(Stage("VAE decode", weights, activations))
+                                                          batch=videos, dtype=torch_dtype, tiling=vae_tiling)
+        stages.append(Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())" if vae_tiling else ""))
         details["vae"] = f"{source}, {channels} latent channels"
     tokens = lat_f * lat_h * lat_w
     call_text = (f"{height}x{width}, {frames} frames -> latents {lat_f}x{lat_h}x{lat_w} ({tokens:,} latent pixels"
@@ -561,8 +623,13 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                  + f"), {text} text tokens; {videos} video(s) per prompt; {cfg_note}; {dtype}")
     assumptions = (
         f"every component in {dtype}, as from_pretrained(torch_dtype=...) loads it (modules diffusers keeps in "
-        "float32 stay float32); no quantisation, offloading, VAE tiling or slicing",
+        "float32 stay float32); no quantisation, offloading or VAE slicing; "
+        + ("the VAE decoded in diffusers' default tiles (vae.enable_tiling(): lossy, the tiles are blended)"
+           if vae_tiling else "no VAE tiling"),
         f"text: {memory.text_source}",
+        *([f"text encoder: {details['text_encoders']}; each called on one padded prompt (the prompt and the negative "
+           "one are encoded one after the other), every token valid; all of them resident with every component on "
+           "the device, and one stage under offload (their weights together)"] if "text_encoders" in details else []),
         "attention is flash-style: no tokens x tokens score matrix (CPU SDPA on fake tensors materialises none; a "
         "math backend would add batch x heads x tokens^2 elements per attention)",
         "live tensor bytes only: the allocator's caching and fragmentation, cuBLAS/flash-attention workspaces and "
@@ -582,17 +649,24 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                       batch=videos, dtype=dtype, cfg=cfg_note, call=call_text, stages=tuple(stages),
                       patched=patched_stage, patch=patch, assumptions=assumptions,
                       seconds=time.perf_counter() - start, budget=budget, details=details)
-    if budget is not None and patched_stage is not None and mode is None and plan.fits() is False:
-        say("tracing it with memory='low' (the patched call does not fit) ...")
-        chunking = {} if chunk_tokens is None else {"memory_chunk_tokens": chunk_tokens}
-        low = trace_step(case, apply_arguments={**arguments, "memory": "low", **chunking},
-                         steps=tuple(sorted({0, steps // 2})), total_steps=steps)
-        if low.activations < traced.activations:  # the family chunks something here
+    if budget is not None and plan.fits() is False:
+        low = None
+        if patched_stage is not None and mode is None:
+            say("tracing it with memory='low' (the patched call does not fit) ...")
+            chunking = {} if chunk_tokens is None else {"memory_chunk_tokens": chunk_tokens}
+            low = trace_step(case, apply_arguments={**arguments, "memory": "low", **chunking},
+                             steps=tuple(sorted({0, steps // 2})), total_steps=steps)
+        if low is not None and low.activations < traced.activations:  # the family chunks something here
             note = (f"memory='low': steady steps {gib(low.activations)}, a process's first call "
                     f"{gib(low.first_activations or 0)}")
             details["low_memory"] = {
                 "checked": Stage("transformer step, memory='low'", low.weights,
                                  max(low.activations, low.first_activations or 0), note),
                 "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
+        if not vae_tiling and stages[-1].planned:
+            say("tracing the VAE decode in tiles (the call does not fit) ...")
+            weights, activations, _ = trace_vae_decode(class_name, vae_config, (lat_f, lat_h, lat_w), batch=videos,
+                                                       dtype=torch_dtype, tiling=True)
+            details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")
         plan = dataclasses.replace(plan, details=details, seconds=time.perf_counter() - start)
     return plan

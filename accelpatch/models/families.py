@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class MemorySettings:
     guidance: Optional[float]
     #: the pipeline's (height, width, frames) when the call gives none (None: the call must give them)
     size: Optional[tuple[int, int, int]]
-    #: the text encoder(s), named for "not planned yet" (the planner says why: no release configuration is known)
+    #: the text encoder(s), named in the table (and, where ``text_encoders`` is None, why they are not planned)
     text_encoder: str
     #: the VAE: (diffusers class, its config as (field, value) pairs, where that config comes from), or why it is not
     #: planned
@@ -137,6 +137,41 @@ class MemorySettings:
     #: ``guidance(call, guidance_scale) -> (CFG runs, what decides it, in words)``, where more than guidance_scale
     #: decides (None: guidance_scale > 1)
     guidance_rule: Optional[str] = None
+    #: ``text_encoders(call, model) -> (TextEncoderCase, ...)``: the text (and image) encoders the pipeline of
+    #: ``model`` (a name, as in ``names``) loads, at their release configurations, with the tokens it pads the prompt
+    #: to (None: not planned, ``text_encoder`` says why)
+    text_encoders: Optional[str] = None
+
+
+#: what a pipeline keeps of a text encoder's output while the call runs (see TextEncoderCase.output)
+TEXT_ENCODER_OUTPUTS = ("last", "hidden_states", "stacked")
+
+
+@dataclass(frozen=True)
+class TextEncoderCase:
+    """One text encoder of a pipeline: ``name`` (for the table), the ``transformers`` model and config classes
+    ("module:Class"), the release configuration's fields, the tokens the pipeline pads the prompt to and where the
+    configuration comes from (an image encoder beside them: ``image_size``). ``output``: "last" (the last hidden state), "hidden_states" (the pipeline asks for every
+    layer's, ``output_hidden_states=True``, and keeps the tuple while it picks one) or "stacked" (it stacks them all
+    into one tensor, LTX-2's ``torch.stack(hidden_states, -1)``)."""
+
+    name: str
+    model: str
+    config_class: str
+    settings: Mapping[str, Any]
+    tokens: int
+    source: str
+    output: str = "last"
+    #: a note for the table (what the plan assumes about this encoder)
+    note: str = ""
+    #: an image encoder's square input size in pixels (called on ``pixel_values``; 0: a text encoder on tokens)
+    image_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.output not in TEXT_ENCODER_OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(TEXT_ENCODER_OUTPUTS)}, got {self.output!r}")
+        if self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens!r}")
 
 
 def resolve(name: str) -> Any:

@@ -21,12 +21,12 @@ def _config_of(transformer_or_config: Any) -> Mapping[str, Any]:
     return config
 
 
-def _cast_like_from_pretrained(model, dtype: torch.dtype) -> None:
+def _cast_like_from_pretrained(model, dtype: torch.dtype, keep=None) -> None:
     """Cast floating parameters and buffers to ``dtype``, except those that diffusers'
     ``_keep_in_fp32_modules`` keeps in float32 on a ``from_pretrained(torch_dtype=...)`` load
-    (matched as substrings of the tensor name, as diffusers does). Avoids ``ModelMixin.to``'s
-    dtype warning."""
-    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    (matched as substrings of the tensor name, as diffusers does; ``keep``: these names instead). Avoids
+    ``ModelMixin.to``'s dtype warning."""
+    keep = tuple((getattr(model, "_keep_in_fp32_modules", None) or ()) if keep is None else keep)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if not tensor.is_floating_point():
             continue

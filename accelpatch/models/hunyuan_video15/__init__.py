@@ -19,6 +19,7 @@ register(Family(
         transformer_inputs=f"{__name__}.memory:transformer_inputs", temporal=4, spatial=16, multiple=16,
         text_tokens=1000, text_source="HunyuanVideo 1.5 pads Qwen2.5-VL to 1000 tokens, ByT5 to 256, and adds 729 "
         "SigLIP image tokens", cfg="sequential", guidance=None, size=None, text_encoder="Qwen2.5-VL, ByT5 and SigLIP",
+        text_encoders=f"{__name__}.memory:text_encoders",
         vae="its VAE's decode (diffusers' AutoencoderKLHunyuanVideo15 defaults) is about 490,000 operators at 480p, "
             "minutes to trace on a CPU"),
     # the pipeline feeds two text streams, zero image embeddings and latents with zero condition channels: the

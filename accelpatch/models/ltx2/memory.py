@@ -26,3 +26,24 @@ def guidance(call, guidance_scale):
     audio_scale = call.get("audio_guidance_scale", 7.0)
     return ((guidance_scale or 0) > 1 or (audio_scale or 0) > 1,
             f"guidance_scale {guidance_scale}, audio_guidance_scale {audio_scale}")
+
+
+#: Gemma 3 12B (LTX2Pipeline's Gemma3ForConditionalGeneration: the language model and its SigLIP vision tower)
+GEMMA3_12B = dict(
+    text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                     num_key_value_heads=8, head_dim=256, vocab_size=262208, sliding_window=1024,
+                     query_pre_attn_scalar=256, rms_norm_eps=1e-6),
+    vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                       image_size=896, patch_size=14, vision_use_head=False),
+    mm_tokens_per_image=256)
+
+
+def text_encoders(call, model: str = "") -> tuple:
+    """LTX2Pipeline's Gemma 3 12B on the prompt padded to max_sequence_length (1024): every layer's hidden state
+    stacked into one tensor (its logits over the vocabulary are computed too)."""
+    from accelpatch.models.families import TextEncoderCase
+
+    tokens = int(call.get("max_sequence_length") or 1024)
+    return (TextEncoderCase("Gemma-3-12B", "transformers:Gemma3ForConditionalGeneration",
+                            "transformers:Gemma3Config", GEMMA3_12B, tokens, "google/gemma-3-12b-it's config.json",
+                            output="stacked", note="the text connectors (a transformer component) not counted"),)

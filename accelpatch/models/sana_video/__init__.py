@@ -21,6 +21,7 @@ register(Family(
         temporal=4, spatial=8, multiple=16, text_tokens=300,
         text_source="SanaVideoPipeline pads the prompt to max_sequence_length 300", cfg="batch", guidance=6.0,
         size=(480, 832, 81), text_encoder="Gemma-2",
+        text_encoders=f"{__name__}.memory:text_encoders",
         vae=("AutoencoderKLWan", (), "diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)")),
     # decodes with Wan's VAE class and latent normalisation, so it trains on the shipped Wan's VAE; no
     # prompt-rewriting instruction (the tiny vocabulary has none). The demo shows the step cache at threshold 0.2

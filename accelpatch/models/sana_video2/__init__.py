@@ -23,6 +23,7 @@ register(Family(
         temporal=8, spatial=32, multiple=32, text_tokens=300,
         text_source="SanaVideo2Pipeline: the transformer's model_max_length 300", cfg="batch", guidance=8.0,
         size=(736, 1280, 193), text_encoder="Gemma-2",
+        text_encoders=f"{__name__}.memory:text_encoders",
         vae="its LTX-2.3 VAE (128 channels, stride 8x32x32) is not diffusers' AutoencoderKLLTX2Video defaults "
             "(LTX-2.0) and its configuration is not in the reference notes"),
     # its own LTX-2 VAE; no prompt-rewriting instruction and no motion-score suffix (the tiny vocabulary has neither).

@@ -16,3 +16,11 @@ def release_config(name: str):
 def transformer_inputs(case) -> dict:
     return dict(batch_size=case.batch, frames=case.frames, height=case.height, width=case.width,
                 text_len=case.text_tokens)
+
+
+def text_encoders(call, model: str = "") -> tuple:
+    """SanaVideo2Pipeline's Gemma-2-2B-IT with the release's prompt-rewriting instruction (RELEASE_CHI_PROMPT)."""
+    from accelpatch.models.sana_video.memory import gemma2_encoder
+    from accelpatch.models.sana_video2.modeling.pipeline import RELEASE_CHI_PROMPT
+
+    return gemma2_encoder(call, RELEASE_CHI_PROMPT)

@@ -21,6 +21,7 @@ register(Family(
         temporal=4, spatial=8, multiple=16, text_tokens=512,
         text_source="WanPipeline pads the prompt to max_sequence_length 512", cfg="sequential", guidance=5.0,
         size=(480, 832, 81), text_encoder="UMT5-XXL",
+        text_encoders=f"{__name__}.memory:text_encoders",
         vae=("AutoencoderKLWan", (), "diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)")),
     # the demo shows Sol-Attn: on the 2-layer, 512-token toy its defaults (dense layers 0 and 1, the 12,288-token
     # floor) would keep it wholly dense, so high would show nothing (the demo's sol_attn sections do the same)

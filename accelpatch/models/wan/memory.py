@@ -21,3 +21,18 @@ def transformer_inputs(case) -> dict:
 def frames(n: int) -> int:
     """WanPipeline rounds num_frames down to 4k + 1 (its VAE's temporal compression is 4)."""
     return n // 4 * 4 + 1 if (n - 1) % 4 else n
+
+
+#: UMT5-XXL's encoder as the Wan 2.1 Diffusers checkpoints ship it (text_encoder/config.json)
+UMT5_XXL = dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=256384,
+                feed_forward_proj="gated-gelu", dense_act_fn="gelu_new", is_gated_act=True,
+                relative_attention_num_buckets=32, relative_attention_max_distance=128, tie_word_embeddings=False)
+
+
+def text_encoders(call, model: str = "") -> tuple:
+    """WanPipeline's UMT5-XXL encoder on the prompt padded to max_sequence_length (512 by default)."""
+    from accelpatch.models.families import TextEncoderCase
+
+    tokens = int(call.get("max_sequence_length") or 512)
+    return (TextEncoderCase("UMT5-XXL encoder", "transformers:UMT5EncoderModel", "transformers:UMT5Config",
+                            UMT5_XXL, tokens, "the Wan 2.1 Diffusers checkpoints' text_encoder/config.json"),)
