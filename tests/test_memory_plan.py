@@ -360,15 +360,17 @@ def test_fp8_weight_storage_is_weighed_by_diffusers_own_layerwise_casting():
     ("11GiB", "to fit 11.00 GiB: enable_model_cpu_offload()"),
     ("8GiB", "to fit 8.00 GiB: the prompt encoded on the CPU (load the pipeline with text_encoder=None"),
     ("2.8GiB", "to fit 2.80 GiB: enable_model_cpu_offload() and the prompt encoded on the CPU: 2.67 GiB"),
-    ("2GiB", "to fit 2.00 GiB: the prompt encoded on the CPU and fp8 weight storage: "),
-    ("0.5GiB", "to fit 0.50 GiB: none of enable_model_cpu_offload(), the prompt encoded on the CPU, "
-               "vae.enable_tiling(), fp8 weight storage is enough, nor all of them together"),
+    ("2GiB", "to fit 2.00 GiB: the prompt encoded on the CPU and group offloading of the transformer: 0.60 GiB"),
+    ("0.5GiB", "to fit 0.50 GiB: none of enable_model_cpu_offload(), the prompt encoded on the CPU, group offloading "
+               "of the transformer, vae.enable_tiling(), fp8 weight storage, torchao int8 weight-only, torchao fp8 "
+               "weight-only is enough, nor any combination"),
 ])
 def test_a_call_that_does_not_fit_names_the_option_that_would(budget, expected):
     """Wan 2.1 1.3B at a small size (UMT5-XXL's 10.6 GiB, the transformer's 2.65 GiB, the VAE's 0.24 GiB and little
     activation): the first option planned that makes the call fit the budget, model offload before the prompt encoded
-    on the CPU (once per prompt) before lossy fp8 storage, a cheaper costliest move first and fewer moves first, or
-    none (VAE tiling is weighed too: at 96 x 160 nothing is tiled)."""
+    on the CPU (once per prompt) before group offloading (every block at every step) before lossy fp8 storage, a
+    cheaper costliest move first and fewer moves first, or none (VAE tiling is weighed too: at 96 x 160 nothing is
+    tiled)."""
     plan = memory_plan("wan2.1-t2v-1.3b-sol-attn", frames=5, height=96, width=160, budget=budget, patched=False)
     assert plan.fits() is False
     lines = [line for line in plan.table().splitlines() if line.startswith("to fit")]

@@ -27,8 +27,8 @@ from accelpatch.core.tiers import Tier
 from accelpatch.memory.sizes import gib, parse_size
 from accelpatch.models.families import MemorySettings, families, resolve
 
-__all__ = ["memory_plan", "MemoryPlan", "Move", "Stage", "TransformerCase", "trace_step", "trace_vae_decode", "family_of",
-           "release_config", "memory_settings"]
+__all__ = ["memory_plan", "MemoryPlan", "Move", "Stage", "TransformerCase", "trace_step", "trace_vae_decode",
+           "family_of", "release_config", "memory_settings", "group_offload_resident"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: the tiers a plan's patched step can be traced at (accelpatch.core.tiers.Tier, by name)
@@ -202,6 +202,50 @@ def _where(live) -> str:
     return f"{module} ({op})" if module else op
 
 
+#: torchao's weight-only configurations the plan weighs, by the name ``stage_list(quantised=...)`` takes
+TORCHAO_CONFIGS = {"int8": "Int8WeightOnlyConfig", "fp8": "Float8WeightOnlyConfig"}
+
+
+def torchao_weights(case: TransformerCase, kind: str) -> Union[tuple[int, int], str]:
+    """(the bytes of ``case``'s transformer quantised by torchao's own ``quantize_(model, <kind>WeightOnlyConfig())``
+    on the meta device: each linear layer's codes, scales and zero points; the largest linear layer's weight in the
+    compute dtype, the one dequantised temporary a weight-only matmul may hold), or why it cannot be weighed."""
+    import torch
+
+    from accelpatch.testing._common import _cast_like_from_pretrained
+
+    try:
+        from torchao import quantization
+    except Exception as error:  # noqa: BLE001 - an optional dependency: the plan says why
+        return f"torchao is not importable here ({type(error).__name__}: {error}); pip install torchao"
+    compute = getattr(torch, str(case.dtype).removeprefix("torch."))
+    with torch.device("meta"):
+        model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
+    _cast_like_from_pretrained(model, compute)
+    largest = max((m.weight.numel() * m.weight.element_size() for m in model.modules()
+                   if isinstance(m, torch.nn.Linear)), default=0)
+    quantization.quantize_(model, getattr(quantization, TORCHAO_CONFIGS[kind])())
+    return _tensor_bytes([*model.parameters(), *model.buffers()]), largest
+
+
+def _tensor_bytes(tensors) -> int:
+    """The bytes behind ``tensors``: a tensor subclass's (torchao's) inner tensors, each storage once."""
+    from accelpatch.memory.live_bytes import storage_bytes
+
+    plain = []
+
+    def walk(tensor):
+        if hasattr(tensor, "__tensor_flatten__") and type(tensor).__name__ not in ("Tensor", "Parameter"):
+            for name in tensor.__tensor_flatten__()[0]:
+                walk(getattr(tensor, name))
+        else:
+            plain.append(tensor)
+
+    for tensor in tensors:
+        walk(tensor)
+    return storage_bytes(plain)
+
+
 def layerwise_fp8_weights(case: TransformerCase) -> int:
     """The bytes of ``case``'s transformer with its weights stored in fp8 by diffusers' own
     ``enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn)`` (its default skips: norms, embeddings, the
@@ -218,6 +262,39 @@ def layerwise_fp8_weights(case: TransformerCase) -> int:
     _cast_like_from_pretrained(model, compute)
     model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
     return module_bytes(model)
+
+
+def group_offload_resident(model, *, stream: bool = True) -> int:
+    """The bytes of ``model``'s weights on the device while it runs under diffusers' block-level group offloading,
+    one block per group (``enable_group_offload(onload_device, offload_type="block_level", num_blocks_per_group=1,
+    use_stream=stream)``): every top-level child that is not a ModuleList or Sequential, and the model's own
+    parameters and buffers, form one group on the device for the whole forward; the blocks come one at a time, and
+    with ``use_stream`` the next block is prefetched beside the running one."""
+    import torch
+
+    from accelpatch.memory.live_bytes import module_bytes, storage_bytes
+
+    blocks, rest = [], 0
+    for child in model.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            blocks += [module_bytes(block) for block in child]
+        else:
+            rest += module_bytes(child)
+    rest += storage_bytes([*model.parameters(recurse=False), *model.buffers(recurse=False)])
+    pairs = [a + b for a, b in zip(blocks, blocks[1:])] if stream else []
+    return rest + max(pairs or blocks or [0])
+
+
+def group_offload_weights(case: TransformerCase) -> int:
+    """:func:`group_offload_resident` of ``case``'s transformer with streams (the model built on the meta device)."""
+    import torch
+
+    from accelpatch.testing._common import _cast_like_from_pretrained
+
+    with torch.device("meta"):
+        model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
+    _cast_like_from_pretrained(model, getattr(torch, str(case.dtype).removeprefix("torch.")))
+    return group_offload_resident(model)
 
 
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
@@ -265,6 +342,12 @@ class Stage:
         return self.weights + self.activations if self.planned else None
 
 
+#: moves not planned together: group offloading hooks the transformer's blocks, where model offloading moves it
+#: whole; the resident blocks are weighed in the compute dtype; the weight formats are one at a time
+APART = ({"group_offload", "offload"}, {"group_offload", "fp8"}, {"group_offload", "quantised"},
+         {"fp8", "quantised"})
+
+
 class Move(NamedTuple):
     """One way a plan can go down (see :meth:`MemoryPlan.moves`): its rank in speed cost (lowest first), a short
     name, how to do it, and the :meth:`MemoryPlan.peak` options that plan it."""
@@ -299,14 +382,19 @@ class MemoryPlan:
     details: dict = field(default_factory=dict)
 
     def stage_list(self, patched: bool = True, fp8: bool = False, low: Optional[str] = None,
-                   text_on_cpu: bool = False, vae_tiled: bool = False) -> list[Stage]:
+                   text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
+                   quantised: Optional[str] = None) -> list[Stage]:
         """The stages of the call, the transformer step patched or not; ``fp8``: its weights stored in fp8
         (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget); ``low``: the
         step patched with ``memory="low"`` instead, "checked" (the default tier: a process's first call checks
         each chunked computation against the whole one) or "unchecked" (at tier high: the steady steps' figure
         from the first step on), planned with a budget where the patched call does not fit; ``text_on_cpu``: the
         text encoder never on the device (the prompt encoded on the CPU and passed as ``prompt_embeds``);
-        ``vae_tiled``: the VAE decoded with ``vae.enable_tiling()`` (planned with a budget the call misses)."""
+        ``vae_tiled``: the VAE decoded with ``vae.enable_tiling()`` (planned with a budget the call misses);
+        ``group_offload``: the transformer's weights under block-level group offloading with streams (its resident
+        blocks, :func:`group_offload_resident`; planned with a budget; not with ``fp8``); ``quantised``: the
+        transformer's linear layers quantised by torchao, "int8" or "fp8" weight-only (:func:`torchao_weights`; its
+        activations hold one dequantised weight more; planned with a budget where torchao imports)."""
         stages = [s for s in self.stages if not (text_on_cpu and s.name == "text encoder")]
         if vae_tiled:
             if "vae_tiled" not in self.details:
@@ -321,19 +409,33 @@ class MemoryPlan:
                 raise ValueError(f"this plan has no memory='low' step {low!r}: it is planned with a budget the "
                                  "patched call does not fit")
             step = self.details["low_memory"][low]
-        if fp8:
-            if "fp8_weights" not in self.details:
-                raise ValueError("this plan has no fp8 weights: plan it with a budget (memory_plan(..., budget=...))")
+        if sum(map(bool, (fp8, group_offload, quantised))) > 1:
+            raise ValueError("fp8 storage, group offloading and torchao quantisation are planned one at a time")
+        if quantised is not None:
+            weighed = self.details.get("torchao", {}).get(quantised)
+            if not isinstance(weighed, tuple):
+                raise ValueError(f"this plan has no torchao {quantised!r} weights: "
+                                 + (weighed or f"plan it with a budget; kinds: {', '.join(TORCHAO_CONFIGS)}"))
             if step.planned:
-                step = dataclasses.replace(step, weights=self.details["fp8_weights"])
+                step = dataclasses.replace(step, weights=weighed[0], activations=step.activations + weighed[1])
+        for asked, key, what in ((fp8, "fp8_weights", "fp8 weights"), (group_offload, "group_offload",
+                                                                        "group offloading")):
+            if not asked:
+                continue
+            if key not in self.details:
+                raise ValueError(f"this plan has no {what}: plan it with a budget (memory_plan(..., budget=...))")
+            if step.planned:
+                step = dataclasses.replace(step, weights=self.details[key])
         return [step if s.name.startswith("transformer step") else s for s in stages]
 
-    def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False,
-             low: Optional[str] = None, text_on_cpu: bool = False, vae_tiled: bool = False) -> tuple[int, bool]:
+    def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False, low: Optional[str] = None,
+             text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
+             quantised: Optional[str] = None) -> tuple[int, bool]:
         """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
-        activations, or with ``offload`` the largest stage alone; ``fp8``, ``low``, ``text_on_cpu``, ``vae_tiled``:
-        see :meth:`stage_list`. When a stage is not planned, the bytes are a lower bound."""
-        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled)
+        activations, or with ``offload`` the largest stage alone; ``fp8``, ``low``, ``text_on_cpu``, ``vae_tiled``,
+        ``group_offload``, ``quantised``: see :meth:`stage_list`. When a stage is not planned, the bytes are a lower
+        bound."""
+        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled, group_offload, quantised)
         known = [s for s in stages if s.planned]
         if offload:
             value = max((s.total for s in known), default=0)
@@ -343,7 +445,7 @@ class MemoryPlan:
 
     def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True, offload: bool = False,
              fp8: bool = False, low: Optional[str] = None, text_on_cpu: bool = False,
-             vae_tiled: bool = False) -> Optional[bool]:
+             vae_tiled: bool = False, group_offload: bool = False, quantised: Optional[str] = None) -> Optional[bool]:
         """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
         stage that is not planned could decide it (the planned ones fit)."""
         budget = self.budget if budget is None else budget
@@ -351,7 +453,7 @@ class MemoryPlan:
             raise ValueError("fits() needs a budget (bytes or a size such as '24GiB')")
         budget = parse_size(budget) if isinstance(budget, str) else int(budget)
         value, complete = self.peak(patched=patched, offload=offload, fp8=fp8, low=low, text_on_cpu=text_on_cpu,
-                                    vae_tiled=vae_tiled)
+                                    vae_tiled=vae_tiled, group_offload=group_offload, quantised=quantised)
         if value > budget:
             return False
         return True if complete else None
@@ -392,8 +494,10 @@ class MemoryPlan:
     def moves(self) -> list[Move]:
         """The ways down this plan has figures for, the least costly in speed first: ``memory="low"`` (the same
         output at about the same speed; checked, or at tier high unchecked), model offload (each component moved
-        once per call), the prompt encoded on the CPU (that encoding's time, once per prompt), the VAE decoded in
-        tiles (lossy: blended tiles, once per call), fp8 weight storage (every layer cast at every step, lossy)."""
+        once per call), the prompt encoded on the CPU (that encoding's time, once per prompt), the transformer's
+        blocks group-offloaded (every block moved at every step, overlapped), the VAE decoded in tiles (lossy: blended
+        tiles, once per call), fp8 weight storage (every layer cast at every step, lossy), torchao's int8 and fp8
+        weight-only quantisation (lossy; where torchao imports)."""
         low = self.details.get("low_memory", {})
         text = next((s for s in self.stages if s.name == "text encoder"), None)
         moves = []
@@ -410,15 +514,27 @@ class MemoryPlan:
             moves.append(Move(3, "the prompt encoded on the CPU",
                               "the prompt encoded on the CPU (load the pipeline with text_encoder=None and pass "
                               "prompt_embeds from the text encoder run on the CPU)", dict(text_on_cpu=True)))
+        if "group_offload" in self.details:
+            moves.append(Move(4, "group offloading of the transformer",
+                              "group offloading of the transformer: transformer.enable_group_offload(onload_device="
+                              "'cuda', offload_type='block_level', num_blocks_per_group=1, use_stream=True) (the same "
+                              "output; every block's weights move to the device at every step, overlapped with "
+                              "compute)", dict(group_offload=True)))
         if "vae_tiled" in self.details:
-            moves.append(Move(4, "vae.enable_tiling()",
+            moves.append(Move(5, "vae.enable_tiling()",
                               "vae.enable_tiling() (lossy: tiles decoded apart and blended; measure it with accelpatch "
                               "validate, a candidate with vae_tiling)", dict(vae_tiled=True)))
         if "fp8_weights" in self.details:
-            moves.append(Move(5, "fp8 weight storage",
+            moves.append(Move(6, "fp8 weight storage",
                               "the transformer's weights stored in fp8: transformer.enable_layerwise_casting("
                               "storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16) (lossy: measure it "
                               "with accelpatch validate)", dict(fp8=True)))
+        for rank, (kind, weighed) in enumerate(self.details.get("torchao", {}).items(), start=7):
+            if isinstance(weighed, tuple):
+                config = TORCHAO_CONFIGS[kind]
+                moves.append(Move(rank, f"torchao {kind} weight-only", f"the transformer quantised by torchao: "
+                                  f"torchao.quantization.quantize_(transformer, {config}()) (lossy: measure it with "
+                                  "accelpatch validate)", dict(quantised=kind)))
         return moves
 
     def options_to_fit(self) -> list[str]:
@@ -429,7 +545,8 @@ class MemoryPlan:
             return []
         moves = self.moves()
         combos = [c for n in range(1, len(moves) + 1) for c in itertools.combinations(moves, n)
-                  if sum("low" in m.options for m in c) <= 1]  # memory='low' checked or unchecked, not both
+                  if sum("low" in m.options for m in c) <= 1  # memory='low' checked or unchecked, not both
+                  and not any(pair <= {k for m in c for k in m.options} for pair in APART)]
         combos.sort(key=lambda c: (max(m.rank for m in c), len(c), [m.rank for m in c]))
         for combo in combos:
             option = {k: v for m in combo for k, v in m.options.items()}
@@ -439,8 +556,8 @@ class MemoryPlan:
                 said = combo[0].text if len(combo) == 1 else " and ".join(m.short for m in combo)
                 return [f"to fit {gib(self.budget)}: {said}: {gib(value)}"
                         + ("" if verdict else " (fits so far: a stage is not planned)")]
-        return [f"to fit {gib(self.budget)}: none of {', '.join(m.short for m in moves)} is enough, nor all of them "
-                "together; not planned yet: quantised weights (torchao int8/fp8, GGUF), group offloading"]
+        return [f"to fit {gib(self.budget)}: none of {', '.join(m.short for m in moves)} is enough, nor any "
+                "combination; not planned yet: GGUF weights, quantised text encoders"]
 
     def __str__(self) -> str:
         return self.table()
@@ -538,7 +655,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     ``memory="low"``: with apply()'s lower-memory mode (``chunk_tokens``: its ``memory_chunk_tokens``, also used
     where a budget the patched call misses plans that mode as an option to fit). ``budget``
     (bytes or "24GiB") is what :meth:`MemoryPlan.fits` and the table judge against; with it the transformer is also
-    weighed with fp8 weight storage (:meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
+    weighed with fp8 weight storage, torchao's int8 and fp8 weight-only quantisation and group offloading
+    (:meth:`MemoryPlan.moves`, :meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
     stage. ``vae_tiling``: the VAE decode with ``vae.enable_tiling()`` (diffusers' default tiles; lossy), which a
     budget the patched call misses also plans as an option to fit."""
     from accelpatch.recipes import load_recipe
@@ -606,8 +724,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                   f"{traced.first_at} (its fused ops checked against their chains)")
         details["config"] = f"{source}; {plain.parameters / 1e9:.2f}B parameters"
         if budget is not None:
-            say("weighing the transformer with fp8 weight storage ...")
+            say("weighing the transformer with fp8 weight storage, torchao's int8/fp8 and group offloading ...")
             details["fp8_weights"] = layerwise_fp8_weights(case)
+            details["group_offload"] = group_offload_weights(case)
+            details["torchao"] = {kind: torchao_weights(case, kind) for kind in TORCHAO_CONFIGS}
     if isinstance(memory.vae, str):
         stages.append(Stage("VAE decode", note=memory.vae))
     else:
