@@ -96,7 +96,8 @@ def test_torchao_weights_are_codes_and_scales_as_torchao_lays_them_out(kind):
     rest as it was; the dequantised temporary is the largest linear weight as it is stored before quantisation."""
     from torchao import quantization
 
-    from accelpatch.memory.plan import TORCHAO_CONFIGS, TransformerCase, _tensor_bytes, torchao_weights
+    from accelpatch.memory.plan import TransformerCase, torchao_weights
+    from accelpatch.memory.quantised import TORCHAO_CONFIGS, tensor_bytes
 
     case = TransformerCase("wan", wan.WAN_SOL_CONFIG, 2, 8, 8, 8, dtype="bfloat16")
     planned, temporary = torchao_weights(case, kind)
@@ -106,7 +107,7 @@ def test_torchao_weights_are_codes_and_scales_as_torchao_lays_them_out(kind):
     expected = rest + sum(m.weight.numel() + m.weight.shape[0] * PER_ROW[kind] for m in linears)
     assert temporary == max(m.weight.numel() * m.weight.element_size() for m in linears)
     quantization.quantize_(real, getattr(quantization, TORCHAO_CONFIGS[kind])())
-    assert planned == _tensor_bytes([*real.parameters(), *real.buffers()]) == expected
+    assert planned == tensor_bytes([*real.parameters(), *real.buffers()]) == expected
 
 
 def test_quantised_weights_are_weighed_and_a_lossless_way_is_named_first(wan_14b_small_plan):
@@ -125,3 +126,18 @@ def test_quantised_weights_are_weighed_and_a_lossless_way_is_named_first(wan_14b
         plan.peak(fp8=True, quantised="int8")
     with pytest.raises(ValueError, match="no torchao 'int4' weights"):
         plan.peak(quantised="int4")
+
+
+def test_the_text_encoder_in_int8_is_weighed_after_the_lossless_ways(wan_14b_small_plan):
+    """UMT5-XXL in torchao int8 weight-only: its linear layers in one byte a weight, its 1.05B-parameter embedding
+    still bf16 (about 6.4 of 10.6 GiB); a lossy move, tried after encoding the prompt on the CPU."""
+    plan = wan_14b_small_plan
+    text = plan.stages[0]
+    int8, temporary = plan.details["text_int8"]
+    assert 0.5 * text.weights < int8 < 0.7 * text.weights, (int8, text.weights)
+    assert temporary == 10240 * 4096 * 2  # the largest linear layer (the feed-forward's) as bf16
+    (stage,) = [s for s in plan.stage_list(patched=False, text_int8=True) if s.name == "text encoder"]
+    assert stage.weights == int8 and stage.activations == text.activations + temporary
+    ranks = {m.short: m.rank for m in plan.moves()}
+    assert ranks["the prompt encoded on the CPU"] < ranks["group offloading of the transformer"] < ranks[
+        "the text encoder in int8"] < ranks["fp8 weight storage"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 from accelpatch.core.tiers import Tier
+from accelpatch.memory.quantised import TORCHAO_CONFIGS, torchao_quantised
 from accelpatch.memory.sizes import gib, parse_size
 from accelpatch.models.families import MemorySettings, families, resolve
 
@@ -202,48 +203,17 @@ def _where(live) -> str:
     return f"{module} ({op})" if module else op
 
 
-#: torchao's weight-only configurations the plan weighs, by the name ``stage_list(quantised=...)`` takes
-TORCHAO_CONFIGS = {"int8": "Int8WeightOnlyConfig", "fp8": "Float8WeightOnlyConfig"}
-
-
 def torchao_weights(case: TransformerCase, kind: str) -> Union[tuple[int, int], str]:
-    """(the bytes of ``case``'s transformer quantised by torchao's own ``quantize_(model, <kind>WeightOnlyConfig())``
-    on the meta device: each linear layer's codes, scales and zero points; the largest linear layer's weight in the
-    compute dtype, the one dequantised temporary a weight-only matmul may hold), or why it cannot be weighed."""
+    """:func:`~accelpatch.memory.quantised.torchao_quantised` of ``case``'s transformer (built on the meta device
+    as ``from_pretrained(torch_dtype=...)`` leaves it): its bytes quantised and its one dequantised temporary."""
     import torch
 
     from accelpatch.testing._common import _cast_like_from_pretrained
 
-    try:
-        from torchao import quantization
-    except Exception as error:  # noqa: BLE001 - an optional dependency: the plan says why
-        return f"torchao is not importable here ({type(error).__name__}: {error}); pip install torchao"
-    compute = getattr(torch, str(case.dtype).removeprefix("torch."))
     with torch.device("meta"):
         model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
-    _cast_like_from_pretrained(model, compute)
-    largest = max((m.weight.numel() * m.weight.element_size() for m in model.modules()
-                   if isinstance(m, torch.nn.Linear)), default=0)
-    quantization.quantize_(model, getattr(quantization, TORCHAO_CONFIGS[kind])())
-    return _tensor_bytes([*model.parameters(), *model.buffers()]), largest
-
-
-def _tensor_bytes(tensors) -> int:
-    """The bytes behind ``tensors``: a tensor subclass's (torchao's) inner tensors, each storage once."""
-    from accelpatch.memory.live_bytes import storage_bytes
-
-    plain = []
-
-    def walk(tensor):
-        if hasattr(tensor, "__tensor_flatten__") and type(tensor).__name__ not in ("Tensor", "Parameter"):
-            for name in tensor.__tensor_flatten__()[0]:
-                walk(getattr(tensor, name))
-        else:
-            plain.append(tensor)
-
-    for tensor in tensors:
-        walk(tensor)
-    return storage_bytes(plain)
+    _cast_like_from_pretrained(model, getattr(torch, str(case.dtype).removeprefix("torch.")))
+    return torchao_quantised(model, kind)
 
 
 def layerwise_fp8_weights(case: TransformerCase) -> int:
@@ -343,9 +313,10 @@ class Stage:
 
 
 #: moves not planned together: group offloading hooks the transformer's blocks, where model offloading moves it
-#: whole; the resident blocks are weighed in the compute dtype; the weight formats are one at a time
+#: whole; the resident blocks are weighed in the compute dtype; the weight formats are one at a time; an encoder
+#: on the CPU needs no int8
 APART = ({"group_offload", "offload"}, {"group_offload", "fp8"}, {"group_offload", "quantised"},
-         {"fp8", "quantised"})
+         {"fp8", "quantised"}, {"text_on_cpu", "text_int8"})
 
 
 class Move(NamedTuple):
@@ -383,7 +354,7 @@ class MemoryPlan:
 
     def stage_list(self, patched: bool = True, fp8: bool = False, low: Optional[str] = None,
                    text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
-                   quantised: Optional[str] = None) -> list[Stage]:
+                   quantised: Optional[str] = None, text_int8: bool = False) -> list[Stage]:
         """The stages of the call, the transformer step patched or not; ``fp8``: its weights stored in fp8
         (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget); ``low``: the
         step patched with ``memory="low"`` instead, "checked" (the default tier: a process's first call checks
@@ -394,8 +365,15 @@ class MemoryPlan:
         ``group_offload``: the transformer's weights under block-level group offloading with streams (its resident
         blocks, :func:`group_offload_resident`; planned with a budget; not with ``fp8``); ``quantised``: the
         transformer's linear layers quantised by torchao, "int8" or "fp8" weight-only (:func:`torchao_weights`; its
-        activations hold one dequantised weight more; planned with a budget where torchao imports)."""
+        activations hold one dequantised weight more; planned with a budget where torchao imports); ``text_int8``:
+        the text encoders quantised the same way, int8 weight-only."""
         stages = [s for s in self.stages if not (text_on_cpu and s.name == "text encoder")]
+        if text_int8:
+            weighed = self.details.get("text_int8")
+            if not isinstance(weighed, tuple):
+                raise ValueError("this plan has no int8 text encoders: " + (weighed or "plan it with a budget"))
+            stages = [dataclasses.replace(s, weights=weighed[0], activations=s.activations + weighed[1])
+                      if s.name == "text encoder" else s for s in stages]
         if vae_tiled:
             if "vae_tiled" not in self.details:
                 raise ValueError("this plan has no tiled VAE decode: it is planned with a budget the patched call "
@@ -430,12 +408,12 @@ class MemoryPlan:
 
     def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False, low: Optional[str] = None,
              text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
-             quantised: Optional[str] = None) -> tuple[int, bool]:
+             quantised: Optional[str] = None, text_int8: bool = False) -> tuple[int, bool]:
         """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
         activations, or with ``offload`` the largest stage alone; ``fp8``, ``low``, ``text_on_cpu``, ``vae_tiled``,
-        ``group_offload``, ``quantised``: see :meth:`stage_list`. When a stage is not planned, the bytes are a lower
-        bound."""
-        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled, group_offload, quantised)
+        ``group_offload``, ``quantised``, ``text_int8``: see :meth:`stage_list`. When a stage is not planned, the
+        bytes are a lower bound."""
+        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled, group_offload, quantised, text_int8)
         known = [s for s in stages if s.planned]
         if offload:
             value = max((s.total for s in known), default=0)
@@ -445,7 +423,8 @@ class MemoryPlan:
 
     def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True, offload: bool = False,
              fp8: bool = False, low: Optional[str] = None, text_on_cpu: bool = False,
-             vae_tiled: bool = False, group_offload: bool = False, quantised: Optional[str] = None) -> Optional[bool]:
+             vae_tiled: bool = False, group_offload: bool = False, quantised: Optional[str] = None,
+             text_int8: bool = False) -> Optional[bool]:
         """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
         stage that is not planned could decide it (the planned ones fit)."""
         budget = self.budget if budget is None else budget
@@ -453,7 +432,8 @@ class MemoryPlan:
             raise ValueError("fits() needs a budget (bytes or a size such as '24GiB')")
         budget = parse_size(budget) if isinstance(budget, str) else int(budget)
         value, complete = self.peak(patched=patched, offload=offload, fp8=fp8, low=low, text_on_cpu=text_on_cpu,
-                                    vae_tiled=vae_tiled, group_offload=group_offload, quantised=quantised)
+                                    vae_tiled=vae_tiled, group_offload=group_offload, quantised=quantised,
+                                    text_int8=text_int8)
         if value > budget:
             return False
         return True if complete else None
@@ -496,8 +476,8 @@ class MemoryPlan:
         output at about the same speed; checked, or at tier high unchecked), model offload (each component moved
         once per call), the prompt encoded on the CPU (that encoding's time, once per prompt), the transformer's
         blocks group-offloaded (every block moved at every step, overlapped), the VAE decoded in tiles (lossy: blended
-        tiles, once per call), fp8 weight storage (every layer cast at every step, lossy), torchao's int8 and fp8
-        weight-only quantisation (lossy; where torchao imports)."""
+        tiles, once per call), the text encoder in int8 (lossy, once per prompt), fp8 weight storage (every layer
+        cast at every step, lossy), torchao's int8 and fp8 weight-only transformer (lossy; where torchao imports)."""
         low = self.details.get("low_memory", {})
         text = next((s for s in self.stages if s.name == "text encoder"), None)
         moves = []
@@ -524,12 +504,16 @@ class MemoryPlan:
             moves.append(Move(5, "vae.enable_tiling()",
                               "vae.enable_tiling() (lossy: tiles decoded apart and blended; measure it with accelpatch "
                               "validate, a candidate with vae_tiling)", dict(vae_tiled=True)))
+        if isinstance(self.details.get("text_int8"), tuple):
+            moves.append(Move(6, "the text encoder in int8", "the text encoder quantised by torchao: "
+                              "torchao.quantization.quantize_(pipe.text_encoder, Int8WeightOnlyConfig()) (lossy: "
+                              "measure it with accelpatch validate)", dict(text_int8=True)))
         if "fp8_weights" in self.details:
-            moves.append(Move(6, "fp8 weight storage",
+            moves.append(Move(7, "fp8 weight storage",
                               "the transformer's weights stored in fp8: transformer.enable_layerwise_casting("
                               "storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16) (lossy: measure it "
                               "with accelpatch validate)", dict(fp8=True)))
-        for rank, (kind, weighed) in enumerate(self.details.get("torchao", {}).items(), start=7):
+        for rank, (kind, weighed) in enumerate(self.details.get("torchao", {}).items(), start=8):
             if isinstance(weighed, tuple):
                 config = TORCHAO_CONFIGS[kind]
                 moves.append(Move(rank, f"torchao {kind} weight-only", f"the transformer quantised by torchao: "
@@ -539,8 +523,9 @@ class MemoryPlan:
 
     def options_to_fit(self) -> list[str]:
         """Where the patched call does not fit the plan's budget with every component on the device: the first
-        combination of :meth:`moves` that would make it fit, those whose costliest move is cheapest first (fewer
-        moves first among them), or why none."""
+        combination of :meth:`moves` that would make it fit, those whose costliest move ranks lowest first (fewer
+        moves first among them: the output-keeping moves rank before the lossy ones, each cheapest in speed first),
+        or why none."""
         if not self.budget or self.fits() is not False:
             return []
         moves = self.moves()
@@ -557,7 +542,7 @@ class MemoryPlan:
                 return [f"to fit {gib(self.budget)}: {said}: {gib(value)}"
                         + ("" if verdict else " (fits so far: a stage is not planned)")]
         return [f"to fit {gib(self.budget)}: none of {', '.join(m.short for m in moves)} is enough, nor any "
-                "combination; not planned yet: GGUF weights, quantised text encoders"]
+                "combination; not planned yet: GGUF weights"]
 
     def __str__(self) -> str:
         return self.table()
@@ -621,13 +606,13 @@ def _cfg(memory: MemorySettings, call: Mapping[str, Any]) -> tuple[int, str]:
 
 
 def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dtype: str, details: dict,
-                        say: Callable[[str], None]) -> Stage:
-    """The text-encoder stage: every encoder the family's pipeline loads (their weights together) and the largest of
-    their calls' activations; or, where the family names none, not planned and why."""
+                        say: Callable[[str], None]) -> tuple[Stage, tuple]:
+    """(the text-encoder stage: every encoder the family's pipeline loads (their weights together) and the largest
+    of their calls' activations, or, where the family names none, not planned and why; the encoders' cases)."""
     from accelpatch.memory.text_encoder import text_encoder_summary, trace_text_encoder
 
     if memory.text_encoders is None:
-        return Stage("text encoder", note=memory.text_encoder)
+        return Stage("text encoder", note=memory.text_encoder), ()
     cases = resolve(memory.text_encoders)(call, model)
     say(f"tracing the text encoder ({', '.join(c.name for c in cases)}) ...")
     traces = [trace_text_encoder(case, dtype) for case in cases]
@@ -635,7 +620,7 @@ def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: 
         f"{case.name} from {case.source}" + "".join(f" ({n})" for n in trace.notes)
         for case, trace in zip(cases, traces))
     return Stage("text encoder", sum(t.weights for t in traces), max(t.activations for t in traces),
-                 text_encoder_summary(traces))
+                 text_encoder_summary(traces)), tuple(cases)
 
 
 def _describe_patch(arguments: Mapping[str, Any]) -> str:
@@ -690,7 +675,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     known = release_config(family, recipe.model)
     details: dict[str, Any] = {"latents": (lat_f, lat_h, lat_w), "audio": audio, "text_tokens": text,
                                "transformer_batch": videos * cfg_factor}
-    stages: list[Stage] = [_text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, details, say)]
+    text_stage, text_cases = _text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, details, say)
+    stages: list[Stage] = [text_stage]
     arguments = dict(recipe.apply_arguments())
     if tier is not None:
         if tier not in TIERS:
@@ -728,6 +714,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
             details["fp8_weights"] = layerwise_fp8_weights(case)
             details["group_offload"] = group_offload_weights(case)
             details["torchao"] = {kind: torchao_weights(case, kind) for kind in TORCHAO_CONFIGS}
+    if budget is not None and text_cases:
+        from accelpatch.memory.text_encoder import quantised_text_encoders
+
+        details["text_int8"] = quantised_text_encoders(text_cases, torch_dtype)
     if isinstance(memory.vae, str):
         stages.append(Stage("VAE decode", note=memory.vae))
     else:

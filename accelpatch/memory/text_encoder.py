@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Union
 from accelpatch.models.families import TextEncoderCase, resolve
 
 __all__ = ["TextEncoderCase", "build_text_encoder", "TextEncoderTrace", "trace_text_encoder",
-           "cast_like_transformers", "text_encoder_summary"]
+           "cast_like_transformers", "text_encoder_summary", "quantised_text_encoders"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +94,21 @@ def text_encoder_summary(traces) -> str:
     return "; ".join(f"{t.name} {t.parameters / 1e9:.2f}B, {t.tokens} tokens, weights {gib(t.weights)}"
                      for t in traces)
 
+
+
+def quantised_text_encoders(cases, dtype: str, kind: str = "int8") -> Union[tuple[int, int], str]:
+    """(the bytes of every encoder of ``cases`` quantised by torchao's ``kind`` weight-only config on the meta
+    device, the largest dequantised temporary among them), or why they cannot be weighed."""
+    import torch
+
+    from accelpatch.memory.quantised import torchao_quantised
+
+    total, temporary = 0, 0
+    for case in cases:
+        with torch.device("meta"):
+            model = build_text_encoder(case, getattr(torch, str(dtype).removeprefix("torch.")))
+        weighed = torchao_quantised(model, kind)
+        if isinstance(weighed, str):
+            return weighed
+        total, temporary = total + weighed[0], max(temporary, weighed[1])
+    return total, temporary

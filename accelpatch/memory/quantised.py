@@ -1,0 +1,46 @@
+"""Weights quantised by torchao, weighed on the meta device (issue #44): torchao's own ``quantize_`` lays out each
+linear layer's codes, scales and zero points on meta tensors as it would on real ones, so the plan counts the bytes
+behind them without a weight or a kernel. torchao is optional: where it does not import, the plan says why."""
+from __future__ import annotations
+
+from typing import Union
+
+__all__ = ["TORCHAO_CONFIGS", "torchao_quantised", "tensor_bytes"]
+
+#: torchao's weight-only configurations the plan weighs, by the name the plan's options take
+TORCHAO_CONFIGS = {"int8": "Int8WeightOnlyConfig", "fp8": "Float8WeightOnlyConfig"}
+
+
+def torchao_quantised(model, kind: str) -> Union[tuple[int, int], str]:
+    """(the bytes of ``model``, built on the meta device in its compute dtype, after torchao's
+    ``quantize_(model, <kind>WeightOnlyConfig())``; its largest linear layer's weight as stored before, the one
+    dequantised temporary a weight-only matmul may hold), or why it cannot be weighed. Quantises ``model`` in
+    place."""
+    import torch
+
+    try:
+        from torchao import quantization
+    except Exception as error:  # noqa: BLE001 - an optional dependency: the plan says why
+        return f"torchao is not importable here ({type(error).__name__}: {error}); pip install torchao"
+    largest = max((m.weight.numel() * m.weight.element_size() for m in model.modules()
+                   if isinstance(m, torch.nn.Linear)), default=0)
+    quantization.quantize_(model, getattr(quantization, TORCHAO_CONFIGS[kind])())
+    return tensor_bytes([*model.parameters(), *model.buffers()]), largest
+
+
+def tensor_bytes(tensors) -> int:
+    """The bytes behind ``tensors``: a tensor subclass's (torchao's) inner tensors, each storage once."""
+    from accelpatch.memory.live_bytes import storage_bytes
+
+    plain = []
+
+    def walk(tensor):
+        if hasattr(tensor, "__tensor_flatten__") and type(tensor).__name__ not in ("Tensor", "Parameter"):
+            for name in tensor.__tensor_flatten__()[0]:
+                walk(getattr(tensor, name))
+        else:
+            plain.append(tensor)
+
+    for tensor in tensors:
+        walk(tensor)
+    return storage_bytes(plain)
