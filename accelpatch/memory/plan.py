@@ -320,8 +320,8 @@ APART = ({"group_offload", "offload"}, {"group_offload", "fp8"}, {"group_offload
 
 
 class Move(NamedTuple):
-    """One way a plan can go down (see :meth:`MemoryPlan.moves`): its rank in speed cost (lowest first), a short
-    name, how to do it, and the :meth:`MemoryPlan.peak` options that plan it."""
+    """One way a plan can go down (see :meth:`MemoryPlan.moves`): its rank (its place in that list, lowest first),
+    a short name, how to do it, and the :meth:`MemoryPlan.peak` options that plan it."""
 
     rank: int
     short: str
@@ -478,48 +478,38 @@ class MemoryPlan:
         blocks group-offloaded (every block moved at every step, overlapped), the VAE decoded in tiles (lossy: blended
         tiles, once per call), the text encoder in int8 (lossy, once per prompt), fp8 weight storage (every layer
         cast at every step, lossy), torchao's int8 and fp8 weight-only transformer (lossy; where torchao imports)."""
-        low = self.details.get("low_memory", {})
+        details = self.details
         text = next((s for s in self.stages if s.name == "text encoder"), None)
-        moves = []
-        if low:
-            moves += [Move(0, "memory='low'", "accelpatch.apply(pipe, memory='low') (the same output bit for bit)",
-                           dict(low="checked")),
-                      Move(1, "memory='low' at tier high (unchecked chunks)",
-                           "accelpatch.apply(pipe, memory='low', tier='high') (its chunks unchecked, so the first "
-                           "step holds no more than the others; tier high also admits the recipe's approximate paths)",
-                           dict(low="unchecked"))]
-        moves.append(Move(2, "enable_model_cpu_offload()",
-                          "enable_model_cpu_offload() (one component on the device at a time)", dict(offload=True)))
-        if text is not None and text.planned:
-            moves.append(Move(3, "the prompt encoded on the CPU",
-                              "the prompt encoded on the CPU (load the pipeline with text_encoder=None and pass "
-                              "prompt_embeds from the text encoder run on the CPU)", dict(text_on_cpu=True)))
-        if "group_offload" in self.details:
-            moves.append(Move(4, "group offloading of the transformer",
-                              "group offloading of the transformer: transformer.enable_group_offload(onload_device="
-                              "'cuda', offload_type='block_level', num_blocks_per_group=1, use_stream=True) (the same "
-                              "output; every block's weights move to the device at every step, overlapped with "
-                              "compute)", dict(group_offload=True)))
-        if "vae_tiled" in self.details:
-            moves.append(Move(5, "vae.enable_tiling()",
-                              "vae.enable_tiling() (lossy: tiles decoded apart and blended; measure it with accelpatch "
-                              "validate, a candidate with vae_tiling)", dict(vae_tiled=True)))
-        if isinstance(self.details.get("text_int8"), tuple):
-            moves.append(Move(6, "the text encoder in int8", "the text encoder quantised by torchao: "
-                              "torchao.quantization.quantize_(pipe.text_encoder, Int8WeightOnlyConfig()) (lossy: "
-                              "measure it with accelpatch validate)", dict(text_int8=True)))
-        if "fp8_weights" in self.details:
-            moves.append(Move(7, "fp8 weight storage",
-                              "the transformer's weights stored in fp8: transformer.enable_layerwise_casting("
-                              "storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16) (lossy: measure it "
-                              "with accelpatch validate)", dict(fp8=True)))
-        for rank, (kind, weighed) in enumerate(self.details.get("torchao", {}).items(), start=8):
-            if isinstance(weighed, tuple):
-                config = TORCHAO_CONFIGS[kind]
-                moves.append(Move(rank, f"torchao {kind} weight-only", f"the transformer quantised by torchao: "
-                                  f"torchao.quantization.quantize_(transformer, {config}()) (lossy: measure it with "
-                                  "accelpatch validate)", dict(quantised=kind)))
-        return moves
+        lossy = "(lossy: measure it with accelpatch validate)"
+        offered = [  # (whether this plan has its figures, short name, how to do it, the peak() options), in rank order
+            (bool(details.get("low_memory")), "memory='low'",
+             "accelpatch.apply(pipe, memory='low') (the same output bit for bit)", dict(low="checked")),
+            (bool(details.get("low_memory")), "memory='low' at tier high (unchecked chunks)",
+             "accelpatch.apply(pipe, memory='low', tier='high') (its chunks unchecked, so the first step holds no more "
+             "than the others; tier high also admits the recipe's approximate paths)", dict(low="unchecked")),
+            (True, "enable_model_cpu_offload()", "enable_model_cpu_offload() (one component on the device at a time)",
+             dict(offload=True)),
+            (text is not None and text.planned, "the prompt encoded on the CPU",
+             "the prompt encoded on the CPU (load the pipeline with text_encoder=None and pass prompt_embeds from the "
+             "text encoder run on the CPU)", dict(text_on_cpu=True)),
+            ("group_offload" in details, "group offloading of the transformer",
+             "group offloading of the transformer: transformer.enable_group_offload(onload_device='cuda', "
+             "offload_type='block_level', num_blocks_per_group=1, use_stream=True) (the same output; every block's "
+             "weights move to the device at every step, overlapped with compute)", dict(group_offload=True)),
+            ("vae_tiled" in details, "vae.enable_tiling()", "vae.enable_tiling() (lossy: tiles decoded apart and "
+             "blended; measure it with accelpatch validate, a candidate with vae_tiling)", dict(vae_tiled=True)),
+            (isinstance(details.get("text_int8"), tuple), "the text encoder in int8",
+             "the text encoder quantised by torchao: torchao.quantization.quantize_(pipe.text_encoder, "
+             f"Int8WeightOnlyConfig()) {lossy}", dict(text_int8=True)),
+            ("fp8_weights" in details, "fp8 weight storage", "the transformer's weights stored in fp8: "
+             "transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16) "
+             + lossy, dict(fp8=True)),
+            *((isinstance(weighed, tuple), f"torchao {kind} weight-only", "the transformer quantised by torchao: "
+               f"torchao.quantization.quantize_(transformer, {TORCHAO_CONFIGS[kind]}()) {lossy}", dict(quantised=kind))
+              for kind, weighed in details.get("torchao", {}).items()),
+        ]
+        return [Move(rank, short, how, options)
+                for rank, (_, short, how, options) in enumerate(o for o in offered if o[0])]
 
     def options_to_fit(self) -> list[str]:
         """Where the patched call does not fit the plan's budget with every component on the device: the first
