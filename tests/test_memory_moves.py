@@ -80,7 +80,8 @@ def test_a_budget_only_group_offloading_meets_names_it_before_fp8(wan_14b_small_
     assert plan.fits() is False and plan.fits(offload=True) is False
     assert plan.fits(group_offload=True) is True
     (line,) = plan.options_to_fit()
-    assert line.startswith("to fit 24.00 GiB: group offloading of the transformer: transformer.enable_group_offload("), line
+    assert line.startswith("to fit 24.00 GiB: group offloading of the transformer: "
+                           "transformer.enable_group_offload("), line
     with pytest.raises(ValueError, match="planned one at a time"):
         plan.peak(fp8=True, group_offload=True)
 

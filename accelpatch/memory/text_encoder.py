@@ -3,14 +3,16 @@ release configuration inside ``FakeTensorMode`` and called once on the padded pr
 
 A family names its text encoders with :class:`~accelpatch.models.families.TextEncoderCase` (in
 ``accelpatch.models.<key>.memory``); the stage's weights are all of them (a pipeline loads every one), its
-activations the largest single call (they run one after the other). Weights are cast as ``transformers``' ``from_pretrained(torch_dtype=...)`` casts them: its
-``_keep_in_fp32_modules_strict`` stay float32 in bf16 and fp16, its ``_keep_in_fp32_modules`` in fp16 only.
+activations the largest single call (they run one after the other). Weights are cast as ``transformers``'
+``from_pretrained(torch_dtype=...)`` casts them: its ``_keep_in_fp32_modules_strict`` stay float32 in bf16 and fp16,
+its ``_keep_in_fp32_modules`` in fp16 only.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
 from typing import Union
+
 from accelpatch.models.families import TextEncoderCase, resolve
 
 __all__ = ["TextEncoderCase", "build_text_encoder", "TextEncoderTrace", "trace_text_encoder",
@@ -58,9 +60,9 @@ def build_text_encoder(case: TextEncoderCase, dtype):
 
 def trace_text_encoder(case: TextEncoderCase, dtype: str, *, fake: bool = True) -> TextEncoderTrace:
     """One call of ``case``'s encoder on one padded prompt (batch 1: the pipelines encode the prompt and the negative
-    prompt one after the other; an image encoder on one image), traced on fake tensors (``fake=False``: run for real, the check at a tiny size).
-    The attention mask is left out (every token valid): the masks a padded prompt adds are tokens x tokens booleans
-    at most, a few MiB beside the hidden states."""
+    prompt one after the other; an image encoder on one image), traced on fake tensors (``fake=False``: run for
+    real, the check at a tiny size). The attention mask is left out (every token valid): the masks a padded prompt
+    adds are tokens x tokens booleans at most, a few MiB beside the hidden states."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 

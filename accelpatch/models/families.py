@@ -151,9 +151,10 @@ TEXT_ENCODER_OUTPUTS = ("last", "hidden_states", "stacked")
 class TextEncoderCase:
     """One text encoder of a pipeline: ``name`` (for the table), the ``transformers`` model and config classes
     ("module:Class"), the release configuration's fields, the tokens the pipeline pads the prompt to and where the
-    configuration comes from (an image encoder beside them: ``image_size``). ``output``: "last" (the last hidden state), "hidden_states" (the pipeline asks for every
-    layer's, ``output_hidden_states=True``, and keeps the tuple while it picks one) or "stacked" (it stacks them all
-    into one tensor, LTX-2's ``torch.stack(hidden_states, -1)``)."""
+    configuration comes from (an image encoder beside them: ``image_size``). ``output``: "last" (the last hidden
+    state), "hidden_states" (the pipeline asks for every layer's, ``output_hidden_states=True``, and keeps the tuple
+    while it picks one) or "stacked" (it stacks them all into one tensor, LTX-2's ``torch.stack(hidden_states, -1)``).
+    """
 
     name: str
     model: str

@@ -23,7 +23,8 @@ register(Family(
         latent_frames=f"{__name__}.memory:latent_frames", audio=f"{__name__}.memory:audio", audio_unit="rows",
         canvas=f"{__name__}.memory:canvas", temporal=4, spatial=16, multiple=32, text_tokens=256,
         text_source="MiniMax-H3 packs the prompt's own tokens (no padding): assumed 256, text_tokens= to change",
-        cfg="distilled", guidance=None, size=None, text_encoder="Qwen3-VL: which model the release loads is not known here (its pipeline reads the 51st of "
+        cfg="distilled", guidance=None, size=None,
+        text_encoder="Qwen3-VL: which model the release loads is not known here (its pipeline reads the 51st of "
         "its hidden states, so it has at least 50 layers; diffusers' notes give no configuration)",
         vae="its VAE decodes in tiles by default (diffusers' AutoencoderKLMiniMaxH3 defaults): at 768x1344x124 "
             "that is about 1.2 million operators, minutes to trace on a CPU")))
