@@ -416,6 +416,39 @@ def test_the_command_trains_reproducibly_and_says_where_the_weights_went(tmp_pat
     assert first == (tmp_path / "api" / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
 
 
+def test_a_run_can_retrain_the_transformer_alone_on_the_shipped_vae(tmp_path, capsys):
+    """``--vae-from wan`` on Wan's own run: no VAE step, the shipped VAE and its latent statistics kept tensor for
+    tensor (SANA-Video decodes with the same VAE), and the new record keeps how that VAE was trained. A VAE of a
+    class the pipeline does not take, or a name that is not a family, is refused by name."""
+    from diffusers import WanPipeline
+
+    from accelpatch.__main__ import main
+    from accelpatch.tiny_models.shipped import shipped_folder, trained_pipeline
+    from accelpatch.tiny_models.train import train_family, training_losses
+
+    out = tmp_path / "wan"
+    tiny = ["--steps", "3", "--videos", "1", "--no-progress"]
+    assert main(["train-tiny", "wan", "--vae-from", "wan", "--out", str(out), *tiny]) == 0
+    assert "VAE (the shipped wan's trained VAE, reused)" in capsys.readouterr().out
+    record, shipped = training_losses(out), training_losses(shipped_folder("wan"))
+    assert record["vae_from"] == "wan" and record["vae_passes"] == 0 and record["vae_loss"] is None
+    source = shipped.get("vae_source") or shipped
+    assert record["vae_source"]["vae_loss"] == source["vae_loss"]
+    assert record["vae_source"]["vae_pass_checks"] == source["vae_pass_checks"]
+    assert record["vae_check"] == shipped["vae_check"] and record["transformer_loss"]["steps"] == 3
+    reference = trained_pipeline("wan").vae
+    vae = WanPipeline.from_pretrained(out).vae
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(tensor, vae.state_dict()[name]), name
+    assert vae.config.latents_mean == reference.config.latents_mean
+    assert vae.config.latents_std == reference.config.latents_std
+    with pytest.raises(ValueError, match=r"the shipped sana-video2 VAE is a AutoencoderKLLTX2Video, and "
+                                         r"WanPipeline decodes with AutoencoderKLWan"):
+        train_family("wan", tmp_path / "bad", steps=1, videos=1, vae_from="sana-video2", progress=False)
+    with pytest.raises(ValueError, match=r"vae_from 'ltx2' is not a trainable family \(choose from sana-video, "):
+        train_family("wan", tmp_path / "bad", steps=1, videos=1, vae_from="ltx2", progress=False)
+
+
 def test_a_run_that_trains_its_vae_is_reproducible_per_seed(tmp_path):
     """The VAE phase too (the test above trains SANA-Video, which reuses a VAE): two Wan runs with one seed write
     the same VAE and transformer, byte for byte, and the same losses and checks; another seed writes another VAE.

@@ -131,7 +131,7 @@ class PatchSwitcher:
             raise ValueError(f"vae_tiling asks {type(self.pipe).__name__}'s VAE to decode in tiles, but "
                              f"{'it has no vae' if vae is None else type(vae).__name__ + ' has no enable_tiling()'}")
         arguments = {} if spec.vae_tiling is True else dict(spec.vae_tiling)
-        valid = [n for n in inspect.signature(vae.enable_tiling).parameters if n != "self"]
+        valid = _tiling_arguments(vae)
         unknown = sorted(set(arguments) - set(valid))
         if unknown:
             raise ValueError(f"vae_tiling: {type(vae).__name__}.enable_tiling() takes no {', '.join(unknown)}"
@@ -158,8 +158,12 @@ def _vae_tiling_state(pipe: Any) -> Optional[dict]:
     vae = getattr(pipe, "vae", None)
     if vae is None or not callable(getattr(vae, "enable_tiling", None)) or not hasattr(vae, "use_tiling"):
         return None
-    names = ["use_tiling", *(n for n in inspect.signature(vae.enable_tiling).parameters if n != "self")]
-    return {n: getattr(vae, n) for n in names if hasattr(vae, n)}
+    return {n: getattr(vae, n) for n in ("use_tiling", *_tiling_arguments(vae)) if hasattr(vae, n)}
+
+
+def _tiling_arguments(vae: Any) -> list[str]:
+    """The argument names of ``vae.enable_tiling`` (the tile sizes and strides it sets as attributes)."""
+    return [n for n in inspect.signature(vae.enable_tiling).parameters if n != "self"]
 
 
 def _restore_vae_tiling(vae: Any, state: Optional[dict]) -> None:

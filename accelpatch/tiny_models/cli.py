@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"finds a problem ({_default('vae_max_passes', 5)})")
     parser.add_argument("--videos", type=_positive, default=None, metavar="N",
                         help=f"procedural clips encoded once for the transformer phase ({_default('videos', 512)})")
+    parser.add_argument("--vae-from", choices=TRAINABLE_FAMILIES, default=None, metavar="FAMILY",
+                        help="reuse the shipped trained VAE of FAMILY instead of the family's own rule and train the "
+                             "transformer alone (the family's own name: retrain its transformer on the VAE that ships; "
+                             "default: sana-video reuses wan's, the others train their own)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models, the clips and the noise (default 0)")
     parser.add_argument("--threads", type=_positive, default=None, metavar="N",
                         help="torch CPU threads (default: torch's own choice)")
@@ -89,7 +93,8 @@ def main(args: argparse.Namespace) -> int:
     out = output_dir(args)
     extra = {} if args.vae_max_passes is None else {"vae_max_passes": args.vae_max_passes}
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
-                          seed=args.seed, **extra, threads=args.threads, progress=not args.no_progress)
+                          seed=args.seed, vae_from=args.vae_from, **extra, threads=args.threads,
+                          progress=not args.no_progress)
     print(vae_line(result))
     config = result.config
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.phase_s.items())

@@ -26,9 +26,12 @@ The result loads with the family's pipeline ``from_pretrained(folder)``; call it
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import math
 import time
+import types
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -244,24 +247,34 @@ def build_sana_video2_pipeline(seed: int = 0, *, vae=None):
                               scheduler=SanaVideo2Pipeline.release_scheduler(flow_shift=FLOW_SHIFT))
 
 
-def untrained_pipeline(family: str, seed: int = 0):
-    """The pipeline a ``train_family(family, seed=seed)`` run starts from, progress bar off: every component random
-    but a VAE reused from another family's shipped run (SANA-Video: the trained Wan VAE). What trained weights are
-    measured against."""
-    recipe = training_settings(family)
-    vae = None if recipe.vae_from is None else _shipped_vae(recipe.vae_from, family)
-    pipe = resolve(recipe.build)(seed, vae=vae)
+def untrained_pipeline(family: str, seed: int = 0, *, vae_from: str | None = None):
+    """The pipeline a ``train_family(family, seed=seed, vae_from=vae_from)`` run starts from, progress bar off: every
+    component random but a VAE reused from a shipped run (``vae_from``, default the family's own rule; SANA-Video:
+    the trained Wan VAE). What trained weights are measured against."""
+    vae_from = _vae_source(family, vae_from)
+    vae = None if vae_from is None else _shipped_vae(vae_from, family)
+    if vae is not None:
+        training = training_settings(family)
+        pipeline = getattr(importlib.import_module(training.pipeline_module or "diffusers"), training.pipeline)
+        wanted = inspect.signature(pipeline.__init__).parameters["vae"].annotation
+        if isinstance(wanted, (type, types.UnionType)) and not isinstance(vae, wanted):
+            raise ValueError(f"train-tiny {family}: the shipped {vae_from} VAE is a {type(vae).__name__}, and "
+                             f"{training.pipeline} decodes with {getattr(wanted, '__name__', wanted)}; reuse the VAE "
+                             f"of a family whose pipeline takes that class")
+    pipe = resolve(training_settings(family).build)(seed, vae=vae)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, vae_steps: int | None = None,
                  videos: int | None = None, seed: int = 0, progress: bool = True, threads: int | None = None,
-                 **overrides: Any) -> TrainResult:
+                 vae_from: str | None = None, **overrides: Any) -> TrainResult:
     """Train ``family``'s tiny pipeline from ``seed`` and save it to ``out_dir`` (a diffusers folder plus
     ``training.json``). ``steps`` / ``vae_steps`` / ``videos`` and any :class:`TrainingConfig` field override
     the defaults; ``threads`` sets torch's CPU threads for the run. Same seed, same threads, same machine: same
-    weights. A family that reuses another's trained VAE (SANA-Video: Wan's) needs that family shipped first."""
+    weights. A family that reuses another's trained VAE (SANA-Video: Wan's) needs that family shipped first;
+    ``vae_from`` names the shipped family whose VAE to reuse instead (a family's own: retrain the transformer alone on
+    the VAE that ships, so that models built on that VAE keep it)."""
     if family not in TRAINABLE_FAMILIES:
         raise ValueError(f"train-tiny: no training for {family!r} yet (trainable: {', '.join(TRAINABLE_FAMILIES)})")
     given = dict(steps=steps, vae_steps=vae_steps, videos=videos, **overrides)
@@ -273,11 +286,12 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
     if not config.vae_shape_weights or config.vae_max_passes < len(config.vae_shape_weights):
         raise ValueError(f"train-tiny: vae_max_passes ({config.vae_max_passes}) must be at least the number of "
                          f"planned VAE passes, vae_shape_weights {config.vae_shape_weights} (at least one)")
+    vae_from = _vae_source(family, vae_from)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _train(family, Path(out_dir), config, seed, progress)
+        return _train(family, Path(out_dir), config, seed, progress, vae_from)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -286,6 +300,18 @@ def _bar(total: int, desc: str, progress: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=not progress, dynamic_ncols=True, leave=True)
+
+
+def _vae_source(family: str, vae_from: str | None) -> str | None:
+    """The shipped family whose VAE a run of ``family`` reuses: ``vae_from`` where given (a trainable family; that
+    its VAE is of the class the pipeline takes is checked when the pipeline is built), else the family's rule (None:
+    it trains its own)."""
+    if vae_from is None:
+        return training_settings(family).vae_from
+    if vae_from not in TRAINABLE_FAMILIES:
+        raise ValueError(f"train-tiny {family}: vae_from {vae_from!r} is not a trainable family (choose from "
+                         f"{', '.join(TRAINABLE_FAMILIES)})")
+    return vae_from
 
 
 def _shipped_vae(family: str, wanted_by: str):
@@ -301,23 +327,24 @@ def _shipped_vae(family: str, wanted_by: str):
     return vae_class.from_pretrained(folder, torch_dtype=torch.float32).eval()
 
 
-def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progress: bool) -> TrainResult:
+def _train(family: str, out_dir: Path, config: TrainingConfig, seed: int, progress: bool,
+           vae_from: str | None) -> TrainResult:
     start = time.perf_counter()
     recipe = training_settings(family)
-    result = TrainResult(family=family, out_dir=out_dir, seed=seed, config=config, vae_from=recipe.vae_from)
-    pipe = untrained_pipeline(family, seed)
-    if recipe.vae_from is None:
+    result = TrainResult(family=family, out_dir=out_dir, seed=seed, config=config, vae_from=vae_from)
+    pipe = untrained_pipeline(family, seed, vae_from=vae_from)
+    if vae_from is None:
         t0 = time.perf_counter()
         result.vae_losses, result.vae_pass_checks = _train_vae(pipe.vae, config, seed, progress, family)
         result.phase_s["vae"] = time.perf_counter() - t0
         result.vae_check = result.vae_pass_checks[-1]
     else:
-        result.vae_check = training_losses(shipped_folder(recipe.vae_from))["vae_check"]
+        result.vae_check = training_losses(shipped_folder(vae_from))["vae_check"]
     if result.vae_check["problems"]:
         warnings.warn(f"train-tiny {family}: {vae_problem_text(result.vae_check)}", RuntimeWarning, stacklevel=3)
 
     t0 = time.perf_counter()
-    latents, prompts = _encode_dataset(pipe.vae, config, seed, progress, keep_statistics=recipe.vae_from is not None)
+    latents, prompts = _encode_dataset(pipe.vae, config, seed, progress, keep_statistics=vae_from is not None)
     text = _text_table(pipe, prompts, recipe)
     result.phase_s["encode"] = time.perf_counter() - t0
 
@@ -666,6 +693,12 @@ def _write_record(out_dir: Path, result: TrainResult) -> None:
                                                                  transformers=transformers.__version__),
                   call=dict(height=procedural.VIDEO_HEIGHT, width=procedural.VIDEO_WIDTH,
                             num_frames=procedural.VIDEO_FRAMES, max_sequence_length=MAX_SEQUENCE_LENGTH))
+    if result.vae_from is not None:  # how the reused VAE was trained, kept with the folder that now holds it
+        source = training_losses(shipped_folder(result.vae_from))
+        record["vae_source"] = source.get("vae_source") or dict(
+            family=source["family"], seed=source["seed"], vae_loss=source["vae_loss"], vae_passes=source["vae_passes"],
+            vae_pass_checks=source["vae_pass_checks"], vae_s=source["phase_s"].get("vae"), threads=source["threads"],
+            config={k: v for k, v in source["config"].items() if k.startswith("vae_")})
     (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
