@@ -104,13 +104,25 @@ class TransformerCase:
     def build(self):
         """The transformer as from_pretrained(torch_dtype=...) leaves it (the modules diffusers keeps in float32 stay
         float32), its weights random. Not ``.to()``: a fake module's parameters cannot be swapped."""
-        import torch
-
         from accelpatch.testing._common import _cast_like_from_pretrained
 
         model = resolve(memory_settings(self.family).transformer)(**dict(self.config))
-        _cast_like_from_pretrained(model, getattr(torch, str(self.dtype)))
+        _cast_like_from_pretrained(model, self.torch_dtype)
         return model.eval()
+
+    def meta_model(self):
+        """:meth:`build` on the meta device (no storage, no initialisation cost): what the weighings of offloading,
+        fp8 storage and torchao read; each gets its own, since casting and quantising change the model they weigh."""
+        import torch
+
+        with torch.device("meta"):
+            return self.build()
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, str(self.dtype).removeprefix("torch."))
 
     def inputs(self, model) -> dict[str, Any]:
         """The keyword arguments of one forward, from the family's builder in :mod:`accelpatch.testing`."""
@@ -206,14 +218,7 @@ def _where(live) -> str:
 def torchao_weights(case: TransformerCase, kind: str) -> Union[tuple[int, int], str]:
     """:func:`~accelpatch.memory.quantised.torchao_quantised` of ``case``'s transformer (built on the meta device
     as ``from_pretrained(torch_dtype=...)`` leaves it): its bytes quantised and its one dequantised temporary."""
-    import torch
-
-    from accelpatch.testing._common import _cast_like_from_pretrained
-
-    with torch.device("meta"):
-        model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
-    _cast_like_from_pretrained(model, getattr(torch, str(case.dtype).removeprefix("torch.")))
-    return torchao_quantised(model, kind)
+    return torchao_quantised(case.meta_model(), kind)
 
 
 def layerwise_fp8_weights(case: TransformerCase) -> int:
@@ -224,13 +229,9 @@ def layerwise_fp8_weights(case: TransformerCase) -> int:
     import torch
 
     from accelpatch.memory.live_bytes import module_bytes
-    from accelpatch.testing._common import _cast_like_from_pretrained
 
-    compute = getattr(torch, str(case.dtype).removeprefix("torch."))
-    with torch.device("meta"):
-        model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
-    _cast_like_from_pretrained(model, compute)
-    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
+    model = case.meta_model()
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=case.torch_dtype)
     return module_bytes(model)
 
 
@@ -257,14 +258,7 @@ def group_offload_resident(model, *, stream: bool = True) -> int:
 
 def group_offload_weights(case: TransformerCase) -> int:
     """:func:`group_offload_resident` of ``case``'s transformer with streams (the model built on the meta device)."""
-    import torch
-
-    from accelpatch.testing._common import _cast_like_from_pretrained
-
-    with torch.device("meta"):
-        model = resolve(memory_settings(case.family).transformer)(**dict(case.config))
-    _cast_like_from_pretrained(model, getattr(torch, str(case.dtype).removeprefix("torch.")))
-    return group_offload_resident(model)
+    return group_offload_resident(case.meta_model())
 
 
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
