@@ -156,3 +156,52 @@ def test_a_bad_text_encoder_case_names_the_value_and_the_choices():
         TextEncoderCase("x", "transformers:T5EncoderModel", "transformers:T5Config", {}, 8, "test", output="all")
     with pytest.raises(ValueError, match="tokens must be >= 1, got 0"):
         TextEncoderCase("x", "transformers:T5EncoderModel", "transformers:T5Config", {}, 0, "test")
+
+
+#: LTX2TextConnectors shrunk (the same fields as diffusers' defaults)
+TINY_CONNECTORS = dict(caption_channels=16, text_proj_in_factor=3, video_connector_num_attention_heads=2,
+                       video_connector_attention_head_dim=8, video_connector_num_layers=1,
+                       video_connector_num_learnable_registers=4, audio_connector_num_attention_heads=2,
+                       audio_connector_attention_head_dim=8, audio_connector_num_layers=1,
+                       audio_connector_num_learnable_registers=4)
+
+
+@pytest.mark.parametrize("cfg", [1, 2])
+def test_ltx2s_text_connectors_hold_what_their_real_run_holds(cfg):
+    """The connectors LTX2Pipeline runs on Gemma's stacked hidden states, at a tiny size: the fake trace's weights and
+    peak against LiveBytes on a real CPU call (within 10 %), the stacked input (and with CFG the negative half the
+    pipeline still holds) counted."""
+    from accelpatch.models.ltx2.memory import text_connectors
+
+    torch.set_num_threads(1)
+    planned = text_connectors({}, "ltx-2", torch.float32, 1, cfg, 32, config=TINY_CONNECTORS)
+    measured = text_connectors({}, "ltx-2", torch.float32, 1, cfg, 32, fake=False, config=TINY_CONNECTORS)
+    assert planned[0] == measured[0] == "text connectors" and planned[1] == measured[1]
+    stacked = cfg * 32 * 16 * 3 * 4
+    assert measured[2] > stacked * (1.5 if cfg == 2 else 1), measured  # the input, the negative half, what it makes
+    assert abs(planned[2] - measured[2]) <= 0.10 * measured[2], (planned, measured)
+
+
+def test_the_ltx2_plan_weighs_its_text_connectors_as_a_stage_of_their_own():
+    """LTX-2.0's connectors (diffusers' defaults: a 188,160 -> 3,840 projection and two 2-layer connectors of width
+    3,840, 1.43B parameters, 2 bytes each in bf16) are a stage between the text encoder and the transformer: their
+    weights resident with everything else, or alone under model offloading; LTX-2.3's are named, not planned."""
+    from accelpatch.memory.plan import memory_plan
+    from accelpatch.models.ltx2.memory import text_connectors
+
+    name, weights, activations, note = text_connectors({}, "ltx-2", torch.bfloat16, 1, 2, 1024)
+    projection = 3840 * 49 * 3840
+    block = 4 * 3840 * 3840 + 2 * 3840 * 4 * 3840  # attention q/k/v/o and the 4x feed-forward, biases left out
+    assert abs(weights - 2 * (projection + 4 * block)) <= 0.01 * weights, weights
+    assert activations >= 3 * 1024 * 3840 * 49 * 2, activations  # the CFG pair stacked, and the negative half
+    assert "1.43B" in note
+    plan = memory_plan("ltx2-distilled-8step", patched=False, height=256, width=384, frames=9)
+    names = [s.name for s in plan.stages]
+    assert names[:2] == ["text encoder", "text connectors"] and plan.stages[1].planned, names
+    connectors = plan.stages[1]
+    assert connectors.weights == weights and "text connectors" in plan.table()
+    resident = sum(s.weights for s in plan.stages) + max(s.activations for s in plan.stages)
+    assert plan.peak() == (resident, True)
+    assert plan.peak(offload=True)[0] == max(s.total for s in plan.stages)
+    name, weights, activations, note = text_connectors({}, "ltx-2.3-22b", torch.bfloat16, 1, 2, 1024)
+    assert weights is None and activations is None and "LTX-2.3" in note

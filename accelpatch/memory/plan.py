@@ -661,6 +661,11 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                "transformer_batch": videos * cfg_factor}
     text_stage, text_cases = _text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, details, say)
     stages: list[Stage] = [text_stage]
+    if memory.text_stage is not None:
+        say("tracing what the pipeline runs on the text encoder's output ...")
+        name, weights, activations, note = resolve(memory.text_stage)(call, _normal(recipe.model), torch_dtype,
+                                                                     videos, cfg_factor, text)
+        stages.append(Stage(name, weights, activations, note))
     arguments = dict(recipe.apply_arguments())
     if tier is not None:
         if tier not in TIERS:

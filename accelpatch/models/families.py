@@ -141,6 +141,11 @@ class MemorySettings:
     #: ``model`` (a name, as in ``names``) loads, at their release configurations, with the tokens it pads the prompt
     #: to (None: not planned, ``text_encoder`` says why)
     text_encoders: Optional[str] = None
+    #: ``text_stage(call, model, dtype, videos, cfg, tokens) -> (name, weights, activations, note)``: a component
+    #: the pipeline runs on the text encoder's output before denoising, on the device, once per call (LTX-2's text
+    #: connectors), traced as the pipeline calls it on ``videos`` prompts times CFG's factor ``cfg``, of ``tokens``
+    #: (weights and activations None where it cannot be planned; None: the pipeline has none)
+    text_stage: Optional[str] = None
 
 
 #: what a pipeline keeps of a text encoder's output while the call runs (see TextEncoderCase.output)
