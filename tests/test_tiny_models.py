@@ -215,7 +215,7 @@ def test_a_clip_renders_the_same_from_its_record():
 
 #: clips at a quarter of the training size (64 x 128): the checks between VAE passes reconstruct whole clips, which
 #: at 128 x 256 made this run most of the file's time
-SMOKE = dict(steps=40, vae_steps=12, videos=4, seed=0, vae_max_passes=3, height=64, width=128)
+SMOKE = dict(steps=40, vae_steps=12, videos=4, seed=0, vae_max_passes=3, height=64, width=128, motion_steps=8)
 
 
 @pytest.fixture(scope="module")
@@ -237,10 +237,13 @@ def test_smoke_training_writes_a_folder_wan_pipeline_loads_and_calls(smoke_run):
     result = smoke_run
     # the two planned VAE passes, then one more because the check still finds a problem, up to vae_max_passes
     assert len(result.vae_losses) == 3 * SMOKE["vae_steps"] and len(result.transformer_losses) == SMOKE["steps"]
+    # then the motion phase, on the one clip of the four whose prompt says "moves"
+    assert len(result.motion_losses) == SMOKE["motion_steps"] and "motion" in result.phase_s
     assert len(result.vae_pass_checks) == 2 and all(check["problems"] for check in result.vae_pass_checks)
     assert all(math.isfinite(v) for v in result.vae_losses + result.transformer_losses)
     record = json.loads((result.out_dir / "training.json").read_text())
     assert record["seed"] == 0 and record["config"]["steps"] == SMOKE["steps"] and record["wall_s"] > 0
+    assert record["motion_loss"]["steps"] == SMOKE["motion_steps"]
     assert record["vae_check"]["problems"] and record["vae_check"] == result.vae_check
     assert record["vae_passes"] == 3 and record["vae_pass_checks"] == result.vae_pass_checks
     line = vae_line(result)  # what the command prints about this VAE
@@ -427,7 +430,7 @@ def test_a_run_can_retrain_the_transformer_alone_on_the_shipped_vae(tmp_path, ca
     from accelpatch.tiny_models.train import train_family, training_losses
 
     out = tmp_path / "wan"
-    tiny = ["--steps", "3", "--videos", "1", "--no-progress"]
+    tiny = ["--steps", "3", "--videos", "1", "--motion-steps", "0", "--no-progress"]
     assert main(["train-tiny", "wan", "--vae-from", "wan", "--out", str(out), *tiny]) == 0
     assert "VAE (the shipped wan's trained VAE, reused)" in capsys.readouterr().out
     record, shipped = training_losses(out), training_losses(shipped_folder("wan"))
@@ -455,7 +458,8 @@ def test_a_run_that_trains_its_vae_is_reproducible_per_seed(tmp_path):
     Small (64 x 128 clips, 2 VAE steps per pass), since only the seeding is checked here."""
     from accelpatch.tiny_models import train_family
 
-    tiny = dict(steps=1, vae_steps=2, videos=1, vae_max_passes=2, height=64, width=128, progress=False)
+    tiny = dict(steps=1, vae_steps=2, videos=1, vae_max_passes=2, height=64, width=128, motion_steps=0,
+                progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # 2 VAE steps do not hold the clips, and say so
         runs = [train_family("wan", tmp_path / name, seed=seed, **tiny)
@@ -492,6 +496,11 @@ def test_unknown_families_and_bad_counts_are_refused():
         train_family("wan", "unused", vae_clips_per_call=0)
     with pytest.raises(ValueError, match=r"vae_max_passes \(1\) must be at least the number of planned VAE passes"):
         train_family("wan", "unused", vae_max_passes=1)
+    with pytest.raises(ValueError, match=r"motion_steps must be 0 \(no motion phase\) or more, got -1"):
+        train_family("wan", "unused", motion_steps=-1)
+    with pytest.raises(ValueError, match=r"no clip's prompt holds 'moves' for the motion phase \(motion_steps 2000\): "
+                                         r"encode more clips \(--videos\) or set --motion-steps 0"):
+        train_family("wan", "unused", steps=1, videos=1, vae_from="wan", height=64, width=128, progress=False)
 
 
 def test_a_vae_that_fails_on_a_batch_learns_from_a_batch_one_call_per_clip():

@@ -20,8 +20,10 @@ GATE_RECIPES = [
 
 @pytest.mark.parametrize("name, family, named", GATE_RECIPES, ids=[r[0] for r in GATE_RECIPES])
 def test_each_trained_recipe_passes_its_default_setting_and_fails_its_aggressive_one(name, family, named):
-    """Issue #43 part 3, run as a user runs it (``validate --recipe``): on the trained model the shipped default
-    passes its recipe's gates and the aggressive setting (Wan: Sol-Attn tau 3, every layer and step sparse;
+    """Issue #43 part 3, run as a user runs it (``validate --recipe``): on the trained model the recipe's default
+    setting (Wan: Sol-Attn with three of its four layers dense; SANA-Video: the step cache's defaults; SANA-Video
+    2.0: Sol-Attn on its anchor) passes its gates and the aggressive setting (Wan: Sol-Attn tau 3, every layer and
+    step sparse;
     SANA-Video: a step cache reusing most steps; SANA-Video 2.0: Sol-Attn tau 3 on its anchor at every step) fails,
     naming the per-frame and temporal metrics that failed."""
     from accelpatch.eval.pipelines import load_pipeline

@@ -29,6 +29,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """A whole number of steps, 0 included."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``train-tiny``'s options (defaults: :class:`accelpatch.tiny_models.train.TrainingConfig`)."""
     parser.add_argument("family", choices=TRAINABLE_FAMILIES, help="which family's tiny pipeline to train")
@@ -37,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "if needed, its files replaced)")
     parser.add_argument("--steps", type=_positive, default=None, metavar="N",
                         help=f"transformer training steps ({_default('steps', 5000)})")
+    parser.add_argument("--motion-steps", type=_count, default=None, metavar="N",
+                        help="steps of the motion phase after the transformer's: the clips whose prompt says 'moves' "
+                             f"alone (0: none; {_default('motion_steps', 0)})")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
                         help="VAE training steps per pass (two passes: plain, then the shapes weighted; "
                              f"{_default('vae_steps', 700)}; sana-video trains no VAE: it reuses the shipped Wan's)")
@@ -91,7 +105,8 @@ def main(args: argparse.Namespace) -> int:
     from accelpatch.tiny_models.train import train_family
 
     out = output_dir(args)
-    extra = {} if args.vae_max_passes is None else {"vae_max_passes": args.vae_max_passes}
+    extra = {name: value for name, value in (("vae_max_passes", args.vae_max_passes),
+                                             ("motion_steps", args.motion_steps)) if value is not None}
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
                           seed=args.seed, vae_from=args.vae_from, **extra, threads=args.threads,
                           progress=not args.no_progress)
