@@ -171,15 +171,17 @@ def test_ltx2s_text_connectors_hold_what_their_real_run_holds(cfg):
     """The connectors LTX2Pipeline runs on Gemma's stacked hidden states, at a tiny size: the fake trace's weights and
     peak against LiveBytes on a real CPU call (within 10 %), the stacked input (and with CFG the negative half the
     pipeline still holds) counted."""
+    from accelpatch.memory.text_encoder import trace_text_stage
     from accelpatch.models.ltx2.memory import text_connectors
 
     torch.set_num_threads(1)
-    planned = text_connectors({}, "ltx-2", torch.float32, 1, cfg, 32, config=TINY_CONNECTORS)
-    measured = text_connectors({}, "ltx-2", torch.float32, 1, cfg, 32, fake=False, config=TINY_CONNECTORS)
-    assert planned[0] == measured[0] == "text connectors" and planned[1] == measured[1]
+    tiny = dataclasses.replace(text_connectors({}), settings=TINY_CONNECTORS, width=16 * 3)
+    planned = trace_text_stage(tiny, "float32", 1, cfg, 32)
+    measured = trace_text_stage(tiny, "float32", 1, cfg, 32, fake=False)
+    assert planned[0] == measured[0] and planned[2] == measured[2]
     stacked = cfg * 32 * 16 * 3 * 4
-    assert measured[2] > stacked * (1.5 if cfg == 2 else 1), measured  # the input, the negative half, what it makes
-    assert abs(planned[2] - measured[2]) <= 0.10 * measured[2], (planned, measured)
+    assert measured[1] > stacked * (1.5 if cfg == 2 else 1), measured  # the input, the negative half, what it makes
+    assert abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
 
 
 def test_the_ltx2_plan_weighs_its_text_connectors_as_a_stage_of_their_own():
@@ -187,21 +189,19 @@ def test_the_ltx2_plan_weighs_its_text_connectors_as_a_stage_of_their_own():
     3,840, 1.43B parameters, 2 bytes each in bf16) are a stage between the text encoder and the transformer: their
     weights resident with everything else, or alone under model offloading; LTX-2.3's are named, not planned."""
     from accelpatch.memory.plan import memory_plan
+    from accelpatch.memory.text_encoder import trace_text_stage
     from accelpatch.models.ltx2.memory import text_connectors
 
-    name, weights, activations, note = text_connectors({}, "ltx-2", torch.bfloat16, 1, 2, 1024)
+    weights, activations, parameters = trace_text_stage(text_connectors({}), "bfloat16", 1, 2, 1024)
     projection = 3840 * 49 * 3840
     block = 4 * 3840 * 3840 + 2 * 3840 * 4 * 3840  # attention q/k/v/o and the 4x feed-forward, biases left out
-    assert abs(weights - 2 * (projection + 4 * block)) <= 0.01 * weights, weights
+    assert abs(parameters - (projection + 4 * block)) <= 0.01 * parameters and weights == 2 * parameters
     assert activations >= 3 * 1024 * 3840 * 49 * 2, activations  # the CFG pair stacked, and the negative half
-    assert "1.43B" in note
     plan = memory_plan("ltx2-distilled-8step", patched=False, height=256, width=384, frames=9)
     names = [s.name for s in plan.stages]
     assert names[:2] == ["text encoder", "text connectors"] and plan.stages[1].planned, names
-    connectors = plan.stages[1]
-    assert connectors.weights == weights and "text connectors" in plan.table()
+    assert plan.stages[1].weights == weights and "1.43B from diffusers' LTX2TextConnectors" in plan.table()
     resident = sum(s.weights for s in plan.stages) + max(s.activations for s in plan.stages)
     assert plan.peak() == (resident, True)
     assert plan.peak(offload=True)[0] == max(s.total for s in plan.stages)
-    name, weights, activations, note = text_connectors({}, "ltx-2.3-22b", torch.bfloat16, 1, 2, 1024)
-    assert weights is None and activations is None and "LTX-2.3" in note
+    assert "LTX-2.3" in text_connectors({}, "lightricks/ltx-2.3-22b")

@@ -607,6 +607,20 @@ def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: 
                  text_encoder_summary(traces)), tuple(cases)
 
 
+def _text_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dtype, videos: int, cfg: int,
+                tokens: int, say) -> Stage:
+    """The stage of what the pipeline runs on the text encoder's output (LTX-2's connectors), or why not planned."""
+    from accelpatch.memory.text_encoder import trace_text_stage
+
+    case = resolve(memory.text_stage)(call, model)
+    if isinstance(case, str):
+        return Stage("after the text encoder", note=case)
+    say(f"tracing the {case.name} ...")
+    weights, activations, parameters = trace_text_stage(case, dtype, videos, cfg, tokens)
+    return Stage(case.name, weights, activations, f"{parameters / 1e9:.2f}B from {case.source}, {videos * cfg} x "
+                                                  f"{tokens} tokens")
+
+
 def _describe_patch(arguments: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in arguments.items() if v is not None) or "defaults"
 
@@ -662,10 +676,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     text_stage, text_cases = _text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, details, say)
     stages: list[Stage] = [text_stage]
     if memory.text_stage is not None:
-        say("tracing what the pipeline runs on the text encoder's output ...")
-        name, weights, activations, note = resolve(memory.text_stage)(call, _normal(recipe.model), torch_dtype,
-                                                                     videos, cfg_factor, text)
-        stages.append(Stage(name, weights, activations, note))
+        stages.append(_text_stage(memory, call, _normal(recipe.model), torch_dtype, videos, cfg_factor, text, say))
     arguments = dict(recipe.apply_arguments())
     if tier is not None:
         if tier not in TIERS:

@@ -13,9 +13,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Union
 
-from accelpatch.models.families import TextEncoderCase, resolve
+from accelpatch.models.families import TextEncoderCase, TextStageCase, resolve
 
-__all__ = ["TextEncoderCase", "build_text_encoder", "TextEncoderTrace", "trace_text_encoder",
+__all__ = ["TextEncoderCase", "TextStageCase", "trace_text_stage", "build_text_encoder", "TextEncoderTrace",
+           "trace_text_encoder",
            "cast_like_transformers", "text_encoder_summary", "quantised_text_encoders"]
 
 
@@ -114,3 +115,29 @@ def quantised_text_encoders(cases, dtype: str, kind: str = "int8") -> Union[tupl
             return weighed
         total, temporary = total + weighed[0], max(temporary, weighed[1])
     return total, temporary
+
+
+def trace_text_stage(case: TextStageCase, dtype, videos: int, cfg: int, tokens: int, *,
+                     fake: bool = True) -> tuple[int, int, int]:
+    """(weights, activations, parameters) of ``case``'s component called once as its pipeline calls it: on the
+    hidden states of ``videos`` prompts times CFG's factor ``cfg``, with what the pipeline holds beside them (the
+    negative half under CFG) and their mask counted; on fake tensors (``fake=False``: run for real, the check at a
+    tiny size)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.testing._common import _cast_like_from_pretrained
+
+    torch_dtype = getattr(torch, str(dtype).removeprefix("torch."))
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        module = resolve(case.model)(**dict(case.settings)).eval()
+        _cast_like_from_pretrained(module, torch_dtype)
+        hidden = torch.zeros(videos * cfg, tokens, case.width, dtype=torch_dtype)
+        mask = torch.ones(videos * cfg, tokens, dtype=torch.long)
+        with torch.no_grad(), LiveBytes() as live:
+            module(hidden, mask)
+        weights = module_bytes(module)
+        parameters = sum(p.numel() for p in module.parameters())
+    held = hidden.untyped_storage().nbytes() * ((cfg + 1) / cfg if cfg > 1 else 1)
+    return weights, live.peak + int(held) + mask.untyped_storage().nbytes(), parameters

@@ -141,10 +141,8 @@ class MemorySettings:
     #: ``model`` (a name, as in ``names``) loads, at their release configurations, with the tokens it pads the prompt
     #: to (None: not planned, ``text_encoder`` says why)
     text_encoders: Optional[str] = None
-    #: ``text_stage(call, model, dtype, videos, cfg, tokens) -> (name, weights, activations, note)``: a component
-    #: the pipeline runs on the text encoder's output before denoising, on the device, once per call (LTX-2's text
-    #: connectors), traced as the pipeline calls it on ``videos`` prompts times CFG's factor ``cfg``, of ``tokens``
-    #: (weights and activations None where it cannot be planned; None: the pipeline has none)
+    #: ``text_stage(call, model) -> TextStageCase | str``: a component the pipeline runs on the text encoder's output
+    #: before denoising, once per call (LTX-2's text connectors), or why it cannot be planned (None: it has none)
     text_stage: Optional[str] = None
 
 
@@ -178,6 +176,21 @@ class TextEncoderCase:
             raise ValueError(f"output must be one of {', '.join(TEXT_ENCODER_OUTPUTS)}, got {self.output!r}")
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens!r}")
+
+
+@dataclass(frozen=True)
+class TextStageCase:
+    """A component a pipeline runs once on its text encoder's output before denoising (LTX-2's text connectors):
+    ``name`` (the stage's), the diffusers class ("module:Class") and its constructor arguments, the width of the
+    hidden states it is called on (``(prompts x CFG, tokens, width)`` in the compute dtype, with a mask of ones),
+    and where the configuration comes from. With CFG the pipeline concatenates [negative, positive] and still holds
+    the negative half beside the concatenation."""
+
+    name: str
+    model: str
+    settings: Mapping[str, Any]
+    width: int
+    source: str
 
 
 def resolve(name: str) -> Any:

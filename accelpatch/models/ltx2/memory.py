@@ -49,36 +49,13 @@ def text_encoders(call, model: str = "") -> tuple:
                             output="stacked"),)
 
 
-def text_connectors(call, model: str, dtype, videos: int, cfg: int, tokens: int, *, fake: bool = True,
-                    config=None):
-    """LTX2Pipeline's ``connectors`` (``LTX2TextConnectors`` at diffusers' defaults, LTX-2.0's, which its pipeline
-    loads beside Gemma 3 12B), called once as the pipeline calls it: on the stacked hidden states of ``videos``
-    prompts times ``cfg`` ([negative, positive] concatenated, the negative half still referenced beside the
-    concatenation) and their mask. Returns (name, weights, activations, note); ``config``: other constructor
-    arguments (the check at a tiny size, ``fake=False``)."""
-    import contextlib
-
-    import torch
-    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
-    from accelpatch.testing._common import _cast_like_from_pretrained
+def text_connectors(call, model: str = ""):
+    """LTX2Pipeline's ``connectors``: ``LTX2TextConnectors`` at diffusers' defaults (LTX-2.0's: Gemma 3 12B's 3,840
+    channels times its 49 stacked hidden states in), called once on the stacked hidden states; LTX-2.3's
+    configuration is not known here."""
+    from accelpatch.models.families import TextStageCase
 
     if "2.3" in model:
-        return ("text connectors", None, None, "LTX-2.3's connectors configuration is not known here")
-    dtype = getattr(torch, str(dtype).removeprefix("torch."))
-    with FakeTensorMode() if fake else contextlib.nullcontext():
-        connectors = LTX2TextConnectors(**dict(config or {})).eval()
-        _cast_like_from_pretrained(connectors, dtype)
-        width = connectors.config.caption_channels * connectors.config.text_proj_in_factor
-        stacked = torch.zeros(videos * cfg, tokens, width, dtype=dtype)
-        mask = torch.ones(videos * cfg, tokens, dtype=torch.long)
-        with torch.no_grad(), LiveBytes() as live:
-            connectors(stacked, mask)
-        weights = module_bytes(connectors)
-        parameters = sum(p.numel() for p in connectors.parameters())
-    inputs = stacked.untyped_storage().nbytes() * (cfg + 1) // cfg if cfg > 1 else stacked.untyped_storage().nbytes()
-    return ("text connectors", weights, live.peak + inputs + mask.untyped_storage().nbytes(),
-            f"LTX2TextConnectors {parameters / 1e9:.2f}B (diffusers' defaults: LTX-2.0), {videos * cfg} x {tokens} "
-            "tokens")
+        return "LTX-2.3's text connectors (another configuration) are not known here"
+    return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors", {},
+                         3840 * 49, "diffusers' LTX2TextConnectors defaults (LTX-2.0)")
