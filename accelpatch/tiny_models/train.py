@@ -26,6 +26,7 @@ The result loads with the family's pipeline ``from_pretrained(folder)``; call it
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -33,7 +34,6 @@ import math
 import time
 import types
 import warnings
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from accelpatch.tiny_models.shipped import (MAX_SEQUENCE_LENGTH, shipped_familie
 #: The trained tiny Wan transformer's shape: 2 heads x 128 (the Sol-Attn kernels' head dim), hidden 256, 4 layers,
 #: ~3.3M parameters; :data:`accelpatch.testing.wan.WAN_SOL_CONFIG` with 4 layers instead of 2 (a test keeps them so),
 #: written out here because accelpatch.testing loads the trained model (``trained=True``) and so stands above this
-#: package. Four layers: two learned colours and growth but not the direction of a move (docs/tiny-models.md).
+#: package. Four layers: with two it learned colours and growth, not the direction of a move (docs/tiny-models.md).
 WAN_TRANSFORMER_CONFIG: dict[str, Any] = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128,
                                               in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=256,
                                               num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
