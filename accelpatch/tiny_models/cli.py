@@ -19,25 +19,21 @@ def _default(name: str, value: object) -> str:
     own = [f"{family} {values[name]}" for family, values in settings.items() if name in values]
     return f"default {value}" + (f"; {', '.join(own)}" if own else "")
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def _at_least(minimum: int):
+    """An argparse type: a whole number of at least ``minimum`` (steps, clips, threads)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {minimum}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    """A whole number of steps, 0 included."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
+_positive, _count = _at_least(1), _at_least(0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
