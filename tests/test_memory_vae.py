@@ -7,44 +7,62 @@ import torch
 
 from accelpatch.memory.plan import memory_plan, trace_vae_decode
 
-#: (class, a tiny configuration, a latent grid, tiles that cut its frames into several)
+#: (family, a tiny configuration (None: the family's tiny builder's), a latent grid, tiles that cut it into several)
 VAES = {
-    "wan": ("AutoencoderKLWan", dict(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                                     temperal_downsample=[False, True, True]), (3, 16, 24),
+    "wan": ("wan", dict(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                        temperal_downsample=[False, True, True]), (3, 16, 24),
             dict(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=48,
                  tile_sample_stride_width=48)),
-    "ltx2": ("AutoencoderKLLTX2Video", None, (3, 24, 32),
+    "ltx2": ("ltx2", None, (3, 24, 32),
              dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
                   tile_sample_stride_width=24)),
+    "hunyuan-video15": ("hunyuan-video15", None, (3, 12, 16),
+                        dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_latent_min_height=8,
+                             tile_latent_min_width=8)),
+    # MiniMax-H3's VAE tiles by default (256 pixels): 2 x 2 tiles and 2 temporal chunks here; "tiled": smaller ones
+    "minimax-h3": ("minimax-h3", None, (12, 24, 24),
+                   dict(tile_sample_min_height=128, tile_sample_min_width=128, tile_sample_min_overlap_height=32,
+                        tile_sample_min_overlap_width=32)),
 }
 
 
 def _vae(name):
-    class_name, config, grid, tiles = VAES[name]
-    if config is None:
-        from accelpatch.testing.ltx2 import LTX2_TINY_VIDEO_VAE_CONFIG
+    """(the family's VaeDecodeCase, a tiny config, a grid, tiles)."""
+    from accelpatch.models.families import by_cli
 
-        config = LTX2_TINY_VIDEO_VAE_CONFIG
-    return class_name, config, grid, tiles
+    family, config, grid, tiles = VAES[name]
+    if config is None:
+        if name == "ltx2":
+            from accelpatch.testing.ltx2 import LTX2_TINY_VIDEO_VAE_CONFIG as config
+        elif name == "hunyuan-video15":
+            from accelpatch.testing.hunyuan_video15 import HUNYUAN_VIDEO15_TINY_VAE_CONFIG as config
+        else:
+            from accelpatch.testing.minimax_h3 import MINIMAX_H3_TINY_VIDEO_VAE_CONFIG
+
+            config = {**MINIMAX_H3_TINY_VIDEO_VAE_CONFIG, "latent_channels": 4}
+    return by_cli(family).memory.vae, config, grid, tiles
 
 
 @pytest.mark.parametrize("tiled", [False, True], ids=["whole", "tiled"])
 @pytest.mark.parametrize("name", sorted(VAES))
 def test_a_planned_vae_decode_holds_what_its_real_run_holds(name, tiled):
+    """Planned as the planner plans it (each repeated decoder call traced once, HunyuanVideo 1.5's mask stood in
+    for) against the real decode's peak."""
     torch.set_num_threads(1)
-    class_name, config, grid, tiles = _vae(name)
+    case, config, grid, tiles = _vae(name)
     tiling = tiles if tiled else False
-    planned = trace_vae_decode(class_name, config, grid, batch=1, dtype="float32", tiling=tiling)
-    measured = trace_vae_decode(class_name, config, grid, batch=1, dtype="float32", tiling=tiling, fake=False)
+    planned = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32", tiling=tiling,
+                               repeated=case.repeated, stand_ins=case.stand_ins)
+    measured = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32", tiling=tiling, fake=False)
     assert measured[1] > 3 * grid[1] * grid[2] * 4, measured  # more than the latents
     assert planned[0] == measured[0] and abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
 
 
 @pytest.mark.parametrize("name", sorted(VAES))
 def test_tiles_lower_the_decode_peak(name):
-    class_name, config, grid, tiles = _vae(name)
-    whole = trace_vae_decode(class_name, config, grid, batch=1, dtype="float32")[1]
-    tiled = trace_vae_decode(class_name, config, grid, batch=1, dtype="float32", tiling=tiles)[1]
+    case, config, grid, tiles = _vae(name)
+    whole = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32")[1]
+    tiled = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32", tiling=tiles)[1]
     assert tiled < whole, (tiled, whole)
 
 
@@ -58,3 +76,119 @@ def test_a_plan_with_vae_tiling_traces_the_decode_in_tiles_and_says_so():
     assert tiled.stages[-1].weights == whole.stages[-1].weights
     assert "tiled (vae.enable_tiling())" in tiled.table() and "default tiles" in tiled.table()
     assert "no VAE tiling" in whole.table()
+
+
+def _fake_decode_peak(case, config, grid, repeated=()):
+    """(peak bytes, the RepeatedCalls) of a fake decode of ``case``'s class with ``repeated`` traced once."""
+    import diffusers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accelpatch.memory.live_bytes import LiveBytes
+    from accelpatch.memory.repeats import RepeatedCalls, submodules
+
+    with FakeTensorMode():
+        vae = getattr(diffusers, case.class_name)(**config).eval()
+        latents = torch.zeros(1, 4, *grid)
+        with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)) as calls:
+            out = vae.decode(latents, return_dict=False)[0]
+    return live.peak, calls, tuple(out.shape)
+
+
+def test_a_repeated_decoder_call_is_traced_once_and_plans_the_same_peak():
+    """MiniMax-H3's decoder runs per tile and chunk (2 x 2 tiles, 2 chunks here: 8 calls on one input layout):
+    traced once, the peak and the output are what tracing every call gives."""
+    case, config, grid, _ = _vae("minimax-h3")
+    every, calls_every, shape = _fake_decode_peak(case, config, grid)
+    once, calls, shape_once = _fake_decode_peak(case, config, grid, repeated=("decoder",))
+    assert calls_every.traced == {} and calls.repeated["decoder"] == 7 and calls.traced["decoder"] == 1, calls.traced
+    assert once == every and shape_once == shape, (once, every)
+    assert not calls.not_repeatable
+
+
+def test_a_decoder_that_keeps_a_cache_is_traced_every_time():
+    """Wan's decoder fills a feature cache on every call (its state between frames): it is never replayed, and the
+    peak is the full trace's."""
+    case, config, grid, _ = _vae("wan")
+    every, _, shape = _fake_decode_peak(case, config, grid)
+    once, calls, shape_once = _fake_decode_peak(case, config, grid, repeated=("decoder",))
+    assert calls.not_repeatable == {"decoder"} and calls.repeated["decoder"] == 0 and calls.traced["decoder"] >= 3
+    assert once == every and shape_once == shape
+
+
+def test_repeated_names_a_missing_submodule_with_the_choices():
+    from accelpatch.memory.repeats import submodules
+
+    with pytest.raises(AttributeError, match="has no submodule 'decodr' \\(its children: .*decoder"):
+        submodules(_TinyVae(), ["decodr"])
+
+
+class _TinyVae(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.decoder = torch.nn.Identity()
+
+
+MASK = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:"
+        "HunyuanVideo15AttnBlock.prepare_causal_attention_mask")
+
+
+def test_the_causal_mask_stand_in_runs_only_on_fake_tensors_and_is_put_back():
+    """HunyuanVideo 1.5's mask: while the stand-in is installed a real call still gets diffusers' own mask (equal
+    values), a fake one a tensor of the same shape and dtype; afterwards the class holds diffusers' function again."""
+    import inspect
+
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accelpatch.memory.stand_ins import standing_in
+
+    case, *_ = _vae("hunyuan-video15")
+    assert case.stand_ins[0][0] == MASK
+    before = inspect.getattr_static(HunyuanVideo15AttnBlock, "prepare_causal_attention_mask")
+    own = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(3, 4, torch.float32, "cpu", batch_size=2)
+    with standing_in(case.stand_ins) as skipped:
+        assert skipped == []
+        assert inspect.getattr_static(HunyuanVideo15AttnBlock, "prepare_causal_attention_mask") is not before
+        real = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(3, 4, torch.float32, "cpu", batch_size=2)
+        with FakeTensorMode():
+            fake = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(3, 4, torch.float32, "cpu", batch_size=2)
+    assert torch.equal(real, own) and (own == 0).any() and torch.isinf(own).any()
+    assert fake.shape == own.shape == (2, 12, 12) and fake.dtype == own.dtype and fake.stride() == own.stride()
+    assert inspect.getattr_static(HunyuanVideo15AttnBlock, "prepare_causal_attention_mask") is before
+
+
+def test_a_changed_diffusers_function_is_traced_as_it_is_with_the_reason(monkeypatch):
+    """A prepare_causal_attention_mask that is not the recorded code (a newer diffusers) is not stood in for: the
+    decode is traced with diffusers' own function and the plan's notes say why."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+
+    original = HunyuanVideo15AttnBlock.prepare_causal_attention_mask
+    calls = []
+
+    def changed(n_frame, n_hw, dtype, device, batch_size=None):
+        calls.append(n_frame)
+        return original(n_frame, n_hw, dtype, device, batch_size=batch_size)
+
+    monkeypatch.setattr(HunyuanVideo15AttnBlock, "prepare_causal_attention_mask", staticmethod(changed))
+    case, config, grid, _ = _vae("hunyuan-video15")
+    notes = []
+    planned = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32", stand_ins=case.stand_ins,
+                               notes=notes)
+    plain = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32")
+    assert calls and planned == plain
+    assert len(notes) == 1 and "prepare_causal_attention_mask traced as it is (slowly)" in notes[0], notes
+
+
+def test_hunyuan_video15_and_minimax_h3_plans_trace_their_vae_decodes():
+    """Both VAE decodes are planned at a small size (their release classes at diffusers' defaults): HunyuanVideo
+    1.5's whole (its mid-block attends over every latent frame) and, when the call does not fit, in diffusers' tiles
+    for less; MiniMax-H3's in the tiles it always uses, so tiling is no move there, and the plan says so."""
+    hunyuan = memory_plan("hunyuan-video15-step-distilled", height=320, width=320, frames=9, patched=False,
+                          budget="1GiB")
+    vae, tiled = hunyuan.stages[-1], hunyuan.details["vae_tiled"]
+    assert vae.planned and vae.activations > 9 * 320 * 320 * 3 * 2 and vae.weights > 2 * 2 ** 30, vae
+    assert tiled.activations < vae.activations and "no VAE tiling" in hunyuan.table()
+    minimax = memory_plan("minimax-h3-turbo-5step", height=320, width=320, frames=22, patched=False, budget="1GiB")
+    vae = minimax.stages[-1]
+    assert vae.planned and vae.note == "tiled (its default)" and vae.weights > 5 * 2 ** 30, vae
+    assert "vae_tiled" not in minimax.details and "the VAE decoded in the tiles it uses by default" in minimax.table()

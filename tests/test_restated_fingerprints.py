@@ -23,7 +23,8 @@ RESTATING = {
     "fused_swiglu", "fused_gelu", "sana_video_fused_block", "sana_video_fused_glumb", "sana_video_fused_linear_attention",
     "sana_video_linear_attention", "wan_fused_block", "wan_fused_attention", "wan_sol_attn", "ltx2_fused_block",
     "ltx2_fused_attention", "ltx2_sol_attn", "hunyuan_video15_fused_block", "hunyuan_video15_fused_attention",
-    "hunyuan_video15_sol_attn", "minimax_h3_fused_block", "minimax_h3_fused_attention", "sol_attn"}
+    "hunyuan_video15_sol_attn", "minimax_h3_fused_block", "minimax_h3_fused_attention", "sol_attn",
+    "memory plan stand-in"}
 
 SANA_PROCESSOR = "SanaLinearAttnProcessor3_0.__call__"
 SANA_ATTENTION_KINDS = ("sana_video_fused_linear_attention", "sana_video_linear_attention")

@@ -17,6 +17,9 @@ FINGERPRINTS = {
     'diffusers.models.attention_processor:Attention.forward': {
         '0.42.1': '68103437bd7124aadd75425258f2bb3c3dbb7a2b8f1bf40a96e43e7f40dc5e72',
     },
+    'diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:HunyuanVideo15AttnBlock.prepare_causal_attention_mask': {
+        '0.42.1': '44f17f26ec044e130c5d745f195470321bc18c80a9bd056b4e518bf4532263f4',
+    },
     'diffusers.models.embeddings:apply_rotary_emb': {
         '0.42.1': 'aea8a11e312809bc6d5df0a4e6c350b90562428612c47e326436f910181785a4',
     },

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from accelpatch.core.tiers import Tier
 from accelpatch.memory.quantised import TORCHAO_CONFIGS, torchao_quantised
@@ -262,27 +263,34 @@ def group_offload_weights(case: TransformerCase) -> int:
 
 
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
-                     dtype: str, tiling: Union[bool, Mapping[str, Any]] = False,
-                     fake: bool = True) -> tuple[int, int, int]:
+                     dtype: str, tiling: Union[bool, Mapping[str, Any]] = False, fake: bool = True,
+                     repeated: Sequence[str] = (), stand_ins: Sequence[tuple[str, str]] = (),
+                     notes: Optional[list] = None) -> tuple[int, int, int]:
     """(weights, activations, latent channels) of ``vae.decode`` of one batch of latents of ``grid`` (frames,
     height, width), traced on fake tensors (``fake=False``: run for real, the check at a tiny size); activations
     count the latents and what the decode creates. ``tiling``: decode with ``vae.enable_tiling()`` (True: diffusers'
-    default tiles; a mapping: its arguments)."""
+    default tiles; a mapping: its arguments). ``repeated`` and ``stand_ins``: see
+    :class:`~accelpatch.models.families.VaeDecodeCase` (they shorten only a fake trace); ``notes`` gets the reasons of
+    stand-ins left out."""
     import diffusers
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.memory.repeats import RepeatedCalls, submodules
+    from accelpatch.memory.stand_ins import standing_in
     from accelpatch.testing._common import _cast_like_from_pretrained
 
-    with FakeTensorMode() if fake else contextlib.nullcontext():
+    with FakeTensorMode() if fake else contextlib.nullcontext(), standing_in(stand_ins) as skipped:
+        if notes is not None:
+            notes.extend(skipped)
         vae = getattr(diffusers, class_name)(**dict(config)).eval()
         _cast_like_from_pretrained(vae, getattr(torch, dtype))
         if tiling:
             vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
         channels = int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim)
         latents = torch.zeros(batch, channels, *grid, dtype=getattr(torch, dtype))
-        with torch.no_grad(), LiveBytes() as live:
+        with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)):
             vae.decode(latents, return_dict=False)
         return module_bytes(vae), live.peak + latents.untyped_storage().nbytes(), channels
 
@@ -718,15 +726,20 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         from accelpatch.memory.text_encoder import quantised_text_encoders
 
         details["text_int8"] = quantised_text_encoders(text_cases, torch_dtype)
-    if isinstance(memory.vae, str):
-        stages.append(Stage("VAE decode", note=memory.vae))
+    vae_case = memory.vae
+    if isinstance(vae_case, str):
+        stages.append(Stage("VAE decode", note=vae_case))
     else:
-        class_name, vae_config, source = memory.vae
         say("tracing the VAE decode" + (" in tiles" if vae_tiling else "") + " ...")
-        weights, activations, channels = trace_vae_decode(class_name, vae_config, (lat_f, lat_h, lat_w),
-                                                          batch=videos, dtype=torch_dtype, tiling=vae_tiling)
-        stages.append(Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())" if vae_tiling else ""))
-        details["vae"] = f"{source}, {channels} latent channels"
+        vae_notes: list[str] = []
+        trace_vae = functools.partial(trace_vae_decode, vae_case.class_name, vae_case.config, (lat_f, lat_h, lat_w),
+                                      batch=videos, dtype=torch_dtype, repeated=vae_case.repeated,
+                                      stand_ins=vae_case.stand_ins, notes=vae_notes)
+        weights, activations, channels = trace_vae(tiling=vae_tiling)
+        tiled_note = "tiled (its default)" if vae_case.tiles_by_default else "tiled (vae.enable_tiling())"
+        stages.append(Stage("VAE decode", weights, activations,
+                            tiled_note if vae_tiling or vae_case.tiles_by_default else ""))
+        details["vae"] = "; ".join([f"{vae_case.source}, {channels} latent channels", *vae_notes])
     tokens = lat_f * lat_h * lat_w
     call_text = (f"{height}x{width}, {frames} frames -> latents {lat_f}x{lat_h}x{lat_w} ({tokens:,} latent pixels"
                  + (f", {audio} audio {memory.audio_unit}" if audio else "")
@@ -735,7 +748,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         f"every component in {dtype}, as from_pretrained(torch_dtype=...) loads it (modules diffusers keeps in "
         "float32 stay float32); no quantisation, offloading or VAE slicing; "
         + ("the VAE decoded in diffusers' default tiles (vae.enable_tiling(): lossy, the tiles are blended)"
-           if vae_tiling else "no VAE tiling"),
+           if vae_tiling else "the VAE decoded in the tiles it uses by default"
+           if getattr(vae_case, "tiles_by_default", False) else "no VAE tiling"),
         f"text: {memory.text_source}",
         *([f"text encoder: {details['text_encoders']}; each called on one padded prompt (the prompt and the negative "
            "one are encoded one after the other), every token valid; all of them resident with every component on "
@@ -773,10 +787,9 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 "checked": Stage("transformer step, memory='low'", low.weights,
                                  max(low.activations, low.first_activations or 0), note),
                 "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
-        if not vae_tiling and stages[-1].planned:
+        if not vae_tiling and stages[-1].planned and not vae_case.tiles_by_default:
             say("tracing the VAE decode in tiles (the call does not fit) ...")
-            weights, activations, _ = trace_vae_decode(class_name, vae_config, (lat_f, lat_h, lat_w), batch=videos,
-                                                       dtype=torch_dtype, tiling=True)
+            weights, activations, _ = trace_vae(tiling=True)
             details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")
         plan = dataclasses.replace(plan, details=details, seconds=time.perf_counter() - start)
     return plan

@@ -81,6 +81,23 @@ class TrainingSettings:
 
 
 @dataclass(frozen=True)
+class VaeDecodeCase:
+    """A family's VAE as the memory planner traces its decode: the diffusers class, its release configuration's
+    fields and where they come from. ``repeated``: submodules called many times with one input layout (a decoder
+    run per tile and chunk), each traced once per layout (:mod:`accelpatch.memory.repeats`); ``stand_ins``: pairs
+    (diffusers function, "module:function") the trace calls instead on fake tensors, where diffusers' own loops over
+    values the trace does not have (checked by fingerprint: a changed function is traced as it is, slowly);
+    ``tiles_by_default``: its decode already tiles (so ``vae.enable_tiling()`` is no move)."""
+
+    class_name: str
+    config: tuple[tuple[str, Any], ...] = ()
+    source: str = ""
+    repeated: tuple[str, ...] = ()
+    stand_ins: tuple[tuple[str, str], ...] = ()
+    tiles_by_default: bool = False
+
+
+@dataclass(frozen=True)
 class MemorySettings:
     """What the memory planner (``python -m accelpatch memory``, :func:`accelpatch.memory.plan.memory_plan`, issue
     #44) needs to plan a call of the family's released models at full size on fake tensors: how its pipeline turns
@@ -121,9 +138,8 @@ class MemorySettings:
     size: Optional[tuple[int, int, int]]
     #: the text encoder(s), named in the table (and, where ``text_encoders`` is None, why they are not planned)
     text_encoder: str
-    #: the VAE: (diffusers class, its config as (field, value) pairs, where that config comes from), or why it is not
-    #: planned
-    vae: Union[tuple[str, tuple[tuple[str, Any], ...], str], str]
+    #: the VAE, or why it is not planned
+    vae: Union[VaeDecodeCase, str]
     #: ``frames(n) -> n``: the pixel frames the pipeline makes of the call's ``n`` (None: ``n``)
     frames: Optional[str] = None
     #: ``latent_frames(n) -> n``: the VAE's latent frames of ``n`` pixel frames (None: ``(n - 1) // temporal + 1``)

@@ -276,26 +276,19 @@ def minimax_h3_transformer_inputs(
     return inputs
 
 
+#: the tiny ``AutoencoderKLMiniMaxH3`` video VAE's shape (its latent channels are the transformer's): the release's
+#: 16x spatial and 4x temporal compression, 17-frame clips with 3 latent frames dropped, a 2-layer ViT decoder
+MINIMAX_H3_TINY_VIDEO_VAE_CONFIG: dict[str, Any] = dict(
+    block_out_channels=(8, 8, 8, 8), layers_per_block=1, spatial_downsample_factors=(2, 2, 2, 2),
+    temporal_downsample_factors=(1, 2, 2, 1), norm_num_groups=8, decoder_num_layers=2, decoder_num_attention_heads=2,
+    decoder_attention_head_dim=8, decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=17, token_drop=3)
+
+
 def _tiny_minimax_h3_video_vae(latent_channels: int):
     from diffusers import AutoencoderKLMiniMaxH3
 
-    return AutoencoderKLMiniMaxH3(
-        latent_channels=latent_channels,
-        block_out_channels=(8, 8, 8, 8),
-        layers_per_block=1,
-        spatial_downsample_factors=(2, 2, 2, 2),
-        temporal_downsample_factors=(1, 2, 2, 1),
-        norm_num_groups=8,
-        decoder_num_layers=2,
-        decoder_num_attention_heads=2,
-        decoder_attention_head_dim=8,
-        decoder_num_register_tokens=2,
-        decoder_ffn_mult=2,
-        clip_length=17,
-        token_drop=3,
-        latents_mean=[0.0] * latent_channels,
-        latents_std=[1.0] * latent_channels,
-    )
+    return AutoencoderKLMiniMaxH3(latent_channels=latent_channels, latents_mean=[0.0] * latent_channels,
+                                  latents_std=[1.0] * latent_channels, **MINIMAX_H3_TINY_VIDEO_VAE_CONFIG)
 
 
 def _tiny_minimax_h3_audio_vae(latent_channels: int):

@@ -31,7 +31,7 @@ FINGERPRINTS = '''
 
 def restating_paths() -> dict[str, list[str]]:
     """Qualified name of each restated diffusers function -> the fast paths (fusion names) restating it, from every
-    FastPath class of accelpatch's adapters and sites."""
+    FastPath class of accelpatch's adapters and sites, and the memory planner's stand-ins."""
     from accelpatch import models
     from accelpatch.core.sites import FAST_PATH_CLASSES
 
@@ -40,6 +40,12 @@ def restating_paths() -> dict[str, list[str]]:
         importlib.import_module(module.name)
     importlib.import_module("accelpatch.sol_attn.sites")
     found: dict[str, list[str]] = {}
+    from accelpatch.models.families import families
+
+    for family in families():  # the memory planner's stand-ins on fake tensors (accelpatch.memory.stand_ins)
+        vae = family.memory.vae if family.memory is not None else None
+        for name, _ in getattr(vae, "stand_ins", ()):
+            found.setdefault(name, []).append("memory plan stand-in")
     for cls in FAST_PATH_CLASSES:
         fusion = getattr(cls, "fusion", None)
         for name in cls.restates:

@@ -3,7 +3,7 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, MemorySettings, TrainingSettings, register
+from accelpatch.models.families import DemoSettings, Family, MemorySettings, TrainingSettings, VaeDecodeCase, register
 
 _LAZY = {"HunyuanVideo15Adapter": f"{__name__}.adapter"}
 
@@ -20,8 +20,11 @@ register(Family(
         text_tokens=1000, text_source="HunyuanVideo 1.5 pads Qwen2.5-VL to 1000 tokens, ByT5 to 256, and adds 729 "
         "SigLIP image tokens", cfg="sequential", guidance=None, size=None, text_encoder="Qwen2.5-VL, ByT5 and SigLIP",
         text_encoders=f"{__name__}.memory:text_encoders",
-        vae="its VAE's decode (diffusers' AutoencoderKLHunyuanVideo15 defaults) is about 490,000 operators at 480p, "
-            "minutes to trace on a CPU"),
+        vae=VaeDecodeCase(
+            "AutoencoderKLHunyuanVideo15", source="diffusers' AutoencoderKLHunyuanVideo15 defaults; whole, its "
+            "mid-block attends over the whole clip's latents with a frame-causal mask", repeated=("decoder",),
+            stand_ins=(("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:"
+                        "HunyuanVideo15AttnBlock.prepare_causal_attention_mask", f"{__name__}.memory:causal_mask"),))),
     # the pipeline feeds two text streams, zero image embeddings and latents with zero condition channels: the
     # trained tiny one learns from exactly those (accelpatch.tiny_models.hunyuan_video15). Its VAE learns from two
     # clips a step, encoded and decoded one per call (a batch fails in diffusers 0.42), at 3e-4 (measured: at 4e-3 a

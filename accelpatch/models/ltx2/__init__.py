@@ -3,7 +3,7 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, MemorySettings, register
+from accelpatch.models.families import DemoSettings, Family, MemorySettings, VaeDecodeCase, register
 
 _LAZY = {"LTX2Adapter": f"{__name__}.adapter"}
 
@@ -23,5 +23,5 @@ register(Family(
         size=(512, 768, 121), text_encoder="Gemma 3 and the text connectors",
         text_encoders=f"{__name__}.memory:text_encoders",
         text_stage=f"{__name__}.memory:text_connectors",
-        vae=("AutoencoderKLLTX2Video", (), "diffusers' AutoencoderKLLTX2Video defaults (the LTX-2 video VAE; the "
-             "audio VAE and vocoder are not planned yet)"))))
+        vae=VaeDecodeCase("AutoencoderKLLTX2Video", source="diffusers' AutoencoderKLLTX2Video defaults (the LTX-2 "
+                           "video VAE; the audio VAE and vocoder are not planned yet)"))))

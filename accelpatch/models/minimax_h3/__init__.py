@@ -3,7 +3,7 @@
 :mod:`.lossless` its lossless fused paths, :mod:`.high` its ``high`` paths. Imported on first use: importing this
 package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, MemorySettings, RecipeSettings, register
+from accelpatch.models.families import DemoSettings, Family, MemorySettings, RecipeSettings, VaeDecodeCase, register
 
 _LAZY = {"MiniMaxH3Adapter": f"{__name__}.adapter"}
 
@@ -26,5 +26,6 @@ register(Family(
         cfg="distilled", guidance=None, size=None,
         text_encoder="Qwen3-VL: which model the release loads is not known here (its pipeline reads the 51st of "
         "its hidden states, so it has at least 50 layers; diffusers' notes give no configuration)",
-        vae="its VAE decodes in tiles by default (diffusers' AutoencoderKLMiniMaxH3 defaults): at 768x1344x124 "
-            "that is about 1.2 million operators, minutes to trace on a CPU")))
+        vae=VaeDecodeCase("AutoencoderKLMiniMaxH3", source="diffusers' AutoencoderKLMiniMaxH3 defaults: its ViT "
+                           "decoder runs per 256-pixel tile and 17-frame chunk", repeated=("decoder",),
+                           tiles_by_default=True))))

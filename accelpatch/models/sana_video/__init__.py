@@ -3,7 +3,8 @@
 :mod:`.block` and :mod:`.linear_attention` its fast paths (the adapter's docstring says which tier each holds).
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
-from accelpatch.models.families import DemoSettings, Family, MemorySettings, RecipeSettings, TrainingSettings, register
+from accelpatch.models.families import (DemoSettings, Family, MemorySettings, RecipeSettings, TrainingSettings,
+                                        VaeDecodeCase, register)
 
 _LAZY = {"SanaVideoAdapter": f"{__name__}.adapter"}
 
@@ -22,7 +23,7 @@ register(Family(
         text_source="SanaVideoPipeline pads the prompt to max_sequence_length 300", cfg="batch", guidance=6.0,
         size=(480, 832, 81), text_encoder="Gemma-2",
         text_encoders=f"{__name__}.memory:text_encoders",
-        vae=("AutoencoderKLWan", (), "diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)")),
+        vae=VaeDecodeCase("AutoencoderKLWan", source="diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)")),
     # decodes with Wan's VAE class and latent normalisation, so it trains on the shipped Wan's VAE; no
     # prompt-rewriting instruction (the tiny vocabulary has none). The demo shows the step cache at threshold 0.2
     # (reuses 2 of 8 steps and passes validate's gates here; 0.3 fails on PSNR drift, docs/tiny-models.md): its own
