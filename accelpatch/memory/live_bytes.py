@@ -45,7 +45,7 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
-        self._release_freed()
+        self.release_freed()
         held = {StorageWeakRef(t.untyped_storage()).cdata for t in tree_leaves((args, kwargs))
                 if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
@@ -64,15 +64,21 @@ class LiveBytes(TorchDispatchMode):
                 self.peak_module = max(self._tracker.parents, key=len, default="")
         return out
 
-    def _release_freed(self) -> None:
+    def release_freed(self) -> None:
+        """Bring ``current`` up to date with the storages torch has freed since the last operator."""
         for key in [key for key, (ref, _) in self._live.items() if ref.expired()]:
             self.current -= self._live.pop(key)[1]
+
+    def made_here(self, tensor: torch.Tensor) -> int:
+        """The bytes of ``tensor``'s storage if the block created it and it is alive, else 0."""
+        entry = self._live.get(StorageWeakRef(tensor.untyped_storage()).cdata)
+        return entry[1] if entry is not None else 0
 
     def __exit__(self, *exc: Any):
         result = super().__exit__(*exc)
         if self._tracker is not None:
             self._tracker.__exit__(*exc)
-        self._release_freed()
+        self.release_freed()
         return result
 
 

@@ -727,6 +727,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
 
         details["text_int8"] = quantised_text_encoders(text_cases, torch_dtype)
     vae_case = memory.vae
+    tiles_by_default = getattr(vae_case, "tiles_by_default", False)  # a str: why the VAE is not planned
     if isinstance(vae_case, str):
         stages.append(Stage("VAE decode", note=vae_case))
     else:
@@ -736,9 +737,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                       batch=videos, dtype=torch_dtype, repeated=vae_case.repeated,
                                       stand_ins=vae_case.stand_ins, notes=vae_notes)
         weights, activations, channels = trace_vae(tiling=vae_tiling)
-        tiled_note = "tiled (its default)" if vae_case.tiles_by_default else "tiled (vae.enable_tiling())"
-        stages.append(Stage("VAE decode", weights, activations,
-                            tiled_note if vae_tiling or vae_case.tiles_by_default else ""))
+        tiled_note = "tiled (its default)" if tiles_by_default else "tiled (vae.enable_tiling())"
+        stages.append(Stage("VAE decode", weights, activations, tiled_note if vae_tiling or tiles_by_default else ""))
         details["vae"] = "; ".join([f"{vae_case.source}, {channels} latent channels", *vae_notes])
     tokens = lat_f * lat_h * lat_w
     call_text = (f"{height}x{width}, {frames} frames -> latents {lat_f}x{lat_h}x{lat_w} ({tokens:,} latent pixels"
@@ -748,8 +748,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         f"every component in {dtype}, as from_pretrained(torch_dtype=...) loads it (modules diffusers keeps in "
         "float32 stay float32); no quantisation, offloading or VAE slicing; "
         + ("the VAE decoded in diffusers' default tiles (vae.enable_tiling(): lossy, the tiles are blended)"
-           if vae_tiling else "the VAE decoded in the tiles it uses by default"
-           if getattr(vae_case, "tiles_by_default", False) else "no VAE tiling"),
+           if vae_tiling else "the VAE decoded in the tiles it uses by default" if tiles_by_default
+           else "no VAE tiling"),
         f"text: {memory.text_source}",
         *([f"text encoder: {details['text_encoders']}; each called on one padded prompt (the prompt and the negative "
            "one are encoded one after the other), every token valid; all of them resident with every component on "
@@ -787,7 +787,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 "checked": Stage("transformer step, memory='low'", low.weights,
                                  max(low.activations, low.first_activations or 0), note),
                 "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
-        if not vae_tiling and stages[-1].planned and not vae_case.tiles_by_default:
+        if not vae_tiling and stages[-1].planned and not tiles_by_default:
             say("tracing the VAE decode in tiles (the call does not fit) ...")
             weights, activations, _ = trace_vae(tiling=True)
             details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")

@@ -94,11 +94,11 @@ class RepeatedCalls:
 
     def _trace(self, name: str, key: tuple, held: set, original, args: tuple, kwargs: dict) -> Any:
         live = self.live
-        live._release_freed()
+        live.release_freed()
         start, before, before_op, before_module = live.current, live.peak, live.peak_op, live.peak_module
         live.peak = start
         out = original(*args, **kwargs)
-        live._release_freed()
+        live.release_freed()
         inside, inside_op, inside_module = live.peak, live.peak_op, live.peak_module
         if before >= inside:
             live.peak, live.peak_op, live.peak_module = before, before_op, before_module
@@ -107,11 +107,11 @@ class RepeatedCalls:
         made: dict[int, int] = {}
         for leaf in out_leaves:
             if isinstance(leaf, torch.Tensor):
-                ref = StorageWeakRef(leaf.untyped_storage()).cdata
-                if ref in held or ref not in live._live:
+                ref, nbytes = StorageWeakRef(leaf.untyped_storage()).cdata, live.made_here(leaf)
+                if ref in held or not nbytes:
                     self.not_repeatable.add(name)  # a view of an input, or of something made before the call
                     return out
-                made[ref] = live._live[ref][1]
+                made[ref] = nbytes
             elif not isinstance(leaf, _SIMPLE):
                 self.not_repeatable.add(name)
                 return out
@@ -126,7 +126,7 @@ class RepeatedCalls:
     def _replay(self, name: str, record: tuple) -> Any:
         excursion, spec, layouts, op, module = record
         live = self.live
-        live._release_freed()
+        live.release_freed()
         self.repeated[name] += 1
         if live.current + excursion > live.peak:
             live.peak = live.current + excursion

@@ -17,16 +17,14 @@ import inspect
 from typing import Iterator, Sequence
 
 from accelpatch.core.restated import mismatch, short_name
+from accelpatch.core.restated import resolve as resolve_restated
 
 
 def _owner(qualified: str):
     """(the object holding the function, its attribute name) for ``"module:Class.function"``."""
     module_name, _, attributes = qualified.partition(":")
-    *path, name = attributes.split(".")
-    owner = importlib.import_module(module_name)
-    for attribute in path:
-        owner = getattr(owner, attribute)
-    return owner, name
+    path, _, name = attributes.rpartition(".")
+    return (resolve_restated(f"{module_name}:{path}") if path else importlib.import_module(module_name)), name
 
 
 @contextlib.contextmanager

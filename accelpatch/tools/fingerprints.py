@@ -34,14 +34,13 @@ def restating_paths() -> dict[str, list[str]]:
     FastPath class of accelpatch's adapters and sites, and the memory planner's stand-ins."""
     from accelpatch import models
     from accelpatch.core.sites import FAST_PATH_CLASSES
+    from accelpatch.models.families import families
 
     # every family's modules (the models import the shared site modules: accelpatch.sol_attn.sites, ...)
     for module in pkgutil.walk_packages(models.__path__, models.__name__ + "."):
         importlib.import_module(module.name)
     importlib.import_module("accelpatch.sol_attn.sites")
     found: dict[str, list[str]] = {}
-    from accelpatch.models.families import families
-
     for family in families():  # the memory planner's stand-ins on fake tensors (accelpatch.memory.stand_ins)
         vae = family.memory.vae if family.memory is not None else None
         for name, _ in getattr(vae, "stand_ins", ()):
