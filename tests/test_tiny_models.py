@@ -4,6 +4,7 @@ seeded training of the tiny Wan pipeline runs, learns (its loss falls) and saves
 The clip checks measure the frames with hand-written detectors (saturated pixels are the shape; the background is
 grey), never the generator's own ground truth alone. Training here is a smoke run of seconds: the suite never
 trains a model to quality."""
+import dataclasses
 import json
 import warnings
 import types
@@ -498,9 +499,53 @@ def test_unknown_families_and_bad_counts_are_refused():
         train_family("wan", "unused", vae_max_passes=1)
     with pytest.raises(ValueError, match=r"motion_steps must be 0 \(no motion phase\) or more, got -1"):
         train_family("wan", "unused", motion_steps=-1)
-    with pytest.raises(ValueError, match=r"no clip's prompt holds 'moves' for the motion phase \(motion_steps 2000\): "
-                                         r"encode more clips \(--videos\) or set --motion-steps 0"):
+    with pytest.raises(ValueError, match=r"no clip's prompt holds any of \['moves'\] for the motion phase "
+                                         r"\(motion_steps 2000\): encode more clips \(--videos\) or set --motion-steps 0"):
         train_family("wan", "unused", steps=1, videos=1, vae_from="wan", height=64, width=128, progress=False)
+    with pytest.raises(ValueError, match=r"motion_words must be a non-empty tuple of prompt words, got "
+                                         r"\('moves', 'jumps'\) \(not prompt words: \['jumps'\]\); choose from a, red"):
+        train_family("wan", "unused", motion_words=("moves", "jumps"))
+    with pytest.raises(ValueError, match=r"got 'moves'; choose from"):  # a string, not a tuple of words
+        train_family("wan", "unused", motion_words="moves")
+
+
+def test_the_motion_phase_trains_on_the_clips_holding_any_of_its_words(monkeypatch):
+    """``motion_words``: the phase's clips are those whose prompt holds one of the words, each with its own text."""
+    from accelpatch.tiny_models import train as training
+
+    prompts = ["a red square moves left", "a blue circle grows", "camera pans left over cat", "a red circle shrinks",
+               "a green square turns red"]
+    latents = torch.arange(len(prompts), dtype=torch.float32).view(-1, 1)
+    seen = {}
+
+    def fake_train(transformer, latents, text, config, seed, progress, model_inputs, desc):
+        seen.update(latents=latents, text=text, steps=config.steps, lr=config.lr, seed=seed, desc=desc)
+        return [0.0]
+
+    monkeypatch.setattr(training, "_train_transformer", fake_train)
+    monkeypatch.setattr(training, "_text_table", lambda pipe, chosen, recipe: list(chosen))
+    config = training.TrainingConfig(motion_steps=7, motion_lr=3e-4, motion_words=("grows", "shrinks", "moves"))
+    training.train_motion(types.SimpleNamespace(transformer=None), latents, prompts, config, 5, False, None)
+    assert seen["latents"].flatten().tolist() == [0.0, 1.0, 3.0]
+    assert seen["text"] == [prompts[0], prompts[1], prompts[3]]
+    assert (seen["steps"], seen["lr"], seen["seed"], seen["desc"]) == (7, 3e-4, 6, "motion")
+    config = dataclasses.replace(config, motion_words=("grows",))
+    training.train_motion(types.SimpleNamespace(transformer=None), latents, prompts, config, 5, False, None)
+    assert seen["text"] == [prompts[1]]
+
+
+def test_train_tiny_motion_words_option():
+    import argparse
+
+    from accelpatch.tiny_models import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["wan", "--motion-words", "moves, grows,shrinks"])
+    assert args.motion_words == ("moves", "grows", "shrinks")
+    assert parser.parse_args(["wan"]).motion_words is None  # the family's own default
+    with pytest.raises(SystemExit):
+        parser.parse_args(["wan", "--motion-words", " , "])
 
 
 def test_a_vae_that_fails_on_a_batch_learns_from_a_batch_one_call_per_clip():

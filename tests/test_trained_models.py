@@ -217,11 +217,12 @@ def test_the_trained_model_shows_whether_the_shape_grows_or_shrinks_and_random_w
     assert not min(random["grows"]) > max(random["shrinks"]), random
 
 
-#: the checks every shipped family's module runs (growth only where the family learned it)
+#: the checks every shipped family's module runs (growth and direction only where the family learned them)
 SHARED_CHECKS = ("test_the_trained_model_shows_the_prompts_colour",
                  "test_a_random_weight_model_of_the_same_shape_shows_no_prompts_colour",
                  "test_trained_videos_are_more_coherent_in_time_than_random_weights")
 GROWTH_CHECK = "test_the_trained_model_shows_whether_the_shape_grows_or_shrinks_and_random_weights_do_not"
+DIRECTION_CHECK = "test_the_trained_model_moves_the_shape_the_way_the_prompt_says_and_random_weights_do_not"
 
 
 def checks_for(name: str, *, growth: bool = True) -> dict:
@@ -234,7 +235,8 @@ def checks_for(name: str, *, growth: bool = True) -> dict:
     def family():
         return name
 
-    chosen = SHARED_CHECKS + ((GROWTH_CHECK,) if growth else ())
+    chosen = SHARED_CHECKS + ((GROWTH_CHECK,) if growth else ()) + ((DIRECTION_CHECK,) if name in DIRECTION_AT_LEAST
+                                                                     else ())
     return {"family": family, "trained_videos": trained_videos, "random_videos": random_videos,
             **{check: globals()[check] for check in chosen}}
 
@@ -247,26 +249,31 @@ DIRECTIONS = ("left", "right", "up", "down")
 COLOURS = ("red", "green", "blue", "yellow")
 
 
-def _moving(pipe) -> list:
+def _moving(pipe, family: str) -> list:
     readings = []
     for colour, direction in MOVES:
         seed = 4 * COLOURS.index(colour) + DIRECTIONS.index(direction)
-        kwargs = trained_call_kwargs("wan", f"a {colour} square moves {direction}", num_inference_steps=STEPS,
+        kwargs = trained_call_kwargs(family, f"a {colour} square moves {direction}", num_inference_steps=STEPS,
                                      seed=seed)
         with torch.no_grad():
             readings.append(read_shape_video(from_pipeline_frames(pipe(**kwargs).frames)))
     return readings
 
 
-def test_the_trained_wan_moves_the_shape_the_way_the_prompt_says_and_random_weights_do_not():
+#: of MOVES' 8 prompts, the directions the trained model must draw, for the families that learned the direction (a
+#: motion phase ended their training: docs/tiny-models.md). Measured on these 8: Wan 6 (the blue square's moves
+#: missed; all 16 pairs: 12), the untrained weights it started from 0. The shipped SANA-Video and SANA-Video 2.0 do
+#: not move their shapes the prompt's way (a 4-layer SANA-Video with two motion phases drew all 8, not shipped yet)
+DIRECTION_AT_LEAST = {"wan": 5}
+
+
+def test_the_trained_model_moves_the_shape_the_way_the_prompt_says_and_random_weights_do_not(family):
     """The direction of a move, read from the frames (the shape's centroid from the first frame to the last, at least
-    10 % of the frame along the prompt's axis). Measured 2026-12-06 on these 8 prompts: trained 6 of 8 (the blue
-    square's moves missed; all 16 pairs: 12), the untrained weights it started from 0 of 8; chance with four
-    directions and still shapes is 2 at most."""
+    10 % of the frame along the prompt's axis); chance with four directions and still shapes is 2 at most."""
     from accelpatch.tiny_models.train import untrained_pipeline
 
-    trained = _moving(_trained("wan"))
+    trained = _moving(_trained(family), family)
     right = [r.direction == d for r, (_, d) in zip(trained, MOVES)]
-    assert sum(right) >= 5, list(zip(MOVES, trained))
-    random = _moving(untrained_pipeline("wan", seed=0))
+    assert sum(right) >= DIRECTION_AT_LEAST[family], list(zip(MOVES, trained))
+    random = _moving(untrained_pipeline(family, seed=0), family)
     assert sum(r.direction == d for r, (_, d) in zip(random, MOVES)) <= 2, list(zip(MOVES, random))

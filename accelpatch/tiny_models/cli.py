@@ -36,6 +36,15 @@ def _at_least(minimum: int):
 _positive, _count = _at_least(1), _at_least(0)
 
 
+def _words(text: str) -> tuple[str, ...]:
+    """``--motion-words``: comma-separated words (that a prompt can hold them is the trainer's check: the vocabulary
+    lives beside torch)."""
+    words = tuple(word.strip() for word in text.split(",") if word.strip())
+    if not words:
+        raise argparse.ArgumentTypeError(f"{text!r}: no word (e.g. moves,grows,shrinks)")
+    return words
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``train-tiny``'s options (defaults: :class:`accelpatch.tiny_models.train.TrainingConfig`)."""
     parser.add_argument("family", choices=TRAINABLE_FAMILIES, help="which family's tiny pipeline to train")
@@ -45,8 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=_positive, default=None, metavar="N",
                         help=f"transformer training steps ({_default('steps', 5000)})")
     parser.add_argument("--motion-steps", type=_count, default=None, metavar="N",
-                        help="steps of the motion phase after the transformer's: the clips whose prompt says 'moves' "
+                        help="steps of the motion phase after the transformer's, on the clips --motion-words names "
                              f"alone (0: none; {_default('motion_steps', 0)})")
+    parser.add_argument("--motion-words", type=_words, default=None, metavar="WORD[,WORD...]",
+                        help="the motion phase's clips: those whose prompt holds one of these words, comma-separated "
+                             f"({_default('motion_words', 'moves')})")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
                         help="VAE training steps per pass (two passes: plain, then the shapes weighted; "
                              f"{_default('vae_steps', 700)}; sana-video trains no VAE: it reuses the shipped Wan's)")
@@ -102,7 +114,8 @@ def main(args: argparse.Namespace) -> int:
 
     out = output_dir(args)
     extra = {name: value for name, value in (("vae_max_passes", args.vae_max_passes),
-                                             ("motion_steps", args.motion_steps)) if value is not None}
+                                             ("motion_steps", args.motion_steps),
+                                             ("motion_words", args.motion_words)) if value is not None}
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
                           seed=args.seed, vae_from=args.vae_from, **extra, threads=args.threads,
                           progress=not args.no_progress)
