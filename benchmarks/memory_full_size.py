@@ -39,16 +39,20 @@ def main() -> None:
             print(f"| {name} | not planned: {error} |")
             continue
         seconds = time.perf_counter() - start
-        text, *between, step, vae = plan.stages  # between: what runs on the text (LTX-2's connectors)
+        named = {stage.name: stage for stage in plan.stages}
+        step = next(s for s in plan.stages if s.name.startswith("transformer step"))
+        text, vae, audio = named["text encoder"], named["VAE decode"], named.get("audio decode")
+        between = plan.stages[1:plan.stages.index(step)]  # what runs on the text (LTX-2's connectors)
         cell = (lambda s: f"{gib(s.weights)} + {gib(s.activations)}" if s.planned else "not planned")
         text_cell = "; ".join([cell(text), *(f"{s.name} {cell(s)}" for s in between)])
+        vae_cell = cell(vae) + (f"; audio {cell(audio)}" if audio is not None else "")
         h, w, f = plan.size
         peaks = [plan.peak(patched=p, offload=o) for o in (False, True) for p in (False, True)]
         shown = [("" if complete else "≥ ") + gib(v) for v, complete in peaks]
         print(f"| {name} | {h}×{w}×{f}{' (given)' if name in GIVEN else ''} | {text_cell} | "
               f"{gib(step.weights) if step.planned else 'not planned'} | "
               f"{gib(step.activations) if step.planned else '-'} / "
-              f"{gib(plan.patched.activations) if plan.patched else '-'} | {cell(vae)} | {shown[0]} / {shown[1]} | "
+              f"{gib(plan.patched.activations) if plan.patched else '-'} | {vae_cell} | {shown[0]} / {shown[1]} | "
               f"{shown[3]} | {_fits(plan)} / {_fits(plan, offload=True)} | {seconds:.0f} s |", flush=True)
 
 

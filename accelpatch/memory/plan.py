@@ -295,6 +295,30 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
         return module_bytes(vae), live.peak + latents.untyped_storage().nbytes(), channels
 
 
+def trace_audio_decode(case, *, batch: int, dtype: str, fake: bool = True) -> tuple[int, int]:
+    """(weights, activations) of an :class:`~accelpatch.models.families.AudioDecodeCase`'s decode as its pipeline
+    runs it: the audio VAE's ``decode`` of ``batch`` latents, then the vocoder on what it made (held meanwhile), on
+    fake tensors (``fake=False``: run for real, the check at a tiny size); activations count the latents."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.testing._common import _cast_like_from_pretrained
+
+    torch_dtype = getattr(torch, str(dtype).removeprefix("torch."))
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        modules = [resolve(name)(**dict(config)).eval() for name, config in
+                   ((case.vae, case.vae_config), (case.vocoder, case.vocoder_config)) if name is not None]
+        for module in modules:
+            _cast_like_from_pretrained(module, torch_dtype)
+        latents = torch.zeros(batch * case.batch_rows, *case.latent_shape, dtype=torch_dtype)
+        with torch.no_grad(), LiveBytes() as live:
+            made = modules[0].decode(latents, return_dict=False)[0]
+            if len(modules) > 1:
+                modules[1](made)
+        return sum(map(module_bytes, modules)), live.peak + latents.untyped_storage().nbytes()
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a call: its weights and the peak of its activations, in bytes, or why it is not planned
@@ -334,8 +358,9 @@ class Move(NamedTuple):
 @dataclass(frozen=True)
 class MemoryPlan:
     """A call's planned memory by stage (see :func:`memory_plan`). ``stages``: text encoder, transformer step
-    (unpatched), VAE decode; ``patched``: the transformer step patched with the recipe's setting. :meth:`peak`
-    and :meth:`fits` combine them for a pipeline whose components all stay on the device, or one at a time
+    (unpatched), VAE decode, then the audio decode where the family makes sound; ``patched``: the transformer step
+    patched with the recipe's setting. :meth:`peak` and :meth:`fits` combine them for a pipeline whose components all
+    stay on the device, or one at a time
     (``offload=True``: ``enable_model_cpu_offload``)."""
 
     recipe: str
@@ -629,6 +654,19 @@ def _text_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dty
                                                   f"{tokens} tokens")
 
 
+def _audio_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, audio: int, videos: int, dtype,
+                 details: dict, say) -> Stage:
+    """The audio decode after the video's (the family's ``audio_decode``), or why it is not planned."""
+    case = resolve(memory.audio_decode)(call, model, audio)
+    if isinstance(case, str):
+        return Stage("audio decode", note=case)
+    say("tracing the audio decode ...")
+    weights, activations = trace_audio_decode(case, batch=videos, dtype=dtype)
+    details["audio_decode"] = (f"{case.source}; latents {videos * case.batch_rows} x "
+                               f"{' x '.join(map(str, case.latent_shape))}")
+    return Stage("audio decode", weights, activations)
+
+
 def _describe_patch(arguments: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in arguments.items() if v is not None) or "defaults"
 
@@ -740,6 +778,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         tiled_note = "tiled (its default)" if tiles_by_default else "tiled (vae.enable_tiling())"
         stages.append(Stage("VAE decode", weights, activations, tiled_note if vae_tiling or tiles_by_default else ""))
         details["vae"] = "; ".join([f"{vae_case.source}, {channels} latent channels", *vae_notes])
+    if memory.audio_decode is not None:
+        stages.append(_audio_stage(memory, call, _normal(recipe.model), audio, videos, torch_dtype, details, say))
     tokens = lat_f * lat_h * lat_w
     call_text = (f"{height}x{width}, {frames} frames -> latents {lat_f}x{lat_h}x{lat_w} ({tokens:,} latent pixels"
                  + (f", {audio} audio {memory.audio_unit}" if audio else "")
@@ -766,6 +806,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         "ways, and the row shows the larger of that and a process's first call, where each fused op is checked "
         "against its eager chain on first sight, holding both results",
         *([f"VAE: {details['vae']}"] if "vae" in details else []),
+        *([f"audio decode: {details['audio_decode']}"] if "audio_decode" in details else []),
         *([f"the recipe's {len(recipe.lora)} LoRA adapter(s) are not counted (their rank decides their size)"]
           if recipe.lora else []),
     )
@@ -787,7 +828,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 "checked": Stage("transformer step, memory='low'", low.weights,
                                  max(low.activations, low.first_activations or 0), note),
                 "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
-        if not vae_tiling and stages[-1].planned and not tiles_by_default:
+        if not vae_tiling and not tiles_by_default and next(s for s in stages if s.name == "VAE decode").planned:
             say("tracing the VAE decode in tiles (the call does not fit) ...")
             weights, activations, _ = trace_vae(tiling=True)
             details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")

@@ -98,6 +98,22 @@ class VaeDecodeCase:
 
 
 @dataclass(frozen=True)
+class AudioDecodeCase:
+    """A family's audio decode as the memory planner traces it, after the video's: the audio VAE (diffusers class,
+    "module:Class", and its configuration's fields) decodes ``batch_rows`` latents of ``latent_shape`` per video (a
+    mono VAE decodes the two stereo channels as two rows), then the vocoder, if any, turns what it made into a
+    waveform; ``source``: where the configurations come from."""
+
+    vae: str
+    vae_config: tuple[tuple[str, Any], ...]
+    latent_shape: tuple[int, ...]
+    source: str
+    vocoder: Optional[str] = None
+    vocoder_config: tuple[tuple[str, Any], ...] = ()
+    batch_rows: int = 1
+
+
+@dataclass(frozen=True)
 class MemorySettings:
     """What the memory planner (``python -m accelpatch memory``, :func:`accelpatch.memory.plan.memory_plan`, issue
     #44) needs to plan a call of the family's released models at full size on fake tensors: how its pipeline turns
@@ -160,6 +176,9 @@ class MemorySettings:
     #: ``text_stage(call, model) -> TextStageCase | str``: a component the pipeline runs on the text encoder's output
     #: before denoising, once per call (LTX-2's text connectors), or why it cannot be planned (None: it has none)
     text_stage: Optional[str] = None
+    #: ``audio_decode(call, model, audio) -> AudioDecodeCase | str``: what the pipeline decodes the ``audio`` (as
+    #: ``audio`` counts it) with after the video, or why it cannot be planned (None: it makes no audio)
+    audio_decode: Optional[str] = None
 
 
 #: what a pipeline keeps of a text encoder's output while the call runs (see TextEncoderCase.output)

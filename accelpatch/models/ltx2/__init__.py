@@ -22,6 +22,6 @@ register(Family(
         text_source="LTX2Pipeline pads the prompt to max_sequence_length 1024", cfg="batch", guidance=3.0,
         size=(512, 768, 121), text_encoder="Gemma 3 and the text connectors",
         text_encoders=f"{__name__}.memory:text_encoders",
-        text_stage=f"{__name__}.memory:text_connectors",
+        text_stage=f"{__name__}.memory:text_connectors", audio_decode=f"{__name__}.memory:audio_decode",
         vae=VaeDecodeCase("AutoencoderKLLTX2Video", source="diffusers' AutoencoderKLLTX2Video defaults (the LTX-2 "
-                           "video VAE; the audio VAE and vocoder are not planned yet)"))))
+                           "video VAE)"))))

@@ -59,3 +59,16 @@ def text_connectors(call, model: str = ""):
         return "LTX-2.3's text connectors (another configuration) are not known here"
     return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors", {},
                          3840 * 49, "diffusers' LTX2TextConnectors defaults (LTX-2.0)")
+
+
+def audio_decode(call, model: str, audio: int):
+    """LTX2Pipeline's audio decode after the video's: ``AutoencoderKLLTX2Audio`` turns the ``audio`` latent frames
+    (8 channels x 16 mel bins) into a mel spectrogram, ``LTX2Vocoder`` that into the waveform, both at diffusers'
+    defaults (LTX-2.0's); LTX-2.3's vocoder (another class, with bandwidth extension) is not known here."""
+    from accelpatch.models.families import AudioDecodeCase
+
+    if "2.3" in model:
+        return "LTX-2.3's vocoder (LTX2VocoderWithBWE, another configuration) is not known here"
+    return AudioDecodeCase("diffusers:AutoencoderKLLTX2Audio", (), (8, audio, 64 // 4),
+                           "diffusers' AutoencoderKLLTX2Audio and LTX2Vocoder defaults (LTX-2.0)",
+                           vocoder="diffusers.pipelines.ltx2.vocoder:LTX2Vocoder")

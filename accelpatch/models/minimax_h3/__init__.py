@@ -21,6 +21,7 @@ register(Family(
         release_config=f"{__name__}.memory:release_config",
         transformer_inputs=f"{__name__}.memory:transformer_inputs", frames=f"{__name__}.memory:frames",
         latent_frames=f"{__name__}.memory:latent_frames", audio=f"{__name__}.memory:audio", audio_unit="rows",
+        audio_decode=f"{__name__}.memory:audio_decode",
         canvas=f"{__name__}.memory:canvas", temporal=4, spatial=16, multiple=32, text_tokens=256,
         text_source="MiniMax-H3 packs the prompt's own tokens (no padding): assumed 256, text_tokens= to change",
         cfg="distilled", guidance=None, size=None,

@@ -36,3 +36,13 @@ def canvas() -> tuple[int, int, int]:
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
 
     return (*resolve_canvas_size(16, 9, 32, 768, 768 * 1344), 124)
+
+
+def audio_decode(call, model: str, audio: int):
+    """The modular pipeline's audio decode after the video's: its mono ``AutoencoderKLMiniMaxH3Audio`` (diffusers'
+    defaults: 32 latent channels, 40 latents a second, a BigVGAN-style decoder to 32 kHz) decodes the two stereo
+    channels as two rows of ``audio // 2`` latents each."""
+    from accelpatch.models.families import AudioDecodeCase
+
+    return AudioDecodeCase("diffusers:AutoencoderKLMiniMaxH3Audio", (), (32, audio // 2),
+                           "diffusers' AutoencoderKLMiniMaxH3Audio defaults", batch_rows=2)
