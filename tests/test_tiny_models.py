@@ -502,36 +502,42 @@ def test_unknown_families_and_bad_counts_are_refused():
     with pytest.raises(ValueError, match=r"no clip's prompt holds any of \['moves'\] for the motion phase "
                                          r"\(motion_steps 2000\): encode more clips \(--videos\) or set --motion-steps 0"):
         train_family("wan", "unused", steps=1, videos=1, vae_from="wan", height=64, width=128, progress=False)
-    with pytest.raises(ValueError, match=r"motion_words must be a non-empty tuple of prompt words, got "
-                                         r"\('moves', 'jumps'\) \(not prompt words: \['jumps'\]\); choose from a, red"):
-        train_family("wan", "unused", motion_words=("moves", "jumps"))
-    with pytest.raises(ValueError, match=r"got 'moves'; choose from"):  # a string, not a tuple of words
-        train_family("wan", "unused", motion_words="moves")
+    with pytest.raises(ValueError, match=r"motion_words \(\('moves',\), \('moves', 'jumps'\)\): not prompt words: "
+                                         r"\['jumps'\]; choose from a, red"):
+        train_family("wan", "unused", motion_words=(("moves",), ("moves", "jumps")))
+    for wrong in ("moves", ("moves",), (), ((),)):  # a phase is a tuple of words, and there is at least one of each
+        with pytest.raises(ValueError, match=r"motion_words must be a non-empty tuple of phases, each a non-empty "
+                                             r"tuple of prompt words \(e\.g\. "):
+            train_family("wan", "unused", motion_words=wrong)
 
 
-def test_the_motion_phase_trains_on_the_clips_holding_any_of_its_words(monkeypatch):
-    """``motion_words``: the phase's clips are those whose prompt holds one of the words, each with its own text."""
+def test_the_motion_phases_train_in_order_on_the_clips_holding_any_of_their_words(monkeypatch):
+    """``motion_words``: one phase per entry, in order, each on the clips whose prompt holds one of its words (each
+    clip with its own text row), each ``motion_steps`` steps at ``motion_lr``, phase i's noise from seed + 1 + i."""
     from accelpatch.tiny_models import train as training
 
     prompts = ["a red square moves left", "a blue circle grows", "camera pans left over cat", "a red circle shrinks",
                "a green square turns red"]
     latents = torch.arange(len(prompts), dtype=torch.float32).view(-1, 1)
-    seen = {}
+    calls = []
 
     def fake_train(transformer, latents, text, config, seed, progress, model_inputs, desc):
-        seen.update(latents=latents, text=text, steps=config.steps, lr=config.lr, seed=seed, desc=desc)
-        return [0.0]
+        calls.append(dict(latents=latents.flatten().tolist(), text=text, steps=config.steps, lr=config.lr, seed=seed,
+                          desc=desc))
+        return [float(len(calls))] * config.steps
 
     monkeypatch.setattr(training, "_train_transformer", fake_train)
     monkeypatch.setattr(training, "_text_table", lambda pipe, chosen, recipe: list(chosen))
-    config = training.TrainingConfig(motion_steps=7, motion_lr=3e-4, motion_words=("grows", "shrinks", "moves"))
-    training.train_motion(types.SimpleNamespace(transformer=None), latents, prompts, config, 5, False, None)
-    assert seen["latents"].flatten().tolist() == [0.0, 1.0, 3.0]
-    assert seen["text"] == [prompts[0], prompts[1], prompts[3]]
-    assert (seen["steps"], seen["lr"], seen["seed"], seen["desc"]) == (7, 3e-4, 6, "motion")
-    config = dataclasses.replace(config, motion_words=("grows",))
-    training.train_motion(types.SimpleNamespace(transformer=None), latents, prompts, config, 5, False, None)
-    assert seen["text"] == [prompts[1]]
+    pipe = types.SimpleNamespace(transformer=None)
+    config = training.TrainingConfig(motion_steps=2, motion_lr=3e-4, motion_words=(("grows", "shrinks", "moves"),))
+    assert training.train_motion(pipe, latents, prompts, config, 5, False, None) == [1.0, 1.0]
+    assert calls == [dict(latents=[0.0, 1.0, 3.0], text=[prompts[0], prompts[1], prompts[3]], steps=2, lr=3e-4,
+                          seed=6, desc="motion")]
+    calls.clear()
+    config = dataclasses.replace(config, motion_words=(("moves",), ("grows", "shrinks")))
+    assert training.train_motion(pipe, latents, prompts, config, 5, False, None) == [1.0, 1.0, 2.0, 2.0]
+    assert [(c["latents"], c["seed"], c["desc"]) for c in calls] == [([0.0], 6, "motion 1/2"),
+                                                                      ([1.0, 3.0], 7, "motion 2/2")]
 
 
 def test_train_tiny_motion_words_option():
@@ -542,7 +548,9 @@ def test_train_tiny_motion_words_option():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(["wan", "--motion-words", "moves, grows,shrinks"])
-    assert args.motion_words == ("moves", "grows", "shrinks")
+    assert args.motion_words == [("moves", "grows", "shrinks")]
+    args = parser.parse_args(["wan", "--motion-words", "moves", "--motion-words", "moves,grows,shrinks"])
+    assert args.motion_words == [("moves",), ("moves", "grows", "shrinks")]  # two phases, in order
     assert parser.parse_args(["wan"]).motion_words is None  # the family's own default
     with pytest.raises(SystemExit):
         parser.parse_args(["wan", "--motion-words", " , "])

@@ -56,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--motion-steps", type=_count, default=None, metavar="N",
                         help="steps of the motion phase after the transformer's, on the clips --motion-words names "
                              f"alone (0: none; {_default('motion_steps', 0)})")
-    parser.add_argument("--motion-words", type=_words, default=None, metavar="WORD[,WORD...]",
-                        help="the motion phase's clips: those whose prompt holds one of these words, comma-separated "
+    parser.add_argument("--motion-words", type=_words, action="append", default=None, metavar="WORD[,WORD...]",
+                        help="a motion phase's clips: those whose prompt holds one of these words, comma-separated; "
+                             "given again, a further phase of --motion-steps steps after it "
                              f"({_default('motion_words', 'moves')})")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
                         help="VAE training steps per pass (two passes: plain, then the shapes weighted; "
@@ -115,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
     out = output_dir(args)
     extra = {name: value for name, value in (("vae_max_passes", args.vae_max_passes),
                                              ("motion_steps", args.motion_steps),
-                                             ("motion_words", args.motion_words)) if value is not None}
+                                             ("motion_words", args.motion_words and tuple(args.motion_words)))
+             if value is not None}
     result = train_family(args.family, out, steps=args.steps, vae_steps=args.vae_steps, videos=args.videos,
                           seed=args.seed, vae_from=args.vae_from, **extra, threads=args.threads,
                           progress=not args.no_progress)

@@ -88,14 +88,15 @@ class TrainingConfig:
     vae_shape_weights: tuple[float, ...] = (1.0, 10.0)
     vae_max_passes: int = 5
     prompt_dropout: float = 0.1
-    #: then the transformer trains ``motion_steps`` more on the clips whose prompt holds one of ``motion_words`` alone,
-    #: at ``motion_lr`` (a fresh optimiser and schedule): on the full clip mix a transformer learns colours and growth
-    #: but draws "moves left" as a still shape; measured on the 4-layer Wan, 12 of 16 directions after a phase on
-    #: "moves", 1 of 16 without it (docs/tiny-models.md). Several words keep what the phase would otherwise unlearn
-    #: (SANA-Video: grows vs shrinks).
+    #: then the transformer trains in motion phases, one per entry of ``motion_words`` in order, each ``motion_steps``
+    #: more steps on the clips whose prompt holds one of that entry's words, at ``motion_lr`` (a fresh optimiser and
+    #: schedule each): on the full clip mix a transformer learns colours and growth but draws "moves left" as a still
+    #: shape; measured on the 4-layer Wan, 12 of 16 directions after a phase on "moves", 1 of 16 without it; on the
+    #: 4-layer SANA-Video a "moves" phase cost growth and a second phase on "moves", "grows" and "shrinks" gave it back
+    #: with the direction kept (docs/tiny-models.md)
     motion_steps: int = 0
     motion_lr: float = 5e-4
-    motion_words: tuple[str, ...] = ("moves",)
+    motion_words: tuple[tuple[str, ...], ...] = (("moves",),)
     crop_frames: int = procedural.VIDEO_FRAMES  # whole clips in time: a VAE trained on 5 frames degrades after them
     crop_size: int = 64
     frames: int = procedural.VIDEO_FRAMES
@@ -293,12 +294,7 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
                                **{k: v for k, v in given.items() if v is not None}})
     if config.motion_steps < 0:
         raise ValueError(f"train-tiny: motion_steps must be 0 (no motion phase) or more, got {config.motion_steps}")
-    unknown = [] if isinstance(config.motion_words, str) else [
-        word for word in config.motion_words if word not in procedural.vocabulary()]
-    if isinstance(config.motion_words, str) or not config.motion_words or unknown:
-        raise ValueError(f"train-tiny: motion_words must be a non-empty tuple of prompt words, got "
-                         f"{config.motion_words!r}{f' (not prompt words: {unknown})' if unknown else ''}; choose "
-                         f"from {', '.join(procedural.vocabulary())}")
+    _check_motion_words(config.motion_words)
     if min(config.steps, config.vae_steps, config.videos, config.batch_size, config.vae_batch_size,
            1 if config.vae_clips_per_call is None else config.vae_clips_per_call) < 1:
         raise ValueError("train-tiny: steps, vae steps, videos, batch sizes and vae clips per call must be at least 1")
@@ -313,6 +309,20 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
         return _train(family, Path(out_dir), config, seed, progress, vae_from)
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def _check_motion_words(phases) -> None:
+    """ValueError unless ``phases`` is a non-empty tuple of phases, each a non-empty tuple of prompt words."""
+    def words_of(phase) -> bool:
+        return isinstance(phase, tuple) and bool(phase) and all(isinstance(word, str) for word in phase)
+
+    if not isinstance(phases, tuple) or not phases or not all(map(words_of, phases)):
+        raise ValueError(f"train-tiny: motion_words must be a non-empty tuple of phases, each a non-empty tuple of "
+                         f"prompt words (e.g. (('moves',), ('moves', 'grows', 'shrinks'))), got {phases!r}")
+    unknown = [word for phase in phases for word in phase if word not in procedural.vocabulary()]
+    if unknown:
+        raise ValueError(f"train-tiny: motion_words {phases!r}: not prompt words: {unknown}; choose from "
+                         f"{', '.join(procedural.vocabulary())}")
 
 
 def _bar(total: int, desc: str, progress: bool):
@@ -696,19 +706,22 @@ def _train_transformer(transformer, latents, text, config: TrainingConfig, seed:
 
 def train_motion(pipe, latents, prompts: list[str], config: TrainingConfig, seed: int, progress: bool, recipe,
                  model_inputs=_latent_inputs) -> list[float]:
-    """The motion phase: ``config.motion_steps`` steps of :func:`_train_transformer` on the clips whose prompt holds
-    one of ``config.motion_words`` (their own text table), at ``config.motion_lr``, its noise drawn from
-    ``seed + 1``."""
-    words = set(config.motion_words)
-    keep = [i for i, prompt in enumerate(prompts) if words & set(prompt.split())]
-    if not keep:
-        raise ValueError(f"train-tiny: no clip's prompt holds any of {list(config.motion_words)} for the motion "
-                         f"phase (motion_steps {config.motion_steps}): encode more clips (--videos) or set "
-                         "--motion-steps 0")
-    chosen = [prompts[i] for i in keep]
-    phase = dataclasses.replace(config, lr=config.motion_lr, steps=config.motion_steps)
-    return _train_transformer(pipe.transformer, latents[keep], _text_table(pipe, chosen, recipe), phase, seed + 1,
-                              progress, model_inputs, desc="motion")
+    """The motion phases, in order: for each entry of ``config.motion_words``, ``config.motion_steps`` steps of
+    :func:`_train_transformer` on the clips whose prompt holds one of its words (their own text table), at
+    ``config.motion_lr``, the noise of phase ``i`` drawn from ``seed + 1 + i``; the losses of all of them."""
+    losses: list[float] = []
+    for number, words in enumerate(config.motion_words):
+        keep = [i for i, prompt in enumerate(prompts) if set(words) & set(prompt.split())]
+        if not keep:
+            raise ValueError(f"train-tiny: no clip's prompt holds any of {list(words)} for the motion phase "
+                             f"(motion_steps {config.motion_steps}): encode more clips (--videos) or set "
+                             "--motion-steps 0")
+        chosen = [prompts[i] for i in keep]
+        phase = dataclasses.replace(config, lr=config.motion_lr, steps=config.motion_steps)
+        desc = "motion" if len(config.motion_words) == 1 else f"motion {number + 1}/{len(config.motion_words)}"
+        losses += _train_transformer(pipe.transformer, latents[keep], _text_table(pipe, chosen, recipe), phase,
+                                     seed + 1 + number, progress, model_inputs, desc=desc)
+    return losses
 
 
 def _write_record(out_dir: Path, result: TrainResult) -> None:
