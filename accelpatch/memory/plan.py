@@ -767,7 +767,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     vae_case = memory.vae
     tiles_by_default = getattr(vae_case, "tiles_by_default", False)  # a str: why the VAE is not planned
     if isinstance(vae_case, str):
-        stages.append(Stage("VAE decode", note=vae_case))
+        vae_stage = Stage("VAE decode", note=vae_case)
     else:
         say("tracing the VAE decode" + (" in tiles" if vae_tiling else "") + " ...")
         vae_notes: list[str] = []
@@ -776,8 +776,9 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                       stand_ins=vae_case.stand_ins, notes=vae_notes)
         weights, activations, channels = trace_vae(tiling=vae_tiling)
         tiled_note = "tiled (its default)" if tiles_by_default else "tiled (vae.enable_tiling())"
-        stages.append(Stage("VAE decode", weights, activations, tiled_note if vae_tiling or tiles_by_default else ""))
+        vae_stage = Stage("VAE decode", weights, activations, tiled_note if vae_tiling or tiles_by_default else "")
         details["vae"] = "; ".join([f"{vae_case.source}, {channels} latent channels", *vae_notes])
+    stages.append(vae_stage)
     if memory.audio_decode is not None:
         stages.append(_audio_stage(memory, call, _normal(recipe.model), audio, videos, torch_dtype, details, say))
     tokens = lat_f * lat_h * lat_w
@@ -828,7 +829,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 "checked": Stage("transformer step, memory='low'", low.weights,
                                  max(low.activations, low.first_activations or 0), note),
                 "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
-        if not vae_tiling and not tiles_by_default and next(s for s in stages if s.name == "VAE decode").planned:
+        if not vae_tiling and not tiles_by_default and vae_stage.planned:
             say("tracing the VAE decode in tiles (the call does not fit) ...")
             weights, activations, _ = trace_vae(tiling=True)
             details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")

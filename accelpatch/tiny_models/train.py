@@ -710,6 +710,7 @@ def train_motion(pipe, latents, prompts: list[str], config: TrainingConfig, seed
     :func:`_train_transformer` on the clips whose prompt holds one of its words (their own text table), at
     ``config.motion_lr``, the noise of phase ``i`` drawn from ``seed + 1 + i``; the losses of all of them."""
     losses: list[float] = []
+    phase = dataclasses.replace(config, lr=config.motion_lr, steps=config.motion_steps)
     for number, words in enumerate(config.motion_words):
         keep = [i for i, prompt in enumerate(prompts) if set(words) & set(prompt.split())]
         if not keep:
@@ -717,7 +718,6 @@ def train_motion(pipe, latents, prompts: list[str], config: TrainingConfig, seed
                              f"(motion_steps {config.motion_steps}): encode more clips (--videos) or set "
                              "--motion-steps 0")
         chosen = [prompts[i] for i in keep]
-        phase = dataclasses.replace(config, lr=config.motion_lr, steps=config.motion_steps)
         desc = "motion" if len(config.motion_words) == 1 else f"motion {number + 1}/{len(config.motion_words)}"
         losses += _train_transformer(pipe.transformer, latents[keep], _text_table(pipe, chosen, recipe), phase,
                                      seed + 1 + number, progress, model_inputs, desc=desc)
