@@ -105,11 +105,9 @@ class TransformerCase:
     def build(self):
         """The transformer as from_pretrained(torch_dtype=...) leaves it (the modules diffusers keeps in float32 stay
         float32), its weights random. Not ``.to()``: a fake module's parameters cannot be swapped."""
-        from accelpatch.testing._common import _cast_like_from_pretrained
+        from accelpatch.memory.components import build_component
 
-        model = resolve(memory_settings(self.family).transformer)(**dict(self.config))
-        _cast_like_from_pretrained(model, self.torch_dtype)
-        return model.eval()
+        return build_component(resolve(memory_settings(self.family).transformer), self.config, self.dtype)
 
     def meta_model(self):
         """:meth:`build` on the meta device (no storage, no initialisation cost): what the weighings of offloading,
@@ -121,9 +119,9 @@ class TransformerCase:
 
     @property
     def torch_dtype(self):
-        import torch
+        from accelpatch.memory.components import torch_dtype
 
-        return getattr(torch, str(self.dtype).removeprefix("torch."))
+        return torch_dtype(self.dtype)
 
     def inputs(self, model) -> dict[str, Any]:
         """The keyword arguments of one forward, from the family's builder in :mod:`accelpatch.testing`."""
@@ -274,22 +272,20 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
     stand-ins left out."""
     import diffusers
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from accelpatch.memory.components import build_component, torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
     from accelpatch.memory.repeats import RepeatedCalls, submodules
     from accelpatch.memory.stand_ins import standing_in
-    from accelpatch.testing._common import _cast_like_from_pretrained
 
-    with FakeTensorMode() if fake else contextlib.nullcontext(), standing_in(stand_ins) as skipped:
+    with trace_mode(fake), standing_in(stand_ins) as skipped:
         if notes is not None:
             notes.extend(skipped)
-        vae = getattr(diffusers, class_name)(**dict(config)).eval()
-        _cast_like_from_pretrained(vae, getattr(torch, dtype))
+        vae = build_component(getattr(diffusers, class_name), config, dtype)
         if tiling:
             vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
         channels = int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim)
-        latents = torch.zeros(batch, channels, *grid, dtype=getattr(torch, dtype))
+        latents = torch.zeros(batch, channels, *grid, dtype=torch_dtype(dtype))
         with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)):
             vae.decode(latents, return_dict=False)
         return module_bytes(vae), live.peak + latents.untyped_storage().nbytes(), channels
@@ -300,18 +296,14 @@ def trace_audio_decode(case, *, batch: int, dtype: str, fake: bool = True) -> tu
     runs it: the audio VAE's ``decode`` of ``batch`` latents, then the vocoder on what it made (held meanwhile), on
     fake tensors (``fake=False``: run for real, the check at a tiny size); activations count the latents."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from accelpatch.memory.components import build_component, torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
-    from accelpatch.testing._common import _cast_like_from_pretrained
 
-    torch_dtype = getattr(torch, str(dtype).removeprefix("torch."))
-    with FakeTensorMode() if fake else contextlib.nullcontext():
-        modules = [resolve(name)(**dict(config)).eval() for name, config in
+    with trace_mode(fake):
+        modules = [build_component(resolve(name), config, dtype) for name, config in
                    ((case.vae, case.vae_config), (case.vocoder, case.vocoder_config)) if name is not None]
-        for module in modules:
-            _cast_like_from_pretrained(module, torch_dtype)
-        latents = torch.zeros(batch * case.batch_rows, *case.latent_shape, dtype=torch_dtype)
+        latents = torch.zeros(batch * case.batch_rows, *case.latent_shape, dtype=torch_dtype(dtype))
         with torch.no_grad(), LiveBytes() as live:
             made = modules[0].decode(latents, return_dict=False)[0]
             if len(modules) > 1:

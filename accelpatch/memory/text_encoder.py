@@ -9,7 +9,6 @@ its ``_keep_in_fp32_modules`` in fp16 only.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -65,15 +64,14 @@ def trace_text_encoder(case: TextEncoderCase, dtype: str, *, fake: bool = True) 
     real, the check at a tiny size). The attention mask is left out (every token valid): the masks a padded prompt
     adds are tokens x tokens booleans at most, a few MiB beside the hidden states."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from accelpatch.memory.components import torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
 
-    torch_dtype = getattr(torch, str(dtype).removeprefix("torch."))
-    with FakeTensorMode() if fake else contextlib.nullcontext():
-        model = build_text_encoder(case, torch_dtype)
+    with trace_mode(fake):
+        model = build_text_encoder(case, torch_dtype(dtype))
         if case.image_size:
-            ids = torch.zeros(1, 3, case.image_size, case.image_size, dtype=torch_dtype)
+            ids = torch.zeros(1, 3, case.image_size, case.image_size, dtype=torch_dtype(dtype))
             inputs = {"pixel_values": ids}
         else:
             ids = torch.zeros(1, case.tokens, dtype=torch.long)
@@ -104,12 +102,13 @@ def quantised_text_encoders(cases, dtype: str, kind: str = "int8") -> Union[tupl
     device, the largest dequantised temporary among them), or why they cannot be weighed."""
     import torch
 
+    from accelpatch.memory.components import torch_dtype
     from accelpatch.memory.quantised import torchao_quantised
 
     total, temporary = 0, 0
     for case in cases:
         with torch.device("meta"):
-            model = build_text_encoder(case, getattr(torch, str(dtype).removeprefix("torch.")))
+            model = build_text_encoder(case, torch_dtype(dtype))
         weighed = torchao_quantised(model, kind)
         if isinstance(weighed, str):
             return weighed
@@ -124,16 +123,13 @@ def trace_text_stage(case: TextStageCase, dtype, videos: int, cfg: int, tokens: 
     negative half under CFG) and their mask counted; on fake tensors (``fake=False``: run for real, the check at a
     tiny size)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from accelpatch.memory.components import build_component, torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
-    from accelpatch.testing._common import _cast_like_from_pretrained
 
-    torch_dtype = getattr(torch, str(dtype).removeprefix("torch."))
-    with FakeTensorMode() if fake else contextlib.nullcontext():
-        module = resolve(case.model)(**dict(case.settings)).eval()
-        _cast_like_from_pretrained(module, torch_dtype)
-        hidden = torch.zeros(videos * cfg, tokens, case.width, dtype=torch_dtype)
+    with trace_mode(fake):
+        module = build_component(resolve(case.model), case.settings, dtype)
+        hidden = torch.zeros(videos * cfg, tokens, case.width, dtype=torch_dtype(dtype))
         mask = torch.ones(videos * cfg, tokens, dtype=torch.long)
         with torch.no_grad(), LiveBytes() as live:
             module(hidden, mask)
