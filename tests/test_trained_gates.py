@@ -13,7 +13,7 @@ STEPS = 8
 #: (recipe, its trained family, what validate must name when the recipe's aggressive candidate fails)
 GATE_RECIPES = [
     ("trained-wan-sol-attn", "wan", ("below the floors", "motion ratio", "outside [0.8, 1.25]")),
-    ("trained-sana-video-step-cache", "sana-video", ("below the floors", "outside [0.8, 1.25]", "flickers more")),
+    ("trained-sana-video-step-cache", "sana-video", ("below the floors",)),
     ("trained-sana-video2-sol-attn", "sana-video2", ("below the floors",)),
 ]
 
@@ -41,10 +41,17 @@ def test_each_trained_recipe_passes_its_default_setting_and_fails_its_aggressive
     assert all(words in text for words in named), text
 
 
+#: recipes whose aggressive setting the random weights fail by the PSNR drift alone (the per-frame floors pass it):
+#: the 4-layer SANA-Video's random weights, whose reused steps let the late frames' error grow (measured: drift
+#: 7.39 dB on seed 0, SSIM 0.983)
+DRIFT_ALONE_ON_RANDOM = {"trained-sana-video-step-cache"}
+
+
 @pytest.mark.parametrize("name, family, named", GATE_RECIPES, ids=[r[0] for r in GATE_RECIPES])
-def test_on_random_weights_the_same_aggressive_setting_passes_every_gate(name, family, named):
-    """The point of issue #43: the weights the trained model started from (noise in, noise out) let the same
-    aggressive setting through, so gates calibrated on them measure nothing."""
+def test_on_random_weights_the_per_frame_floors_let_the_same_aggressive_setting_through(name, family, named):
+    """The point of issue #43: on the weights the trained model started from (noise in, noise out) the per-frame
+    floors let the same aggressive setting through, so floors calibrated on them measure nothing; every other gate
+    passes it too, except the drift on SANA-Video's (:data:`DRIFT_ALONE_ON_RANDOM`)."""
     from accelpatch.eval.pipelines import load_pipeline
     from accelpatch.eval.validate import validate
     from accelpatch.recipes import load_recipe
@@ -55,19 +62,34 @@ def test_on_random_weights_the_same_aggressive_setting_passes_every_gate(name, f
     aggressive = recipe.candidate_specs()[1:]
     report = validate(untrained_pipeline(family, seed=0), call_kwargs, aggressive, reference=recipe.reference,
                       seeds=recipe.seeds, gates=recipe.gates, progress=False)
-    assert report.passed and "below the floors" not in str(report), str(report)
+    text = str(report)
+    assert "below the floors" not in text, text
+    if name in DRIFT_ALONE_ON_RANDOM:
+        assert not report.passed and re.search(r"PSNR drift: falls [\d.]+ dB", text), text
+        assert "outside [0.8, 1.25]" not in text and "flickers more" not in text, text
+    else:
+        assert report.passed, text
 
 
-def test_the_drift_gate_sees_a_step_cache_that_the_per_frame_floors_let_through_on_the_trained_sana_video():
-    """Threshold 0.3 reuses 3 of 8 steps: every frame stays above the SSIM/PSNR floors, but the error grows along
-    the clip, and only the PSNR-drift gate (issue #43 part 2) fails it (measured: drift 8.35 dB > 6 on seed 0)."""
+def test_the_demos_step_cache_reuses_steps_and_passes_on_the_trained_sana_video_where_one_warm_up_step_less_fails():
+    """The setting ``make demo`` shows as SANA-Video's ``high`` (its package's ``demo_options``: threshold 0.3, three
+    warm-up steps) reuses steps of the 8-step call and passes the gates on seeds 0 and 1 (measured: 2 of 8 steps
+    per seed, min SSIM 0.961, 25.6 dB); the same threshold with the default warm-up of 2 reuses the third step and
+    fails the per-frame floors (seed 0 frame 0: SSIM 0.933, 22.1 dB), the temporal gates alone would not have: its
+    drift is 5.14 dB, under 6."""
     from accelpatch.eval.validate import validate
+    from accelpatch.models.families import by_cli
 
+    options = dict(by_cli("sana-video").training.demo_options)
+    assert options == {"cache": "first_block", "cache_threshold": 0.3, "cache_warmup_steps": 3}, options
     kwargs = trained_call_kwargs("sana-video", "a red square moves right", num_inference_steps=STEPS)
     kwargs.pop("generator")
-    candidate = dict(name="cache 0.3", tier="high", options={"cache": "first_block", "cache_threshold": 0.3})
-    report = validate(testing.tiny_sana_video_pipeline(trained=True), kwargs, [candidate], seeds=[0], progress=False)
+    candidates = [dict(name="demo", tier="high", options=options),
+                  dict(name="warm-up 2", tier="high", options={**options, "cache_warmup_steps": 2})]
+    report = validate(testing.tiny_sana_video_pipeline(trained=True), kwargs, candidates, seeds=[0, 1],
+                      progress=False)
     text = str(report)
-    assert not report.passed and "below the floors" not in text, text
-    assert re.search(r"PSNR drift: falls [\d.]+ dB from the first to the last quarter of the clip, more than 6\.0 dB",
-                     text), text
+    demo, shorter = report.candidates
+    assert demo.passed and not demo.identical, text
+    assert [int(n) for n in re.findall(r"step_cache \(calls reused\) x(\d+)", text)][0] >= 2, text
+    assert not shorter.passed and re.search(r"seed 0 frame 0: SSIM [\d.]+, PSNR [\d.]+ dB below the floors", text), text

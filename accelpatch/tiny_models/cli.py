@@ -10,14 +10,19 @@ from pathlib import Path
 from accelpatch.tiny_models import TRAINABLE_FAMILIES
 
 
-def _default(name: str, value: object) -> str:
+def _default(name: str, value: object, shown=str) -> str:
     """``TrainingConfig``'s default of field ``name`` (``value``) and the families that set their own, for --help
-    (read from the torch-free family registry, so that --help imports no trainer)."""
+    (read from the torch-free family registry, so that --help imports no trainer); ``shown`` writes a value."""
     from accelpatch.models.families import by_cli
 
     settings = {family: dict(by_cli(family).training.config_defaults) for family in TRAINABLE_FAMILIES}
-    own = [f"{family} {values[name]}" for family, values in settings.items() if name in values]
-    return f"default {value}" + (f"; {', '.join(own)}" if own else "")
+    own = [f"{family} {shown(values[name])}" for family, values in settings.items() if name in values]
+    return f"default {shown(value)}" + (f"; {', '.join(own)}" if own else "")
+
+
+def _phases(phases: tuple[tuple[str, ...], ...]) -> str:
+    """Motion phases as the command line gives them: ``moves then moves,grows,shrinks``."""
+    return " then ".join(",".join(words) for words in phases)
 
 def _at_least(minimum: int):
     """An argparse type: a whole number of at least ``minimum`` (steps, clips, threads)."""
@@ -59,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--motion-words", type=_words, action="append", default=None, metavar="WORD[,WORD...]",
                         help="a motion phase's clips: those whose prompt holds one of these words, comma-separated; "
                              "given again, a further phase of --motion-steps steps after it "
-                             f"({_default('motion_words', 'moves')})")
+                             f"({_default('motion_words', (('moves',),), _phases)})")
     parser.add_argument("--vae-steps", type=_positive, default=None, metavar="N",
                         help="VAE training steps per pass (two passes: plain, then the shapes weighted; "
                              f"{_default('vae_steps', 700)}; sana-video trains no VAE: it reuses the shipped Wan's)")

@@ -188,10 +188,10 @@ def build_wan_pipeline(seed: int = 0, *, vae=None):
 
 
 #: The trained tiny SANA-Video transformer's shape: the released head dim (2 heads x 112, as the SANA-Video tests'
-#: ``SANA_VIDEO_RELEASE_LIKE_CONFIG``), 2 layers, Gemma captions 32 wide, ~2.4M parameters; a test keeps it equal to
-#: that config with ``caption_channels=32``.
+#: ``SANA_VIDEO_RELEASE_LIKE_CONFIG``), 4 layers (2 learned colour but not direction, docs/tiny-models.md), Gemma
+#: captions 32 wide; a test keeps it equal to that config with ``caption_channels=32`` and ``num_layers=4``.
 SANA_VIDEO_TRANSFORMER_CONFIG: dict[str, Any] = dict(
-    in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=112, num_layers=2,
+    in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=112, num_layers=4,
     num_cross_attention_heads=2, cross_attention_head_dim=112, cross_attention_dim=224, caption_channels=32,
     mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=8, patch_size=(1, 2, 2),
     norm_elementwise_affine=False, norm_eps=1e-6, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
