@@ -73,10 +73,10 @@ def test_on_random_weights_the_per_frame_floors_let_the_same_aggressive_setting_
 
 def test_the_demos_step_cache_reuses_steps_and_passes_on_the_trained_sana_video_where_one_warm_up_step_less_fails():
     """The setting ``make demo`` shows as SANA-Video's ``high`` (its package's ``demo_options``: threshold 0.3, three
-    warm-up steps) reuses steps of the 8-step call and passes the gates on seeds 0 and 1 (measured: 2 of 8 steps
-    per seed, min SSIM 0.961, 25.6 dB); the same threshold with the default warm-up of 2 reuses the third step and
-    fails the per-frame floors (seed 0 frame 0: SSIM 0.933, 22.1 dB), the temporal gates alone would not have: its
-    drift is 5.14 dB, under 6."""
+    warm-up steps) reuses steps of the 8-step call and passes the gates (measured on seeds 0 and 1: 2 of 8 steps
+    per seed, min SSIM 0.961, 25.6 dB; seed 0 alone here, for the suite's time); the same threshold with the default
+    warm-up of 2 reuses the third step and fails the per-frame floors (seed 0 frame 0: SSIM 0.933, 22.1 dB), the
+    temporal gates alone would not have: its drift is 5.14 dB, under 6."""
     from accelpatch.eval.validate import validate
     from accelpatch.models.families import by_cli
 
@@ -86,8 +86,7 @@ def test_the_demos_step_cache_reuses_steps_and_passes_on_the_trained_sana_video_
     kwargs.pop("generator")
     candidates = [dict(name="demo", tier="high", options=options),
                   dict(name="warm-up 2", tier="high", options={**options, "cache_warmup_steps": 2})]
-    report = validate(testing.tiny_sana_video_pipeline(trained=True), kwargs, candidates, seeds=[0, 1],
-                      progress=False)
+    report = validate(testing.tiny_sana_video_pipeline(trained=True), kwargs, candidates, seeds=[0], progress=False)
     text = str(report)
     demo, shorter = report.candidates
     assert demo.passed and not demo.identical, text
