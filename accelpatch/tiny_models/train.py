@@ -709,14 +709,16 @@ def train_motion(pipe, latents, prompts: list[str], config: TrainingConfig, seed
     """The motion phases, in order: for each entry of ``config.motion_words``, ``config.motion_steps`` steps of
     :func:`_train_transformer` on the clips whose prompt holds one of its words (their own text table), at
     ``config.motion_lr``, the noise of phase ``i`` drawn from ``seed + 1 + i``; the losses of all of them."""
-    losses: list[float] = []
-    phase = dataclasses.replace(config, lr=config.motion_lr, steps=config.motion_steps)
-    for number, words in enumerate(config.motion_words):
-        keep = [i for i, prompt in enumerate(prompts) if set(words) & set(prompt.split())]
+    clips = [[i for i, prompt in enumerate(prompts) if set(words) & set(prompt.split())]
+             for words in config.motion_words]
+    for words, keep in zip(config.motion_words, clips):  # every phase checked before the first trains
         if not keep:
             raise ValueError(f"train-tiny: no clip's prompt holds any of {list(words)} for the motion phase "
                              f"(motion_steps {config.motion_steps}): encode more clips (--videos) or set "
                              "--motion-steps 0")
+    losses: list[float] = []
+    phase = dataclasses.replace(config, lr=config.motion_lr, steps=config.motion_steps)
+    for number, keep in enumerate(clips):
         chosen = [prompts[i] for i in keep]
         desc = "motion" if len(config.motion_words) == 1 else f"motion {number + 1}/{len(config.motion_words)}"
         losses += _train_transformer(pipe.transformer, latents[keep], _text_table(pipe, chosen, recipe), phase,
