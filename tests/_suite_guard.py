@@ -244,4 +244,6 @@ def pytest_xdist_make_scheduler(config, log):
             "loadgroup": LoadGroupScheduling}.get(config.getvalue("dist"))
     if base is None:
         return None  # xdist's own: its other schedulers do not run a crashed test again
-    return type(f"CrashOnce{base.__name__}", (ReportCrashOnce, base), {})(config, log)
+    from _suite_order import LongestFirst
+
+    return type(f"CrashOnce{base.__name__}", (ReportCrashOnce, LongestFirst, base), {})(config, log)

@@ -15,8 +15,9 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
-#: a crash or a hang in one test never stalls the run (tests/_suite_guard.py)
-pytest_plugins = ("_suite_guard",)
+#: a crash or a hang in one test never stalls the run (tests/_suite_guard.py); the files go to xdist's workers
+#: longest first (tests/_suite_order.py)
+pytest_plugins = ("_suite_guard", "_suite_order")
 
 
 @pytest.fixture(autouse=True)

@@ -103,3 +103,16 @@ def test_where_it_was_shows_the_faulting_thread_first_and_drops_the_module_list(
               "Thread 0x1 (most recent call first):\n  File \"throwaway.py\", line 7 in test_y\n"
     assert where_it_was(timeout) == ["Timeout (0:00:05)!", "Thread 0x1 (most recent call first):",
                                      '  File "throwaway.py", line 7 in test_y']
+
+
+def test_files_go_to_the_workers_longest_first_each_files_order_kept():
+    """tests/_suite_order.py: stored seconds order the files, longest first; a file with none is placed by its tests
+    (0.3 s each); a file's tests stay together and in their order."""
+    from _suite_order import longest_first
+
+    nodeids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t1", "tests/c.py::t1", "tests/c.py::t2",
+               "tests/c.py::t3", "tests/d.py::t1"]
+    seconds = {"tests/a.py": 5.0, "tests/b.py": 60.0, "tests/d.py": 0.5}  # c: 3 tests, estimated 0.9 s
+    assert longest_first(nodeids, seconds) == [
+        "tests/b.py::t1", "tests/a.py::t1", "tests/a.py::t2", "tests/c.py::t1", "tests/c.py::t2", "tests/c.py::t3",
+        "tests/d.py::t1"]
