@@ -214,6 +214,8 @@ EARLY_REFUSALS = [
      "accelpatch tune: error: no recipe file or known recipe named 'tiny-sana-vide'"),
     (["memory", "--recipe", "wan2.1-t2v-1.3b-sol-attn", "--budget", "x"],
      "accelpatch memory: error: budget 'x' is not a size"),
+    (["memory", "--recipe", "wan2.1-t2v-1.3b-sol-attn", "--gguf", "no-such-file.gguf"],
+     "accelpatch memory: error: --gguf: no file at 'no-such-file.gguf'"),
 ]
 
 

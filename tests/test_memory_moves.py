@@ -125,7 +125,7 @@ def test_quantised_weights_are_weighed_and_a_lossless_way_is_named_first(wan_14b
     assert int8 < 0.6 * bf16 and fp8 < 0.6 * bf16  # the 14B transformer (the largest stage) in about half
     with pytest.raises(ValueError, match="planned one at a time"):
         plan.peak(fp8=True, quantised="int8")
-    with pytest.raises(ValueError, match="no torchao 'int4' weights"):
+    with pytest.raises(ValueError, match="no .int4. weights"):
         plan.peak(quantised="int4")
 
 
@@ -142,3 +142,21 @@ def test_the_text_encoder_in_int8_is_weighed_after_the_lossless_ways(wan_14b_sma
     ranks = {m.short: m.rank for m in plan.moves()}
     assert ranks["the prompt encoded on the CPU"] < ranks["group offloading of the transformer"] < ranks[
         "the text encoder in int8"] < ranks["fp8 weight storage"]
+
+
+def test_gguf_files_of_the_common_types_are_traced_and_named_after_torchao(wan_14b_small_plan):
+    """The 14B from a GGUF Q8_0 file holds about 8.5 bits a weight and from Q4_K about 4.5 (the float32-kept modules,
+    the norms and the patch embedding as loaded): 0.53 and 0.28 of bf16; each layer's dequantisation, traced where
+    it runs, adds to the step's activations (Q4_K's more: 5.2 bytes a weight against 4), and the moves name them
+    after torchao's (every layer dequantised at every call)."""
+    plan = wan_14b_small_plan
+    bf16 = plan.stages[1].weights
+    (q8, q8_extra), (q4, q4_extra) = plan.details["gguf"]["Q8_0"], plan.details["gguf"]["Q4_K"]
+    assert 0.5 < q8 / bf16 < 0.6 and 0.25 < q4 / bf16 < 0.32, (q8 / bf16, q4 / bf16)
+    assert 0 < q8_extra < q4_extra < 2 ** 30, (q8_extra, q4_extra)
+    shorts = [m.short for m in plan.moves()]
+    assert shorts[-3:] == ["torchao fp8 weight-only", "GGUF Q8_0 weights", "GGUF Q4_K weights"], shorts
+    assert plan.peak(quantised="gguf:Q4_K")[0] < plan.peak(quantised="int8")[0] < plan.peak()[0]
+    assert any(a.startswith("GGUF: as diffusers loads a file") for a in plan.assumptions)
+    with pytest.raises(ValueError, match="no 'gguf:Q5_K' weights; it has int8, fp8, gguf:Q8_0, gguf:Q4_K"):
+        plan.peak(quantised="gguf:Q5_K")

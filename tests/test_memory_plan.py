@@ -363,7 +363,8 @@ def test_fp8_weight_storage_is_weighed_by_diffusers_own_layerwise_casting():
     ("2GiB", "to fit 2.00 GiB: the prompt encoded on the CPU and group offloading of the transformer: 0.60 GiB"),
     ("0.5GiB", "to fit 0.50 GiB: none of enable_model_cpu_offload(), the prompt encoded on the CPU, group offloading "
                "of the transformer, vae.enable_tiling(), the text encoder in int8, fp8 weight storage, torchao int8 "
-               "weight-only, torchao fp8 weight-only is enough, nor any combination"),
+               "weight-only, torchao fp8 weight-only, GGUF Q8_0 weights, GGUF Q4_K weights is enough, nor any "
+               "combination"),
 ])
 def test_a_call_that_does_not_fit_names_the_option_that_would(budget, expected):
     """Wan 2.1 1.3B at a small size (UMT5-XXL's 10.6 GiB, the transformer's 2.65 GiB, the VAE's 0.24 GiB and little

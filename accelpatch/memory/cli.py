@@ -1,5 +1,5 @@
 """``python -m accelpatch memory --recipe R [--height H --width W --frames F --batch B --dtype D --tier T
---memory low --vae-tiling --budget 24GiB]``:
+--memory low --vae-tiling --gguf FILE --budget 24GiB]``:
 a recipe's call planned by stage at full size, on fake tensors (:func:`accelpatch.memory.plan.memory_plan`).
 
 Importing this module imports neither torch nor diffusers: the arguments (the budget's form included) are checked
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from accelpatch.core.tiers import Tier
 from accelpatch.memory.sizes import FORMS, parse_size
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(apply()'s memory_chunk_tokens; default 8192)")
     parser.add_argument("--vae-tiling", action="store_true", help="plan the VAE decode with vae.enable_tiling() "
                         "(diffusers' default tiles; lossy: measure it with validate, a candidate with vae_tiling)")
+    parser.add_argument("--gguf", metavar="FILE", help="also plan the call with the transformer loaded from this GGUF "
+                        "file (diffusers' from_single_file with GGUFQuantizationConfig): its header is read, not its "
+                        "tensors; a row of its own under the peaks")
     parser.add_argument("--unpatched-only", action="store_true", help="skip the patched transformer step")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
@@ -56,6 +60,8 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
             args.budget_bytes = parse_size(args.budget)
         except ValueError as error:
             parser.error(str(error))
+    if args.gguf is not None and not Path(args.gguf).is_file():
+        parser.error(f"--gguf: no file at {args.gguf!r}")
     try:
         args.loaded_recipe = load_recipe(args.recipe)
     except RecipeError as error:
@@ -68,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     plan = memory_plan(getattr(args, "loaded_recipe", None) or args.recipe, height=args.height, width=args.width,
                        frames=args.frames, batch=args.batch, dtype=args.dtype, text_tokens=args.text_tokens,
                        budget=getattr(args, "budget_bytes", None), patched=not args.unpatched_only, tier=args.tier,
-                       memory=args.memory, chunk_tokens=args.chunk_tokens, vae_tiling=args.vae_tiling,
+                       memory=args.memory, chunk_tokens=args.chunk_tokens, vae_tiling=args.vae_tiling, gguf=args.gguf,
                        progress=None if args.no_progress else lambda line: print(line, file=sys.stderr, flush=True))
     print(plan.table())
     return 0

@@ -10,6 +10,8 @@ an allocator's caching and fragmentation are not seen: the figure is the live te
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -80,6 +82,32 @@ class LiveBytes(TorchDispatchMode):
             self._tracker.__exit__(*exc)
         self.release_freed()
         return result
+
+
+@contextlib.contextmanager
+def linear_calls(live: LiveBytes, model: torch.nn.Module):
+    """``with linear_calls(live, model) as calls:``: each call of one of ``model``'s ``nn.Linear`` layers inside
+    appends (the layer's name, its weight's shape, the bytes ``live`` counts as created and alive when the call
+    starts, its output's bytes): where a layer that allocates more than its output while it runs (a GGUF layer
+    dequantising its weight) would raise the peak."""
+    calls: list = []
+    starts: dict = {}
+
+    def enter(name, module, args):
+        live.release_freed()
+        starts[name] = live.current
+
+    def leave(name, module, args, out):
+        calls.append((name, tuple(module.weight.shape), starts.pop(name), out.numel() * out.element_size()))
+
+    handles = [h for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               for h in (m.register_forward_pre_hook(functools.partial(enter, name)),
+                         m.register_forward_hook(functools.partial(leave, name)))]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def storage_bytes(tensors) -> int:

@@ -20,11 +20,14 @@ import dataclasses
 import functools
 import importlib
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from accelpatch.core.tiers import Tier
+from accelpatch.memory.gguf_weights import GGUF_TYPES, by_type, file_types
 from accelpatch.memory.quantised import TORCHAO_CONFIGS, torchao_quantised
 from accelpatch.memory.sizes import gib, parse_size
 from accelpatch.models.families import MemorySettings, families, resolve
@@ -147,6 +150,9 @@ class StepTrace:
     peak_at: str = ""
     #: where the first call's peak came (a fake trace)
     first_at: str = ""
+    #: with ``trace_step(linears=True)``: each linear layer's call of the forward kept (name, weight shape, bytes
+    #: created and alive when it started, its output's bytes)
+    linear_calls: tuple = ()
 
     @property
     def activations(self) -> int:
@@ -158,19 +164,22 @@ class StepTrace:
 
 
 def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Optional[Mapping[str, Any]] = None,
-               steps: tuple = (None,), total_steps: Optional[int] = None, warmup: bool = False) -> StepTrace:
+               steps: tuple = (None,), total_steps: Optional[int] = None, warmup: bool = False,
+               linears: bool = False) -> StepTrace:
     """One forward of ``case``'s transformer under :class:`LiveBytes`: on fake tensors (the plan) or real ones (the
     check). ``apply_arguments``: patch it first with ``accelpatch.apply(model, **apply_arguments)``. ``steps``: the
     denoising steps to run it as (``accelpatch.denoising_step``; None: no step), the largest peak kept.
     ``warmup``: one call first, measured apart as the first call (a real patched model checks each fused op against
     its eager chain on first sight, holding both results); a patched plan on fake tensors traces that first call
-    too (:func:`~accelpatch.lossless.verify.traced_first_call`), then the steady calls after it."""
+    too (:func:`~accelpatch.lossless.verify.traced_first_call`), then the steady calls after it. ``linears``: also
+    record each linear layer's call (:func:`~accelpatch.memory.live_bytes.linear_calls`) of the forward kept, for
+    the GGUF figures (:func:`gguf_weights`)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import accelpatch
     from accelpatch.lossless.verify import traced_first_call
-    from accelpatch.memory.live_bytes import LiveBytes, module_bytes, storage_bytes
+    from accelpatch.memory.live_bytes import LiveBytes, linear_calls, module_bytes, storage_bytes
     from accelpatch.memory.shadows import ValueShadows
 
     mode = FakeTensorMode() if fake else None
@@ -197,14 +206,15 @@ def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Opt
         for step in ([steps[0]] if first_call else []) + list(steps):
             clock = contextlib.nullcontext() if step is None else accelpatch.denoising_step(step, total_steps)
             checks = traced_first_call() if fake and first is None and first_call else contextlib.nullcontext()
-            with torch.no_grad(), clock, checks, LiveBytes(modules=fake) as live:
+            with torch.no_grad(), clock, checks, LiveBytes(modules=fake) as live, (
+                    linear_calls(live, model) if linears else contextlib.nullcontext([])) as calls:
                 model(**inputs)
             if first_call and first is None:
                 first, first_at = live.peak, _where(live)
             elif best is None or live.peak > best[0]:
-                best = (live.peak, step, _where(live))
+                best = (live.peak, step, _where(live), tuple(calls))
         report = str(accelpatch.report(model)) if apply_arguments is not None else ""
-    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report, first, best[2], first_at)
+    return StepTrace(weights, input_bytes, best[0], parameters, best[1], report, first, best[2], first_at, best[3])
 
 
 def _where(live) -> str:
@@ -218,6 +228,24 @@ def torchao_weights(case: TransformerCase, kind: str) -> Union[tuple[int, int], 
     """:func:`~accelpatch.memory.quantised.torchao_quantised` of ``case``'s transformer (built on the meta device
     as ``from_pretrained(torch_dtype=...)`` leaves it): its bytes quantised and its one dequantised temporary."""
     return torchao_quantised(case.meta_model(), kind)
+
+
+def gguf_weights(case: TransformerCase, types: Union[str, os.PathLike],
+                 plain: StepTrace) -> Union[tuple[int, int], str]:
+    """(the bytes of ``case``'s transformer loaded from GGUF, what its step holds more than ``plain``'s: the
+    moment its layers' dequantisation raises the peak most), or why not. ``types``: a GGUF type ("Q4_K": every
+    linear weight in it, :func:`~accelpatch.memory.gguf_weights.by_type`) or a GGUF file's path
+    (:func:`~accelpatch.memory.gguf_weights.file_types`: its own types and bytes, read from its header); ``plain``:
+    the unpatched step traced with ``linears=True``."""
+    from accelpatch.memory.gguf_weights import dequantise_extra, type_weights
+
+    model = case.meta_model()
+    is_file = not isinstance(types, str) or types.endswith(".gguf")
+    found = file_types(types, model, case.torch_dtype) if is_file else by_type(types)
+    if isinstance(found, str):
+        return found
+    layers, weights = found if is_file else (found, type_weights(model, found))
+    return weights, dequantise_extra(plain.linear_calls, plain.created, model, layers, case.torch_dtype)
 
 
 def layerwise_fp8_weights(case: TransformerCase) -> int:
@@ -384,8 +412,11 @@ class MemoryPlan:
         ``group_offload``: the transformer's weights under block-level group offloading with streams (its resident
         blocks, :func:`group_offload_resident`; planned with a budget; not with ``fp8``); ``quantised``: the
         transformer's linear layers quantised by torchao, "int8" or "fp8" weight-only (:func:`torchao_weights`; its
-        activations hold one dequantised weight more; planned with a budget where torchao imports); ``text_int8``:
-        the text encoders quantised the same way, int8 weight-only."""
+        activations hold one dequantised weight more; planned with a budget where torchao imports), or loaded from
+        GGUF: "gguf:Q8_0", "gguf:Q4_K" (every linear weight in that type, planned with a budget the call misses)
+        or "gguf:<file name>" (the file ``memory_plan(gguf=...)`` read; :mod:`~accelpatch.memory.gguf_weights`: its
+        activations hold what the layers' dequantisation adds, traced); ``text_int8``: the text encoders quantised
+        the same way, int8 weight-only."""
         stages = [s for s in self.stages if not (text_on_cpu and s.name == "text encoder")]
         if text_int8:
             weighed = self.details.get("text_int8")
@@ -407,12 +438,9 @@ class MemoryPlan:
                                  "patched call does not fit")
             step = self.details["low_memory"][low]
         if sum(map(bool, (fp8, group_offload, quantised))) > 1:
-            raise ValueError("fp8 storage, group offloading and torchao quantisation are planned one at a time")
+            raise ValueError("fp8 storage, group offloading and quantised weights are planned one at a time")
         if quantised is not None:
-            weighed = self.details.get("torchao", {}).get(quantised)
-            if not isinstance(weighed, tuple):
-                raise ValueError(f"this plan has no torchao {quantised!r} weights: "
-                                 + (weighed or f"plan it with a budget; kinds: {', '.join(TORCHAO_CONFIGS)}"))
+            weighed = self._quantised(quantised)
             if step.planned:
                 step = dataclasses.replace(step, weights=weighed[0], activations=step.activations + weighed[1])
         for asked, key, what in ((fp8, "fp8_weights", "fp8 weights"), (group_offload, "group_offload",
@@ -424,6 +452,20 @@ class MemoryPlan:
             if step.planned:
                 step = dataclasses.replace(step, weights=self.details[key])
         return [step if s.name.startswith("transformer step") else s for s in stages]
+
+    def _quantised(self, quantised: str) -> tuple[int, int]:
+        """The weighed (bytes, temporary) of a ``quantised`` option of :meth:`stage_list`, or a ValueError naming the
+        ones this plan has."""
+        source, name = ("gguf", quantised[len("gguf:"):]) if quantised.startswith("gguf:") else ("torchao", quantised)
+        found = self.details.get(source, {}).get(name)
+        if not isinstance(found, tuple):
+            have = [k for k, v in self.details.get("torchao", {}).items() if isinstance(v, tuple)] + [
+                f"gguf:{k}" for k, v in self.details.get("gguf", {}).items() if isinstance(v, tuple)]
+            raise ValueError(f"this plan has no {quantised!r} weights"
+                             + (f" ({found})" if isinstance(found, str) else "")
+                             + (f"; it has {', '.join(have)}" if have else "; plan it with a budget (torchao "
+                                f"{', '.join(TORCHAO_CONFIGS)}; GGUF {', '.join(GGUF_TYPES)}) or a GGUF file"))
+        return found
 
     def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False, low: Optional[str] = None,
              text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
@@ -478,6 +520,8 @@ class MemoryPlan:
                 verdict = f" {verdicts[self.fits(patched=patched, offload=offload)]}" if self.budget else ""
                 cells.append(f"{'' if complete else '>= '}{gib(value)}{verdict}")
             lines.append(f"{'patched' if patched else 'unpatched':<34}{cells[0]:>30}{cells[1]:>30}")
+        if "gguf_file" in self.details:
+            lines += self._gguf_file_rows(verdicts)
         unplanned = [s.name for s in self.stages if not s.planned]
         if unplanned:
             lines.append(f">= : a lower bound, the {' and the '.join(unplanned)} not planned yet"
@@ -489,6 +533,21 @@ class MemoryPlan:
         lines += ["", "assumptions:", *(f"  - {a}" for a in self.assumptions),
                   f"planned in {self.seconds:.1f} s on fake tensors (no weights downloaded, no math run)"]
         return "\n".join(lines)
+
+    def _gguf_file_rows(self, verdicts: Mapping[Optional[bool], str]) -> list[str]:
+        """The peak rows of the patched call with the transformer loaded from the plan's GGUF file, or why not."""
+        name = self.details["gguf_file"]
+        weighed = self.details["gguf"][name]
+        if not isinstance(weighed, tuple):
+            return [f"{name}: not weighed: {weighed}"]
+        cells = []
+        for offload in (False, True):
+            value, complete = self.peak(offload=offload, quantised=f"gguf:{name}")
+            verdict = f" {verdicts[self.fits(offload=offload, quantised=f'gguf:{name}')]}" if self.budget else ""
+            cells.append(f"{'' if complete else '>= '}{gib(value)}{verdict}")
+        return [f"{'patched, from ' + name:<34}{cells[0]:>30}{cells[1]:>30}",
+                f"  ({name}: transformer weights {gib(weighed[0])}; each layer's dequantisation holds up to "
+                f"{gib(weighed[1])} more while it runs)"]
 
     def moves(self) -> list[Move]:
         """The ways down this plan has figures for, the least costly in speed first: ``memory="low"`` (the same
@@ -526,6 +585,11 @@ class MemoryPlan:
             *((isinstance(weighed, tuple), f"torchao {kind} weight-only", "the transformer quantised by torchao: "
                f"torchao.quantization.quantize_(transformer, {TORCHAO_CONFIGS[kind]}()) {lossy}", dict(quantised=kind))
               for kind, weighed in details.get("torchao", {}).items()),
+            *((isinstance(weighed, tuple), f"GGUF {kind} weights", f"the transformer from a GGUF {kind} file: "
+               f"{self.details.get('transformer_class', 'the transformer class')}.from_single_file('<{kind} file>.gguf', "
+               "quantization_config=GGUFQuantizationConfig(compute_dtype=...)) (each layer dequantised at every call; "
+               f"lossy: measure it with accelpatch validate)", dict(quantised=f"gguf:{kind}"))
+              for kind, weighed in details.get("gguf", {}).items() if kind in GGUF_TYPES),
         ]
         return [Move(rank, short, how, options)
                 for rank, (_, short, how, options) in enumerate(o for o in offered if o[0])]
@@ -551,7 +615,7 @@ class MemoryPlan:
                 return [f"to fit {gib(self.budget)}: {said}: {gib(value)}"
                         + ("" if verdict else " (fits so far: a stage is not planned)")]
         return [f"to fit {gib(self.budget)}: none of {', '.join(m.short for m in moves)} is enough, nor any "
-                "combination; not planned yet: GGUF weights"]
+                "combination"]
 
     def __str__(self) -> str:
         return self.table()
@@ -659,6 +723,15 @@ def _audio_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, au
     return Stage("audio decode", weights, activations)
 
 
+#: what a plan's GGUF figures assume (:mod:`~accelpatch.memory.gguf_weights`)
+GGUF_ASSUMPTION = (
+    "GGUF: as diffusers loads a file (from_single_file with GGUFQuantizationConfig): its quantised tensors kept as "
+    "stored (those of the modules the model keeps in float32 dequantised to float32), its F32/F16 ones in the "
+    "compute dtype; each GGUFLinear dequantises its whole weight at every call, traced where it runs (4-10 bytes a "
+    "weight by type; on CUDA with the kernels package some types multiply without it, holding less); figured on "
+    "the unpatched step and added to the row's; by type: every linear weight whose rows split into the type's blocks")
+
+
 def _describe_patch(arguments: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in arguments.items() if v is not None) or "defaults"
 
@@ -667,7 +740,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 frames: Optional[int] = None, batch: Optional[int] = None, dtype: Optional[str] = None,
                 budget: Union[int, str, None] = None, patched: bool = True, text_tokens: Optional[int] = None,
                 tier: Optional[str] = None, memory: Optional[str] = None, chunk_tokens: Optional[int] = None,
-                vae_tiling: bool = False, progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
+                vae_tiling: bool = False, gguf: Union[str, os.PathLike, None] = None,
+                progress: Optional[Callable[[str], None]] = None) -> MemoryPlan:
     """Plan the peak memory of ``recipe_or_name``'s call by stage, at the size its call gives (or ``height``,
     ``width``, ``frames``: pixels), for ``batch`` videos per prompt (CFG's batch added where the pipeline batches
     it), in ``dtype`` ("bf16", "fp16", "fp32"; default the recipe's). ``patched``: also plan the transformer step
@@ -679,7 +753,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     weighed with fp8 weight storage, torchao's int8 and fp8 weight-only quantisation and group offloading
     (:meth:`MemoryPlan.moves`, :meth:`MemoryPlan.options_to_fit`). ``progress`` gets one line before each slow
     stage. ``vae_tiling``: the VAE decode with ``vae.enable_tiling()`` (diffusers' default tiles; lossy), which a
-    budget the patched call misses also plans as an option to fit."""
+    budget the patched call misses also plans as an option to fit, as it plans the transformer loaded from GGUF files
+    of the common types (:data:`~accelpatch.memory.gguf_weights.GGUF_TYPES`, traced); ``gguf``: a GGUF
+    file of the transformer to weigh as it is (its header read, no tensor data), a row of its own under the
+    peaks (``peak(quantised="gguf:<file name>")``)."""
     from accelpatch.recipes import load_recipe
 
     start = time.perf_counter()
@@ -728,12 +805,15 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     if isinstance(known, str):
         details["config"] = "not planned"
         stages.append(Stage("transformer step", note=known))
+        if gguf is not None:
+            details["gguf"] = {Path(gguf).name: f"the transformer step is not planned: {known}"}
+            details["gguf_file"] = Path(gguf).name
     else:
         config, source = known
         case = TransformerCase(family, config, lat_f, lat_h, lat_w, text, batch=videos * cfg_factor, audio=audio,
                                dtype=torch_dtype)
         say(f"tracing one transformer step (unpatched) at {height}x{width}x{frames} ...")
-        plain = trace_step(case)
+        plain = trace_step(case, linears=True)
         stages.append(Stage("transformer step, unpatched", plain.weights, plain.activations,
                             f"peak at {plain.peak_at}"))
         steps = int(call.get("num_inference_steps") or 50)
@@ -752,6 +832,11 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
             details["fp8_weights"] = layerwise_fp8_weights(case)
             details["group_offload"] = group_offload_weights(case)
             details["torchao"] = {kind: torchao_weights(case, kind) for kind in TORCHAO_CONFIGS}
+        if gguf is not None:
+            say(f"tracing it loaded from {os.fspath(gguf)} (its header read) ...")
+            details.setdefault("gguf", {})[Path(gguf).name] = gguf_weights(case, Path(gguf), plain)
+            details["gguf_file"] = Path(gguf).name
+        details["transformer_class"] = resolve(memory.transformer).__name__
     if budget is not None and text_cases:
         from accelpatch.memory.text_encoder import quantised_text_encoders
 
@@ -799,6 +884,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         "ways, and the row shows the larger of that and a process's first call, where each fused op is checked "
         "against its eager chain on first sight, holding both results",
         *([f"VAE: {details['vae']}"] if "vae" in details else []),
+        *([GGUF_ASSUMPTION] if "gguf" in details else []),
         *([f"audio decode: {details['audio_decode']}"] if "audio_decode" in details else []),
         *([f"the recipe's {len(recipe.lora)} LoRA adapter(s) are not counted (their rank decides their size)"]
           if recipe.lora else []),
@@ -821,9 +907,15 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                 "checked": Stage("transformer step, memory='low'", low.weights,
                                  max(low.activations, low.first_activations or 0), note),
                 "unchecked": Stage("transformer step, memory='low' at tier high", low.weights, low.activations, note)}
+        if not isinstance(known, str):
+            say(f"tracing it loaded from GGUF {' and '.join(GGUF_TYPES)} files (the call does not fit) ...")
+            details.setdefault("gguf", {}).update(
+                {kind: gguf_weights(case, kind, plain) for kind in GGUF_TYPES})
+            assumptions += () if GGUF_ASSUMPTION in assumptions else (GGUF_ASSUMPTION,)
         if not vae_tiling and not tiles_by_default and vae_stage.planned:
             say("tracing the VAE decode in tiles (the call does not fit) ...")
             weights, activations, _ = trace_vae(tiling=True)
             details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")
-        plan = dataclasses.replace(plan, details=details, seconds=time.perf_counter() - start)
+        plan = dataclasses.replace(plan, details=details, assumptions=assumptions,
+                                   seconds=time.perf_counter() - start)
     return plan
