@@ -110,9 +110,9 @@ def test_files_go_to_the_workers_longest_first_each_files_order_kept():
     (0.3 s each); a file's tests stay together and in their order."""
     from _suite_order import longest_first
 
-    nodeids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t1", "tests/c.py::t1", "tests/c.py::t2",
-               "tests/c.py::t3", "tests/d.py::t1"]
-    seconds = {"tests/a.py": 5.0, "tests/b.py": 60.0, "tests/d.py": 0.5}  # c: 3 tests, estimated 0.9 s
+    nodeids = ["t/a.py::t1", "t/a.py::t2", "t/b.py::t1", "t/c.py::t1", "t/c.py::t2",
+               "t/c.py::t3", "t/d.py::t1"]
+    seconds = {"t/a.py": 5.0, "t/b.py": 60.0, "t/d.py": 0.5}  # c: 3 tests, estimated 0.9 s
     assert longest_first(nodeids, seconds) == [
-        "tests/b.py::t1", "tests/a.py::t1", "tests/a.py::t2", "tests/c.py::t1", "tests/c.py::t2", "tests/c.py::t3",
-        "tests/d.py::t1"]
+        "t/b.py::t1", "t/a.py::t1", "t/a.py::t2", "t/c.py::t1", "t/c.py::t2", "t/c.py::t3",
+        "t/d.py::t1"]
