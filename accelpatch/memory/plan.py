@@ -546,8 +546,8 @@ class MemoryPlan:
             verdict = f" {verdicts[self.fits(offload=offload, quantised=f'gguf:{name}')]}" if self.budget else ""
             cells.append(f"{'' if complete else '>= '}{gib(value)}{verdict}")
         return [f"{'patched, from ' + name:<34}{cells[0]:>30}{cells[1]:>30}",
-                f"  ({name}: transformer weights {gib(weighed[0])}; each layer's dequantisation holds up to "
-                f"{gib(weighed[1])} more while it runs)"]
+                f"  ({name}: transformer weights {gib(weighed[0])}; its layers' dequantisation adds "
+                f"{gib(weighed[1])} to the step's peak)"]
 
     def moves(self) -> list[Move]:
         """The ways down this plan has figures for, the least costly in speed first: ``memory="low"`` (the same
@@ -555,7 +555,8 @@ class MemoryPlan:
         once per call), the prompt encoded on the CPU (that encoding's time, once per prompt), the transformer's
         blocks group-offloaded (every block moved at every step, overlapped), the VAE decoded in tiles (lossy: blended
         tiles, once per call), the text encoder in int8 (lossy, once per prompt), fp8 weight storage (every layer
-        cast at every step, lossy), torchao's int8 and fp8 weight-only transformer (lossy; where torchao imports)."""
+        cast at every step, lossy), torchao's int8 and fp8 weight-only transformer (lossy; where torchao imports), a GGUF
+        Q8_0 and Q4_K transformer (lossy, every layer dequantised at every call; where gguf imports)."""
         details = self.details
         text = next((s for s in self.stages if s.name == "text encoder"), None)
         lossy = "(lossy: measure it with accelpatch validate)"
