@@ -209,7 +209,7 @@ def test_the_plan_weighs_a_full_size_file_and_the_command_prints_its_row(full_si
     assert weights == held and 0.25 < weights / plan.stages[1].weights < 0.35, (weights, plan.stages[1].weights)
     assert extra > 0  # a layer's dequantisation held beside the activations
     assert plan.peak(quantised=f"gguf:{path.name}")[0] < plan.peak()[0]  # every component resident
-    (row,) = [line for line in out.splitlines() if line.startswith(f"patched, from {path.name}")]
+    (row,) = [line for line in out.splitlines() if line.startswith(f"unpatched, from {path.name}")]  # as asked
     assert "GiB" in row and f"({path.name}: transformer weights" in out and "GGUF: as diffusers loads a file" in out
 
 

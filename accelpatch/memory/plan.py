@@ -535,7 +535,8 @@ class MemoryPlan:
         return "\n".join(lines)
 
     def _gguf_file_rows(self, verdicts: Mapping[Optional[bool], str]) -> list[str]:
-        """The peak rows of the patched call with the transformer loaded from the plan's GGUF file, or why not."""
+        """The peak rows of the call (patched where the plan has the patched step) with the transformer loaded from
+        the plan's GGUF file, or why not."""
         name = self.details["gguf_file"]
         weighed = self.details["gguf"][name]
         if not isinstance(weighed, tuple):
@@ -545,7 +546,8 @@ class MemoryPlan:
             value, complete = self.peak(offload=offload, quantised=f"gguf:{name}")
             verdict = f" {verdicts[self.fits(offload=offload, quantised=f'gguf:{name}')]}" if self.budget else ""
             cells.append(f"{'' if complete else '>= '}{gib(value)}{verdict}")
-        return [f"{'patched, from ' + name:<34}{cells[0]:>30}{cells[1]:>30}",
+        label = f"{'patched' if self.patched else 'unpatched'}, from {name}"
+        return [f"{label:<34}{cells[0]:>30}{cells[1]:>30}",
                 f"  ({name}: transformer weights {gib(weighed[0])}; its layers' dequantisation adds "
                 f"{gib(weighed[1])} to the step's peak)"]
 
