@@ -73,15 +73,14 @@ def _linears(model) -> list[tuple[str, Any]]:
             if isinstance(m, torch.nn.Linear) and f"{name}.weight" not in kept]
 
 
-def _eligible(model, types: Types) -> dict[str, tuple[tuple[int, int], Any]]:
-    """``model``'s linear layers ``types`` stores in GGUF, with their weight's shape and type: those the loader can
-    keep quantised whose rows split into their type's blocks."""
+def _eligible(model, types: Types) -> dict[str, tuple[Any, Any]]:
+    """``model``'s linear layers ``types`` stores in GGUF, with their weight and type: those the loader can keep
+    quantised whose rows split into their type's blocks."""
     found = {}
     for name, linear in _linears(model):
-        shape = tuple(linear.weight.shape)
-        quant_type = types(name, shape)
-        if quant_type is not None and shape[1] % _block(quant_type)[0] == 0:
-            found[name] = shape, quant_type
+        quant_type = types(name, tuple(linear.weight.shape))
+        if quant_type is not None and linear.weight.shape[1] % _block(quant_type)[0] == 0:
+            found[name] = linear.weight, quant_type
     return found
 
 
@@ -90,10 +89,8 @@ def type_weights(model, types: Types) -> int:
     a type holding that type's codes."""
     from accelpatch.memory.live_bytes import module_bytes
 
-    eligible = _eligible(model, types)
-    weights = {name: linear.weight for name, linear in _linears(model) if name in eligible}
-    return module_bytes(model) + sum(_codes_bytes(shape, quant_type) - weights[name].numel() *
-                                     weights[name].element_size() for name, (shape, quant_type) in eligible.items())
+    return module_bytes(model) + sum(_codes_bytes(weight.shape, quant_type) - weight.numel() * weight.element_size()
+                                     for weight, quant_type in _eligible(model, types).values())
 
 
 def _quant_type(kind: str):
