@@ -13,7 +13,7 @@ measured yet is placed by its number of tests (:data:`SECONDS_PER_TEST` each).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 import pytest
@@ -43,28 +43,27 @@ def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def longest_first(nodeids: list[str], seconds: dict[str, float]) -> list[str]:
-    """``nodeids`` grouped by file, the files in decreasing stored (or estimated) seconds, each file's own order
-    kept; equal files in the order they came."""
-    files: dict[str, list[str]] = defaultdict(list)
-    for nodeid in nodeids:
-        files[file_of(nodeid)].append(nodeid)
-    order = sorted(files, key=lambda f: -seconds.get(f, SECONDS_PER_TEST * len(files[f])))
-    return [nodeid for f in order for nodeid in files[f]]
+def longest_first(scopes: dict[str, int], seconds: dict[str, float]) -> list[str]:
+    """The work units ``scopes`` (a test file, or a class in one, with its number of tests) in decreasing stored
+    seconds of their file (estimated from the tests where none is stored); equal ones in the order they came."""
+    return sorted(scopes, key=lambda scope: -seconds.get(file_of(scope), SECONDS_PER_TEST * scopes[scope]))
 
 
 class LongestFirst:
-    """Mixed into xdist's ``loadfile`` scheduler: before the first distribution, every worker's collection (they
-    are identical, and xdist checks that) is put in :func:`longest_first` order, and xdist's own reordering by test
-    count is turned off."""
+    """Mixed into xdist's ``loadfile`` scheduler: its queue of files, once built, is put in :func:`longest_first`
+    order before the first file goes out. Only the queue: the workers' collections stay as collected, since xdist
+    sends each worker the indexes of its tests in the collection the worker holds (reordering the collections
+    instead, as a first version did, handed workers other files' tests: files split across workers, their module
+    fixtures built twice)."""
 
-    def schedule(self):
-        if self.collection is None and self.collection_is_completed:
-            seconds = stored()
-            for node, collection in self.registered_collections.items():
-                self.registered_collections[node] = longest_first(list(collection), seconds)
-            self.config.option.loadscopereorder = False
-        return super().schedule()
+    _ordered = False
+
+    def _assign_work_unit(self, node):
+        if not self._ordered:
+            self._ordered = True
+            order = longest_first({scope: len(unit) for scope, unit in self.workqueue.items()}, stored())
+            self.workqueue = OrderedDict((scope, self.workqueue[scope]) for scope in order)
+        super()._assign_work_unit(node)
 
 
 class _Recorder:

@@ -105,14 +105,56 @@ def test_where_it_was_shows_the_faulting_thread_first_and_drops_the_module_list(
                                      '  File "throwaway.py", line 7 in test_y']
 
 
-def test_files_go_to_the_workers_longest_first_each_files_order_kept():
+def test_files_go_to_the_workers_longest_first():
     """tests/_suite_order.py: stored seconds order the files, longest first; a file with none is placed by its tests
-    (0.3 s each); a file's tests stay together and in their order."""
+    (0.3 s each); equal ones keep their order."""
     from _suite_order import longest_first
 
-    nodeids = ["t/a.py::t1", "t/a.py::t2", "t/b.py::t1", "t/c.py::t1", "t/c.py::t2",
-               "t/c.py::t3", "t/d.py::t1"]
-    seconds = {"t/a.py": 5.0, "t/b.py": 60.0, "t/d.py": 0.5}  # c: 3 tests, estimated 0.9 s
-    assert longest_first(nodeids, seconds) == [
-        "t/b.py::t1", "t/a.py::t1", "t/a.py::t2", "t/c.py::t1", "t/c.py::t2", "t/c.py::t3",
-        "t/d.py::t1"]
+    scopes = {"t/a.py": 2, "t/b.py": 1, "t/c.py": 3, "t/d.py": 1, "t/e.py::Case": 1}
+    seconds = {"t/a.py": 5.0, "t/b.py": 60.0, "t/d.py": 0.5, "t/e.py": 0.5}  # c: 3 tests, estimated 0.9 s
+    assert longest_first(scopes, seconds) == ["t/b.py", "t/a.py", "t/c.py", "t/d.py", "t/e.py::Case"]
+
+
+class _Worker:
+    """What xdist's scheduler sees of a worker: the indexes it is sent, into the collection the worker holds."""
+
+    def __init__(self, name):
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indexes):
+        self.sent.append(list(indexes))
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_the_scheduler_sends_each_worker_whole_files_longest_first_as_indexes_into_its_own_collection():
+    """The suite's scheduler (tests/_suite_guard.py's xdist hook), two workers that collected files a (1 test), b (3)
+    and c (2), stored seconds putting c first: each worker's indexes, read in its own collection, are whole files,
+    and the first two files out are c and b. Reordering the workers' collections, as a first version did, sent
+    indexes the workers read in their own order: b's tests went to both workers."""
+    from unittest import mock
+
+    import _suite_order
+    from _suite_guard import pytest_xdist_make_scheduler
+
+    collection = ["t/a.py::t1", "t/b.py::t1", "t/b.py::t2", "t/b.py::t3", "t/c.py::t1", "t/c.py::t2"]
+    config = mock.Mock()
+    config.getvalue.side_effect = {"tx": ["2*popen"], "dist": "loadfile"}.__getitem__
+    config.option.loadscopereorder = True
+    with mock.patch.object(_suite_order, "stored", return_value={"t/c.py": 90.0, "t/b.py": 30.0, "t/a.py": 1.0}):
+        scheduler = pytest_xdist_make_scheduler(config, None)
+        workers = [_Worker("gw0"), _Worker("gw1")]
+        for worker in workers:
+            scheduler.add_node(worker)
+        for worker in workers:
+            scheduler.add_node_collection(worker, list(collection))
+        scheduler.schedule()
+    units = {w.gateway.id: [[collection[i] for i in sent] for sent in w.sent] for w in workers}
+    files = {name: [{nodeid.split("::")[0] for nodeid in unit} for unit in sent] for name, sent in units.items()}
+    assert all(len(unit) == 1 for sent in files.values() for unit in sent), units
+    assert [files["gw0"][0], files["gw1"][0]] == [{"t/c.py"}, {"t/b.py"}], units
+    sent = sorted(nodeid for sent in units.values() for unit in sent for nodeid in unit)
+    assert sent == sorted(collection), units  # each test once
