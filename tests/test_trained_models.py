@@ -31,13 +31,26 @@ PROMPTS = [(colour, motion) for motion in ("grows", "shrinks") for colour in ("r
 STEPS = 8
 
 
+def _batch(pipe, family: str, prompts: list[str], seeds: list[int]) -> list[torch.Tensor]:
+    """The videos of ``prompts`` at ``seeds`` from one pipeline call: a batch whose every video draws its noise from
+    a generator of its own (diffusers' ``generator`` list), so each is the video one call per prompt gives, up to
+    the batched matmuls' rounding (measured on the shipped models: within 3e-5 of the single calls, every reading the
+    same). One call instead of eight: the Wan VAE's small conv3d inputs leave torch's slow CPU path at batch 8
+    (measured on an AVX-512 EPYC: Wan 2.0x, SANA-Video 1.5x faster)."""
+    calls = [trained_call_kwargs(family, prompt, num_inference_steps=STEPS, seed=seed)
+             for prompt, seed in zip(prompts, seeds)]
+    kwargs = {**calls[0], "prompt": [c["prompt"] for c in calls], "generator": [c["generator"] for c in calls]}
+    if isinstance(kwargs.get("negative_prompt"), str):
+        kwargs["negative_prompt"] = [c["negative_prompt"] for c in calls]
+    with torch.no_grad():
+        frames = pipe(**kwargs).frames
+    assert len(frames) == len(calls)
+    return [from_pipeline_frames(video) for video in frames]
+
+
 def _generate(pipe, family: str) -> list[torch.Tensor]:
-    videos = []
-    for seed, (colour, motion) in enumerate(PROMPTS):
-        kwargs = trained_call_kwargs(family, f"a {colour} square {motion}", num_inference_steps=STEPS, seed=seed)
-        with torch.no_grad():
-            videos.append(from_pipeline_frames(pipe(**kwargs).frames))
-    return videos
+    return _batch(pipe, family, [f"a {colour} square {motion}" for colour, motion in PROMPTS],
+                  list(range(len(PROMPTS))))
 
 
 def _trained(family: str):
@@ -251,14 +264,9 @@ COLOURS = ("red", "green", "blue", "yellow")
 
 
 def _moving(pipe, family: str) -> list:
-    readings = []
-    for colour, direction in MOVES:
-        seed = 4 * COLOURS.index(colour) + DIRECTIONS.index(direction)
-        kwargs = trained_call_kwargs(family, f"a {colour} square moves {direction}", num_inference_steps=STEPS,
-                                     seed=seed)
-        with torch.no_grad():
-            readings.append(read_shape_video(from_pipeline_frames(pipe(**kwargs).frames)))
-    return readings
+    seeds = [4 * COLOURS.index(colour) + DIRECTIONS.index(direction) for colour, direction in MOVES]
+    videos = _batch(pipe, family, [f"a {colour} square moves {direction}" for colour, direction in MOVES], seeds)
+    return [read_shape_video(video) for video in videos]
 
 
 #: of MOVES' 8 prompts, the directions the trained model must draw, for the families that learned the direction (a
