@@ -356,6 +356,12 @@ def test_fp8_weight_storage_is_weighed_by_diffusers_own_layerwise_casting():
     assert planned == module_bytes(real) and before / 2 < planned < before, (planned, before)
 
 
+@pytest.fixture(scope="module")
+def small_wan_plan():
+    """Wan 2.1 1.3B, 5 frames of 96 x 160, unpatched, planned with a budget nothing fits (every option weighed)."""
+    return memory_plan("wan2.1-t2v-1.3b-sol-attn", frames=5, height=96, width=160, budget="0.5GiB", patched=False)
+
+
 @pytest.mark.parametrize("budget,expected", [
     ("11GiB", "to fit 11.00 GiB: enable_model_cpu_offload()"),
     ("8GiB", "to fit 8.00 GiB: the prompt encoded on the CPU (load the pipeline with text_encoder=None"),
@@ -366,17 +372,26 @@ def test_fp8_weight_storage_is_weighed_by_diffusers_own_layerwise_casting():
                "weight-only, torchao fp8 weight-only, GGUF Q8_0 weights, GGUF Q4_K weights is enough, nor any "
                "combination"),
 ])
-def test_a_call_that_does_not_fit_names_the_option_that_would(budget, expected):
+def test_a_call_that_does_not_fit_names_the_option_that_would(small_wan_plan, budget, expected):
     """Wan 2.1 1.3B at a small size (UMT5-XXL's 10.6 GiB, the transformer's 2.65 GiB, the VAE's 0.24 GiB and little
     activation): the first option planned that makes the call fit the budget, model offload before the prompt encoded
     on the CPU (once per prompt) before group offloading (every block at every step) before lossy fp8 storage, a
     cheaper costliest move first and fewer moves first, or none (VAE tiling is weighed too: at 96 x 160 nothing is
-    tiled)."""
-    plan = memory_plan("wan2.1-t2v-1.3b-sol-attn", frames=5, height=96, width=160, budget=budget, patched=False)
+    tiled). One plan judged against each budget (the next test: a plan made with the budget says the same)."""
+    plan = dataclasses.replace(small_wan_plan, budget=parse_size(budget))
     assert plan.fits() is False
     lines = [line for line in plan.table().splitlines() if line.startswith("to fit")]
     assert len(lines) == 1 and lines[0].startswith(expected), lines
     assert plan.details["fp8_weights"] < plan.stages[1].weights
+
+
+def test_a_plan_made_with_a_budget_is_the_shared_plan_judged_against_it(small_wan_plan):
+    """What lets the test above judge one plan against several budgets: every budget it asks is missed, so each plan
+    weighs every option, and a plan made with one of them is the shared plan's table line for line (its planning
+    time aside)."""
+    fresh = memory_plan("wan2.1-t2v-1.3b-sol-attn", frames=5, height=96, width=160, budget="2.8GiB", patched=False)
+    judged = dataclasses.replace(small_wan_plan, budget=parse_size("2.8GiB"), seconds=fresh.seconds)
+    assert fresh.table() == judged.table()
 
 
 def test_every_planned_release_configuration_is_weighed_with_fp8_storage():
