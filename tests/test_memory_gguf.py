@@ -132,6 +132,65 @@ def test_a_file_is_weighed_from_its_header_as_from_single_file_loads_it_and_its_
     assert abs(activations - measured) <= 0.10 * measured, (activations, measured)
 
 
+#: diffusers' Wan names -> the original checkpoint's (the inverse of diffusers' convert_wan_transformer_to_diffusers
+#: renames this model has; norm2 and norm3 swap), to write a file as the community's Wan GGUF files are named
+ORIGINAL_WAN_NAMES = (("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+                      ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+                      ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+                      ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+                      ("condition_embedder.time_proj", "time_projection.1"), ("attn1", "self_attn"),
+                      ("attn2", "cross_attn"), (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."),
+                      (".to_v.", ".v."), ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"), ("proj_out", "head.head"),
+                      ("norm2", "norm__swap"), ("norm3", "norm2"), ("norm__swap", "norm3"))
+
+
+def _original_name(key: str) -> str:
+    if key == "scale_shift_table":
+        return "head.modulation"
+    for ours, theirs in ORIGINAL_WAN_NAMES:
+        key = key.replace(ours, theirs)
+    return key.replace("scale_shift_table", "modulation")
+
+
+def test_a_file_in_the_original_checkpoints_names_gives_each_layer_the_type_diffusers_loads_it_in(tmp_path):
+    """A Q4_K_M-like file (attention projections Q8_0, feed-forwards Q4_K, the rest F32; the time embedder Q8_0,
+    which Wan keeps in float32 and the loader dequantises) named as the original Wan checkpoint is, as the
+    community's files are: each linear layer is weighed in the type diffusers' ``from_single_file`` gives it after
+    renaming (read off every GGUFLinear it loads), and the bytes are the loader's. (The file's most common type for
+    every layer, as before, gets the attention layers wrong.)"""
+    from accelpatch.memory.gguf_weights import file_types
+
+    source = WanTransformer3DModel(**WAN_SOL_CONFIG)
+    source.save_config(tmp_path)
+    writer = gguf.GGUFWriter(str(tmp_path / "wan-mixed.gguf"), "accelpatch-test")
+    for key, value in source.state_dict().items():
+        linear = key.endswith(".weight") and value.ndim == 2
+        kind = Q.Q8_0 if linear and (".attn" in key or "time_embedder" in key) else (
+            Q.Q4_K if linear and ".ffn." in key else None)
+        name = _original_name(key)
+        if kind is None:
+            writer.add_tensor(name, value.float().numpy())
+        else:
+            codes = _codes(value, kind).numpy()
+            writer.add_tensor(name, codes, raw_shape=codes.shape, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loaded = WanTransformer3DModel.from_single_file(
+        str(tmp_path / "wan-mixed.gguf"), config=str(tmp_path), torch_dtype=torch.bfloat16,
+        quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16))
+    quantised = {name: m.weight.quant_type for name, m in loaded.named_modules() if isinstance(m, GGUFLinear)
+                 and isinstance(m.weight, GGUFParameter)}
+    assert set(quantised.values()) == {Q.Q8_0, Q.Q4_K} and len(quantised) == 20, quantised  # 2 blocks x (8 + 2)
+
+    types, weights = file_types(tmp_path / "wan-mixed.gguf", CASE.meta_model(), torch.bfloat16)
+    planned = {name: types(name, tuple(m.weight.shape)) for name, m in loaded.named_modules()
+               if isinstance(m, torch.nn.Linear)}
+    assert {name: t for name, t in planned.items() if t is not None} == quantised, planned
+    assert weights == module_bytes(loaded)
+
+
 def test_a_file_of_another_model_is_said_not_weighed(q8_file):
     from accelpatch.testing.wan import WAN_TINY_CONFIG
 

@@ -115,10 +115,10 @@ def file_types(path: Union[str, Path], model, compute_dtype) -> Union[tuple[Type
     why not. Reads the file's header, not its tensors. Its quantised tensors (every type but F32 and F16, as the
     loader keeps them) count as stored, the rest of ``model`` (built on the meta device in the compute dtype) as
     loaded; a quantised tensor named as a parameter the model keeps in float32 is loaded dequantised to float32. A
-    linear layer is given its tensor's type by name; in a file of the original checkpoint's names (converted at
-    load) no name matches, and every layer is given the file's most common type (and the tensors the model keeps in
-    float32 count as stored: Wan 14B's time embedder, 0.5 % of its bytes). A file whose values do not add up to
-    ``model``'s parameters (within 1 %) is of another model: said, not weighed."""
+    linear layer is given its tensor's type by name: the file's own names, or, in a file of the original checkpoint's
+    names, those diffusers' loader converts them to (:func:`_loaded_names`); where neither matches, every layer is
+    given the file's most common type. A file whose values do not add up to ``model``'s parameters (within 1 %) is of
+    another model: said, not weighed."""
     import torch
 
     from accelpatch.memory.live_bytes import module_bytes
@@ -146,18 +146,41 @@ def file_types(path: Union[str, Path], model, compute_dtype) -> Union[tuple[Type
         return (f"{path.name} holds {values / 1e9:.3f}B values, this transformer {parameters / 1e9:.3f}B parameters: "
                 "a file of another model (or another size of it)")
     kept = _kept_in_float32(model)
-    quantised = [t for t in tensors if t.tensor_type not in plain and t.name not in kept]
+    linear_names = {name for name, _ in _linears(model)}
+    loaded = {t.name: t.name for t in tensors}
+    if not linear_names & {name.removesuffix(".weight") for name in loaded}:
+        loaded = _loaded_names(model, tensors)
+    quantised = [t for t in tensors if t.tensor_type not in plain and loaded.get(t.name) not in kept]
     size = torch.empty((), dtype=compute_dtype, device="meta").element_size()
     weights = module_bytes(model) - sum(int(t.n_elements) for t in quantised) * size + sum(
         int(t.n_bytes) for t in quantised)
-    named = {t.name.removesuffix(".weight"): t.tensor_type for t in quantised}
+    named = {loaded[t.name].removesuffix(".weight"): t.tensor_type for t in quantised if t.name in loaded}
     if not quantised:
         return lambda name, shape: None, weights
     common = Counter(t.tensor_type for t in quantised).most_common(1)[0][0]
-    linear_names = {name for name, _ in _linears(model)}
     if linear_names & set(named):
         return lambda name, shape: named.get(name), weights
     return lambda name, shape: common, weights
+
+
+def _loaded_names(model, tensors) -> dict[str, str]:
+    """The name diffusers' single-file loader gives each of a GGUF file's ``tensors`` in ``model``'s class, by the
+    file's name: the class's ``checkpoint_mapping_fn`` (what ``from_single_file`` runs on the checkpoint) run on meta
+    stand-ins in the tensors' shapes. A renamed stand-in is the same object, so it keeps its tensor's name; one the
+    mapping splits or reshapes is a new tensor and is left out, as are all where the class has no mapping or the
+    mapping fails on the file."""
+    import torch
+
+    try:
+        from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
+
+        mapping = SINGLE_FILE_LOADABLE_CLASSES[type(model).__name__]["checkpoint_mapping_fn"]
+        stand_ins = {t.name: torch.empty(tuple(int(d) for d in reversed(t.shape)), device="meta") for t in tensors}
+        by_object = {id(v): name for name, v in stand_ins.items()}
+        converted = mapping(checkpoint=dict(stand_ins), config=dict(model.config))
+    except Exception:  # noqa: BLE001 - no mapping, or one this file does not suit: the caller's fallback
+        return {}
+    return {by_object[id(v)]: name for name, v in converted.items() if id(v) in by_object}
 
 
 @functools.lru_cache(maxsize=256)
