@@ -1,7 +1,7 @@
 """The memory plan's audio decode (issue #44): LTX-2's pipeline decodes its audio latents after the video with its
 audio VAE and then its vocoder, MiniMax-H3's with its mono audio VAE, the two stereo channels as two rows; planned on
-fake tensors it holds what the tiny pipelines' own decodes hold, and at full size it is a stage of the plan (LTX-2.3's
-vocoder, another class, is named, not planned)."""
+fake tensors it holds what the tiny pipelines' own decodes hold, and at full size it is a stage of the plan (LTX-2.3's,
+with its bandwidth-extending vocoder: tests/test_memory_ltx23.py)."""
 from __future__ import annotations
 
 import math
@@ -93,10 +93,11 @@ def test_a_fake_trace_of_the_audio_decode_equals_its_real_run():
                                                                                     fake=False)
 
 
-def test_ltx2_plans_its_audio_decode_after_the_video_and_names_ltx23s_vocoder():
+def test_ltx2_plans_its_audio_decode_after_the_video_and_ltx23_its_own_vocoder():
     """At full size (diffusers' defaults: LTX-2.0's audio VAE, 53M parameters, and vocoder, 56M) the audio decode is
-    a stage: its weights count with every component on the device; it scales with the clip's duration."""
-    from accelpatch.models.ltx2.memory import audio_decode
+    a stage: its weights count with every component on the device; it scales with the clip's duration (twice the
+    frames: the same weights, about twice the activations); LTX-2.3's decode ends in the BWE vocoder."""
+    from accelpatch.models.ltx2.memory import audio, audio_decode
 
     plan = memory_plan("ltx2-distilled-8step", height=256, width=256, frames=121, patched=False)
     names = [stage.name for stage in plan.stages]
@@ -105,9 +106,12 @@ def test_ltx2_plans_its_audio_decode_after_the_video_and_names_ltx23s_vocoder():
     assert stage.planned and 0.19 * 2 ** 30 < stage.weights < 0.22 * 2 ** 30, stage  # bf16
     assert "audio decode: diffusers' AutoencoderKLLTX2Audio and LTX2Vocoder defaults (LTX-2.0); latents 1 x 8 x 126 " \
            "x 16" in plan.table()
-    longer = memory_plan("ltx2-distilled-8step", height=256, width=256, frames=241, patched=False).stages[-1]
-    assert longer.weights == stage.weights and longer.activations > 1.9 * stage.activations, (longer, stage)
-    assert "LTX2VocoderWithBWE" in audio_decode({}, "lightricks/ltx-2.3-22b", 126)
+    model = "rootonchair/ltx-2-19b-distilled"
+    assert audio(121, {}) == 126 and trace_audio_decode(audio_decode({}, model, 126), batch=1,
+                                                        dtype=torch.bfloat16) == (stage.weights, stage.activations)
+    longer = trace_audio_decode(audio_decode({}, model, audio(241, {})), batch=1, dtype=torch.bfloat16)
+    assert longer[0] == stage.weights and longer[1] > 1.9 * stage.activations, (longer, stage)
+    assert audio_decode({}, "lightricks/ltx-2.3-22b", 126).vocoder.endswith(":LTX2VocoderWithBWE")
 
 
 def test_minimax_h3_plans_its_audio_decode_two_stereo_rows():

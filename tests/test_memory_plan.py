@@ -207,7 +207,8 @@ def test_each_family_registers_its_own_memory_settings_and_the_planner_names_non
     assert set(planned) == {"wan", "sana_video", "sana_video2", "minimax_h3", "hunyuan_video15", "ltx2"}
     for key, memory in planned.items():
         hooks = [memory.release_config, memory.transformer_inputs, memory.frames, memory.latent_frames,
-                 memory.audio, memory.canvas, memory.guidance_rule, memory.text_encoders, memory.text_stage]
+                 memory.audio, memory.canvas, memory.guidance_rule, memory.text_encoders, memory.text_stage,
+                 memory.vae_for]
         for hook in filter(None, hooks):
             assert hook.startswith(f"accelpatch.models.{key}.memory:") and callable(resolve(hook)), hook
     source = Path(plan.__file__).read_text()

@@ -187,7 +187,8 @@ def test_ltx2s_text_connectors_hold_what_their_real_run_holds(cfg):
 def test_the_ltx2_plan_weighs_its_text_connectors_as_a_stage_of_their_own():
     """LTX-2.0's connectors (diffusers' defaults: a 188,160 -> 3,840 projection and two 2-layer connectors of width
     3,840, 1.43B parameters, 2 bytes each in bf16) are a stage between the text encoder and the transformer: their
-    weights resident with everything else, or alone under model offloading; LTX-2.3's are named, not planned."""
+    weights resident with everything else, or alone under model offloading; LTX-2.3's have their own configuration
+    (8 gated layers per modality: tests/test_memory_ltx23.py)."""
     from accelpatch.memory.plan import memory_plan
     from accelpatch.memory.text_encoder import trace_text_stage
     from accelpatch.models.ltx2.memory import text_connectors
@@ -204,4 +205,5 @@ def test_the_ltx2_plan_weighs_its_text_connectors_as_a_stage_of_their_own():
     resident = sum(s.weights for s in plan.stages) + max(s.activations for s in plan.stages)
     assert plan.peak() == (resident, True)
     assert plan.peak(offload=True)[0] == max(s.total for s in plan.stages)
-    assert "LTX-2.3" in text_connectors({}, "lightricks/ltx-2.3-22b")
+    ltx23 = text_connectors({}, "lightricks/ltx-2.3-22b")
+    assert ltx23.settings["video_connector_num_layers"] == 8 and "LTX-2.3" in ltx23.source

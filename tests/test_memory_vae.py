@@ -19,6 +19,19 @@ VAES = {
     "hunyuan-video15": ("hunyuan-video15", None, (3, 12, 16),
                         dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_latent_min_height=8,
                              tile_latent_min_width=8)),
+    # LTX-2.3's decoder layout (SANA-Video 2.0's VAE): four stages, the third temporal only, the last spatial only,
+    # no residual upsampling; its widths / 32
+    "ltx2.3": ("sana-video2", dict(
+        in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 16, 32, 32),
+        decoder_block_out_channels=(8, 16, 16, 32), layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True,) * 4,
+        decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+        upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"), upsample_residual=(False,) * 4,
+        upsample_factor=(2, 2, 1, 2), timestep_conditioning=False, patch_size=1, patch_size_t=1, encoder_causal=True,
+        decoder_causal=False, decoder_spatial_padding_mode="zeros"), (2, 6, 8),
+        dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+             tile_sample_stride_width=24)),
     # MiniMax-H3's VAE tiles by default (256 pixels): 2 x 2 tiles and 2 temporal chunks here; "tiled": smaller ones
     "minimax-h3": ("minimax-h3", None, (12, 24, 24),
                    dict(tile_sample_min_height=128, tile_sample_min_width=128, tile_sample_min_overlap_height=32,
@@ -58,7 +71,10 @@ def test_a_planned_vae_decode_holds_what_its_real_run_holds(name, tiled):
     assert planned[0] == measured[0] and abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
 
 
-@pytest.mark.parametrize("name", sorted(VAES))
+#: not LTX-2.3's layout at its tiny widths: its whole decode is mostly the 3-channel output, which tiles' blending
+#: buffers outgrow (measured at a 96 x 128 output: 14.8 MB tiled, 8.8 MB whole); the planner's own figures for it are
+#: checked against its real runs above, tiled and whole
+@pytest.mark.parametrize("name", sorted(set(VAES) - {"ltx2.3"}))
 def test_tiles_lower_the_decode_peak(name):
     case, config, grid, tiles = _vae(name)
     whole = trace_vae_decode(case.class_name, config, grid, batch=1, dtype="float32")[1]

@@ -844,7 +844,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         from accelpatch.memory.text_encoder import quantised_text_encoders
 
         details["text_int8"] = quantised_text_encoders(text_cases, torch_dtype)
-    vae_case = memory.vae
+    vae_case = (resolve(memory.vae_for)(_normal(recipe.model)) if memory.vae_for else None) or memory.vae
     tiles_by_default = getattr(vae_case, "tiles_by_default", False)  # a str: why the VAE is not planned
     if isinstance(vae_case, str):
         vae_stage = Stage("VAE decode", note=vae_case)

@@ -156,6 +156,8 @@ class MemorySettings:
     text_encoder: str
     #: the VAE, or why it is not planned
     vae: Union[VaeDecodeCase, str]
+    #: ``vae_for(model) -> VaeDecodeCase | str | None``: the VAE of a release whose VAE is not ``vae`` (None: ``vae``)
+    vae_for: Optional[str] = None
     #: ``frames(n) -> n``: the pixel frames the pipeline makes of the call's ``n`` (None: ``n``)
     frames: Optional[str] = None
     #: ``latent_frames(n) -> n``: the VAE's latent frames of ``n`` pixel frames (None: ``(n - 1) // temporal + 1``)

@@ -57,7 +57,8 @@ def ltx2_transformer_inputs(transformer_or_config: Any = None, *, batch_size: in
                             timestep: float = 500.0, seed: int = 0, dtype: torch.dtype | None = None,
                             device: str | torch.device | None = None) -> dict[str, Any]:
     """Keyword arguments for one forward: patchified video latents [B, F*H*W, C] (patch size 1), audio latents
-    [B, audio_num_frames, C_audio], text embeddings for each stream [B, text_len, caption_channels], a timestep on
+    [B, audio_num_frames, C_audio], text embeddings for each stream [B, text_len, caption_channels] (each stream's
+    cross-attention width where the model has no prompt projections, as LTX-2.3), a timestep on
     diffusers' 0-1000 scale (and, for LTX-2.3's prompt modulation, ``sigma`` = timestep / 1000) and the latent grid
     the model builds its RoPE from."""
     config = _config_of(LTX2_TINY_CONFIG if transformer_or_config is None else transformer_or_config)
@@ -66,8 +67,13 @@ def ltx2_transformer_inputs(transformer_or_config: Any = None, *, batch_size: in
     g = torch.Generator().manual_seed(seed)
     video = torch.randn(batch_size, num_frames * height * width, config["in_channels"], generator=g)
     audio = torch.randn(batch_size, audio_num_frames, config["audio_in_channels"], generator=g)
-    text = torch.randn(batch_size, text_len, config["caption_channels"], generator=g)
-    audio_text = torch.randn(batch_size, text_len, config["caption_channels"], generator=g)
+    # without its own prompt projections (LTX-2.3's use_prompt_embeddings=False) the model reads the connectors'
+    # per-modality output, already as wide as each stream's cross-attention
+    prompts = config.get("use_prompt_embeddings", True)
+    text_width = config["caption_channels"] if prompts else config["cross_attention_dim"]
+    audio_text_width = config["caption_channels"] if prompts else config["audio_cross_attention_dim"]
+    text = torch.randn(batch_size, text_len, text_width, generator=g)
+    audio_text = torch.randn(batch_size, text_len, audio_text_width, generator=g)
     inputs = dict(hidden_states=video, audio_hidden_states=audio, encoder_hidden_states=text,
                   audio_encoder_hidden_states=audio_text)
     inputs = {k: v.to(device, dtype) for k, v in inputs.items()}

@@ -5,6 +5,7 @@ site table (which module, which fast path, which tier) and its adapter, :mod:`.l
 Imported on first use: importing this package imports neither torch nor diffusers."""
 from accelpatch._lazy import lazy_attributes
 from accelpatch.models.families import DemoSettings, Family, MemorySettings, TrainingSettings, register
+from accelpatch.models.ltx2.memory import ltx23_video_vae
 
 _LAZY = {"SanaVideo2Adapter": f"{__name__}.adapter", "SanaVideo2Transformer3DModel": f"{__name__}.modeling",
          "SanaVideo2Pipeline": f"{__name__}.modeling"}
@@ -24,8 +25,7 @@ register(Family(
         text_source="SanaVideo2Pipeline: the transformer's model_max_length 300", cfg="batch", guidance=8.0,
         size=(736, 1280, 193), text_encoder="Gemma-2",
         text_encoders=f"{__name__}.memory:text_encoders",
-        vae="its LTX-2.3 VAE (128 channels, stride 8x32x32) is not diffusers' AutoencoderKLLTX2Video defaults "
-            "(LTX-2.0) and its configuration is not in the reference notes"),
+        vae=ltx23_video_vae()),
     # its own LTX-2 VAE; no prompt-rewriting instruction and no motion-score suffix (the tiny vocabulary has neither).
     # The demo shows Sol-Attn on the softmax anchor (its BF16 anchor path needs CUDA); the default guard would keep
     # the toy's anchor, layer 1, dense, and its 512 tokens are under the default floor
