@@ -1,14 +1,20 @@
 """What the memory planner (:mod:`accelpatch.memory.plan`, issue #44) asks of LTX-2 beyond its registered
 :class:`~accelpatch.models.families.MemorySettings`, as diffusers 0.42.1's pipeline_ltx2.py does it: the release
-configurations (LTX-2.0: diffusers' class defaults; LTX-2.3: :data:`LTX23_TRANSFORMER` and the others below), one
-forward's inputs, the audio latent frames beside the video, and CFG that also runs for the audio guidance alone.
-Imports nothing."""
+configurations (LTX-2.0: diffusers' class defaults with split RoPE; LTX-2.3: :data:`LTX23_TRANSFORMER` and the others
+below), one forward's inputs, the audio latent frames beside the video, and CFG that also runs for the audio guidance
+alone. Imports nothing."""
 from __future__ import annotations
 
 
 #: Where LTX-2.3's configurations are read: diffusers' LTX-2 conversion presets (its ``ltx2`` assembly recipe's
 #: configuration helpers, version "2.3"), kept here as what differs from the classes' defaults (LTX-2.0's)
 LTX23_SOURCE = "diffusers' LTX-2 conversion presets, version 2.3"
+#: LTX-2.0's transformer (19B): diffusers' class defaults but for its RoPE, which the release applies split (the
+#: version 2.0 presets, as the original checkpoint's metadata says); the class defaults to interleaved, whose
+#: temporaries a 720p step holds 0.6 GB more of
+LTX20_TRANSFORMER = dict(rope_type="split")
+#: LTX-2.0's text connectors: the class defaults, split RoPE as the presets give it
+LTX20_CONNECTORS = dict(rope_type="split")
 #: LTX-2.3's transformer (19.0B): gated attention, cross-attention AdaLN, STG-perturbed attention, split RoPE
 LTX23_TRANSFORMER = dict(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
                          rope_type="split", use_prompt_embeddings=False, perturbed_attn=True)
@@ -35,7 +41,7 @@ LTX23_VOCODER_CLASS = "diffusers.pipelines.ltx2.vocoder:LTX2VocoderWithBWE"
 def release_config(name: str):
     if "2.3" in name:
         return dict(LTX23_TRANSFORMER), f"{LTX23_SOURCE} (22B: the transformer's 19.0B)"
-    return {}, "diffusers' LTX2VideoTransformer3DModel defaults (LTX-2.0, 19B)"
+    return dict(LTX20_TRANSFORMER), "diffusers' LTX2VideoTransformer3DModel defaults with split RoPE (LTX-2.0, 19B)"
 
 
 def ltx23_video_vae():
@@ -97,8 +103,8 @@ def text_connectors(call, model: str = ""):
     if "2.3" in model:
         return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors",
                              dict(LTX23_CONNECTORS), 3840 * 49, f"LTX-2.3's ({LTX23_SOURCE})")
-    return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors", {},
-                         3840 * 49, "diffusers' LTX2TextConnectors defaults (LTX-2.0)")
+    return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors",
+                         dict(LTX20_CONNECTORS), 3840 * 49, "diffusers' LTX2TextConnectors defaults (LTX-2.0)")
 
 
 def audio_decode(call, model: str, audio: int):
