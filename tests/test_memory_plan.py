@@ -175,11 +175,37 @@ def test_a_full_size_wan_plan_has_the_weights_and_activations_its_shapes_imply(w
 
 
 def test_a_model_without_a_known_release_configuration_is_named_not_zero():
-    plan = memory_plan("wan2.2-t2v-a14b-lightning-4step", patched=False)
+    """Wan 2.2 I2V A14B (its experts read 36 latent channels and the image): no configuration here."""
+    recipe = dict(name="wan22-i2v", description="Wan 2.2 I2V A14B", model="Wan-AI/Wan2.2-I2V-A14B-Diffusers",
+                  pipeline="diffusion", dtype="bf16", call=dict(prompt="a cat", height=96, width=160, num_frames=5))
+    plan = memory_plan(recipe, patched=False)
     transformer = plan.stages[1]
-    assert not transformer.planned and "Wan2.2-T2V-A14B" in transformer.note
+    assert not transformer.planned and "Wan2.2-I2V-A14B" in transformer.note
     assert transformer.total is None and plan.peak()[1] is False and plan.fits("1TiB") is None
     assert "not planned yet" in plan.table()
+
+
+def test_wan22_a14b_plans_its_two_experts_both_resident_and_one_at_a_time_under_offload():
+    """Wan 2.2 T2V A14B loads two experts of Wan 2.1 14B's shape (``transformer`` and ``transformer_2``), one
+    running a step: with every component on the device both are resident (the other expert a row of its own, in
+    whatever form the step's weights are planned: fp8 storage too), under model offload one at a time."""
+    plan = memory_plan("wan2.2-t2v-a14b-lightning-4step", patched=False, height=96, width=160, frames=5,
+                       budget="1GiB")
+    fourteen = memory_plan("wan2.1-t2v-sol-attn", patched=False, height=96, width=160, frames=5)
+    step = plan.stages[1]
+    assert step.planned and step.weights == fourteen.stages[1].weights > 26 * 2 ** 30
+    assert step.activations == fourteen.stages[1].activations and plan.details["experts"] == 2
+    (other,) = plan.stage_list(patched=False)[len(plan.stages):]
+    assert other.name == "the other expert" and other.weights == step.weights and other.activations == 0
+    resident = sum(s.weights for s in plan.stages) + step.weights + max(s.activations for s in plan.stages)
+    assert plan.peak(patched=False) == (resident, True) == (fourteen.peak(patched=False)[0] + step.weights, True)
+    assert plan.peak(patched=False, offload=True) == fourteen.peak(patched=False, offload=True)
+    fp8 = plan.details["fp8_weights"]
+    assert plan.peak(patched=False, fp8=True)[0] == resident - 2 * (step.weights - fp8)
+    assert "the other expert" in plan.table() and "2 experts" in plan.table()
+    moves = {move.short: move.text for move in plan.moves()}  # a transformer's move is to be made on both
+    assert moves["fp8 weight storage"].endswith("on every expert: transformer and transformer_2"), moves
+    assert "transformer_2" not in moves["enable_model_cpu_offload()"]
 
 
 def test_every_shipped_full_size_recipe_maps_to_a_family_and_a_configuration_or_a_reason():
@@ -208,7 +234,7 @@ def test_each_family_registers_its_own_memory_settings_and_the_planner_names_non
     for key, memory in planned.items():
         hooks = [memory.release_config, memory.transformer_inputs, memory.frames, memory.latent_frames,
                  memory.audio, memory.canvas, memory.guidance_rule, memory.text_encoders, memory.text_stage,
-                 memory.vae_for]
+                 memory.vae_for, memory.experts]
         for hook in filter(None, hooks):
             assert hook.startswith(f"accelpatch.models.{key}.memory:") and callable(resolve(hook)), hook
     source = Path(plan.__file__).read_text()

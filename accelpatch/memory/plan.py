@@ -451,7 +451,18 @@ class MemoryPlan:
                 raise ValueError(f"this plan has no {what}: plan it with a budget (memory_plan(..., budget=...))")
             if step.planned:
                 step = dataclasses.replace(step, weights=self.details[key])
-        return [step if s.name.startswith("transformer step") else s for s in stages]
+        stages = [step if s.name.startswith("transformer step") else s for s in stages]
+        return stages + self._other_experts(step)
+
+    def _other_experts(self, step: Stage) -> list[Stage]:
+        """The transformers beside the one that runs a step (Wan 2.2 A14B's second expert: the same shape, so the
+        step's weights, as stored in whatever form the step is planned in); resident with every component on the
+        device, each alone under offload; empty for one transformer."""
+        others = int(self.details.get("experts", 1)) - 1
+        if others < 1 or not step.planned:
+            return []
+        return [Stage("other experts" if others > 1 else "the other expert", others * step.weights, 0,
+                      "transformer_2: resident, not running" if others == 1 else "resident, not running")]
 
     def _quantised(self, quantised: str) -> tuple[int, int]:
         """The weighed (bytes, temporary) of a ``quantised`` option of :meth:`stage_list`, or a ValueError naming the
@@ -504,7 +515,8 @@ class MemoryPlan:
         lines = [f"memory plan: {self.recipe} ({self.model}, {self.family})", f"call: {self.call}",
                  f"transformer: {self.details.get('config', '')}", "",
                  f"{'stage':<34}{'weights':>11}{'activations':>13}{'total':>11}"]
-        rows = [*self.stages[:2], *([self.patched] if self.patched else []), *self.stages[2:]]
+        rows = [*self.stages[:2], *([self.patched] if self.patched else []), *self.stages[2:],
+                *self._other_experts(next(s for s in self.stages if s.name.startswith("transformer step")))]
         for stage in rows:
             if stage.planned:
                 lines.append(f"{stage.name:<34}{gib(stage.weights):>11}{gib(stage.activations):>13}"
@@ -594,6 +606,10 @@ class MemoryPlan:
                f"lossy: measure it with accelpatch validate)", dict(quantised=f"gguf:{kind}"))
               for kind, weighed in details.get("gguf", {}).items() if kind in GGUF_TYPES),
         ]
+        if int(details.get("experts", 1)) > 1:  # a transformer's move is every expert's (they are all loaded)
+            offered = [(has, short, how + (" on every expert: transformer and transformer_2" if {
+                "group_offload", "fp8", "quantised"} & set(options) else ""), options)
+                for has, short, how, options in offered]
         return [Move(rank, short, how, options)
                 for rank, (_, short, how, options) in enumerate(o for o in offered if o[0])]
 
@@ -830,6 +846,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                   f"{traced.peak_at}; a process's first call {gib(first)}, peak at "
                                   f"{traced.first_at} (its fused ops checked against their chains)")
         details["config"] = f"{source}; {plain.parameters / 1e9:.2f}B parameters"
+        if memory.experts is not None:
+            details["experts"] = int(resolve(memory.experts)(_normal(recipe.model)))
+            if details["experts"] > 1:
+                details["config"] += f" each, {details['experts']} experts (one runs a step, all are loaded)"
         if budget is not None:
             say("weighing the transformer with fp8 weight storage, torchao's int8/fp8 and group offloading ...")
             details["fp8_weights"] = layerwise_fp8_weights(case)

@@ -158,6 +158,9 @@ class MemorySettings:
     vae: Union[VaeDecodeCase, str]
     #: ``vae_for(model) -> VaeDecodeCase | str | None``: the VAE of a release whose VAE is not ``vae`` (None: ``vae``)
     vae_for: Optional[str] = None
+    #: ``experts(model) -> int``: the transformers of that shape the pipeline loads, one running a step (Wan 2.2
+    #: A14B's high- and low-noise experts: 2); None: one
+    experts: Optional[str] = None
     #: ``frames(n) -> n``: the pixel frames the pipeline makes of the call's ``n`` (None: ``n``)
     frames: Optional[str] = None
     #: ``latent_frames(n) -> n``: the VAE's latent frames of ``n`` pixel frames (None: ``(n - 1) // temporal + 1``)

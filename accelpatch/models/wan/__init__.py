@@ -16,7 +16,7 @@ register(Family(
     # read from diffusers 0.42.1's pipeline_wan.py; tried last: "wan" is a short word
     memory=MemorySettings(
         names=("wan",), name_order=60, transformer="diffusers:WanTransformer3DModel",
-        release_config=f"{__name__}.memory:release_config",
+        release_config=f"{__name__}.memory:release_config", experts=f"{__name__}.memory:experts",
         transformer_inputs=f"{__name__}.memory:transformer_inputs", frames=f"{__name__}.memory:frames",
         temporal=4, spatial=8, multiple=16, text_tokens=512,
         text_source="WanPipeline pads the prompt to max_sequence_length 512", cfg="sequential", guidance=5.0,

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 
 def release_config(name: str):
-    """Wan 2.1 T2V 1.3B's configuration (:mod:`accelpatch.testing.wan`'s) and 14B's (diffusers' defaults)."""
+    """Wan 2.1 T2V 1.3B's configuration (:mod:`accelpatch.testing.wan`'s) and 14B's (diffusers' defaults), and Wan
+    2.2 T2V A14B's experts: each of the two has Wan 2.1 14B's shape (Wan 2.2's own t2v_A14B configuration: dim
+    5,120, 40 heads, 40 layers, feed-forward 13,824, 16 latent channels, the Wan 2.1 VAE and UMT5-XXL)."""
     if "wan2.1-t2v-1.3b" in name:
         return "WAN_1_3B_CONFIG", "accelpatch.testing.wan.WAN_1_3B_CONFIG (Wan 2.1 T2V 1.3B)"
     if "wan2.1-t2v-14b" in name:
         return {}, "diffusers' WanTransformer3DModel defaults (Wan 2.1 14B)"
+    if "wan2.2-t2v-a14b" in name:
+        return {}, "diffusers' WanTransformer3DModel defaults (Wan 2.1 14B's shape: Wan 2.2 T2V A14B's experts)"
     return None
+
+
+def experts(name: str) -> int:
+    """WanPipeline loads Wan 2.2 A14B's two experts (``transformer`` for high noise, ``transformer_2`` below its
+    boundary), one running each step; every other Wan one."""
+    return 2 if "wan2.2" in name and "a14b" in name else 1
 
 
 def transformer_inputs(case) -> dict:
