@@ -4,8 +4,8 @@ block): its lossless block fusion, and the ``sol_attn`` backend.
 At every tier from ``lossless`` (the default without a backend), ``transformer_blocks.N`` carry the block fusion
 of :mod:`.lossless` (both streams' AdaLN modulations, the a2v/v2a modulations, LTX-2.3's cross-attention AdaLN and
 every gated residual add as verified fused ops), and ``transformer_blocks.N.attn1`` the video self-attention with
-its q/k RoPE as one verified fused op (interleaved: rope_pair_per_channel; split, LTX-2.3's default:
-rope_split_pair); the attention sites below are the same with or without the block fusion.
+its q/k RoPE as one verified fused op (interleaved, diffusers' class default: rope_pair_per_channel; split, the
+releases': rope_split_pair); the attention sites below are the same with or without the block fusion.
 With ``sol_attn``, ``transformer_blocks.N.attn1`` (self-attention over the video tokens, LTX-2's RoPE applied to
 q and k) also carry the Sol-Attn sparse path (``high``, above the RoPE fusion, its q/k/v from the same projection
 function with diffusers' RoPE functions). Every other attention of a block is a site that always stays
