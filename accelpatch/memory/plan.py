@@ -429,7 +429,7 @@ class MemoryPlan:
                 raise ValueError("this plan has no tiled VAE decode: it is planned with a budget the patched call "
                                  "does not fit (or with vae_tiling=True)")
             stages = [self.details["vae_tiled"] if s.name == "VAE decode" else s for s in stages]
-        step = next(s for s in self.stages if s.name.startswith("transformer step"))
+        step = self._unpatched_step()
         if patched and self.patched is not None:
             step = self.patched
         if low is not None:
@@ -453,6 +453,9 @@ class MemoryPlan:
                 step = dataclasses.replace(step, weights=self.details[key])
         stages = [step if s.name.startswith("transformer step") else s for s in stages]
         return stages + self._other_experts(step)
+
+    def _unpatched_step(self) -> Stage:
+        return next(s for s in self.stages if s.name.startswith("transformer step"))
 
     def _other_experts(self, step: Stage) -> list[Stage]:
         """The transformers beside the one that runs a step (Wan 2.2 A14B's second expert: the same shape, so the
@@ -516,7 +519,7 @@ class MemoryPlan:
                  f"transformer: {self.details.get('config', '')}", "",
                  f"{'stage':<34}{'weights':>11}{'activations':>13}{'total':>11}"]
         rows = [*self.stages[:2], *([self.patched] if self.patched else []), *self.stages[2:],
-                *self._other_experts(next(s for s in self.stages if s.name.startswith("transformer step")))]
+                *self._other_experts(self._unpatched_step())]
         for stage in rows:
             if stage.planned:
                 lines.append(f"{stage.name:<34}{gib(stage.weights):>11}{gib(stage.activations):>13}"

@@ -38,8 +38,13 @@ LTX23_VIDEO_VAE = dict(block_out_channels=(256, 512, 1024, 1024), decoder_block_
 LTX23_VOCODER_CLASS = "diffusers.pipelines.ltx2.vocoder:LTX2VocoderWithBWE"
 
 
+def is_ltx23(name: str) -> bool:
+    """Whether a model name (lower case) is an LTX-2.3 release's: the configurations above, not LTX-2.0's."""
+    return "2.3" in name
+
+
 def release_config(name: str):
-    if "2.3" in name:
+    if is_ltx23(name):
         return dict(LTX23_TRANSFORMER), f"{LTX23_SOURCE} (22B: the transformer's 19.0B)"
     return dict(LTX20_TRANSFORMER), "diffusers' LTX2VideoTransformer3DModel defaults with split RoPE (LTX-2.0, 19B)"
 
@@ -54,7 +59,7 @@ def ltx23_video_vae():
 
 def video_vae(name: str):
     """LTX-2.3's video VAE for an LTX-2.3 model, else None (the family's, LTX-2.0's)."""
-    return ltx23_video_vae() if "2.3" in name else None
+    return ltx23_video_vae() if is_ltx23(name) else None
 
 
 def transformer_inputs(case) -> dict:
@@ -100,11 +105,10 @@ def text_connectors(call, model: str = ""):
     hidden states in), called once on the stacked hidden states: diffusers' defaults (LTX-2.0's) or LTX-2.3's."""
     from accelpatch.models.families import TextStageCase
 
-    if "2.3" in model:
-        return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors",
-                             dict(LTX23_CONNECTORS), 3840 * 49, f"LTX-2.3's ({LTX23_SOURCE})")
+    settings, source = ((LTX23_CONNECTORS, f"LTX-2.3's ({LTX23_SOURCE})") if is_ltx23(model) else
+                        (LTX20_CONNECTORS, "diffusers' LTX2TextConnectors defaults (LTX-2.0)"))
     return TextStageCase("text connectors", "diffusers.pipelines.ltx2.connectors:LTX2TextConnectors",
-                         dict(LTX20_CONNECTORS), 3840 * 49, "diffusers' LTX2TextConnectors defaults (LTX-2.0)")
+                         dict(settings), 3840 * 49, source)
 
 
 def audio_decode(call, model: str, audio: int):
@@ -113,7 +117,7 @@ def audio_decode(call, model: str, audio: int):
     defaults (LTX-2.0's); LTX-2.3's vocoder is another class, with bandwidth extension to 48 kHz."""
     from accelpatch.models.families import AudioDecodeCase
 
-    if "2.3" in model:
+    if is_ltx23(model):
         return AudioDecodeCase("diffusers:AutoencoderKLLTX2Audio", (), (8, audio, 64 // 4),
                                f"LTX-2.3's: LTX-2.0's audio VAE, then LTX2VocoderWithBWE ({LTX23_SOURCE})",
                                vocoder=LTX23_VOCODER_CLASS)
