@@ -94,8 +94,9 @@ def test_a_plan_with_vae_tiling_traces_the_decode_in_tiles_and_says_so():
     assert "no VAE tiling" in whole.table()
 
 
-def _fake_decode_peak(case, config, grid, repeated=()):
-    """(peak bytes, the RepeatedCalls) of a fake decode of ``case``'s class with ``repeated`` traced once."""
+def _fake_decode_peak(case, config, grid, repeated=(), tiling=None):
+    """(peak bytes, the RepeatedCalls, the output's shape) of a fake decode of ``case``'s class with ``repeated``
+    traced once (``tiling``: vae.enable_tiling's arguments)."""
     import diffusers
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -104,6 +105,8 @@ def _fake_decode_peak(case, config, grid, repeated=()):
 
     with FakeTensorMode():
         vae = getattr(diffusers, case.class_name)(**config).eval()
+        if tiling is not None:
+            vae.enable_tiling(**tiling)
         latents = torch.zeros(1, 4, *grid)
         with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)) as calls:
             out = vae.decode(latents, return_dict=False)[0]
@@ -121,14 +124,73 @@ def test_a_repeated_decoder_call_is_traced_once_and_plans_the_same_peak():
     assert not calls.not_repeatable
 
 
-def test_a_decoder_that_keeps_a_cache_is_traced_every_time():
-    """Wan's decoder fills a feature cache on every call (its state between frames): it is never replayed, and the
-    peak is the full trace's."""
-    case, config, grid, _ = _vae("wan")
-    every, _, shape = _fake_decode_peak(case, config, grid)
-    once, calls, shape_once = _fake_decode_peak(case, config, grid, repeated=("decoder",))
-    assert calls.not_repeatable == {"decoder"} and calls.repeated["decoder"] == 0 and calls.traced["decoder"] >= 3
-    assert once == every and shape_once == shape
+@pytest.mark.parametrize("tiled", [False, True], ids=["whole", "tiled"])
+def test_wans_decoder_with_its_feature_cache_is_replayed_and_plans_the_same_peak(tiled):
+    """Wan's decoder runs frame by frame and keeps its feature cache in two lists the VAE owns: the cache's layouts
+    are part of a call's key and a replay writes fresh entries of the traced layouts, so after the first frames every
+    call is replayed, and the peak and the output are what tracing every call gives (6 latent frames; tiled: 3 x 4
+    tiles of them, each tile starting from an empty cache)."""
+    case, config, _, tiles = _vae("wan")
+    grid = (6, 16, 24)
+    tiling = tiles if tiled else None
+    every, _, shape = _fake_decode_peak(case, config, grid, tiling=tiling)
+    once, calls, shape_once = _fake_decode_peak(case, config, grid, repeated=("decoder",), tiling=tiling)
+    assert case.repeated == ("decoder",)
+    calls_made = 6 * (12 if tiled else 1)  # 64-pixel tiles every 48 pixels over 128 x 192: 3 x 4
+    assert not calls.not_repeatable and calls.repeated["decoder"] >= calls_made // 2, (calls.traced, calls.repeated)
+    assert calls.traced["decoder"] + calls.repeated["decoder"] == calls_made
+    assert once == every and shape_once == shape, (once, every)
+
+
+class _Cached(torch.nn.Module):
+    """A toy decoder step: ``how`` says what it keeps between calls: "own" a tensor on itself, "view" a view of its
+    input in the caller's list, "list" a new tensor in the caller's list (replayable)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.kept = how, None
+
+    def forward(self, x, cache):
+        if self.how == "own":
+            self.kept = x * 2
+        elif self.how == "view":
+            cache[0] = x[:, :1]
+        else:
+            cache[0] = torch.cat([x, x], 1) if cache[0] is None else x * 3
+        return x + 1
+
+
+@pytest.mark.parametrize("how", ["own", "view", "list"])
+def test_a_call_that_keeps_state_outside_its_caller_s_lists_is_traced_every_time(how):
+    """Only state in list arguments is replayed: a module that keeps a tensor on itself, or puts a view of its input
+    into the list, is traced every call; one that writes new tensors into the list is replayed, leaving entries of
+    the traced layouts there. Each way, the peak is the one tracing every call gives."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accelpatch.memory.live_bytes import LiveBytes
+    from accelpatch.memory.repeats import RepeatedCalls
+
+    def run(repeated):
+        module, cache = _Cached(how), [None]
+        with FakeTensorMode(), torch.no_grad(), LiveBytes() as live, \
+                RepeatedCalls(live, {"step": module} if repeated else {}) as calls:
+            x = torch.zeros(4, 8)
+            outs, entries = [], []
+            for _ in range(5):
+                outs.append(module(x, cache))
+                entries.append(cache[0])  # held: each call's entry must be a new tensor for the peaks to agree
+        assert len({id(entry) for entry in entries}) == (1 if how == "own" else 5)
+        return live.peak, calls, [tuple(t.shape) for t in outs], getattr(cache[0], "shape", None)
+
+    peak, _, shapes, cached = run(False)
+    peak_once, calls, shapes_once, cached_once = run(True)
+    assert (peak_once, shapes_once, cached_once) == (peak, shapes, cached)
+    if how == "list":
+        # traced while the cache's layout changes: empty, (4, 16), then (4, 8) from the third call on
+        assert calls.traced["step"] == 3 and calls.repeated["step"] == 2 and not calls.not_repeatable
+        assert cached_once == (4, 8)
+    else:
+        assert calls.not_repeatable == {"step"} and calls.traced["step"] == 5 and calls.repeated["step"] == 0
 
 
 def test_repeated_names_a_missing_submodule_with_the_choices():

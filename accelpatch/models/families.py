@@ -84,7 +84,8 @@ class TrainingSettings:
 class VaeDecodeCase:
     """A family's VAE as the memory planner traces its decode: the diffusers class, its release configuration's
     fields and where they come from. ``repeated``: submodules called many times with one input layout (a decoder
-    run per tile and chunk), each traced once per layout (:mod:`accelpatch.memory.repeats`); ``stand_ins``: pairs
+    run per tile and chunk, or per frame with its feature cache in list arguments, Wan's), each traced once per
+    layout (:mod:`accelpatch.memory.repeats`); ``stand_ins``: pairs
     (diffusers function, "module:function") the trace calls instead on fake tensors, where diffusers' own loops over
     values the trace does not have (checked by fingerprint: a changed function is traced as it is, slowly);
     ``tiles_by_default``: its decode already tiles (so ``vae.enable_tiling()`` is no move)."""
