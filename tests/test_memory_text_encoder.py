@@ -16,7 +16,7 @@ from accelpatch.models.families import resolve
 
 GIB = 2 ** 30
 #: the families whose pipelines' text encoders are planned
-PLANNED = ("wan", "sana_video", "sana_video2", "hunyuan_video15", "ltx2")
+PLANNED = ("wan", "sana_video", "sana_video2", "hunyuan_video15", "ltx2", "minimax_h3")
 
 #: a tiny configuration per model class the families name (the same fields shrunk)
 TINY = {
@@ -36,6 +36,13 @@ TINY = {
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14), mm_tokens_per_image=4, image_token_index=299,
         boi_token_index=297, eoi_token_index=298),
+    "transformers:Qwen3VLForConditionalGeneration": dict(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, vocab_size=100, rope_parameters=dict(
+                             rope_type="default", rope_theta=5e6, mrope_section=[1, 1, 2], mrope_interleaved=True)),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        tie_word_embeddings=False),
     "transformers:SiglipVisionModel": dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                            num_attention_heads=2, image_size=28, patch_size=14),
 }
@@ -81,7 +88,7 @@ def test_the_release_text_encoders_have_the_parameters_their_shapes_and_publishe
     parameter count the configuration's shapes give (within 1 %), which is the published size: UMT5-XXL's encoder
     5.7B, Gemma-2-2B 2.6B, Qwen2.5-VL-7B's language model 7.1B (of 8.3B with its vision tower and head), ByT5-small's
     encoder 0.2B (of 0.3B), Gemma 3 12B 12.2B (its 0.4B SigLIP tower included), SigLIP so400m 0.43B (HunyuanVideo
-    1.5's image-to-video image encoder)."""
+    1.5's image-to-video image encoder), Qwen3-VL-32B 33.4B (MiniMax-H3's, loaded whole)."""
     expected = {
         "UMT5-XXL encoder": _t5_encoder_parameters(256384, 4096, 24, 64, 64, 10240),
         "Gemma-2-2B": _decoder_parameters(256000, 2304, 26, 8, 4, 256, 9216),
@@ -91,9 +98,13 @@ def test_the_release_text_encoders_have_the_parameters_their_shapes_and_publishe
         + 27 * (4 * 1152 ** 2 + 2 * 1152 * 4304) + (896 // 14) ** 2 * 1152 + 1152 * 3840,
         # 27 layers and the attention-pooling head (one more attention and MLP), the 729 positions
         "SigLIP so400m (image)": 28 * (4 * 1152 ** 2 + 2 * 1152 * 4304) + 729 * 1152,
+        # the language model, its untied head, 27 vision layers and four 2 x 2 patch mergers (one, and DeepStack's 3)
+        "Qwen3-VL-32B": _decoder_parameters(151936, 5120, 64, 64, 8, 128, 25600) + 151936 * 5120
+        + 27 * (4 * 1152 ** 2 + 2 * 1152 * 4304) + 4 * (4608 ** 2 + 4608 * 5120),
     }
     published = {"UMT5-XXL encoder": 5.7e9, "Gemma-2-2B": 2.6e9, "Qwen2.5-VL-7B (text)": 7.1e9,
-                 "ByT5-small (glyphs)": 0.22e9, "Gemma-3-12B": 12.2e9, "SigLIP so400m (image)": 0.43e9}
+                 "ByT5-small (glyphs)": 0.22e9, "Gemma-3-12B": 12.2e9, "SigLIP so400m (image)": 0.43e9,
+                 "Qwen3-VL-32B": 33.4e9}
     seen = set()
     for _, case in _cases():
         seen.add(case.name)
@@ -142,10 +153,32 @@ def test_a_sana_prompt_rewriting_instruction_adds_its_tokens_and_a_call_can_drop
         assert plain.tokens == 300 and default.tokens > 500 and "instruction" in default.note, family
 
 
-def test_a_family_whose_text_encoder_is_not_known_names_it_with_the_reason():
+def test_minimax_h3s_conditioner_is_loaded_whole_and_its_language_model_called_on_the_prompts_own_tokens():
+    """MiniMax-H3's pipeline calls ``text_encoder.model`` with every hidden state kept (65 of 256 tokens x 5,120 in
+    bf16) and never the language-model head, whose logits (256 x 151,936) calling the whole model adds; the weights are
+    the whole model's, head included; the prompt's tokens are the plan's text tokens (no padding)."""
     from accelpatch.memory.plan import memory_plan
 
-    plan = memory_plan("minimax-h3-turbo-5step", patched=False, height=96, width=160, frames=22)
+    (case,) = resolve(memory_settings("minimax_h3").text_encoders)({})
+    trace = trace_text_encoder(case, "bfloat16")
+    hidden = 65 * 256 * 5120 * 2
+    assert trace.activations >= hidden, trace
+    whole = trace_text_encoder(dataclasses.replace(case, calls=""), "bfloat16")  # the head run too
+    assert whole.activations >= hidden + 256 * 151936 * 2 and whole.weights == trace.weights
+    assert trace.activations < whole.activations
+    plan = memory_plan("minimax-h3-turbo-5step", patched=False, height=96, width=160, frames=22, text_tokens=64)
+    text = plan.stages[0]
+    assert text.planned and text.weights == trace.weights and "Qwen3-VL-32B 33.36B, 64 tokens" in text.note, text
+    assert plan.peak()[1] is True
+
+
+def test_a_family_whose_text_encoder_is_not_known_names_it_with_the_reason(monkeypatch):
+    from accelpatch.memory import plan as planner
+
+    settings = dataclasses.replace(memory_settings("minimax_h3"), text_encoders=None,
+                                   text_encoder="Qwen3-VL: which model the release loads is not known here")
+    monkeypatch.setattr(planner, "memory_settings", lambda family: settings)
+    plan = planner.memory_plan("minimax-h3-turbo-5step", patched=False, height=96, width=160, frames=22)
     text = plan.stages[0]
     assert text.name == "text encoder" and not text.planned and "Qwen3-VL" in text.note and "not known" in text.note
     assert plan.peak()[1] is False and "not planned yet: Qwen3-VL" in plan.table()

@@ -700,15 +700,17 @@ def _cfg(memory: MemorySettings, call: Mapping[str, Any]) -> tuple[int, str]:
     return 1, f"CFG ({what}) runs two forwards of batch 1, one after the other"
 
 
-def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dtype: str, details: dict,
-                        say: Callable[[str], None]) -> tuple[Stage, tuple]:
+def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dtype: str, tokens: int,
+                        details: dict, say: Callable[[str], None]) -> tuple[Stage, tuple]:
     """(the text-encoder stage: every encoder the family's pipeline loads (their weights together) and the largest
-    of their calls' activations, or, where the family names none, not planned and why; the encoders' cases)."""
+    of their calls' activations, or, where the family names none, not planned and why; the encoders' cases).
+    ``tokens``: the plan's text tokens, which an encoder of the prompt's own tokens (``unpadded``) sees."""
     from accelpatch.memory.text_encoder import text_encoder_summary, trace_text_encoder
 
     if memory.text_encoders is None:
         return Stage("text encoder", note=memory.text_encoder), ()
-    cases = resolve(memory.text_encoders)(call, model)
+    cases = tuple(dataclasses.replace(case, tokens=tokens) if case.unpadded else case
+                  for case in resolve(memory.text_encoders)(call, model))
     say(f"tracing the text encoder ({', '.join(c.name for c in cases)}) ...")
     traces = [trace_text_encoder(case, dtype) for case in cases]
     details["text_encoders"] = "; ".join(
@@ -810,7 +812,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     known = release_config(family, recipe.model)
     details: dict[str, Any] = {"latents": (lat_f, lat_h, lat_w), "audio": audio, "text_tokens": text,
                                "transformer_batch": videos * cfg_factor}
-    text_stage, text_cases = _text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, details, say)
+    text_stage, text_cases = _text_encoder_stage(memory, call, _normal(recipe.model), torch_dtype, text, details,
+                                                 say)
     stages: list[Stage] = [text_stage]
     if memory.text_stage is not None:
         stages.append(_text_stage(memory, call, _normal(recipe.model), torch_dtype, videos, cfg_factor, text, say))
@@ -895,9 +898,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
            if vae_tiling else "the VAE decoded in the tiles it uses by default" if tiles_by_default
            else "no VAE tiling"),
         f"text: {memory.text_source}",
-        *([f"text encoder: {details['text_encoders']}; each called on one padded prompt (the prompt and the negative "
-           "one are encoded one after the other), every token valid; all of them resident with every component on "
-           "the device, and one stage under offload (their weights together)"] if "text_encoders" in details else []),
+        *([f"text encoder: {details['text_encoders']}; each called on one prompt as its pipeline tokenises it "
+           "(padded, or its own tokens; a negative prompt, where there is one, encoded after it), every token valid; "
+           "all of them resident with every component on the device, and one stage under offload (their weights "
+           "together)"] if "text_encoders" in details else []),
         "attention is flash-style: no tokens x tokens score matrix (CPU SDPA on fake tensors materialises none; a "
         "math backend would add batch x heads x tokens^2 elements per attention)",
         "live tensor bytes only: the allocator's caching and fragmentation, cuBLAS/flash-attention workspaces and "

@@ -59,7 +59,8 @@ def build_text_encoder(case: TextEncoderCase, dtype):
 
 
 def trace_text_encoder(case: TextEncoderCase, dtype: str, *, fake: bool = True) -> TextEncoderTrace:
-    """One call of ``case``'s encoder on one padded prompt (batch 1: the pipelines encode the prompt and the negative
+    """One call of ``case``'s encoder (or of its submodule ``case.calls``; the weights are the whole model's) on one
+    padded prompt (batch 1: the pipelines encode the prompt and the negative
     prompt one after the other; an image encoder on one image), traced on fake tensors (``fake=False``: run for
     real, the check at a tiny size). The attention mask is left out (every token valid): the masks a padded prompt
     adds are tokens x tokens booleans at most, a few MiB beside the hidden states."""
@@ -77,8 +78,9 @@ def trace_text_encoder(case: TextEncoderCase, dtype: str, *, fake: bool = True) 
             ids = torch.zeros(1, case.tokens, dtype=torch.long)
             inputs = {"input_ids": ids}
         want_all = case.output != "last"
+        called = model.get_submodule(case.calls) if case.calls else model
         with torch.no_grad(), LiveBytes() as live:
-            out = model(**inputs, output_hidden_states=want_all) if want_all else model(**inputs)
+            out = called(**inputs, output_hidden_states=want_all) if want_all else called(**inputs)
             if case.output == "stacked":
                 torch.stack(out.hidden_states, dim=-1).flatten(2, 3)
             del out

@@ -211,6 +211,12 @@ class TextEncoderCase:
     note: str = ""
     #: an image encoder's square input size in pixels (called on ``pixel_values``; 0: a text encoder on tokens)
     image_size: int = 0
+    #: the submodule the pipeline calls where it is not the loaded model ("model": MiniMax-H3 calls its Qwen3-VL's
+    #: ``text_encoder.model``, so the language-model head is loaded but never run); "": the model itself
+    calls: str = ""
+    #: the pipeline encodes the prompt's own tokens, unpadded (MiniMax-H3): the plan's text tokens, which the
+    #: transformer sees too, replace ``tokens``
+    unpadded: bool = False
 
     def __post_init__(self) -> None:
         if self.output not in TEXT_ENCODER_OUTPUTS:

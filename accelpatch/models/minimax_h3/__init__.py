@@ -25,8 +25,7 @@ register(Family(
         canvas=f"{__name__}.memory:canvas", temporal=4, spatial=16, multiple=32, text_tokens=256,
         text_source="MiniMax-H3 packs the prompt's own tokens (no padding): assumed 256, text_tokens= to change",
         cfg="distilled", guidance=None, size=None,
-        text_encoder="Qwen3-VL: which model the release loads is not known here (its pipeline reads the 51st of "
-        "its hidden states, so it has at least 50 layers; diffusers' notes give no configuration)",
+        text_encoder="Qwen3-VL-32B", text_encoders=f"{__name__}.memory:text_encoders",
         vae=VaeDecodeCase("AutoencoderKLMiniMaxH3", source="diffusers' AutoencoderKLMiniMaxH3 defaults: its ViT "
                            "decoder runs per 256-pixel tile and 17-frame chunk", repeated=("decoder",),
                            tiles_by_default=True))))
