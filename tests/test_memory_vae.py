@@ -107,19 +107,24 @@ def _fake_decode_peak(case, config, grid, repeated=(), tiling=None):
         vae = getattr(diffusers, case.class_name)(**config).eval()
         if tiling is not None:
             vae.enable_tiling(**tiling)
-        latents = torch.zeros(1, 4, *grid)
+        latents = torch.zeros(1, int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim), *grid)
         with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)) as calls:
             out = vae.decode(latents, return_dict=False)[0]
     return live.peak, calls, tuple(out.shape)
 
 
-def test_a_repeated_decoder_call_is_traced_once_and_plans_the_same_peak():
-    """MiniMax-H3's decoder runs per tile and chunk (2 x 2 tiles, 2 chunks here: 8 calls on one input layout):
-    traced once, the peak and the output are what tracing every call gives."""
-    case, config, grid, _ = _vae("minimax-h3")
-    every, calls_every, shape = _fake_decode_peak(case, config, grid)
-    once, calls, shape_once = _fake_decode_peak(case, config, grid, repeated=("decoder",))
-    assert calls_every.traced == {} and calls.repeated["decoder"] == 7 and calls.traced["decoder"] == 1, calls.traced
+#: (family, decoder calls traced, replayed): the calls are the tiles (and chunks); the traced, their distinct layouts
+@pytest.mark.parametrize("name,traced,replayed", [("minimax-h3", 1, 7), ("ltx2", 4, 2), ("ltx2.3", 4, 44)])
+def test_a_repeated_decoder_call_is_traced_once_and_plans_the_same_peak(name, traced, replayed):
+    """A decoder run per tile (and chunk) on inputs of a few layouts, each traced once: MiniMax-H3's by default
+    (2 x 2 tiles, 2 chunks here: 8 calls on one layout), LTX-2's and LTX-2.3's in diffusers' tiles; the peak and the
+    output are what tracing every call gives."""
+    case, config, grid, tiles = _vae(name)
+    tiling = None if name == "minimax-h3" else tiles
+    every, calls_every, shape = _fake_decode_peak(case, config, grid, tiling=tiling)
+    once, calls, shape_once = _fake_decode_peak(case, config, grid, repeated=("decoder",), tiling=tiling)
+    assert case.repeated == ("decoder",) and calls_every.traced == {}
+    assert (calls.traced["decoder"], calls.repeated["decoder"]) == (traced, replayed), (calls.traced, calls.repeated)
     assert once == every and shape_once == shape, (once, every)
     assert not calls.not_repeatable
 

@@ -24,4 +24,4 @@ register(Family(
         text_encoders=f"{__name__}.memory:text_encoders",
         text_stage=f"{__name__}.memory:text_connectors", audio_decode=f"{__name__}.memory:audio_decode",
         vae=VaeDecodeCase("AutoencoderKLLTX2Video", source="diffusers' AutoencoderKLLTX2Video defaults (the LTX-2 "
-                           "video VAE)"), vae_for=f"{__name__}.memory:video_vae")))
+                           "video VAE)", repeated=("decoder",)), vae_for=f"{__name__}.memory:video_vae")))

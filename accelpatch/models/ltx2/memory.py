@@ -54,7 +54,7 @@ def ltx23_video_vae():
     from accelpatch.models.families import VaeDecodeCase
 
     return VaeDecodeCase("AutoencoderKLLTX2Video", tuple(LTX23_VIDEO_VAE.items()),
-                         source=f"LTX-2.3's video VAE ({LTX23_SOURCE})")
+                         source=f"LTX-2.3's video VAE ({LTX23_SOURCE})", repeated=("decoder",))
 
 
 def video_vae(name: str):
