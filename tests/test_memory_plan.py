@@ -175,14 +175,48 @@ def test_a_full_size_wan_plan_has_the_weights_and_activations_its_shapes_imply(w
 
 
 def test_a_model_without_a_known_release_configuration_is_named_not_zero():
-    """Wan 2.2 I2V A14B (its experts read 36 latent channels and the image): no configuration here."""
-    recipe = dict(name="wan22-i2v", description="Wan 2.2 I2V A14B", model="Wan-AI/Wan2.2-I2V-A14B-Diffusers",
+    """Wan 2.1 I2V 14B (its CLIP image encoder and the image's cross-attention): no configuration here."""
+    recipe = dict(name="wan21-i2v", description="Wan 2.1 I2V 14B", model="Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
                   pipeline="diffusion", dtype="bf16", call=dict(prompt="a cat", height=96, width=160, num_frames=5))
     plan = memory_plan(recipe, patched=False)
-    transformer = plan.stages[1]
-    assert not transformer.planned and "Wan2.2-I2V-A14B" in transformer.note
+    transformer = next(stage for stage in plan.stages if stage.name.startswith("transformer"))
+    assert not transformer.planned and "Wan2.1-I2V-14B" in transformer.note
     assert transformer.total is None and plan.peak()[1] is False and plan.fits("1TiB") is None
     assert "not planned yet" in plan.table()
+
+
+def _wan22(kind, **size):
+    recipe = dict(name=f"wan22-{kind}", description=f"Wan 2.2 {kind.upper()} A14B", pipeline="diffusion",
+                  model=f"Wan-AI/Wan2.2-{kind.upper()}-A14B-Diffusers", dtype="bf16",
+                  call=dict(prompt="a cat", guidance_scale=3.5, num_inference_steps=40, **size))
+    return memory_plan(recipe, patched=False, budget="1GiB")
+
+
+def test_wan22_i2v_a14b_plans_its_36_channel_experts_and_the_vae_encode_of_its_conditioning_video():
+    """WanImageToVideoPipeline VAE-encodes a video of every frame (the image, then zeros) before denoising, and
+    its experts read 36 latent channels: the plan has a VAE encode stage (the VAE's weights counted once with every
+    component on the device, with it alone under offload; tiled where the budget plans tiles) and a step over the
+    wider latents; text-to-video has no encode stage."""
+    size = dict(height=272, width=480, num_frames=9)
+    i2v, t2v = _wan22("i2v", **size), _wan22("t2v", **size)
+    names = [stage.name for stage in i2v.stages]
+    assert names[:3] == ["text encoder", "VAE encode", "transformer step, unpatched"], names
+    assert "VAE encode" not in [stage.name for stage in t2v.stages]
+    encode, step, decode = (next(s for s in i2v.stages if s.name == name)
+                            for name in ("VAE encode", "transformer step, unpatched", "VAE decode"))
+    t2v_step = next(s for s in t2v.stages if s.name.startswith("transformer step"))
+    assert "36 latent channels" in i2v.details["config"] and step.weights > t2v_step.weights
+    assert step.activations > t2v_step.activations  # the 36-channel latents
+    assert encode.shares == "VAE decode" and encode.weights == decode.weights
+    assert encode.activations > 3 * 9 * 272 * 480 * 2  # at least the conditioning video in bf16
+    known = i2v.stage_list(patched=False)
+    assert i2v.peak(patched=False) == (sum(s.weights for s in known) - encode.weights
+                                       + max(s.activations for s in known), True)
+    assert i2v.peak(patched=False, offload=True)[0] >= encode.total
+    tiled = {s.name: s for s in i2v.stage_list(patched=False, vae_tiled=True)}
+    assert tiled["VAE encode"] == i2v.details["vae_encode_tiled"] and tiled["VAE encode"].shares == "VAE decode"
+    assert tiled["VAE encode"].activations < encode.activations, (tiled["VAE encode"], encode)
+    assert "the conditioning video" in i2v.table()
 
 
 def test_wan22_a14b_plans_its_two_experts_both_resident_and_one_at_a_time_under_offload():

@@ -71,6 +71,22 @@ def test_a_planned_vae_decode_holds_what_its_real_run_holds(name, tiled):
     assert planned[0] == measured[0] and abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
 
 
+@pytest.mark.parametrize("tiled", [False, True], ids=["whole", "tiled"])
+def test_a_planned_vae_encode_holds_what_its_real_run_holds(tiled):
+    """Wan's VAE encoding an image-to-video pipeline's conditioning video (9 frames of 128 x 192 at a tiny width),
+    whole and in tiles: the fake trace against the real encode's peak, within 10 %."""
+    from accelpatch.memory.plan import trace_vae_encode
+
+    torch.set_num_threads(1)
+    case, config, _, tiles = _vae("wan")
+    tiling = tiles if tiled else False
+    planned = trace_vae_encode(case.class_name, config, (9, 128, 192), batch=1, dtype="float32", tiling=tiling)
+    measured = trace_vae_encode(case.class_name, config, (9, 128, 192), batch=1, dtype="float32", tiling=tiling,
+                                fake=False)
+    assert measured[1] > 3 * 9 * 128 * 192 * 4, measured  # more than the video
+    assert planned[0] == measured[0] and abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
+
+
 #: not LTX-2.3's layout at its tiny widths: its whole decode is mostly the 3-channel output, which tiles' blending
 #: buffers outgrow (measured at a 96 x 128 output: 14.8 MB tiled, 8.8 MB whole); the planner's own figures for it are
 #: checked against its real runs above, tiled and whole

@@ -33,6 +33,7 @@ from accelpatch.memory.sizes import gib, parse_size
 from accelpatch.models.families import MemorySettings, families, resolve
 
 __all__ = ["memory_plan", "MemoryPlan", "Move", "Stage", "TransformerCase", "trace_step", "trace_vae_decode",
+           "trace_vae_encode",
            "family_of", "release_config", "memory_settings", "group_offload_resident"]
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -319,6 +320,28 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
         return module_bytes(vae), live.peak + latents.untyped_storage().nbytes(), channels
 
 
+def trace_vae_encode(class_name: str, config: Mapping[str, Any], size: tuple[int, int, int], *, batch: int,
+                     dtype: str, tiling: Union[bool, Mapping[str, Any]] = False, fake: bool = True) -> tuple[int, int]:
+    """(weights, activations) of ``vae.encode`` of ``batch`` videos of ``size`` (frames, height, width in pixels),
+    as an image-to-video pipeline encodes its conditioning video, traced on fake tensors (``fake=False``: run for
+    real, the check at a tiny size); activations count the video and what the encode creates (its latent
+    distribution's parameters included). ``tiling``: see :func:`trace_vae_decode`."""
+    import diffusers
+    import torch
+
+    from accelpatch.memory.components import build_component, torch_dtype, trace_mode
+    from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+
+    with trace_mode(fake):
+        vae = build_component(getattr(diffusers, class_name), config, dtype)
+        if tiling:
+            vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
+        video = torch.zeros(batch, 3, *size, dtype=torch_dtype(dtype))
+        with torch.no_grad(), LiveBytes() as live:
+            vae.encode(video)
+        return module_bytes(vae), live.peak + video.untyped_storage().nbytes()
+
+
 def trace_audio_decode(case, *, batch: int, dtype: str, fake: bool = True) -> tuple[int, int]:
     """(weights, activations) of an :class:`~accelpatch.models.families.AudioDecodeCase`'s decode as its pipeline
     runs it: the audio VAE's ``decode`` of ``batch`` latents, then the vocoder on what it made (held meanwhile), on
@@ -348,6 +371,9 @@ class Stage:
     weights: Optional[int] = None
     activations: Optional[int] = None
     note: str = ""
+    #: the stage whose weights these are (the VAE's encode: the decode's), counted once with every component on
+    #: the device; "": its own
+    shares: str = ""
 
     @property
     def planned(self) -> bool:
@@ -428,7 +454,8 @@ class MemoryPlan:
             if "vae_tiled" not in self.details:
                 raise ValueError("this plan has no tiled VAE decode: it is planned with a budget the patched call "
                                  "does not fit (or with vae_tiling=True)")
-            stages = [self.details["vae_tiled"] if s.name == "VAE decode" else s for s in stages]
+            tiled = {"VAE decode": self.details["vae_tiled"], "VAE encode": self.details.get("vae_encode_tiled")}
+            stages = [tiled.get(s.name) or s for s in stages]
         step = self._unpatched_step()
         if patched and self.patched is not None:
             step = self.patched
@@ -493,7 +520,7 @@ class MemoryPlan:
         if offload:
             value = max((s.total for s in known), default=0)
         else:
-            value = sum(s.weights for s in known) + max((s.activations for s in known), default=0)
+            value = sum(s.weights for s in known if not s.shares) + max((s.activations for s in known), default=0)
         return value, len(known) == len(stages)
 
     def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True, offload: bool = False,
@@ -518,7 +545,8 @@ class MemoryPlan:
         lines = [f"memory plan: {self.recipe} ({self.model}, {self.family})", f"call: {self.call}",
                  f"transformer: {self.details.get('config', '')}", "",
                  f"{'stage':<34}{'weights':>11}{'activations':>13}{'total':>11}"]
-        rows = [*self.stages[:2], *([self.patched] if self.patched else []), *self.stages[2:],
+        at = self.stages.index(self._unpatched_step()) + 1
+        rows = [*self.stages[:at], *([self.patched] if self.patched else []), *self.stages[at:],
                 *self._other_experts(self._unpatched_step())]
         for stage in rows:
             if stage.planned:
@@ -817,6 +845,20 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
     stages: list[Stage] = [text_stage]
     if memory.text_stage is not None:
         stages.append(_text_stage(memory, call, _normal(recipe.model), torch_dtype, videos, cfg_factor, text, say))
+    vae_case = (resolve(memory.vae_for)(_normal(recipe.model)) if memory.vae_for else None) or memory.vae
+    conditioning = int(resolve(memory.conditioning)(call, _normal(recipe.model), frames)) if memory.conditioning else 0
+    trace_encode = None
+    if conditioning:
+        if isinstance(vae_case, str):
+            stages.append(Stage("VAE encode", note=vae_case))
+        else:
+            say(f"tracing the VAE encode of the conditioning video ({conditioning} frames) ...")
+            trace_encode = functools.partial(trace_vae_encode, vae_case.class_name, vae_case.config,
+                                             (conditioning, height, width), batch=videos, dtype=torch_dtype)
+            weights, activations = trace_encode(tiling=vae_tiling)
+            stages.append(Stage("VAE encode", weights, activations, f"the conditioning video: {conditioning} "
+                                "frames at the call's size" + (", tiled" if vae_tiling else "")
+                                + " (the VAE's weights counted once)", shares="VAE decode"))
     arguments = dict(recipe.apply_arguments())
     if tier is not None:
         if tier not in TIERS:
@@ -870,7 +912,6 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         from accelpatch.memory.text_encoder import quantised_text_encoders
 
         details["text_int8"] = quantised_text_encoders(text_cases, torch_dtype)
-    vae_case = (resolve(memory.vae_for)(_normal(recipe.model)) if memory.vae_for else None) or memory.vae
     tiles_by_default = getattr(vae_case, "tiles_by_default", False)  # a str: why the VAE is not planned
     if isinstance(vae_case, str):
         vae_stage = Stage("VAE decode", note=vae_case)
@@ -946,6 +987,11 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
             say("tracing the VAE decode in tiles (the call does not fit) ...")
             weights, activations, _ = trace_vae(tiling=True)
             details["vae_tiled"] = Stage("VAE decode", weights, activations, "tiled (vae.enable_tiling())")
+            if trace_encode is not None:  # enable_tiling() tiles the encode too
+                weights, activations = trace_encode(tiling=True)
+                details["vae_encode_tiled"] = Stage("VAE encode", weights, activations,
+                                                    "the conditioning video, tiled (vae.enable_tiling())",
+                                                    shares="VAE decode")
         plan = dataclasses.replace(plan, details=details, assumptions=assumptions,
                                    seconds=time.perf_counter() - start)
     return plan

@@ -159,6 +159,9 @@ class MemorySettings:
     vae: Union[VaeDecodeCase, str]
     #: ``vae_for(model) -> VaeDecodeCase | str | None``: the VAE of a release whose VAE is not ``vae`` (None: ``vae``)
     vae_for: Optional[str] = None
+    #: ``conditioning(call, model, frames) -> int``: the frames of the video the pipeline of ``model`` VAE-encodes
+    #: before denoising, at the call's size (an image-to-video pipeline's conditioning video; 0: none). None: none
+    conditioning: Optional[str] = None
     #: ``experts(model) -> int``: the transformers of that shape the pipeline loads, one running a step (Wan 2.2
     #: A14B's high- and low-noise experts: 2); None: one
     experts: Optional[str] = None

@@ -17,6 +17,7 @@ register(Family(
     memory=MemorySettings(
         names=("wan",), name_order=60, transformer="diffusers:WanTransformer3DModel",
         release_config=f"{__name__}.memory:release_config", experts=f"{__name__}.memory:experts",
+        conditioning=f"{__name__}.memory:conditioning",
         transformer_inputs=f"{__name__}.memory:transformer_inputs", frames=f"{__name__}.memory:frames",
         temporal=4, spatial=8, multiple=16, text_tokens=512,
         text_source="WanPipeline pads the prompt to max_sequence_length 512", cfg="sequential", guidance=5.0,

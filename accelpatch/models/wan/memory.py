@@ -6,15 +6,31 @@ from __future__ import annotations
 
 def release_config(name: str):
     """Wan 2.1 T2V 1.3B's configuration (:mod:`accelpatch.testing.wan`'s) and 14B's (diffusers' defaults), and Wan
-    2.2 T2V A14B's experts: each of the two has Wan 2.1 14B's shape (Wan 2.2's own t2v_A14B configuration: dim
-    5,120, 40 heads, 40 layers, feed-forward 13,824, 16 latent channels, the Wan 2.1 VAE and UMT5-XXL)."""
+    2.2 A14B's experts: each of the two has Wan 2.1 14B's shape (Wan 2.2's own t2v_A14B configuration: dim
+    5,120, 40 heads, 40 layers, feed-forward 13,824, 16 latent channels, the Wan 2.1 VAE and UMT5-XXL), the I2V
+    ones reading 36 channels (:data:`WAN22_I2V_A14B`)."""
     if "wan2.1-t2v-1.3b" in name:
         return "WAN_1_3B_CONFIG", "accelpatch.testing.wan.WAN_1_3B_CONFIG (Wan 2.1 T2V 1.3B)"
     if "wan2.1-t2v-14b" in name:
         return {}, "diffusers' WanTransformer3DModel defaults (Wan 2.1 14B)"
     if "wan2.2-t2v-a14b" in name:
         return {}, "diffusers' WanTransformer3DModel defaults (Wan 2.1 14B's shape: Wan 2.2 T2V A14B's experts)"
+    if "wan2.2-i2v-a14b" in name:
+        return WAN22_I2V_A14B, ("Wan 2.2 I2V A14B's experts: Wan 2.1 14B's shape reading 36 latent channels "
+                                "(diffusers' Wan conversion configuration)")
     return None
+
+
+#: Wan 2.2 I2V A14B's experts, as diffusers' Wan conversion configures them: Wan 2.1 14B's shape (its class
+#: defaults) reading 36 channels, the 16 noisy latents beside the 4 of the frame mask and the 16 of the encoded
+#: conditioning video; no image encoder (no image_dim), unlike Wan 2.1 I2V's CLIP
+WAN22_I2V_A14B = {"in_channels": 36}
+
+
+def conditioning(call, model: str, frames: int) -> int:
+    """WanImageToVideoPipeline VAE-encodes a video of every frame of the call (the image, then zeros, or the last
+    image too) before denoising; text-to-video encodes nothing."""
+    return frames if "i2v" in model else 0
 
 
 def experts(name: str) -> int:
