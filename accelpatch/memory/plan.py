@@ -321,23 +321,26 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
 
 
 def trace_vae_encode(class_name: str, config: Mapping[str, Any], size: tuple[int, int, int], *, batch: int,
-                     dtype: str, tiling: Union[bool, Mapping[str, Any]] = False, fake: bool = True) -> tuple[int, int]:
+                     dtype: str, tiling: Union[bool, Mapping[str, Any]] = False, fake: bool = True,
+                     repeated: Sequence[str] = ()) -> tuple[int, int]:
     """(weights, activations) of ``vae.encode`` of ``batch`` videos of ``size`` (frames, height, width in pixels),
     as an image-to-video pipeline encodes its conditioning video, traced on fake tensors (``fake=False``: run for
     real, the check at a tiny size); activations count the video and what the encode creates (its latent
-    distribution's parameters included). ``tiling``: see :func:`trace_vae_decode`."""
+    distribution's parameters included). ``tiling``: see :func:`trace_vae_decode`; ``repeated``: submodules traced
+    once per input layout (:mod:`accelpatch.memory.repeats`; a fake trace only)."""
     import diffusers
     import torch
 
     from accelpatch.memory.components import build_component, torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
+    from accelpatch.memory.repeats import RepeatedCalls, submodules
 
     with trace_mode(fake):
         vae = build_component(getattr(diffusers, class_name), config, dtype)
         if tiling:
             vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
         video = torch.zeros(batch, 3, *size, dtype=torch_dtype(dtype))
-        with torch.no_grad(), LiveBytes() as live:
+        with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)):
             vae.encode(video)
         return module_bytes(vae), live.peak + video.untyped_storage().nbytes()
 
@@ -854,7 +857,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         else:
             say(f"tracing the VAE encode of the conditioning video ({conditioning} frames) ...")
             trace_encode = functools.partial(trace_vae_encode, vae_case.class_name, vae_case.config,
-                                             (conditioning, height, width), batch=videos, dtype=torch_dtype)
+                                             (conditioning, height, width), batch=videos, dtype=torch_dtype,
+                                             repeated=vae_case.encode_repeated)
             weights, activations = trace_encode(tiling=vae_tiling)
             stages.append(Stage("VAE encode", weights, activations, f"the conditioning video: {conditioning} "
                                 "frames at the call's size" + (", tiled" if vae_tiling else "")

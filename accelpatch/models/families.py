@@ -96,6 +96,8 @@ class VaeDecodeCase:
     repeated: tuple[str, ...] = ()
     stand_ins: tuple[tuple[str, str], ...] = ()
     tiles_by_default: bool = False
+    #: ``repeated`` for an image-to-video pipeline's encode of its conditioning video (Wan's frame-chunked encoder)
+    encode_repeated: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ register(Family(
         size=(480, 832, 81), text_encoder="Gemma-2",
         text_encoders=f"{__name__}.memory:text_encoders",
         vae=VaeDecodeCase("AutoencoderKLWan", source="diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)",
-                          repeated=("decoder",))),
+                          repeated=("decoder",), encode_repeated=("encoder",))),
     # decodes with Wan's VAE class and latent normalisation, so it trains on the shipped Wan's VAE; no
     # prompt-rewriting instruction (the tiny vocabulary has none). The demo shows the step cache at threshold 0.3
     # with 3 warm-up steps (reuses 2 of 8 steps and passes validate's gates here; with the default 2 it fails the

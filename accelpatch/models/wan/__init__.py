@@ -24,7 +24,7 @@ register(Family(
         size=(480, 832, 81), text_encoder="UMT5-XXL",
         text_encoders=f"{__name__}.memory:text_encoders",
         vae=VaeDecodeCase("AutoencoderKLWan", source="diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)",
-                          repeated=("decoder",))),
+                          repeated=("decoder",), encode_repeated=("encoder",))),
     # the demo shows Sol-Attn: on the 4-layer, 512-token toy its 12,288-token floor would keep it wholly dense, so
     # high would show nothing; its default guard (layers 0 and 1 dense) misses the 24 dB floor on one frame there,
     # the guard over three layers passes (docs/tiny-models.md)
