@@ -185,6 +185,28 @@ def test_a_model_without_a_known_release_configuration_is_named_not_zero():
     assert "not planned yet" in plan.table()
 
 
+def test_a_batch_of_videos_plans_vae_slicing_as_a_way_down():
+    """Two videos per prompt: where the call misses its budget the plan traces the decode one video at a time
+    (``vae.enable_slicing()``), about one video's decode plus the decoded ones, offers it as a move, and swaps it
+    in on request; one video per prompt has nothing to slice; slicing and tiles are planned one at a time."""
+    size = dict(height=272, width=480, frames=9, patched=False, budget="1GiB")
+    two = memory_plan("wan2.1-t2v-1.3b-sol-attn", batch=2, **size)
+    one = memory_plan("wan2.1-t2v-1.3b-sol-attn", batch=1, **size)
+    decode, sliced = two.stages[-1], two.details["vae_sliced"]
+    assert "vae_sliced" not in one.details and "one video at a time" in sliced.note
+    video = 3 * 9 * 272 * 480 * 2
+    assert sliced.weights == decode.weights
+    assert one.stages[-1].activations < sliced.activations <= one.stages[-1].activations + 2 * video, sliced
+    assert sliced.activations < decode.activations
+    assert [s.name for s in two.stage_list(patched=False, vae_sliced=True)] == [s.name for s in two.stages]
+    assert two.stage_list(patched=False, vae_sliced=True)[-1] == sliced
+    assert "vae.enable_slicing()" in [move.short for move in two.moves()]
+    with pytest.raises(ValueError, match="one at a time"):
+        two.stage_list(patched=False, vae_sliced=True, vae_tiled=True)
+    with pytest.raises(ValueError, match="no sliced VAE decode"):
+        one.stage_list(vae_sliced=True)
+
+
 def _wan22(kind, **size):
     recipe = dict(name=f"wan22-{kind}", description=f"Wan 2.2 {kind.upper()} A14B", pipeline="diffusion",
                   model=f"Wan-AI/Wan2.2-{kind.upper()}-A14B-Diffusers", dtype="bf16",

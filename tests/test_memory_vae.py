@@ -91,6 +91,20 @@ def test_a_planned_vae_encode_holds_what_its_real_run_holds(tiled):
     assert planned[0] == measured[0] and abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
 
 
+@pytest.mark.parametrize("name", ["wan", "ltx2"])
+def test_a_sliced_vae_decode_holds_what_its_real_run_holds_and_less_than_the_batch(name):
+    """``vae.enable_slicing()`` decodes a batch of 2 one video at a time, holding the decoded ones: the fake trace
+    against the real decode's peak (within 10 %), and below the whole batch's."""
+    torch.set_num_threads(1)
+    case, config, grid, _ = _vae(name)
+    sliced = trace_vae_decode(case.class_name, config, grid, batch=2, dtype="float32", slicing=True,
+                              repeated=case.repeated)
+    measured = trace_vae_decode(case.class_name, config, grid, batch=2, dtype="float32", slicing=True, fake=False)
+    whole = trace_vae_decode(case.class_name, config, grid, batch=2, dtype="float32", repeated=case.repeated)
+    assert sliced[0] == measured[0] and abs(sliced[1] - measured[1]) <= 0.10 * measured[1], (sliced, measured)
+    assert sliced[1] < whole[1], (sliced, whole)
+
+
 #: not LTX-2.3's layout at its tiny widths: its whole decode is mostly the 3-channel output, which tiles' blending
 #: buffers outgrow (measured at a 96 x 128 output: 14.8 MB tiled, 8.8 MB whole); the planner's own figures for it are
 #: checked against its real runs above, tiled and whole

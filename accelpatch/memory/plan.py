@@ -292,11 +292,12 @@ def group_offload_weights(case: TransformerCase) -> int:
 def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int, int, int], *, batch: int,
                      dtype: str, tiling: Union[bool, Mapping[str, Any]] = False, fake: bool = True,
                      repeated: Sequence[str] = (), stand_ins: Sequence[tuple[str, str]] = (),
-                     notes: Optional[list] = None) -> tuple[int, int, int]:
+                     notes: Optional[list] = None, slicing: bool = False) -> tuple[int, int, int]:
     """(weights, activations, latent channels) of ``vae.decode`` of one batch of latents of ``grid`` (frames,
     height, width), traced on fake tensors (``fake=False``: run for real, the check at a tiny size); activations
     count the latents and what the decode creates. ``tiling``: decode with ``vae.enable_tiling()`` (True: diffusers'
-    default tiles; a mapping: its arguments). ``repeated`` and ``stand_ins``: see
+    default tiles; a mapping: its arguments); ``slicing``: with ``vae.enable_slicing()`` (a batch decoded one video at
+    a time, the decoded ones held). ``repeated`` and ``stand_ins``: see
     :class:`~accelpatch.models.families.VaeDecodeCase` (they shorten only a fake trace); ``notes`` gets the reasons of
     stand-ins left out."""
     import diffusers
@@ -313,6 +314,8 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
         vae = build_component(getattr(diffusers, class_name), config, dtype)
         if tiling:
             vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
+        if slicing:
+            vae.enable_slicing()
         channels = int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim)
         latents = torch.zeros(batch, channels, *grid, dtype=torch_dtype(dtype))
         with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)):
@@ -391,7 +394,7 @@ class Stage:
 #: whole; the resident blocks are weighed in the compute dtype; the weight formats are one at a time; an encoder
 #: on the CPU needs no int8
 APART = ({"group_offload", "offload"}, {"group_offload", "fp8"}, {"group_offload", "quantised"},
-         {"fp8", "quantised"}, {"text_on_cpu", "text_int8"})
+         {"fp8", "quantised"}, {"text_on_cpu", "text_int8"}, {"vae_sliced", "vae_tiled"})
 
 
 class Move(NamedTuple):
@@ -430,7 +433,7 @@ class MemoryPlan:
 
     def stage_list(self, patched: bool = True, fp8: bool = False, low: Optional[str] = None,
                    text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
-                   quantised: Optional[str] = None, text_int8: bool = False) -> list[Stage]:
+                   quantised: Optional[str] = None, text_int8: bool = False, vae_sliced: bool = False) -> list[Stage]:
         """The stages of the call, the transformer step patched or not; ``fp8``: its weights stored in fp8
         (``enable_layerwise_casting``; the plan's ``details["fp8_weights"]``, planned with a budget); ``low``: the
         step patched with ``memory="low"`` instead, "checked" (the default tier: a process's first call checks
@@ -445,7 +448,8 @@ class MemoryPlan:
         GGUF: "gguf:Q8_0", "gguf:Q4_K" (every linear weight in that type, planned with a budget the call misses)
         or "gguf:<file name>" (the file ``memory_plan(gguf=...)`` read; :mod:`~accelpatch.memory.gguf_weights`: its
         activations hold what the layers' dequantisation adds, traced); ``text_int8``: the text encoders quantised
-        the same way, int8 weight-only."""
+        the same way, int8 weight-only; ``vae_sliced``: the VAE decoded with ``vae.enable_slicing()``, one video of
+        the batch at a time (planned with a budget the call misses, for more than one video per prompt)."""
         stages = [s for s in self.stages if not (text_on_cpu and s.name == "text encoder")]
         if text_int8:
             weighed = self.details.get("text_int8")
@@ -453,6 +457,13 @@ class MemoryPlan:
                 raise ValueError("this plan has no int8 text encoders: " + (weighed or "plan it with a budget"))
             stages = [dataclasses.replace(s, weights=weighed[0], activations=s.activations + weighed[1])
                       if s.name == "text encoder" else s for s in stages]
+        if vae_sliced:
+            if "vae_sliced" not in self.details:
+                raise ValueError("this plan has no sliced VAE decode: it is planned with a budget the patched call "
+                                 "does not fit, for more than one video per prompt")
+            if vae_tiled:
+                raise ValueError("vae_sliced and vae_tiled are planned one at a time")
+            stages = [self.details["vae_sliced"] if s.name == "VAE decode" else s for s in stages]
         if vae_tiled:
             if "vae_tiled" not in self.details:
                 raise ValueError("this plan has no tiled VAE decode: it is planned with a budget the patched call "
@@ -513,12 +524,13 @@ class MemoryPlan:
 
     def peak(self, *, patched: bool = True, offload: bool = False, fp8: bool = False, low: Optional[str] = None,
              text_on_cpu: bool = False, vae_tiled: bool = False, group_offload: bool = False,
-             quantised: Optional[str] = None, text_int8: bool = False) -> tuple[int, bool]:
+             quantised: Optional[str] = None, text_int8: bool = False, vae_sliced: bool = False) -> tuple[int, bool]:
         """(the call's peak bytes, whether every stage was planned): every weight resident plus the largest
         activations, or with ``offload`` the largest stage alone; ``fp8``, ``low``, ``text_on_cpu``, ``vae_tiled``,
-        ``group_offload``, ``quantised``, ``text_int8``: see :meth:`stage_list`. When a stage is not planned, the
-        bytes are a lower bound."""
-        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled, group_offload, quantised, text_int8)
+        ``group_offload``, ``quantised``, ``text_int8``, ``vae_sliced``: see :meth:`stage_list`. When a stage is not
+        planned, the bytes are a lower bound."""
+        stages = self.stage_list(patched, fp8, low, text_on_cpu, vae_tiled, group_offload, quantised, text_int8,
+                                 vae_sliced)
         known = [s for s in stages if s.planned]
         if offload:
             value = max((s.total for s in known), default=0)
@@ -529,7 +541,7 @@ class MemoryPlan:
     def fits(self, budget: Union[int, str, None] = None, *, patched: bool = True, offload: bool = False,
              fp8: bool = False, low: Optional[str] = None, text_on_cpu: bool = False,
              vae_tiled: bool = False, group_offload: bool = False, quantised: Optional[str] = None,
-             text_int8: bool = False) -> Optional[bool]:
+             text_int8: bool = False, vae_sliced: bool = False) -> Optional[bool]:
         """Whether the call fits ``budget`` (bytes or "24GiB"; default the plan's): True or False, or None when a
         stage that is not planned could decide it (the planned ones fit)."""
         budget = self.budget if budget is None else budget
@@ -538,7 +550,7 @@ class MemoryPlan:
         budget = parse_size(budget) if isinstance(budget, str) else int(budget)
         value, complete = self.peak(patched=patched, offload=offload, fp8=fp8, low=low, text_on_cpu=text_on_cpu,
                                     vae_tiled=vae_tiled, group_offload=group_offload, quantised=quantised,
-                                    text_int8=text_int8)
+                                    text_int8=text_int8, vae_sliced=vae_sliced)
         if value > budget:
             return False
         return True if complete else None
@@ -614,6 +626,9 @@ class MemoryPlan:
             (bool(details.get("low_memory")), "memory='low' at tier high (unchecked chunks)",
              "accelpatch.apply(pipe, memory='low', tier='high') (its chunks unchecked, so the first step holds no more "
              "than the others; tier high also admits the recipe's approximate paths)", dict(low="unchecked")),
+            ("vae_sliced" in details, "vae.enable_slicing()", "vae.enable_slicing() (the batch's videos decoded one at "
+             "a time: each video's math, though a GPU may pick other kernels for one video than for the batch)",
+             dict(vae_sliced=True)),
             (True, "enable_model_cpu_offload()", "enable_model_cpu_offload() (one component on the device at a time)",
              dict(offload=True)),
             (text is not None and text.planned, "the prompt encoded on the CPU",
@@ -727,8 +742,8 @@ def _cfg(memory: MemorySettings, call: Mapping[str, Any]) -> tuple[int, str]:
     if not on:
         return 1, f"no CFG ({what}): one forward per step"
     if memory.cfg == "batch":
-        return 2, f"CFG ({what}) runs as one batch of 2 (unconditional and conditional together)"
-    return 1, f"CFG ({what}) runs two forwards of batch 1, one after the other"
+        return 2, f"CFG ({what}) runs as one batch of 2 per video (unconditional and conditional together)"
+    return 1, f"CFG ({what}) runs two forwards of the videos' batch, one after the other"
 
 
 def _text_encoder_stage(memory: MemorySettings, call: Mapping[str, Any], model: str, dtype: str, tokens: int,
@@ -987,6 +1002,12 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
             details.setdefault("gguf", {}).update(
                 {kind: gguf_weights(case, kind, plain) for kind in GGUF_TYPES})
             assumptions += () if GGUF_ASSUMPTION in assumptions else (GGUF_ASSUMPTION,)
+        if videos > 1 and vae_stage.planned:
+            say("tracing the VAE decode one video at a time (vae.enable_slicing(); the call does not fit) ...")
+            weights, activations, _ = trace_vae(tiling=vae_tiling, slicing=True)
+            details["vae_sliced"] = Stage("VAE decode", weights, activations,
+                                          "one video at a time (vae.enable_slicing())"
+                                          + (", tiled" if vae_tiling or tiles_by_default else ""))
         if not vae_tiling and not tiles_by_default and vae_stage.planned:
             say("tracing the VAE decode in tiles (the call does not fit) ...")
             weights, activations, _ = trace_vae(tiling=True)
