@@ -72,22 +72,23 @@ def test_a_planned_vae_decode_holds_what_its_real_run_holds(name, tiled):
 
 
 @pytest.mark.parametrize("tiled", [False, True], ids=["whole", "tiled"])
-def test_a_planned_vae_encode_holds_what_its_real_run_holds(tiled):
-    """Wan's VAE encoding an image-to-video pipeline's conditioning video (9 frames of 128 x 192 at a tiny width),
-    whole and in tiles: the fake trace (its encoder's chunks replayed, as tracing each gives) against the real
-    encode's peak, within 10 %."""
+@pytest.mark.parametrize("name,size", [("wan", (9, 128, 192)), ("hunyuan-video15", (1, 128, 192))])
+def test_a_planned_vae_encode_holds_what_its_real_run_holds(name, size, tiled):
+    """An image-to-video pipeline's encode at a tiny width, whole and in tiles: Wan's VAE on its conditioning video
+    (9 frames of 128 x 192; its encoder's chunks replayed, as tracing each gives), HunyuanVideo 1.5's on its image
+    (one frame); the fake trace against the real encode's peak, within 10 %."""
     from accelpatch.memory.plan import trace_vae_encode
 
     torch.set_num_threads(1)
-    case, config, _, tiles = _vae("wan")
+    case, config, _, tiles = _vae(name)
     tiling = tiles if tiled else False
-    planned = trace_vae_encode(case.class_name, config, (9, 128, 192), batch=1, dtype="float32", tiling=tiling,
+    planned = trace_vae_encode(case.class_name, config, size, batch=1, dtype="float32", tiling=tiling,
                                repeated=case.encode_repeated)
-    every = trace_vae_encode(case.class_name, config, (9, 128, 192), batch=1, dtype="float32", tiling=tiling)
-    assert case.encode_repeated == ("encoder",) and planned == every  # its chunks replayed: the same bytes
-    measured = trace_vae_encode(case.class_name, config, (9, 128, 192), batch=1, dtype="float32", tiling=tiling,
-                                fake=False)
-    assert measured[1] > 3 * 9 * 128 * 192 * 4, measured  # more than the video
+    if name == "wan":
+        every = trace_vae_encode(case.class_name, config, size, batch=1, dtype="float32", tiling=tiling)
+        assert case.encode_repeated == ("encoder",) and planned == every  # its chunks replayed: the same bytes
+    measured = trace_vae_encode(case.class_name, config, size, batch=1, dtype="float32", tiling=tiling, fake=False)
+    assert measured[1] > 3 * size[0] * size[1] * size[2] * 4, measured  # more than the video
     assert planned[0] == measured[0] and abs(planned[1] - measured[1]) <= 0.10 * measured[1], (planned, measured)
 
 
@@ -299,11 +300,14 @@ def test_a_changed_diffusers_function_is_traced_as_it_is_with_the_reason(monkeyp
 def test_hunyuan_video15_and_minimax_h3_plans_trace_their_vae_decodes():
     """Both VAE decodes are planned at a small size (their release classes at diffusers' defaults): HunyuanVideo
     1.5's whole (its mid-block attends over every latent frame) and, when the call does not fit, in diffusers' tiles
-    for less; MiniMax-H3's in the tiles it always uses, so tiling is no move there, and the plan says so."""
+    for less, after the encode of its image-to-video image; MiniMax-H3's in the tiles it always uses, so tiling is no move there, and the plan says so."""
     hunyuan = memory_plan("hunyuan-video15-step-distilled", height=320, width=320, frames=9, patched=False,
                           budget="1GiB")
     vae, tiled = hunyuan.stages[-1], hunyuan.details["vae_tiled"]
     assert vae.planned and vae.activations > 9 * 320 * 320 * 3 * 2 and vae.weights > 2 * 2 ** 30, vae
+    encode = hunyuan.stages[1]  # its image-to-video pipeline encodes the image, one frame, before denoising
+    assert encode.name == "VAE encode" and encode.shares == "VAE decode" and encode.weights == vae.weights
+    assert 320 * 320 * 3 * 2 < encode.activations < vae.activations and "conditioning image" in encode.note
     assert tiled.activations < vae.activations and "no VAE tiling" in hunyuan.table()
     minimax = memory_plan("minimax-h3-turbo-5step", height=320, width=320, frames=22, patched=False, budget="1GiB")
     vae = next(stage for stage in minimax.stages if stage.name == "VAE decode")  # the audio decode comes after it

@@ -875,9 +875,10 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
                                              (conditioning, height, width), batch=videos, dtype=torch_dtype,
                                              repeated=vae_case.encode_repeated)
             weights, activations = trace_encode(tiling=vae_tiling)
-            stages.append(Stage("VAE encode", weights, activations, f"the conditioning video: {conditioning} "
-                                "frames at the call's size" + (", tiled" if vae_tiling else "")
-                                + " (the VAE's weights counted once)", shares="VAE decode"))
+            what = "image" if conditioning == 1 else f"video: {conditioning} frames"
+            stages.append(Stage("VAE encode", weights, activations, f"the conditioning {what} at the call's size"
+                                + (", tiled" if vae_tiling else "") + " (the VAE's weights counted once)",
+                                shares="VAE decode"))
     arguments = dict(recipe.apply_arguments())
     if tier is not None:
         if tier not in TIERS:
@@ -1015,7 +1016,7 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
             if trace_encode is not None:  # enable_tiling() tiles the encode too
                 weights, activations = trace_encode(tiling=True)
                 details["vae_encode_tiled"] = Stage("VAE encode", weights, activations,
-                                                    "the conditioning video, tiled (vae.enable_tiling())",
+                                                    "the conditioning, tiled (vae.enable_tiling())",
                                                     shares="VAE decode")
         plan = dataclasses.replace(plan, details=details, assumptions=assumptions,
                                    seconds=time.perf_counter() - start)

@@ -16,6 +16,7 @@ register(Family(
     memory=MemorySettings(  # read from diffusers 0.42.1's pipeline_hunyuan_video1_5*.py
         names=("hunyuanvideo-1.5", "hunyuan-video15"), name_order=40,
         transformer="diffusers:HunyuanVideo15Transformer3DModel", release_config=f"{__name__}.memory:release_config",
+        conditioning=f"{__name__}.memory:conditioning",
         transformer_inputs=f"{__name__}.memory:transformer_inputs", temporal=4, spatial=16, multiple=16,
         text_tokens=1000, text_source="HunyuanVideo 1.5 pads Qwen2.5-VL to 1000 tokens, ByT5 to 256, and adds 729 "
         "SigLIP image tokens", cfg="sequential", guidance=None, size=None, text_encoder="Qwen2.5-VL, ByT5 and SigLIP",

@@ -16,6 +16,12 @@ def release_config(name: str):
     return None
 
 
+def conditioning(call, model: str, frames: int) -> int:
+    """HunyuanVideo15ImageToVideoPipeline VAE-encodes its image as one frame (then repeats the latents); text to
+    video encodes nothing."""
+    return 1 if "i2v" in model else 0
+
+
 def transformer_inputs(case) -> dict:
     """ByT5's ``case.glyph_tokens`` and ``case.image_tokens`` SigLIP tokens beside the text, all valid."""
     return dict(batch_size=case.batch, num_frames=case.frames, height=case.height, width=case.width,
