@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     from accelpatch.memory import cli as memory  # no torch at import either
     memory_parser = commands.add_parser(
         "memory", help="plan a recipe's peak memory by stage at full size, on a CPU in seconds (no weights)",
-        description="Plan the peak memory of a recipe's call by stage (text encoder, one transformer step unpatched "
-                    "and patched, VAE decode) at its full size: each model is built at its release configuration on "
+        description="Plan the peak memory of a recipe's call by stage (text encoder, an image-to-video pipeline's "
+                    "VAE encode, one transformer step unpatched and patched, VAE decode) at its full size: each model is built at its release configuration on "
                     "fake tensors (no weights downloaded, no math run) and the live tensor bytes of one call are "
                     "counted. Prints a table in GiB and, with --budget, whether the call fits. A stage whose release "
                     "configuration is not known is listed as not planned, with why. Exit codes: 0 a plan printed, "

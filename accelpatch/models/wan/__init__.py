@@ -20,7 +20,7 @@ register(Family(
         conditioning=f"{__name__}.memory:conditioning",
         transformer_inputs=f"{__name__}.memory:transformer_inputs", frames=f"{__name__}.memory:frames",
         temporal=4, spatial=8, multiple=16, text_tokens=512,
-        text_source="WanPipeline pads the prompt to max_sequence_length 512", cfg="sequential", guidance=5.0,
+        text_source="WanPipeline (and WanImageToVideoPipeline) pads the prompt to max_sequence_length 512", cfg="sequential", guidance=5.0,
         size=(480, 832, 81), text_encoder="UMT5-XXL",
         text_encoders=f"{__name__}.memory:text_encoders",
         vae=VaeDecodeCase("AutoencoderKLWan", source="diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE)",
