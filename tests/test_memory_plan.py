@@ -92,21 +92,34 @@ def _forget_verdicts():
         op.forget()
 
 
+#: the families whose first call at the default tier holds no more than diffusers at these sizes; the others' still
+#: hold more here (MiniMax-H3 and SANA-Video 2.0 in the real run though not in the plan, Wan in float32 at its
+#: attention's first sight: not yet traced down), though at 720p no plan's first call does (docs/memory.md)
+FIRST_CALL_NO_HIGHER = ("sana_video", "hunyuan_video15", "ltx2")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("family,size", sorted(CASES))
 def test_the_default_tier_holds_no_more_than_diffusers(family, size, dtype):
     """Issue #44 part 2: apply()'s default tier (lossless: bit-exact fused ops, restated forwards that drop their
     intermediates when dead) holds no more live bytes than the unpatched model in the steady calls of a real CPU
-    run, and the plan on fake tensors says the same."""
+    run, and the plan on fake tensors says the same; so does a process's first call for the families in
+    FIRST_CALL_NO_HIGHER (each fused op's first sight hashes the reference's result and frees it before its kernel
+    runs; SANA-Video's held both and went over)."""
     torch.set_num_threads(1)
     case = dataclasses.replace(CASES[family, size][0], dtype=dtype)
     run = dict(apply_arguments={}, steps=(0,), total_steps=2)
     unpatched = trace_step(case, fake=False)
+    _forget_verdicts()
     patched = trace_step(case, fake=False, warmup=True, **run)
     planned = trace_step(case, **run)
+    plain = trace_step(case).activations
     assert patched.report and "lossless" in patched.report
     assert patched.activations <= unpatched.activations, (patched, unpatched)
-    assert planned.activations <= trace_step(case).activations, planned
+    assert planned.activations <= plain, (planned, plain)
+    if family in FIRST_CALL_NO_HIGHER:
+        assert patched.first_activations <= unpatched.activations, (patched, unpatched)
+        assert planned.first_activations <= plain, (planned, plain)
 
 
 #: the families whose site tables chunk under memory="low", and those among them where it must save (the others'
