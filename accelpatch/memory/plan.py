@@ -300,10 +300,9 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
     a time, the decoded ones held). ``repeated`` and ``stand_ins``: see
     :class:`~accelpatch.models.families.VaeDecodeCase` (they shorten only a fake trace); ``notes`` gets the reasons of
     stand-ins left out."""
-    import diffusers
     import torch
 
-    from accelpatch.memory.components import build_component, torch_dtype, trace_mode
+    from accelpatch.memory.components import torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
     from accelpatch.memory.repeats import RepeatedCalls, submodules
     from accelpatch.memory.stand_ins import standing_in
@@ -311,9 +310,7 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
     with trace_mode(fake), standing_in(stand_ins) as skipped:
         if notes is not None:
             notes.extend(skipped)
-        vae = build_component(getattr(diffusers, class_name), config, dtype)
-        if tiling:
-            vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
+        vae = _vae(class_name, config, dtype, tiling)
         if slicing:
             vae.enable_slicing()
         channels = int(getattr(vae.config, "latent_channels", None) or vae.config.z_dim)
@@ -321,6 +318,19 @@ def trace_vae_decode(class_name: str, config: Mapping[str, Any], grid: tuple[int
         with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)):
             vae.decode(latents, return_dict=False)
         return module_bytes(vae), live.peak + latents.untyped_storage().nbytes(), channels
+
+
+def _vae(class_name: str, config: Mapping[str, Any], dtype: str, tiling: Union[bool, Mapping[str, Any]]):
+    """diffusers' VAE class ``class_name`` built as from_pretrained(torch_dtype=...) leaves it, with
+    ``vae.enable_tiling()`` where ``tiling`` asks (True: diffusers' default tiles; a mapping: its arguments)."""
+    import diffusers
+
+    from accelpatch.memory.components import build_component
+
+    vae = build_component(getattr(diffusers, class_name), config, dtype)
+    if tiling:
+        vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
+    return vae
 
 
 def trace_vae_encode(class_name: str, config: Mapping[str, Any], size: tuple[int, int, int], *, batch: int,
@@ -331,17 +341,14 @@ def trace_vae_encode(class_name: str, config: Mapping[str, Any], size: tuple[int
     real, the check at a tiny size); activations count the video and what the encode creates (its latent
     distribution's parameters included). ``tiling``: see :func:`trace_vae_decode`; ``repeated``: submodules traced
     once per input layout (:mod:`accelpatch.memory.repeats`; a fake trace only)."""
-    import diffusers
     import torch
 
-    from accelpatch.memory.components import build_component, torch_dtype, trace_mode
+    from accelpatch.memory.components import torch_dtype, trace_mode
     from accelpatch.memory.live_bytes import LiveBytes, module_bytes
     from accelpatch.memory.repeats import RepeatedCalls, submodules
 
     with trace_mode(fake):
-        vae = build_component(getattr(diffusers, class_name), config, dtype)
-        if tiling:
-            vae.enable_tiling(**(dict(tiling) if isinstance(tiling, Mapping) else {}))
+        vae = _vae(class_name, config, dtype, tiling)
         video = torch.zeros(batch, 3, *size, dtype=torch_dtype(dtype))
         with torch.no_grad(), LiveBytes() as live, RepeatedCalls(live, submodules(vae, repeated)):
             vae.encode(video)
@@ -560,9 +567,10 @@ class MemoryPlan:
         lines = [f"memory plan: {self.recipe} ({self.model}, {self.family})", f"call: {self.call}",
                  f"transformer: {self.details.get('config', '')}", "",
                  f"{'stage':<34}{'weights':>11}{'activations':>13}{'total':>11}"]
-        at = self.stages.index(self._unpatched_step()) + 1
+        unpatched = self._unpatched_step()
+        at = self.stages.index(unpatched) + 1
         rows = [*self.stages[:at], *([self.patched] if self.patched else []), *self.stages[at:],
-                *self._other_experts(self._unpatched_step())]
+                *self._other_experts(unpatched)]
         for stage in rows:
             if stage.planned:
                 lines.append(f"{stage.name:<34}{gib(stage.weights):>11}{gib(stage.activations):>13}"

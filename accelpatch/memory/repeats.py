@@ -112,19 +112,20 @@ class RepeatedCalls:
             live.peak, live.peak_op, live.peak_module = before, before_op, before_module
         self.traced[name] += 1
         made = live.made_since(serial)
-        outputs = _made_layouts(tree_flatten(out)[0], made)
+        out_leaves, out_spec = tree_flatten(out)
+        outputs = _made_layouts(out_leaves, made)
         writes = {place: _written(values, entries[place], made) for place, values in lists.items()}
         old = {ref for refs in entries.values() for ref in refs if isinstance(ref, int)}
         if outputs is None or None in writes.values():
             self.not_repeatable.add(name)  # it returned or cached a view of an input, or something it did not make
             return out
-        kept = {ref for leaf in tree_flatten((out, [lists[p] for p in writes]))[0] if isinstance(leaf, torch.Tensor)
-                for ref in [StorageWeakRef(leaf.untyped_storage()).cdata]}
+        kept = {StorageWeakRef(leaf.untyped_storage()).cdata
+                for leaf in [*out_leaves, *tree_flatten([lists[p] for p in writes])[0]] if isinstance(leaf, torch.Tensor)}
         if made - kept or (alive - set(live._live)) - old:
             self.not_repeatable.add(name)  # it left something alive elsewhere (its own cache), or freed it
             return out
         writes = {place: changes for place, changes in writes.items() if changes}
-        self._records[key] = (inside - start, tree_flatten(out)[1], outputs, writes, inside_op, inside_module)
+        self._records[key] = (inside - start, out_spec, outputs, writes, inside_op, inside_module)
         return out
 
     def _replay(self, name: str, record: tuple, args: tuple, kwargs: dict) -> Any:
