@@ -1,6 +1,6 @@
 """The lossless kernels' switch as a feature of the core (:mod:`accelpatch.core.features`): ``apply(...,
-cpu_kernels=False)`` keeps one model's fused ops off the compiled CPU kernels, and the report says how the CPU
-kernel build stands."""
+cpu_kernels=False)`` keeps one model's fused ops off the compiled CPU kernels, the report says how the CPU kernel
+build stands, and apply() builds the lookup tables the model's fused kernels keep (so its first call does not)."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,6 +18,12 @@ class CpuKernels(Feature):
         if not isinstance(value, bool):
             raise ValueError(f"cpu_kernels must be True or False, got {value!r}")
         return value
+
+    def attach(self, model: Any, patch: Any, config: Any, pipeline: Any) -> None:
+        from accelpatch.lossless.verify import prepare_kept
+
+        prepare_kept(model, patch.sites)
+        return None
 
     def notes(self) -> list[str]:
         from accelpatch.lossless.kernels import cpu_build

@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 
@@ -179,17 +179,17 @@ def mismatch(reference: tuple, fused: tuple) -> Optional[str]:
     return None
 
 
-def digest(outputs: tuple) -> tuple:
+def digest(outputs: Iterable[torch.Tensor]) -> tuple:
     """Each output's dtype, shape, the strides that matter and a SHA-256 of its bytes: what a first sight compares,
     so that the reference's result is freed before the kernel's is made. A non-contiguous output is hashed from a
-    contiguous copy, one output at a time."""
+    contiguous copy, one output at a time; an iterator's outputs (:attr:`FusedOp.parts`) are dropped as hashed."""
     found = []
     for t in outputs:
         data = t.detach()
         data = data if data.is_contiguous() else data.contiguous()
         raw = data.reshape(-1).view(torch.uint8).cpu().numpy()
         found.append((t.dtype, tuple(t.shape), _layout(t), hashlib.sha256(raw).hexdigest()))
-        del data, raw
+        del t, data, raw  # before the iterator makes the next output
     return tuple(found)
 
 
@@ -202,8 +202,13 @@ class FusedOp:
 
     def __init__(self, name: str, reference: Callable, description: str,
                  dtypes: Optional[tuple[torch.dtype, ...]] = None, devices: Optional[tuple[str, ...]] = None,
-                 inplace: bool = False) -> None:
+                 inplace: bool = False, parts: Optional[Callable[..., Iterator[torch.Tensor]]] = None) -> None:
         self.name = name
+        #: the reference's outputs one at a time, each made after the one before is dropped (a pair op's query
+        #: rotated, then its key, as diffusers' forward does them): a first sight hashes them as they come, so it
+        #: holds one output at a time as the unpatched forward does, not the pair; None: the reference's tuple.
+        #: Equal to ``reference`` output for output (tests compare them)
+        self.parts = parts
         #: the kernels write the result over the first argument and return it (a memory saving): the caller passes
         #: a tensor nothing reads again. The reference stays out of place; first sight runs it before the kernel,
         #: and a kernel must check its arguments before it writes, so a failure leaves the input whole for the
@@ -236,15 +241,17 @@ class FusedOp:
             self._verdicts.clear()
 
     # -- kernels ----------------------------------------------------------------------------------------------------
-    def kernel(self, library: KernelLibrary, unsupported: Callable[..., Optional[str]], **options: Any):
+    def kernel(self, library: KernelLibrary, unsupported: Callable[..., Optional[str]],
+               keeps: Optional[Callable[[torch.device, torch.dtype], Any]] = None, **options: Any):
         """Decorator: ``run`` is this op's kernel in ``library`` (one per device type). ``unsupported(*args)`` is the
         op's own check of the arguments (None when ``run`` takes them), asked after the library's shared checks,
-        which ``options`` tune (see the library's ``admits``). Returns ``run`` unchanged."""
+        which ``options`` tune (see the library's ``admits``); ``keeps`` builds what the kernel keeps for the process
+        (:attr:`Kernel.keeps`). Returns ``run`` unchanged."""
         def register_kernel(run: Callable) -> Callable:
             if library.device_type in self._kernels:
                 raise ValueError(f"{self.name} already has a {library.device_type} kernel "
                                  f"({self._kernels[library.device_type].run.__qualname__})")
-            self._kernels[library.device_type] = Kernel(self.name, library, run, unsupported, dict(options))
+            self._kernels[library.device_type] = Kernel(self.name, library, run, unsupported, dict(options), keeps)
             return run
         return register_kernel
 
@@ -295,6 +302,18 @@ class FusedOp:
         kernel = self._kernels.get(device.type)
         reason = kernel.library.unavailable() if kernel is not None else None
         return not_applicable(f"{kernel.library.kind} kernels {reason}") if reason else None
+
+    def prepare_for(self, site: Any, device: torch.device, dtype: torch.dtype) -> None:
+        """At apply(), for a model of ``dtype`` on ``device``: build what the op's kernel there keeps for the process
+        (its lookup tables), so that the model's first call does not allocate it and holds no more than diffusers'
+        (issue #44). Nothing where the op is not fused for that dtype or device or its kernels cannot run here."""
+        if (self.dtypes is not None and dtype not in self.dtypes) or (
+                self.devices is not None and device.type not in self.devices):
+            return
+        kernel = self._kernels.get(device.type)
+        if kernel is None or kernel.keeps is None or self._unavailable(site, device):
+            return
+        kernel.keeps(device, dtype)
 
     def other_dtype_outcome(self, dtype: torch.dtype) -> str:
         names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
@@ -401,17 +420,25 @@ class FusedOp:
             return self._reference(site, args, reason)
         _count(site, self.name, TRACED)
         first = traced_first_sight(args)
-        if first and self.inplace:  # a first call: the check holds both results
+        if first and self.inplace:  # a first call: the check holds the reference's result beside the input
             return self.reference(*args)
-        if first:  # the reference, hashed (its largest non-contiguous output copied), then freed
-            reference_out = _as_tuple(self.reference(*args))
-            copies = sorted((o for o in reference_out if not o.is_contiguous()), key=lambda o: -o.numel())[:1]
-            copies = [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in copies]
-            del copies, reference_out
+        if first:  # the reference, hashed as digest() does (a non-contiguous output copied), then freed
+            for out in self.reference_outputs(args):
+                if not out.is_contiguous():
+                    copy = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+                    del copy
+                del out
         if self.inplace:
             return args[0]
         outs = empty_like_eager(self.reference, args, device)
         return outs if len(outs) > 1 else outs[0]
+
+    def reference_outputs(self, args: tuple) -> Iterator[torch.Tensor]:
+        """The reference's outputs on ``args`` for a first sight's hash: one at a time where :attr:`parts` makes them
+        so, else the reference's tuple (held until the last is hashed)."""
+        if self.parts is not None:
+            return iter(self.parts(*args))
+        return iter(_as_tuple(self.reference(*args)))
 
     def count(self, site: Any, outcome: str) -> None:
         """Count one call of this op on ``site`` and how it went (a subclass's own outcomes)."""
@@ -446,14 +473,12 @@ class FusedOp:
             reason = kernel.unsupported(*args)  # builds the kernels if need be: a one-off, reported apart
         policy = reason is not None  # arguments the kernel does not cover by design: not applicable, not declined
         start = time.perf_counter()  # the check's cost: the reference, the fused op, the comparison
-        reference_out = self.reference(*args)
-        fused = None
+        reference_out = fused = None
         if reason is None and not self.inplace:
             # the reference's result hashed and freed before the kernel runs, so a first call holds no more than the
             # eager chain; only where the hashes differ does the reference run again for mismatch()'s reason (which
             # lets NaN payloads differ)
-            expected = digest(_as_tuple(reference_out))
-            reference_out = None
+            expected = digest(self.reference_outputs(args))
             try:
                 fused = kernel.run(*args)
                 if digest(_as_tuple(fused)) != expected:
@@ -466,12 +491,15 @@ class FusedOp:
             if reason is not None and reference_out is None:
                 fused, reference_out = None, self.reference(*args)
         elif reason is None:
+            reference_out = self.reference(*args)
             try:
                 reason = self._compare(kernel, args, reference_out)
             except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
                 if is_fatal(error):
                     raise
                 reason = f"error: {type(error).__name__}: {error}"
+        else:
+            reference_out = self.reference(*args)
         verdict = Verdict(reason is None, reason, time.perf_counter() - start, describe(args), site.path,
                           policy=policy)
         with self._lock:
@@ -483,6 +511,33 @@ class FusedOp:
         else:
             self._refuse(site, reason)
         return fused if reason is None and fused is not None else reference_out
+
+
+def prepare_kept(model: torch.nn.Module, sites: Iterable[Any]) -> None:
+    """At apply(): each fused op of ``sites`` builds what its kernels keep for the process on each (device, dtype)
+    of the model's floating-point parameters (:meth:`FusedOp.prepare_for`). On fake parameters (a memory plan) the
+    tables are built real, as the kernels' checks build them."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    kinds = {(p.device, p.dtype) for p in model.parameters() if p.is_floating_point()}
+    by_op: dict[str, tuple[FusedOp, Any]] = {}
+    for site in sites:
+        for op in site.fast_path.fused_ops:
+            if isinstance(op, FusedOp):
+                by_op.setdefault(op.name, (op, site))
+    with unset_fake_temporarily():
+        for op, site in by_op.values():
+            for device, dtype in sorted(kinds, key=str):
+                op.prepare_for(site, device, dtype)
+
+
+def one_at_a_time(rotate: Callable[..., torch.Tensor]) -> Callable[..., Iterator[torch.Tensor]]:
+    """:attr:`FusedOp.parts` for a pair op whose outputs are ``rotate(query, *tables)`` and ``rotate(key, *tables)``:
+    the key's made after the query's is hashed and dropped."""
+    def parts(query: torch.Tensor, key: torch.Tensor, *tables: Any) -> Iterator[torch.Tensor]:
+        yield rotate(query, *tables)
+        yield rotate(key, *tables)
+    return parts
 
 
 def _as_tuple(out) -> tuple:

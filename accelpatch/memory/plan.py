@@ -145,7 +145,8 @@ class StepTrace:
     step: Optional[int] = None
     report: str = ""
     #: what the patched model's first call creates, when traced: each fused op's first sight checks it against its
-    #: eager chain, holding both results (None: not traced)
+    #: eager chain (an out-of-place op's results hashed and freed before its kernel runs; an in-place op's beside
+    #: the input it overwrites) (None: not traced)
     first_created: Optional[int] = None
     #: where the (steady) peak came: the innermost module and the operator, on a fake trace ("" on a real run)
     peak_at: str = ""
@@ -171,7 +172,7 @@ def trace_step(case: TransformerCase, *, fake: bool = True, apply_arguments: Opt
     check). ``apply_arguments``: patch it first with ``accelpatch.apply(model, **apply_arguments)``. ``steps``: the
     denoising steps to run it as (``accelpatch.denoising_step``; None: no step), the largest peak kept.
     ``warmup``: one call first, measured apart as the first call (a real patched model checks each fused op against
-    its eager chain on first sight, holding both results); a patched plan on fake tensors traces that first call
+    its eager chain on first sight, see :meth:`~accelpatch.lossless.verify.FusedOp._first_sight`); a patched plan on fake tensors traces that first call
     too (:func:`~accelpatch.lossless.verify.traced_first_call`), then the steady calls after it. ``linears``: also
     record each linear layer's call (:func:`~accelpatch.memory.live_bytes.linear_calls`) of the forward kept, for
     the GGUF figures (:func:`gguf_weights`)."""
@@ -981,7 +982,8 @@ def memory_plan(recipe_or_name: Any, *, height: Optional[int] = None, width: Opt
         "allocates (its outputs; where the kernel would not run, its eager chain runs); the step planned is the "
         "larger of step 0 and the middle step, so step-dependent fast paths (Sol-Attn's dense steps) are seen both "
         "ways, and the row shows the larger of that and a process's first call, where each fused op is checked "
-        "against its eager chain on first sight, holding both results",
+        "against its eager chain on first sight (an out-of-place op's results hashed one at a time and freed before "
+        "its kernel runs, an in-place op's held beside the input it overwrites)",
         *([f"VAE: {details['vae']}"] if "vae" in details else []),
         *([GGUF_ASSUMPTION] if "gguf" in details else []),
         *([f"audio decode: {details['audio_decode']}"] if "audio_decode" in details else []),

@@ -228,6 +228,15 @@ def wide_table(name: str) -> torch.Tensor:
     return wide
 
 
+def keeps_table(name: str) -> Callable[[torch.device, torch.dtype], None]:
+    """A CPU kernel's ``keeps`` (:attr:`~accelpatch.lossless.kernels.library.Kernel.keeps`) where it gathers from
+    eager's bf16 table of ``name``: for a bf16 model, the table and its int32 widening (384 KiB) built at apply()."""
+    def keeps(device: torch.device, dtype: torch.dtype) -> None:
+        if dtype == torch.bfloat16 and table(name)[0] is not None:
+            wide_table(name)
+    return keeps
+
+
 _RELU_FORMULA: list = []
 
 

@@ -53,6 +53,10 @@ class Kernel:
     #: the op's own checks: ``check(*args)`` says why ``run`` cannot take ``args`` (None when it can)
     check: Callable[..., Optional[str]]
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: what the kernel keeps for the process on a device (its bf16 lookup tables): ``keeps(device, dtype)`` builds
+    #: it when a model of that dtype is patched on that device (:meth:`FusedOp.prepare_for`), so the model's first
+    #: call does not allocate it (issue #44)
+    keeps: Optional[Callable[[Any, Any], Any]] = None
 
     def unsupported(self, *args: Any) -> Optional[str]:
         """Why this kernel cannot run these arguments (the reference's), None when it can: the library's shared

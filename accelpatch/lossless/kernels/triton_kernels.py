@@ -163,6 +163,15 @@ def why_same_dtype(*tensors) -> Optional[str]:
     return None
 
 
+def keeps_table(name: str, fn: Callable) -> Callable:
+    """A Triton kernel's ``keeps`` (:attr:`~accelpatch.lossless.kernels.library.Kernel.keeps`) where it gathers from
+    the device's eager bf16 table of ``name`` (128 KiB): built at apply() for a bf16 model on that device."""
+    def keeps(device, dtype) -> None:
+        if dtype == torch.bfloat16:
+            unary_table(name, fn, device)
+    return keeps
+
+
 def why_bf16(*tensors, table=("silu", F.silu)) -> Optional[str]:
     if any(t.dtype != torch.bfloat16 for t in tensors):
         return f"bfloat16 only (a table of eager's {table[0]})"

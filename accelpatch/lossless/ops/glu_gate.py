@@ -23,13 +23,13 @@ def _why_cpu(x, gate):
     return cpu.why_elementwise("glu_gate", glu_gate, (x, gate), (torch.bfloat16,), "silu")
 
 
-@GLU_GATE.kernel(cpu.LIBRARY, unsupported=_why_cpu)
+@GLU_GATE.kernel(cpu.LIBRARY, unsupported=_why_cpu, keeps=cpu.keeps_table("silu"))
 def glu_gate_cpu(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """bf16 ``x * silu(gate)``, the SiLU from eager's table, in one pass."""
     return cpu.elementwise(GLU_GATE, (x, gate), lambda lib: lib.glu_gate_bf16.default, "silu")
 
 
-@GLU_GATE.kernel(triton.LIBRARY, unsupported=triton.why_bf16)
+@GLU_GATE.kernel(triton.LIBRARY, unsupported=triton.why_bf16, keeps=triton.keeps_table("silu", F.silu))
 def glu_gate_cuda(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """bf16 ``x * silu(gate)`` in one launch, the SiLU gathered from the device's eager table."""
     table, _ = unary_table("silu", F.silu, x.device)

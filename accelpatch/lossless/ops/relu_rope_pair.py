@@ -36,6 +36,12 @@ def _why_cpu(query, key, freqs_cos, freqs_sin) -> Optional[str]:
     return reason
 
 
+def _keeps_cpu(device: torch.device, dtype: torch.dtype) -> None:
+    """For a bf16 model, at apply(): eager's ReLU table and whether the kernels' formula reproduces it."""
+    if dtype == torch.bfloat16 and cpu.table("relu")[0] is not None:
+        cpu.relu_formula_matches()
+
+
 def _relu_table_arg(query: torch.Tensor) -> Optional[torch.Tensor]:
     """The ReLU table the kernel takes: None (null) for float32, or for bf16 when the formula matched."""
     if query.dtype != torch.bfloat16 or cpu.relu_formula_matches():
@@ -43,7 +49,7 @@ def _relu_table_arg(query: torch.Tensor) -> Optional[torch.Tensor]:
     return cpu.table("relu")[0]
 
 
-@RELU_ROPE_PAIR.kernel(cpu.LIBRARY, unsupported=_why_cpu)
+@RELU_ROPE_PAIR.kernel(cpu.LIBRARY, unsupported=_why_cpu, keeps=_keeps_cpu)
 def relu_rope_pair_cpu(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """The chain in one pass over query and key, sharing each table load."""
     args = (query, key, freqs_cos, freqs_sin)
@@ -55,7 +61,8 @@ def relu_rope_pair_cpu(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.
     return outs
 
 
-@RELU_ROPE_PAIR.kernel(triton.LIBRARY, unsupported=triton.why_rope)
+@RELU_ROPE_PAIR.kernel(triton.LIBRARY, unsupported=triton.why_rope,
+                       keeps=triton.keeps_table("relu", F.relu))
 def relu_rope_pair_cuda(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
     """ReLU and interleaved RoPE of query and key in one launch:
     ``(relu(query), relu(key), rotated query as float32, rotated key as float32)``."""

@@ -5,7 +5,7 @@ import torch
 
 from accelpatch.lossless.kernels import cpu, triton_kernels as triton
 from accelpatch.lossless.kernels.reference import rotary_interleaved
-from accelpatch.lossless.verify import FusedOp, register
+from accelpatch.lossless.verify import FusedOp, one_at_a_time, register
 
 
 def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor):
@@ -17,7 +17,8 @@ def rope_pair(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, f
 
 ROPE_PAIR = register(FusedOp(
     "rope_pair", rope_pair,
-    "interleaved RoPE of query and key in one pass, in their dtype (Wan's self-attention)"))
+    "interleaved RoPE of query and key in one pass, in their dtype (Wan's self-attention)",
+    parts=one_at_a_time(rotary_interleaved)))
 
 
 def _why_cpu(query, key, freqs_cos, freqs_sin):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from accelpatch.lossless.kernels import cpu, triton_kernels as triton
-from accelpatch.lossless.verify import FusedOp, register
+from accelpatch.lossless.verify import FusedOp, one_at_a_time, register
 
 
 def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -15,18 +15,20 @@ def rope_pair_per_channel(query: torch.Tensor, key: torch.Tensor, cos: torch.Ten
     pairs (-x[2i+1], x[2i]), then ``x.float() * cos + x_rotated.float() * sin`` with every channel reading its OWN
     table entry (cos[2i] and cos[2i+1] both used), in float32 (float64 with float64 tables), stored in ``x``'s
     dtype."""
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-        x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
-        return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+    return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
-    return rotate(query), rotate(key)
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One of :func:`rope_pair_per_channel`'s pair."""
+    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
 
 
 ROPE_PAIR_PER_CHANNEL = register(FusedOp(
     "rope_pair_per_channel", rope_pair_per_channel,
     "interleaved RoPE of query and key in one pass, each channel its own cos/sin entry, float32 products "
-    "(HunyuanVideo 1.5's joint attention, LTX-2's interleaved RoPE)"))
+    "(HunyuanVideo 1.5's joint attention, LTX-2's interleaved RoPE)", parts=one_at_a_time(_rotate)))
 
 
 def _why_cpu(query, key, cos, sin):

@@ -16,7 +16,7 @@ import torch
 from accelpatch.lossless.kernels import cpu, triton_kernels as triton
 from accelpatch.lossless.kernels.addcmul import FMA, addcmul_form
 from accelpatch.lossless.kernels.layout import eager_layouts, empty_like_eager
-from accelpatch.lossless.verify import FusedOp, register
+from accelpatch.lossless.verify import FusedOp, one_at_a_time, register
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 _TABLES = (torch.float32, torch.bfloat16)
@@ -29,39 +29,41 @@ def rope_split_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, s
     table entry per pair shared by both halves, cast back to x's dtype. 3-D ``[B, T, C]`` x with ``[B, H, T, D/2]``
     tables is rotated per head (x viewed as [B, H, T, D] and back to [B, T, C]); any other x with tables of its
     rank, over its whole last dim. Restated op for op, layouts included (tests compare it with diffusers')."""
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x_dtype = x.dtype
-        needs_reshape = False
-        if x.ndim != 4 and cos.ndim == 4:
-            b, h, t, _ = cos.shape
-            x = x.reshape(b, t, h, -1).swapaxes(1, 2)
-            needs_reshape = True
-        last = x.shape[-1]
-        if last % 2 != 0:
-            raise ValueError(f"Expected x.shape[-1] to be even for split rotary, got {last}.")
-        r = last // 2
-        split_x = x.reshape(*x.shape[:-1], 2, r).float()
-        first_x = split_x[..., :1, :]
-        second_x = split_x[..., 1:, :]
-        cos_u = cos.unsqueeze(-2)
-        sin_u = sin.unsqueeze(-2)
-        out = split_x * cos_u
-        first_out = out[..., :1, :]
-        second_out = out[..., 1:, :]
-        first_out.addcmul_(-sin_u, second_x)
-        second_out.addcmul_(sin_u, first_x)
-        out = out.reshape(*out.shape[:-2], last)
-        if needs_reshape:
-            out = out.swapaxes(1, 2).reshape(b, t, -1)
-        return out.to(dtype=x_dtype)
+    return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
-    return rotate(query), rotate(key)
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One of :func:`rope_split_pair`'s pair."""
+    x_dtype = x.dtype
+    needs_reshape = False
+    if x.ndim != 4 and cos.ndim == 4:
+        b, h, t, _ = cos.shape
+        x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+        needs_reshape = True
+    last = x.shape[-1]
+    if last % 2 != 0:
+        raise ValueError(f"Expected x.shape[-1] to be even for split rotary, got {last}.")
+    r = last // 2
+    split_x = x.reshape(*x.shape[:-1], 2, r).float()
+    first_x = split_x[..., :1, :]
+    second_x = split_x[..., 1:, :]
+    cos_u = cos.unsqueeze(-2)
+    sin_u = sin.unsqueeze(-2)
+    out = split_x * cos_u
+    first_out = out[..., :1, :]
+    second_out = out[..., 1:, :]
+    first_out.addcmul_(-sin_u, second_x)
+    second_out.addcmul_(sin_u, first_x)
+    out = out.reshape(*out.shape[:-2], last)
+    if needs_reshape:
+        out = out.swapaxes(1, 2).reshape(b, t, -1)
+    return out.to(dtype=x_dtype)
 
 
 SPLIT_ROPE_PAIR = register(FusedOp(
     "rope_split_pair", rope_split_pair,
     "split (rotate-half) RoPE of query and key in one pass, one float32 table entry per pair for both halves, "
-    "float32 chain (LTX-2.3's default rope_type)"))
+    "float32 chain (LTX-2.3's default rope_type)", parts=one_at_a_time(_rotate)))
 
 
 def _mismatch(query, key, cos, sin) -> Optional[str]:

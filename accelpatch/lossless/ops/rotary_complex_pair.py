@@ -10,7 +10,7 @@ from accelpatch.lossless.kernels import cpu, triton_kernels as triton
 from accelpatch.lossless.kernels.complex_mul import complex_mul_modes
 from accelpatch.lossless.kernels.layout import eager_layouts, empty_like_eager
 from accelpatch.lossless.kernels.reference import rotary_complex
-from accelpatch.lossless.verify import FusedOp, register
+from accelpatch.lossless.verify import FusedOp, one_at_a_time, register
 
 
 def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Tensor):
@@ -20,7 +20,8 @@ def rotary_complex_pair(query: torch.Tensor, key: torch.Tensor, freqs: torch.Ten
 
 ROTARY_COMPLEX_PAIR = register(FusedOp(
     "rotary_complex_pair", rotary_complex_pair,
-    "complex128 RoPE of query and key, rounded float64 → float32 → dtype, in one pass (SANA-Video 2.0)"))
+    "complex128 RoPE of query and key, rounded float64 → float32 → dtype, in one pass (SANA-Video 2.0)",
+    parts=one_at_a_time(rotary_complex)))
 
 
 # ---- CPU -------------------------------------------------------------------------------------------------------

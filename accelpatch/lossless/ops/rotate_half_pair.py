@@ -9,7 +9,7 @@ import torch
 from accelpatch.lossless.kernels import cpu, triton_kernels as triton
 from accelpatch.lossless.kernels.layout import eager_layouts, empty_like_eager
 from accelpatch.lossless.kernels.reference import rotate_half
-from accelpatch.lossless.verify import FusedOp, register
+from accelpatch.lossless.verify import FusedOp, one_at_a_time, register
 
 
 def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -20,7 +20,8 @@ def rotate_half_pair(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, 
 
 ROTATE_HALF_PAIR = register(FusedOp(
     "rotate_half_pair", rotate_half_pair,
-    "partial rotate-half RoPE of query and key with pass-through channels in one pass (MiniMax-H3)"))
+    "partial rotate-half RoPE of query and key with pass-through channels in one pass (MiniMax-H3)",
+    parts=one_at_a_time(rotate_half)))
 
 
 def _cpu_plan(args):

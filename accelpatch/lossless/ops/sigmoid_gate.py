@@ -25,7 +25,7 @@ def _why_cpu(x, gate):
     return cpu.why_elementwise("sigmoid_gate", sigmoid_gate, (x, gate), (torch.bfloat16,), "sigmoid")
 
 
-@SIGMOID_GATE.kernel(cpu.LIBRARY, unsupported=_why_cpu)
+@SIGMOID_GATE.kernel(cpu.LIBRARY, unsupported=_why_cpu, keeps=cpu.keeps_table("sigmoid"))
 def sigmoid_gate_cpu(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """bf16 ``x * sigmoid(gate)`` in one pass, by glu_gate's kernel with eager's sigmoid table in place of the SiLU
     one (the kernel only gathers ``table[bits(gate)]`` and rounds the product)."""
@@ -36,7 +36,8 @@ def _why_cuda(x, gate):
     return triton.why_bf16(x, gate, table=("sigmoid", torch.sigmoid))
 
 
-@SIGMOID_GATE.kernel(triton.LIBRARY, unsupported=_why_cuda)
+@SIGMOID_GATE.kernel(triton.LIBRARY, unsupported=_why_cuda,
+                     keeps=triton.keeps_table("sigmoid", torch.sigmoid))
 def sigmoid_gate_cuda(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """bf16 ``x * sigmoid(gate)``: glu_gate's kernel gathering from the device's eager sigmoid table."""
     table, _ = unary_table("sigmoid", torch.sigmoid, x.device)

@@ -24,13 +24,14 @@ def _why_cpu(x):
     return cpu.why_elementwise("silu", silu, (x,), (torch.bfloat16,), "silu")
 
 
-@SILU.kernel(cpu.LIBRARY, unsupported=_why_cpu)
+@SILU.kernel(cpu.LIBRARY, unsupported=_why_cpu, keeps=cpu.keeps_table("silu"))
 def silu_cpu(x: torch.Tensor) -> torch.Tensor:
     """bf16 SiLU by eager's own table."""
     return cpu.elementwise(SILU, (x,), lambda lib: lib.table_bf16.default, "silu")
 
 
-@SILU.kernel(triton.LIBRARY, unsupported=triton.why_bf16)
+@SILU.kernel(triton.LIBRARY, unsupported=triton.why_bf16,
+             keeps=triton.keeps_table("silu", F.silu))
 def silu_cuda(x: torch.Tensor) -> torch.Tensor:
     """bf16 ``F.silu`` by a gather from the device's eager table."""
     table, _ = unary_table("silu", F.silu, x.device)
@@ -59,13 +60,14 @@ def _why_cuda_inplace(x):
     return _same_layout(x) or triton.why_bf16(x)
 
 
-@SILU_INPLACE.kernel(cpu.LIBRARY, unsupported=_why_cpu_inplace)
+@SILU_INPLACE.kernel(cpu.LIBRARY, unsupported=_why_cpu_inplace, keeps=cpu.keeps_table("silu"))
 def silu_inplace_cpu(x: torch.Tensor) -> torch.Tensor:
     """bf16 SiLU by eager's own table, over ``x``."""
     return cpu.elementwise(SILU_INPLACE, (x,), lambda lib: lib.table_bf16.default, "silu", out=x)
 
 
-@SILU_INPLACE.kernel(triton.LIBRARY, unsupported=_why_cuda_inplace)
+@SILU_INPLACE.kernel(triton.LIBRARY, unsupported=_why_cuda_inplace,
+                     keeps=triton.keeps_table("silu", F.silu))
 def silu_inplace_cuda(x: torch.Tensor) -> torch.Tensor:
     """bf16 ``F.silu`` by a gather from the device's eager table, over ``x`` (each element read before written)."""
     table, _ = unary_table("silu", F.silu, x.device)
