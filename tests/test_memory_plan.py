@@ -209,12 +209,12 @@ def test_a_full_size_wan_plan_has_the_weights_and_activations_its_shapes_imply(w
 
 
 def test_a_model_without_a_known_release_configuration_is_named_not_zero():
-    """Wan 2.1 I2V 14B (its CLIP image encoder and the image's cross-attention): no configuration here."""
-    recipe = dict(name="wan21-i2v", description="Wan 2.1 I2V 14B", model="Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+    """Wan 2.1 FLF2V 14B (two images' CLIP tokens with positions for them): no configuration here."""
+    recipe = dict(name="wan21-flf2v", description="Wan 2.1 FLF2V 14B", model="Wan-AI/Wan2.1-FLF2V-14B-720P-Diffusers",
                   pipeline="diffusion", dtype="bf16", call=dict(prompt="a cat", height=96, width=160, num_frames=5))
     plan = memory_plan(recipe, patched=False)
     transformer = next(stage for stage in plan.stages if stage.name.startswith("transformer"))
-    assert not transformer.planned and "Wan2.1-I2V-14B" in transformer.note
+    assert not transformer.planned and "Wan2.1-FLF2V-14B" in transformer.note
     assert transformer.total is None and plan.peak()[1] is False and plan.fits("1TiB") is None
     assert "not planned yet" in plan.table()
 
@@ -273,6 +273,57 @@ def test_wan22_i2v_a14b_plans_its_36_channel_experts_and_the_vae_encode_of_its_c
     assert tiled["VAE encode"] == i2v.details["vae_encode_tiled"] and tiled["VAE encode"].shares == "VAE decode"
     assert tiled["VAE encode"].activations < encode.activations, (tiled["VAE encode"], encode)
     assert "the conditioning video" in i2v.table()
+
+
+#: a tiny Wan 2.1 I2V transformer: an image embedder of 16-wide tokens, the image's keys and values in attn2
+WAN_I2V_TINY = {**wan.WAN_SOL_CONFIG, "in_channels": 36, "image_dim": 16, "added_kv_proj_dim": 256}
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_a_planned_wan21_i2v_step_holds_what_its_real_run_holds(patched):
+    """Wan 2.1 I2V's transformer also reads the CLIP image tokens (257 of them, as the plan passes them): planned on
+    fake tensors against the real CPU forward, unpatched and at the default tier (within 10 %), and the image
+    tokens are what it was given."""
+    torch.set_num_threads(1)
+    case = TransformerCase("wan", WAN_I2V_TINY, 2, 16, 16, 8, batch=1, dtype="float32")
+    inputs = case.inputs(case.build())
+    assert tuple(inputs["encoder_hidden_states_image"].shape) == (1, 257, 16)
+    run = dict(apply_arguments={}, steps=(0,), total_steps=2) if patched else {}
+    _forget_verdicts()
+    measured = trace_step(case, fake=False, warmup=patched, **run)
+    planned = trace_step(case, **run)
+    plain = trace_step(dataclasses.replace(case, config={**WAN_I2V_TINY, "image_dim": None,
+                                                         "added_kv_proj_dim": None}))
+    assert planned.weights == measured.weights > plain.weights  # the image embedder and the added k/v
+    assert _within(planned.activations, measured.activations), (planned, measured)
+    assert measured.activations > 257 * 16 * 4
+
+
+def test_wan21_i2v_14b_plans_its_clip_image_encoder_its_image_tokens_and_the_vae_encode():
+    """Wan 2.1 I2V 14B (480p): the transformer is Wan 2.1 14B's shape reading 36 channels plus the image embedder
+    and each block's added keys and values (16.4B parameters, from the shapes), the text stage adds CLIP ViT-H/14
+    on one image, and the conditioning video is VAE-encoded; FLF2V stays unknown (its own test)."""
+    from accelpatch.testing.wan import wan_transformer_on_meta
+
+    recipe = dict(name="wan21-i2v", description="Wan 2.1 I2V 14B", model="Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                  pipeline="diffusion", dtype="bf16", call=dict(prompt="a cat", height=96, width=160, num_frames=5))
+    plan = memory_plan(recipe, patched=False)
+    t2v = memory_plan("wan2.1-t2v-sol-attn", patched=False, height=96, width=160, frames=5)
+    stages = {stage.name: stage for stage in plan.stages}
+    assert list(stages)[:3] == ["text encoder", "VAE encode", "transformer step, unpatched"], list(stages)
+    dim, blocks = 5120, 40
+    t2v_parameters = sum(p.numel() for p in wan_transformer_on_meta({}).parameters())
+    added = (blocks * (2 * (dim * dim + dim) + dim)  # each block's add_k_proj, add_v_proj and its k norm
+             + 2 * 1280 + 1280 * dim + dim + dim * dim + dim + 2 * dim  # the image embedder: norms and MLP
+             + (36 - 16) * 2 * 2 * dim)  # the patch embedding's extra input channels
+    parameters = stages["transformer step, unpatched"].weights // 2
+    assert abs(parameters - (t2v_parameters + added)) <= 0.001 * parameters, (parameters, t2v_parameters + added)
+    assert abs(parameters - 16.4e9) <= 0.01 * 16.4e9
+    text = stages["text encoder"]
+    assert "CLIP ViT-H/14 (image) 0.63B, 257 tokens" in text.note, text.note
+    assert text.weights > t2v.stages[0].weights + 2 * 0.6e9
+    assert stages["transformer step, unpatched"].activations > t2v.stages[1].activations  # 36 channels, 257 tokens
+    assert "257 CLIP image tokens" in plan.details["config"]
 
 
 def test_wan22_a14b_plans_its_two_experts_both_resident_and_one_at_a_time_under_offload():

@@ -45,13 +45,16 @@ TINY = {
         tie_word_embeddings=False),
     "transformers:SiglipVisionModel": dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                            num_attention_heads=2, image_size=28, patch_size=14),
+    "transformers:CLIPVisionModelWithProjection": dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=2, image_size=28, patch_size=14,
+                                                       projection_dim=8),
 }
 
 
 def _cases():
     seen = set()
     for family in PLANNED:
-        for model in ("", "hunyuanvideo-1.5-480p-i2v"):  # an image-to-video checkpoint adds its image encoder
+        for model in ("", "hunyuanvideo-1.5-480p-i2v", "wan2.1-i2v-14b-480p"):  # image-to-video adds its image encoder
             for case in resolve(memory_settings(family).text_encoders)({}, model):
                 if case.name not in seen:
                     seen.add(case.name)
@@ -88,7 +91,8 @@ def test_the_release_text_encoders_have_the_parameters_their_shapes_and_publishe
     parameter count the configuration's shapes give (within 1 %), which is the published size: UMT5-XXL's encoder
     5.7B, Gemma-2-2B 2.6B, Qwen2.5-VL-7B's language model 7.1B (of 8.3B with its vision tower and head), ByT5-small's
     encoder 0.2B (of 0.3B), Gemma 3 12B 12.2B (its 0.4B SigLIP tower included), SigLIP so400m 0.43B (HunyuanVideo
-    1.5's image-to-video image encoder), Qwen3-VL-32B 33.4B (MiniMax-H3's, loaded whole)."""
+    1.5's image-to-video image encoder), Qwen3-VL-32B 33.4B (MiniMax-H3's, loaded whole), CLIP ViT-H/14's vision
+    tower 0.63B (Wan 2.1 I2V's image encoder)."""
     expected = {
         "UMT5-XXL encoder": _t5_encoder_parameters(256384, 4096, 24, 64, 64, 10240),
         "Gemma-2-2B": _decoder_parameters(256000, 2304, 26, 8, 4, 256, 9216),
@@ -98,13 +102,16 @@ def test_the_release_text_encoders_have_the_parameters_their_shapes_and_publishe
         + 27 * (4 * 1152 ** 2 + 2 * 1152 * 4304) + (896 // 14) ** 2 * 1152 + 1152 * 3840,
         # 27 layers and the attention-pooling head (one more attention and MLP), the 729 positions
         "SigLIP so400m (image)": 28 * (4 * 1152 ** 2 + 2 * 1152 * 4304) + 729 * 1152,
+        # 32 layers, the 14 x 14 patch embedding, 257 positions and the 1,024-wide projection
+        "CLIP ViT-H/14 (image)": 32 * (4 * 1280 ** 2 + 2 * 1280 * 5120) + 3 * 14 * 14 * 1280 + 257 * 1280
+        + 1280 * 1024,
         # the language model, its untied head, 27 vision layers and four 2 x 2 patch mergers (one, and DeepStack's 3)
         "Qwen3-VL-32B": _decoder_parameters(151936, 5120, 64, 64, 8, 128, 25600) + 151936 * 5120
         + 27 * (4 * 1152 ** 2 + 2 * 1152 * 4304) + 4 * (4608 ** 2 + 4608 * 5120),
     }
     published = {"UMT5-XXL encoder": 5.7e9, "Gemma-2-2B": 2.6e9, "Qwen2.5-VL-7B (text)": 7.1e9,
                  "ByT5-small (glyphs)": 0.22e9, "Gemma-3-12B": 12.2e9, "SigLIP so400m (image)": 0.43e9,
-                 "Qwen3-VL-32B": 33.4e9}
+                 "Qwen3-VL-32B": 33.4e9, "CLIP ViT-H/14 (image)": 0.632e9}
     seen = set()
     for _, case in _cases():
         seen.add(case.name)

@@ -64,17 +64,25 @@ def wan_transformer_on_meta(config: Mapping[str, Any] | None = None, **overrides
 def wan_transformer_inputs(transformer_or_config: Any = None, *, batch_size: int = 1, num_frames: int = 4,
                            height: int = 32, width: int = 32, text_len: int = 8, timestep: float = 500.0,
                            seed: int = 0, dtype: torch.dtype | None = None,
-                           device: str | torch.device | None = None) -> dict[str, Any]:
+                           device: str | torch.device | None = None, image_len: int = 0) -> dict[str, Any]:
     """Keyword arguments for one forward: latents [B, C, F, H, W] (F x H/2 x W/2 tokens with patch (1, 2, 2)),
-    a timestep on diffusers' 0-1000 scale (1000 = noise) and text embeddings [B, text_len, text_dim]."""
+    a timestep on diffusers' 0-1000 scale (1000 = noise) and text embeddings [B, text_len, text_dim]; with
+    ``image_len``, image-encoder tokens [B, image_len, image_dim] too (Wan 2.1 I2V's CLIP tokens)."""
     config = _config_of(WAN_SOL_CONFIG if transformer_or_config is None else transformer_or_config)
     dtype, device = _input_dtype_and_device(transformer_or_config if transformer_or_config is not None else config,
                                             dtype, device)
     generator = torch.Generator().manual_seed(seed)
     latents = torch.randn(batch_size, config["in_channels"], num_frames, height, width, generator=generator)
     text = torch.randn(batch_size, text_len, config["text_dim"], generator=generator)
-    return dict(hidden_states=latents.to(device, dtype), timestep=torch.full((batch_size,), timestep, device=device),
-                encoder_hidden_states=text.to(device, dtype), return_dict=True)
+    inputs = dict(hidden_states=latents.to(device, dtype), timestep=torch.full((batch_size,), timestep, device=device),
+                  encoder_hidden_states=text.to(device, dtype), return_dict=True)
+    if image_len:
+        if not config.get("image_dim"):
+            raise ValueError(f"image_len={image_len} needs a transformer with an image embedder (image_dim), "
+                             f"this one has image_dim={config.get('image_dim')!r}")
+        image = torch.randn(batch_size, image_len, config["image_dim"], generator=generator)
+        inputs["encoder_hidden_states_image"] = image.to(device, dtype)
+    return inputs
 
 
 def _tiny_umt5(d_model: int, seed: int):
