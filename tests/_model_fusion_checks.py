@@ -14,12 +14,13 @@ BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
 @pytest.fixture(autouse=True)
 def fresh_verdicts():
-    """Every test sees its own first sights (verdicts are otherwise kept for the process)."""
-    for op in verify.ops().values():
+    """Every test sees its own first sights (verdicts are otherwise kept for the process), the kernel ops' and the
+    composed ones' (HunyuanVideo 1.5's key-mask attention, the chunks of memory="low")."""
+    for op in (*verify.ops().values(), *verify.composed_ops().values()):
         op.forget()
     doubles.CALLS.clear(), doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
     yield
-    for op in verify.ops().values():
+    for op in (*verify.ops().values(), *verify.composed_ops().values()):
         op.forget()
     doubles.WRONG.clear(), doubles.UNSUPPORTED.clear()
 

@@ -297,3 +297,102 @@ def test_the_one_tensor_mask_is_the_processors_mask(batch, text, valid, seq_len)
     got = pair_mask(mask, seq_len)
     assert got.dtype == expected.dtype == torch.bool and got.shape == expected.shape
     assert got.stride() == expected.stride() and torch.equal(got, expected)
+
+
+def _qkv_and_valid(dtype, seq_len, valid_rows):
+    """[B, L, 2, 32] query, key and value and the [B, L] mask whose row ``b`` is valid where ``valid_rows[b]``
+    says (a prefix length, or a list of positions)."""
+    generator = torch.Generator().manual_seed(3)
+    batch = len(valid_rows)
+    qkv = [torch.randn(batch, seq_len, 2, 32, generator=generator).to(dtype) for _ in range(3)]
+    valid = torch.zeros(batch, seq_len, dtype=torch.bool)
+    for b, rows in enumerate(valid_rows):
+        if isinstance(rows, int):
+            valid[b, :rows] = True
+        else:
+            valid[b, rows] = True
+    return qkv, valid
+
+
+@pytest.mark.parametrize("valid_rows", [[40], [57, 44], [64, 64], [list(range(0, 64, 3)) + [63]]],
+                         ids=["padded", "two-prompts", "all-valid", "scattered"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_key_mask_attention_gives_the_pair_masks_bits_without_it(dtype, valid_rows):
+    """The joint attention on the keys' mask broadcast over the queries, the wholly masked rows (padded text)
+    attended apart on an all-False mask: the processor's attention on its L x L pair mask, bit for bit, whatever
+    the valid tokens (a prefix per prompt, all, or scattered), with diffusers' own dispatcher."""
+    from accelpatch.models.hunyuan_video15.lossless import KEY_MASK_ATTENTION, Attend, pair_masked_attention
+
+    (query, key, value), valid = _qkv_and_valid(dtype, 64, valid_rows)
+    attend = Attend(None)
+    expected = pair_masked_attention(query, key, value, valid, attend)
+    got = KEY_MASK_ATTENTION.alternative.run(query, key, value, valid, attend)
+    assert got.dtype == expected.dtype and got.shape == expected.shape and got.stride() == expected.stride()
+    assert torch.equal(got.view(BITS[dtype]), expected.view(BITS[dtype]))
+    if not valid.all():  # the padded rows are there, as the backend gives a fully masked row
+        assert torch.equal(got[~valid], expected[~valid])
+
+
+def test_the_patched_attention_holds_no_pair_mask_and_a_wrong_one_is_declined(monkeypatch):
+    """At the default tier the joint attention's first sight checks the key-mask attention against the pair-masked
+    one and then runs it, two prompts of different padding in one batch: the output is diffusers' bit for bit, and a
+    steady call holds well under half of what the unpatched step holds (its L x L masks gone: 0.44x measured at this
+    size). An alternative that is wrong by one element is declined on first sight, the output still diffusers'. At a
+    tier that admits high it runs from the first call unchecked (counted)."""
+    import dataclasses
+
+    from accelpatch.memory.plan import TransformerCase, trace_step
+    from accelpatch.models.hunyuan_video15 import lossless
+    from accelpatch.testing.hunyuan_video15 import HUNYUAN_VIDEO15_SOL_CONFIG
+
+    torch.set_num_threads(1)
+    model, inputs, _ = _model_and_inputs(torch.float32, "i2v-b2")
+    inputs["encoder_attention_mask"] = inputs["encoder_attention_mask"].clone()
+    inputs["encoder_attention_mask"][1, 3:] = 0  # the second prompt shorter
+    reference = _forward(model, inputs)
+    accelpatch.apply(model)
+    for _ in range(2):
+        assert bits_equal(_forward(model, inputs), reference)
+    fusion = fusion_of(accelpatch.report(model), "key_mask_attention")
+    assert fusion.fused_calls == 4 and len(fusion.verified) == 1 and not fusion.declined, fusion
+    accelpatch.remove(model)
+
+    class Wrong:
+        def unsupported(self, *args):
+            return None
+
+        def run(self, *args):
+            out = lossless._KeyMaskRows().run(*args)
+            out[(0,) * out.dim()] += 1.0
+            return out
+
+    monkeypatch.setattr(lossless.KEY_MASK_ATTENTION, "alternative", Wrong())
+    lossless.KEY_MASK_ATTENTION.forget()
+    accelpatch.apply(model)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert bits_equal(_forward(model, inputs), reference)
+    fusion = fusion_of(accelpatch.report(model), "key_mask_attention")
+    assert fusion.fused_calls == 0 and len(fusion.declined) == 1, fusion
+    assert any("key_mask_attention" in m for m in lossless_warnings(record))
+    accelpatch.remove(model)
+    monkeypatch.undo()
+    lossless.KEY_MASK_ATTENTION.forget()
+    accelpatch.apply(model)
+    with accelpatch.quality("high"):  # no first-sight check at a tier that admits high: no pair mask at all
+        assert bits_equal(_forward(model, inputs), reference)  # (this CPU's kernels give the same bits)
+    fusion = fusion_of(accelpatch.report(model), "key_mask_attention")
+    assert fusion.reference_calls.get(verify.UNVERIFIED) == 2 and not fusion.verified, fusion
+    accelpatch.remove(model)
+
+    case = TransformerCase("hunyuan_video15", HUNYUAN_VIDEO15_SOL_CONFIG, 4, 16, 32, 32, glyph_tokens=16,
+                           image_tokens=16, dtype="bfloat16")
+    unpatched = trace_step(case, fake=False)
+    patched = trace_step(case, fake=False, warmup=True, apply_arguments={}, steps=(0,), total_steps=2)
+    assert patched.activations < 0.5 * unpatched.activations, (patched, unpatched)
+    assert _within_bytes(trace_step(case, apply_arguments={}, steps=(0,), total_steps=2).activations,
+                         patched.activations)
+
+
+def _within_bytes(planned: int, measured: int) -> bool:
+    return abs(planned - measured) <= 0.10 * measured

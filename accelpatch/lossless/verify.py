@@ -41,6 +41,7 @@ from accelpatch.core import call_context
 from accelpatch.core.errors import FastPathUnavailableError, is_fatal
 from accelpatch.core.gate import note_work
 from accelpatch.core.outcomes import RAN, declined, not_applicable
+from accelpatch.core.tiers import Tier, effective_tier
 from accelpatch.lossless.kernels.layout import empty_like_eager
 from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kernel_kind
 from accelpatch.lossless.kernels.operands import FAKE_OPERAND, foreign_operand
@@ -422,16 +423,21 @@ class FusedOp:
         first = traced_first_sight(args)
         if first and self.inplace:  # a first call: the check holds the reference's result beside the input
             return self.reference(*args)
-        if first:  # the reference, hashed as digest() does (a non-contiguous output copied), then freed
-            for out in self.reference_outputs(args):
-                if not out.is_contiguous():
-                    copy = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-                    del copy
-                del out
+        if first:
+            self._traced_reference_hash(args)
         if self.inplace:
             return args[0]
         outs = empty_like_eager(self.reference, args, device)
         return outs if len(outs) > 1 else outs[0]
+
+    def _traced_reference_hash(self, args: tuple) -> None:
+        """On fake operands, what a first sight's hash of the reference holds: its outputs, each hashed as
+        digest() does (a non-contiguous one copied), then freed."""
+        for out in self.reference_outputs(args):
+            if not out.is_contiguous():
+                copy = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+                del copy
+            del out
 
     def reference_outputs(self, args: tuple) -> Iterator[torch.Tensor]:
         """The reference's outputs on ``args`` for a first sight's hash: one at a time where :attr:`parts` makes them
@@ -513,6 +519,61 @@ class FusedOp:
         return fused if reason is None and fused is not None else reference_out
 
 
+class ComposedOp(FusedOp):
+    """A verified op whose "kernel" is other torch code that runs on any device: the model's own computation done
+    another way (in chunks of tokens, with a smaller mask), verified per signature against the reference like a
+    fused kernel. ``alternative`` has ``run(*args)`` and ``unsupported(*args)`` (why it cannot take them, or
+    None); there is no library to build or switch off. On fake operands (a memory plan) the alternative runs as it
+    is, after the reference's hash on a first call. Each is kept by name (:func:`composed_ops`), apart from the
+    kernel ops' registry, whose ops have kernels per device.
+
+    ``unverified_at_high``: at a tier that admits ``high`` the alternative runs from the first call without the check
+    (counted :data:`UNVERIFIED`), so a first call holds no more than the later ones; ``compiles``: whether it may run
+    so inside ``torch.compile`` (an alternative that reads values, such as which tokens are valid, may not: the
+    reference runs there)."""
+
+    def __init__(self, name: str, reference: Callable, description: str, alternative: Any, *,
+                 unverified_at_high: bool = False, compiles: bool = True, **options: Any) -> None:
+        super().__init__(name, reference, description, **options)
+        self.alternative = alternative
+        self.unverified_at_high, self.compiles = unverified_at_high, compiles
+        _COMPOSED.setdefault(name, self)
+
+    def __call__(self, site: Any, *args: Any):
+        if self.unverified_at_high and effective_tier(site.model.default_tier).admits(Tier.HIGH) and (
+                self.compiles or not torch.compiler.is_compiling()):
+            self.count(site, UNVERIFIED)
+            return self.alternative.run(*args)
+        return super().__call__(site, *args)
+
+    def policy_outcomes(self) -> tuple[str, ...]:
+        return super().policy_outcomes() + ((UNVERIFIED,) if self.unverified_at_high else ())
+
+    def implementation(self, device: torch.device):
+        return self.alternative, None
+
+    def unsupported(self, device_type: str, *args: Any) -> Optional[str]:
+        return self.alternative.unsupported(*args)
+
+    def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
+        return None  # no kernel to build or switch off: the alternative is torch code
+
+    def _traced(self, site: Any, args: tuple, device: torch.device):
+        if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
+            return self._reference(site, args, IN_AUTOGRAD)
+        reason = self.alternative.unsupported(*args)
+        if reason is not None:
+            return self._reference(site, args, not_applicable(reason))
+        _count(site, self.name, TRACED_COMPOSED)
+        if traced_first_sight(args):
+            self._traced_reference_hash(args)
+        return self.alternative.run(*args)
+
+
+UNVERIFIED = "ran unverified (the tier in force admits high: no first-sight check)"
+TRACED_COMPOSED = not_applicable("fake operands (a memory trace): planned as it runs, no values")
+
+
 def prepare_kept(model: torch.nn.Module, sites: Iterable[Any]) -> None:
     """At apply(): each fused op of ``sites`` builds what its kernels keep for the process on each (device, dtype)
     of the model's floating-point parameters (:meth:`FusedOp.prepare_for`). On fake parameters (a memory plan) the
@@ -587,6 +648,7 @@ def _count(site: Any, op: str, outcome: str) -> None:
 
 
 _OPS: dict[str, FusedOp] = {}
+_COMPOSED: dict[str, FusedOp] = {}
 
 
 def register(op: FusedOp) -> FusedOp:
@@ -594,6 +656,12 @@ def register(op: FusedOp) -> FusedOp:
     name)."""
     _OPS.setdefault(op.name, op)
     return _OPS[op.name]
+
+
+def composed_ops() -> Mapping[str, "ComposedOp"]:
+    """Every :class:`ComposedOp` made so far, by name (the chunked computations of ``memory="low"``, HunyuanVideo
+    1.5's key-mask attention): verified ops without kernels."""
+    return dict(_COMPOSED)
 
 
 def ops() -> Mapping[str, FusedOp]:

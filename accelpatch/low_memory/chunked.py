@@ -9,7 +9,7 @@ module in chunks; a restated forward calls :func:`chunk_rows` for its row-wise p
 
 Whether the chunks give the whole call's result bit for bit depends on the kernels (a GEMM may pick another
 algorithm or split for fewer rows). At the default tier the chunked run is a verified op like the fused kernels
-(:class:`ChunkedOp`, a :class:`~accelpatch.lossless.verify.FusedOp`): the first call of each signature (the
+(:class:`ChunkedOp`, a :class:`~accelpatch.lossless.verify.ComposedOp`): the first call of each signature (the
 input's dtype, shape and strides; the module's structure and its parameters' types, dtypes, shapes and strides; the
 chunk; the device and threads) runs it whole, then chunk by chunk, comparing each chunk's result with its rows of the
 whole bit for bit. A match runs the chunks from then on; a mismatch runs whole for good, warned once
@@ -34,7 +34,8 @@ from accelpatch.core.outcomes import NotApplicable, not_applicable
 from accelpatch.core.sites import FusedOpsPath, Site
 from accelpatch.core.tiers import Tier, effective_tier
 from accelpatch.lossless.inplace import global_hooks
-from accelpatch.lossless.verify import IN_AUTOGRAD, FusedOp, mismatch, planned_signature, traced_first_sight
+from accelpatch.lossless.verify import (IN_AUTOGRAD, UNVERIFIED, ComposedOp, mismatch, planned_signature,
+                                        traced_first_sight)
 from accelpatch.low_memory.feature import LowMemory, memory_mode
 
 ONE_CHUNK = "its tokens fit one chunk (memory_chunk_tokens)"
@@ -198,8 +199,8 @@ class _Chunks:
         return run_in_chunks(*args)
 
 
-class ChunkedOp(FusedOp):
-    """A row-wise computation run whole (the reference) or in chunks (the "kernel"), verified per signature like a
+class ChunkedOp(ComposedOp):
+    """A row-wise computation run whole (the reference) or in chunks (the alternative), verified per signature like a
     fused op at the default tier; at a tier that admits ``high`` the chunks run unverified (counted
     :data:`UNVERIFIED`). Called as ``op(site, *tensors, Chunking(...))``; runs on any device (the chunks are the
     model's own code)."""
@@ -208,28 +209,9 @@ class ChunkedOp(FusedOp):
     feature = LowMemory.name
 
     def __init__(self, name: str, description: str) -> None:
-        super().__init__(name, _whole, description)
-        self._chunks = _Chunks()
+        super().__init__(name, _whole, description, _Chunks(), unverified_at_high=True)
         # a first sight's whole run can meet this op again (a chunked norm inside a chunked projection's reference)
         self._verifying = threading.RLock()
-
-    def __call__(self, site: Any, *args: Any):
-        if effective_tier(site.model.default_tier).admits(Tier.HIGH):
-            self.count(site, UNVERIFIED)
-            return run_in_chunks(*args)
-        return super().__call__(site, *args)
-
-    def policy_outcomes(self) -> tuple[str, ...]:
-        return super().policy_outcomes() + (UNVERIFIED,)
-
-    def implementation(self, device: torch.device):
-        return self._chunks, None
-
-    def unsupported(self, device_type: str, *args: Any) -> Optional[str]:
-        return self._chunks.unsupported(*args)
-
-    def _unavailable(self, site: Any, device: torch.device) -> Optional[str]:
-        return None  # no kernel to build or switch off: the chunks are the model's own code
 
     def _compare(self, kernel: Any, args: tuple, reference_out: Any) -> Optional[str]:
         return compare_chunks(reference_out, args)
@@ -251,7 +233,6 @@ class ChunkedOp(FusedOp):
         return self.reference(*args) if declined else run_in_chunks(*args)
 
 
-UNVERIFIED = "ran unverified (the tier in force admits high: no first-sight check)"
 CHUNKED = ChunkedOp("chunked_tokens", "a row-wise computation run chunk by chunk into one output")
 
 

@@ -18,14 +18,16 @@ on it; otherwise the norm module is called as it is and only the later chains ar
 ``transformer_blocks.N.attn`` (the joint attention) carries a second fusion: ``HunyuanVideo15AttnProcessor2_0``
 restated with its RoPE of the video q and k (``apply_rotary_emb(use_real=True)``: ``x.float() * cos +
 x_rot.float() * sin`` with every channel's own table entry, stored in ``x``'s dtype) as one verified op,
-:data:`~accelpatch.lossless.ops.ROPE_PAIR_PER_CHANNEL`. Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
+:data:`~accelpatch.lossless.ops.ROPE_PAIR_PER_CHANNEL`, and its attention without the processor's L x L mask
+(:data:`KEY_MASK_ATTENTION`: the keys' mask broadcast over the queries, the padded text rows attended apart; about
+12 GiB a mask at 720p, 121 frames). Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
 ``sin`` at odd channels only and runs bf16 tables in bf16. The projections, the RMSNorms, the text stream's
-projections, the mask, the dispatcher and the output projections stay diffusers'; the Sol-Attn path (``high``,
+projections, the dispatcher and the output projections stay diffusers'; the Sol-Attn path (``high``,
 stacked above it) builds its own q/k/v with diffusers' ``apply_rotary_emb``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -36,6 +38,7 @@ from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable
 from accelpatch.core.sites import FusedOpsPath, Site, bind_call, restated_class_mismatch
 from accelpatch.core.tiers import Tier
+from accelpatch.lossless.verify import ComposedOp
 
 BLOCK_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_block", Tier.LOSSLESS)
 ATTENTION_FUSION = QualityGatedFusion.named("hunyuan_video15_fused_attention", Tier.LOSSLESS)
@@ -139,12 +142,95 @@ def _real_tables(rotary) -> bool:
             and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in rotary))
 
 
+def padded_valid(attention_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Which of the joint sequence's ``seq_len`` tokens are valid, [B, L] booleans: the text mask padded with True
+    for the video rows in front, as the processor pads it."""
+    return F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True).bool()
+
+
+def pair_mask(attention_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The processor's [B, 1, L, L] boolean mask, ``valid[i] & valid[j]`` (:func:`padded_valid`), the same values,
+    shape and strides, as one tensor: the processor materialises ``valid.repeat(..., L, 1)`` first and ands it with
+    its transpose, holding two L x L masks at once (at 720p, 121 frames, about 12 GiB each)."""
+    return _pair(padded_valid(attention_mask, seq_len))
+
+
+def _pair(valid: torch.Tensor) -> torch.Tensor:
+    batch_size, seq_len = valid.shape
+    return valid.view(batch_size, 1, seq_len, 1) & valid.view(batch_size, 1, 1, seq_len)
+
+
+class Attend:
+    """diffusers' ``dispatch_attention_fn`` with the processor's backend (``attend(q, k, v, mask)``): the value in
+    the op's call that says which attention runs, equal for one backend and parallel configuration (a part of the
+    signature)."""
+
+    __slots__ = ("backend", "parallel_config")
+
+    def __init__(self, backend: Any, parallel_config: Any = None) -> None:
+        self.backend, self.parallel_config = backend, parallel_config
+
+    def __call__(self, query, key, value, mask):
+        return _hy().dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                           backend=self.backend, parallel_config=self.parallel_config)
+
+    def _key(self) -> tuple:
+        return str(self.backend), id(self.parallel_config)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Attend) and other._key() == self._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"dispatch_attention_fn(backend={self.backend!r})"
+
+
+def pair_masked_attention(query, key, value, valid: torch.Tensor, attend: Attend):
+    """The processor's attention: ``attend`` on the pair mask ``valid[i] & valid[j]`` (one [B, 1, L, L] tensor)."""
+    return attend(query, key, value, _pair(valid))
+
+
+class _KeyMaskRows:
+    """The same attention without the L x L mask: every query row on the keys' mask ``valid`` broadcast ([B, 1, 1,
+    L]: a valid row's mask is exactly that), then the rows of the padded tokens, which the pair mask masks wholly,
+    attended apart on an all-False mask and written over theirs (whatever the backend gives a fully masked row)."""
+
+    def unsupported(self, query, key, value, valid, attend) -> Optional[str]:
+        if query.dim() != 4 or key.shape[:2] != query.shape[:2] or tuple(valid.shape) != tuple(query.shape[:2]):
+            return (f"a self-attention of [B, L, H, D] query and key with a [B, L] mask, not "
+                    f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(valid.shape)}")
+        return None
+
+    def run(self, query, key, value, valid, attend):
+        batch_size, seq_len = valid.shape
+        out = attend(query, key, value, valid.view(batch_size, 1, 1, seq_len))
+        masked = ~valid
+        if bool(masked.any()):
+            nothing = torch.zeros(1, 1, 1, seq_len, dtype=torch.bool, device=valid.device)
+            for b in range(batch_size):
+                rows = masked[b].nonzero().squeeze(1)
+                if rows.numel():
+                    part = attend(query[b:b + 1].index_select(1, rows), key[b:b + 1], value[b:b + 1], nothing)
+                    out[b].index_copy_(0, rows, part[0])
+                    del part
+        return out
+
+
+#: HunyuanVideo 1.5's joint attention without the processor's L x L pair mask, verified per signature against it
+KEY_MASK_ATTENTION = ComposedOp(
+    "key_mask_attention", pair_masked_attention,
+    "the joint attention on its keys' mask broadcast over the queries (the padded text rows attended apart) instead "
+    "of an L x L pair mask (HunyuanVideo 1.5)", _KeyMaskRows(), unverified_at_high=True, compiles=False)
+
+
 class HunyuanVideo15FusedAttention(FusedOpsPath):
     """``HunyuanVideo15AttnProcessor2_0`` on the joint call, its video q/k RoPE as ROPE_PAIR_PER_CHANNEL."""
 
     fusion = ATTENTION_FUSION
     description = "joint attention with the video q/k interleaved RoPE fused (bit-exact)"
-    fused_ops = (ROPE_PAIR_PER_CHANNEL,)
+    fused_ops = (ROPE_PAIR_PER_CHANNEL, KEY_MASK_ATTENTION)
     policy_reasons = (NOT_JOINT, NOT_REAL_TABLES)
     #: ROPE_PAIR_PER_CHANNEL restates diffusers' apply_rotary_emb(use_real=True)
     restates = ATTENTION_RESTATES + ("diffusers.models.embeddings:apply_rotary_emb",)
@@ -182,11 +268,14 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
         key = torch.cat([key, encoder_key], dim=1)
         value = torch.cat([value, encoder_value], dim=1)
         del encoder_query, encoder_key, encoder_value
-        attention_mask = pair_mask(attention_mask, query.shape[1])
-        # 5. attention
-        hidden_states = _hy().dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        # 5. attention: the pair mask valid[i] & valid[j] as the keys' mask, verified (a context-parallel call's
+        # sequence is sharded: it builds the pair mask as diffusers does)
+        attend = Attend(processor._attention_backend, processor._parallel_config)
+        if processor._parallel_config is None:
+            valid = padded_valid(attention_mask, query.shape[1])
+            hidden_states = KEY_MASK_ATTENTION(site, query, key, value, valid, attend)
+        else:
+            hidden_states = attend(query, key, value, pair_mask(attention_mask, query.shape[1]))
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         # 6. output projections
         hidden_states, encoder_hidden_states = (hidden_states[:, : -encoder_hidden_states.shape[1]],
@@ -200,13 +289,3 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
 
 
 FUSED_ATTENTION = HunyuanVideo15FusedAttention()
-
-
-def pair_mask(attention_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The processor's [B, 1, L, L] boolean mask, ``valid[i] & valid[j]`` (the text mask padded with True for the
-    video rows), the same values, shape and strides, as one tensor: the processor materialises
-    ``valid.repeat(..., L, 1)`` first and ands it with its transpose, holding two L x L masks at once (at 720p,
-    121 frames, about 12 GiB each)."""
-    batch_size = attention_mask.shape[0]
-    valid = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True).bool()
-    return valid.view(batch_size, 1, seq_len, 1) & valid.view(batch_size, 1, 1, seq_len)
