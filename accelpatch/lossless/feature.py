@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from accelpatch.core.features import Feature, register
+from accelpatch.lossless.verify import CPU_KERNELS, prepare_kept
 
 
 class CpuKernels(Feature):
-    name = "cpu_kernels"
+    name = CPU_KERNELS
     order = 0
     argument = "cpu_kernels"
     default = True
@@ -20,8 +21,6 @@ class CpuKernels(Feature):
         return value
 
     def attach(self, model: Any, patch: Any, config: Any, pipeline: Any) -> None:
-        from accelpatch.lossless.verify import prepare_kept
-
         prepare_kept(model, patch.sites)
         return None
 
@@ -30,12 +29,6 @@ class CpuKernels(Feature):
 
         status = cpu_build.status()
         return [f"CPU kernels: {status}"] if status else []
-
-
-def cpu_kernels_allowed(patch: Any) -> bool:
-    """Whether a model's fused ops may run their CPU kernels (``apply(..., cpu_kernels=...)``; True unpatched)."""
-    configs = getattr(patch, "configs", None)
-    return True if configs is None else bool(configs.get(CpuKernels.name, True))
 
 
 FEATURE = register(CpuKernels())

@@ -45,7 +45,6 @@ from accelpatch.core.tiers import Tier, effective_tier
 from accelpatch.lossless.kernels.layout import empty_like_eager
 from accelpatch.lossless.kernels.library import Kernel, KernelLibrary, kernel_kind
 from accelpatch.lossless.kernels.operands import FAKE_OPERAND, foreign_operand
-from accelpatch.lossless.feature import cpu_kernels_allowed
 
 FUSED = RAN  # a fused op that ran its kernel
 IN_COMPILE = not_applicable("inside torch.compile (the compiler fuses the chain itself)")
@@ -81,6 +80,16 @@ class Verdict:
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+#: apply()'s option that keeps one model's fused ops off the CPU kernels (the feature in accelpatch.lossless.feature)
+CPU_KERNELS = "cpu_kernels"
+
+
+def cpu_kernels_allowed(patch: Any) -> bool:
+    """Whether a model's fused ops may run their CPU kernels (``apply(..., cpu_kernels=...)``; True unpatched)."""
+    configs = getattr(patch, "configs", None)
+    return True if configs is None else bool(configs.get(CPU_KERNELS, True))
 
 
 def _device_key(device: torch.device) -> tuple:
