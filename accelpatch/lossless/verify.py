@@ -505,16 +505,15 @@ class FusedOp:
                 reason = f"error: {type(error).__name__}: {error}"
             if reason is not None and reference_out is None:
                 fused, reference_out = None, self.reference(*args)
-        elif reason is None:
+        else:  # an in-place op (its input is overwritten, so the reference's result is held), or no kernel here
             reference_out = self.reference(*args)
-            try:
-                reason = self._compare(kernel, args, reference_out)
-            except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
-                if is_fatal(error):
-                    raise
-                reason = f"error: {type(error).__name__}: {error}"
-        else:
-            reference_out = self.reference(*args)
+            if reason is None:
+                try:
+                    reason = self._compare(kernel, args, reference_out)
+                except Exception as error:  # noqa: BLE001 - a kernel that fails on first sight is declined
+                    if is_fatal(error):
+                        raise
+                    reason = f"error: {type(error).__name__}: {error}"
         verdict = Verdict(reason is None, reason, time.perf_counter() - start, describe(args), site.path,
                           policy=policy)
         with self._lock:

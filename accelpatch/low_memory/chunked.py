@@ -34,7 +34,7 @@ from accelpatch.core.outcomes import NotApplicable, not_applicable
 from accelpatch.core.sites import FusedOpsPath, Site
 from accelpatch.core.tiers import Tier, effective_tier
 from accelpatch.lossless.inplace import global_hooks
-from accelpatch.lossless.verify import (IN_AUTOGRAD, UNVERIFIED, ComposedOp, mismatch, planned_signature,
+from accelpatch.lossless.verify import (IN_AUTOGRAD, UNVERIFIED, ComposedOp, planned_signature,
                                         traced_first_sight)
 from accelpatch.low_memory.feature import LowMemory, memory_mode
 
@@ -163,26 +163,6 @@ def run_in_chunks(*args: Any):
     return tuple(outs) if several else outs[0]
 
 
-def compare_chunks(whole: Any, args: tuple) -> Optional[str]:
-    """Why the chunks of ``args`` do not give ``whole`` (the whole call's result) bit for bit (None when they do),
-    holding one chunk's results at a time beside it, not a second whole result: the first sight of a chunked
-    computation peaks where the whole one does. The whole result must have the layout the chunks' output gets."""
-    wholes = whole if isinstance(whole, tuple) else (whole,)
-    for dim, start, length, pieces, _ in chunks(*args):
-        if start == 0:
-            for i, (out, piece) in enumerate(zip(wholes, pieces)):
-                layout = whole_strides(piece, dim, out.shape[dim])
-                if any(a != b for a, b, size in zip(out.stride(), layout, out.shape) if size > 1):
-                    return f"the whole call's result {i} has strides {out.stride()}, the chunks' would have {layout}"
-        expected = tuple(piece.new_empty_strided(piece.shape, piece.stride()).copy_(out.narrow(dim, start, length))
-                         for out, piece in zip(wholes, pieces))  # the whole's rows in the chunk's layout
-        reason = mismatch(expected, pieces)
-        del expected, pieces
-        if reason is not None:
-            return f"tokens {start}-{start + length - 1}: {reason}"
-    return None
-
-
 def _whole(*args: Any) -> torch.Tensor:
     *tensors, how = args
     return how(*tensors)
@@ -213,13 +193,10 @@ class ChunkedOp(ComposedOp):
         # a first sight's whole run can meet this op again (a chunked norm inside a chunked projection's reference)
         self._verifying = threading.RLock()
 
-    def _compare(self, kernel: Any, args: tuple, reference_out: Any) -> Optional[str]:
-        return compare_chunks(reference_out, args)
-
     def _traced(self, site: Any, args: tuple, device: torch.device):
         """A memory trace: the chunks run on the fake tensors (they allocate what they allocate for real), or the
         whole computation where this process has declined those shapes for real; a first call's trace runs the whole
-        first and each chunk beside it, as the check does (:func:`compare_chunks`)."""
+        first and each chunk beside it."""
         if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
             return self._reference(site, args, IN_AUTOGRAD)
         verdict = self._verdicts.get(planned_signature(args))
