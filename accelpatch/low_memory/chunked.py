@@ -11,10 +11,11 @@ Whether the chunks give the whole call's result bit for bit depends on the kerne
 algorithm or split for fewer rows). At the default tier the chunked run is a verified op like the fused kernels
 (:class:`ChunkedOp`, a :class:`~accelpatch.lossless.verify.ComposedOp`): the first call of each signature (the
 input's dtype, shape and strides; the module's structure and its parameters' types, dtypes, shapes and strides; the
-chunk; the device and threads) runs it whole, then chunk by chunk, comparing each chunk's result with its rows of the
-whole bit for bit. A match runs the chunks from then on; a mismatch runs whole for good, warned once
-(``strict=True`` raises). That first call holds the whole computation's intermediates and one chunk beside them: it
-peaks about where the default tier does, and the saving starts at the second call. At a tier that admits ``high``
+chunk; the device and threads) runs it whole and hashes the result (the first sight of every out-of-place verified
+op), frees it, then runs the chunks into one output and compares the two bit for bit. A match runs the chunks from
+then on; a mismatch runs whole for good, warned once (``strict=True`` raises). That first call holds the whole
+computation's intermediates, then the chunks' output and one chunk: it peaks about where the default tier does, and
+the saving starts at the second call. At a tier that admits ``high``
 (``quality("high")``) the chunks run unverified from the first call, counted as such (:data:`UNVERIFIED`).
 
 The module's own forward runs on each chunk, so whatever it holds (LoRA layers, quantised or fp8-stored weights
