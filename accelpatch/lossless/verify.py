@@ -416,8 +416,7 @@ class FusedOp:
         kernel, missing = self.implementation(device)
         if reason is None and missing is not None:
             reason = not_applicable(missing)
-        if reason is None and torch.is_grad_enabled() and any(
-                a.requires_grad for a in args if isinstance(a, torch.Tensor)):
+        if reason is None and records_autograd(args):
             reason = IN_AUTOGRAD
         if reason is None:
             try:
@@ -567,7 +566,7 @@ class ComposedOp(FusedOp):
         return None  # no kernel to build or switch off: the alternative is torch code
 
     def _traced(self, site: Any, args: tuple, device: torch.device):
-        if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
+        if records_autograd(args):
             return self._reference(site, args, IN_AUTOGRAD)
         reason = self.alternative.unsupported(*args)
         if reason is not None:
@@ -576,6 +575,12 @@ class ComposedOp(FusedOp):
         if traced_first_sight(args):
             self._traced_reference_hash(args)
         return self.alternative.run(*args)
+
+
+def records_autograd(args: tuple) -> bool:
+    """Whether a call on ``args`` would be recorded for backward: a memory trace then plans the eager chain, which
+    is what runs for real (:data:`IN_AUTOGRAD`)."""
+    return torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor))
 
 
 UNVERIFIED = "ran unverified (the tier in force admits high: no first-sight check)"

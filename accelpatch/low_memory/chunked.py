@@ -35,7 +35,7 @@ from accelpatch.core.outcomes import NotApplicable, not_applicable
 from accelpatch.core.sites import FusedOpsPath, Site
 from accelpatch.core.tiers import Tier, effective_tier
 from accelpatch.lossless.inplace import global_hooks
-from accelpatch.lossless.verify import (IN_AUTOGRAD, UNVERIFIED, ComposedOp, planned_signature,
+from accelpatch.lossless.verify import (IN_AUTOGRAD, UNVERIFIED, ComposedOp, planned_signature, records_autograd,
                                         traced_first_sight)
 from accelpatch.low_memory.feature import LowMemory, memory_mode
 
@@ -198,7 +198,7 @@ class ChunkedOp(ComposedOp):
         """A memory trace: the chunks run on the fake tensors (they allocate what they allocate for real), or the
         whole computation where this process has declined those shapes for real; a first call's trace runs the whole
         first and each chunk beside it."""
-        if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
+        if records_autograd(args):
             return self._reference(site, args, IN_AUTOGRAD)
         verdict = self._verdicts.get(planned_signature(args))
         declined = verdict is not None and not verdict.verified  # this process ran these shapes whole for real
