@@ -334,6 +334,50 @@ def test_the_key_mask_attention_gives_the_pair_masks_bits_without_it(dtype, vali
         assert torch.equal(got[~valid], expected[~valid])
 
 
+def test_which_rows_are_padded_is_read_once_per_forward_not_once_per_block(monkeypatch):
+    """Reading which joint-sequence rows are padded (``any`` and ``nonzero``: each a host sync on a GPU) happens once
+    per forward, shared by the 2 blocks through the forward's captured masks, and the output stays diffusers' bit for
+    bit; the op called on its own (no forward hook) still reads them itself. Counted on the real ``aten.nonzero``
+    calls of a steady forward, two prompts of different padding in one batch: one per batch row."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from accelpatch.models.hunyuan_video15 import lossless
+
+    class Nonzeros(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.nonzero.default:
+                Nonzeros.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.set_num_threads(1)
+    model, inputs, _ = _model_and_inputs(torch.float32, "i2v-b2")
+    inputs["encoder_attention_mask"] = inputs["encoder_attention_mask"].clone()
+    inputs["encoder_attention_mask"][1, 3:] = 0
+    reference = _forward(model, inputs)
+    with Nonzeros():
+        _forward(model, inputs)
+    unpatched = Nonzeros.calls  # diffusers' own forward, whatever it reads
+    reads = []
+    original = lossless.padded_rows
+    monkeypatch.setattr(lossless, "padded_rows", lambda valid: reads.append(valid) or original(valid))
+    accelpatch.apply(model)
+    assert bits_equal(_forward(model, inputs), reference)  # first sight: checked against the pair mask
+    reads.clear()
+    Nonzeros.calls = 0
+    with Nonzeros():
+        assert bits_equal(_forward(model, inputs), reference)
+    assert len(reads) == 1, reads  # 2 blocks, one read
+    assert Nonzeros.calls - unpatched == 2, (Nonzeros.calls, unpatched)  # a nonzero per batch row
+    assert fusion_of(accelpatch.report(model), "key_mask_attention").fused_calls == 4
+    accelpatch.remove(model)
+    reads.clear()
+    (query, key, value), valid = _qkv_and_valid(torch.float32, 64, [57, 44])
+    lossless._KeyMaskRows().run(query, key, value, valid, lossless.Attend(None))
+    assert len(reads) == 1  # no forward: read by the op itself
+
+
 def test_the_patched_attention_holds_no_pair_mask_and_a_wrong_one_is_declined(monkeypatch):
     """At the default tier the joint attention's first sight checks the key-mask attention against the pair-masked
     one and then runs it, two prompts of different padding in one batch: the output is diffusers' bit for bit, and a

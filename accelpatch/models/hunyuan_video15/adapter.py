@@ -48,7 +48,7 @@ from accelpatch.core.adapter import CacheSupport, SiteRule
 from accelpatch.lossless.gelu import IN_PLACE_GELU
 from accelpatch.low_memory.chunked import chunked_rule
 from accelpatch.sol_attn.adapter import SolAttnAdapter
-from accelpatch.models.hunyuan_video15.lossless import FUSED_ATTENTION, FUSED_BLOCK
+from accelpatch.models.hunyuan_video15.lossless import FUSED_ATTENTION, FUSED_BLOCK, capture_masks
 from accelpatch.models.hunyuan_video15.high import REFINER_DENSE_PATH, SOL_ATTENTION, _hy
 
 #: which module carries which fast path: the block fusion on every ``transformer_blocks.N`` and the RoPE fusion on
@@ -72,6 +72,11 @@ class HunyuanVideo15Adapter(SolAttnAdapter):
     block_noun = "dual-stream transformer blocks"
     # (video, text), the second stream entering as encoder_hidden_states
     cache = CacheSupport(methods=("first_block", "mag"), blocks="transformer_blocks", block_outputs=(0, 1))
+
+    def capture_for(self, backend_config):
+        """Each forward's :class:`~.lossless.ForwardMasks`: the joint attention's valid mask and padded rows, read
+        once per forward instead of once per block (each read of which rows are padded is a host sync on a GPU)."""
+        return capture_masks
 
     def layout_mismatch(self, model: torch.nn.Module) -> Optional[str]:
         """Every dual-stream block has one joint ``attn`` (an ``Attention`` with added q/k/v projections and

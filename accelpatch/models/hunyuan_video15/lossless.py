@@ -20,19 +20,22 @@ restated with its RoPE of the video q and k (``apply_rotary_emb(use_real=True)``
 x_rot.float() * sin`` with every channel's own table entry, stored in ``x``'s dtype) as one verified op,
 :data:`~accelpatch.lossless.ops.ROPE_PAIR_PER_CHANNEL`, and its attention without the processor's L x L mask
 (:data:`KEY_MASK_ATTENTION`: the keys' mask broadcast over the queries, the padded text rows attended apart; about
-12 GiB a mask at 720p, 121 frames). Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
+12 GiB a mask at 720p, 121 frames); which rows are padded is read once per forward (:class:`ForwardMasks`, captured by
+the adapter's forward hook), not once per block: each read is a host sync on a GPU. Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
 ``sin`` at odd channels only and runs bf16 tables in bf16. The projections, the RMSNorms, the text stream's
 projections, the dispatcher and the output projections stay diffusers'; the Sol-Attn path (``high``,
 stacked above it) builds its own q/k/v with diffusers' ``apply_rotary_emb``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextvars
+from typing import Any, Mapping, Optional
 
 import torch
 
 import torch.nn.functional as F
 
+from accelpatch.core import call_context
 from accelpatch.lossless.ops import GATED_RESIDUAL, MODULATE, ROPE_PAIR_PER_CHANNEL
 from accelpatch.core.gate import QualityGatedFusion
 from accelpatch.core.outcomes import NotApplicable
@@ -192,6 +195,61 @@ def pair_masked_attention(query, key, value, valid: torch.Tensor, attend: Attend
     return attend(query, key, value, _pair(valid))
 
 
+class ForwardMasks:
+    """One forward's valid-token mask and padded rows, made once and read by every block: the mask is the same for
+    the whole forward, and reading which rows are padded (``any``, ``nonzero``) makes the host wait for the device
+    (on a GPU, a sync per read). Entries are keyed by the tensors themselves (held for the forward, so an id cannot
+    be reused) and their version counters (an in-place change makes a new entry)."""
+
+    __slots__ = ("_valid", "_rows")
+
+    def __init__(self) -> None:
+        self._valid: list[tuple] = []
+        self._rows: list[tuple] = []
+
+    def valid(self, attention_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """:func:`padded_valid` of ``attention_mask``, the same tensor for every block of the forward."""
+        for mask, version, length, valid in self._valid:
+            if mask is attention_mask and version == mask._version and length == seq_len:
+                return valid
+        valid = padded_valid(attention_mask, seq_len)
+        self._valid.append((attention_mask, attention_mask._version, seq_len, valid))
+        return valid
+
+    def padded_rows(self, valid: torch.Tensor) -> Optional[list[torch.Tensor]]:
+        """:func:`padded_rows` of ``valid``, read once per forward."""
+        for seen, version, rows in self._rows:
+            if seen is valid and version == valid._version:
+                return rows
+        rows = padded_rows(valid)
+        self._rows.append((valid, valid._version, rows))
+        return rows
+
+
+_forward_masks: contextvars.ContextVar[Optional[ForwardMasks]] = call_context.register(
+    contextvars.ContextVar("accelpatch_hunyuan_video15_masks", default=None))
+_read_forward_masks = call_context.ContextReader(_forward_masks)
+
+
+def capture_masks(arguments: Mapping[str, Any]) -> tuple:
+    """A fresh :class:`ForwardMasks` for the duration of one forward (the adapter's ``capture_for``)."""
+    return ((_forward_masks, ForwardMasks()),)
+
+
+def forward_masks() -> Optional[ForwardMasks]:
+    """This forward's :class:`ForwardMasks`, or None (no forward hook: the op called on its own; or inside
+    ``torch.compile``, where the key-mask attention does not run and a per-forward object would be guarded on)."""
+    return None if torch.compiler.is_compiling() else _read_forward_masks()
+
+
+def padded_rows(valid: torch.Tensor) -> Optional[list[torch.Tensor]]:
+    """Per batch row, the positions of the tokens ``valid`` [B, L] masks (padded text), or None when it masks none."""
+    masked = ~valid
+    if not bool(masked.any()):
+        return None
+    return [masked[b].nonzero().squeeze(1) for b in range(valid.shape[0])]
+
+
 class _KeyMaskRows:
     """The same attention without the L x L mask: every query row on the keys' mask ``valid`` broadcast ([B, 1, 1,
     L]: a valid row's mask is exactly that), then the rows of the padded tokens, which the pair mask masks wholly,
@@ -206,11 +264,11 @@ class _KeyMaskRows:
     def run(self, query, key, value, valid, attend):
         batch_size, seq_len = valid.shape
         out = attend(query, key, value, valid.view(batch_size, 1, 1, seq_len))
-        masked = ~valid
-        if bool(masked.any()):
+        memo = forward_masks()
+        padded = memo.padded_rows(valid) if memo is not None else padded_rows(valid)
+        if padded is not None:
             nothing = torch.zeros(1, 1, 1, seq_len, dtype=torch.bool, device=valid.device)
-            for b in range(batch_size):
-                rows = masked[b].nonzero().squeeze(1)
+            for b, rows in enumerate(padded):
                 if rows.numel():
                     part = attend(query[b:b + 1].index_select(1, rows), key[b:b + 1], value[b:b + 1], nothing)
                     out[b].index_copy_(0, rows, part[0])
@@ -272,7 +330,9 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
         # sequence is sharded: it builds the pair mask as diffusers does)
         attend = Attend(processor._attention_backend, processor._parallel_config)
         if processor._parallel_config is None:
-            valid = padded_valid(attention_mask, query.shape[1])
+            memo = forward_masks()
+            valid = (memo.valid(attention_mask, query.shape[1]) if memo is not None
+                     else padded_valid(attention_mask, query.shape[1]))
             hidden_states = KEY_MASK_ATTENTION(site, query, key, value, valid, attend)
         else:
             hidden_states = attend(query, key, value, pair_mask(attention_mask, query.shape[1]))
