@@ -196,18 +196,16 @@ class ChunkedOp(ComposedOp):
 
     def _traced(self, site: Any, args: tuple, device: torch.device):
         """A memory trace: the chunks run on the fake tensors (they allocate what they allocate for real), or the
-        whole computation where this process has declined those shapes for real; a first call's trace runs the whole
-        first and each chunk beside it."""
+        whole computation where this process has declined those shapes for real; a first call's trace runs the check
+        in its real order: the whole result made, hashed and freed, then the chunks into one output."""
         if records_autograd(args):
             return self._reference(site, args, IN_AUTOGRAD)
         verdict = self._verdicts.get(planned_signature(args))
         declined = verdict is not None and not verdict.verified  # this process ran these shapes whole for real
         self.count(site, TRACED_WHOLE if declined else TRACED_CHUNKS)
-        if traced_first_sight(args):  # the check: the whole result, and one chunk's results at a time beside it
-            whole = self.reference(*args)
-            for *_, pieces, _ in chunks(*args):
-                del pieces
-            return whole
+        if traced_first_sight(args):  # the check as FusedOp._first_sight runs it on an out-of-place op
+            self._traced_reference_hash(args)
+            return run_in_chunks(*args)
         return self.reference(*args) if declined else run_in_chunks(*args)
 
 
