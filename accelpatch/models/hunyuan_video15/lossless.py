@@ -20,11 +20,11 @@ restated with its RoPE of the video q and k (``apply_rotary_emb(use_real=True)``
 x_rot.float() * sin`` with every channel's own table entry, stored in ``x``'s dtype) as one verified op,
 :data:`~accelpatch.lossless.ops.ROPE_PAIR_PER_CHANNEL`, and its attention without the processor's L x L mask
 (:data:`KEY_MASK_ATTENTION`: the keys' mask broadcast over the queries, the padded text rows attended apart; about
-12 GiB a mask at 720p, 121 frames); which rows are padded is read once per forward (:class:`ForwardMasks`, captured by
-the adapter's forward hook), not once per block: each read is a host sync on a GPU. Wan's ``rope_pair`` would not do: it reads ``cos`` at even and
-``sin`` at odd channels only and runs bf16 tables in bf16. The projections, the RMSNorms, the text stream's
-projections, the dispatcher and the output projections stay diffusers'; the Sol-Attn path (``high``,
-stacked above it) builds its own q/k/v with diffusers' ``apply_rotary_emb``.
+12 GiB a mask at 720p, 121 frames); which rows are padded is read once per forward (:class:`ForwardMasks`, captured
+by the adapter's forward hook), not once per block: each read is a host sync on a GPU. Wan's ``rope_pair`` would
+not do: it reads ``cos`` at even and ``sin`` at odd channels only and runs bf16 tables in bf16. The projections, the
+RMSNorms, the text stream's projections, the dispatcher and the output projections stay diffusers'; the Sol-Attn
+path (``high``, stacked above it) builds its own q/k/v with diffusers' ``apply_rotary_emb``.
 """
 from __future__ import annotations
 
