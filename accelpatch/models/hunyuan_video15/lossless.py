@@ -196,34 +196,24 @@ def pair_masked_attention(query, key, value, valid: torch.Tensor, attend: Attend
 
 
 class ForwardMasks:
-    """One forward's valid-token mask and padded rows, made once and read by every block: the mask is the same for
-    the whole forward, and reading which rows are padded (``any``, ``nonzero``) makes the host wait for the device
-    (on a GPU, a sync per read). Entries are keyed by the tensors themselves (held for the forward, so an id cannot
-    be reused) and their version counters (an in-place change makes a new entry)."""
+    """What one forward derives from its masks, made once and read by every block: the mask is the same for the
+    whole forward, and reading which rows are padded (``any``, ``nonzero``) makes the host wait for the device (on a
+    GPU, a sync per read). Entries are keyed by the function, the tensor itself (held for the forward, so an id cannot
+    be reused), its version counter (an in-place change makes a new entry) and the other arguments."""
 
-    __slots__ = ("_valid", "_rows")
+    __slots__ = ("_entries",)
 
     def __init__(self) -> None:
-        self._valid: list[tuple] = []
-        self._rows: list[tuple] = []
+        self._entries: list[tuple] = []
 
-    def valid(self, attention_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """:func:`padded_valid` of ``attention_mask``, the same tensor for every block of the forward."""
-        for mask, version, length, valid in self._valid:
-            if mask is attention_mask and version == mask._version and length == seq_len:
-                return valid
-        valid = padded_valid(attention_mask, seq_len)
-        self._valid.append((attention_mask, attention_mask._version, seq_len, valid))
-        return valid
-
-    def padded_rows(self, valid: torch.Tensor) -> Optional[list[torch.Tensor]]:
-        """:func:`padded_rows` of ``valid``, read once per forward."""
-        for seen, version, rows in self._rows:
-            if seen is valid and version == valid._version:
-                return rows
-        rows = padded_rows(valid)
-        self._rows.append((valid, valid._version, rows))
-        return rows
+    def remembered(self, make: Any, tensor: torch.Tensor, extra: tuple) -> Any:
+        """``make(tensor, *extra)``, computed on the first request of the forward."""
+        for seen_make, seen, version, seen_extra, value in self._entries:
+            if seen_make is make and seen is tensor and version == tensor._version and seen_extra == extra:
+                return value
+        value = make(tensor, *extra)
+        self._entries.append((make, tensor, tensor._version, extra, value))
+        return value
 
 
 _forward_masks: contextvars.ContextVar[Optional[ForwardMasks]] = call_context.register(
@@ -236,10 +226,12 @@ def capture_masks(arguments: Mapping[str, Any]) -> tuple:
     return ((_forward_masks, ForwardMasks()),)
 
 
-def forward_masks() -> Optional[ForwardMasks]:
-    """This forward's :class:`ForwardMasks`, or None (no forward hook: the op called on its own; or inside
-    ``torch.compile``, where the key-mask attention does not run and a per-forward object would be guarded on)."""
-    return None if torch.compiler.is_compiling() else _read_forward_masks()
+def per_forward(make: Any, tensor: torch.Tensor, *extra: Any) -> Any:
+    """``make(tensor, *extra)``, once per forward through its :class:`ForwardMasks`; on every call where there is
+    none (no forward hook: the op called on its own; or inside ``torch.compile``, where the key-mask attention does
+    not run and a per-forward object would be guarded on)."""
+    memo = None if torch.compiler.is_compiling() else _read_forward_masks()
+    return make(tensor, *extra) if memo is None else memo.remembered(make, tensor, extra)
 
 
 def padded_rows(valid: torch.Tensor) -> Optional[list[torch.Tensor]]:
@@ -264,8 +256,7 @@ class _KeyMaskRows:
     def run(self, query, key, value, valid, attend):
         batch_size, seq_len = valid.shape
         out = attend(query, key, value, valid.view(batch_size, 1, 1, seq_len))
-        memo = forward_masks()
-        padded = memo.padded_rows(valid) if memo is not None else padded_rows(valid)
+        padded = per_forward(padded_rows, valid)
         if padded is not None:
             nothing = torch.zeros(1, 1, 1, seq_len, dtype=torch.bool, device=valid.device)
             for b, rows in enumerate(padded):
@@ -330,9 +321,7 @@ class HunyuanVideo15FusedAttention(FusedOpsPath):
         # sequence is sharded: it builds the pair mask as diffusers does)
         attend = Attend(processor._attention_backend, processor._parallel_config)
         if processor._parallel_config is None:
-            memo = forward_masks()
-            valid = (memo.valid(attention_mask, query.shape[1]) if memo is not None
-                     else padded_valid(attention_mask, query.shape[1]))
+            valid = per_forward(padded_valid, attention_mask, query.shape[1])
             hidden_states = KEY_MASK_ATTENTION(site, query, key, value, valid, attend)
         else:
             hidden_states = attend(query, key, value, pair_mask(attention_mask, query.shape[1]))
