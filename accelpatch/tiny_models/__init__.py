@@ -10,6 +10,8 @@ follow their prompt:
   ``"hunyuan-video15"`` so far) saves a folder that the family's diffusers pipeline ``from_pretrained`` loads;
   :mod:`~accelpatch.tiny_models.hunyuan_video15` holds what HunyuanVideo 1.5's richer transformer inputs need.
 * :mod:`~accelpatch.tiny_models.detect`: reads a shape video's colour and direction of motion from its frames.
+* :mod:`~accelpatch.tiny_models.diagnose`: where a trained transformer loses a prompt's motion, from single
+  predictions (whether it knows a token's frame, how far a prompt word steers it, one-step reads of noised moves).
 * :mod:`~accelpatch.tiny_models.sound`: a clip's sound for the audio families (pitch follows the shape's height,
   loudness its size, stereo position its x) and a reader that hears those from the waveform.
 * :mod:`~accelpatch.tiny_models.shipped`: the trained folders that ship in the package (:func:`trained_pipeline`);
@@ -46,4 +48,4 @@ _LAZY = {
 }
 __all__ = ["TRAINABLE_FAMILIES", *_LAZY]
 __getattr__ = lazy_attributes(__name__, _LAZY, subpackages=("procedural", "train", "cli", "detect", "shipped", "shelf",
-                                                            "sound", "hunyuan_video15"))
+                                                            "sound", "hunyuan_video15", "diagnose"))
