@@ -2,7 +2,7 @@
 
 What a pipeline generates (:mod:`~accelpatch.tiny_models.detect`) says *that* a family draws the colour but not the
 direction; these readings say *where*, and read a training probe in a minute rather than in a generation sweep
-(docs/tiny-models.md, "Why SANA-Video 2.0 draws no direction"):
+(docs/tiny-models.md, SANA-Video 2.0's "Why it draws no direction"):
 
 * :func:`frame_order_error`: whether the transformer knows which frame a token is in. From pure noise, reversing the
   input's frames should not simply reverse the prediction when the model places a move in time.
