@@ -2,21 +2,12 @@
 that places its prediction in time, and is steered by the direction word, from one that is not, on the shipped Wan
 (which draws the prompt's direction) against its untrained weights, and they are exact where they must be."""
 import pytest
-import torch
 
 from accelpatch.tiny_models import diagnose
 from accelpatch.tiny_models.shipped import trained_pipeline
 from accelpatch.tiny_models.train import untrained_pipeline
 
 LEFT, RIGHT, BLUE = "a red square moves left", "a red square moves right", "a blue square moves left"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
