@@ -59,9 +59,14 @@ class _Predictor:
         return torch.full((count,), len(next(iter(self.table.values()))) - 1)
 
 
+def _statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~accelpatch.tiny_models.train.latent_statistics` shaped to broadcast over [B, C, F, H, W] latents."""
+    return tuple(s.view(1, -1, 1, 1, 1) for s in train.latent_statistics(vae))
+
+
 def _clip_latents(vae, prompts: list[str], seed: int) -> torch.Tensor:
     """The normalised posterior-mean latents of each prompt's procedural clip (clip seed ``[k, seed]``)."""
-    mean, std = (s.view(1, -1, 1, 1, 1) for s in train.latent_statistics(vae))
+    mean, std = _statistics(vae)
     clips = [procedural.procedural_video(prompt, [k, seed])[0][None] for k, prompt in enumerate(prompts)]
     return torch.cat([(vae.encode(clip).latent_dist.mean - mean) / std for clip in clips])
 
@@ -102,7 +107,7 @@ def one_step_directions(pipe, family: str, sigmas=(0.6, 0.9, 1.0), guidance: flo
     with :func:`~accelpatch.tiny_models.detect.read_shape_video`."""
     prompts = [prompt for prompt, _ in MOVES]
     vae = pipe.vae.eval()
-    mean, std = (s.view(1, -1, 1, 1, 1) for s in train.latent_statistics(vae))
+    mean, std = _statistics(vae)
     predict = _Predictor(pipe, family, prompts)
     x0 = _clip_latents(vae, prompts, seed)
     reads = []
