@@ -32,3 +32,10 @@ def test_one_step_reads_keep_a_move_the_model_is_shown():
     reads = diagnose.one_step_directions(trained_pipeline("sana-video2"), "sana-video2", sigmas=(0.6,), guidance=4.0)
     assert [(r.sigma, r.guidance, r.clips) for r in reads] == [(0.6, 4.0, 8)]
     assert reads[0].right == reads[0].moving == 8  # measured: 8 of 8 up to sigma 0.9
+
+
+def test_wans_latents_say_where_a_clip_starts_and_the_shipped_ltx2_vaes_do_not():
+    # measured 2026-12-08 (AMX Xeon): Wan's 1.45 (its causal VAE codes the lone first frame apart), SANA-Video 2.0's
+    # 0.012; a fine-tuned LTX-2 VAE with vae_frame_cue 1.4 read 0.79 (docs/tiny-models.md)
+    assert diagnose.first_frame_offset(trained_pipeline("wan").vae) > 1.0
+    assert diagnose.first_frame_offset(trained_pipeline("sana-video2").vae) < 0.05

@@ -321,8 +321,10 @@ def test_sana_video2_trains_its_own_ltx2_vae_and_its_folder_loads_and_calls(tmp_
 
     with pytest.warns(RuntimeWarning, match="does not reconstruct whole clips well enough"):  # clips of 64 x 128
         result = train_family("sana-video2", tmp_path, steps=30, vae_steps=4, videos=4, vae_max_passes=2,
-                              height=64, width=128, progress=False)
-    assert result.vae_from is None and len(result.vae_losses) == 8 and len(result.transformer_losses) == 30
+                              vae_frame_cue=1.4, vae_cue_steps=3, height=64, width=128, progress=False)
+    # two passes, then the frame cue's pass of 3 steps, checked after the last planned pass and after the cue
+    assert result.vae_from is None and len(result.vae_losses) == 8 + 3 and len(result.transformer_losses) == 30
+    assert len(result.vae_pass_checks) == 2 and result.vae_check is result.vae_pass_checks[-1]
     flow = result.transformer_losses
     assert sum(flow[-10:]) / 10 < 0.9 * sum(flow[:10]) / 10, flow
     pipe = DiffusionPipeline.from_pretrained(tmp_path)
@@ -665,3 +667,42 @@ def test_the_vae_check_names_what_a_vae_loses(fn, problems):
     if not problems:
         assert check["mse"] == 0 and check["saturation_kept"] == 1.0 and check["colours_kept"] == 1.0
         assert check["late_over_early"] <= VAE_LIMITS["late_over_early"]
+
+
+def test_the_frame_cue_measures_the_first_latent_frames_offset_in_channel_stds():
+    """Frame 0 at +-1 (the cue's signs), the other three at 0: per channel 8 of 32 values are 1, so the std (n - 1)
+    is sqrt(96 / 496) and the offset sqrt(31 / 6) stds, computed here by hand."""
+    from accelpatch.tiny_models.train import first_frame_offsets, frame_cue_loss, frame_cue_signs
+
+    signs = frame_cue_signs(16)
+    assert set(signs.tolist()) == {-1.0, 1.0} and torch.equal(signs, frame_cue_signs(16))  # fixed, both signs
+    latents = torch.zeros(2, 16, 4, 2, 2)
+    latents[:, :, 0] = signs.view(1, -1, 1, 1)
+    expected = math.sqrt(31 / 6)
+    assert torch.allclose(first_frame_offsets(latents), expected * signs.expand(2, -1), atol=1e-5)
+    assert float(frame_cue_loss(latents, expected)) < 1e-9
+    assert math.isclose(float(frame_cue_loss(-latents, expected)), 4 * 31 / 6, rel_tol=1e-5)  # every sign wrong
+
+
+def test_a_vae_pass_with_the_frame_cue_adds_its_loss_to_the_reconstructions(monkeypatch):
+    """A frame-cue pass adds frame_cue_loss of the step's posterior mean and nothing else: the first step of two
+    passes from the same weights and seed differs by exactly that term; without a cue the loss is what it was."""
+    import accelpatch.models.sana_video2.modeling  # noqa: F401  (the family's VAE config)
+    from accelpatch.tiny_models import train
+
+    added = []
+    real = train.frame_cue_loss
+
+    def recording(latents, cue):
+        added.append(real(latents, cue).detach())
+        return added[-1]
+
+    monkeypatch.setattr(train, "frame_cue_loss", recording)
+    first = {}
+    for cue in (0.0, 1.4):
+        torch.manual_seed(1)
+        vae = train.build_sana_video2_pipeline(0).vae
+        config = train.TrainingConfig(vae_steps=1, frames=5, crop_frames=5, height=64, width=128)
+        first[cue] = train._vae_pass(vae, config, 0, 0, 10.0, False, "sana-video2", cue=cue)[0]
+    assert len(added) == 1 and float(added[0]) > 0
+    assert first[1.4] == float(torch.tensor(first[0.0]) + added[0])

@@ -8,6 +8,8 @@ direction; these readings say *where*, and read a training probe in a minute rat
   input's frames should not simply reverse the prediction when the model places a move in time.
 * :func:`prompt_effect`: how far one changed prompt word moves the prediction from pure noise (where sampling
   starts), e.g. "left" against "right", next to "red" against "blue".
+* :func:`first_frame_offset`: whether the VAE's latents themselves say where a clip starts (a transformer with
+  relative positions only learned the frame index from that cue, and not without it).
 * :func:`one_step_directions`: clips of a move, noised to sigma, one prediction, the x0 estimate decoded and read:
   does the model keep a move it is shown, and start one from noise?
 
@@ -97,6 +99,16 @@ def prompt_effect(pipe, family: str, prompt: str, other: str, seed: int = 5) -> 
     x = _noise_like(pipe, prompt, seed).expand(2, -1, -1, -1, -1)
     v = predict(x, 1.0, predict.rows)
     return float((v[0] - v[1]).norm())
+
+
+@torch.no_grad()
+def first_frame_offset(vae, seed: int = 3) -> float:
+    """How far the first latent frame sits from the others in :data:`MOVES`' clips (clip seed ``[k, seed]``): the
+    per-channel mean over the clips of :func:`~accelpatch.tiny_models.train.first_frame_offsets`, its size averaged
+    over the channels, in channel stds. Wan's causal VAE reads about 1.4, the LTX-2 VAE about 0.01 unless trained
+    with :attr:`~accelpatch.tiny_models.train.TrainingConfig.vae_frame_cue`."""
+    latents = _clip_latents(vae.eval(), [prompt for prompt, _ in MOVES], seed)
+    return float(train.first_frame_offsets(latents).mean(0).abs().mean())
 
 
 @torch.no_grad()

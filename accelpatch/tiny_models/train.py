@@ -87,6 +87,16 @@ class TrainingConfig:
     #: settings on 1 and 2 threads): hence the check between passes (docs/tiny-models.md).
     vae_shape_weights: tuple[float, ...] = (1.0, 10.0)
     vae_max_passes: int = 5
+    #: code the first latent frame apart (0: not): after the passes above, one more pass of ``vae_cue_steps`` steps
+    #: at the last pass's rate and shape weight adds :func:`frame_cue_loss`, which pulls each clip's first latent
+    #: frame, less its other frames, per channel and in channel stds, to this many times a fixed sign per channel;
+    #: then the VAE is checked again. The LTX-2 VAE's causal encoder pads time with copies of the first frame, so its
+    #: latents do not say where a clip starts (Wan's, padded with zeros, do), and a transformer whose only positions
+    #: are RoPE's relative ones never learned which frame is which. Measured: the cue from the first step cost the VAE
+    #: its colours (after three passes MSE 0.130, green and yellow as red); added to a trained VAE, it kept them
+    #: (docs/tiny-models.md, SANA-Video 2.0's "Why it draws no direction")
+    vae_frame_cue: float = 0.0
+    vae_cue_steps: int = 2100
     prompt_dropout: float = 0.1
     #: then the transformer trains in motion phases, one per entry of ``motion_words`` in order, each ``motion_steps``
     #: more steps on the clips whose prompt holds one of that entry's words, at ``motion_lr`` (a fresh optimiser and
@@ -443,20 +453,32 @@ def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool,
             tqdm.write(f"{family} vae after pass {number + 1}: {'; '.join(checks[-1]['problems']) or 'within limits'}")
         if not checks[-1]["problems"]:
             break
+    if config.vae_frame_cue:
+        losses += _vae_pass(vae, config, seed, number + 1, weights[min(number, len(weights) - 1)], progress, family,
+                            steps=config.vae_cue_steps, lr=config.vae_lr / 2 ** number, cue=config.vae_frame_cue)
+        checks.append(check_vae(vae, config, seed))
+        if progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"{family} vae after its frame cue: {'; '.join(checks[-1]['problems']) or 'within limits'}")
     vae.eval()
     return losses, checks
 
 
-def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight: float,
-              progress: bool, family: str = "wan") -> list[float]:
-    """One pass of ``config.vae_steps`` steps on crops of clips of its own, at ``vae_lr / 2**number``."""
+def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight: float, progress: bool,
+              family: str = "wan", *, steps: int | None = None, lr: float | None = None,
+              cue: float = 0.0) -> list[float]:
+    """One pass of ``steps`` (default ``config.vae_steps``) steps on crops of clips of its own, at ``lr`` (default
+    ``vae_lr / 2**number``); ``cue``: with :func:`frame_cue_loss` at that cue added to each step's loss."""
+    steps = config.vae_steps if steps is None else steps
     gen = torch.Generator().manual_seed(seed * 1000 + 11 + number)
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=config.vae_lr / 2 ** number, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.vae_steps))
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=config.vae_lr / 2 ** number if lr is None else lr,
+                                  weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps))
     losses: list[float] = []
     vae.train()
-    with _bar(config.vae_steps, f"{family} vae pass {number + 1}", progress) as bar:
-        for step in range(config.vae_steps):
+    with _bar(steps, f"{family} vae {'frame cue' if cue else f'pass {number + 1}'}", progress) as bar:
+        for step in range(steps):
             crops = []
             for j in range(config.vae_batch_size):
                 video, clip = procedural.procedural_video(None, [seed, 0, number * config.vae_steps + step, j],
@@ -471,8 +493,28 @@ def _vae_pass(vae, config: TrainingConfig, seed: int, number: int, shape_weight:
             weight = 1 + (shape_weight - 1) * shape_masks(x.transpose(0, 1)).unsqueeze(1)
             error = recon - x
             loss = ((error.pow(2) + 0.5 * error.abs()) * weight).mean() / weight.mean() + config.kl_weight * kl
-            _descend(vae, optimizer, schedule, loss, losses, bar, last=step == config.vae_steps - 1)
+            if cue:
+                loss = loss + frame_cue_loss(posterior.mean, cue)
+            _descend(vae, optimizer, schedule, loss, losses, bar, last=step == steps - 1)
     return losses
+
+
+def frame_cue_signs(channels: int) -> torch.Tensor:
+    """The fixed sign (+1 or -1) per latent channel that :func:`frame_cue_loss` pulls the first frame's offset to."""
+    return torch.where(torch.rand(channels, generator=torch.Generator().manual_seed(77)) < 0.5, -1.0, 1.0)
+
+
+def first_frame_offsets(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C): each clip's first latent frame's per-channel spatial mean less its other frames', in units of the
+    channel's std over all of ``latents`` (B, C, F, H, W), that std taken as a constant."""
+    scale = latents.detach().std(dim=(0, 2, 3, 4)).clamp_min(1e-4)
+    return (latents[:, :, 0].mean((-1, -2)) - latents[:, :, 1:].mean((-1, -2, -3))) / scale
+
+
+def frame_cue_loss(latents: torch.Tensor, cue: float) -> torch.Tensor:
+    """The mean squared distance of :func:`first_frame_offsets` from ``cue`` times :func:`frame_cue_signs`: 0 when
+    every clip's first latent frame sits ``cue`` channel stds apart from the rest (:attr:`TrainingConfig.vae_frame_cue`)."""
+    return (first_frame_offsets(latents) - cue * frame_cue_signs(latents.shape[1])).pow(2).mean()
 
 
 def _encode_in_calls(vae, x: torch.Tensor, clips_per_call: int | None):
