@@ -501,6 +501,11 @@ def test_unknown_families_and_bad_counts_are_refused():
         train_family("wan", "unused", vae_clips_per_call=0)
     with pytest.raises(ValueError, match=r"vae_max_passes \(1\) must be at least the number of planned VAE passes"):
         train_family("wan", "unused", vae_max_passes=1)
+    with pytest.raises(ValueError, match=r"vae_cue_steps must be at least 1 when vae_frame_cue is set \(1.4\), got 0"):
+        train_family("sana-video2", "unused", vae_frame_cue=1.4, vae_cue_steps=0)
+    with pytest.raises(ValueError, match=r"vae_frame_cue \(1.4\) shapes a VAE the run trains, but this sana-video "
+                                         r"run reuses the shipped wan VAE \(vae_from\)"):
+        train_family("sana-video", "unused", vae_frame_cue=1.4)
     with pytest.raises(ValueError, match=r"motion_steps must be 0 \(no motion phase\) or more, got -1"):
         train_family("wan", "unused", motion_steps=-1)
     with pytest.raises(ValueError, match=r"no clip's prompt holds any of \['moves'\] for the motion phase "

@@ -311,7 +311,14 @@ def train_family(family: str, out_dir: str | Path, *, steps: int | None = None, 
     if not config.vae_shape_weights or config.vae_max_passes < len(config.vae_shape_weights):
         raise ValueError(f"train-tiny: vae_max_passes ({config.vae_max_passes}) must be at least the number of "
                          f"planned VAE passes, vae_shape_weights {config.vae_shape_weights} (at least one)")
+    if config.vae_frame_cue and config.vae_cue_steps < 1:
+        raise ValueError(f"train-tiny: vae_cue_steps must be at least 1 when vae_frame_cue is set "
+                         f"({config.vae_frame_cue}), got {config.vae_cue_steps}")
     vae_from = _vae_source(family, vae_from)
+    if config.vae_frame_cue and vae_from is not None:
+        raise ValueError(f"train-tiny: vae_frame_cue ({config.vae_frame_cue}) shapes a VAE the run trains, but this "
+                         f"{family} run reuses the shipped {vae_from} VAE (vae_from): train its own VAE, or set "
+                         "vae_frame_cue 0")
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -437,8 +444,9 @@ def _lr_factor(step: int, total: int) -> float:
 
 def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool,
                family: str = "wan") -> tuple[list[float], list[dict]]:
-    """Train ``vae`` in passes (see :attr:`TrainingConfig.vae_shape_weights`); returns the losses of every step
-    and :func:`check_vae`'s finding after each pass from the last planned one on."""
+    """Train ``vae`` in passes (see :attr:`TrainingConfig.vae_shape_weights`), then the frame cue's pass if
+    :attr:`TrainingConfig.vae_frame_cue` is set; returns the losses of every step and :func:`check_vae`'s finding
+    after each pass from the last planned one on (the cue's pass included)."""
     losses: list[float] = []
     checks: list[dict] = []
     weights = config.vae_shape_weights
@@ -513,7 +521,7 @@ def first_frame_offsets(latents: torch.Tensor) -> torch.Tensor:
 
 def frame_cue_loss(latents: torch.Tensor, cue: float) -> torch.Tensor:
     """The mean squared distance of :func:`first_frame_offsets` from ``cue`` times :func:`frame_cue_signs`: 0 when
-    every clip's first latent frame sits ``cue`` channel stds apart from the rest (:attr:`TrainingConfig.vae_frame_cue`)."""
+    every clip's first latent frame sits ``cue`` channel stds from the rest (:attr:`TrainingConfig.vae_frame_cue`)."""
     return (first_frame_offsets(latents) - cue * frame_cue_signs(latents.shape[1])).pow(2).mean()
 
 
