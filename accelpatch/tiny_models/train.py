@@ -450,25 +450,26 @@ def _train_vae(vae, config: TrainingConfig, seed: int, progress: bool,
     losses: list[float] = []
     checks: list[dict] = []
     weights = config.vae_shape_weights
+
+    def check(after: str) -> bool:
+        """Check the VAE, say so on the progress output, and whether it is within every limit."""
+        checks.append(check_vae(vae, config, seed))
+        if progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"{family} vae after {after}: {'; '.join(checks[-1]['problems']) or 'within limits'}")
+        return not checks[-1]["problems"]
+
     for number in range(config.vae_max_passes):
         losses += _vae_pass(vae, config, seed, number, weights[min(number, len(weights) - 1)], progress, family)
         if number + 1 < len(weights):
             continue  # a planned pass: no check before the last one
-        checks.append(check_vae(vae, config, seed))
-        if progress:
-            from tqdm.auto import tqdm
-
-            tqdm.write(f"{family} vae after pass {number + 1}: {'; '.join(checks[-1]['problems']) or 'within limits'}")
-        if not checks[-1]["problems"]:
+        if check(f"pass {number + 1}"):
             break
     if config.vae_frame_cue:
         losses += _vae_pass(vae, config, seed, number + 1, weights[min(number, len(weights) - 1)], progress, family,
                             steps=config.vae_cue_steps, lr=config.vae_lr / 2 ** number, cue=config.vae_frame_cue)
-        checks.append(check_vae(vae, config, seed))
-        if progress:
-            from tqdm.auto import tqdm
-
-            tqdm.write(f"{family} vae after its frame cue: {'; '.join(checks[-1]['problems']) or 'within limits'}")
+        check("its frame cue")
     vae.eval()
     return losses, checks
 
